@@ -1,0 +1,1 @@
+//! The replay harness behind `replay`.

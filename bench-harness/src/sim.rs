@@ -1,0 +1,1 @@
+//! The simulated engine fleet behind `sim-engine`.

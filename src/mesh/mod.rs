@@ -1,0 +1,1 @@
+//! Gateway-to-gateway synchronization of tree inserts (`--enable-mesh`). Not built yet.

@@ -1,0 +1,1 @@
+//! Per-core counters and histograms, merged on scrape into the Prometheus text exposition.

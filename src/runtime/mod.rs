@@ -1,0 +1,1 @@
+//! Core pinning, the per-core monoio runtimes, SO_REUSEPORT listeners and shutdown.

@@ -1,0 +1,1 @@
+//! The per-worker circuit breaker (closed, open, half-open) over a sliding failure window.

@@ -1,0 +1,1 @@
+//! Active health checks: per-worker consecutive failure and success thresholds.
