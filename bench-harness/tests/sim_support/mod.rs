@@ -64,6 +64,11 @@ impl SimFleet {
         }
     }
 
+    /// Process id (for CPU accounting in benchmarks).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Port of engine `index`.
     pub fn port(&self, index: u16) -> u16 {
         self.base_port + index
