@@ -78,7 +78,7 @@ pub struct Namespace {
 }
 
 /// The two tree kinds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TreeKind {
     /// The string tree (characters).
     Text,
