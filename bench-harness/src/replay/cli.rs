@@ -169,6 +169,12 @@ pub struct WorkloadArgs {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub timeout_s: f64,
+    /// Cap every request's output length at this many tokens (fewer streamed tokens per request).
+    #[arg(long)]
+    pub output_cap: Option<u32>,
+    /// Sample this process's resident memory (e.g. the gateway's) at 10%, 50% and 100% of the run.
+    #[arg(long)]
+    pub watch_pid: Option<u32>,
     /// No progress output on stderr.
     #[arg(long)]
     pub no_progress: bool,
@@ -268,6 +274,7 @@ impl WorkloadArgs {
                 form: self.form,
                 model: self.model.clone(),
                 tenant,
+                output_cap: self.output_cap,
             },
             request_timeout: Duration::from_secs_f64(self.timeout_s),
             label: "replay".into(),
@@ -277,6 +284,7 @@ impl WorkloadArgs {
             } else {
                 ProgressMode::Auto
             },
+            watch_pid: self.watch_pid,
         })
     }
 }
