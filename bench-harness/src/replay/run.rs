@@ -134,7 +134,7 @@ pub async fn run_replay(
         .await
         .map_err(|e| format!("the recorder failed: {e}"))?;
     let duration = clock.elapsed();
-    counters.finished.store(true, Ordering::Release);
+    counters.finish();
     let _ = progress.await;
     let mut report = recorder.finish(&options.label, duration, &options.known_workers);
     let warnings = workload.warnings();
