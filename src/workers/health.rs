@@ -8,6 +8,7 @@
 //! outcomes and returns the transition, so the control core can publish the new state in the
 //! worker table and log it.
 
+pub mod monitor;
 pub mod probe;
 
 use std::time::Duration;
