@@ -269,6 +269,11 @@ enum PromSignal {
     GenThroughput,
     CacheHitRate,
     Utilization,
+    /// vLLM's older name for KV usage; read only when the newer one is absent.
+    TokenUsageLegacy,
+    /// vLLM prefix-cache counters; their ratio is the hit rate when no gauge reports it.
+    PrefixCacheHits,
+    PrefixCacheQueries,
 }
 
 fn prom_signal(name: &str) -> Option<PromSignal> {
@@ -293,7 +298,10 @@ fn prom_signal(name: &str) -> Option<PromSignal> {
     match name.strip_prefix("vllm:")? {
         "num_requests_running" => Some(Running),
         "num_requests_waiting" => Some(Waiting),
-        "gpu_cache_usage_perc" | "kv_cache_usage_perc" => Some(TokenUsage),
+        "kv_cache_usage_perc" => Some(TokenUsage),
+        "gpu_cache_usage_perc" => Some(TokenUsageLegacy),
+        "prefix_cache_hits_total" => Some(PrefixCacheHits),
+        "prefix_cache_queries_total" => Some(PrefixCacheQueries),
         "avg_generation_throughput_toks_per_s" => Some(GenThroughput),
         "gpu_prefix_cache_hit_rate" => Some(CacheHitRate),
         _ => None,
@@ -327,7 +335,9 @@ fn prom_line(line: &str) -> Option<(&str, f64)> {
 pub fn parse_prometheus(text: &str) -> Result<LoadReport, LoadParseError> {
     let mut acc = RankAccumulator::default();
     let mut series_max = 0usize;
-    let mut series_per_signal = [0usize; 9];
+    let mut series_per_signal = [0usize; PROM_SIGNALS];
+    let mut legacy_usage = Total::default();
+    let (mut hits, mut queries) = (Total::default(), Total::default());
     for (name, value) in text.lines().filter_map(prom_line) {
         let Some(signal) = prom_signal(name) else {
             continue;
@@ -337,11 +347,31 @@ pub fn parse_prometheus(text: &str) -> Result<LoadReport, LoadParseError> {
         if *slot > DP_RANKS_MAX {
             return Err(LoadParseError::TooManyRanks(*slot));
         }
-        series_max = series_max.max(*slot);
-        acc.add_rank(&prom_sample(signal, value))?;
+        match signal {
+            PromSignal::TokenUsageLegacy => legacy_usage.add("token_usage", Some(value))?,
+            PromSignal::PrefixCacheHits => hits.add("prefix_cache_hits", Some(value))?,
+            PromSignal::PrefixCacheQueries => queries.add("prefix_cache_queries", Some(value))?,
+            _ => {
+                series_max = series_max.max(*slot);
+                acc.add_rank(&prom_sample(signal, value))?;
+            }
+        }
     }
-    acc.finish(series_max)
+    if acc.token_usage.count == 0 {
+        acc.token_usage = legacy_usage;
+    }
+    if acc.cache_hit_rate.count == 0 {
+        if let (Some(h), Some(q)) = (hits.sum(), queries.sum()) {
+            if q > 0.0 {
+                acc.cache_hit_rate.add("cache_hit_rate", Some(h / q))?;
+            }
+        }
+    }
+    acc.finish(series_max.max(legacy_usage.count as usize))
 }
+
+/// How many [`PromSignal`] variants exist (array size for per-signal series counts).
+const PROM_SIGNALS: usize = PromSignal::PrefixCacheQueries as usize + 1;
 
 fn prom_sample(signal: PromSignal, value: f64) -> RankSample {
     let v = Some(value);
@@ -356,6 +386,10 @@ fn prom_sample(signal: PromSignal, value: f64) -> RankSample {
         PromSignal::GenThroughput => s.gen_throughput = v,
         PromSignal::CacheHitRate => s.cache_hit_rate = v,
         PromSignal::Utilization => s.utilization = v,
+        // Handled by the caller; never reach here.
+        PromSignal::TokenUsageLegacy
+        | PromSignal::PrefixCacheHits
+        | PromSignal::PrefixCacheQueries => {}
     }
     s
 }
@@ -539,6 +573,28 @@ mod tests {
         assert_eq!(r.waiting_requests, 6);
         assert_eq!(r.token_usage, Some(0.75));
         assert_eq!(r.cache_hit_rate, Some(0.1));
+    }
+
+    #[test]
+    fn prometheus_vllm_legacy_usage_and_hit_rate_from_counters() {
+        // Both usage names for one engine count once; counters give the hit rate.
+        let text = "vllm:num_requests_running 1\n\
+            vllm:gpu_cache_usage_perc 0.5\n\
+            vllm:kv_cache_usage_perc 0.5\n\
+            vllm:prefix_cache_queries_total 200\n\
+            vllm:prefix_cache_hits_total 50\n";
+        let r = parse_prometheus(text).unwrap();
+        assert_eq!(r.token_usage, Some(0.5));
+        assert_eq!(r.dp_ranks, 1);
+        assert_eq!(r.cache_hit_rate, Some(0.25));
+        let legacy_only =
+            parse_prometheus("vllm:num_requests_running 1\nvllm:gpu_cache_usage_perc 0.7\n")
+                .unwrap();
+        assert_eq!(legacy_only.token_usage, Some(0.7));
+        let no_queries =
+            parse_prometheus("vllm:num_requests_running 1\nvllm:prefix_cache_queries_total 0\n")
+                .unwrap();
+        assert_eq!(no_queries.cache_hit_rate, None);
     }
 
     #[test]
