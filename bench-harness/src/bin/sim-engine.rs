@@ -1,5 +1,34 @@
-//! `sim-engine`: a simulated fleet of LLM engines on consecutive loopback ports.
+//! `sim-engine`: a simulated fleet of LLM engines on consecutive loopback ports
+//! (`bench_harness::sim`). Prints `sim-engine: ready` on stdout once every port is bound.
+
+use bench_harness::sim::{server, SimArgs};
+use clap::Parser;
+
 fn main() {
-    eprintln!("sim-engine: not built yet");
-    std::process::exit(2);
+    let options = match SimArgs::parse().validate() {
+        Ok(options) => options,
+        Err(message) => exit_with(&message),
+    };
+    let runtime = if options.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(options.threads)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(error) => exit_with(&format!("cannot start the tokio runtime: {error}")),
+    };
+    if let Err(message) = runtime.block_on(server::run_fleet(options)) {
+        exit_with(&message);
+    }
+}
+
+fn exit_with(message: &str) -> ! {
+    eprintln!("Error: {message}");
+    std::process::exit(1);
 }

@@ -1,1 +1,0 @@
-//! The simulated engine fleet behind `sim-engine`.

@@ -1,0 +1,189 @@
+//! The async driver of one [`Engine`]: [`EngineHandle`] runs the engine's steps on a tokio task,
+//! sleeping real time = simulated time / speedup, and routes each step's tokens to the requests'
+//! channels.
+//!
+//! The engine's clock is authoritative: a step that ends at simulated `t` is delivered at real
+//! `start + t / speedup`. When the process falls behind (steps shorter than the timer's 1 ms
+//! granularity at high speed-ups), steps run back to back, yielding between them, and simulated
+//! time stays internally consistent. A request whose receiver is gone is cancelled in the engine,
+//! so its KV pages return at once; [`RequestGuard`] does the same when a response is dropped.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tokio::sync::{mpsc, Notify};
+
+use super::engine::{Emit, Engine, EngineTotals, LoadSnapshot, RequestId, SimRequest, SubmitError};
+
+/// Maps real time to simulated microseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct SimClock {
+    start: Instant,
+    speedup: f64,
+}
+
+impl SimClock {
+    /// A clock starting now, running `speedup` times faster than real time.
+    pub fn new(speedup: f64) -> Self {
+        SimClock {
+            start: Instant::now(),
+            speedup: speedup.max(f64::MIN_POSITIVE),
+        }
+    }
+
+    /// Simulated microseconds since the start.
+    pub fn now_us(&self) -> u64 {
+        (self.start.elapsed().as_secs_f64() * 1e6 * self.speedup) as u64
+    }
+
+    /// The real instant at which simulated time `sim_us` is reached.
+    pub fn instant_at(&self, sim_us: u64) -> Instant {
+        self.start + std::time::Duration::from_secs_f64(sim_us as f64 / 1e6 / self.speedup)
+    }
+}
+
+#[derive(Debug)]
+struct Core {
+    engine: Engine,
+    streams: HashMap<RequestId, mpsc::UnboundedSender<Emit>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    core: Mutex<Core>,
+    wake: Notify,
+    clock: SimClock,
+}
+
+/// A running simulated engine; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    shared: Arc<Shared>,
+}
+
+/// Cancels its request in the engine when dropped (a finished request is unaffected).
+#[derive(Debug)]
+pub struct RequestGuard {
+    handle: EngineHandle,
+    id: RequestId,
+}
+
+impl RequestGuard {
+    /// The engine's id of the guarded request.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let mut core = self.handle.lock();
+        core.streams.remove(&self.id);
+        core.engine.cancel(self.id);
+    }
+}
+
+impl EngineHandle {
+    /// Starts `engine` on the current tokio runtime.
+    pub fn spawn(engine: Engine, clock: SimClock) -> Self {
+        let shared = Arc::new(Shared {
+            core: Mutex::new(Core {
+                engine,
+                streams: HashMap::new(),
+            }),
+            wake: Notify::new(),
+            clock,
+        });
+        let handle = EngineHandle { shared };
+        tokio::spawn(handle.clone().drive());
+        handle
+    }
+
+    /// Queues a request; its tokens arrive on the receiver, the last one with `finished`.
+    pub fn submit(
+        &self,
+        request: SimRequest,
+    ) -> Result<(RequestGuard, mpsc::UnboundedReceiver<Emit>), SubmitError> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let id = {
+            let mut core = self.lock();
+            let id = core.engine.submit(request)?;
+            core.streams.insert(id, sender);
+            id
+        };
+        self.shared.wake.notify_one();
+        Ok((
+            RequestGuard {
+                handle: self.clone(),
+                id,
+            },
+            receiver,
+        ))
+    }
+
+    /// The load report now.
+    pub fn loads(&self) -> LoadSnapshot {
+        let now_us = self.shared.clock.now_us();
+        self.lock().engine.loads(now_us)
+    }
+
+    /// Counters since the start.
+    pub fn totals(&self) -> EngineTotals {
+        self.lock().engine.totals()
+    }
+
+    /// Drops every unreferenced cached page.
+    pub fn flush_cache(&self) {
+        self.lock().engine.flush_cache();
+    }
+
+    /// Simulated seconds since the start.
+    pub fn now_s(&self) -> f64 {
+        self.shared.clock.now_us() as f64 / 1e6
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock would be a bug in the engine model; keep serving with
+        // the state as it is rather than poisoning every later request.
+        self.shared
+            .core
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn drive(self) {
+        loop {
+            let now_us = self.shared.clock.now_us();
+            let step_end_us = self.lock().engine.begin_step(now_us);
+            let Some(end_us) = step_end_us else {
+                self.shared.wake.notified().await;
+                continue;
+            };
+            let deadline = self.shared.clock.instant_at(end_us);
+            if deadline > Instant::now() {
+                tokio::time::sleep_until(deadline.into()).await;
+            } else {
+                tokio::task::yield_now().await;
+            }
+            self.deliver_step();
+        }
+    }
+
+    fn deliver_step(&self) {
+        let mut core = self.lock();
+        let emits = core.engine.finish_step();
+        for emit in emits {
+            let delivered = match core.streams.get(&emit.id) {
+                Some(sender) => sender.send(emit).is_ok(),
+                None => false,
+            };
+            if emit.finished || !delivered {
+                core.streams.remove(&emit.id);
+            }
+            if !delivered && !emit.finished {
+                core.engine.cancel(emit.id);
+            }
+        }
+    }
+}

@@ -1,0 +1,538 @@
+//! The model of one GPU server: [`Engine`] = prefix cache + continuous-batching scheduler + cost
+//! model, driven by a simulated clock in microseconds. No sockets, no sleeping: the async driver
+//! (`sim::driver`) and unit tests both call [`Engine::begin_step`] / [`Engine::finish_step`].
+//!
+//! Scheduling follows SGLang's default loop: each step first admits waiting requests in arrival
+//! order (FCFS, head-of-line blocking) while fewer than `max_running_requests` run, the step's
+//! uncached prompt tokens stay within `max_prefill_tokens` (the first request always fits) and
+//! KV pages can be reserved for the whole prompt plus `max_new_tokens`. A step that admitted
+//! requests is a prefill step over their uncached tokens and yields their first token; otherwise
+//! every running request decodes one token. At least one prompt token is always computed (an
+//! engine recomputes the last token), so a fully cached prompt still costs a small prefill.
+//! On completion the prompt and generated tokens stay cached (unpinned) for later requests.
+//! A request that could never fit in KV memory is refused by [`Engine::submit`].
+
+use std::collections::VecDeque;
+
+use super::cache::{page_keys, PrefixCache};
+use super::cost::CostModel;
+use super::output::output_token;
+
+/// Sim-time window over which throughput, hit rate and utilization are reported.
+const STATS_WINDOW_US: u64 = 5_000_000;
+
+/// Identifies a request inside one engine.
+pub type RequestId = u64;
+
+/// The static shape of one engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Tokens per KV page (SGLang `--page-size`, vLLM `--block-size`).
+    pub page_size: usize,
+    /// KV memory in tokens (rounded down to whole pages).
+    pub kv_capacity_tokens: u64,
+    /// Requests decoding at once.
+    pub max_running_requests: usize,
+    /// Uncached prompt tokens one prefill step admits (beyond its first request).
+    pub max_prefill_tokens: u64,
+    /// Step durations.
+    pub cost: CostModel,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            page_size: 16,
+            kv_capacity_tokens: 1 << 20,
+            max_running_requests: 256,
+            max_prefill_tokens: 16_384,
+            cost: CostModel::default(),
+        }
+    }
+}
+
+/// One request as the engine sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimRequest {
+    /// Cache partition (hash of cache_salt / extra_key / LoRA); 0 when unset.
+    pub namespace: u64,
+    /// Prompt token ids.
+    pub tokens: Vec<u32>,
+    /// Tokens to generate (at least 1 is generated).
+    pub max_new_tokens: u32,
+    /// Seed of the deterministic output tokens (`sim::output`).
+    pub output_seed: u64,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitError {
+    /// Prompt plus output exceed the whole KV memory.
+    TooLong {
+        needed_tokens: u64,
+        capacity_tokens: u64,
+    },
+}
+
+/// One token produced for one request at the end of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Emit {
+    pub id: RequestId,
+    /// Tokens generated so far, this one included (1 for the first token).
+    pub completion_tokens: u32,
+    pub prompt_tokens: u32,
+    /// Whole cached pages found at admission, in tokens.
+    pub cached_tokens: u32,
+    pub finished: bool,
+    /// Simulated time of the emission.
+    pub at_us: u64,
+}
+
+/// SGLang's per-engine load report (`GET /v1/loads`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadSnapshot {
+    pub num_running_reqs: u64,
+    pub num_waiting_reqs: u64,
+    pub num_waiting_uncached_tokens: u64,
+    pub num_used_tokens: u64,
+    pub max_total_num_tokens: u64,
+    pub max_running_requests: u64,
+    pub token_usage: f64,
+    /// Generated tokens per simulated second over the last window.
+    pub gen_throughput: f64,
+    /// Cached over prompt tokens of requests admitted in the last window.
+    pub cache_hit_rate: f64,
+    /// Fraction of the last window spent computing.
+    pub utilization: f64,
+}
+
+/// Counters since the start (Prometheus).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineTotals {
+    pub requests_admitted: u64,
+    pub requests_finished: u64,
+    pub requests_cancelled: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub generation_tokens: u64,
+    pub evicted_pages: u64,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    id: RequestId,
+    request: SimRequest,
+    keys: Vec<u64>,
+    uncached_estimate: u64,
+}
+
+#[derive(Debug)]
+struct Running {
+    id: RequestId,
+    request: SimRequest,
+    /// Keys of the full prompt pages.
+    keys: Vec<u64>,
+    matched_pages: usize,
+    /// Pages reserved privately at admission and not yet committed to the cache.
+    private_pages: u64,
+    /// Keys this request holds a reference on.
+    pinned_pages: usize,
+    generated: u32,
+}
+
+#[derive(Debug)]
+enum StepKind {
+    Prefill(Vec<RequestId>),
+    Decode,
+}
+
+#[derive(Debug)]
+struct Step {
+    kind: StepKind,
+    ends_at_us: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Window {
+    start_us: u64,
+    generated_tokens: u64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    busy_us: u64,
+}
+
+/// One simulated engine.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    cache: PrefixCache,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running>,
+    step: Option<Step>,
+    now_us: u64,
+    next_id: RequestId,
+    totals: EngineTotals,
+    window: Window,
+    last_window: Option<(Window, u64)>,
+}
+
+impl Engine {
+    /// An idle engine with an empty cache at simulated time 0.
+    pub fn new(config: EngineConfig) -> Self {
+        let page_size = config.page_size.max(1);
+        let capacity_pages = config.kv_capacity_tokens / page_size as u64;
+        Engine {
+            config: EngineConfig {
+                page_size,
+                ..config
+            },
+            cache: PrefixCache::new(capacity_pages),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            step: None,
+            now_us: 0,
+            next_id: 1,
+            totals: EngineTotals::default(),
+            window: Window::default(),
+            last_window: None,
+        }
+    }
+
+    /// The engine's shape.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Current simulated time.
+    pub fn now_us(&self) -> u64 {
+        self.now_us
+    }
+
+    /// Whether nothing is waiting, running or in a step.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty() && self.step.is_none()
+    }
+
+    /// Queues a request; it is admitted at the start of a later step.
+    pub fn submit(&mut self, request: SimRequest) -> Result<RequestId, SubmitError> {
+        let page_size = self.config.page_size as u64;
+        let needed_tokens = request.tokens.len() as u64 + u64::from(request.max_new_tokens.max(1));
+        let capacity_tokens = self.cache.capacity_pages() * page_size;
+        if needed_tokens.div_ceil(page_size) > self.cache.capacity_pages() {
+            return Err(SubmitError::TooLong {
+                needed_tokens,
+                capacity_tokens,
+            });
+        }
+        let keys = page_keys(request.namespace, &request.tokens, self.config.page_size);
+        let cached = self.cacheable_pages(&keys, request.tokens.len()) as u64 * page_size;
+        let uncached_estimate =
+            request.tokens.len() as u64 - cached.min(request.tokens.len() as u64);
+        let id = self.next_id;
+        self.next_id += 1;
+        self.waiting.push_back(Waiting {
+            id,
+            request,
+            keys,
+            uncached_estimate,
+        });
+        Ok(id)
+    }
+
+    /// Drops a request wherever it is (client gone); `false` if unknown or finished.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        if let Some(position) = self.waiting.iter().position(|waiting| waiting.id == id) {
+            self.waiting.remove(position);
+            self.totals.requests_cancelled += 1;
+            return true;
+        }
+        if let Some(position) = self.running.iter().position(|running| running.id == id) {
+            let running = self.running.swap_remove(position);
+            self.release(running, Completion::Cancelled);
+            self.totals.requests_cancelled += 1;
+            return true;
+        }
+        false
+    }
+
+    /// Starts the next step at `now_us` (or later, if the engine's clock is ahead) and returns
+    /// when it ends; returns the current step's end if one is in progress, `None` when idle.
+    pub fn begin_step(&mut self, now_us: u64) -> Option<u64> {
+        if let Some(step) = &self.step {
+            return Some(step.ends_at_us);
+        }
+        self.now_us = self.now_us.max(now_us);
+        self.roll_window();
+        let (admitted, uncached_tokens) = self.admit();
+        let (kind, duration_us) = if !admitted.is_empty() {
+            (
+                StepKind::Prefill(admitted),
+                self.config.cost.prefill_us(uncached_tokens),
+            )
+        } else if !self.running.is_empty() {
+            (
+                StepKind::Decode,
+                self.config.cost.decode_us(self.token_usage()),
+            )
+        } else {
+            return None;
+        };
+        let ends_at_us = self.now_us + duration_us;
+        self.window.busy_us += duration_us;
+        self.step = Some(Step { kind, ends_at_us });
+        Some(ends_at_us)
+    }
+
+    /// Completes the current step: advances the clock to its end and returns its tokens.
+    pub fn finish_step(&mut self) -> Vec<Emit> {
+        let Some(step) = self.step.take() else {
+            return Vec::new();
+        };
+        self.now_us = self.now_us.max(step.ends_at_us);
+        let mut emits = Vec::new();
+        match step.kind {
+            StepKind::Prefill(admitted) => {
+                for id in admitted {
+                    if let Some(position) = self.running.iter().position(|running| running.id == id)
+                    {
+                        self.commit_prompt(position);
+                        emits.push(self.generate(position));
+                    }
+                }
+            }
+            StepKind::Decode => {
+                for position in 0..self.running.len() {
+                    emits.push(self.generate(position));
+                }
+            }
+        }
+        self.window.generated_tokens += emits.len() as u64;
+        self.totals.generation_tokens += emits.len() as u64;
+        self.retire_finished();
+        emits
+    }
+
+    /// Test and replay helper: runs steps until idle or `max_steps`, returning every emission.
+    pub fn run_until_idle(&mut self, max_steps: usize) -> Vec<Emit> {
+        let mut emits = Vec::new();
+        for _ in 0..max_steps {
+            if self.begin_step(self.now_us).is_none() {
+                break;
+            }
+            emits.extend(self.finish_step());
+        }
+        emits
+    }
+
+    /// The SGLang load report at the engine's current time.
+    pub fn loads(&mut self, now_us: u64) -> LoadSnapshot {
+        if self.step.is_none() {
+            self.now_us = self.now_us.max(now_us);
+        }
+        self.roll_window();
+        // The last complete window plus the current one: the most recent 5 to 10 simulated s.
+        let mut window = self.window;
+        let mut span_us = self.now_us.saturating_sub(self.window.start_us);
+        if let Some((last, last_span_us)) = self.last_window {
+            window.generated_tokens += last.generated_tokens;
+            window.prompt_tokens += last.prompt_tokens;
+            window.cached_tokens += last.cached_tokens;
+            window.busy_us += last.busy_us;
+            span_us += last_span_us;
+        }
+        let span_s = span_us as f64 / 1e6;
+        let used = self.used_tokens();
+        let max_total = self.cache.capacity_pages() * self.config.page_size as u64;
+        LoadSnapshot {
+            num_running_reqs: self.running.len() as u64,
+            num_waiting_reqs: self.waiting.len() as u64,
+            num_waiting_uncached_tokens: self.waiting.iter().map(|w| w.uncached_estimate).sum(),
+            num_used_tokens: used,
+            max_total_num_tokens: max_total,
+            max_running_requests: self.config.max_running_requests as u64,
+            token_usage: ratio(used as f64, max_total as f64),
+            gen_throughput: ratio(window.generated_tokens as f64, span_s),
+            cache_hit_rate: ratio(window.cached_tokens as f64, window.prompt_tokens as f64),
+            utilization: ratio(window.busy_us as f64, span_us as f64).min(1.0),
+        }
+    }
+
+    /// Counters since the start.
+    pub fn totals(&self) -> EngineTotals {
+        EngineTotals {
+            evicted_pages: self.cache.evicted_pages_total(),
+            ..self.totals
+        }
+    }
+
+    /// Drops every unreferenced cached page.
+    pub fn flush_cache(&mut self) {
+        self.cache.flush();
+    }
+
+    /// Whole pages of `keys` a new request would find cached, keeping at least one token to
+    /// compute.
+    fn cacheable_pages(&self, keys: &[u64], prompt_len: usize) -> usize {
+        let max_pages = prompt_len.saturating_sub(1) / self.config.page_size;
+        self.cache.matched_pages(keys).min(max_pages)
+    }
+
+    /// Moves waiting requests to running (see the module header); returns them and their
+    /// uncached tokens.
+    fn admit(&mut self) -> (Vec<RequestId>, u64) {
+        let page_size = self.config.page_size;
+        let mut admitted = Vec::new();
+        let mut uncached_total = 0u64;
+        while self.running.len() < self.config.max_running_requests {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let prompt_len = front.request.tokens.len();
+            let matched_pages = self.cacheable_pages(&front.keys, prompt_len);
+            let uncached = (prompt_len - matched_pages * page_size) as u64;
+            if !admitted.is_empty() && uncached_total + uncached > self.config.max_prefill_tokens {
+                break;
+            }
+            let total_tokens = prompt_len as u64 + u64::from(front.request.max_new_tokens.max(1));
+            let private_pages = total_tokens.div_ceil(page_size as u64) - matched_pages as u64;
+            self.cache.pin(&front.keys, matched_pages);
+            if !self.cache.reserve(private_pages) {
+                self.cache.unpin(&front.keys[..matched_pages]);
+                break;
+            }
+            let Some(waiting) = self.waiting.pop_front() else {
+                break;
+            };
+            let cached_tokens = (matched_pages * page_size) as u64;
+            self.totals.requests_admitted += 1;
+            self.totals.prompt_tokens += prompt_len as u64;
+            self.totals.cached_tokens += cached_tokens;
+            self.window.prompt_tokens += prompt_len as u64;
+            self.window.cached_tokens += cached_tokens;
+            uncached_total += uncached;
+            admitted.push(waiting.id);
+            self.running.push(Running {
+                id: waiting.id,
+                request: waiting.request,
+                keys: waiting.keys,
+                matched_pages,
+                private_pages,
+                pinned_pages: matched_pages,
+                generated: 0,
+            });
+        }
+        (admitted, uncached_total)
+    }
+
+    /// After prefill: the prompt's newly computed full pages join the cache, pinned.
+    fn commit_prompt(&mut self, position: usize) {
+        let running = &mut self.running[position];
+        let new_keys = &running.keys[running.matched_pages..];
+        self.cache.commit(new_keys, running.matched_pages as u32);
+        running.private_pages -= new_keys.len() as u64;
+        running.pinned_pages = running.keys.len();
+    }
+
+    fn generate(&mut self, position: usize) -> Emit {
+        let page_size = self.config.page_size as u64;
+        let running = &mut self.running[position];
+        running.generated += 1;
+        let cached_tokens = running.matched_pages as u64 * page_size;
+        Emit {
+            id: running.id,
+            completion_tokens: running.generated,
+            prompt_tokens: running.request.tokens.len() as u32,
+            cached_tokens: cached_tokens as u32,
+            finished: running.generated >= running.request.max_new_tokens.max(1),
+            at_us: self.now_us,
+        }
+    }
+
+    fn retire_finished(&mut self) {
+        let mut position = 0;
+        while position < self.running.len() {
+            let running = &self.running[position];
+            if running.generated >= running.request.max_new_tokens.max(1) {
+                let running = self.running.swap_remove(position);
+                self.totals.requests_finished += 1;
+                self.release(running, Completion::Finished);
+            } else {
+                position += 1;
+            }
+        }
+    }
+
+    /// Returns a request's pages: on completion its generated full pages are cached first.
+    fn release(&mut self, running: Running, completion: Completion) {
+        let mut pinned: Vec<u64> = running.keys[..running.pinned_pages].to_vec();
+        let mut private_pages = running.private_pages;
+        if completion == Completion::Finished && running.pinned_pages == running.keys.len() {
+            let output_keys = self.output_page_keys(&running);
+            let committed = (output_keys.len() as u64).min(private_pages) as usize;
+            self.cache
+                .commit(&output_keys[..committed], running.keys.len() as u32);
+            private_pages -= committed as u64;
+            pinned.extend_from_slice(&output_keys[..committed]);
+        }
+        self.cache.unpin(&pinned);
+        self.cache.unreserve(private_pages);
+    }
+
+    /// Keys of the full pages of prompt + generated tokens beyond the prompt's full pages.
+    fn output_page_keys(&self, running: &Running) -> Vec<u64> {
+        let page_size = self.config.page_size;
+        let prompt = &running.request.tokens;
+        let tail_start = running.keys.len() * page_size;
+        let mut tail: Vec<u32> = prompt[tail_start..].to_vec();
+        tail.extend((0..running.generated).map(|k| output_token(running.request.output_seed, k)));
+        let chain_seed = running
+            .keys
+            .last()
+            .copied()
+            .unwrap_or(running.request.namespace);
+        page_keys(chain_seed, &tail, page_size)
+    }
+
+    fn used_tokens(&self) -> u64 {
+        let page_size = self.config.page_size as u64;
+        let private: u64 = self
+            .running
+            .iter()
+            .map(|r| {
+                let total = r.request.tokens.len() as u64 + u64::from(r.generated);
+                total.saturating_sub(r.pinned_pages as u64 * page_size)
+            })
+            .sum();
+        self.cache.pinned_pages() * page_size + private
+    }
+
+    fn token_usage(&self) -> f64 {
+        let max_total = self.cache.capacity_pages() * self.config.page_size as u64;
+        ratio(self.used_tokens() as f64, max_total as f64)
+    }
+
+    fn roll_window(&mut self) {
+        let span_us = self.now_us.saturating_sub(self.window.start_us);
+        if span_us >= STATS_WINDOW_US {
+            self.last_window = Some((self.window, span_us));
+            self.window = Window {
+                start_us: self.now_us,
+                ..Window::default()
+            };
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Completion {
+    Finished,
+    Cancelled,
+}
+
+fn ratio(numerator: f64, denominator: f64) -> f64 {
+    if denominator > 0.0 {
+        numerator / denominator
+    } else {
+        0.0
+    }
+}

@@ -1,0 +1,565 @@
+//! The HTTP side of the fleet: binds one listener per engine ([`bind_fleet`]), serves each with
+//! hyper ([`serve_engine`]) and routes requests to [`EngineServer`]'s handlers.
+//!
+//! Endpoints: `POST /generate`, `/v1/chat/completions`, `/v1/completions`, `/v1/messages`
+//! (see `sim::api`); `GET /v1/models`, `/get_model_info`, `/health`, `/health_generate`,
+//! `/v1/loads`, `/metrics`; `POST /flush_cache`; admin `GET|POST /sim/faults` and
+//! `GET /sim/stats` (accepted TCP connections, requests, engine counters). Every error is a JSON
+//! body `{"error":{"message","type","code"}}`: malformed JSON 400, body over
+//! [`MAX_BODY_BYTES`] 413, prompt larger than KV memory 400, unknown path 404, wrong method 405,
+//! injected faults their configured status.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use super::api::{
+    error_body, full_body, parse_request, stream_chunk, Endpoint, ParsedRequest, ResponseContext,
+};
+use super::body::{DropAfterFlush, SimBody, TokenStream};
+use super::driver::{EngineHandle, SimClock};
+use super::engine::{Engine, LoadSnapshot, SimRequest, SubmitError};
+use super::faults::Faults;
+use super::metrics::{loads_json, prometheus_text, MetricsInput};
+use super::options::Options;
+
+/// Largest request body: a 128k-token prompt is under 1 MB of words; 64 MiB leaves room for
+/// token-id batches while bounding memory per request.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+/// One engine's HTTP state.
+#[derive(Debug)]
+pub struct EngineServer {
+    pub index: u16,
+    pub port: u16,
+    options: Arc<Options>,
+    /// `None` in `--instant` mode.
+    engine: Option<EngineHandle>,
+    faults: watch::Sender<Faults>,
+    fault_rng: Mutex<fastrand::Rng>,
+    connections_accepted: AtomicU64,
+    connections_open: AtomicU64,
+    requests_total: AtomicU64,
+    next_instant_id: AtomicU64,
+}
+
+type HttpResponse = Response<SimBody>;
+
+/// Binds every engine's port and starts its engine model; must run inside a tokio runtime.
+pub async fn bind_fleet(options: Options) -> Result<Vec<(TcpListener, Arc<EngineServer>)>, String> {
+    let options = Arc::new(options);
+    let clock = SimClock::new(options.speedup);
+    let mut fleet = Vec::with_capacity(usize::from(options.engines));
+    for index in 0..options.engines {
+        let port = options.base_port + index;
+        let address = SocketAddr::new(options.host, port);
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|error| format!("cannot bind {address}: {error}"))?;
+        let engine = (!options.instant)
+            .then(|| EngineHandle::spawn(Engine::new(options.engine.clone()), clock));
+        let faults = options
+            .faults
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or_default();
+        let server = EngineServer {
+            index,
+            port,
+            options: Arc::clone(&options),
+            engine,
+            faults: watch::Sender::new(faults),
+            fault_rng: Mutex::new(fastrand::Rng::with_seed(
+                options.seed.wrapping_add(u64::from(index)),
+            )),
+            connections_accepted: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
+            requests_total: AtomicU64::new(0),
+            next_instant_id: AtomicU64::new(1),
+        };
+        fleet.push((listener, Arc::new(server)));
+    }
+    Ok(fleet)
+}
+
+/// Binds the fleet, prints one `listening` line per engine and `sim-engine: ready` on stdout,
+/// then serves until the process ends.
+pub async fn run_fleet(options: Options) -> Result<(), String> {
+    let fleet = bind_fleet(options).await?;
+    let mut tasks = Vec::with_capacity(fleet.len());
+    for (listener, server) in fleet {
+        let address = listener.local_addr().map_err(|error| error.to_string())?;
+        println!(
+            "sim-engine: engine {} listening on http://{address}",
+            server.index
+        );
+        tasks.push(tokio::spawn(serve_engine(listener, server)));
+    }
+    println!("sim-engine: ready");
+    for task in tasks {
+        task.await.map_err(|error| error.to_string())?;
+    }
+    Ok(())
+}
+
+/// Accepts connections forever, counting them, and serves each with HTTP/1.1 keep-alive.
+pub async fn serve_engine(listener: TcpListener, server: Arc<EngineServer>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // EMFILE and friends: back off instead of spinning.
+                eprintln!("sim-engine: engine {} accept failed: {error}", server.index);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        server.connections_accepted.fetch_add(1, Ordering::Relaxed);
+        server.connections_open.fetch_add(1, Ordering::Relaxed);
+        let server = Arc::clone(&server);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(|request| {
+                let server = Arc::clone(&server);
+                async move { Ok::<_, Infallible>(server.handle(request).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            server.connections_open.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+}
+
+fn json_response(status: StatusCode, value: &Value) -> HttpResponse {
+    let mut response = Response::new(SimBody::full(value.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn error_response(status: StatusCode, kind: &str, message: &str) -> HttpResponse {
+    json_response(status, &error_body(status.as_u16(), kind, message))
+}
+
+impl EngineServer {
+    async fn handle(&self, request: Request<Incoming>) -> HttpResponse {
+        self.requests_total.fetch_add(1, Ordering::Relaxed);
+        let path = request.uri().path().to_string();
+        let method = request.method().clone();
+        let mut response = if path.starts_with("/sim/") {
+            self.handle_admin(&method, &path, request).await
+        } else {
+            self.wait_while_hung().await;
+            let latency_ms = self.faults.borrow().latency_ms;
+            if latency_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(latency_ms)).await;
+            }
+            self.route(&method, &path, request).await
+        };
+        let engine = HeaderValue::from(self.index);
+        response.headers_mut().insert("x-sim-engine", engine);
+        response
+    }
+
+    async fn route(&self, method: &Method, path: &str, request: Request<Incoming>) -> HttpResponse {
+        let endpoint = match path {
+            "/generate" => Some(Endpoint::Generate),
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/messages" => Some(Endpoint::Messages),
+            _ => None,
+        };
+        if let Some(endpoint) = endpoint {
+            if method != Method::POST {
+                return error_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    "invalid_request_error",
+                    "use POST",
+                );
+            }
+            return self.handle_inference(endpoint, request).await;
+        }
+        match (method.as_str(), path) {
+            ("GET", "/health") | ("GET", "/health_generate") => self.health(),
+            ("GET", "/v1/models") => json_response(StatusCode::OK, &self.models_json()),
+            ("GET", "/get_model_info") => json_response(
+                StatusCode::OK,
+                &json!({"model_path": self.options.model_name, "tokenizer_path": null, "is_generation": true}),
+            ),
+            ("GET", "/v1/loads") => {
+                json_response(StatusCode::OK, &loads_json(&self.loads(), self.now_s()))
+            }
+            ("GET", "/metrics") => self.metrics(),
+            ("POST", "/flush_cache") | ("GET", "/flush_cache") => {
+                if let Some(engine) = &self.engine {
+                    engine.flush_cache();
+                }
+                Response::new(SimBody::full("Cache flushed.\n"))
+            }
+            _ => error_response(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                &format!("no route for {method} {path}"),
+            ),
+        }
+    }
+
+    fn health(&self) -> HttpResponse {
+        if self.faults.borrow().unhealthy {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unhealthy",
+                "engine is unhealthy (injected)",
+            );
+        }
+        Response::new(SimBody::empty())
+    }
+
+    fn models_json(&self) -> Value {
+        json!({"object": "list", "data": [{
+            "id": self.options.model_name, "object": "model", "created": 0, "owned_by": "sim-engine",
+            "root": self.options.model_name, "max_model_len": self.options.engine.kv_capacity_tokens,
+        }]})
+    }
+
+    fn loads(&self) -> LoadSnapshot {
+        match &self.engine {
+            Some(engine) => engine.loads(),
+            None => LoadSnapshot {
+                num_running_reqs: 0,
+                num_waiting_reqs: 0,
+                num_waiting_uncached_tokens: 0,
+                num_used_tokens: 0,
+                max_total_num_tokens: self.options.engine.kv_capacity_tokens,
+                max_running_requests: self.options.engine.max_running_requests as u64,
+                token_usage: 0.0,
+                gen_throughput: 0.0,
+                cache_hit_rate: 0.0,
+                utilization: 0.0,
+            },
+        }
+    }
+
+    fn now_s(&self) -> f64 {
+        self.engine.as_ref().map(EngineHandle::now_s).unwrap_or(0.0)
+    }
+
+    fn metrics(&self) -> HttpResponse {
+        let load = self.loads();
+        let totals = self
+            .engine
+            .as_ref()
+            .map(EngineHandle::totals)
+            .unwrap_or_default();
+        let input = MetricsInput {
+            model_name: &self.options.model_name,
+            load: &load,
+            totals: &totals,
+            connections_accepted: self.connections_accepted.load(Ordering::Relaxed),
+        };
+        let mut response = Response::new(SimBody::full(prometheus_text(
+            self.options.metrics_flavor,
+            &input,
+        )));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        response
+    }
+
+    /// Returns once the `hang` fault is off (immediately when it is).
+    async fn wait_while_hung(&self) {
+        let mut faults = self.faults.subscribe();
+        loop {
+            if !faults.borrow_and_update().hang {
+                return;
+            }
+            if faults.changed().await.is_err() {
+                // The sender lives as long as this server: unreachable, but never spin.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    async fn read_body(request: Request<Incoming>) -> Result<Bytes, HttpResponse> {
+        match Limited::new(request.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+        {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(error)
+                if error
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
+                Err(error_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    "request body too large",
+                ))
+            }
+            Err(error) => Err(error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &format!("cannot read request body: {error}"),
+            )),
+        }
+    }
+
+    async fn handle_inference(
+        &self,
+        endpoint: Endpoint,
+        request: Request<Incoming>,
+    ) -> HttpResponse {
+        let body = match Self::read_body(request).await {
+            Ok(body) => body,
+            Err(response) => return response,
+        };
+        let parsed = match parse_request(endpoint, &body) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &error.0)
+            }
+        };
+        let faults = *self.faults.borrow();
+        if faults.error_rate > 0.0 {
+            let draw = self
+                .fault_rng
+                .lock()
+                .map(|mut rng| rng.f64())
+                .unwrap_or(0.0);
+            if draw < faults.error_rate {
+                let status = StatusCode::from_u16(faults.error_status)
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                return error_response(
+                    status,
+                    "injected_error",
+                    "injected failure (sim-engine fault)",
+                );
+            }
+        }
+        let fail_after = faults.drop_mid_stream.then_some(1);
+        match &self.engine {
+            Some(engine) => self.simulate(engine, endpoint, parsed, fail_after).await,
+            None => self.answer_instantly(endpoint, parsed, fail_after),
+        }
+    }
+
+    fn context(&self, parsed: &ParsedRequest, id: u64) -> ResponseContext {
+        ResponseContext {
+            id: format!("sim-{}-{id}", self.index),
+            model: parsed
+                .model
+                .clone()
+                .unwrap_or_else(|| self.options.model_name.clone()),
+            prompt_tokens: parsed.tokens.len() as u32,
+            cached_tokens: 0,
+            completion_tokens: 0,
+            hit_length_limit: parsed.max_new_tokens.is_some(),
+            e2e_latency_s: 0.0,
+            output_seed: parsed.output_seed(),
+        }
+    }
+
+    fn max_new_tokens(&self, parsed: &ParsedRequest) -> u32 {
+        parsed
+            .max_new_tokens
+            .unwrap_or(self.options.default_max_tokens)
+            .max(1)
+    }
+
+    async fn simulate(
+        &self,
+        engine: &EngineHandle,
+        endpoint: Endpoint,
+        parsed: ParsedRequest,
+        fail_after: Option<usize>,
+    ) -> HttpResponse {
+        let arrival_us = (engine.now_s() * 1e6) as u64;
+        let request = SimRequest {
+            namespace: parsed.namespace,
+            tokens: parsed.tokens.clone(),
+            max_new_tokens: self.max_new_tokens(&parsed),
+            output_seed: parsed.output_seed(),
+        };
+        let (guard, mut receiver) = match engine.submit(request) {
+            Ok(submitted) => submitted,
+            Err(SubmitError::TooLong {
+                needed_tokens,
+                capacity_tokens,
+            }) => {
+                let message = format!(
+                    "prompt plus max tokens ({needed_tokens}) exceed the KV capacity ({capacity_tokens} tokens)"
+                );
+                return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
+            }
+        };
+        let mut context = self.context(&parsed, guard.id());
+        if parsed.stream {
+            let stream = TokenStream {
+                receiver,
+                guard,
+                endpoint,
+                context,
+                arrival_us,
+                fail_after,
+                chunks_sent: 0,
+                done: false,
+                drop: DropAfterFlush::default(),
+            };
+            return sse_response(SimBody::Tokens(Box::new(stream)));
+        }
+        loop {
+            let Some(emit) = receiver.recv().await else {
+                return error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "request cancelled",
+                );
+            };
+            if emit.finished {
+                context.completion_tokens = emit.completion_tokens;
+                context.cached_tokens = emit.cached_tokens;
+                context.e2e_latency_s = emit.at_us.saturating_sub(arrival_us) as f64 / 1e6;
+                break;
+            }
+        }
+        drop(guard);
+        let body = full_body(endpoint, &context).to_string();
+        json_with_fault(body, fail_after)
+    }
+
+    fn answer_instantly(
+        &self,
+        endpoint: Endpoint,
+        parsed: ParsedRequest,
+        fail_after: Option<usize>,
+    ) -> HttpResponse {
+        let id = self.next_instant_id.fetch_add(1, Ordering::Relaxed);
+        let mut context = self.context(&parsed, id);
+        let count = self.max_new_tokens(&parsed);
+        if !parsed.stream {
+            context.completion_tokens = count;
+            return json_with_fault(full_body(endpoint, &context).to_string(), fail_after);
+        }
+        let chunks = (1..=count)
+            .map(|completion_tokens| {
+                context.completion_tokens = completion_tokens;
+                Bytes::from(stream_chunk(endpoint, &context, completion_tokens == count))
+            })
+            .collect();
+        sse_response(SimBody::chunks(chunks, fail_after))
+    }
+
+    async fn handle_admin(
+        &self,
+        method: &Method,
+        path: &str,
+        request: Request<Incoming>,
+    ) -> HttpResponse {
+        match (method.as_str(), path) {
+            ("GET", "/sim/faults") => json_response(StatusCode::OK, &json!(*self.faults.borrow())),
+            ("POST", "/sim/faults") => {
+                let body = match Self::read_body(request).await {
+                    Ok(body) => body,
+                    Err(response) => return response,
+                };
+                let patch: Value = match serde_json::from_slice(&body) {
+                    Ok(patch) => patch,
+                    Err(error) => {
+                        return error_response(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_request_error",
+                            &error.to_string(),
+                        )
+                    }
+                };
+                let current = *self.faults.borrow();
+                match current.patched(&patch) {
+                    Ok(faults) => {
+                        self.faults.send_replace(faults);
+                        json_response(StatusCode::OK, &json!(faults))
+                    }
+                    Err(message) => {
+                        error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
+                    }
+                }
+            }
+            ("GET", "/sim/stats") => json_response(StatusCode::OK, &self.stats_json()),
+            _ => error_response(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                &format!("no route for {method} {path}"),
+            ),
+        }
+    }
+
+    fn stats_json(&self) -> Value {
+        let totals = self
+            .engine
+            .as_ref()
+            .map(EngineHandle::totals)
+            .unwrap_or_default();
+        json!({
+            "engine": self.index,
+            "port": self.port,
+            "connections_accepted": self.connections_accepted.load(Ordering::Relaxed),
+            "connections_open": self.connections_open.load(Ordering::Relaxed),
+            "requests_total": self.requests_total.load(Ordering::Relaxed),
+            "requests_admitted": totals.requests_admitted,
+            "requests_finished": totals.requests_finished,
+            "requests_cancelled": totals.requests_cancelled,
+            "prompt_tokens_total": totals.prompt_tokens,
+            "cached_tokens_total": totals.cached_tokens,
+            "generation_tokens_total": totals.generation_tokens,
+            "evicted_pages_total": totals.evicted_pages,
+        })
+    }
+}
+
+fn sse_response(body: SimBody) -> HttpResponse {
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// A JSON body, or with `fail_after` its first half followed by a dropped connection.
+fn json_with_fault(body: String, fail_after: Option<usize>) -> HttpResponse {
+    let Some(_) = fail_after else {
+        let mut response = Response::new(SimBody::full(body));
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return response;
+    };
+    let full_length = body.len();
+    let half = Bytes::from(body).slice(..full_length / 2);
+    let mut response = Response::new(SimBody::chunks([half].into(), Some(1)));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers.insert(
+        hyper::header::CONTENT_LENGTH,
+        HeaderValue::from(full_length),
+    );
+    response
+}
