@@ -46,6 +46,20 @@ pub struct LoadReport {
     pub dp_ranks: u32,
 }
 
+impl LoadReport {
+    /// The report as the routing policy reads it. Fields the engine did not report read as zero
+    /// (never as pressure): no signal is never a penalty.
+    pub fn to_policy_load(&self) -> crate::policy::WorkerLoad {
+        crate::policy::WorkerLoad {
+            running: u32::try_from(self.running_requests).unwrap_or(u32::MAX),
+            waiting: u32::try_from(self.waiting_requests).unwrap_or(u32::MAX),
+            waiting_uncached_tokens: self.waiting_uncached_tokens.unwrap_or(0),
+            token_usage: self.token_usage.unwrap_or(0.0),
+            gen_throughput: self.gen_throughput_tps.unwrap_or(0.0),
+        }
+    }
+}
+
 /// Why a load response was not turned into a report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadParseError {
@@ -667,6 +681,20 @@ mod tests {
         assert!(out.contains("smg_engine_cache_hit_rate{worker=\"http://127.0.0.1:1\"} 0.5\n"));
         assert!(out.contains("smg_engine_token_usage{worker=\"http://127.0.0.1:1\"} 0.3"));
         assert!(!out.contains("127.0.0.1:2"));
+    }
+
+    #[test]
+    fn policy_view_reads_unknown_fields_as_zero() {
+        let r =
+            parse_v1_loads(br#"{"loads":[{"num_running_reqs":3,"num_waiting_reqs":5}]}"#).unwrap();
+        let l = r.to_policy_load();
+        assert_eq!((l.running, l.waiting, l.waiting_uncached_tokens), (3, 5, 0));
+        assert_eq!((l.token_usage, l.gen_throughput), (0.0, 0.0));
+        let full = parse_v1_loads(TWO_RANKS.as_bytes())
+            .unwrap()
+            .to_policy_load();
+        assert_eq!(full.waiting_uncached_tokens, 150);
+        assert!((full.gen_throughput - 40.0).abs() < 1e-9);
     }
 
     #[test]
