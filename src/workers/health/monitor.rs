@@ -113,6 +113,71 @@ pub fn run_probe_jobs(jobs: &[ProbeJob]) -> Vec<ProbeResult> {
     all.into_iter().map(|(_, r)| r).collect()
 }
 
+/// The helper thread that runs probe rounds for the control core, so the control core's event
+/// loop never blocks on a worker. One round at a time: a round still running when the next is due
+/// delays that round instead of piling threads up.
+#[derive(Debug)]
+pub struct ProbeThread {
+    jobs: Option<std::sync::mpsc::Sender<Vec<ProbeJob>>>,
+    results: std::sync::mpsc::Receiver<Vec<ProbeResult>>,
+    round_running: bool,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProbeThread {
+    /// Start the thread (`kvgate-probe`).
+    pub fn spawn() -> std::io::Result<Self> {
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Vec<ProbeJob>>();
+        let (results_tx, results_rx) = std::sync::mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("kvgate-probe".into())
+            .spawn(move || {
+                while let Ok(jobs) = jobs_rx.recv() {
+                    if results_tx.send(run_probe_jobs(&jobs)).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(ProbeThread {
+            jobs: Some(jobs_tx),
+            results: results_rx,
+            round_running: false,
+            handle: Some(handle),
+        })
+    }
+
+    /// Whether a round is running.
+    pub fn is_busy(&self) -> bool {
+        self.round_running
+    }
+
+    /// Start a round (ignored when empty or when one is running; returns whether it started).
+    pub fn submit(&mut self, jobs: Vec<ProbeJob>) -> bool {
+        if self.round_running || jobs.is_empty() {
+            return false;
+        }
+        let sent = self.jobs.as_ref().is_some_and(|tx| tx.send(jobs).is_ok());
+        self.round_running = sent;
+        sent
+    }
+
+    /// The finished round's results, if it finished (never blocks).
+    pub fn try_results(&mut self) -> Option<Vec<ProbeResult>> {
+        let results = self.results.try_recv().ok()?;
+        self.round_running = false;
+        Some(results)
+    }
+}
+
+impl Drop for ProbeThread {
+    fn drop(&mut self) {
+        // Closing the job channel ends the thread after its current round (bounded by the probe
+        // timeouts); joining is skipped so shutdown never waits on a hanging worker.
+        self.jobs = None;
+        drop(self.handle.take());
+    }
+}
+
 /// A state change for the control core to publish in the worker table (and log).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
@@ -599,6 +664,33 @@ mod tests {
         m.add(WorkerId(0), addr(port));
         let changes = m.apply(vec![r]);
         assert!(matches!(&changes[..], [Change::Load(_, Some(l))] if l.waiting_requests == 4));
+    }
+
+    #[test]
+    fn probe_thread_runs_one_round_at_a_time() {
+        let port = serve(&[("/health", 200, "ok")]);
+        let mut thread = ProbeThread::spawn().unwrap();
+        let job = ProbeJob {
+            id: WorkerId(1),
+            addr: addr(port),
+            kind: ProbeKind::Health,
+            path: "/health".into(),
+            timeout: Duration::from_secs(2),
+        };
+        assert!(!thread.submit(Vec::new()));
+        assert!(thread.submit(vec![job.clone()]));
+        assert!(thread.is_busy());
+        assert!(!thread.submit(vec![job]));
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let results = loop {
+            if let Some(r) = thread.try_results() {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "probe round did not finish");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(!thread.is_busy());
+        assert_eq!(results[0].response.as_ref().map(|r| r.status), Ok(200));
     }
 
     #[test]
