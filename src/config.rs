@@ -1,1 +1,339 @@
 //! The command line (SMG's flag names and defaults) and the validated configuration built from it.
+//!
+//! `Cli` is the clap type and stays a plain mirror of the flags; `Config::from_cli` checks every
+//! value and returns a `ConfigError` naming the flag at fault, which `main` prints as one
+//! `Error: ...` line before exiting non-zero. Nothing downstream of `Config` re-validates.
+
+use std::fmt;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::limits;
+use crate::workers::WORKERS_MAX;
+
+/// The routing policy. The enum is open: later policies (`cache_aware`, ...) add variants here
+/// and an arm in `http::route`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Each data core cycles through the healthy workers in order.
+    RoundRobin,
+    /// A uniformly random healthy worker.
+    Random,
+}
+
+/// Log verbosity (`--log-level`); `RUST_LOG` overrides it, as in SMG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Everything, including per-request traces.
+    Trace,
+    /// Debugging detail.
+    Debug,
+    /// Start-up, shutdown and worker changes.
+    Info,
+    /// Recoverable problems.
+    Warn,
+    /// Failures only.
+    Error,
+}
+
+impl LogLevel {
+    /// The `tracing` filter directive for this level.
+    pub fn as_filter(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+/// The flags, as clap parses them. Names and defaults follow SMG (`smg launch --help`).
+#[derive(Debug, Parser)]
+#[command(
+    name = "kvgate",
+    version,
+    about = "Cache-aware, io_uring gateway for LLM engines"
+)]
+pub struct Cli {
+    /// Address the gateway listens on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+    /// Port the gateway listens on.
+    #[arg(long, default_value_t = 30000)]
+    pub port: u16,
+    /// Engine workers to route to, e.g. `http://127.0.0.1:31001`.
+    #[arg(long = "worker-urls", num_args = 0.., value_name = "URL")]
+    pub worker_urls: Vec<String>,
+    /// Routing policy.
+    #[arg(long, value_enum, default_value_t = PolicyKind::RoundRobin)]
+    pub policy: PolicyKind,
+    /// Address of the Prometheus metrics endpoint.
+    #[arg(long = "prometheus-host", default_value = "0.0.0.0")]
+    pub prometheus_host: String,
+    /// Port of the Prometheus metrics endpoint.
+    #[arg(long = "prometheus-port", default_value_t = 29000)]
+    pub prometheus_port: u16,
+    /// Log verbosity.
+    #[arg(long = "log-level", value_enum, default_value_t = LogLevel::Info)]
+    pub log_level: LogLevel,
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    #[arg(long = "max-payload-size", default_value_t = limits::PAYLOAD_BYTES_DEFAULT as u64)]
+    pub max_payload_size: u64,
+    /// Seconds an upstream request may take before the client gets 504.
+    #[arg(long = "request-timeout-secs", default_value_t = limits::REQUEST_TIMEOUT_SECS_DEFAULT)]
+    pub request_timeout_secs: u64,
+    /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
+    #[arg(long = "data-cores")]
+    pub data_cores: Option<usize>,
+}
+
+/// One upstream worker as configured: the URL exactly as given (it is the routed-worker header
+/// value), its resolved socket address and the `Host` header value to send it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerSpec {
+    /// The URL exactly as given in `--worker-urls`.
+    pub url: String,
+    /// The resolved address we connect to.
+    pub addr: SocketAddr,
+    /// `host:port` as written in the URL, for the upstream `Host` header.
+    pub authority: String,
+}
+
+/// The validated configuration every other module reads.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where data cores accept clients.
+    pub listen_addr: SocketAddr,
+    /// Where the control core serves `/metrics`.
+    pub prometheus_addr: SocketAddr,
+    /// The initial workers, in flag order.
+    pub workers: Vec<WorkerSpec>,
+    /// The routing policy.
+    pub policy: PolicyKind,
+    /// Log verbosity.
+    pub log_level: LogLevel,
+    /// Largest request body accepted.
+    pub max_payload_bytes: usize,
+    /// Upstream request deadline.
+    pub request_timeout: Duration,
+    /// Number of data cores.
+    pub data_cores: usize,
+}
+
+/// A flag value that failed validation.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The flag at fault, with its dashes.
+    pub flag: &'static str,
+    /// What is wrong with its value.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid value for {}: {}", self.flag, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn config_error(flag: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        flag,
+        message: message.into(),
+    }
+}
+
+impl Config {
+    /// Checks every flag and builds the configuration.
+    pub fn from_cli(cli: &Cli) -> Result<Config, ConfigError> {
+        let listen_addr = resolve("--host", &cli.host, cli.port)?;
+        let prometheus_addr = resolve(
+            "--prometheus-host",
+            &cli.prometheus_host,
+            cli.prometheus_port,
+        )?;
+        if cli.worker_urls.len() > WORKERS_MAX {
+            let message = format!(
+                "{} workers given, at most {WORKERS_MAX}",
+                cli.worker_urls.len()
+            );
+            return Err(config_error("--worker-urls", message));
+        }
+        let mut workers: Vec<WorkerSpec> = Vec::with_capacity(cli.worker_urls.len());
+        for url in &cli.worker_urls {
+            let spec = parse_worker_url(url)?;
+            if workers.iter().any(|w| w.url == spec.url) {
+                return Err(config_error(
+                    "--worker-urls",
+                    format!("{url} is given twice"),
+                ));
+            }
+            workers.push(spec);
+        }
+        let max_payload_bytes = usize::try_from(cli.max_payload_size).unwrap_or(usize::MAX);
+        if max_payload_bytes == 0 || max_payload_bytes > limits::PAYLOAD_BYTES_MAX {
+            let message = format!("must be 1..={} bytes", limits::PAYLOAD_BYTES_MAX);
+            return Err(config_error("--max-payload-size", message));
+        }
+        if cli.request_timeout_secs == 0
+            || cli.request_timeout_secs > limits::REQUEST_TIMEOUT_SECS_MAX
+        {
+            let message = format!("must be 1..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+            return Err(config_error("--request-timeout-secs", message));
+        }
+        let data_cores = match cli.data_cores {
+            None => data_cores_default(),
+            Some(n) if (1..=limits::DATA_CORES_MAX).contains(&n) => n,
+            Some(_) => {
+                let message = format!("must be 1..={}", limits::DATA_CORES_MAX);
+                return Err(config_error("--data-cores", message));
+            }
+        };
+        Ok(Config {
+            listen_addr,
+            prometheus_addr,
+            workers,
+            policy: cli.policy,
+            log_level: cli.log_level,
+            max_payload_bytes,
+            request_timeout: Duration::from_secs(cli.request_timeout_secs),
+            data_cores,
+        })
+    }
+}
+
+/// All cores but one (the control core), at least one.
+fn data_cores_default() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_sub(1).clamp(1, limits::DATA_CORES_MAX)
+}
+
+fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
+    let mut addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| config_error(flag, format!("cannot resolve {host:?}: {e}")))?;
+    addrs
+        .next()
+        .ok_or_else(|| config_error(flag, format!("{host:?} resolves to no address")))
+}
+
+/// Parses `http://host:port[/]` (port defaults to 80). Paths, queries and `https` are refused:
+/// the gateway appends the request path itself and speaks plain HTTP/1.1 upstream.
+pub fn parse_worker_url(url: &str) -> Result<WorkerSpec, ConfigError> {
+    const FLAG: &str = "--worker-urls";
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| config_error(FLAG, format!("{url} must start with http://")))?;
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+        return Err(config_error(
+            FLAG,
+            format!("{url} must be http://host:port"),
+        ));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => {
+            let port = port
+                .parse::<u16>()
+                .map_err(|_| config_error(FLAG, format!("{url} has a bad port")))?;
+            (host, port)
+        }
+        _ => (authority, 80),
+    };
+    let host_bare = host.trim_start_matches('[').trim_end_matches(']');
+    let addr = resolve(FLAG, host_bare, port)?;
+    Ok(WorkerSpec {
+        url: url.to_string(),
+        addr,
+        authority: authority.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let cli = Cli::try_parse_from(std::iter::once("kvgate").chain(args.iter().copied()))
+            .map_err(|e| config_error("clap", e.to_string()))?;
+        Config::from_cli(&cli)
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_match_smg() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(config.listen_addr, "0.0.0.0:30000".parse().unwrap());
+        assert_eq!(config.prometheus_addr.port(), 29000);
+        assert_eq!(config.policy, PolicyKind::RoundRobin);
+        assert_eq!(config.max_payload_bytes, 512 * 1024 * 1024);
+        assert_eq!(config.request_timeout, Duration::from_secs(1800));
+        assert!(config.data_cores >= 1);
+        assert!(config.workers.is_empty());
+    }
+
+    #[test]
+    fn worker_urls_keep_their_exact_spelling() {
+        let config = parse(&[
+            "--worker-urls",
+            "http://127.0.0.1:31001",
+            "http://127.0.0.1:31002/",
+        ])
+        .unwrap();
+        assert_eq!(config.workers[0].url, "http://127.0.0.1:31001");
+        assert_eq!(config.workers[1].url, "http://127.0.0.1:31002/");
+        assert_eq!(config.workers[1].addr, "127.0.0.1:31002".parse().unwrap());
+        assert_eq!(config.workers[1].authority, "127.0.0.1:31002");
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--worker-urls", "https://x:1"], "--worker-urls"),
+            (&["--worker-urls", "http://127.0.0.1:1/v1"], "--worker-urls"),
+            (
+                &["--worker-urls", "http://127.0.0.1:99999"],
+                "--worker-urls",
+            ),
+            (
+                &["--worker-urls", "http://127.0.0.1:1", "http://127.0.0.1:1"],
+                "--worker-urls",
+            ),
+            (&["--max-payload-size", "0"], "--max-payload-size"),
+            (&["--request-timeout-secs", "0"], "--request-timeout-secs"),
+            (&["--data-cores", "0"], "--data-cores"),
+            (&["--data-cores", "100000"], "--data-cores"),
+            (&["--host", "no such host.invalid"], "--host"),
+        ];
+        for (args, flag) in cases {
+            let error = parse(args).unwrap_err();
+            assert_eq!(error.flag, *flag, "{args:?}");
+            assert!(error.to_string().contains(flag), "{error}");
+        }
+    }
+
+    #[test]
+    fn policy_names_are_snake_case() {
+        assert_eq!(
+            parse(&["--policy", "random"]).unwrap().policy,
+            PolicyKind::Random
+        );
+        assert_eq!(
+            parse(&["--policy", "round_robin"]).unwrap().policy,
+            PolicyKind::RoundRobin
+        );
+        assert!(parse(&["--policy", "nope"]).is_err());
+    }
+}

@@ -1,2 +1,117 @@
 //! Every named maximum of the gateway (queues, buffers, pools, headers), each with the reason for
 //! its value, and compile-time checks of how they relate.
+//!
+//! Flag-controlled bounds (`--max-payload-size`, `--request-timeout-secs`, `--data-cores`) have
+//! their defaults and hard ceilings here too, so `config.rs` validates against one source.
+
+use std::time::Duration;
+
+use crate::workers::WORKERS_MAX;
+
+/// Header slots handed to `httparse` per message. Real clients and engines send fewer than 30;
+/// 64 leaves room for tracing and auth headers without letting a client make us scan thousands.
+pub const HEADERS_MAX: usize = 64;
+
+/// Bytes a request or response head (start line plus headers) may take. Matches pingora's and
+/// nginx's common large-header setting; larger heads are abuse, answered 431 and closed.
+pub const HEADER_BYTES_MAX: usize = 16 * 1024;
+
+/// Initial capacity of a connection's read buffer. A small chat request (head plus ~250 B body)
+/// fits in one read; the buffer grows on demand up to the request's size.
+pub const READ_BUF_BYTES_INITIAL: usize = 8 * 1024;
+
+/// Bytes asked of the kernel per upstream read while streaming a response. 16 KiB keeps SSE
+/// latency low (a read returns as soon as any bytes are there) and bulk copies efficient.
+pub const UPSTREAM_READ_BYTES: usize = 16 * 1024;
+
+/// A read buffer that grew past this is dropped after its request instead of kept for the next:
+/// one 36 KB prompt should not pin 512 MB for the life of a keep-alive connection.
+pub const READ_BUF_BYTES_RETAINED_MAX: usize = 256 * 1024;
+
+/// Bytes of a chunk-size line (hex size plus extensions). Sizes need at most 16 hex digits; the
+/// rest is room for extensions, which we skip but must bound.
+pub const CHUNK_LINE_BYTES_MAX: usize = 4 * 1024;
+
+/// Bytes of chunked trailers we skip before giving up on a message.
+pub const CHUNK_TRAILER_BYTES_MAX: usize = 16 * 1024;
+
+/// Default `--max-payload-size`: SMG's 512 MiB, large enough for multi-modal requests.
+pub const PAYLOAD_BYTES_DEFAULT: usize = 512 * 1024 * 1024;
+
+/// Ceiling on `--max-payload-size`: bodies are buffered in memory (routing reads them), so a
+/// single request must stay far below the machine's memory.
+pub const PAYLOAD_BYTES_MAX: usize = 4 * 1024 * 1024 * 1024;
+
+/// Default `--request-timeout-secs` (SMG's value): long generations stream for many minutes.
+pub const REQUEST_TIMEOUT_SECS_DEFAULT: u64 = 1800;
+
+/// Ceiling on `--request-timeout-secs`: one day; beyond that a request is surely stuck.
+pub const REQUEST_TIMEOUT_SECS_MAX: u64 = 86_400;
+
+/// How long a client has to send a complete request head once its first byte arrived, and the
+/// longest pause between two reads of a request body (slowloris guard).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a keep-alive client connection may sit idle between requests (nginx's 75 s).
+pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// How long one write to a client may stall: a client that reads nothing for a minute is gone,
+/// and its upstream request should be closed rather than hold an engine slot.
+pub const DOWNSTREAM_WRITE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long connecting to an upstream worker may take before it counts as refused.
+pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Idle upstream connections kept per worker per data core. One per concurrent request is all a
+/// core can use; 256 matches nginx's `keepalive 256` in the reference benchmark.
+pub const UPSTREAM_IDLE_PER_WORKER_MAX: usize = 256;
+
+/// How long a pooled upstream connection may sit idle before we stop trusting it. Below the
+/// usual 60-75 s keep-alive timeouts of engines' HTTP servers, so we close it before they do.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Attempts per request (first try plus retries) on refused or reset upstream connections. SMG
+/// retries up to 5 times with backoff; without backoff three distinct workers is plenty.
+pub const UPSTREAM_ATTEMPTS_MAX: usize = 3;
+
+/// Data cores one gateway runs. Per-core counter arrays are sized by it.
+pub const DATA_CORES_MAX: usize = 256;
+
+/// Dispatch records queued from one data core to the control core. At 100k req/s per core and a
+/// 10 ms control turn one turn produces 1,000 records; 16k absorbs a stalled turn of ~160 ms.
+pub const DISPATCH_QUEUE_CAPACITY: usize = 16 * 1024;
+
+/// How often the control core drains the dispatch queues.
+pub const CONTROL_TURN: Duration = Duration::from_millis(10);
+
+/// How often the control core refreshes each worker's `/v1/models` list.
+pub const MODELS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Bytes of a worker's `/v1/models` answer we accept.
+pub const MODELS_BODY_BYTES_MAX: usize = 1024 * 1024;
+
+/// How often an idle data core checks the shutdown flag.
+pub const SHUTDOWN_POLL_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How long shutdown waits for in-flight requests before the process exits anyway.
+pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// io_uring submission queue entries per runtime (DESIGN.md: 1024-4096).
+pub const URING_ENTRIES: u32 = 1024;
+
+/// HTTP status codes 100..=599 are counted exactly; anything else lands in one overflow slot.
+pub const STATUS_CODES_COUNTED: usize = 500;
+
+const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
+const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
+const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
+const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= PAYLOAD_BYTES_MAX);
+const _: () = assert!(REQUEST_TIMEOUT_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
+const _: () = assert!(UPSTREAM_ATTEMPTS_MAX >= 1);
+// The retry loop remembers tried workers in a small inline list.
+const _: () = assert!(UPSTREAM_ATTEMPTS_MAX <= 8);
+const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 60);
+const _: () = assert!(CONTROL_TURN.as_millis() < SHUTDOWN_POLL_INTERVAL.as_millis() * 10);
+const _: () = assert!(DISPATCH_QUEUE_CAPACITY.is_power_of_two());
+const _: () = assert!(WORKERS_MAX <= u16::MAX as usize);
+const _: () = assert!(URING_ENTRIES >= 1024 && URING_ENTRIES <= 4096);

@@ -1,1 +1,214 @@
 //! The worker table: fixed-capacity slots indexed by `WorkerId`, read lock-free by data cores.
+//!
+//! - `WorkerTable` holds one `WorkerSlot` of atomics per id (health), the per-data-core in-flight
+//!   counters, and the published `Roster` (the list of active workers with their URLs).
+//! - Only the control core writes: it publishes a new `Roster` with one `ArcSwap` store and flips
+//!   health atomics. Data cores load the roster per request and never wait.
+//! - In-flight credits: each data core increments only its own padded row of counters, so cores
+//!   never share a written cache line; readers sum the rows. An `InflightCredit` guard releases
+//!   its credit on drop, so completion, error, timeout and client disconnect all release it.
+
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use crossbeam_utils::CachePadded;
+
+use super::{WorkerId, WORKERS_MAX};
+use crate::config::WorkerSpec;
+
+/// Whether a worker may receive traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Health {
+    /// Routable.
+    Healthy = 0,
+    /// Skipped by routing until a health check passes again.
+    Unhealthy = 1,
+}
+
+/// The atomics of one worker id.
+#[derive(Debug)]
+pub struct WorkerSlot {
+    health: AtomicU8,
+}
+
+impl WorkerSlot {
+    fn new() -> Self {
+        WorkerSlot {
+            health: AtomicU8::new(Health::Healthy as u8),
+        }
+    }
+}
+
+/// One active worker as data cores see it.
+#[derive(Debug)]
+pub struct WorkerEntry {
+    /// Its slot.
+    pub id: WorkerId,
+    /// Address, URL (exact spelling) and `Host` value.
+    pub spec: WorkerSpec,
+    /// `x-smg-routed-worker-id: <url>\r\n`, built once so responses only copy it.
+    pub routed_header_line: Box<[u8]>,
+}
+
+impl WorkerEntry {
+    /// Builds the entry for `spec` in slot `id`.
+    pub fn new(id: WorkerId, spec: WorkerSpec) -> Self {
+        let line = format!("x-smg-routed-worker-id: {}\r\n", spec.url);
+        WorkerEntry {
+            id,
+            spec,
+            routed_header_line: line.into_bytes().into_boxed_slice(),
+        }
+    }
+}
+
+/// The published set of active workers, in configuration order.
+#[derive(Debug, Default)]
+pub struct Roster {
+    /// Active workers; ids are unique and below `WORKERS_MAX`.
+    pub workers: Vec<WorkerEntry>,
+}
+
+impl Roster {
+    /// The entry of worker `id`, if it is active.
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerEntry> {
+        self.workers.iter().find(|w| w.id == id)
+    }
+}
+
+type InflightRow = CachePadded<[AtomicU32; WORKERS_MAX]>;
+
+/// Slots, per-core in-flight counters and the published roster.
+#[derive(Debug)]
+pub struct WorkerTable {
+    slots: Box<[WorkerSlot]>,
+    inflight_by_core: Box<[InflightRow]>,
+    roster: ArcSwap<Roster>,
+}
+
+impl WorkerTable {
+    /// A table for `data_cores` cores holding `specs` in slots 0, 1, ...
+    pub fn new(data_cores: usize, specs: &[WorkerSpec]) -> Self {
+        assert!(
+            specs.len() <= WORKERS_MAX,
+            "{} workers exceed {WORKERS_MAX}",
+            specs.len()
+        );
+        let slots = (0..WORKERS_MAX).map(|_| WorkerSlot::new()).collect();
+        let inflight_by_core =
+            (0..data_cores).map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU32::new(0))));
+        let workers = specs
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| WorkerEntry::new(WorkerId(i as u16), spec.clone()))
+            .collect();
+        WorkerTable {
+            slots,
+            inflight_by_core: inflight_by_core.collect(),
+            roster: ArcSwap::from_pointee(Roster { workers }),
+        }
+    }
+
+    /// The current roster (lock-free; hold it for one request, not across many).
+    pub fn roster(&self) -> arc_swap::Guard<Arc<Roster>> {
+        self.roster.load()
+    }
+
+    /// Publishes a new roster. Control core only.
+    pub fn publish(&self, roster: Roster) {
+        debug_assert!(roster.workers.iter().all(|w| w.id.index() < WORKERS_MAX));
+        self.roster.store(Arc::new(roster));
+    }
+
+    /// Sets a worker's health. Control core only.
+    pub fn set_health(&self, id: WorkerId, health: Health) {
+        self.slots[id.index()]
+            .health
+            .store(health as u8, Ordering::Release);
+    }
+
+    /// Whether routing may pick `id`.
+    pub fn is_healthy(&self, id: WorkerId) -> bool {
+        self.slots[id.index()].health.load(Ordering::Acquire) == Health::Healthy as u8
+    }
+
+    /// Requests in flight to `id`, summed over all data cores.
+    pub fn inflight(&self, id: WorkerId) -> u32 {
+        let sum = self
+            .inflight_by_core
+            .iter()
+            .map(|row| row[id.index()].load(Ordering::Relaxed));
+        sum.fold(0u32, u32::wrapping_add)
+    }
+
+    /// Credits one in-flight request to `id` from data core `core`; dropping the guard releases it.
+    pub fn credit(&self, core: usize, id: WorkerId) -> InflightCredit<'_> {
+        let counter = &self.inflight_by_core[core][id.index()];
+        counter.fetch_add(1, Ordering::Relaxed);
+        InflightCredit { counter }
+    }
+}
+
+/// One in-flight request on one worker, released on drop.
+#[derive(Debug)]
+pub struct InflightCredit<'a> {
+    counter: &'a AtomicU32,
+}
+
+impl Drop for InflightCredit<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_worker_url;
+
+    fn table(cores: usize, n: usize) -> WorkerTable {
+        let specs: Vec<_> = (0..n)
+            .map(|i| parse_worker_url(&format!("http://127.0.0.1:{}", 40000 + i)).unwrap())
+            .collect();
+        WorkerTable::new(cores, &specs)
+    }
+
+    #[test]
+    fn credits_sum_over_cores_and_release_on_drop() {
+        let table = table(3, 2);
+        let a = table.credit(0, WorkerId(1));
+        let b = table.credit(2, WorkerId(1));
+        let c = table.credit(1, WorkerId(0));
+        assert_eq!(table.inflight(WorkerId(1)), 2);
+        assert_eq!(table.inflight(WorkerId(0)), 1);
+        drop(a);
+        assert_eq!(table.inflight(WorkerId(1)), 1);
+        drop((b, c));
+        assert_eq!(table.inflight(WorkerId(1)), 0);
+        assert_eq!(table.inflight(WorkerId(0)), 0);
+    }
+
+    #[test]
+    fn roster_holds_exact_urls_and_header_lines() {
+        let table = table(1, 2);
+        let roster = table.roster();
+        assert_eq!(roster.workers.len(), 2);
+        let entry = roster.get(WorkerId(1)).unwrap();
+        assert_eq!(entry.spec.url, "http://127.0.0.1:40001");
+        assert_eq!(
+            &*entry.routed_header_line,
+            b"x-smg-routed-worker-id: http://127.0.0.1:40001\r\n"
+        );
+    }
+
+    #[test]
+    fn health_flips_per_slot() {
+        let table = table(1, 2);
+        assert!(table.is_healthy(WorkerId(0)));
+        table.set_health(WorkerId(0), Health::Unhealthy);
+        assert!(!table.is_healthy(WorkerId(0)));
+        assert!(table.is_healthy(WorkerId(1)));
+    }
+}

@@ -1,0 +1,691 @@
+//! The HTTP/1.1 codec, sans I/O: request and response head parsing on `httparse` with a fixed
+//! header array and a byte cap, body framing (`Framing`), the incremental `ChunkedDecoder`, and
+//! the writers that rebuild heads for the other side with hop-by-hop headers removed (RFC 9110
+//! section 7.6.1). Heads keep byte offsets into the caller's buffer instead of copies, so parsing
+//! allocates nothing. Errors are `ProxyError`s of kind `MalformedRequest` / `HeadersTooLarge`
+//! (downstream) or `UpstreamMalformed` (upstream).
+
+use std::ops::Range;
+
+use super::error::{ErrorKind, ProxyError};
+use crate::limits::{CHUNK_LINE_BYTES_MAX, CHUNK_TRAILER_BYTES_MAX, HEADERS_MAX, HEADER_BYTES_MAX};
+
+/// A header's name and value as offsets into the buffer its head was parsed from.
+#[derive(Clone, Copy, Debug, Default)]
+struct HeaderSpan {
+    name_start: u32,
+    name_end: u32,
+    value_start: u32,
+    value_end: u32,
+}
+
+/// The headers of one head, as spans into its buffer.
+#[derive(Clone, Debug)]
+pub struct HeaderSpans {
+    spans: [HeaderSpan; HEADERS_MAX],
+    len: usize,
+}
+
+impl HeaderSpans {
+    fn new() -> Self {
+        HeaderSpans {
+            spans: [HeaderSpan::default(); HEADERS_MAX],
+            len: 0,
+        }
+    }
+
+    /// `(name, value)` pairs, read from `buf` (the buffer the head was parsed from).
+    pub fn iter<'b>(&'b self, buf: &'b [u8]) -> impl Iterator<Item = (&'b [u8], &'b [u8])> + 'b {
+        self.spans[..self.len].iter().map(move |s| {
+            (
+                &buf[s.name_start as usize..s.name_end as usize],
+                &buf[s.value_start as usize..s.value_end as usize],
+            )
+        })
+    }
+
+    /// The first value of header `name` (case-insensitive).
+    pub fn get<'b>(&'b self, buf: &'b [u8], name: &str) -> Option<&'b [u8]> {
+        self.iter(buf)
+            .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+            .map(|(_, v)| v)
+    }
+}
+
+/// How a message body is delimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the sender closes (responses only).
+    UntilClose,
+}
+
+/// The request methods the gateway distinguishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// `GET`
+    Get,
+    /// `POST`
+    Post,
+    /// `HEAD`
+    Head,
+    /// Anything else (answered 404/405, never proxied).
+    Other,
+}
+
+/// A parsed request head.
+#[derive(Clone, Debug)]
+pub struct RequestHead {
+    /// The method.
+    pub method: Method,
+    /// Offsets of the method token in the buffer.
+    method_span: Range<usize>,
+    /// Offsets of the request target (path and query) in the buffer.
+    pub target: Range<usize>,
+    /// `1` for HTTP/1.1, `0` for HTTP/1.0.
+    pub version_minor: u8,
+    /// The headers.
+    pub headers: HeaderSpans,
+    /// How the body is delimited.
+    pub framing: Framing,
+    /// Whether the client wants the connection kept after this request.
+    pub keep_alive: bool,
+    /// Whether the client sent `Expect: 100-continue`.
+    pub expect_continue: bool,
+    /// Bytes of the head, including the final CRLF.
+    pub head_len: usize,
+}
+
+impl RequestHead {
+    /// The path and query.
+    pub fn target<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
+        &buf[self.target.clone()]
+    }
+
+    /// The path without the query.
+    pub fn path<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
+        let target = self.target(buf);
+        let end = target
+            .iter()
+            .position(|&b| b == b'?')
+            .unwrap_or(target.len());
+        &target[..end]
+    }
+}
+
+/// A parsed response head.
+#[derive(Clone, Debug)]
+pub struct ResponseHead {
+    /// The status code.
+    pub status: u16,
+    /// Offsets of the reason phrase.
+    reason: Range<usize>,
+    /// The headers.
+    pub headers: HeaderSpans,
+    /// How the body is delimited (already accounting for status codes without bodies).
+    pub framing: Framing,
+    /// Whether the worker keeps the connection open after this response.
+    pub keep_alive: bool,
+    /// Bytes of the head, including the final CRLF.
+    pub head_len: usize,
+}
+
+fn offset_in(buf: &[u8], part: &[u8]) -> usize {
+    part.as_ptr() as usize - buf.as_ptr() as usize
+}
+
+fn span_headers(buf: &[u8], parsed: &[httparse::Header<'_>]) -> HeaderSpans {
+    let mut spans = HeaderSpans::new();
+    for (slot, h) in spans.spans.iter_mut().zip(parsed) {
+        let name_start = offset_in(buf, h.name.as_bytes());
+        let value_start = offset_in(buf, h.value);
+        *slot = HeaderSpan {
+            name_start: name_start as u32,
+            name_end: (name_start + h.name.len()) as u32,
+            value_start: value_start as u32,
+            value_end: (value_start + h.value.len()) as u32,
+        };
+    }
+    spans.len = parsed.len();
+    spans
+}
+
+/// What the framing and connection headers of a message say.
+#[derive(Default)]
+struct FramingHeaders {
+    content_length: Option<u64>,
+    chunked: bool,
+    other_transfer_coding: bool,
+    conn_close: bool,
+    conn_keep_alive: bool,
+    expect_continue: bool,
+}
+
+fn read_framing_headers(buf: &[u8], headers: &HeaderSpans) -> Result<FramingHeaders, ()> {
+    let mut f = FramingHeaders::default();
+    for (name, value) in headers.iter(buf) {
+        if name.eq_ignore_ascii_case(b"content-length") {
+            let n = parse_decimal(value).ok_or(())?;
+            if f.content_length.is_some_and(|m| m != n) {
+                return Err(());
+            }
+            f.content_length = Some(n);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            for coding in comma_tokens(value) {
+                // Only the final coding decides; anything after `chunked` is an error.
+                f.other_transfer_coding |= f.chunked || !coding.eq_ignore_ascii_case(b"chunked");
+                f.chunked |= coding.eq_ignore_ascii_case(b"chunked");
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            for token in comma_tokens(value) {
+                f.conn_close |= token.eq_ignore_ascii_case(b"close");
+                f.conn_keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case(b"expect") {
+            f.expect_continue |= value.eq_ignore_ascii_case(b"100-continue");
+        }
+    }
+    Ok(f)
+}
+
+fn parse_decimal(value: &[u8]) -> Option<u64> {
+    let value = trim(value);
+    if value.is_empty() || value.len() > 19 {
+        return None;
+    }
+    value.iter().try_fold(0u64, |acc, &b| {
+        b.is_ascii_digit().then(|| acc * 10 + u64::from(b - b'0'))
+    })
+}
+
+fn trim(value: &[u8]) -> &[u8] {
+    let start = value
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(value.len());
+    let end = value
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &value[start..end]
+}
+
+/// The non-empty, trimmed elements of a comma-separated header value.
+pub fn comma_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(trim)
+        .filter(|t| !t.is_empty())
+}
+
+fn request_error(kind: ErrorKind) -> ProxyError {
+    ProxyError::downstream(kind, "parse request head")
+}
+
+/// Parses a request head from the start of `buf`: `Ok(None)` while incomplete.
+pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError> {
+    let mut parsed = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut request = httparse::Request::new(&mut parsed);
+    let head_len = match request.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() > HEADER_BYTES_MAX => {
+            return Err(request_error(ErrorKind::HeadersTooLarge))
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(request_error(ErrorKind::HeadersTooLarge))
+        }
+        Err(_) => return Err(request_error(ErrorKind::MalformedRequest)),
+    };
+    if head_len > HEADER_BYTES_MAX {
+        return Err(request_error(ErrorKind::HeadersTooLarge));
+    }
+    let malformed = || request_error(ErrorKind::MalformedRequest);
+    let (Some(method), Some(path), Some(version_minor)) =
+        (request.method, request.path, request.version)
+    else {
+        return Err(malformed());
+    };
+    let headers = span_headers(buf, request.headers);
+    let f = read_framing_headers(buf, &headers).map_err(|()| malformed())?;
+    // Both length and chunked is a smuggling vector (RFC 9112 6.1): refuse it outright.
+    if f.other_transfer_coding || (f.chunked && f.content_length.is_some()) {
+        return Err(malformed());
+    }
+    let framing = match (f.chunked, f.content_length) {
+        (true, _) => Framing::Chunked,
+        (false, Some(0) | None) => Framing::Empty,
+        (false, Some(n)) => Framing::Length(n),
+    };
+    let method_start = offset_in(buf, method.as_bytes());
+    let target_start = offset_in(buf, path.as_bytes());
+    Ok(Some(RequestHead {
+        method: match method {
+            "GET" => Method::Get,
+            "POST" => Method::Post,
+            "HEAD" => Method::Head,
+            _ => Method::Other,
+        },
+        method_span: method_start..method_start + method.len(),
+        target: target_start..target_start + path.len(),
+        version_minor,
+        headers,
+        framing,
+        keep_alive: if version_minor == 0 {
+            f.conn_keep_alive
+        } else {
+            !f.conn_close
+        },
+        expect_continue: f.expect_continue && version_minor == 1,
+        head_len,
+    }))
+}
+
+fn response_error() -> ProxyError {
+    ProxyError::upstream(ErrorKind::UpstreamMalformed, "parse response head")
+}
+
+/// Parses a response head from the start of `buf`: `Ok(None)` while incomplete.
+/// `request_method` decides whether a body follows (none for `HEAD`).
+pub fn parse_response_head(
+    buf: &[u8],
+    request_method: Method,
+) -> Result<Option<ResponseHead>, ProxyError> {
+    let mut parsed = [httparse::EMPTY_HEADER; HEADERS_MAX];
+    let mut response = httparse::Response::new(&mut parsed);
+    let head_len = match response.parse(buf) {
+        Ok(httparse::Status::Complete(n)) if n <= HEADER_BYTES_MAX => n,
+        Ok(httparse::Status::Partial) if buf.len() <= HEADER_BYTES_MAX => return Ok(None),
+        _ => return Err(response_error()),
+    };
+    let (Some(status), Some(version_minor)) = (response.code, response.version) else {
+        return Err(response_error());
+    };
+    let reason = response.reason.unwrap_or("");
+    let reason_start = if reason.is_empty() {
+        0
+    } else {
+        offset_in(buf, reason.as_bytes())
+    };
+    let headers = span_headers(buf, response.headers);
+    let f = read_framing_headers(buf, &headers).map_err(|()| response_error())?;
+    let no_body = request_method == Method::Head || status < 200 || status == 204 || status == 304;
+    let framing = if no_body {
+        Framing::Empty
+    } else if f.chunked && !f.other_transfer_coding {
+        Framing::Chunked
+    } else if f.other_transfer_coding {
+        Framing::UntilClose
+    } else {
+        match f.content_length {
+            Some(0) => Framing::Empty,
+            Some(n) => Framing::Length(n),
+            None => Framing::UntilClose,
+        }
+    };
+    let keep_alive = framing != Framing::UntilClose
+        && if version_minor == 0 {
+            f.conn_keep_alive
+        } else {
+            !f.conn_close
+        };
+    Ok(Some(ResponseHead {
+        status,
+        reason: reason_start..reason_start + reason.len(),
+        headers,
+        framing,
+        keep_alive,
+        head_len,
+    }))
+}
+
+/// Headers that describe one connection, not the message (RFC 9110 7.6.1), plus the framing
+/// headers we always rewrite ourselves.
+fn is_hop_by_hop(name: &[u8]) -> bool {
+    const NAMES: [&[u8]; 9] = [
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"content-length",
+        b"expect",
+    ];
+    NAMES.iter().any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// Whether `name` is listed in one of the message's `Connection` headers.
+fn named_by_connection(buf: &[u8], headers: &HeaderSpans, name: &[u8]) -> bool {
+    headers
+        .iter(buf)
+        .filter(|(n, _)| n.eq_ignore_ascii_case(b"connection"))
+        .any(|(_, v)| comma_tokens(v).any(|t| t.eq_ignore_ascii_case(name)))
+}
+
+fn write_end_to_end_headers(out: &mut Vec<u8>, buf: &[u8], headers: &HeaderSpans, skip: &[u8]) {
+    let has_connection = headers.get(buf, "connection").is_some();
+    for (name, value) in headers.iter(buf) {
+        if is_hop_by_hop(name) || name.eq_ignore_ascii_case(skip) {
+            continue;
+        }
+        if has_connection && named_by_connection(buf, headers, name) {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// Writes the head sent upstream: same method and target, `Host` set to the worker, end-to-end
+/// headers kept, and the (already complete) body announced with `Content-Length`.
+pub fn write_upstream_request_head(
+    out: &mut Vec<u8>,
+    head: &RequestHead,
+    buf: &[u8],
+    authority: &str,
+    body_len: usize,
+) {
+    out.extend_from_slice(&buf[head.method_span.clone()]);
+    out.push(b' ');
+    out.extend_from_slice(head.target(buf));
+    out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
+    out.extend_from_slice(authority.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    write_end_to_end_headers(out, buf, &head.headers, b"host");
+    write_content_length(out, body_len as u64);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How the body of a response is framed towards the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DownstreamFraming {
+    /// `Content-Length: n`, bytes passed through.
+    Length(u64),
+    /// No body.
+    Empty,
+    /// Chunked bytes passed through unchanged (HTTP/1.1 clients).
+    ChunkedPassthrough,
+    /// Body bytes written raw, end marked by closing (HTTP/1.0 clients, close-delimited workers).
+    UntilClose,
+}
+
+impl DownstreamFraming {
+    /// The framing towards a client of HTTP/1.`client_minor` for an upstream body framed `up`.
+    pub fn choose(up: Framing, client_minor: u8) -> Self {
+        match up {
+            Framing::Empty => DownstreamFraming::Empty,
+            Framing::Length(n) => DownstreamFraming::Length(n),
+            Framing::Chunked if client_minor >= 1 => DownstreamFraming::ChunkedPassthrough,
+            Framing::Chunked | Framing::UntilClose => DownstreamFraming::UntilClose,
+        }
+    }
+}
+
+/// Writes the head sent to the client: the worker's status and end-to-end headers, the routed
+/// worker header, our framing and our connection decision.
+pub fn write_downstream_response_head(
+    out: &mut Vec<u8>,
+    head: &ResponseHead,
+    buf: &[u8],
+    routed_header_line: &[u8],
+    framing: DownstreamFraming,
+    keep_alive: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    write_status_code(out, head.status);
+    out.push(b' ');
+    out.extend_from_slice(&buf[head.reason.clone()]);
+    out.extend_from_slice(b"\r\n");
+    write_end_to_end_headers(out, buf, &head.headers, b"x-smg-routed-worker-id");
+    out.extend_from_slice(routed_header_line);
+    match framing {
+        DownstreamFraming::Length(n) => write_content_length(out, n),
+        DownstreamFraming::Empty if head.status >= 200 && head.status != 204 => {
+            write_content_length(out, 0)
+        }
+        DownstreamFraming::ChunkedPassthrough => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n")
+        }
+        DownstreamFraming::Empty | DownstreamFraming::UntilClose => {}
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes a complete response the gateway answers itself.
+pub fn write_local_response(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    write_status_code(out, status);
+    out.push(b' ');
+    out.extend_from_slice(reason_phrase(status).as_bytes());
+    out.extend_from_slice(b"\r\ncontent-type: ");
+    out.extend_from_slice(content_type.as_bytes());
+    out.extend_from_slice(b"\r\n");
+    write_content_length(out, body.len() as u64);
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+}
+
+fn write_status_code(out: &mut Vec<u8>, status: u16) {
+    let status = status.clamp(100, 999);
+    out.extend_from_slice(&[
+        b'0' + (status / 100) as u8,
+        b'0' + (status / 10 % 10) as u8,
+        b'0' + (status % 10) as u8,
+    ]);
+}
+
+fn write_content_length(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(b"content-length: ");
+    write_decimal(out, n);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn write_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+/// The reason phrase of the statuses the gateway answers itself.
+pub fn reason_phrase(status: u16) -> &'static str {
+    match status {
+        100 => "Continue",
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Unknown",
+    }
+}
+
+/// Why a chunked body could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkError {
+    /// Not valid chunked framing.
+    Malformed,
+    /// A size line or the trailers exceed their limits.
+    TooLong,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChunkState {
+    /// Reading hex digits of a chunk size.
+    Size,
+    /// Skipping a chunk extension up to CR.
+    Extension,
+    /// Expecting LF after a size line.
+    SizeLf,
+    /// Inside chunk data, with this many bytes left.
+    Data(u64),
+    /// Expecting CR after chunk data.
+    DataCr,
+    /// Expecting LF after chunk data.
+    DataLf,
+    /// At the start of a trailer line (or the final empty line).
+    TrailerStart,
+    /// Inside a trailer line.
+    TrailerLine,
+    /// Expecting the final LF.
+    FinalLf,
+    /// The body is complete.
+    Done,
+}
+
+/// An incremental `Transfer-Encoding: chunked` decoder: feed it bytes as they arrive, in any
+/// split; it reports the data bytes and where the body ends.
+#[derive(Clone, Debug)]
+pub struct ChunkedDecoder {
+    state: ChunkState,
+    size: u64,
+    size_digits: usize,
+    line_bytes: usize,
+    trailer_bytes: usize,
+}
+
+impl Default for ChunkedDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ChunkedDecoder {
+    /// A decoder at the start of a body.
+    pub fn new() -> Self {
+        ChunkedDecoder {
+            state: ChunkState::Size,
+            size: 0,
+            size_digits: 0,
+            line_bytes: 0,
+            trailer_bytes: 0,
+        }
+    }
+
+    /// Whether the terminating chunk and trailers have been read.
+    pub fn is_done(&self) -> bool {
+        self.state == ChunkState::Done
+    }
+
+    /// Consumes bytes of `input` up to the end of the body, passing chunk data to `on_data`.
+    /// Returns how many bytes of `input` belong to the body.
+    pub fn feed(
+        &mut self,
+        input: &[u8],
+        mut on_data: impl FnMut(&[u8]),
+    ) -> Result<usize, ChunkError> {
+        let mut i = 0;
+        while i < input.len() && self.state != ChunkState::Done {
+            if let ChunkState::Data(left) = self.state {
+                let take = left.min((input.len() - i) as u64) as usize;
+                on_data(&input[i..i + take]);
+                i += take;
+                let left = left - take as u64;
+                self.state = if left == 0 {
+                    ChunkState::DataCr
+                } else {
+                    ChunkState::Data(left)
+                };
+                continue;
+            }
+            self.step(input[i])?;
+            i += 1;
+        }
+        Ok(i)
+    }
+
+    fn step(&mut self, byte: u8) -> Result<(), ChunkError> {
+        use ChunkState::*;
+        self.state = match self.state {
+            Size | Extension | SizeLf => {
+                self.line_bytes += 1;
+                if self.line_bytes > CHUNK_LINE_BYTES_MAX {
+                    return Err(ChunkError::TooLong);
+                }
+                self.step_size_line(byte)?
+            }
+            DataCr if byte == b'\r' => DataLf,
+            DataLf if byte == b'\n' => Size,
+            TrailerStart | TrailerLine => {
+                self.trailer_bytes += 1;
+                if self.trailer_bytes > CHUNK_TRAILER_BYTES_MAX {
+                    return Err(ChunkError::TooLong);
+                }
+                match (self.state, byte) {
+                    (TrailerStart, b'\r') => FinalLf,
+                    (_, b'\n') => TrailerStart,
+                    _ => TrailerLine,
+                }
+            }
+            FinalLf if byte == b'\n' => Done,
+            _ => return Err(ChunkError::Malformed),
+        };
+        Ok(())
+    }
+
+    fn step_size_line(&mut self, byte: u8) -> Result<ChunkState, ChunkError> {
+        use ChunkState::*;
+        Ok(match (self.state, byte) {
+            (Size, b) if b.is_ascii_hexdigit() => {
+                self.size_digits += 1;
+                if self.size_digits > 15 {
+                    return Err(ChunkError::TooLong);
+                }
+                let digit = (b as char).to_digit(16).unwrap_or(0);
+                self.size = self.size * 16 + u64::from(digit);
+                Size
+            }
+            (Size, b';' | b' ' | b'\t') if self.size_digits > 0 => Extension,
+            (Size | Extension, b'\r') if self.size_digits > 0 => SizeLf,
+            (Extension, _) => Extension,
+            (SizeLf, b'\n') => {
+                let size = std::mem::take(&mut self.size);
+                self.size_digits = 0;
+                self.line_bytes = 0;
+                if size == 0 {
+                    TrailerStart
+                } else {
+                    Data(size)
+                }
+            }
+            _ => return Err(ChunkError::Malformed),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

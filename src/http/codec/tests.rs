@@ -1,0 +1,292 @@
+//! Codec tests: requests fed in split chunks, error kinds asserted (never error text).
+
+use super::*;
+
+const CHAT: &[u8] = b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+
+/// Feeds `input` to the head parser one growing prefix at a time, as split reads would.
+fn parse_split(input: &[u8], split: usize) -> Result<Option<RequestHead>, ErrorKind> {
+    let mut end = 0;
+    loop {
+        end = (end + split).min(input.len());
+        match parse_request_head(&input[..end]) {
+            Ok(Some(head)) => return Ok(Some(head)),
+            Ok(None) if end == input.len() => return Ok(None),
+            Ok(None) => continue,
+            Err(e) => return Err(e.kind),
+        }
+    }
+}
+
+#[test]
+fn request_head_parses_in_any_split() {
+    for split in [1, 2, 3, 7, 16, CHAT.len()] {
+        let head = parse_split(CHAT, split).unwrap().unwrap();
+        assert_eq!(head.method, Method::Post);
+        assert_eq!(head.path(CHAT), b"/v1/chat/completions");
+        assert_eq!(head.target(CHAT), b"/v1/chat/completions?x=1");
+        assert_eq!(head.framing, Framing::Length(2));
+        assert!(head.keep_alive);
+        assert_eq!(&CHAT[head.head_len..], b"{}");
+    }
+}
+
+#[test]
+fn malformed_requests_are_typed() {
+    let cases: &[(&[u8], ErrorKind)] = &[
+        (
+            b"GARBAGE\x01 / HTTP/1.1\r\n\r\n",
+            ErrorKind::MalformedRequest,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+            ErrorKind::MalformedRequest,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            ErrorKind::MalformedRequest,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            ErrorKind::MalformedRequest,
+        ),
+        (
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            ErrorKind::MalformedRequest,
+        ),
+        (b"POST / HTTP/2.0\r\n\r\n", ErrorKind::MalformedRequest),
+    ];
+    for (input, kind) in cases {
+        for split in [1, 5, input.len()] {
+            assert_eq!(
+                parse_split(input, split).unwrap_err(),
+                *kind,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+}
+
+#[test]
+fn oversized_heads_are_refused_before_completion() {
+    let mut big = b"GET / HTTP/1.1\r\nx-big: ".to_vec();
+    big.resize(HEADER_BYTES_MAX + 10, b'a');
+    assert_eq!(
+        parse_split(&big, 4096).unwrap_err(),
+        ErrorKind::HeadersTooLarge
+    );
+    let mut many = b"GET / HTTP/1.1\r\n".to_vec();
+    for i in 0..HEADERS_MAX + 1 {
+        many.extend_from_slice(format!("x-h{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    assert_eq!(
+        parse_split(&many, 100).unwrap_err(),
+        ErrorKind::HeadersTooLarge
+    );
+}
+
+#[test]
+fn connection_semantics_follow_the_version() {
+    let h10 = parse_request_head(b"GET / HTTP/1.0\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert!(!h10.keep_alive);
+    let h10ka = parse_request_head(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert!(h10ka.keep_alive);
+    let close = parse_request_head(b"GET / HTTP/1.1\r\nConnection: Close\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert!(!close.keep_alive);
+    let expect =
+        parse_request_head(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+            .unwrap()
+            .unwrap();
+    assert!(expect.expect_continue);
+    let chunked = parse_request_head(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .unwrap()
+        .unwrap();
+    assert_eq!(chunked.framing, Framing::Chunked);
+}
+
+#[test]
+fn upstream_head_drops_hop_by_hop_headers() {
+    let input = b"POST /generate HTTP/1.1\r\nHost: gw\r\nConnection: keep-alive, x-private\r\nX-Private: 1\r\nKeep-Alive: 5\r\nTE: trailers\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\nAuthorization: Bearer t\r\n\r\n";
+    let head = parse_request_head(input).unwrap().unwrap();
+    let mut out = Vec::new();
+    write_upstream_request_head(&mut out, &head, input, "127.0.0.1:9", 17);
+    let text = String::from_utf8(out).unwrap().to_ascii_lowercase();
+    assert!(
+        text.starts_with("post /generate http/1.1\r\nhost: 127.0.0.1:9\r\n"),
+        "{text}"
+    );
+    assert!(text.contains("authorization: bearer t\r\n"));
+    assert!(text.ends_with("content-length: 17\r\n\r\n"));
+    for gone in [
+        "connection",
+        "x-private",
+        "keep-alive",
+        "te:",
+        "transfer-encoding",
+        "expect",
+        "host: gw",
+    ] {
+        assert!(!text.contains(gone), "{gone} kept in {text}");
+    }
+}
+
+#[test]
+fn response_framing_is_derived_from_status_and_headers() {
+    let cases: &[(&[u8], Method, Framing, bool)] = &[
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+            Method::Post,
+            Framing::Length(5),
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Method::Post,
+            Framing::Chunked,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\n\r\n",
+            Method::Post,
+            Framing::UntilClose,
+            false,
+        ),
+        (
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            Method::Post,
+            Framing::Empty,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+            Method::Head,
+            Framing::Empty,
+            true,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n",
+            Method::Post,
+            Framing::Length(5),
+            false,
+        ),
+        (
+            b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\n",
+            Method::Post,
+            Framing::Length(5),
+            false,
+        ),
+    ];
+    for (input, method, framing, keep) in cases {
+        let head = parse_response_head(input, *method).unwrap().unwrap();
+        assert_eq!(
+            head.framing,
+            *framing,
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
+        assert_eq!(
+            head.keep_alive,
+            *keep,
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
+    }
+    assert!(
+        parse_response_head(b"HTTP/1.1 200 OK\r\nContent-Le", Method::Post)
+            .unwrap()
+            .is_none()
+    );
+    let e = parse_response_head(b"HTTP/1.1 2x0 OK\r\n\r\n", Method::Post).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::UpstreamMalformed);
+}
+
+#[test]
+fn downstream_head_adds_routed_worker_and_framing() {
+    let input = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nx-smg-routed-worker-id: spoofed\r\n\r\n";
+    let head = parse_response_head(input, Method::Post).unwrap().unwrap();
+    let mut out = Vec::new();
+    let framing = DownstreamFraming::choose(head.framing, 1);
+    write_downstream_response_head(
+        &mut out,
+        &head,
+        input,
+        b"x-smg-routed-worker-id: http://w:1\r\n",
+        framing,
+        true,
+    );
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(
+        text,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nx-smg-routed-worker-id: http://w:1\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    assert_eq!(
+        DownstreamFraming::choose(Framing::Chunked, 0),
+        DownstreamFraming::UntilClose
+    );
+}
+
+fn decode_split(input: &[u8], split: usize) -> Result<(Vec<u8>, usize), ChunkError> {
+    let mut decoder = ChunkedDecoder::new();
+    let mut data = Vec::new();
+    let mut consumed = 0;
+    for piece in input.chunks(split) {
+        consumed += decoder.feed(piece, |d| data.extend_from_slice(d))?;
+        if decoder.is_done() {
+            return Ok((data, consumed));
+        }
+    }
+    // Incomplete: no end found.
+    Ok((data, usize::MAX))
+}
+
+#[test]
+fn chunked_bodies_decode_in_any_split() {
+    let body = b"5\r\nhello\r\n7;ext=1\r\n, world\r\n0\r\nTrailer: x\r\n\r\nNEXT";
+    for split in 1..=body.len() {
+        let (data, consumed) = decode_split(body, split).unwrap();
+        assert_eq!(data, b"hello, world", "split {split}");
+        assert_eq!(&body[consumed..], b"NEXT", "split {split}");
+    }
+}
+
+#[test]
+fn chunked_errors_are_typed() {
+    let cases: &[(&[u8], ChunkError)] = &[
+        (b"zz\r\n", ChunkError::Malformed),
+        (b"\r\n", ChunkError::Malformed),
+        (b"3\r\nabcX\r\n", ChunkError::Malformed),
+        (b"1111111111111111\r\n", ChunkError::TooLong),
+    ];
+    for (input, kind) in cases {
+        for split in [1, 3, input.len()] {
+            assert_eq!(
+                decode_split(input, split).unwrap_err(),
+                *kind,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+    let mut long_ext = b"1;".to_vec();
+    long_ext.resize(CHUNK_LINE_BYTES_MAX + 5, b'e');
+    assert_eq!(
+        decode_split(&long_ext, 64).unwrap_err(),
+        ChunkError::TooLong
+    );
+}
+
+#[test]
+fn incomplete_chunked_body_is_not_done() {
+    let mut decoder = ChunkedDecoder::new();
+    let n = decoder.feed(b"5\r\nhel", |_| {}).unwrap();
+    assert_eq!(n, 6);
+    assert!(!decoder.is_done());
+}

@@ -1,0 +1,187 @@
+//! The owned-buffer socket every connection goes through: `Socket` wraps a monoio `TcpStream`
+//! and a per-connection `Canceller`. Buffers are passed in and handed back with the result
+//! (io_uring's rent model), and every operation takes a deadline: on expiry the kernel operation
+//! is cancelled and awaited, so the buffer comes back before we return (monoio's `io-cancel`
+//! guidance). Keeping all socket I/O here is what lets the runtime be swapped later.
+//!
+//! Errors are plain `io::Error`s; a missed deadline is `io::ErrorKind::TimedOut`. Callers map
+//! them to `ProxyError`s with the side they know.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use monoio::buf::{IoBuf, IoBufMut};
+use monoio::io::{CancelableAsyncReadRent, CancelableAsyncWriteRent, Canceller};
+use monoio::net::TcpStream;
+
+use crate::limits::UPSTREAM_CONNECT_TIMEOUT;
+
+/// A TCP connection with owned-buffer, deadline-bounded reads and writes.
+pub struct Socket {
+    stream: TcpStream,
+    canceller: Canceller,
+}
+
+impl std::fmt::Debug for Socket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Socket").finish_non_exhaustive()
+    }
+}
+
+fn timed_out() -> io::Error {
+    io::Error::from(io::ErrorKind::TimedOut)
+}
+
+/// Runs a cancelable operation until it completes or `deadline` passes; on expiry it cancels
+/// the kernel operation, waits for it to hand the buffer back, and reports `TimedOut` unless
+/// the operation had completed anyway.
+macro_rules! with_deadline {
+    ($canceller:expr, $deadline:expr, |$handle:ident| $op:expr) => {{
+        let $handle = $canceller.handle();
+        let mut op = std::pin::pin!($op);
+        let sleep = monoio::time::sleep_until(monoio::time::Instant::from_std($deadline));
+        monoio::select! {
+            result = &mut op => result,
+            _ = sleep => {
+                *$canceller = std::mem::take($canceller).cancel();
+                let (result, buf) = op.await;
+                match result {
+                    Ok(n) if n > 0 => (Ok(n), buf),
+                    _ => (Err(timed_out()), buf),
+                }
+            }
+        }
+    }};
+}
+
+impl Socket {
+    /// Wraps an accepted or connected stream.
+    pub fn new(stream: TcpStream) -> Self {
+        // Requests and SSE events are small writes that must leave at once.
+        let _ = stream.set_nodelay(true);
+        Socket {
+            stream,
+            canceller: Canceller::new(),
+        }
+    }
+
+    /// Connects to `addr`, giving up after `UPSTREAM_CONNECT_TIMEOUT`.
+    pub async fn connect(addr: SocketAddr) -> io::Result<Self> {
+        match monoio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect_addr(addr)).await {
+            Ok(stream) => Ok(Socket::new(stream?)),
+            Err(_) => Err(timed_out()),
+        }
+    }
+
+    /// Reads whatever arrives (at least one byte, or 0 at end of stream) and appends it to
+    /// `buf`, first making room for at least `spare` more bytes.
+    pub async fn read_more(
+        &mut self,
+        mut buf: Vec<u8>,
+        spare: usize,
+        deadline: Instant,
+    ) -> (io::Result<usize>, Vec<u8>) {
+        if buf.capacity() - buf.len() < spare {
+            buf.reserve(spare);
+        }
+        let start = buf.len();
+        let Socket { stream, canceller } = self;
+        let tail = buf.slice_mut(start..);
+        let (result, tail) = with_deadline!(canceller, deadline, |handle| {
+            stream.cancelable_read(tail, handle)
+        });
+        (result, tail.into_inner())
+    }
+
+    /// Writes `buf[range]` completely and hands `buf` back.
+    pub async fn write_range(
+        &mut self,
+        buf: Vec<u8>,
+        range: std::ops::Range<usize>,
+        deadline: Instant,
+    ) -> (io::Result<()>, Vec<u8>) {
+        let mut written = range.start;
+        let mut buf = buf;
+        while written < range.end {
+            let Socket { stream, canceller } = self;
+            let part = buf.slice(written..range.end);
+            let (result, part) = with_deadline!(canceller, deadline, |handle| {
+                stream.cancelable_write(part, handle)
+            });
+            buf = part.into_inner();
+            match result {
+                Ok(0) => return (Err(io::Error::from(io::ErrorKind::WriteZero)), buf),
+                Ok(n) => written += n,
+                Err(e) => return (Err(e), buf),
+            }
+        }
+        (Ok(()), buf)
+    }
+
+    /// Writes all of `buf` and hands it back.
+    pub async fn write_all(
+        &mut self,
+        buf: Vec<u8>,
+        deadline: Instant,
+    ) -> (io::Result<()>, Vec<u8>) {
+        let len = buf.len();
+        self.write_range(buf, 0..len, deadline).await
+    }
+}
+
+/// How much room a read buffer gets before each read.
+pub fn read_spare(buf: &[u8], minimum: usize) -> usize {
+    minimum.max(buf.len() / 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::time::Duration;
+
+    fn runtime() -> monoio::FusionRuntime<
+        monoio::time::TimeDriver<monoio::IoUringDriver>,
+        monoio::time::TimeDriver<monoio::LegacyDriver>,
+    > {
+        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn read_deadline_cancels_and_returns_the_buffer() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut b = [0u8; 5];
+            s.read_exact(&mut b).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+            s.write_all(b"late").unwrap();
+            b
+        });
+        runtime().block_on(async move {
+            let mut socket = Socket::connect(addr).await.unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let (r, buf) = socket.write_all(b"hello".to_vec(), deadline).await;
+            r.unwrap();
+            let mut buf = buf;
+            buf.clear();
+            buf.extend_from_slice(b"kept:");
+            let started = Instant::now();
+            let deadline = started + Duration::from_millis(50);
+            let (r, buf) = socket.read_more(buf, 64, deadline).await;
+            assert_eq!(r.unwrap_err().kind(), io::ErrorKind::TimedOut);
+            assert!(started.elapsed() < Duration::from_millis(250));
+            assert_eq!(buf, b"kept:");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let (r, buf) = socket.read_more(buf, 64, deadline).await;
+            assert_eq!(r.unwrap(), 4);
+            assert_eq!(buf, b"kept:late");
+        });
+        assert_eq!(&peer.join().unwrap(), b"hello");
+    }
+}

@@ -1,0 +1,108 @@
+//! A data core's upstream keep-alive pool: per worker, a bounded stack of idle connections,
+//! most recently used on top (hot sockets, warm caches). A connection idle longer than
+//! `UPSTREAM_IDLE_TIMEOUT` is closed instead of reused, the oldest is dropped when a worker's
+//! stack is full, and `sweep` closes expired ones so engines never see us hold sockets forever.
+//! Connections remember the address they were opened to, so a reused worker id never gets a
+//! socket to its predecessor.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use super::io::Socket;
+use crate::limits::{UPSTREAM_IDLE_PER_WORKER_MAX, UPSTREAM_IDLE_TIMEOUT, UPSTREAM_READ_BYTES};
+use crate::workers::WorkerId;
+
+/// An upstream connection with its buffers.
+#[derive(Debug)]
+pub struct UpstreamConn {
+    /// The socket.
+    pub socket: Socket,
+    /// Response bytes read from the worker.
+    pub read_buf: Vec<u8>,
+    /// The request being written to the worker.
+    pub write_buf: Vec<u8>,
+    /// The worker address it was opened to.
+    pub addr: SocketAddr,
+    /// Whether it served a request before (a failure on it may just be a stale socket).
+    pub reused: bool,
+}
+
+impl UpstreamConn {
+    /// Wraps a freshly connected socket.
+    pub fn new(socket: Socket, addr: SocketAddr) -> Self {
+        UpstreamConn {
+            socket,
+            read_buf: Vec::with_capacity(UPSTREAM_READ_BYTES),
+            write_buf: Vec::with_capacity(UPSTREAM_READ_BYTES),
+            addr,
+            reused: false,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct IdleConn {
+    conn: UpstreamConn,
+    idle_since: Instant,
+}
+
+/// Idle upstream connections of one data core, by worker.
+#[derive(Debug, Default)]
+pub struct UpstreamPool {
+    by_worker: Vec<Vec<IdleConn>>,
+}
+
+impl UpstreamPool {
+    /// An empty pool.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The most recently returned live connection to `worker` at `addr`, if any.
+    pub fn take(
+        &mut self,
+        worker: WorkerId,
+        addr: SocketAddr,
+        now: Instant,
+    ) -> Option<UpstreamConn> {
+        let stack = self.by_worker.get_mut(worker.index())?;
+        while let Some(idle) = stack.pop() {
+            if idle.conn.addr == addr && now.duration_since(idle.idle_since) < UPSTREAM_IDLE_TIMEOUT
+            {
+                let mut conn = idle.conn;
+                conn.reused = true;
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Returns a connection whose last response was read completely.
+    pub fn put(&mut self, worker: WorkerId, mut conn: UpstreamConn, now: Instant) {
+        if self.by_worker.len() <= worker.index() {
+            self.by_worker.resize_with(worker.index() + 1, Vec::new);
+        }
+        let stack = &mut self.by_worker[worker.index()];
+        if stack.len() >= UPSTREAM_IDLE_PER_WORKER_MAX {
+            stack.remove(0);
+        }
+        conn.read_buf.clear();
+        conn.write_buf.clear();
+        stack.push(IdleConn {
+            conn,
+            idle_since: now,
+        });
+    }
+
+    /// Closes connections idle past `UPSTREAM_IDLE_TIMEOUT`.
+    pub fn sweep(&mut self, now: Instant) {
+        for stack in &mut self.by_worker {
+            stack.retain(|idle| now.duration_since(idle.idle_since) < UPSTREAM_IDLE_TIMEOUT);
+        }
+    }
+
+    /// Idle connections held, over all workers.
+    pub fn idle_count(&self) -> usize {
+        self.by_worker.iter().map(Vec::len).sum()
+    }
+}

@@ -1,0 +1,462 @@
+//! The request driver for routed endpoints. `proxy_request` owns the branching and the capped
+//! retry loop; each phase is a plain function it calls, in this order:
+//!
+//! 1. **validate** (`check_json`): a routed body must be JSON (400 otherwise).
+//! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
+//! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
+//!    ends, however it ends.
+//! 4. **connect or reuse** (`connect_or_reuse`): a pooled keep-alive connection or a new one.
+//! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
+//! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
+//!    through without buffering; chunked framing is tracked so the connection can be pooled.
+//! 7. **record** (`record_dispatch`): a `DispatchRecord` to the control core.
+//!
+//! Errors before any response byte reached the client come back as `ProxyError`s; those marked
+//! retryable (refused, reset, stale pooled socket) are tried again on another worker, up to
+//! `UPSTREAM_ATTEMPTS_MAX` attempts. After the first byte, a failure can only close both
+//! connections: the outcome then says `keep_alive: false`.
+
+use std::time::Instant;
+
+use super::codec::{self, ChunkedDecoder, DownstreamFraming, Framing, Method, ResponseHead};
+use super::endpoint::Endpoint;
+use super::error::{ErrorKind, ProxyError, Retry, Side};
+use super::io::Socket;
+use super::pool::UpstreamConn;
+use super::route::{RouteInput, TriedWorkers, WorkerView};
+use super::server::{DataCore, Downstream, Request};
+use crate::control::DispatchRecord;
+use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_READ_BYTES};
+use crate::metrics::Counter;
+use crate::workers::table::WorkerEntry;
+
+/// The result of a proxied request whose response (or part of it) reached the client.
+#[derive(Debug, Clone, Copy)]
+pub struct Forwarded {
+    /// The worker's status.
+    pub status: u16,
+    /// Whether the client connection can serve another request.
+    pub keep_alive: bool,
+}
+
+/// The client half of a connection, split from its read buffer (which holds the request).
+struct ClientSide<'a> {
+    socket: &'a mut Socket,
+    write_buf: &'a mut Vec<u8>,
+    version_minor: u8,
+    keep_alive: bool,
+}
+
+/// A failed attempt, before any response byte reached the client.
+struct AttemptFailure {
+    error: ProxyError,
+    /// The attempt used a pooled connection: the worker may be fine and the socket stale.
+    on_reused_connection: bool,
+}
+
+/// Proxies one routed request (the driver).
+pub async fn proxy_request(
+    core: &DataCore,
+    down: &mut Downstream,
+    request: &Request,
+    endpoint: Endpoint,
+) -> Result<Forwarded, ProxyError> {
+    let Downstream {
+        socket,
+        read_buf,
+        write_buf,
+        body_buf,
+    } = down;
+    let body = request.body(read_buf, body_buf);
+    check_json(body)?;
+    let input = RouteInput {
+        endpoint,
+        head: &request.head,
+        head_buf: read_buf,
+        body,
+    };
+    let mut client = ClientSide {
+        socket,
+        write_buf,
+        version_minor: request.head.version_minor,
+        keep_alive: request.head.keep_alive,
+    };
+    let deadline = Instant::now() + core.shared.config.request_timeout;
+    let mut tried = TriedWorkers::default();
+    let mut last_error = None;
+    for _ in 0..UPSTREAM_ATTEMPTS_MAX {
+        let roster = core.shared.table.roster();
+        let view = WorkerView {
+            roster: &roster,
+            table: &core.shared.table,
+        };
+        let picked = core.router.borrow_mut().route(&input, view, &tried);
+        let Some(worker) = picked.and_then(|id| roster.get(id)) else {
+            break;
+        };
+        let _credit = core.shared.table.credit(core.index, worker.id);
+        match attempt(core, &mut client, &input, worker, deadline).await {
+            Ok(forwarded) => {
+                record_dispatch(core, worker);
+                return Ok(forwarded);
+            }
+            Err(failure) => {
+                count_error(core, failure.error.kind);
+                if !failure.error.may_retry() {
+                    return Err(failure.error);
+                }
+                if !failure.on_reused_connection {
+                    tried.insert(worker.id);
+                }
+                core.metrics().incr(Counter::UpstreamRetries);
+                last_error = Some(failure.error);
+            }
+        }
+    }
+    Err(last_error
+        .unwrap_or_else(|| ProxyError::new(ErrorKind::NoHealthyWorker, Side::Internal, "route")))
+}
+
+/// The validate phase: a cheap full-syntax check without building a document.
+fn check_json(body: &[u8]) -> Result<(), ProxyError> {
+    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(ProxyError::downstream(
+            ErrorKind::InvalidJson,
+            "validate body",
+        )),
+    }
+}
+
+/// One upstream attempt: connect or reuse, forward, stream back, pool the connection.
+async fn attempt(
+    core: &DataCore,
+    client: &mut ClientSide<'_>,
+    input: &RouteInput<'_>,
+    worker: &WorkerEntry,
+    deadline: Instant,
+) -> Result<Forwarded, AttemptFailure> {
+    let fail = |error, on_reused_connection| AttemptFailure {
+        error,
+        on_reused_connection,
+    };
+    let mut up = connect_or_reuse(core, worker)
+        .await
+        .map_err(|e| fail(e, false))?;
+    let reused = up.reused;
+    forward(&mut up, input, &worker.spec.authority, deadline)
+        .await
+        .map_err(|e| fail(e, reused))?;
+    let streamed = stream_back(core, &mut up, client, worker, input.head.method, deadline)
+        .await
+        .map_err(|e| fail(e, reused))?;
+    if streamed.upstream_reusable {
+        core.pool.borrow_mut().put(worker.id, up, Instant::now());
+    }
+    Ok(streamed.forwarded)
+}
+
+/// The connect-or-reuse phase.
+async fn connect_or_reuse(
+    core: &DataCore,
+    worker: &WorkerEntry,
+) -> Result<UpstreamConn, ProxyError> {
+    let pooled = core
+        .pool
+        .borrow_mut()
+        .take(worker.id, worker.spec.addr, Instant::now());
+    if let Some(conn) = pooled {
+        core.metrics().incr(Counter::UpstreamConnectionsReused);
+        return Ok(conn);
+    }
+    let socket = Socket::connect(worker.spec.addr).await.map_err(|e| {
+        ProxyError::upstream(ErrorKind::UpstreamConnect, "connect")
+            .because(e)
+            .retryable()
+    })?;
+    core.metrics().incr(Counter::UpstreamConnectionsOpened);
+    Ok(UpstreamConn::new(socket, worker.spec.addr))
+}
+
+fn upstream_io_error(error: std::io::Error, context: &'static str) -> ProxyError {
+    if error.kind() == std::io::ErrorKind::TimedOut {
+        ProxyError::upstream(ErrorKind::UpstreamTimeout, context).because(error)
+    } else {
+        ProxyError::upstream(ErrorKind::UpstreamClosed, context)
+            .because(error)
+            .retryable()
+    }
+}
+
+/// The forward phase: the rebuilt head and the complete body in one write.
+async fn forward(
+    up: &mut UpstreamConn,
+    input: &RouteInput<'_>,
+    authority: &str,
+    deadline: Instant,
+) -> Result<(), ProxyError> {
+    up.write_buf.clear();
+    codec::write_upstream_request_head(
+        &mut up.write_buf,
+        input.head,
+        input.head_buf,
+        authority,
+        input.body.len(),
+    );
+    up.write_buf.extend_from_slice(input.body);
+    let (result, buf) = up
+        .socket
+        .write_all(std::mem::take(&mut up.write_buf), deadline)
+        .await;
+    up.write_buf = buf;
+    result.map_err(|e| upstream_io_error(e, "forward request"))
+}
+
+/// Reads the worker's response head, skipping interim (1xx) responses.
+async fn read_response_head(
+    up: &mut UpstreamConn,
+    method: Method,
+    deadline: Instant,
+) -> Result<ResponseHead, ProxyError> {
+    loop {
+        if !up.read_buf.is_empty() {
+            if let Some(head) = codec::parse_response_head(&up.read_buf, method)? {
+                if (100..200).contains(&head.status) {
+                    up.read_buf.drain(..head.head_len);
+                    continue;
+                }
+                return Ok(head);
+            }
+        }
+        let nothing_yet = up.read_buf.is_empty();
+        let read_buf = std::mem::take(&mut up.read_buf);
+        let (result, buf) = up
+            .socket
+            .read_more(read_buf, UPSTREAM_READ_BYTES, deadline)
+            .await;
+        up.read_buf = buf;
+        match result {
+            Ok(n) if n > 0 => {}
+            Ok(_) => {
+                let error = ProxyError::upstream(ErrorKind::UpstreamClosed, "read response head");
+                return Err(if nothing_yet {
+                    error.retryable()
+                } else {
+                    error
+                });
+            }
+            Err(e) => {
+                let error = upstream_io_error(e, "read response head");
+                return Err(if nothing_yet {
+                    error
+                } else {
+                    ProxyError {
+                        retry: Retry::No,
+                        ..error
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// How a response body is tracked on its way through: where it ends, and (for HTTP/1.0
+/// clients of a chunked worker) its de-chunked bytes.
+struct BodyTracker {
+    upstream: UpstreamBody,
+    dechunk: bool,
+}
+
+enum UpstreamBody {
+    Length(u64),
+    Chunked(ChunkedDecoder),
+    UntilClose,
+}
+
+impl BodyTracker {
+    fn new(up: Framing, down: DownstreamFraming) -> Self {
+        let upstream = match up {
+            Framing::Empty => UpstreamBody::Length(0),
+            Framing::Length(n) => UpstreamBody::Length(n),
+            Framing::Chunked => UpstreamBody::Chunked(ChunkedDecoder::new()),
+            Framing::UntilClose => UpstreamBody::UntilClose,
+        };
+        let dechunk = up == Framing::Chunked && down == DownstreamFraming::UntilClose;
+        BodyTracker { upstream, dechunk }
+    }
+
+    fn is_done(&self) -> bool {
+        match &self.upstream {
+            UpstreamBody::Length(left) => *left == 0,
+            UpstreamBody::Chunked(decoder) => decoder.is_done(),
+            UpstreamBody::UntilClose => false,
+        }
+    }
+
+    /// Consumes the body's share of `input`; appends de-chunked data to `decoded` when
+    /// de-chunking. Returns the bytes consumed.
+    fn advance(&mut self, input: &[u8], decoded: &mut Vec<u8>) -> Result<usize, ProxyError> {
+        match &mut self.upstream {
+            UpstreamBody::Length(left) => {
+                let take = (*left).min(input.len() as u64);
+                *left -= take;
+                Ok(take as usize)
+            }
+            UpstreamBody::Chunked(decoder) => {
+                let dechunk = self.dechunk;
+                decoder
+                    .feed(input, |data| {
+                        if dechunk {
+                            decoded.extend_from_slice(data)
+                        }
+                    })
+                    .map_err(|_| ProxyError::upstream(ErrorKind::UpstreamMalformed, "chunked body"))
+            }
+            UpstreamBody::UntilClose => Ok(input.len()),
+        }
+    }
+}
+
+/// What streaming a response produced.
+struct Streamed {
+    forwarded: Forwarded,
+    upstream_reusable: bool,
+}
+
+/// The stream-back phase: head first, then every read written through as it arrives.
+async fn stream_back(
+    core: &DataCore,
+    up: &mut UpstreamConn,
+    client: &mut ClientSide<'_>,
+    worker: &WorkerEntry,
+    method: Method,
+    deadline: Instant,
+) -> Result<Streamed, ProxyError> {
+    let head = read_response_head(up, method, deadline).await?;
+    let framing = DownstreamFraming::choose(head.framing, client.version_minor);
+    let keep_alive = client.keep_alive
+        && framing != DownstreamFraming::UntilClose
+        && !core.shared.is_shutting_down();
+    let mut tracker = BodyTracker::new(head.framing, framing);
+    client.write_buf.clear();
+    codec::write_downstream_response_head(
+        client.write_buf,
+        &head,
+        &up.read_buf,
+        &worker.routed_header_line,
+        framing,
+        keep_alive,
+    );
+    let available = &up.read_buf[head.head_len..];
+    let consumed = tracker.advance(available, client.write_buf)?;
+    if !tracker.dechunk {
+        client.write_buf.extend_from_slice(&available[..consumed]);
+    }
+    let mut leftover = consumed < available.len();
+    let ended = |complete: bool, reusable: bool| Streamed {
+        forwarded: Forwarded {
+            status: head.status,
+            keep_alive: keep_alive && complete,
+        },
+        upstream_reusable: reusable,
+    };
+    if !write_client(client).await {
+        core.metrics().incr(Counter::DownstreamAborts);
+        return Ok(ended(false, false));
+    }
+    while !tracker.is_done() {
+        up.read_buf.clear();
+        let read_buf = std::mem::take(&mut up.read_buf);
+        let (result, buf) = up
+            .socket
+            .read_more(read_buf, UPSTREAM_READ_BYTES, deadline)
+            .await;
+        up.read_buf = buf;
+        let n = match result {
+            Ok(0) if matches!(tracker.upstream, UpstreamBody::UntilClose) => break,
+            Ok(n) if n > 0 => n,
+            Ok(_) => {
+                count_error(core, ErrorKind::UpstreamClosed);
+                return Ok(ended(false, false));
+            }
+            Err(e) => {
+                count_error(core, upstream_io_error(e, "stream body").kind);
+                return Ok(ended(false, false));
+            }
+        };
+        client.write_buf.clear();
+        let consumed = match tracker.advance(&up.read_buf, client.write_buf) {
+            Ok(consumed) => consumed,
+            Err(e) => {
+                count_error(core, e.kind);
+                return Ok(ended(false, false));
+            }
+        };
+        leftover |= consumed < n;
+        let raw = (!tracker.dechunk).then_some(consumed);
+        if !write_client_from(client, up, raw).await {
+            core.metrics().incr(Counter::DownstreamAborts);
+            return Ok(ended(false, false));
+        }
+    }
+    Ok(ended(
+        true,
+        head.keep_alive && !leftover && tracker.is_done(),
+    ))
+}
+
+/// Writes `client.write_buf` to the client.
+async fn write_client(client: &mut ClientSide<'_>) -> bool {
+    let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
+    let (result, buf) = client
+        .socket
+        .write_all(std::mem::take(client.write_buf), deadline)
+        .await;
+    *client.write_buf = buf;
+    result.is_ok()
+}
+
+/// Writes body bytes: `raw = Some(n)` writes the first `n` bytes of the worker's read buffer
+/// without copying; `None` writes the de-chunked bytes in `client.write_buf`.
+async fn write_client_from(
+    client: &mut ClientSide<'_>,
+    up: &mut UpstreamConn,
+    raw: Option<usize>,
+) -> bool {
+    let Some(n) = raw else {
+        return write_client(client).await;
+    };
+    let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
+    let (result, buf) = client
+        .socket
+        .write_range(std::mem::take(&mut up.read_buf), 0..n, deadline)
+        .await;
+    up.read_buf = buf;
+    result.is_ok()
+}
+
+/// The record phase: tell the control core where this request went.
+fn record_dispatch(core: &DataCore, worker: &WorkerEntry) {
+    let record = DispatchRecord {
+        worker: worker.id,
+        tick: core.shared.tick_now(),
+    };
+    if core.shared.dispatch_queues[core.index]
+        .push(record)
+        .is_err()
+    {
+        core.metrics().incr(Counter::DispatchRecordsDropped);
+    }
+}
+
+fn count_error(core: &DataCore, kind: ErrorKind) {
+    let counter = match kind {
+        ErrorKind::UpstreamConnect => Counter::UpstreamConnectErrors,
+        ErrorKind::UpstreamClosed => Counter::UpstreamClosedErrors,
+        ErrorKind::UpstreamMalformed => Counter::UpstreamMalformedErrors,
+        ErrorKind::UpstreamTimeout => Counter::UpstreamTimeouts,
+        ErrorKind::ClientClosed => Counter::DownstreamAborts,
+        _ => return,
+    };
+    core.metrics().incr(counter);
+}

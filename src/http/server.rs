@@ -1,0 +1,397 @@
+//! The downstream side of a data core: one task per client connection runs `serve_connection`,
+//! which loops over keep-alive requests: parse (head, then body: `Content-Length` or chunked,
+//! `Expect: 100-continue`, limits and timeouts), classify, then either answer locally (health,
+//! models) or hand the request to the proxy driver (`proxy::proxy_request`). Bytes after a
+//! request stay in the read buffer for the next one, so pipelined requests are served in order.
+//!
+//! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
+//! keep-or-close decision; a client that is gone gets nothing.
+
+use std::cell::{Cell, RefCell};
+use std::ops::Range;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::codec::{self, ChunkError, ChunkedDecoder, Framing, Method, RequestHead};
+use super::endpoint::{Endpoint, Handling};
+use super::error::{write_error_body, ErrorKind, ProxyError};
+use super::io::{read_spare, Socket};
+use super::pool::UpstreamPool;
+use super::proxy;
+use super::route::Router;
+use crate::limits::{
+    CLIENT_IDLE_TIMEOUT, DOWNSTREAM_WRITE_TIMEOUT, HEADER_READ_TIMEOUT, READ_BUF_BYTES_INITIAL,
+    READ_BUF_BYTES_RETAINED_MAX,
+};
+use crate::metrics::CoreMetrics;
+use crate::runtime::Shared;
+
+/// One data core's state: shared read-only state plus what only this core touches.
+#[derive(Debug)]
+pub struct DataCore {
+    /// This core's index (its slot in per-core arrays).
+    pub index: usize,
+    /// State shared with the control core.
+    pub shared: Arc<Shared>,
+    /// Idle upstream connections.
+    pub pool: RefCell<UpstreamPool>,
+    /// The policy state.
+    pub router: RefCell<Router>,
+    /// Requests being served (for graceful shutdown).
+    pub requests_in_flight: Cell<usize>,
+}
+
+impl DataCore {
+    /// A data core with an empty pool.
+    pub fn new(index: usize, shared: Arc<Shared>) -> Self {
+        let router = Router::new(shared.config.policy, index as u64);
+        DataCore {
+            index,
+            shared,
+            pool: RefCell::new(UpstreamPool::new()),
+            router: RefCell::new(router),
+            requests_in_flight: Cell::new(0),
+        }
+    }
+
+    /// This core's counters.
+    pub fn metrics(&self) -> &CoreMetrics {
+        self.shared.metrics.core(self.index)
+    }
+}
+
+/// A client connection and its buffers.
+#[derive(Debug)]
+pub struct Downstream {
+    /// The socket.
+    pub socket: Socket,
+    /// Bytes read from the client; requests are parsed in place.
+    pub read_buf: Vec<u8>,
+    /// Bytes being written to the client.
+    pub write_buf: Vec<u8>,
+    /// A de-chunked request body.
+    pub body_buf: Vec<u8>,
+}
+
+/// Where a request's complete body lies.
+#[derive(Clone, Debug)]
+enum BodyPlace {
+    /// In `read_buf` at this range.
+    ReadBuf(Range<usize>),
+    /// In `body_buf` (it was chunked).
+    BodyBuf,
+}
+
+/// A complete request: its head and body, both inside the `Downstream` buffers.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The parsed head (spans index `read_buf`).
+    pub head: RequestHead,
+    body: BodyPlace,
+    /// Bytes of `read_buf` this request used.
+    end: usize,
+}
+
+impl Request {
+    /// The body bytes.
+    pub fn body<'d>(&self, down_read_buf: &'d [u8], down_body_buf: &'d [u8]) -> &'d [u8] {
+        match &self.body {
+            BodyPlace::ReadBuf(range) => &down_read_buf[range.clone()],
+            BodyPlace::BodyBuf => down_body_buf,
+        }
+    }
+}
+
+/// Serves one client connection until it closes, errs or the gateway shuts down.
+pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
+    core.metrics()
+        .incr(crate::metrics::Counter::DownstreamConnectionsAccepted);
+    let mut down = Downstream {
+        socket,
+        read_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
+        write_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
+        body_buf: Vec::new(),
+    };
+    loop {
+        let request = match read_request(&mut down, core.shared.config.max_payload_bytes).await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(error) => {
+                let status = answer_error(&mut down, error.kind, false).await;
+                core.metrics()
+                    .record_request(Method::Other, Endpoint::Unknown, status);
+                return;
+            }
+        };
+        core.requests_in_flight
+            .set(core.requests_in_flight.get() + 1);
+        let keep_alive = handle_request(&core, &mut down, &request).await;
+        core.requests_in_flight
+            .set(core.requests_in_flight.get() - 1);
+        finish_request(&mut down, request.end);
+        if !keep_alive || core.shared.is_shutting_down() {
+            return;
+        }
+    }
+}
+
+/// Drops the served request's bytes, keeping any pipelined bytes after it.
+fn finish_request(down: &mut Downstream, end: usize) {
+    down.read_buf.drain(..end);
+    if down.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
+        down.read_buf.shrink_to(READ_BUF_BYTES_INITIAL);
+    }
+    if down.body_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
+        down.body_buf = Vec::new();
+    }
+}
+
+/// The classify phase and dispatch; returns whether the connection stays open.
+async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Request) -> bool {
+    let endpoint = Endpoint::of_path(request.head.path(&down.read_buf));
+    let method = request.head.method;
+    let keep_alive = request.head.keep_alive;
+    let (status, keep) = match endpoint.handling(method) {
+        Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint).await {
+            Ok(done) => (done.status, done.keep_alive),
+            Err(error) => {
+                let status = answer_error(down, error.kind, keep_alive).await;
+                (status, keep_alive && error.kind.keeps_connection())
+            }
+        },
+        Handling::Local => answer_local(core, down, endpoint, method, keep_alive).await,
+        Handling::WrongMethod => (
+            answer_error(down, ErrorKind::MethodNotAllowed, keep_alive).await,
+            keep_alive,
+        ),
+        Handling::NotFound => (
+            answer_error(down, ErrorKind::NotFound, keep_alive).await,
+            keep_alive,
+        ),
+    };
+    core.metrics().record_request(method, endpoint, status);
+    keep
+}
+
+/// Answers `/health`, `/liveness`, `/readiness` and `/v1/models`.
+async fn answer_local(
+    core: &DataCore,
+    down: &mut Downstream,
+    endpoint: Endpoint,
+    method: Method,
+    keep_alive: bool,
+) -> (u16, bool) {
+    let models;
+    let (status, body): (u16, &[u8]) = match endpoint {
+        Endpoint::Models => {
+            models = core.shared.models_body.load();
+            (200, models.as_slice())
+        }
+        Endpoint::Readiness if !core.shared.has_healthy_worker() => (
+            503,
+            br#"{"status":"not ready","reason":"no healthy worker"}"#,
+        ),
+        Endpoint::Readiness => (200, br#"{"status":"ready"}"#),
+        _ => (200, br#"{"status":"ok"}"#),
+    };
+    down.write_buf.clear();
+    codec::write_local_response(
+        &mut down.write_buf,
+        status,
+        "application/json",
+        body,
+        keep_alive,
+    );
+    if method == Method::Head {
+        down.write_buf.truncate(down.write_buf.len() - body.len());
+    }
+    let ok = write_to_client(down).await;
+    (status, keep_alive && ok)
+}
+
+/// Writes the JSON error answer for `kind` (unless the client is gone); returns the status.
+pub async fn answer_error(down: &mut Downstream, kind: ErrorKind, keep_alive: bool) -> u16 {
+    if !kind.answers_client() {
+        return kind.status();
+    }
+    let mut body = Vec::with_capacity(128);
+    write_error_body(&mut body, kind);
+    down.write_buf.clear();
+    let keep = keep_alive && kind.keeps_connection();
+    codec::write_local_response(
+        &mut down.write_buf,
+        kind.status(),
+        "application/json",
+        &body,
+        keep,
+    );
+    write_to_client(down).await;
+    kind.status()
+}
+
+/// Writes `down.write_buf`; returns whether it all went out.
+pub async fn write_to_client(down: &mut Downstream) -> bool {
+    let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
+    let (result, buf) = down
+        .socket
+        .write_all(std::mem::take(&mut down.write_buf), deadline)
+        .await;
+    down.write_buf = buf;
+    result.is_ok()
+}
+
+/// Why reading from the client stopped.
+enum ReadEnd {
+    /// Bytes arrived.
+    Data,
+    /// The client closed or the idle timeout passed with nothing pending: a clean end.
+    Closed,
+}
+
+/// Reads more client bytes into `read_buf`, mapping failures to the error kind for a request
+/// that is `partial` (some of it already read) or not.
+async fn read_client(
+    down: &mut Downstream,
+    deadline: Instant,
+    partial: bool,
+) -> Result<ReadEnd, ProxyError> {
+    let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
+    let (result, buf) = down
+        .socket
+        .read_more(std::mem::take(&mut down.read_buf), spare, deadline)
+        .await;
+    down.read_buf = buf;
+    match result {
+        Ok(n) if n > 0 => Ok(ReadEnd::Data),
+        _ if !partial => Ok(ReadEnd::Closed),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            Err(ProxyError::downstream(ErrorKind::RequestTimeout, "read request").because(e))
+        }
+        Ok(_) => Err(ProxyError::downstream(
+            ErrorKind::ClientClosed,
+            "read request",
+        )),
+        Err(e) => Err(ProxyError::downstream(ErrorKind::ClientClosed, "read request").because(e)),
+    }
+}
+
+/// The parse phase: reads one complete request, or `None` when the client is done.
+pub async fn read_request(
+    down: &mut Downstream,
+    max_payload: usize,
+) -> Result<Option<Request>, ProxyError> {
+    let Some(head) = read_request_head(down).await? else {
+        return Ok(None);
+    };
+    let head_len = head.head_len;
+    match head.framing {
+        Framing::Length(n) if n > max_payload as u64 => Err(ProxyError::downstream(
+            ErrorKind::PayloadTooLarge,
+            "read request body",
+        )),
+        Framing::Length(n) => {
+            let end = head_len + n as usize;
+            send_continue_if_expected(down, &head, end).await?;
+            while down.read_buf.len() < end {
+                let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+                // A partial read never ends cleanly: EOF is an error here.
+                read_client(down, deadline, true).await?;
+            }
+            Ok(Some(Request {
+                head,
+                body: BodyPlace::ReadBuf(head_len..end),
+                end,
+            }))
+        }
+        Framing::Chunked => read_chunked_body(down, head, max_payload).await.map(Some),
+        Framing::Empty | Framing::UntilClose => Ok(Some(Request {
+            head,
+            body: BodyPlace::ReadBuf(head_len..head_len),
+            end: head_len,
+        })),
+    }
+}
+
+async fn read_request_head(down: &mut Downstream) -> Result<Option<RequestHead>, ProxyError> {
+    let mut head_deadline = None;
+    loop {
+        if !down.read_buf.is_empty() {
+            if let Some(head) = codec::parse_request_head(&down.read_buf)? {
+                return Ok(Some(head));
+            }
+        }
+        let partial = !down.read_buf.is_empty();
+        let deadline = if partial {
+            *head_deadline.get_or_insert_with(|| Instant::now() + HEADER_READ_TIMEOUT)
+        } else {
+            Instant::now() + CLIENT_IDLE_TIMEOUT
+        };
+        if let ReadEnd::Closed = read_client(down, deadline, partial).await? {
+            return Ok(None);
+        }
+    }
+}
+
+/// Answers `Expect: 100-continue` when the body has not fully arrived yet.
+async fn send_continue_if_expected(
+    down: &mut Downstream,
+    head: &RequestHead,
+    body_end: usize,
+) -> Result<(), ProxyError> {
+    if !head.expect_continue || down.read_buf.len() >= body_end {
+        return Ok(());
+    }
+    down.write_buf.clear();
+    down.write_buf
+        .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+    if write_to_client(down).await {
+        Ok(())
+    } else {
+        Err(ProxyError::downstream(
+            ErrorKind::ClientClosed,
+            "write 100 continue",
+        ))
+    }
+}
+
+async fn read_chunked_body(
+    down: &mut Downstream,
+    head: RequestHead,
+    max_payload: usize,
+) -> Result<Request, ProxyError> {
+    let mut decoder = ChunkedDecoder::new();
+    let mut fed = head.head_len;
+    down.body_buf.clear();
+    send_continue_if_expected(down, &head, usize::MAX).await?;
+    loop {
+        let Downstream {
+            read_buf, body_buf, ..
+        } = &mut *down;
+        let consumed = decoder
+            .feed(&read_buf[fed..], |data| body_buf.extend_from_slice(data))
+            .map_err(|e| {
+                let kind = match e {
+                    ChunkError::Malformed => ErrorKind::MalformedRequest,
+                    ChunkError::TooLong => ErrorKind::HeadersTooLarge,
+                };
+                ProxyError::downstream(kind, "decode chunked request body")
+            })?;
+        fed += consumed;
+        if body_buf.len() > max_payload {
+            return Err(ProxyError::downstream(
+                ErrorKind::PayloadTooLarge,
+                "read chunked body",
+            ));
+        }
+        if decoder.is_done() {
+            return Ok(Request {
+                head,
+                body: BodyPlace::BodyBuf,
+                end: fed,
+            });
+        }
+        let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+        read_client(down, deadline, true).await?;
+    }
+}
