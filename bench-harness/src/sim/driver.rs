@@ -2,10 +2,13 @@
 //! sleeping real time = simulated time / speedup, and routes each step's tokens to the requests'
 //! channels.
 //!
-//! The engine's clock is authoritative: a step that ends at simulated `t` is delivered at real
-//! `start + t / speedup`. When the process falls behind (steps shorter than the timer's 1 ms
-//! granularity at high speed-ups), steps run back to back, yielding between them, and simulated
-//! time stays internally consistent. A request whose receiver is gone is cancelled in the engine,
+//! The engine's clock is authoritative: consecutive steps chain on it (the next step starts where
+//! the last one ended), and a step that ends at simulated `t` is delivered at real
+//! `start + t / speedup`. The timer's granularity is 1 ms, so at high speed-ups (a 6 ms decode
+//! step is 60 µs at `--speedup 100`) the driver wakes late and then runs the steps it owes back to
+//! back, yielding between them: tokens reach clients in small bursts, but simulated time stays
+//! exact. Only an idle engine jumps to the real clock; a request is stamped with the real
+//! clock on arrival and never admitted before that simulated instant. A request whose receiver is gone is cancelled in the engine,
 //! so its KV pages return at once; [`RequestGuard`] does the same when a response is dropped.
 
 use std::collections::HashMap;
@@ -67,12 +70,18 @@ pub struct EngineHandle {
 pub struct RequestGuard {
     handle: EngineHandle,
     id: RequestId,
+    arrival_us: u64,
 }
 
 impl RequestGuard {
     /// The engine's id of the guarded request.
     pub fn id(&self) -> RequestId {
         self.id
+    }
+
+    /// Simulated arrival time of the guarded request.
+    pub fn arrival_us(&self) -> u64 {
+        self.arrival_us
     }
 }
 
@@ -106,17 +115,20 @@ impl EngineHandle {
         request: SimRequest,
     ) -> Result<(RequestGuard, mpsc::UnboundedReceiver<Emit>), SubmitError> {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let id = {
+        let (id, arrival_us) = {
             let mut core = self.lock();
-            let id = core.engine.submit(request)?;
+            // Stamped under the lock, so arrival order is queue order.
+            let arrival_us = self.shared.clock.now_us();
+            let id = core.engine.submit_at(request, arrival_us)?;
             core.streams.insert(id, sender);
-            id
+            (id, arrival_us)
         };
         self.shared.wake.notify_one();
         Ok((
             RequestGuard {
                 handle: self.clone(),
                 id,
+                arrival_us,
             },
             receiver,
         ))
@@ -153,13 +165,17 @@ impl EngineHandle {
     }
 
     async fn drive(self) {
+        let mut busy = false;
         loop {
-            let now_us = self.shared.clock.now_us();
+            // A busy engine continues on its own clock; an idle one wakes up at real time.
+            let now_us = if busy { 0 } else { self.shared.clock.now_us() };
             let step_end_us = self.lock().engine.begin_step(now_us);
             let Some(end_us) = step_end_us else {
+                busy = false;
                 self.shared.wake.notified().await;
                 continue;
             };
+            busy = true;
             let deadline = self.shared.clock.instant_at(end_us);
             if deadline > Instant::now() {
                 tokio::time::sleep_until(deadline.into()).await;
