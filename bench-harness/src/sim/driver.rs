@@ -7,8 +7,8 @@
 //! `start + t / speedup`. The timer's granularity is 1 ms, so at high speed-ups (a 6 ms decode
 //! step is 60 µs at `--speedup 100`) the driver wakes late and then runs the steps it owes back to
 //! back, yielding between them: tokens reach clients in small bursts, but simulated time stays
-//! exact. Only an idle engine jumps to the real clock; a request is stamped with the real
-//! clock on arrival and never admitted before that simulated instant. A request whose receiver is gone is cancelled in the engine,
+//! exact. A request is stamped with the real clock on arrival; an idle engine jumps to that
+//! stamp, and no request is admitted before it. A request whose receiver is gone is cancelled in the engine,
 //! so its KV pages return at once; [`RequestGuard`] does the same when a response is dropped.
 
 use std::collections::HashMap;
@@ -169,19 +169,17 @@ impl EngineHandle {
     }
 
     async fn drive(self) {
-        let mut busy = false;
         let mut steps_since_yield = 0;
         loop {
-            // A busy engine continues on its own clock; an idle one wakes up at real time.
-            let now_us = if busy { 0 } else { self.shared.clock.now_us() };
-            let step_end_us = self.lock().engine.begin_step(now_us);
+            // The engine runs on its own clock: it continues where its last step ended, or
+            // jumps to the stamped arrival of the next request when idle, so the host's wake-up
+            // latency (multiplied by the speed-up) never leaks into simulated time.
+            let step_end_us = self.lock().engine.begin_step(0);
             let Some(end_us) = step_end_us else {
-                busy = false;
                 self.shared.wake.notified().await;
                 steps_since_yield = 0;
                 continue;
             };
-            busy = true;
             let deadline = self.shared.clock.instant_at(end_us);
             if deadline > Instant::now() {
                 tokio::time::sleep_until(deadline.into()).await;
