@@ -329,3 +329,50 @@ fn bad_flags_exit_nonzero_with_one_error_line() {
         "{stderr}"
     );
 }
+
+#[test]
+fn stale_pooled_connections_are_retried_on_a_fresh_one() {
+    let origin = MockOrigin::start(|_| Reply::ThenClose(Box::new(Reply::json("{}"))));
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    for i in 0..10 {
+        let response = client.post_json("/generate", "{}");
+        assert_eq!(response.status, 200, "request {i}: {}", response.text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        origin.requests().len(),
+        10,
+        "each request reached the worker once"
+    );
+    assert_eq!(origin.accepted_connections(), 10);
+    assert!(gateway.metric("kvgate_upstream_retries_total") >= 1.0);
+}
+
+#[test]
+fn sigterm_lets_an_inflight_stream_finish() {
+    let chunks = vec!["data: x\n\n".to_string(); 6];
+    let reply = Reply::Chunked {
+        chunks: chunks.clone(),
+        gap: Duration::from_millis(100),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let mut gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    client.send_raw(
+        format!("POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{{}}").as_bytes(),
+    );
+    std::thread::sleep(Duration::from_millis(150));
+    gateway.process.signal(libc::SIGTERM);
+    let response = client.read_response();
+    assert_eq!(
+        response.text(),
+        chunks.concat(),
+        "the stream was cut by shutdown"
+    );
+    let status = gateway
+        .process
+        .wait_exit(TIMEOUT)
+        .expect("kvgate exits after draining");
+    assert!(status.success(), "{status:?}");
+}

@@ -94,6 +94,14 @@ impl UpstreamPool {
         });
     }
 
+    /// Closes every idle connection to `worker`: after one pooled socket turned out dead (an
+    /// engine restart), its siblings are most likely dead too.
+    pub fn clear_worker(&mut self, worker: WorkerId) {
+        if let Some(stack) = self.by_worker.get_mut(worker.index()) {
+            stack.clear();
+        }
+    }
+
     /// Closes connections idle past `UPSTREAM_IDLE_TIMEOUT`.
     pub fn sweep(&mut self, now: Instant) {
         for stack in &mut self.by_worker {
@@ -175,13 +183,18 @@ mod tests {
 
     #[test]
     fn sweep_closes_expired_connections() {
-        with_conns(1, |_, mut conns| {
+        with_conns(2, |_, mut conns| {
             let mut pool = UpstreamPool::new();
             let now = Instant::now();
             pool.put(WorkerId(1), conns.pop().unwrap(), now);
             pool.sweep(now);
             assert_eq!(pool.idle_count(), 1);
             pool.sweep(now + UPSTREAM_IDLE_TIMEOUT);
+            assert_eq!(pool.idle_count(), 0);
+            pool.put(WorkerId(1), conns.pop().unwrap(), now);
+            pool.clear_worker(WorkerId(0));
+            assert_eq!(pool.idle_count(), 1);
+            pool.clear_worker(WorkerId(1));
             assert_eq!(pool.idle_count(), 0);
         });
     }

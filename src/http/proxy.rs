@@ -105,7 +105,9 @@ pub async fn proxy_request(
                 if !failure.error.may_retry() {
                     return Err(failure.error);
                 }
-                if !failure.on_reused_connection {
+                if failure.on_reused_connection {
+                    core.pool.borrow_mut().clear_worker(worker.id);
+                } else {
                     tried.insert(worker.id);
                 }
                 core.metrics().incr(Counter::UpstreamRetries);
