@@ -359,9 +359,7 @@ fn sigterm_lets_an_inflight_stream_finish() {
     let origin = MockOrigin::start(move |_| reply.clone());
     let mut gateway = Gateway::start(&[origin.url()], &[]);
     let mut client = gateway.client();
-    client.send_raw(
-        format!("POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{{}}").as_bytes(),
-    );
+    client.send_raw(b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
     std::thread::sleep(Duration::from_millis(150));
     gateway.process.signal(libc::SIGTERM);
     let response = client.read_response();
