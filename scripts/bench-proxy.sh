@@ -34,7 +34,8 @@ PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-SIM_PORT=39100; KVGATE_PORT=39000; NGINX_PORT=39001; METRICS_PORT=39099
+# Below the ephemeral range (32768+), so an outgoing connection never holds one of them.
+SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; METRICS_PORT=21099
 "${LOADGEN[@]}" target/release/sim-engine --engines 1 --base-port "$SIM_PORT" --instant --threads 1 >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
 "${PROXY[@]}" target/release/kvgate --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
