@@ -284,11 +284,9 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
         version_minor,
         headers,
         framing,
-        keep_alive: if version_minor == 0 {
-            f.conn_keep_alive
-        } else {
-            !f.conn_close
-        },
+        // HTTP/1.0 clients are served one request per connection: keeping them would need an
+        // explicit `Connection: keep-alive` in every answer, for clients nobody uses any more.
+        keep_alive: version_minor == 1 && !f.conn_close,
         expect_continue: f.expect_continue && version_minor == 1,
         head_len,
     }))

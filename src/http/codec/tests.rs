@@ -96,7 +96,10 @@ fn connection_semantics_follow_the_version() {
     let h10ka = parse_request_head(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
         .unwrap()
         .unwrap();
-    assert!(h10ka.keep_alive);
+    assert!(
+        !h10ka.keep_alive,
+        "HTTP/1.0 is served one request per connection"
+    );
     let close = parse_request_head(b"GET / HTTP/1.1\r\nConnection: Close\r\n\r\n")
         .unwrap()
         .unwrap();
