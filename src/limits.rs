@@ -49,10 +49,12 @@ pub const REQUEST_TIMEOUT_SECS_DEFAULT: u64 = 1800;
 pub const REQUEST_TIMEOUT_SECS_MAX: u64 = 86_400;
 
 /// How long a client has to send a complete request head once its first byte arrived, and the
-/// longest pause between two reads of a request body (slowloris guard).
+/// longest pause between two reads of a request body (slowloris guard). Default of the hidden
+/// `--header-read-timeout-ms` (tests shorten it).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a keep-alive client connection may sit idle between requests (nginx's 75 s).
+/// Default of the hidden `--client-idle-timeout-ms`.
 pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// How long one write to a client may stall: a client that reads nothing for a minute is gone,

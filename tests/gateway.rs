@@ -374,3 +374,42 @@ fn sigterm_lets_an_inflight_stream_finish() {
         .expect("kvgate exits after draining");
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn slow_request_heads_get_408_and_idle_connections_close() {
+    let origin = ok_origin();
+    let timeouts = [
+        "--header-read-timeout-ms",
+        "300",
+        "--client-idle-timeout-ms",
+        "600",
+    ];
+    let gateway = Gateway::start(&[origin.url()], &timeouts);
+    let mut slow = gateway.client();
+    slow.send_raw(b"POST /generate HTTP/1.1\r\ncontent-le");
+    let started = Instant::now();
+    let response = slow.read_response();
+    assert_error(&response, 408);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(slow.is_closed_by_peer(TIMEOUT));
+    let mut stalled_body = gateway.client();
+    stalled_body.send_raw(b"POST /generate HTTP/1.1\r\ncontent-length: 10\r\n\r\n{\"a\"");
+    assert_error(&stalled_body.read_response(), 408);
+    let mut idle = gateway.client();
+    assert_eq!(idle.post_json("/generate", "{}").status, 200);
+    let started = Instant::now();
+    assert!(
+        idle.is_closed_by_peer(TIMEOUT),
+        "idle keep-alive connection never closed"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert!(origin.requests().len() == 1);
+}
