@@ -105,7 +105,9 @@ pub async fn proxy_request(
                 if !failure.error.may_retry() {
                     return Err(failure.error);
                 }
-                if !failure.on_reused_connection {
+                if failure.on_reused_connection {
+                    core.pool.borrow_mut().clear_worker(worker.id);
+                } else {
                     tried.insert(worker.id);
                 }
                 core.metrics().incr(Counter::UpstreamRetries);
@@ -323,7 +325,16 @@ struct Streamed {
     upstream_reusable: bool,
 }
 
-/// The stream-back phase: head first, then every read written through as it arrives.
+/// How the body part of streaming ended.
+enum BodyEnd {
+    /// The whole body went through; `leftover` says the worker sent bytes past its end.
+    Complete { leftover: bool },
+    /// The worker or the client failed mid-body (already counted).
+    Cut,
+}
+
+/// The stream-back phase: head (with the body bytes that came with it) first, then every
+/// further read written through as it arrives.
 async fn stream_back(
     core: &DataCore,
     up: &mut UpstreamConn,
@@ -339,11 +350,12 @@ async fn stream_back(
         && !core.shared.is_shutting_down();
     let mut tracker = BodyTracker::new(head.framing, framing);
     client.write_buf.clear();
+    let routed = &worker.routed_header_line;
     codec::write_downstream_response_head(
         client.write_buf,
         &head,
         &up.read_buf,
-        &worker.routed_header_line,
+        routed,
         framing,
         keep_alive,
     );
@@ -352,18 +364,37 @@ async fn stream_back(
     if !tracker.dechunk {
         client.write_buf.extend_from_slice(&available[..consumed]);
     }
-    let mut leftover = consumed < available.len();
-    let ended = |complete: bool, reusable: bool| Streamed {
+    let leftover = consumed < available.len();
+    let end = if !write_client(client).await {
+        core.metrics().incr(Counter::DownstreamAborts);
+        BodyEnd::Cut
+    } else if tracker.is_done() {
+        BodyEnd::Complete { leftover }
+    } else {
+        stream_back_body(core, up, client, &mut tracker, deadline).await
+    };
+    let (complete, reusable) = match end {
+        BodyEnd::Complete { leftover } => (true, head.keep_alive && !leftover && tracker.is_done()),
+        BodyEnd::Cut => (false, false),
+    };
+    Ok(Streamed {
         forwarded: Forwarded {
             status: head.status,
             keep_alive: keep_alive && complete,
         },
         upstream_reusable: reusable,
-    };
-    if !write_client(client).await {
-        core.metrics().incr(Counter::DownstreamAborts);
-        return Ok(ended(false, false));
-    }
+    })
+}
+
+/// Streams the rest of the body: each upstream read is written to the client at once.
+async fn stream_back_body(
+    core: &DataCore,
+    up: &mut UpstreamConn,
+    client: &mut ClientSide<'_>,
+    tracker: &mut BodyTracker,
+    deadline: Instant,
+) -> BodyEnd {
+    let mut leftover = false;
     while !tracker.is_done() {
         up.read_buf.clear();
         let read_buf = std::mem::take(&mut up.read_buf);
@@ -377,11 +408,11 @@ async fn stream_back(
             Ok(n) if n > 0 => n,
             Ok(_) => {
                 count_error(core, ErrorKind::UpstreamClosed);
-                return Ok(ended(false, false));
+                return BodyEnd::Cut;
             }
             Err(e) => {
                 count_error(core, upstream_io_error(e, "stream body").kind);
-                return Ok(ended(false, false));
+                return BodyEnd::Cut;
             }
         };
         client.write_buf.clear();
@@ -389,20 +420,17 @@ async fn stream_back(
             Ok(consumed) => consumed,
             Err(e) => {
                 count_error(core, e.kind);
-                return Ok(ended(false, false));
+                return BodyEnd::Cut;
             }
         };
         leftover |= consumed < n;
         let raw = (!tracker.dechunk).then_some(consumed);
         if !write_client_from(client, up, raw).await {
             core.metrics().incr(Counter::DownstreamAborts);
-            return Ok(ended(false, false));
+            return BodyEnd::Cut;
         }
     }
-    Ok(ended(
-        true,
-        head.keep_alive && !leftover && tracker.is_done(),
-    ))
+    BodyEnd::Complete { leftover }
 }
 
 /// Writes `client.write_buf` to the client.
