@@ -90,6 +90,7 @@ pub struct Fixture {
     stored: Vec<Vec<u32>>,
     workers: u16,
     tick: u64,
+    with_text: bool,
 }
 
 fn text_of(tokens: &[u32]) -> String {
@@ -106,6 +107,17 @@ fn text_of(tokens: &[u32]) -> String {
 impl Fixture {
     /// Fills both trees with prompts of `prompt_tokens` until each holds `tree_units` units.
     pub fn new(prompt_tokens: usize, workers: u16, tree_units: u64, seed: u64) -> Self {
+        Self::build(prompt_tokens, workers, tree_units, seed, true)
+    }
+
+    /// `new` with the token tree only (`with_text` false) or both trees.
+    pub fn build(
+        prompt_tokens: usize,
+        workers: u16,
+        tree_units: u64,
+        seed: u64,
+        with_text: bool,
+    ) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
         let system_len = prompt_tokens / 4;
         let systems = (0..SYSTEMS)
@@ -126,8 +138,9 @@ impl Fixture {
             stored: Vec::new(),
             workers,
             tick: 0,
+            with_text,
         };
-        while fixture.units().0 < tree_units || fixture.units().1 < tree_units {
+        while fixture.units().0 < tree_units || (with_text && fixture.units().1 < tree_units) {
             let prompt = fixture.new_prompt(prompt_tokens);
             fixture.record(&prompt);
             fixture.stored.push(prompt);
@@ -163,17 +176,18 @@ impl Fixture {
         query
     }
 
-    /// Records `prompt` in both trees for a random worker.
+    /// Records `prompt` for a random worker in the token tree (and the string tree).
     pub fn record(&mut self, prompt: &[u32]) {
         self.tick += 1;
         let worker = WorkerId(self.rng.u16(..self.workers));
-        let text = text_of(prompt);
-        self.index
-            .insert_tokens(NS, prompt, worker, self.tick)
-            .expect("insert tokens");
-        self.index
-            .insert_text(NS, &text, worker, self.tick)
-            .expect("insert text");
+        let inserted = self.index.insert_tokens(NS, prompt, worker, self.tick);
+        assert_eq!(inserted, Ok(()), "insert tokens");
+        if self.with_text {
+            let inserted = self
+                .index
+                .insert_text(NS, &text_of(prompt), worker, self.tick);
+            assert_eq!(inserted, Ok(()), "insert text");
+        }
     }
 }
 
@@ -282,14 +296,40 @@ pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64
     (lookup_thread.join().expect("lookup thread"), per_s)
 }
 
-/// Evicts half of a tree of `units` tokens: (seconds, entries evicted, units evicted).
-pub fn time_evict_half(units: u64, prompt_tokens: usize, seed: u64) -> (f64, u64, u64) {
-    let mut fixture = Fixture::new(prompt_tokens, 16, units, seed);
+/// Evicts half of a token tree of at least `units` tokens:
+/// (seconds, entries evicted, tokens evicted, tokens held before).
+pub fn time_evict_half(units: u64, prompt_tokens: usize, seed: u64) -> (f64, u64, u64, u64) {
+    let mut fixture = Fixture::build(prompt_tokens, 16, units, seed, false);
     let held = fixture.units().0;
-    // Only the token tree is halved; the string tree gets the same budget (also halved).
     let started = Instant::now();
     let stats = fixture.index.evict(held / 2);
-    (started.elapsed().as_secs_f64(), stats.entries, stats.units)
+    (
+        started.elapsed().as_secs_f64(),
+        stats.entries,
+        stats.units,
+        held,
+    )
+}
+
+/// Mean ns to compute the chained xxh3 page hashes of each token query (the first step of the
+/// hash-keyed token-tree design of DESIGN.md section 3), for comparison with a whole lookup.
+pub fn time_chained_page_hashes(fixture: &Fixture, queries: usize) -> f64 {
+    let mut page_bytes = [0u8; BLOCK_SIZE as usize * 4];
+    let mut checksum = 0u64;
+    let started = Instant::now();
+    for i in 0..queries {
+        let query = &fixture.token_queries[i % fixture.token_queries.len()];
+        let mut hash = 0u64;
+        for page in query.chunks_exact(BLOCK_SIZE as usize) {
+            for (bytes, token) in page_bytes.chunks_exact_mut(4).zip(page) {
+                bytes.copy_from_slice(&token.to_le_bytes());
+            }
+            hash = xxhash_rust::xxh3::xxh3_64_with_seed(black_box(&page_bytes), hash);
+        }
+        checksum ^= hash;
+    }
+    black_box(checksum);
+    started.elapsed().as_nanos() as f64 / queries as f64
 }
 
 /// Bytes per indexed unit (counted in the index's arenas), token tree and string tree.
@@ -319,10 +359,12 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     let text_insert = time_records(&mut fixture, sizes.inserts / 4, Record::Text, budget);
     let (busy_ns, busy_records) = time_lookups_while_writing(&mut fixture, sizes.lookups);
     let (bytes_token, bytes_char) = bytes_per_unit(&fixture);
-    let mut small = Fixture::new(1024, sizes.workers[0], sizes.tree_units, 2);
+    let hash_ns = time_chained_page_hashes(&fixture, sizes.lookups / 4);
+    let mut small = Fixture::build(1024, sizes.workers[0], sizes.tree_units, 2, false);
     let small_budget = small.units().0;
     let small_insert = time_records(&mut small, sizes.inserts * 4, Record::Tokens, small_budget);
-    let (evict_s, evict_entries, evict_units) = time_evict_half(sizes.evict_tree_units, 1024, 3);
+    let (evict_s, evict_entries, evict_units, evict_held) =
+        time_evict_half(sizes.evict_tree_units, 1024, 3);
     let per = |d: Duration, n: usize| d.as_nanos() as f64 / n as f64;
     let inserts_per_s = 1e9 / per(small_insert, sizes.inserts * 4);
     serde_json::json!({
@@ -338,9 +380,11 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "writer_records_per_s_8k_during_lookups": busy_records,
         "writer_inserts_per_s": inserts_per_s,
         "writer_inserts_prompt_tokens": 1024,
-        "evict_half_tree_tokens": evict_units * 2,
+        "evict_tree_tokens": evict_held,
+        "evict_tokens_evicted": evict_units,
         "evict_half_s": evict_s,
         "evict_half_entries": evict_entries,
+        "chained_xxh3_page_hashes_8k_tokens_ns": hash_ns,
         "bytes_per_token": bytes_token,
         "bytes_per_char": bytes_char,
         "ratio_lookup_plus_record_8k_to_3us": per(both, sizes.inserts) / 3000.0,
@@ -448,8 +492,8 @@ fn main() {
     let sizes = full_sizes();
     criterion_set(&mut criterion, &sizes);
     if args.iter().any(|arg| arg == "--bench") {
-        let (evict_s, entries, units) = time_evict_half(sizes.evict_tree_units, 1024, 3);
-        println!("evict_half: {units} tokens, {entries} entries in {evict_s:.3} s");
+        let (evict_s, entries, units, held) = time_evict_half(sizes.evict_tree_units, 1024, 3);
+        println!("evict_half: {units} of {held} tokens, {entries} entries in {evict_s:.3} s");
         println!("{}", quick_report(&Sizes::quick()));
     }
     criterion.final_summary();
