@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Scaling run for a many-core machine: kvgate (N data cores, default cache_aware routing) vs nginx
+# (N workers, upstream keepalive) in front of the same sim-engine (--instant), for N = 1 2 4 8,
+# alternating kvgate and nginx at each N. Layout as in ../shared/BENCHMARKING.md: sim-engine on
+# CPUs 0-3, wrk on CPUs 4-7, the proxy under test on CPUs 8..8+N-1. Needs 16 CPUs.
+#
+# It builds nothing: it runs prebuilt binaries, so it also runs on a machine without cargo.
+#   KVGATE=target/release/kvgate SIM=target/release/sim-engine WRK=wrk NGINX=nginx \
+#     scripts/bench-scaling.sh [CORE_COUNTS...]
+# Prints one line per run and, per N, the ratio kvgate/nginx; small (~250 B) chat bodies at every
+# N, and 36 KB bodies (a shared ~8k-word system prompt) at N=1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KVGATE="${KVGATE:-target/release/kvgate}"
+SIM="${SIM:-target/release/sim-engine}"
+WRK="${WRK:-wrk}"
+NGINX="${NGINX:-nginx}"
+DURATION="${BENCH_DURATION:-8s}"
+CONNECTIONS="${BENCH_CONNECTIONS:-256}"
+COUNTS=("$@"); [ ${#COUNTS[@]} -gt 0 ] || COUNTS=(1 2 4 8)
+[ "$(nproc)" -ge 16 ] || { echo "Error: bench-scaling.sh needs 16 CPUs, this machine has $(nproc)" >&2; exit 1; }
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; METRICS_PORT=21099
+taskset -c 0-3 "$SIM" --engines 1 --base-port "$SIM_PORT" --instant --threads 4 >"$WORK/sim.log" 2>&1 &
+PIDS+=($!)
+
+wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+
+start_kvgate() { # cores
+  taskset -c "8-$((8 + $1 - 1))" "$KVGATE" --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
+    --prometheus-port "$METRICS_PORT" --data-cores "$1" --log-level warn \
+    --worker-urls "http://127.0.0.1:$SIM_PORT" >"$WORK/kvgate.log" 2>&1 &
+  KVGATE_PID=$!
+  wait_port "$KVGATE_PORT"; sleep 1
+}
+start_nginx() { # workers
+  mkdir -p "$WORK/nginx/logs"
+  cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes $1;
+worker_cpu_affinity auto;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/logs/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fastcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  keepalive_requests 1000000;
+  client_body_buffer_size 128k;
+  upstream sim { server 127.0.0.1:$SIM_PORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NGINX_PORT reuseport;
+    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
+  }
+}
+EOF
+  taskset -c "8-$((8 + $1 - 1))" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
+  NGINX_PID=$!
+  wait_port "$NGINX_PORT"
+}
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; sleep 0.5; }
+
+lua() { # words_of_system_prompt -> script path
+  local f="$WORK/chat-$1.lua"
+  cat >"$f" <<EOF
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local words = {}
+for i = 1, $1 do words[i] = "w" .. (i % 997) end
+local system = "You are a helpful assistant. " .. table.concat(words, " ")
+local bodies = {}
+for i = 1, 16 do
+  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"%s"},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', system, i)
+end
+local n = 0
+request = function()
+  n = n % #bodies + 1
+  return wrk.format(nil, "/v1/chat/completions", nil, bodies[n])
+end
+EOF
+  echo "$f"
+}
+SMALL="$(lua 0)"; LARGE="$(lua 6000)"
+
+run() { # system cores port script label
+  local out rps p50 p99 non2xx
+  out="$(taskset -c 4-7 "$WRK" -t4 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$4" "http://127.0.0.1:$3")"
+  rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
+  p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
+  p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
+  non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
+  echo "$5 $1 cores=$2 req/s=$rps p50=$p50 p99=$p99 non2xx=${non2xx:-0}"
+  echo "$5 $1 $2 $rps" >>"$WORK/results"
+}
+
+wait_port "$SIM_PORT"
+echo "# wrk -t4 -c$CONNECTIONS -d$DURATION; sim-engine --instant on CPUs 0-3; wrk on 4-7; proxy on 8..; $(nproc) CPUs"
+for n in "${COUNTS[@]}"; do
+  rounds=1; [ "$n" = 1 ] && rounds=2
+  for _ in $(seq $rounds); do
+    start_kvgate "$n"; run kvgate "$n" "$KVGATE_PORT" "$SMALL" small
+    [ "$n" = 1 ] && run kvgate "$n" "$KVGATE_PORT" "$LARGE" 36KB
+    stop "$KVGATE_PID"
+    start_nginx "$n"; run nginx "$n" "$NGINX_PORT" "$SMALL" small
+    [ "$n" = 1 ] && run nginx "$n" "$NGINX_PORT" "$LARGE" 36KB
+    stop "$NGINX_PID"
+  done
+done
+echo "# ratios kvgate/nginx (mean req/s per workload and N)"
+awk '{k = $1 " " $3; s[k " " $2] += $4; c[k " " $2]++; keys[k] = 1}
+  END {for (k in keys) printf "%s kvgate/nginx %.2f\n", k, (s[k " kvgate"] / c[k " kvgate"]) / (s[k " nginx"] / c[k " nginx"])}' \
+  "$WORK/results" | sort -k1,1 -k2,2n
