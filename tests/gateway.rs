@@ -1,0 +1,331 @@
+//! Integration tests of kvgate's data path against scripted origins (`utils::mock_origin`):
+//! error statuses and bodies, connection keep-or-close decisions, request and response framing,
+//! hop-by-hop headers, retries, timeouts and client disconnects. Each test starts its own
+//! processes on free loopback ports and bounds every wait.
+
+mod utils;
+
+use std::time::{Duration, Instant};
+
+use utils::mock_origin::{MockOrigin, Reply};
+use utils::process::{free_port, Gateway};
+use utils::{wait_until, TIMEOUT};
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+
+fn ok_origin() -> MockOrigin {
+    MockOrigin::start(|_| Reply::json(r#"{"ok":true}"#))
+}
+
+fn assert_error(response: &utils::client::Response, status: u16) {
+    assert_eq!(response.status, status, "{}", response.text());
+    let body = response.json();
+    assert_eq!(body["error"]["code"], status, "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+    assert!(body["error"]["type"].is_string(), "{body}");
+}
+
+#[test]
+fn malformed_http_gets_400_and_the_connection_closes() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    client.send_raw(b"GARBAGE\x01 / HTTP/1.1\r\n\r\n");
+    let response = client.read_response();
+    assert_error(&response, 400);
+    assert_eq!(response.header("connection"), Some("close"));
+    assert!(client.is_closed_by_peer(TIMEOUT));
+    assert!(origin.requests().is_empty());
+}
+
+#[test]
+fn body_over_the_limit_gets_413_for_both_framings() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &["--max-payload-size", "100"]);
+    let big = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(200));
+    let response = gateway.client().post_json("/v1/completions", &big);
+    assert_error(&response, 413);
+    let mut client = gateway.client();
+    let chunk = "y".repeat(150);
+    client.send_raw(
+        format!("POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n", chunk.len())
+            .as_bytes(),
+    );
+    assert_error(&client.read_response(), 413);
+    assert!(client.is_closed_by_peer(TIMEOUT));
+    let small = gateway
+        .client()
+        .post_json("/v1/completions", r#"{"prompt":"ok"}"#);
+    assert_eq!(small.status, 200);
+    assert_eq!(origin.requests().len(), 1);
+}
+
+#[test]
+fn bad_json_404_and_405_keep_the_connection() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    assert_error(&client.post_json("/v1/chat/completions", "{not json"), 400);
+    assert_error(&client.post_json("/generate", ""), 400);
+    assert_error(&client.get("/no/such/path"), 404);
+    assert_error(&client.get("/v1/chat/completions"), 405);
+    let response = client.post_json("/v1/chat/completions", CHAT);
+    assert_eq!(response.status, 200, "the connection survived the errors");
+    assert_eq!(origin.requests().len(), 1);
+}
+
+#[test]
+fn no_worker_gets_503_and_readiness_says_not_ready() {
+    let gateway = Gateway::start(&[], &[]);
+    let mut client = gateway.client();
+    assert_error(&client.post_json("/v1/chat/completions", CHAT), 503);
+    assert_eq!(client.get("/readiness").status, 503);
+    assert_eq!(client.get("/liveness").status, 200);
+    assert_eq!(client.get("/health").status, 200);
+}
+
+#[test]
+fn upstream_timeout_gets_504_and_releases_the_credit() {
+    let origin =
+        MockOrigin::start(|_| Reply::Delay(Duration::from_secs(4), Box::new(Reply::json("{}"))));
+    let gateway = Gateway::start(&[origin.url()], &["--request-timeout-secs", "1"]);
+    let started = Instant::now();
+    let response = gateway.client().post_json("/generate", r#"{"text":"a"}"#);
+    assert_error(&response, 504);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    let active = format!("smg_worker_requests_active{{worker=\"{}\"}}", origin.url());
+    assert_eq!(gateway.metric(&active), 0.0);
+    assert_eq!(gateway.metric("kvgate_upstream_timeouts_total"), 1.0);
+}
+
+#[test]
+fn refused_and_reset_workers_are_retried_elsewhere_then_502() {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let resetting = MockOrigin::start(|_| Reply::Reset);
+    let good = ok_origin();
+    let gateway = Gateway::start(&[dead.clone(), resetting.url(), good.url()], &[]);
+    let mut client = gateway.client();
+    for _ in 0..6 {
+        let response = client.post_json("/v1/chat/completions", CHAT);
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.routed_worker(), Some(good.url().as_str()));
+    }
+    assert!(gateway.metric("kvgate_upstream_retries_total") >= 4.0);
+    drop(good);
+    let all_bad = Gateway::start(&[dead, resetting.url()], &[]);
+    let started = Instant::now();
+    let response = all_bad.client().post_json("/v1/chat/completions", CHAT);
+    assert_error(&response, 502);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn chunked_request_bodies_and_100_continue_reach_the_worker_whole() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    client.send_raw(b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nexpect: 100-continue\r\n\r\n");
+    let interim = client.read_response();
+    assert_eq!(interim.status, 100);
+    client.send_raw(b"9\r\n{\"text\":\"\r\n");
+    std::thread::sleep(Duration::from_millis(50));
+    client.send_raw(b"6;ext=1\r\nhi you\r\n2\r\n\"}\r\n0\r\nx-trailer: 1\r\n\r\n");
+    let response = client.read_response();
+    assert_eq!(response.status, 200);
+    let received = &origin.requests()[0];
+    assert_eq!(received.body, br#"{"text":"hi you"}"#);
+    assert_eq!(received.header("content-length"), Some("17"));
+    assert_eq!(received.header("transfer-encoding"), None);
+    assert_eq!(received.header("expect"), None);
+}
+
+#[test]
+fn hop_by_hop_headers_are_dropped_both_ways() {
+    let origin = MockOrigin::start(|_| Reply::Full {
+        status: 201,
+        body: "{}".into(),
+        headers: vec![
+            "connection: x-up-private".into(),
+            "x-up-private: 1".into(),
+            "x-kept: yes".into(),
+            "keep-alive: timeout=5".into(),
+        ],
+    });
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let headers = [
+        ("connection", "x-private"),
+        ("x-private", "secret"),
+        ("te", "trailers"),
+        ("authorization", "Bearer t"),
+    ];
+    let response = client.request("POST", "/v1/messages?beta=1", &headers, b"{}");
+    assert_eq!(response.status, 201);
+    assert_eq!(response.header("x-kept"), Some("yes"));
+    assert_eq!(response.header("x-up-private"), None);
+    assert_eq!(response.header("keep-alive"), None);
+    assert_eq!(response.routed_worker(), Some(origin.url().as_str()));
+    let received = &origin.requests()[0];
+    assert_eq!(received.path, "/v1/messages?beta=1");
+    assert_eq!(received.header("authorization"), Some("Bearer t"));
+    assert_eq!(received.header("x-private"), None);
+    assert_eq!(received.header("te"), None);
+    assert_eq!(received.header("connection"), None);
+}
+
+#[test]
+fn pipelined_requests_are_answered_in_order() {
+    let origin = MockOrigin::start(|r| {
+        Reply::json(&format!(
+            r#"{{"echo":{}}}"#,
+            String::from_utf8_lossy(&r.body)
+        ))
+    });
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let one = "POST /generate HTTP/1.1\r\ncontent-length: 7\r\n\r\n{\"n\":1}";
+    let two = "POST /generate HTTP/1.1\r\ncontent-length: 7\r\n\r\n{\"n\":2}";
+    client.send_raw(format!("{one}{two}GET /health HTTP/1.1\r\n\r\n").as_bytes());
+    assert_eq!(client.read_response().json()["echo"]["n"], 1);
+    assert_eq!(client.read_response().json()["echo"]["n"], 2);
+    assert_eq!(client.read_response().status, 200);
+}
+
+#[test]
+fn streamed_responses_arrive_chunk_by_chunk() {
+    let chunks: Vec<String> = (0..5).map(|i| format!("data: {{\"i\":{i}}}\n\n")).collect();
+    let reply = Reply::Chunked {
+        chunks: chunks.clone(),
+        gap: Duration::from_millis(100),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let response = client.post_json("/v1/chat/completions", CHAT);
+    assert_eq!(response.header("transfer-encoding"), Some("chunked"));
+    assert_eq!(response.text(), chunks.concat());
+    assert_eq!(response.chunk_times.len(), 5);
+    let spread = response.chunk_times[4] - response.chunk_times[0];
+    assert!(
+        spread >= Duration::from_millis(300),
+        "chunks were buffered: {spread:?}"
+    );
+    // The upstream connection was reusable after the terminating chunk.
+    assert_eq!(client.post_json("/v1/chat/completions", CHAT).status, 200);
+    assert_eq!(origin.accepted_connections(), 1);
+}
+
+#[test]
+fn client_disconnect_mid_stream_closes_the_upstream_request() {
+    let reply = Reply::Chunked {
+        chunks: vec!["data: x\n\n".into(); 50],
+        gap: Duration::from_millis(50),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    client.send_raw(
+        format!(
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: {}\r\n\r\n{CHAT}",
+            CHAT.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(client.read_head_and_first_chunk(), 200);
+    client.close();
+    assert!(
+        wait_until(Duration::from_secs(3), || origin.stream_cut_offs() == 1),
+        "upstream kept streaming"
+    );
+    let active = format!("smg_worker_requests_active{{worker=\"{}\"}}", origin.url());
+    assert!(wait_until(TIMEOUT, || gateway.metric(&active) == 0.0));
+    assert!(gateway.metric("kvgate_downstream_aborts_total") >= 1.0);
+}
+
+#[test]
+fn close_delimited_and_http10_responses_are_framed_for_the_client() {
+    let origin = MockOrigin::start(|r| {
+        if r.path == "/generate" {
+            Reply::UntilClose {
+                body: "{\"until\":\"close\"}".into(),
+            }
+        } else {
+            Reply::Chunked {
+                chunks: vec!["ab".into(), "cd".into()],
+                gap: Duration::ZERO,
+            }
+        }
+    });
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let response = client.post_json("/generate", "{}");
+    assert_eq!(response.text(), "{\"until\":\"close\"}");
+    assert_eq!(response.header("connection"), Some("close"));
+    let mut old = gateway.client();
+    old.send_raw(b"POST /v1/completions HTTP/1.0\r\ncontent-length: 2\r\n\r\n{}");
+    let response = old.read_response();
+    assert_eq!(response.text(), "abcd", "de-chunked for HTTP/1.0");
+    assert_eq!(response.header("transfer-encoding"), None);
+}
+
+#[test]
+fn upstream_connections_are_reused_across_requests() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    for _ in 0..200 {
+        assert_eq!(
+            client
+                .post_json("/v1/completions", r#"{"prompt":"a"}"#)
+                .status,
+            200
+        );
+    }
+    assert_eq!(origin.accepted_connections(), 1);
+    assert_eq!(
+        gateway.metric("kvgate_upstream_connections_reused_total"),
+        199.0
+    );
+}
+
+#[test]
+fn sigterm_exits_cleanly() {
+    let origin = ok_origin();
+    let mut gateway = Gateway::start(&[origin.url()], &[]);
+    assert_eq!(gateway.client().post_json("/generate", "{}").status, 200);
+    gateway.process.signal(libc::SIGTERM);
+    let status = gateway
+        .process
+        .wait_exit(TIMEOUT)
+        .expect("kvgate exits after SIGTERM");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn bad_flags_exit_nonzero_with_one_error_line() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["--data-cores", "0"])
+        .output()
+        .expect("run kvgate");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("Error: ") && stderr.contains("--data-cores"),
+        "{stderr}"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["--port", "notaport"])
+        .output()
+        .expect("run kvgate");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.starts_with("Error: ") && stderr.contains("--port") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+}

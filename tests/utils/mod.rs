@@ -1,0 +1,32 @@
+//! Shared integration-test fixtures (reuse them; keep them general):
+//!
+//! - `process`: free ports, child processes killed on drop, `SimFleet` (a running `sim-engine`)
+//!   and `Gateway` (a running `kvgate`), both on loopback and ready when `start` returns.
+//! - `client`: a tiny blocking HTTP/1.1 client with timeouts that records when each body
+//!   chunk arrived (for streaming assertions).
+//! - `mock_origin`: a scripted upstream (`MockOrigin`) that counts accepted connections,
+//!   records requests, and can delay, stream slowly, close or reset on demand.
+//!
+//! Every wait is bounded (`TIMEOUT`), so a broken gateway fails a test instead of hanging it.
+#![allow(dead_code)]
+
+pub mod client;
+pub mod mock_origin;
+pub mod process;
+
+use std::time::Duration;
+
+/// The longest any fixture waits for anything (start-up, a response, a condition).
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Polls `condition` every 20 ms until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if condition() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    condition()
+}

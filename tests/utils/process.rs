@@ -1,0 +1,258 @@
+//! Processes under test: free ports, `ChildProcess` (killed and reaped on drop), `SimFleet`
+//! and `Gateway`. Binaries are taken from the same target directory as the `kvgate` under test
+//! (`scripts/test.sh` builds all binaries first).
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::client::HttpClient;
+use super::TIMEOUT;
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// The first of `n` consecutive ports that were all free a moment ago.
+pub fn free_port_block(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = 20_000 + fastrand::u16(..30_000);
+        let all_free = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no block of {n} free ports found");
+}
+
+/// A binary of this workspace, next to the `kvgate` under test.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let kvgate = PathBuf::from(env!("CARGO_BIN_EXE_kvgate"));
+    let path = kvgate.with_file_name(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build -p bench-harness --bin {name}` first",
+        path.display()
+    );
+    path
+}
+
+/// Waits until something accepts TCP connections on `port`.
+pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    super::wait_until(timeout, || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
+    })
+}
+
+/// A child process that is killed and reaped when dropped.
+#[derive(Debug)]
+pub struct ChildProcess {
+    child: Option<Child>,
+    name: String,
+}
+
+impl ChildProcess {
+    /// Spawns `command` (stdin closed; stderr shown only with `KVGATE_TEST_LOGS=1`).
+    pub fn spawn(name: &str, command: &mut Command) -> Self {
+        let stderr = if std::env::var_os("KVGATE_TEST_LOGS").is_some() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        let child = command
+            .stdin(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        ChildProcess {
+            child: Some(child),
+            name: name.to_string(),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`).
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: `kill` with a pid we own and a valid signal number has no memory effects.
+        unsafe {
+            libc::kill(self.pid() as i32, signal);
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Kills the process now and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Takes its stdout (if piped).
+    fn stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.as_mut()?.stdout.take()
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = &self.name;
+    }
+}
+
+/// A running `sim-engine` fleet: engine `i` on `base_port + i`.
+#[derive(Debug)]
+pub struct SimFleet {
+    /// The process.
+    pub process: ChildProcess,
+    /// Port of engine 0.
+    pub base_port: u16,
+    /// Number of engines.
+    pub engines: u16,
+}
+
+impl SimFleet {
+    /// Starts `engines` engines with extra flags `args`; returns once it printed it is ready.
+    pub fn start(engines: u16, args: &[&str]) -> Self {
+        let base_port = free_port_block(engines);
+        let mut command = Command::new(workspace_bin("sim-engine"));
+        command
+            .args([
+                "--engines",
+                &engines.to_string(),
+                "--base-port",
+                &base_port.to_string(),
+            ])
+            .args(args)
+            .stdout(Stdio::piped());
+        let mut process = ChildProcess::spawn("sim-engine", &mut command);
+        let stdout = process.stdout().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("sim-engine: ready") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        rx.recv_timeout(TIMEOUT)
+            .expect("sim-engine did not become ready");
+        SimFleet {
+            process,
+            base_port,
+            engines,
+        }
+    }
+
+    /// The URL of engine `i`, as given to `--worker-urls`.
+    pub fn url(&self, i: u16) -> String {
+        format!("http://127.0.0.1:{}", self.base_port + i)
+    }
+
+    /// The URLs of all engines.
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.engines).map(|i| self.url(i)).collect()
+    }
+
+    /// `GET /sim/stats` of engine `i`.
+    pub fn stats(&self, i: u16) -> serde_json::Value {
+        let mut client = HttpClient::connect(([127, 0, 0, 1], self.base_port + i).into());
+        client.get("/sim/stats").json()
+    }
+}
+
+/// A running `kvgate` on loopback.
+#[derive(Debug)]
+pub struct Gateway {
+    /// The process.
+    pub process: ChildProcess,
+    /// The client port.
+    pub port: u16,
+    /// The Prometheus port.
+    pub metrics_port: u16,
+}
+
+impl Gateway {
+    /// Starts kvgate (1 data core, loopback) in front of `workers` with extra flags `args`;
+    /// returns once its port accepts connections.
+    pub fn start(workers: &[String], args: &[&str]) -> Self {
+        let (port, metrics_port) = (free_port(), free_port());
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+        command
+            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args([
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                &metrics_port.to_string(),
+            ])
+            .args(["--data-cores", "1", "--log-level", "warn"])
+            .args(args)
+            .arg("--worker-urls")
+            .args(workers)
+            .stdout(Stdio::null());
+        let process = ChildProcess::spawn("kvgate", &mut command);
+        assert!(
+            wait_for_port(port, TIMEOUT),
+            "kvgate did not listen on {port}"
+        );
+        assert!(
+            wait_for_port(metrics_port, TIMEOUT),
+            "kvgate metrics did not listen"
+        );
+        Gateway {
+            process,
+            port,
+            metrics_port,
+        }
+    }
+
+    /// The client address.
+    pub fn addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    /// A new client connection to the gateway.
+    pub fn client(&self) -> HttpClient {
+        HttpClient::connect(self.addr())
+    }
+
+    /// The Prometheus text of `/metrics`.
+    pub fn metrics(&self) -> String {
+        let mut client = HttpClient::connect(([127, 0, 0, 1], self.metrics_port).into());
+        client.get("/metrics").text()
+    }
+
+    /// The value of an unlabelled or fully labelled series in `/metrics` (0 when absent).
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics();
+        text.lines()
+            .filter_map(|line| line.strip_prefix(series))
+            .filter_map(|rest| rest.strip_prefix(' '))
+            .find_map(|value| value.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+}
