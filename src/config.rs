@@ -97,6 +97,9 @@ pub struct Cli {
     /// Milliseconds an idle keep-alive client connection is kept.
     #[arg(long = "client-idle-timeout-ms", hide = true, default_value_t = limits::CLIENT_IDLE_TIMEOUT.as_millis() as u64)]
     pub client_idle_timeout_ms: u64,
+    /// Health checks, circuit breaker, retries, overload protection, load monitoring, admin key.
+    #[command(flatten)]
+    pub worker_args: crate::workers::admin::WorkerArgs,
 }
 
 /// One upstream worker as configured: the URL exactly as given (it is the routed-worker header
@@ -134,6 +137,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// Time an idle keep-alive client connection is kept.
     pub client_idle_timeout: Duration,
+    /// Health, breaker, retry, overload, load-monitoring and admin settings.
+    pub worker_policy: crate::workers::admin::WorkerConfig,
 }
 
 /// A flag value that failed validation.
@@ -210,9 +215,14 @@ impl Config {
             timeout_ms("--header-read-timeout-ms", cli.header_read_timeout_ms)?;
         let client_idle_timeout =
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
+        let workers_config = cli
+            .worker_args
+            .validate()
+            .map_err(|e| config_error(e.flag, e.reason))?;
         Ok(Config {
             header_read_timeout,
             client_idle_timeout,
+            worker_policy: workers_config,
             listen_addr,
             prometheus_addr,
             workers,

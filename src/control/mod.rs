@@ -23,6 +23,7 @@ use crate::limits::{
 };
 use crate::metrics::Counter;
 use crate::runtime::Shared;
+use crate::workers::admin::driver::WorkerDriver;
 use crate::workers::WorkerId;
 
 /// What a data core tells the control core about one dispatched request. The `policy` work
@@ -58,8 +59,12 @@ impl ControlCore {
             Err(e) => tracing::error!("metrics listener unusable: {e}"),
         }
         monoio::spawn(refresh_models_forever(shared.clone()));
+        let mut workers = WorkerDriver::new(&shared);
         while !shared.is_shutting_down() {
             self.drain_records();
+            for id in workers.turn(&shared) {
+                purge_worker_from_indexes(id);
+            }
             monoio::time::sleep(CONTROL_TURN).await;
         }
         self.drain_records();
@@ -81,6 +86,12 @@ impl ControlCore {
                 .add(Counter::DispatchRecordsApplied, applied);
         }
     }
+}
+
+/// Removes a purged worker from every index, before its slot id can be reused. The hook for the
+/// index writer's `remove_worker` once the control core owns the `IndexWriter`.
+fn purge_worker_from_indexes(id: WorkerId) {
+    tracing::debug!(worker = id.0, "purge from indexes (no index wired yet)");
 }
 
 /// Where a dispatch record updates shared state (the index insert, once the index exists).

@@ -28,7 +28,9 @@ use super::server::{DataCore, Downstream, Request};
 use crate::control::DispatchRecord;
 use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_READ_BYTES};
 use crate::metrics::Counter;
+use crate::workers::breaker::{is_retryable_status, AttemptOutcome, RetryPolicy, RETRIES_MAX};
 use crate::workers::table::WorkerEntry;
+use crate::workers::WorkerId;
 
 /// The result of a proxied request whose response (or part of it) reached the client.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +54,33 @@ struct AttemptFailure {
     error: ProxyError,
     /// The attempt used a pooled connection: the worker may be fine and the socket stale.
     on_reused_connection: bool,
+    /// The worker answered with this retryable status (408, 429, 5xx), which was not forwarded.
+    status: Option<u16>,
+}
+
+impl AttemptFailure {
+    /// What the failure means for the worker's circuit (`None`: not the worker's fault).
+    fn breaker_outcome(&self) -> Option<AttemptOutcome> {
+        if self.on_reused_connection {
+            return None;
+        }
+        if self.status.is_some() {
+            return Some(AttemptOutcome::Failure);
+        }
+        match self.error.kind {
+            ErrorKind::UpstreamConnect
+            | ErrorKind::UpstreamClosed
+            | ErrorKind::UpstreamMalformed
+            | ErrorKind::UpstreamTimeout => Some(AttemptOutcome::Failure),
+            _ => None,
+        }
+    }
+}
+
+/// A forwarded response and what it means for the worker's circuit.
+struct AttemptDone {
+    forwarded: Forwarded,
+    outcome: Option<AttemptOutcome>,
 }
 
 /// Proxies one routed request (the driver).
@@ -68,12 +97,17 @@ pub async fn proxy_request(
         body_buf,
     } = down;
     let body = request.body(read_buf, body_buf);
-    check_json(body)?;
+    let model = check_json(body)?;
+    let catalog = core.shared.workers.catalog.load();
+    let models = catalog
+        .workers_for(model.as_deref())
+        .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
     let input = RouteInput {
         endpoint,
         head: &request.head,
         head_buf: read_buf,
         body,
+        models,
     };
     let mut client = ClientSide {
         socket,
@@ -82,33 +116,42 @@ pub async fn proxy_request(
         keep_alive: request.head.keep_alive,
     };
     let deadline = Instant::now() + core.shared.config.request_timeout;
+    let retry = &core.shared.config.worker_policy.retry;
+    let attempts_max = attempts_allowed(retry);
+    let (mut attempts, mut stale_retries) = (0usize, 0usize);
     let mut tried = TriedWorkers::default();
     let mut last_error = None;
-    for _ in 0..UPSTREAM_ATTEMPTS_MAX {
+    while attempts < attempts_max && stale_retries < UPSTREAM_ATTEMPTS_MAX {
         let roster = core.shared.table.roster();
         let view = WorkerView {
             roster: &roster,
             table: &core.shared.table,
         };
-        let picked = core.router.borrow_mut().route(&input, view, &tried);
+        let picked = pick_worker(core, &input, view, &mut tried, attempts);
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
         let _credit = core.shared.table.credit(core.index, worker.id);
-        match attempt(core, &mut client, &input, worker, deadline).await {
+        let retry_status = attempts + 1 < attempts_max;
+        match attempt(core, &mut client, &input, worker, deadline, retry_status).await {
             Ok(forwarded) => {
+                record_outcome(core, worker, forwarded.outcome);
                 record_dispatch(core, worker);
-                return Ok(forwarded);
+                return Ok(forwarded.forwarded);
             }
             Err(failure) => {
-                count_error(core, failure.error.kind);
+                note_failure(core, worker, &failure);
                 if !failure.error.may_retry() {
                     return Err(failure.error);
                 }
                 if failure.on_reused_connection {
+                    // Its siblings in the pool are most likely stale too (engine restart).
                     core.pool.borrow_mut().clear_worker(worker.id);
+                    stale_retries += 1;
                 } else {
+                    attempts += 1;
                     tried.insert(worker.id);
+                    backoff(core, retry, attempts - 1, deadline).await;
                 }
                 core.metrics().incr(Counter::UpstreamRetries);
                 last_error = Some(failure.error);
@@ -119,28 +162,83 @@ pub async fn proxy_request(
         .unwrap_or_else(|| ProxyError::new(ErrorKind::NoHealthyWorker, Side::Internal, "route")))
 }
 
-/// The validate phase: a cheap full-syntax check without building a document.
-fn check_json(body: &[u8]) -> Result<(), ProxyError> {
-    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-        Ok(_) => Ok(()),
-        Err(_) => Err(ProxyError::downstream(
-            ErrorKind::InvalidJson,
-            "validate body",
-        )),
+/// Attempts one request may make: the first plus `--retry-max-retries` (1 with
+/// `--disable-retries`). Stale pooled connections are retried apart from these.
+fn attempts_allowed(retry: &RetryPolicy) -> usize {
+    if retry.disabled {
+        1
+    } else {
+        1 + retry.max_retries.min(RETRIES_MAX) as usize
     }
 }
 
-/// One upstream attempt: connect or reuse, forward, stream back, pool the connection.
+/// Reports a failed attempt to the worker's circuit breaker and the error counters.
+fn note_failure(core: &DataCore, worker: &WorkerEntry, failure: &AttemptFailure) {
+    record_outcome(core, worker, failure.breaker_outcome());
+    if failure.status.is_none() {
+        count_error(core, failure.error.kind);
+    }
+}
+
+/// The route phase of one attempt: a worker not tried yet, else, on a retry, any eligible one
+/// (every eligible worker was tried: retry in place rather than give up early).
+fn pick_worker(
+    core: &DataCore,
+    input: &RouteInput<'_>,
+    view: WorkerView<'_>,
+    tried: &mut TriedWorkers,
+    attempts: usize,
+) -> Option<WorkerId> {
+    let picked = core.router.borrow_mut().route(input, view, tried);
+    if picked.is_some() || attempts == 0 {
+        return picked;
+    }
+    *tried = TriedWorkers::default();
+    core.router.borrow_mut().route(input, view, tried)
+}
+
+/// Waits the retry policy's backoff before retry `retry_index`, never past the deadline.
+async fn backoff(core: &DataCore, retry: &RetryPolicy, retry_index: usize, deadline: Instant) {
+    let _ = core;
+    let index = u32::try_from(retry_index).unwrap_or(u32::MAX);
+    let wait = retry.backoff(index, fastrand::f64());
+    let left = deadline.saturating_duration_since(Instant::now());
+    let wait = wait.min(left);
+    if !wait.is_zero() {
+        monoio::time::sleep(wait).await;
+    }
+}
+
+/// Tells the control core what the attempt means for the worker's circuit breaker.
+fn record_outcome(core: &DataCore, worker: &WorkerEntry, outcome: Option<AttemptOutcome>) {
+    if let Some(outcome) = outcome {
+        core.shared
+            .workers
+            .record_attempt(core.index, worker.id, outcome);
+    }
+}
+
+/// The validate phase: a full-syntax check without building a document, returning the
+/// request's `model` (routing is restricted to the workers serving it).
+fn check_json(body: &[u8]) -> Result<Option<String>, ProxyError> {
+    crate::workers::admin::request_model(body)
+        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
+}
+
+/// One upstream attempt: connect or reuse, forward, stream back, pool the connection. With
+/// `retry_status`, a retryable status (408, 429, 5xx) is not forwarded but returned as a failure.
 async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
     input: &RouteInput<'_>,
     worker: &WorkerEntry,
     deadline: Instant,
-) -> Result<Forwarded, AttemptFailure> {
+    retry_status: bool,
+) -> Result<AttemptDone, AttemptFailure> {
     let fail = |error, on_reused_connection| AttemptFailure {
         error,
         on_reused_connection,
+        status: None,
     };
     let mut up = connect_or_reuse(core, worker)
         .await
@@ -149,13 +247,43 @@ async fn attempt(
     forward(&mut up, input, &worker.spec.authority, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
-    let streamed = stream_back(core, &mut up, client, worker, input.head.method, deadline)
-        .await
-        .map_err(|e| fail(e, reused))?;
+    let method = input.head.method;
+    let streamed = stream_back(
+        core,
+        &mut up,
+        client,
+        worker,
+        method,
+        deadline,
+        retry_status,
+    )
+    .await
+    .map_err(|e| fail(e, reused))?;
+    let streamed = match streamed {
+        StreamEnd::RetryableStatus(status) => {
+            let error =
+                ProxyError::upstream(ErrorKind::UpstreamClosed, "retryable status").retryable();
+            return Err(AttemptFailure {
+                error,
+                on_reused_connection: false,
+                status: Some(status),
+            });
+        }
+        StreamEnd::Done(streamed) => streamed,
+    };
     if streamed.upstream_reusable {
         core.pool.borrow_mut().put(worker.id, up, Instant::now());
     }
-    Ok(streamed.forwarded)
+    let status = streamed.forwarded.status;
+    let outcome = if streamed.upstream_failed || status >= 500 || is_retryable_status(status) {
+        AttemptOutcome::Failure
+    } else {
+        AttemptOutcome::Success
+    };
+    Ok(AttemptDone {
+        forwarded: streamed.forwarded,
+        outcome: Some(outcome),
+    })
 }
 
 /// The connect-or-reuse phase.
@@ -323,18 +451,19 @@ impl BodyTracker {
 struct Streamed {
     forwarded: Forwarded,
     upstream_reusable: bool,
+    /// The worker failed mid-body (closed, reset, timed out or sent garbage).
+    upstream_failed: bool,
 }
 
-/// How the body part of streaming ended.
-enum BodyEnd {
-    /// The whole body went through; `leftover` says the worker sent bytes past its end.
-    Complete { leftover: bool },
-    /// The worker or the client failed mid-body (already counted).
-    Cut,
+/// How the stream-back phase ended.
+enum StreamEnd {
+    /// The response (or part of it) went to the client.
+    Done(Streamed),
+    /// The worker answered a retryable status; nothing was written to the client.
+    RetryableStatus(u16),
 }
 
-/// The stream-back phase: head (with the body bytes that came with it) first, then every
-/// further read written through as it arrives.
+/// The stream-back phase: head first, then every read written through as it arrives.
 async fn stream_back(
     core: &DataCore,
     up: &mut UpstreamConn,
@@ -342,20 +471,27 @@ async fn stream_back(
     worker: &WorkerEntry,
     method: Method,
     deadline: Instant,
-) -> Result<Streamed, ProxyError> {
+    retry_status: bool,
+) -> Result<StreamEnd, ProxyError> {
     let head = read_response_head(up, method, deadline).await?;
+    if retry_status && is_retryable_status(head.status) {
+        return Ok(StreamEnd::RetryableStatus(head.status));
+    }
+    let event_stream = head
+        .headers
+        .get(&up.read_buf, "content-type")
+        .is_some_and(|v| v.starts_with(b"text/event-stream"));
     let framing = DownstreamFraming::choose(head.framing, client.version_minor);
     let keep_alive = client.keep_alive
         && framing != DownstreamFraming::UntilClose
         && !core.shared.is_shutting_down();
     let mut tracker = BodyTracker::new(head.framing, framing);
     client.write_buf.clear();
-    let routed = &worker.routed_header_line;
     codec::write_downstream_response_head(
         client.write_buf,
         &head,
         &up.read_buf,
-        routed,
+        &worker.routed_header_line,
         framing,
         keep_alive,
     );
@@ -364,37 +500,21 @@ async fn stream_back(
     if !tracker.dechunk {
         client.write_buf.extend_from_slice(&available[..consumed]);
     }
-    let leftover = consumed < available.len();
-    let end = if !write_client(client).await {
+    let mut leftover = consumed < available.len();
+    let ended = |complete: bool, reusable: bool| {
+        StreamEnd::Done(Streamed {
+            forwarded: Forwarded {
+                status: head.status,
+                keep_alive: keep_alive && complete,
+            },
+            upstream_reusable: reusable,
+            upstream_failed: false,
+        })
+    };
+    if !write_client(client).await {
         core.metrics().incr(Counter::DownstreamAborts);
-        BodyEnd::Cut
-    } else if tracker.is_done() {
-        BodyEnd::Complete { leftover }
-    } else {
-        stream_back_body(core, up, client, &mut tracker, deadline).await
-    };
-    let (complete, reusable) = match end {
-        BodyEnd::Complete { leftover } => (true, head.keep_alive && !leftover && tracker.is_done()),
-        BodyEnd::Cut => (false, false),
-    };
-    Ok(Streamed {
-        forwarded: Forwarded {
-            status: head.status,
-            keep_alive: keep_alive && complete,
-        },
-        upstream_reusable: reusable,
-    })
-}
-
-/// Streams the rest of the body: each upstream read is written to the client at once.
-async fn stream_back_body(
-    core: &DataCore,
-    up: &mut UpstreamConn,
-    client: &mut ClientSide<'_>,
-    tracker: &mut BodyTracker,
-    deadline: Instant,
-) -> BodyEnd {
-    let mut leftover = false;
+        return Ok(ended(false, false));
+    }
     while !tracker.is_done() {
         up.read_buf.clear();
         let read_buf = std::mem::take(&mut up.read_buf);
@@ -406,13 +526,16 @@ async fn stream_back_body(
         let n = match result {
             Ok(0) if matches!(tracker.upstream, UpstreamBody::UntilClose) => break,
             Ok(n) if n > 0 => n,
-            Ok(_) => {
-                count_error(core, ErrorKind::UpstreamClosed);
-                return BodyEnd::Cut;
-            }
-            Err(e) => {
-                count_error(core, upstream_io_error(e, "stream body").kind);
-                return BodyEnd::Cut;
+            failure => {
+                let kind = match failure {
+                    Err(e) => upstream_io_error(e, "stream body").kind,
+                    Ok(_) => ErrorKind::UpstreamClosed,
+                };
+                count_error(core, kind);
+                if end_stream_with_error_event(client, &tracker, event_stream, framing) {
+                    write_client(client).await;
+                }
+                return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
         client.write_buf.clear();
@@ -420,18 +543,60 @@ async fn stream_back_body(
             Ok(consumed) => consumed,
             Err(e) => {
                 count_error(core, e.kind);
-                return BodyEnd::Cut;
+                return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
         leftover |= consumed < n;
         let raw = (!tracker.dechunk).then_some(consumed);
         if !write_client_from(client, up, raw).await {
             core.metrics().incr(Counter::DownstreamAborts);
-            return BodyEnd::Cut;
+            return Ok(ended(false, false));
         }
     }
-    BodyEnd::Complete { leftover }
+    Ok(ended(
+        true,
+        head.keep_alive && !leftover && tracker.is_done(),
+    ))
 }
+
+impl StreamEnd {
+    /// The worker failed mid-body: the client connection closes, the breaker hears a failure.
+    fn upstream_failed(status: u16) -> StreamEnd {
+        StreamEnd::Done(Streamed {
+            forwarded: Forwarded {
+                status,
+                keep_alive: false,
+            },
+            upstream_reusable: false,
+            upstream_failed: true,
+        })
+    }
+}
+
+/// Puts the SSE error event and the final chunk in `client.write_buf` when the client is being
+/// streamed chunked SSE and the body stopped between two chunks (elsewhere a new chunk would
+/// break the framing, so the connection just closes). Returns whether it did.
+fn end_stream_with_error_event(
+    client: &mut ClientSide<'_>,
+    tracker: &BodyTracker,
+    event_stream: bool,
+    framing: DownstreamFraming,
+) -> bool {
+    let at_boundary =
+        matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
+    let can_tell = event_stream && framing == DownstreamFraming::ChunkedPassthrough && at_boundary;
+    if can_tell {
+        client.write_buf.clear();
+        client
+            .write_buf
+            .extend_from_slice(STREAM_ABORTED_EVENT_CHUNK);
+    }
+    can_tell
+}
+
+/// The last chunk written to a streaming client whose worker failed mid-stream: one SSE error
+/// event, then the terminating chunk, so the client sees a clear error instead of a cut stream.
+const STREAM_ABORTED_EVENT_CHUNK: &[u8] = b"72\r\ndata: {\"error\":{\"message\":\"the worker closed the stream before it finished\",\"type\":\"upstream_error\",\"code\":502}}\n\n\r\n0\r\n\r\n";
 
 /// Writes `client.write_buf` to the client.
 async fn write_client(client: &mut ClientSide<'_>) -> bool {

@@ -8,6 +8,7 @@ use super::codec::RequestHead;
 use super::endpoint::Endpoint;
 use crate::config::PolicyKind;
 use crate::limits::UPSTREAM_ATTEMPTS_MAX;
+use crate::workers::admin::ModelWorkers;
 use crate::workers::table::{Roster, WorkerTable};
 use crate::workers::WorkerId;
 
@@ -22,6 +23,8 @@ pub struct RouteInput<'a> {
     pub head_buf: &'a [u8],
     /// The complete request body (de-chunked).
     pub body: &'a [u8],
+    /// The workers serving the requested model (`workers::admin::ModelCatalog`).
+    pub models: ModelWorkers<'a>,
 }
 
 /// The published worker state a policy reads: the roster and the table's atomics.
@@ -80,8 +83,9 @@ impl Router {
         view: WorkerView<'_>,
         tried: &TriedWorkers,
     ) -> Option<WorkerId> {
-        let _ = input;
-        let eligible = |id: WorkerId| view.table.is_healthy(id) && !tried.contains(id);
+        let eligible = |id: WorkerId| {
+            view.table.is_eligible(id) && input.models.allows(id) && !tried.contains(id)
+        };
         let workers = &view.roster.workers;
         if workers.is_empty() {
             return None;
@@ -122,6 +126,7 @@ mod tests {
             head: &head,
             head_buf: REQ,
             body: b"{}",
+            models: ModelWorkers::Any,
         };
         let roster = table.roster();
         router.route(

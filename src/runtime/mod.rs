@@ -45,6 +45,8 @@ pub struct Shared {
     pub dispatch_queues: Box<[ArrayQueue<DispatchRecord>]>,
     /// Per-core counters.
     pub metrics: Metrics,
+    /// Attempt outcomes, admin calls and the model catalog (`workers::admin::shared`).
+    pub workers: crate::workers::admin::shared::WorkerShared,
     shutdown: AtomicBool,
     started: Instant,
 }
@@ -60,6 +62,7 @@ impl Shared {
                 .map(|_| ArrayQueue::new(DISPATCH_QUEUE_CAPACITY))
                 .collect(),
             metrics: Metrics::new(cores),
+            workers: crate::workers::admin::shared::WorkerShared::new(cores),
             shutdown: AtomicBool::new(false),
             started: Instant::now(),
             config,
@@ -87,7 +90,7 @@ impl Shared {
             .roster()
             .workers
             .iter()
-            .any(|w| self.table.is_healthy(w.id))
+            .any(|w| self.table.is_eligible(w.id))
     }
 
     /// Counters plus per-worker gauges, in the Prometheus text format.
@@ -104,6 +107,7 @@ impl Shared {
                 "smg_worker_requests_active{{worker=\"{url}\"}} {active}"
             );
         }
+        crate::workers::admin::driver::render_worker_gauges(self, out);
     }
 }
 

@@ -10,6 +10,9 @@
 //! is an [`AdminError`] that knows its HTTP status and renders SMG's JSON error body.
 
 pub mod args;
+pub mod driver;
+pub mod serve;
+pub mod shared;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -51,7 +54,7 @@ pub struct AdminError {
 }
 
 impl AdminError {
-    fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
         AdminError {
             status,
             kind,
@@ -349,8 +352,86 @@ pub struct ModelCatalog {
 pub enum ModelWorkers<'a> {
     /// No restriction: every eligible worker.
     Any,
-    /// Only these workers (and the wildcard ones, listed by [`ModelCatalog::wildcard`]).
-    Only(&'a [WorkerId]),
+    /// Only the workers serving the model, plus those whose models are unknown.
+    Only {
+        /// Workers that list the model.
+        serving: &'a [WorkerId],
+        /// Workers whose model list is unknown (they serve anything).
+        wildcard: &'a [WorkerId],
+    },
+}
+
+impl ModelWorkers<'_> {
+    /// Whether worker `id` may serve the request.
+    pub fn allows(&self, id: WorkerId) -> bool {
+        match self {
+            ModelWorkers::Any => true,
+            ModelWorkers::Only { serving, wildcard } => {
+                serving.contains(&id) || wildcard.contains(&id)
+            }
+        }
+    }
+}
+
+/// The `model` field of a routed request body, validating the whole body as JSON on the way
+/// (a single pass, no document built). `Ok(None)`: no `model` field, or not an object.
+pub fn request_model(body: &[u8]) -> Result<Option<String>, serde_json::Error> {
+    serde_json::from_slice::<ModelField>(body).map(|m| m.0)
+}
+
+/// Deserializes any JSON value, keeping only a top-level string `model` field.
+struct ModelField(Option<String>);
+
+impl<'de> Deserialize<'de> for ModelField {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ModelFieldVisitor)
+    }
+}
+
+struct ModelFieldVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ModelFieldVisitor {
+    type Value = ModelField;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ModelField, A::Error> {
+        let mut model = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            if key == "model" && model.is_none() {
+                model = map.next_value::<Option<String>>()?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(ModelField(model))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ModelField, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(ModelField(None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<ModelField, E> {
+        Ok(ModelField(None))
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<ModelField, E> {
+        Ok(ModelField(None))
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<ModelField, E> {
+        Ok(ModelField(None))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<ModelField, E> {
+        Ok(ModelField(None))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<ModelField, E> {
+        Ok(ModelField(None))
+    }
+    fn visit_unit<E>(self) -> Result<ModelField, E> {
+        Ok(ModelField(None))
+    }
 }
 
 impl ModelCatalog {
@@ -384,9 +465,13 @@ impl ModelCatalog {
         if self.by_model.is_empty() {
             return Ok(ModelWorkers::Any);
         }
+        let wildcard = &self.wildcard[..];
         match self.by_model.get(model) {
-            Some(ids) => Ok(ModelWorkers::Only(ids)),
-            None if !self.wildcard.is_empty() => Ok(ModelWorkers::Only(&[])),
+            Some(serving) => Ok(ModelWorkers::Only { serving, wildcard }),
+            None if !wildcard.is_empty() => Ok(ModelWorkers::Only {
+                serving: &[],
+                wildcard,
+            }),
             None => Err(AdminError::new(
                 404,
                 "model_not_found",
@@ -578,6 +663,25 @@ mod tests {
     }
 
     #[test]
+    fn request_model_reads_only_the_top_level_field_and_validates_json() {
+        assert_eq!(
+            request_model(br#"{"model":"m","messages":[{"model":"x"}]}"#).unwrap(),
+            Some("m".into())
+        );
+        assert_eq!(
+            request_model(br#"{"messages":[],"model":null}"#).unwrap(),
+            None
+        );
+        assert_eq!(request_model(br#"{"prompt":"hi"}"#).unwrap(), None);
+        assert_eq!(request_model(br#"[1,{"model":"x"}]"#).unwrap(), None);
+        assert_eq!(request_model(b"3").unwrap(), None);
+        assert!(request_model(br#"{"model":"m""#).is_err());
+        assert!(request_model(br#"{"model":3}"#).is_err());
+        assert!(request_model(b"not json").is_err());
+        assert!(request_model(br#"{"a":1} trailing"#).is_err());
+    }
+
+    #[test]
     fn catalog_routes_by_model() {
         let a = ["llama".to_string()];
         let b = ["llama".to_string(), "qwen".to_string()];
@@ -586,14 +690,11 @@ mod tests {
         );
         assert_eq!(catalog.workers_for(None), Ok(ModelWorkers::Any));
         assert_eq!(catalog.workers_for(Some("")), Ok(ModelWorkers::Any));
-        assert_eq!(
-            catalog.workers_for(Some("llama")),
-            Ok(ModelWorkers::Only(&[WorkerId(0), WorkerId(1)]))
-        );
-        assert_eq!(
-            catalog.workers_for(Some("qwen")),
-            Ok(ModelWorkers::Only(&[WorkerId(1)]))
-        );
+        let llama = catalog.workers_for(Some("llama")).unwrap();
+        assert!(llama.allows(WorkerId(0)) && llama.allows(WorkerId(1)));
+        assert!(!llama.allows(WorkerId(2)));
+        let qwen = catalog.workers_for(Some("qwen")).unwrap();
+        assert!(!qwen.allows(WorkerId(0)) && qwen.allows(WorkerId(1)));
         let e = catalog.workers_for(Some("gpt")).unwrap_err();
         assert_eq!(e.status, 404);
         assert!(e.message.contains("gpt"));
@@ -601,10 +702,8 @@ mod tests {
         // A worker with unknown models keeps every model routable.
         let with_wild =
             ModelCatalog::build([(WorkerId(0), Some(&a[..])), (WorkerId(2), None)].into_iter());
-        assert_eq!(
-            with_wild.workers_for(Some("gpt")),
-            Ok(ModelWorkers::Only(&[]))
-        );
+        let gpt = with_wild.workers_for(Some("gpt")).unwrap();
+        assert!(gpt.allows(WorkerId(2)) && !gpt.allows(WorkerId(0)));
         assert_eq!(with_wild.wildcard(), &[WorkerId(2)]);
         // Nobody listed models: no restriction.
         let empty = ModelCatalog::build([(WorkerId(0), None)].into_iter());

@@ -11,7 +11,11 @@
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
 
 use super::load::{escape_label, LoadReport};
 use super::WorkerId;
@@ -209,6 +213,72 @@ impl CircuitBreaker {
         self.half_open_successes = 0;
         self.opened_at = (to == BreakerState::Open).then_some(now);
         BreakerTransition { from, to }
+    }
+}
+
+/// The per-worker signals the control core publishes in a worker-table slot and data cores read
+/// lock-free: circuit state, overload exclusion, draining (removed, waiting for its in-flight
+/// requests), and the last load report. Written by the control core only.
+#[derive(Debug, Default)]
+pub struct WorkerSignals {
+    breaker: AtomicU8,
+    overloaded: AtomicBool,
+    draining: AtomicBool,
+    load: ArcSwapOption<LoadReport>,
+}
+
+impl WorkerSignals {
+    /// Whether these signals let routing pick the worker (health is checked separately).
+    pub fn allows_traffic(&self) -> bool {
+        self.breaker_state().allows_traffic()
+            && !self.overloaded.load(Ordering::Acquire)
+            && !self.draining.load(Ordering::Acquire)
+    }
+
+    /// The published circuit state.
+    pub fn breaker_state(&self) -> BreakerState {
+        BreakerState::from_u8(self.breaker.load(Ordering::Acquire))
+    }
+
+    /// Whether the worker is draining.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Whether overload protection excludes the worker.
+    pub fn is_overloaded(&self) -> bool {
+        self.overloaded.load(Ordering::Acquire)
+    }
+
+    /// The last load report (`None`: no signal).
+    pub fn load(&self) -> Option<Arc<LoadReport>> {
+        self.load.load_full()
+    }
+
+    /// Publish the circuit state. Control core only.
+    pub fn set_breaker(&self, state: BreakerState) {
+        self.breaker.store(state as u8, Ordering::Release);
+    }
+
+    /// Publish the draining flag. Control core only.
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Release);
+    }
+
+    /// Publish a load report and the overload verdict it implies. Control core only.
+    pub fn set_load(&self, report: Option<LoadReport>, overload: &OverloadConfig) {
+        self.overloaded
+            .store(overload.is_overloaded(report.as_ref()), Ordering::Release);
+        self.load.store(report.map(Arc::new));
+    }
+
+    /// Back to a fresh slot (closed, not overloaded, not draining, no load). Control core only,
+    /// after the worker was purged.
+    pub fn reset(&self) {
+        self.set_breaker(BreakerState::Closed);
+        self.overloaded.store(false, Ordering::Release);
+        self.draining.store(false, Ordering::Release);
+        self.load.store(None);
     }
 }
 
@@ -757,6 +827,33 @@ mod tests {
             full.push(WorkerId(i));
         }
         assert_eq!(full.len(), RETRIES_MAX as usize + 1);
+    }
+
+    #[test]
+    fn signals_gate_traffic() {
+        let s = WorkerSignals::default();
+        assert!(s.allows_traffic());
+        s.set_breaker(BreakerState::Open);
+        assert!(!s.allows_traffic());
+        s.set_breaker(BreakerState::HalfOpen);
+        assert!(s.allows_traffic());
+        let limits = OverloadConfig {
+            token_usage: None,
+            waiting_requests: Some(1),
+        };
+        let busy = LoadReport {
+            waiting_requests: 5,
+            ..LoadReport::default()
+        };
+        s.set_load(Some(busy), &limits);
+        assert!(s.is_overloaded() && !s.allows_traffic());
+        assert_eq!(s.load().map(|r| r.waiting_requests), Some(5));
+        s.set_load(None, &limits);
+        assert!(s.allows_traffic());
+        s.set_draining(true);
+        assert!(!s.allows_traffic());
+        s.reset();
+        assert!(s.allows_traffic() && s.load().is_none() && !s.is_draining());
     }
 
     #[test]

@@ -144,9 +144,9 @@ fn unreachable_defaults() -> WorkerArgs {
 
 /// A flag value that cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid value for --{flag}: {reason}")]
+#[error("invalid value for {flag}: {reason}")]
 pub struct ArgError {
-    /// The flag, without dashes.
+    /// The flag, with its dashes.
     pub flag: &'static str,
     /// What is wrong with its value.
     pub reason: String,
@@ -206,11 +206,11 @@ impl WorkerArgs {
             breaker: self.validate_breaker()?,
             retry: self.validate_retry()?,
             overload: self.validate_overload()?,
-            load_interval: secs_in_range("load-monitor-interval", self.load_monitor_interval)?,
+            load_interval: secs_in_range("--load-monitor-interval", self.load_monitor_interval)?,
             load_timeout: LOAD_POLL_TIMEOUT,
             admin_api_key: match &self.admin_api_key {
                 Some(k) if k.trim().is_empty() => {
-                    return Err(bad("admin-api-key", "must not be empty"))
+                    return Err(bad("--admin-api-key", "must not be empty"))
                 }
                 other => other.clone(),
             },
@@ -224,23 +224,26 @@ impl WorkerArgs {
             && endpoint.bytes().all(|b| b.is_ascii_graphic());
         if !endpoint_ok {
             return Err(bad(
-                "health-check-endpoint",
+                "--health-check-endpoint",
                 format!("{endpoint:?} must be a path starting with /"),
             ));
         }
         Ok(HealthConfig {
             endpoint: endpoint.clone(),
             interval: secs_in_range(
-                "health-check-interval-secs",
+                "--health-check-interval-secs",
                 self.health_check_interval_secs,
             )?,
-            timeout: secs_in_range("health-check-timeout-secs", self.health_check_timeout_secs)?,
+            timeout: secs_in_range(
+                "--health-check-timeout-secs",
+                self.health_check_timeout_secs,
+            )?,
             failure_threshold: threshold(
-                "health-failure-threshold",
+                "--health-failure-threshold",
                 self.health_failure_threshold,
             )?,
             success_threshold: threshold(
-                "health-success-threshold",
+                "--health-success-threshold",
                 self.health_success_threshold,
             )?,
             disabled: self.disable_health_check,
@@ -249,10 +252,10 @@ impl WorkerArgs {
 
     fn validate_breaker(&self) -> Result<BreakerConfig, ArgError> {
         Ok(BreakerConfig {
-            failure_threshold: threshold("cb-failure-threshold", self.cb_failure_threshold)?,
-            success_threshold: threshold("cb-success-threshold", self.cb_success_threshold)?,
-            timeout: secs_in_range("cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
-            window: secs_in_range("cb-window-duration-secs", self.cb_window_duration_secs)?,
+            failure_threshold: threshold("--cb-failure-threshold", self.cb_failure_threshold)?,
+            success_threshold: threshold("--cb-success-threshold", self.cb_success_threshold)?,
+            timeout: secs_in_range("--cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
+            window: secs_in_range("--cb-window-duration-secs", self.cb_window_duration_secs)?,
             disabled: self.disable_circuit_breaker,
         })
     }
@@ -260,7 +263,7 @@ impl WorkerArgs {
     fn validate_retry(&self) -> Result<RetryPolicy, ArgError> {
         if self.retry_max_retries > RETRIES_MAX {
             return Err(bad(
-                "retry-max-retries",
+                "--retry-max-retries",
                 format!(
                     "{} is above the maximum {RETRIES_MAX}",
                     self.retry_max_retries
@@ -268,8 +271,8 @@ impl WorkerArgs {
             ));
         }
         for (flag, ms) in [
-            ("retry-initial-backoff-ms", self.retry_initial_backoff_ms),
-            ("retry-max-backoff-ms", self.retry_max_backoff_ms),
+            ("--retry-initial-backoff-ms", self.retry_initial_backoff_ms),
+            ("--retry-max-backoff-ms", self.retry_max_backoff_ms),
         ] {
             if ms > BACKOFF_MS_MAX {
                 return Err(bad(
@@ -280,21 +283,21 @@ impl WorkerArgs {
         }
         if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
             return Err(bad(
-                "retry-initial-backoff-ms",
+                "--retry-initial-backoff-ms",
                 "must not exceed --retry-max-backoff-ms",
             ));
         }
         let m = self.retry_backoff_multiplier;
         if !m.is_finite() || !(1.0..=100.0).contains(&m) {
             return Err(bad(
-                "retry-backoff-multiplier",
+                "--retry-backoff-multiplier",
                 format!("{m} must be between 1 and 100"),
             ));
         }
         let j = self.retry_jitter_factor;
         if !j.is_finite() || !(0.0..=1.0).contains(&j) {
             return Err(bad(
-                "retry-jitter-factor",
+                "--retry-jitter-factor",
                 format!("{j} must be between 0 and 1"),
             ));
         }
@@ -312,7 +315,7 @@ impl WorkerArgs {
         if let Some(u) = self.worker_overload_token_usage {
             if !u.is_finite() || u <= 0.0 || u > 1.0 {
                 return Err(bad(
-                    "worker-overload-token-usage",
+                    "--worker-overload-token-usage",
                     format!("{u} must be in (0, 1]"),
                 ));
             }
@@ -479,7 +482,7 @@ mod tests {
         ];
         for (argv, flag) in cases {
             let err = parse(argv).validate().unwrap_err();
-            assert_eq!(err.flag, *flag, "{argv:?}");
+            assert_eq!(err.flag, format!("--{flag}"), "{argv:?}");
             assert!(err
                 .to_string()
                 .starts_with(&format!("invalid value for --{flag}: ")));

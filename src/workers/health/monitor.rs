@@ -272,6 +272,13 @@ impl WorkerMonitor {
         self.workers.get(&id)?.models.as_deref()
     }
 
+    /// Set the models of `id` (from the admission probe).
+    pub fn set_models(&mut self, id: WorkerId, models: Vec<String>) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.models = Some(models);
+        }
+    }
+
     /// Every watched worker's discovered models, for the model catalog.
     pub fn all_models(&self) -> impl Iterator<Item = (WorkerId, Option<&[String]>)> + '_ {
         self.workers
