@@ -260,6 +260,28 @@ fn instant_mode_answers_every_shape_at_once() {
     .json();
     assert_eq!(generate["meta_info"]["prompt_tokens"], 3);
     assert_eq!(generate["meta_info"]["cached_tokens"], 0);
+    // Repeated bodies are answered from the instant cache: same bytes, faults still apply.
+    let again = request(
+        fleet.port(0),
+        "POST",
+        "/generate",
+        Some(r#"{"text":"a b c"}"#),
+    );
+    assert_eq!(again.json(), generate);
+    let streamed_again = stream(fleet.port(0), "/v1/chat/completions", &body.to_string());
+    assert_eq!(streamed_again.data(), streamed.data());
+    let faults = r#"{"error_rate": 1.0, "error_status": 429}"#;
+    assert_eq!(
+        request(fleet.port(0), "POST", "/sim/faults", Some(faults)).status,
+        200
+    );
+    let refused = request(
+        fleet.port(0),
+        "POST",
+        "/generate",
+        Some(r#"{"text":"a b c"}"#),
+    );
+    assert_eq!(refused.status, 429);
 }
 
 #[test]
