@@ -298,3 +298,17 @@ fn reported_latency_is_simulated_time_at_any_speedup() {
         "e2e {e2e_ms:.3} ms, model {expected_ms:.3} ms"
     );
 }
+
+#[test]
+fn a_multi_threaded_runtime_serves_the_same_answers() {
+    let fleet = SimFleet::start(2, &["--threads", "2", "--speedup", "50"]);
+    let body = json!({"text": words(0, 100), "sampling_params": {"max_new_tokens": 3}}).to_string();
+    let first = request(fleet.port(1), "POST", "/generate", Some(&body)).json();
+    let second = request(fleet.port(1), "POST", "/generate", Some(&body)).json();
+    assert_eq!(first["text"], second["text"]);
+    assert_eq!(second["meta_info"]["cached_tokens"], 96);
+    let chat =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true});
+    let streamed = stream(fleet.port(0), "/v1/chat/completions", &chat.to_string());
+    assert_eq!(streamed.data().len(), 6);
+}
