@@ -78,7 +78,7 @@ fn cache_partitions_and_engines_are_separate() {
 #[test]
 fn streams_arrive_incrementally_and_end_with_done() {
     let fleet = SimFleet::start(1, &[]);
-    let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 20, "stream": true});
+    let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 40, "stream": true});
     let streamed = stream(fleet.port(0), "/v1/chat/completions", &body.to_string());
     assert_eq!(streamed.status, 200);
     assert!(streamed.complete);
@@ -86,13 +86,14 @@ fn streams_arrive_incrementally_and_end_with_done() {
     assert_eq!(data.last(), Some(&"[DONE]"));
     assert_eq!(
         data.len(),
-        20 + 2,
+        40 + 2,
         "one chunk per token, a usage chunk, [DONE]"
     );
-    let usage: Value = serde_json::from_str(data[20]).unwrap();
-    assert_eq!(usage["usage"]["completion_tokens"], 20);
+    let usage: Value = serde_json::from_str(data[40]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 40);
     let spread = streamed.lines.last().unwrap().at - streamed.lines[0].at;
-    // 19 decode steps of at least 5.7 simulated ms at speedup 1.
+    // 39 decode steps of at least 5.7 simulated ms at speedup 1 (224 ms): a step is never
+    // delivered before it ends, so only a first chunk delayed by over 170 ms could shrink this.
     assert!(
         spread >= Duration::from_millis(50),
         "chunks arrived within {spread:?}"
@@ -179,7 +180,7 @@ fn loads_and_metrics_reflect_a_running_stream() {
     let port = fleet.port(0);
     assert_eq!(first_load(port)["num_running_reqs"], 0);
     let body =
-        json!({"text": words(0, 500), "stream": true, "sampling_params": {"max_new_tokens": 150}});
+        json!({"text": words(0, 500), "stream": true, "sampling_params": {"max_new_tokens": 300}});
     let client = std::thread::spawn(move || stream(port, "/generate", &body.to_string()));
     assert!(wait_until(Duration::from_secs(5), || first_load(port)
         ["num_running_reqs"]
@@ -201,7 +202,7 @@ fn loads_and_metrics_reflect_a_running_stream() {
     assert!(load["gen_throughput"].as_f64().unwrap() > 0.0, "{load}");
     let metrics = request(port, "GET", "/metrics", None).text();
     assert!(metrics.contains("sglang:num_running_reqs{model_name=\"sim-model\"} 0\n"));
-    assert!(metrics.contains("sglang:generation_tokens_total{model_name=\"sim-model\"} 150\n"));
+    assert!(metrics.contains("sglang:generation_tokens_total{model_name=\"sim-model\"} 300\n"));
 }
 
 #[test]
