@@ -313,3 +313,36 @@ fn a_multi_threaded_runtime_serves_the_same_answers() {
     let streamed = stream(fleet.port(0), "/v1/chat/completions", &chat.to_string());
     assert_eq!(streamed.data().len(), 6);
 }
+
+#[test]
+fn a_client_that_disconnects_cancels_its_request() {
+    let fleet = SimFleet::start(1, &[]);
+    let port = fleet.port(0);
+    for (round, stream_flag) in [false, true].into_iter().enumerate() {
+        let body =
+            json!({"prompt": "a b c", "max_tokens": 5000, "stream": stream_flag}).to_string();
+        let mut client = connect(port);
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut client, head.as_bytes()).unwrap();
+        assert!(wait_until(Duration::from_secs(5), || first_load(port)
+            ["num_running_reqs"]
+            == 1));
+        drop(client);
+        assert!(
+            wait_until(Duration::from_secs(5), || first_load(port)
+                ["num_running_reqs"]
+                == 0),
+            "stream={stream_flag}: the engine stops generating for a gone client"
+        );
+        let stats = request(port, "GET", "/sim/stats", None).json();
+        assert_eq!(stats["requests_cancelled"], round as u64 + 1);
+        assert_eq!(
+            first_load(port)["num_used_tokens"],
+            0,
+            "its KV pages are released"
+        );
+    }
+}
