@@ -90,6 +90,12 @@ fn sglang_metrics(load: &LoadSnapshot, totals: &EngineTotals) -> Vec<MetricLine>
             load.num_waiting_reqs as f64,
         ),
         (
+            "sglang:max_total_num_tokens",
+            "gauge",
+            "KV capacity in tokens.",
+            load.max_total_num_tokens as f64,
+        ),
+        (
             "sglang:num_used_tokens",
             "gauge",
             "KV tokens in use.",
