@@ -1,7 +1,8 @@
 //! The request driver for routed endpoints. `proxy_request` owns the branching and the capped
 //! retry loop; each phase is a plain function it calls, in this order:
 //!
-//! 1. **validate** (`check_json`): a routed body must be JSON (400 otherwise).
+//! 1. **validate and extract** (`extract_routing_input`): one pass reads the routing input; a
+//!    routed body must be a JSON object (400 otherwise).
 //! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
 //! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
 //!    ends, however it ends.
@@ -9,7 +10,8 @@
 //! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
 //! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
 //!    through without buffering; chunked framing is tracked so the connection can be pooled.
-//! 7. **record** (`record_dispatch`): a `DispatchRecord` to the control core.
+//! 7. **record** (`record_dispatch`, as soon as the request is forwarded): a `DispatchRecord`
+//!    with the index key to the control core.
 //!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
 //! retryable (refused, reset, stale pooled socket) are tried again on another worker, up to
@@ -68,13 +70,13 @@ pub async fn proxy_request(
         body_buf,
     } = down;
     let body = request.body(read_buf, body_buf);
-    check_json(body)?;
     let input = RouteInput {
         endpoint,
         head: &request.head,
         head_buf: read_buf,
         body,
     };
+    extract_routing_input(core, &input)?;
     let mut client = ClientSide {
         socket,
         write_buf,
@@ -96,10 +98,7 @@ pub async fn proxy_request(
         };
         let _credit = core.shared.table.credit(core.index, worker.id);
         match attempt(core, &mut client, &input, worker, deadline).await {
-            Ok(forwarded) => {
-                record_dispatch(core, worker);
-                return Ok(forwarded);
-            }
+            Ok(forwarded) => return Ok(forwarded),
             Err(failure) => {
                 count_error(core, failure.error.kind);
                 if !failure.error.may_retry() {
@@ -117,10 +116,12 @@ pub async fn proxy_request(
         .unwrap_or_else(|| ProxyError::new(ErrorKind::NoHealthyWorker, Side::Internal, "route")))
 }
 
-/// The validate phase: a cheap full-syntax check without building a document.
-fn check_json(body: &[u8]) -> Result<(), ProxyError> {
-    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-        Ok(_) => Ok(()),
+/// The validate-and-extract phase: one pass over the body reads the routing input (model, key,
+/// partition) without building a document; a body that is not a JSON object is a 400.
+fn extract_routing_input(core: &DataCore, input: &RouteInput<'_>) -> Result<(), ProxyError> {
+    let now_ms = core.shared.tick_now();
+    match core.router.borrow_mut().prepare(input, now_ms) {
+        Ok(()) => Ok(()),
         Err(_) => Err(ProxyError::downstream(
             ErrorKind::InvalidJson,
             "validate body",
@@ -147,6 +148,8 @@ async fn attempt(
     forward(&mut up, input, &worker.spec.authority, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
+    // The worker has the request: the index learns it now, not when the response ends.
+    record_dispatch(core, worker);
     let streamed = stream_back(core, &mut up, client, worker, input.head.method, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
@@ -437,9 +440,11 @@ async fn write_client_from(
 
 /// The record phase: tell the control core where this request went.
 fn record_dispatch(core: &DataCore, worker: &WorkerEntry) {
+    let tick = core.shared.tick_now();
     let record = DispatchRecord {
         worker: worker.id,
-        tick: core.shared.tick_now(),
+        tick,
+        key: core.router.borrow_mut().record(worker.id, tick),
     };
     if core.shared.dispatch_queues[core.index]
         .push(record)
