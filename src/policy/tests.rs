@@ -715,7 +715,7 @@ fn bad_values_name_their_flag() {
         assert_eq!(err.flag, flag, "{args:?}");
         assert!(
             err.to_string()
-                .starts_with(&format!("invalid value for --{flag}: ")),
+                .starts_with(&format!("invalid value for {flag}: ")),
             "{err}"
         );
     }
