@@ -85,6 +85,9 @@ pub struct Cli {
     /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
     #[arg(long = "data-cores")]
     pub data_cores: Option<usize>,
+    /// Health checks, circuit breaker, retries, overload protection, load monitoring, admin key.
+    #[command(flatten)]
+    pub worker_args: crate::workers::admin::WorkerArgs,
 }
 
 /// One upstream worker as configured: the URL exactly as given (it is the routed-worker header
@@ -118,6 +121,8 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Number of data cores.
     pub data_cores: usize,
+    /// Health, breaker, retry, overload, load-monitoring and admin settings.
+    pub worker_policy: crate::workers::admin::WorkerConfig,
 }
 
 /// A flag value that failed validation.
@@ -190,7 +195,12 @@ impl Config {
                 return Err(config_error("--data-cores", message));
             }
         };
+        let workers_config = cli
+            .worker_args
+            .validate()
+            .map_err(|e| config_error(e.flag, e.reason))?;
         Ok(Config {
+            worker_policy: workers_config,
             listen_addr,
             prometheus_addr,
             workers,

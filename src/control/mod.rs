@@ -27,6 +27,7 @@ use crate::limits::{
 use crate::metrics::Counter;
 use crate::policy::{KeyData, RecordKey};
 use crate::runtime::Shared;
+use crate::workers::admin::driver::WorkerDriver;
 use crate::workers::WorkerId;
 
 /// What a data core tells the control core about one dispatched request.
@@ -71,8 +72,12 @@ impl ControlCore {
         monoio::spawn(refresh_models_forever(shared.clone()));
         let mut core = self;
         core.publish_tree_gauges();
+        let mut workers = WorkerDriver::new(&shared);
         while !shared.is_shutting_down() {
             core.drain_records();
+            for id in workers.turn(&shared) {
+                core.purge_worker_from_indexes(id);
+            }
             core.upkeep_index();
             monoio::time::sleep(CONTROL_TURN).await;
         }
@@ -119,6 +124,19 @@ impl ControlCore {
             );
         }
         self.publish_tree_gauges();
+    }
+
+    /// Removes a purged worker from every index, before its slot id can be reused.
+    fn purge_worker_from_indexes(&mut self, id: WorkerId) {
+        if let Some(index) = &mut self.index {
+            let removed = index.writer.remove_worker(id);
+            tracing::debug!(
+                worker = id.0,
+                entries = removed,
+                "worker purged from the index"
+            );
+            self.publish_tree_gauges();
+        }
     }
 
     fn publish_tree_gauges(&self) {

@@ -15,6 +15,8 @@ use crate::request::{
     Endpoint as RequestEndpoint, RequestError, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER,
     ROUTING_TOKENS_HEADER, TARGET_WORKER_HEADER,
 };
+use crate::workers::admin::ModelWorkers;
+use crate::workers::load::LoadReport;
 use crate::workers::table::{Roster, WorkerTable};
 use crate::workers::WorkerId;
 
@@ -29,6 +31,8 @@ pub struct RouteInput<'a> {
     pub head_buf: &'a [u8],
     /// The complete request body (de-chunked).
     pub body: &'a [u8],
+    /// The workers serving the requested model (`workers::admin::ModelCatalog`).
+    pub models: ModelWorkers<'a>,
 }
 
 /// The published worker state a policy reads: the roster and the table's atomics.
@@ -86,22 +90,34 @@ impl Router {
 
     /// The extract phase, once per request: reads the routing input from the body and headers
     /// and looks it up in the index. A body that is not a JSON object is an error (400).
-    pub fn prepare(&mut self, input: &RouteInput<'_>, now_ms: u64) -> Result<(), RequestError> {
-        let endpoint = match input.endpoint {
+    pub fn prepare(
+        &mut self,
+        endpoint: Endpoint,
+        head: &RequestHead,
+        head_buf: &[u8],
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<(), RequestError> {
+        let endpoint = match endpoint {
             Endpoint::Generate => RequestEndpoint::Generate,
             Endpoint::ChatCompletions => RequestEndpoint::ChatCompletions,
             Endpoint::Completions => RequestEndpoint::Completions,
             // Only the four routed endpoints reach the proxy; anything else routes as text.
             _ => RequestEndpoint::Messages,
         };
-        let header = |name| input.head.headers.get(input.head_buf, name);
+        let header = |name| head.headers.get(head_buf, name);
         let headers = RoutingHeaders {
             mode: RoutingMode::Regular,
             routing_tokens: header(ROUTING_TOKENS_HEADER),
             routing_key: header(ROUTING_KEY_HEADER),
             target_worker: header(TARGET_WORKER_HEADER),
         };
-        self.routing.prepare(endpoint, headers, input.body, now_ms)
+        self.routing.prepare(endpoint, headers, body, now_ms)
+    }
+
+    /// The `model` field of the prepared request (empty when absent).
+    pub fn model(&self) -> &str {
+        self.routing.model()
     }
 
     /// Picks a healthy worker not in `tried`, or `None` if there is none (after `prepare`).
@@ -111,15 +127,19 @@ impl Router {
         view: WorkerView<'_>,
         tried: &TriedWorkers,
     ) -> Option<WorkerId> {
-        let _ = input;
         let workers = view.roster.workers.iter().map(|w| {
+            let load_report = view.table.signals(w.id).load();
             let status = WorkerStatus {
-                eligible: view.table.is_healthy(w.id) && !tried.contains(w.id),
+                eligible: view.table.is_eligible(w.id)
+                    && input.models.allows(w.id)
+                    && !tried.contains(w.id),
                 in_flight: view.table.inflight(w.id),
-                load: None,
+                load: load_report.as_deref().map(LoadReport::to_policy_load),
                 credited_tokens: 0,
             };
-            (w.id, w.spec.url.as_str(), status)
+            // The report's address identifies it: a new report resets this core's credits.
+            let generation = load_report.as_ref().map_or(0, |r| Arc::as_ptr(r) as usize);
+            (w.id, w.spec.url.as_str(), status, generation)
         });
         self.routing.choose(workers)
     }
@@ -168,9 +188,12 @@ mod tests {
             head: &head,
             head_buf: REQ,
             body: b"{}",
+            models: ModelWorkers::Any,
         };
         let roster = table.roster();
-        router.prepare(&input, 0).unwrap();
+        router
+            .prepare(input.endpoint, input.head, input.head_buf, input.body, 0)
+            .unwrap();
         router.route(
             &input,
             WorkerView {

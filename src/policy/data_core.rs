@@ -14,6 +14,7 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::recent::{KeyData, RecentDispatches};
+use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use super::{PolicyConfig, PolicyMetrics, RouteRequest, Router, WorkerRing, WorkerStatus};
 use crate::index::{IndexReader, Namespace, TreeMatch, MODELS_MAX};
 use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingInput, RoutingKey};
@@ -48,6 +49,15 @@ pub struct CoreRouting {
     ring: WorkerRing,
     ring_members: Vec<(WorkerId, String)>,
     announced_models: Vec<u64>,
+    /// Prompt tokens this core dispatched to each worker since its last load report.
+    credits: Vec<Credit>,
+}
+
+/// This core's dispatches to one worker since the load report `generation`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Credit {
+    generation: usize,
+    tokens: u64,
 }
 
 impl CoreRouting {
@@ -70,6 +80,7 @@ impl CoreRouting {
             ring: WorkerRing::default(),
             ring_members: Vec::new(),
             announced_models: Vec::new(),
+            credits: Vec::new(),
         }
     }
 
@@ -112,20 +123,37 @@ impl CoreRouting {
         Ok(())
     }
 
-    /// Runs the policy over `workers` (`(id, url, status)` of every active worker; a worker
-    /// already tried must come with `eligible: false`).
+    /// The `model` field of the prepared request (empty when absent).
+    pub fn model(&self) -> &str {
+        self.input.model()
+    }
+
+    /// Runs the policy over `workers`: `(id, url, status, load generation)` of every active
+    /// worker, where a worker already tried comes with `eligible: false` and the generation
+    /// identifies its current load report (0: none). This core's dispatch credits count toward a
+    /// worker's expected wait until its next report.
     pub fn choose<'w>(
         &mut self,
-        workers: impl Iterator<Item = (WorkerId, &'w str, WorkerStatus)> + Clone,
+        workers: impl Iterator<Item = (WorkerId, &'w str, WorkerStatus, usize)> + Clone,
     ) -> Option<WorkerId> {
-        self.refresh_ring(workers.clone().map(|(id, url, _)| (id, url)));
+        self.refresh_ring(workers.clone().map(|(id, url, _, _)| (id, url)));
         self.statuses.clear();
-        for (id, _, status) in workers {
-            if self.statuses.len() <= id.index() {
-                self.statuses
-                    .resize(id.index() + 1, WorkerStatus::default());
+        for (id, _, mut status, generation) in workers {
+            let slot = id.index();
+            if self.statuses.len() <= slot {
+                self.statuses.resize(slot + 1, WorkerStatus::default());
             }
-            self.statuses[id.index()] = status;
+            if self.credits.len() <= slot {
+                self.credits.resize(slot + 1, Credit::default());
+            }
+            if self.credits[slot].generation != generation {
+                self.credits[slot] = Credit {
+                    generation,
+                    tokens: 0,
+                };
+            }
+            status.credited_tokens += self.credits[slot].tokens;
+            self.statuses[slot] = status;
         }
         let request = RouteRequest {
             input: &self.input,
@@ -133,7 +161,13 @@ impl CoreRouting {
             workers: &self.statuses,
             ring: &self.ring,
         };
-        self.router.route(&request).map(|route| route.worker)
+        let worker = self.router.route(&request)?.worker;
+        if let Some(credit) = self.credits.get_mut(worker.index()) {
+            credit.tokens = credit
+                .tokens
+                .saturating_add(request_tokens(self.input.key()));
+        }
+        Some(worker)
     }
 
     /// The record for a request dispatched to `worker` (cache_aware only: other policies do not
@@ -183,6 +217,15 @@ impl CoreRouting {
             .map(|(id, url)| (id, url.to_owned()))
             .collect();
         self.ring = WorkerRing::new(workers);
+    }
+}
+
+/// The prompt tokens a dispatch credits: token IDs counted, text estimated at
+/// [`PREFIX_HASH_CHARS_PER_TOKEN`] characters per token.
+fn request_tokens(key: RoutingKey<'_>) -> u64 {
+    match key {
+        RoutingKey::Tokens(tokens) => tokens.len() as u64,
+        RoutingKey::Text(text) => (text.len() / PREFIX_HASH_CHARS_PER_TOKEN) as u64,
     }
 }
 

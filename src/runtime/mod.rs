@@ -55,6 +55,8 @@ pub struct Shared {
     index_readers: Mutex<Vec<Option<IndexReader>>>,
     /// Tree gauges by model name, published by the control core after each eviction cycle.
     pub tree_gauges: ArcSwap<Vec<(String, ModelGauges)>>,
+    /// Attempt outcomes, admin calls and the model catalog (`workers::admin::shared`).
+    pub workers: crate::workers::admin::shared::WorkerShared,
     shutdown: AtomicBool,
     started: Instant,
 }
@@ -75,6 +77,7 @@ impl Shared {
                 .map(|_| ArrayQueue::new(DISPATCH_QUEUE_CAPACITY))
                 .collect(),
             metrics: Metrics::new(cores),
+            workers: crate::workers::admin::shared::WorkerShared::new(cores),
             shutdown: AtomicBool::new(false),
             started: Instant::now(),
             config,
@@ -112,7 +115,7 @@ impl Shared {
             .roster()
             .workers
             .iter()
-            .any(|w| self.table.is_healthy(w.id))
+            .any(|w| self.table.is_eligible(w.id))
     }
 
     /// Counters plus per-worker gauges, in the Prometheus text format.
@@ -131,6 +134,7 @@ impl Shared {
                 "smg_worker_requests_active{{worker=\"{url}\"}} {active}"
             );
         }
+        crate::workers::admin::driver::render_worker_gauges(self, out);
     }
 }
 

@@ -1,1 +1,0 @@
-//! The replay harness behind `replay`.

@@ -1,0 +1,300 @@
+//! `replay compare`: the same workload through one fresh fleet and one gateway per policy.
+//!
+//! For each policy it starts a new `sim-engine` fleet (so a cache warmed by the previous policy
+//! does not flatter the next) and a `kvgate --policy <name>` in front of it, waits until both
+//! answer, replays, and stops both. Children are [`Fleet`] guards: killed when dropped, so an error,
+//! a panic or Ctrl-C (which makes the replay return early) never leaves them running.
+
+use std::fs::File;
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use super::limits::{COMPARE_POLICIES_MAX, FLEET_ENGINES_MAX};
+use super::report::ReplayReport;
+use super::run::{run_replay, stop_requested, ReplayOptions};
+
+/// SMG's policy names (`--policy`); kvgate accepts the same set.
+pub const KNOWN_POLICIES: [&str; 7] = [
+    "random",
+    "round_robin",
+    "power_of_two",
+    "least_load",
+    "prefix_hash",
+    "consistent_hashing",
+    "cache_aware",
+];
+
+/// How long a fleet or gateway may take to start answering.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Log lines of a child that failed to start, quoted in the error.
+const LOG_TAIL_BYTES: usize = 2000;
+
+/// Settings of a comparison.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompareOptions {
+    pub policies: Vec<String>,
+    pub engines: u16,
+    pub sim_engine: PathBuf,
+    pub kvgate: PathBuf,
+    /// Extra flags for every `sim-engine` (e.g. `--kv-capacity-tokens=...`).
+    pub sim_args: Vec<String>,
+    /// Extra flags for every `kvgate`.
+    pub gateway_args: Vec<String>,
+    /// Where child logs go (one file per child and policy).
+    pub log_dir: PathBuf,
+    /// The replay to run against each gateway (`gateway`, `label` and `known_workers` are set
+    /// per policy).
+    pub replay: ReplayOptions,
+}
+
+/// Checks the policy list before anything starts; the error names the flag.
+pub fn validate_policies(policies: &[String]) -> Result<(), String> {
+    if policies.is_empty() || policies.len() > COMPARE_POLICIES_MAX {
+        return Err(format!(
+            "--policies takes 1 to {COMPARE_POLICIES_MAX} policy names"
+        ));
+    }
+    for policy in policies {
+        if !KNOWN_POLICIES.contains(&policy.as_str()) {
+            return Err(format!(
+                "--policies: unknown policy {policy:?} (known: {})",
+                KNOWN_POLICIES.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Finds a binary next to the running executable (cargo puts every workspace binary in the same
+/// `target/<profile>/`), or in its parent (when the executable is a test in `deps/`).
+pub fn sibling_binary(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join(name), dir.parent()?.join(name)]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// Replays through each policy in turn and returns one report per policy.
+pub async fn run_compare(
+    options: &CompareOptions,
+    stop: watch::Receiver<bool>,
+) -> Result<Vec<ReplayReport>, String> {
+    validate_policies(&options.policies)?;
+    if options.engines == 0 || options.engines > FLEET_ENGINES_MAX {
+        return Err(format!(
+            "--engines must be between 1 and {FLEET_ENGINES_MAX}"
+        ));
+    }
+    for binary in [&options.sim_engine, &options.kvgate] {
+        if !binary.is_file() {
+            return Err(format!("{} not found: build it (cargo build --release --workspace --bins) or pass its path", binary.display()));
+        }
+    }
+    std::fs::create_dir_all(&options.log_dir)
+        .map_err(|e| format!("{}: {e}", options.log_dir.display()))?;
+    let mut reports = Vec::with_capacity(options.policies.len());
+    for policy in &options.policies {
+        if *stop.borrow() {
+            break;
+        }
+        let report = run_policy(options, policy, stop.clone()).await?;
+        eprintln!(
+            "[{policy}] done: {} requests, hit rate {:.1}%",
+            report.requests,
+            report.cache_hit_rate * 100.0
+        );
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+async fn run_policy(
+    options: &CompareOptions,
+    policy: &str,
+    stop: watch::Receiver<bool>,
+) -> Result<ReplayReport, String> {
+    let mut fleet = Fleet::default();
+    let base_port = free_port_range(options.engines)?;
+    let workers: Vec<String> = (0..options.engines)
+        .map(|i| format!("http://127.0.0.1:{}", base_port + i))
+        .collect();
+    let mut sim = Command::new(&options.sim_engine);
+    sim.args([
+        "--engines",
+        &options.engines.to_string(),
+        "--base-port",
+        &base_port.to_string(),
+    ]);
+    sim.args(&options.sim_args);
+    fleet.start(
+        "sim-engine",
+        sim,
+        &options.log_dir.join(format!("{policy}-sim-engine.log")),
+    )?;
+    for i in 0..options.engines {
+        let addr = SocketAddr::from(([127, 0, 0, 1], base_port + i));
+        fleet.wait_until_answering(addr, stop.clone()).await?;
+    }
+    let gateway_port = free_port_range(1)?;
+    let mut gateway = Command::new(&options.kvgate);
+    gateway.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &gateway_port.to_string(),
+        "--policy",
+        policy,
+        "--worker-urls",
+    ]);
+    gateway.args(&workers);
+    gateway.args(&options.gateway_args);
+    fleet.start(
+        "kvgate",
+        gateway,
+        &options.log_dir.join(format!("{policy}-kvgate.log")),
+    )?;
+    fleet
+        .wait_until_answering(
+            SocketAddr::from(([127, 0, 0, 1], gateway_port)),
+            stop.clone(),
+        )
+        .await?;
+
+    let mut replay = options.replay.clone();
+    replay.gateway = format!("http://127.0.0.1:{gateway_port}");
+    replay.label = policy.to_string();
+    replay.known_workers = workers;
+    let report = run_replay(&replay, stop).await;
+    fleet.stop().await;
+    report
+}
+
+/// Picks `count` consecutive free loopback ports (a fleet serves engine i on base + i).
+fn free_port_range(count: u16) -> Result<u16, String> {
+    for _ in 0..64 {
+        let base = fastrand::u16(20_000..60_000 - count);
+        let listeners: Result<Vec<TcpListener>, _> = (0..count)
+            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if listeners.is_ok() {
+            return Ok(base);
+        }
+    }
+    Err(format!("no {count} consecutive free ports on 127.0.0.1"))
+}
+
+/// Started child processes, killed when dropped.
+#[derive(Default)]
+pub struct Fleet {
+    children: Vec<(String, Child, PathBuf)>,
+}
+
+impl Fleet {
+    /// Starts `command` with its output in `log`.
+    pub fn start(&mut self, name: &str, mut command: Command, log: &Path) -> Result<(), String> {
+        let file = File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let stderr = file
+            .try_clone()
+            .map_err(|e| format!("{}: {e}", log.display()))?;
+        command
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(stderr)
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        self.children
+            .push((name.to_string(), child, log.to_path_buf()));
+        Ok(())
+    }
+
+    /// Waits until `addr` answers an HTTP request (any status), failing early if a child exits.
+    pub async fn wait_until_answering(
+        &mut self,
+        addr: SocketAddr,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            self.check_running()?;
+            if answers_http(addr).await {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "nothing answered on {addr} within {STARTUP_TIMEOUT:?}{}",
+                    self.log_tails()
+                ));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = stop_requested(&mut stop) => return Err("stopped".into()),
+            }
+        }
+    }
+
+    fn check_running(&mut self) -> Result<(), String> {
+        for (name, child, log) in &mut self.children {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "{name} exited ({status}) before it was ready; its log ({}):\n{}",
+                    log.display(),
+                    tail(log)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn log_tails(&self) -> String {
+        let logs = self
+            .children
+            .iter()
+            .map(|(name, _, log)| format!("\n--- {name} ({}):\n{}", log.display(), tail(log)));
+        logs.collect()
+    }
+
+    /// Kills every child and waits for it to exit.
+    pub async fn stop(&mut self) {
+        for (_, mut child, _) in self.children.drain(..).rev() {
+            let _ = child.start_kill();
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+        }
+    }
+}
+
+/// True when a `GET /health` on `addr` gets any HTTP response line back.
+async fn answers_http(addr: SocketAddr) -> bool {
+    let probe = tokio::task::spawn_blocking(move || {
+        let timeout = Duration::from_millis(500);
+        let Ok(mut stream) = TcpStream::connect_timeout(&addr, timeout) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(timeout));
+        let request = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        if std::io::Write::write_all(&mut stream, request.as_bytes()).is_err() {
+            return false;
+        }
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.")
+    });
+    probe.await.unwrap_or(false)
+}
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let start = text.len().saturating_sub(LOG_TAIL_BYTES);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    text[start..].to_string()
+}

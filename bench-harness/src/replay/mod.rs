@@ -1,0 +1,93 @@
+//! `replay`: the load generator that replays LLM request traces, or generated shared-prefix
+//! workloads, through a gateway and reports what the engines cached and how long requests took.
+//!
+//! The pipeline, one module per stage: a [`workload`] source ([`trace`] files or the
+//! [`synthetic`] generator, prompts kept as seeded [`content`] segments) → [`pacing`] (when each
+//! request is due) → [`form`] (the request body) → [`client`] (pooled keep-alive HTTP, [`sse`]
+//! streaming) → [`report`] (histograms and the one serializable result) → printers (text table,
+//! JSON, [`plot`]). [`run`] wires one replay; [`compare`] runs one per policy against fresh
+//! `sim-engine` fleets and `kvgate`s. Bounds live in [`limits`]; the command line in [`cli`].
+//! Errors are `String`s naming the flag or file to fix; the binary prints them as `Error: ...`.
+
+pub mod cli;
+pub mod client;
+pub mod compare;
+pub mod content;
+pub mod form;
+pub mod limits;
+pub mod pacing;
+pub mod plot;
+pub mod progress;
+pub mod report;
+pub mod run;
+pub mod sse;
+pub mod synthetic;
+pub mod trace;
+pub mod workload;
+
+use std::path::Path;
+
+use tokio::sync::watch;
+
+use cli::{Cli, Command};
+use report::{table, ReplayReport};
+
+/// Runs what the command line asks for, printing the table to stdout and writing the files.
+pub async fn run_cli(cli: Cli, stop: watch::Receiver<bool>) -> Result<(), String> {
+    match cli.command {
+        Some(Command::Compare(args)) => {
+            let options = args.compare_options()?;
+            let reports = compare::run_compare(&options, stop).await?;
+            print!("{}", table(&reports));
+            write_json(&args.out, &serde_json::json!({ "policies": reports }))?;
+            plot::write_plot(&args.plot, &reports)?;
+            eprintln!("wrote {} and {}", args.out.display(), args.plot.display());
+            Ok(())
+        }
+        None => {
+            let gateway = cli
+                .replay
+                .gateway
+                .clone()
+                .ok_or("--gateway URL is required (or use `replay compare`)")?;
+            let options = cli.replay.workload.replay_options(gateway)?;
+            let report = run::run_replay(&options, stop).await?;
+            print!("{}", table(std::slice::from_ref(&report)));
+            if let Some(out) = &cli.replay.out {
+                write_json(out, &report)?;
+            }
+            let plot_path = cli
+                .replay
+                .plot
+                .clone()
+                .or_else(|| cli.replay.out.as_ref().map(|o| o.with_extension("svg")));
+            if let Some(path) = plot_path {
+                plot::write_plot(&path, std::slice::from_ref(&report))?;
+            }
+            warn_about(&report);
+            Ok(())
+        }
+    }
+}
+
+fn warn_about(report: &ReplayReport) {
+    if report.skipped_lines > 0 {
+        eprintln!(
+            "warning: {} malformed trace lines were skipped",
+            report.skipped_lines
+        );
+    }
+    if report.unattributed_requests > 0 {
+        eprintln!(
+            "warning: {} responses had no x-smg-routed-worker-id header",
+            report.unattributed_requests
+        );
+    }
+}
+
+/// Writes `value` as pretty JSON to `path`.
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
+    let text =
+        serde_json::to_string_pretty(value).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(path, text + "\n").map_err(|e| format!("--out {}: {e}", path.display()))
+}

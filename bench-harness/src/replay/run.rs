@@ -1,0 +1,206 @@
+//! One replay from start to report: [`ReplayOptions`] says what to send where and how fast,
+//! [`run_replay`] opens the workload, paces it onto request tasks over one pooled client, folds
+//! the outcomes in a recorder task and returns the [`ReplayReport`]. A `stop` signal (Ctrl-C)
+//! stops sending, cancels the requests in flight and still returns what completed.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use super::client::{Client, Endpoint};
+use super::form::{build_request, FormOptions};
+use super::limits::{IN_FLIGHT_OPEN_LOOP_MAX, OUTCOME_CHANNEL_CAPACITY};
+use super::pacing::{dispatch, Clock, Dispatch, Pacing, Schedule, TokioClock};
+use super::progress::{show_progress, ProgressCounters, ProgressMode};
+use super::report::{Completion, Recorder, ReplayReport};
+use super::synthetic::{SyntheticSpec, SyntheticWorkload};
+use super::trace::{TraceFormat, TraceWorkload};
+use super::workload::{Limited, Workload};
+
+/// Where requests come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    Trace {
+        path: PathBuf,
+        format: TraceFormat,
+        repeat: bool,
+    },
+    Synthetic(SyntheticSpec),
+}
+
+/// Everything one replay needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReplayOptions {
+    pub gateway: String,
+    pub source: Source,
+    pub pacing: Pacing,
+    pub max_requests: Option<u64>,
+    pub form: FormOptions,
+    pub request_timeout: Duration,
+    /// Names the run in the report and the progress line.
+    pub label: String,
+    /// The fleet's worker URLs, when known, so idle workers count in the imbalance.
+    pub known_workers: Vec<String>,
+    pub progress: ProgressMode,
+}
+
+/// Opens the workload a replay reads.
+pub fn open_workload(
+    source: &Source,
+    max_requests: Option<u64>,
+) -> Result<Box<dyn Workload>, String> {
+    let workload: Box<dyn Workload> = match source {
+        Source::Trace {
+            path,
+            format,
+            repeat,
+        } => {
+            let trace = TraceWorkload::open(path, *format, *repeat)
+                .map_err(|e| format!("--trace {}: {e}", path.display()))?;
+            Box::new(trace)
+        }
+        Source::Synthetic(spec) => Box::new(SyntheticWorkload::new(spec.clone())?),
+    };
+    Ok(match max_requests {
+        Some(max) => Box::new(Limited::new(workload, max)),
+        None => workload,
+    })
+}
+
+/// The number of requests a replay will send, when it is known in advance.
+fn expected_requests(options: &ReplayOptions) -> Option<u64> {
+    let natural = match &options.source {
+        Source::Synthetic(spec) => Some(spec.request_count()),
+        Source::Trace { .. } => None,
+    };
+    match (options.max_requests, natural) {
+        (Some(max), Some(n)) => Some(max.min(n)),
+        (max, n) => max.or(n),
+    }
+}
+
+/// Runs one replay to its end (or until `stop` turns true).
+pub async fn run_replay(
+    options: &ReplayOptions,
+    stop: watch::Receiver<bool>,
+) -> Result<ReplayReport, String> {
+    let endpoint = Endpoint::resolve(&options.gateway).await?;
+    let client = Arc::new(Client::new(endpoint, options.request_timeout));
+    let mut workload = open_workload(&options.source, options.max_requests)?;
+    let in_flight_max = match options.pacing {
+        Pacing::Closed { concurrency } => concurrency,
+        _ => IN_FLIGHT_OPEN_LOOP_MAX,
+    };
+    let slots = Arc::new(Semaphore::new(in_flight_max));
+    let counters = Arc::new(ProgressCounters::default());
+    let (completions, received) = mpsc::channel(OUTCOME_CHANNEL_CAPACITY);
+    let recorder = tokio::spawn(record_completions(received, counters.clone()));
+    let total = expected_requests(options);
+    let progress = tokio::spawn(show_progress(
+        options.label.clone(),
+        counters.clone(),
+        total,
+        options.progress,
+    ));
+
+    let clock = TokioClock::starting_now();
+    let sender = RequestSender {
+        client,
+        form: Arc::new(options.form.clone()),
+        completions,
+        stop: stop.clone(),
+        start: clock.start(),
+    };
+    let mut schedule = Schedule::new(options.pacing);
+    let mut stopped = stop;
+    let dispatched = dispatch(&mut *workload, &mut schedule, &clock, slots.clone(), |d| {
+        sender.spawn(d, &clock)
+    });
+    tokio::select! {
+        _ = dispatched => {}
+        _ = stop_requested(&mut stopped) => slots.close(),
+    }
+    drop(sender);
+    // Every request task holds a sender clone: the recorder ends when the last one finishes.
+    let recorder = recorder
+        .await
+        .map_err(|e| format!("the recorder failed: {e}"))?;
+    let duration = clock.elapsed();
+    counters.finished.store(true, Ordering::Release);
+    let _ = progress.await;
+    let mut report = recorder.finish(&options.label, duration, &options.known_workers);
+    let warnings = workload.warnings();
+    report.skipped_lines = warnings.skipped_lines;
+    report.warnings = warnings.messages.clone();
+    Ok(report)
+}
+
+/// What each request task needs, shared by the dispatcher.
+struct RequestSender {
+    client: Arc<Client>,
+    form: Arc<FormOptions>,
+    completions: mpsc::Sender<Completion>,
+    stop: watch::Receiver<bool>,
+    start: tokio::time::Instant,
+}
+
+impl RequestSender {
+    /// Starts one request as its own task.
+    fn spawn(&self, dispatch: Dispatch, clock: &TokioClock) {
+        let Dispatch {
+            item,
+            scheduled,
+            slot,
+        } = dispatch;
+        let send_lag = clock.elapsed().saturating_sub(scheduled);
+        let (client, form, completions) = (
+            self.client.clone(),
+            self.form.clone(),
+            self.completions.clone(),
+        );
+        let mut stop = self.stop.clone();
+        let scheduled_at = self.start + scheduled;
+        let start = self.start;
+        tokio::spawn(async move {
+            let wire = build_request(&item, &form);
+            let outcome = tokio::select! {
+                outcome = client.send(&wire, scheduled_at) => outcome,
+                _ = stop_requested(&mut stop) => return, // cancelled: not a measurement
+            };
+            let done_at = start.elapsed();
+            let prompt_tokens_sent = item.prompt.len_tokens();
+            let completion = Completion {
+                done_at,
+                prompt_tokens_sent,
+                send_lag,
+                outcome,
+            };
+            let _ = completions.send(completion).await;
+            drop(slot);
+        });
+    }
+}
+
+/// Resolves when a stop is requested; never, if no one can request it any more.
+pub async fn stop_requested(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn record_completions(
+    mut received: mpsc::Receiver<Completion>,
+    counters: Arc<ProgressCounters>,
+) -> Recorder {
+    let mut recorder = Recorder::new();
+    while let Some(completion) = received.recv().await {
+        recorder.record(completion);
+        let (done, errors) = recorder.counts();
+        counters.done.store(done, Ordering::Relaxed);
+        counters.errors.store(errors, Ordering::Relaxed);
+    }
+    recorder
+}
