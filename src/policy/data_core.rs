@@ -113,9 +113,13 @@ impl CoreRouting {
                 ..TreeMatch::default()
             },
         };
-        let block_size = self.router.config().cache_aware.block_size;
-        self.recent
-            .merge_into(&mut tree, self.namespace, key, now_ms, block_size);
+        let config = &self.router.config().cache_aware;
+        // Only a miss can be a burst of a new prefix the index has not learned yet.
+        if tree.ratio() <= config.cache_threshold {
+            let block_size = config.block_size;
+            self.recent
+                .merge_into(&mut tree, self.namespace, key, now_ms, block_size);
+        }
         self.tree = Some(tree);
         if let Some(reader) = &mut self.reader {
             reader.quiesce();
@@ -235,4 +239,81 @@ fn request_len(key: RoutingKey<'_>) -> u32 {
         RoutingKey::Tokens(tokens) => tokens.len() as u64,
     };
     u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Branch, PolicyArgs};
+
+    fn routing() -> (CoreRouting, Arc<PolicyMetrics>) {
+        let config = PolicyArgs::default().validate().unwrap();
+        let metrics = Arc::new(PolicyMetrics::default());
+        (CoreRouting::new(config, 5, None, metrics.clone()), metrics)
+    }
+
+    #[test]
+    fn a_burst_of_a_new_prefix_follows_the_first_dispatch_before_the_index_learns_it() {
+        let (mut routing, metrics) = routing();
+        let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}")).collect();
+        let mut in_flight = [0u32; 4];
+        let mut chosen = Vec::new();
+        for i in 0..10 {
+            let body =
+                format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
+            routing
+                .prepare(
+                    Endpoint::Completions,
+                    RoutingHeaders::default(),
+                    body.as_bytes(),
+                    10,
+                )
+                .unwrap();
+            let workers = urls.iter().enumerate().map(|(slot, url)| {
+                let status = WorkerStatus {
+                    eligible: true,
+                    in_flight: in_flight[slot],
+                    ..WorkerStatus::default()
+                };
+                (WorkerId(slot as u16), url.as_str(), status, 0)
+            });
+            let worker = routing.choose(workers).unwrap();
+            in_flight[worker.index()] += 1;
+            let record = routing.dispatch_record(worker, 10).unwrap();
+            assert_eq!(record.namespace.model, model_hash("m"));
+            assert_eq!(
+                record.model_name.is_some(),
+                i == 0,
+                "the model name is sent once"
+            );
+            chosen.push(worker);
+        }
+        assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
+        assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 1);
+        assert_eq!(metrics.branch_count(Branch::TreeMatch), 9);
+    }
+
+    #[test]
+    fn other_policies_send_no_index_records() {
+        let args = PolicyArgs {
+            policy: crate::policy::PolicyKind::RoundRobin,
+            ..PolicyArgs::default()
+        };
+        let mut routing = CoreRouting::new(args.validate().unwrap(), 1, None, Arc::default());
+        routing
+            .prepare(
+                Endpoint::Completions,
+                RoutingHeaders::default(),
+                br#"{"prompt":"p"}"#,
+                0,
+            )
+            .unwrap();
+        let status = WorkerStatus {
+            eligible: true,
+            ..WorkerStatus::default()
+        };
+        let worker = routing.choose(std::iter::once((WorkerId(0), "http://w0", status, 0)));
+        assert_eq!(worker, Some(WorkerId(0)));
+        assert_eq!(routing.dispatch_record(WorkerId(0), 0), None);
+    }
 }

@@ -2,7 +2,8 @@
 //! in the last [`RECENT_DISPATCH_WINDOW_MS`], so a burst of the same new prefix routes to the
 //! same worker before the control core's insert reaches the index. A lookup compares the request
 //! against each live entry (longest common prefix, in the tree's units) and the result is merged
-//! into the index's answer, never replacing a longer tree match.
+//! into the index's answer, never replacing a longer tree match. The caller consults it only on
+//! an index miss (the burst case), so a warm index never pays for the comparisons.
 
 use std::sync::Arc;
 
@@ -124,8 +125,25 @@ fn common_prefix_units(remembered: &KeyData, key: RoutingKey<'_>, block_size: u3
     Some(u32::try_from(units).unwrap_or(u32::MAX))
 }
 
+/// Elements compared per block by [`common_len`]: slice equality on a block compiles to
+/// `memcmp`, many times faster than an element loop on long prompts.
+const COMMON_LEN_BLOCK: usize = 256;
+
+/// The length of the common prefix of `a` and `b`.
 fn common_len<T: PartialEq>(a: &[T], b: &[T]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+    let len = a.len().min(b.len());
+    let mut start = 0;
+    while start + COMMON_LEN_BLOCK <= len
+        && a[start..start + COMMON_LEN_BLOCK] == b[start..start + COMMON_LEN_BLOCK]
+    {
+        start += COMMON_LEN_BLOCK;
+    }
+    start
+        + a[start..len]
+            .iter()
+            .zip(&b[start..len])
+            .take_while(|(x, y)| x == y)
+            .count()
 }
 
 #[cfg(test)]
@@ -198,6 +216,19 @@ mod tests {
             (longer.matched_len, longer.tenants()),
             (48, &[WorkerId(5)][..])
         );
+    }
+
+    #[test]
+    fn common_len_matches_an_element_loop_across_block_edges() {
+        let a: Vec<u32> = (0..1000).collect();
+        for cut in [0, 1, 255, 256, 257, 511, 512, 999, 1000] {
+            let mut b = a.clone();
+            if cut < b.len() {
+                b[cut] = u32::MAX;
+            }
+            assert_eq!(common_len(&a, &b), cut);
+            assert_eq!(common_len(&a[..cut], &a), cut);
+        }
     }
 
     #[test]
