@@ -34,6 +34,7 @@ use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_RE
 use crate::metrics::Counter;
 use crate::workers::breaker::{is_retryable_status, AttemptOutcome, RetryPolicy, RETRIES_MAX};
 use crate::workers::table::WorkerEntry;
+use crate::workers::WorkerId;
 
 /// The result of a proxied request whose response (or part of it) reached the client.
 #[derive(Debug, Clone, Copy)]
@@ -122,11 +123,7 @@ pub async fn proxy_request(
     };
     let deadline = Instant::now() + core.shared.config.request_timeout;
     let retry = &core.shared.config.worker_policy.retry;
-    let attempts_max = if retry.disabled {
-        1
-    } else {
-        1 + retry.max_retries.min(RETRIES_MAX) as usize
-    };
+    let attempts_max = attempts_allowed(retry);
     let (mut attempts, mut stale_retries) = (0usize, 0usize);
     let mut tried = TriedWorkers::default();
     let mut last_error = None;
@@ -136,12 +133,7 @@ pub async fn proxy_request(
             roster: &roster,
             table: &core.shared.table,
         };
-        let mut picked = core.router.borrow_mut().route(&input, view, &tried);
-        if picked.is_none() && attempts > 0 {
-            // Every eligible worker was tried: retry in place rather than give up early.
-            tried = TriedWorkers::default();
-            picked = core.router.borrow_mut().route(&input, view, &tried);
-        }
+        let picked = pick_worker(core, &input, view, &mut tried, attempts);
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
@@ -153,16 +145,13 @@ pub async fn proxy_request(
                 return Ok(forwarded.forwarded);
             }
             Err(failure) => {
-                if let Some(outcome) = failure.breaker_outcome() {
-                    record_outcome(core, worker, Some(outcome));
-                }
-                if failure.status.is_none() {
-                    count_error(core, failure.error.kind);
-                }
+                note_failure(core, worker, &failure);
                 if !failure.error.may_retry() {
                     return Err(failure.error);
                 }
                 if failure.on_reused_connection {
+                    // Its siblings in the pool are most likely stale too (engine restart).
+                    core.pool.borrow_mut().clear_worker(worker.id);
                     stale_retries += 1;
                 } else {
                     attempts += 1;
@@ -193,6 +182,41 @@ fn extract_routing_input(
         .borrow_mut()
         .prepare(endpoint, head, head_buf, body, now_ms);
     prepared.map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
+}
+
+/// Attempts one request may make: the first plus `--retry-max-retries` (1 with
+/// `--disable-retries`). Stale pooled connections are retried apart from these.
+fn attempts_allowed(retry: &RetryPolicy) -> usize {
+    if retry.disabled {
+        1
+    } else {
+        1 + retry.max_retries.min(RETRIES_MAX) as usize
+    }
+}
+
+/// Reports a failed attempt to the worker's circuit breaker and the error counters.
+fn note_failure(core: &DataCore, worker: &WorkerEntry, failure: &AttemptFailure) {
+    record_outcome(core, worker, failure.breaker_outcome());
+    if failure.status.is_none() {
+        count_error(core, failure.error.kind);
+    }
+}
+
+/// The route phase of one attempt: a worker not tried yet, else, on a retry, any eligible one
+/// (every eligible worker was tried: retry in place rather than give up early).
+fn pick_worker(
+    core: &DataCore,
+    input: &RouteInput<'_>,
+    view: WorkerView<'_>,
+    tried: &mut TriedWorkers,
+    attempts: usize,
+) -> Option<WorkerId> {
+    let picked = core.router.borrow_mut().route(input, view, tried);
+    if picked.is_some() || attempts == 0 {
+        return picked;
+    }
+    *tried = TriedWorkers::default();
+    core.router.borrow_mut().route(input, view, tried)
 }
 
 /// Waits the retry policy's backoff before retry `retry_index`, never past the deadline.
@@ -508,29 +532,6 @@ async fn stream_back(
         core.metrics().incr(Counter::DownstreamAborts);
         return Ok(ended(false, false));
     }
-    let upstream_failed = |client: &mut ClientSide<'_>, tracker: &BodyTracker| {
-        let at_boundary =
-            matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
-        let can_tell =
-            event_stream && framing == DownstreamFraming::ChunkedPassthrough && at_boundary;
-        if can_tell {
-            client.write_buf.clear();
-            client
-                .write_buf
-                .extend_from_slice(STREAM_ABORTED_EVENT_CHUNK);
-        }
-        can_tell
-    };
-    let failed = |_: ()| {
-        StreamEnd::Done(Streamed {
-            forwarded: Forwarded {
-                status: head.status,
-                keep_alive: false,
-            },
-            upstream_reusable: false,
-            upstream_failed: true,
-        })
-    };
     while !tracker.is_done() {
         up.read_buf.clear();
         let read_buf = std::mem::take(&mut up.read_buf);
@@ -542,19 +543,16 @@ async fn stream_back(
         let n = match result {
             Ok(0) if matches!(tracker.upstream, UpstreamBody::UntilClose) => break,
             Ok(n) if n > 0 => n,
-            Ok(_) => {
-                count_error(core, ErrorKind::UpstreamClosed);
-                if upstream_failed(client, &tracker) {
+            failure => {
+                let kind = match failure {
+                    Err(e) => upstream_io_error(e, "stream body").kind,
+                    Ok(_) => ErrorKind::UpstreamClosed,
+                };
+                count_error(core, kind);
+                if end_stream_with_error_event(client, &tracker, event_stream, framing) {
                     write_client(client).await;
                 }
-                return Ok(failed(()));
-            }
-            Err(e) => {
-                count_error(core, upstream_io_error(e, "stream body").kind);
-                if upstream_failed(client, &tracker) {
-                    write_client(client).await;
-                }
-                return Ok(failed(()));
+                return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
         client.write_buf.clear();
@@ -562,7 +560,7 @@ async fn stream_back(
             Ok(consumed) => consumed,
             Err(e) => {
                 count_error(core, e.kind);
-                return Ok(failed(()));
+                return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
         leftover |= consumed < n;
@@ -576,6 +574,41 @@ async fn stream_back(
         true,
         head.keep_alive && !leftover && tracker.is_done(),
     ))
+}
+
+impl StreamEnd {
+    /// The worker failed mid-body: the client connection closes, the breaker hears a failure.
+    fn upstream_failed(status: u16) -> StreamEnd {
+        StreamEnd::Done(Streamed {
+            forwarded: Forwarded {
+                status,
+                keep_alive: false,
+            },
+            upstream_reusable: false,
+            upstream_failed: true,
+        })
+    }
+}
+
+/// Puts the SSE error event and the final chunk in `client.write_buf` when the client is being
+/// streamed chunked SSE and the body stopped between two chunks (elsewhere a new chunk would
+/// break the framing, so the connection just closes). Returns whether it did.
+fn end_stream_with_error_event(
+    client: &mut ClientSide<'_>,
+    tracker: &BodyTracker,
+    event_stream: bool,
+    framing: DownstreamFraming,
+) -> bool {
+    let at_boundary =
+        matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
+    let can_tell = event_stream && framing == DownstreamFraming::ChunkedPassthrough && at_boundary;
+    if can_tell {
+        client.write_buf.clear();
+        client
+            .write_buf
+            .extend_from_slice(STREAM_ABORTED_EVENT_CHUNK);
+    }
+    can_tell
 }
 
 /// The last chunk written to a streaming client whose worker failed mid-stream: one SSE error
