@@ -1,9 +1,604 @@
-//! Criterion benchmarks of the prefix index (filled in by the index work).
-use criterion::{criterion_group, criterion_main, Criterion};
+//! Benchmarks of the prefix index (`src/index/`): lookups and records for prompts of 1k, 8k, 32k
+//! and 128k tokens (and 4× as many characters) on trees of 1M+ indexed units across 16 and 256
+//! workers, lookups while the writer is busy, the writer's insert rate, eviction of half a tree,
+//! and bytes per indexed token.
+//!
+//! `cargo bench --bench index` runs the criterion set; `cargo bench --bench index -- --quick`
+//! runs a reduced set with plain timing loops and prints one JSON object as its last line
+//! (`scripts/bench-index.sh --quick`). `tests/index_perf.rs` runs the same code with tiny
+//! parameters in the normal test pass, so it cannot rot.
+//!
+//! Workload: every prompt starts with one of 16 shared system prompts (a quarter of its length);
+//! the tree is filled with such prompts for random workers; a query (a "next turn") repeats the
+//! first three quarters of a stored prompt and ends with a new tail.
 
-fn placeholder(c: &mut Criterion) {
-    c.bench_function("noop", |b| b.iter(|| std::hint::black_box(1 + 1)));
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use kvgate::index::{IndexConfig, IndexReader, IndexWriter, Namespace};
+use kvgate::workers::WorkerId;
+
+/// Shared system prompts per tree.
+const SYSTEMS: usize = 16;
+/// Queries cycled through by each lookup benchmark.
+const QUERIES: usize = 64;
+/// Tokens per page (`--block-size` default).
+const BLOCK_SIZE: u32 = 16;
+/// Characters per token in the text workload (the "×4 characters").
+const CHARS_PER_TOKEN: usize = 4;
+const NS: Namespace = Namespace {
+    model: 7,
+    partition: 0,
+};
+
+/// The gateway's allocator (DESIGN.md section 7), so label and table allocations cost what they
+/// cost in production.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Sizes of one benchmark run.
+#[derive(Clone, Debug)]
+pub struct Sizes {
+    /// Prompt lengths in tokens.
+    pub prompt_tokens: Vec<usize>,
+    /// Worker counts.
+    pub workers: Vec<u16>,
+    /// Units (tokens, or characters) the tree holds before measuring.
+    pub tree_units: u64,
+    /// Inserts timed per insert measurement.
+    pub inserts: usize,
+    /// Units of the tree whose half is evicted.
+    pub evict_tree_units: u64,
+    /// Lookups timed per lookup measurement.
+    pub lookups: usize,
 }
 
-criterion_group!(benches, placeholder);
-criterion_main!(benches);
+impl Sizes {
+    /// The reduced set of `--quick` (under a minute on 2 shared cores).
+    pub fn quick() -> Self {
+        Self {
+            prompt_tokens: vec![8 * 1024],
+            workers: vec![16],
+            tree_units: 1 << 20,
+            inserts: 2_000,
+            evict_tree_units: 4 << 20,
+            lookups: 20_000,
+        }
+    }
+
+    /// Tiny sizes for the normal test pass.
+    pub fn tiny() -> Self {
+        Self {
+            prompt_tokens: vec![256],
+            workers: vec![4],
+            tree_units: 1 << 14,
+            inserts: 64,
+            evict_tree_units: 1 << 14,
+            lookups: 256,
+        }
+    }
+}
+
+/// A filled index and the queries to run against it.
+pub struct Fixture {
+    /// The writer (for records).
+    pub index: IndexWriter,
+    /// One reader handle.
+    pub reader: IndexReader,
+    /// Token queries.
+    pub token_queries: Vec<Vec<u32>>,
+    /// Text queries (the same prompts, `CHARS_PER_TOKEN` characters per token).
+    pub text_queries: Vec<String>,
+    rng: fastrand::Rng,
+    systems: Vec<Vec<u32>>,
+    stored: Vec<Vec<u32>>,
+    workers: u16,
+    tick: u64,
+    with_text: bool,
+}
+
+fn text_of(tokens: &[u32]) -> String {
+    let mut text = String::with_capacity(tokens.len() * CHARS_PER_TOKEN);
+    for token in tokens {
+        for shift in [0, 5, 10] {
+            text.push(char::from(b'a' + ((token >> shift) % 26) as u8));
+        }
+        text.push(' ');
+    }
+    text
+}
+
+impl Fixture {
+    /// Fills both trees with prompts of `prompt_tokens` until each holds `tree_units` units.
+    pub fn new(prompt_tokens: usize, workers: u16, tree_units: u64, seed: u64) -> Self {
+        Self::build(prompt_tokens, workers, tree_units, seed, true)
+    }
+
+    /// `new` with the token tree only (`with_text` false) or both trees.
+    pub fn build(
+        prompt_tokens: usize,
+        workers: u16,
+        tree_units: u64,
+        seed: u64,
+        with_text: bool,
+    ) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let system_len = prompt_tokens / 4;
+        let systems = (0..SYSTEMS)
+            .map(|_| random_tokens(&mut rng, system_len))
+            .collect();
+        let index = IndexWriter::new(IndexConfig {
+            block_size: BLOCK_SIZE,
+        })
+        .expect("index");
+        let reader = index.reader().expect("reader");
+        let mut fixture = Self {
+            index,
+            reader,
+            token_queries: Vec::new(),
+            text_queries: Vec::new(),
+            rng,
+            systems,
+            stored: Vec::new(),
+            workers,
+            tick: 0,
+            with_text,
+        };
+        while fixture.units().0 < tree_units || (with_text && fixture.units().1 < tree_units) {
+            let prompt = fixture.new_prompt(prompt_tokens);
+            fixture.record(&prompt);
+            fixture.stored.push(prompt);
+        }
+        for _ in 0..QUERIES {
+            let query = fixture.next_turn();
+            fixture.text_queries.push(text_of(&query));
+            fixture.token_queries.push(query);
+        }
+        fixture
+    }
+
+    /// (token units, character units) held.
+    pub fn units(&self) -> (u64, u64) {
+        let gauges = self.index.gauges();
+        let tokens = gauges.iter().map(|g| g.token.units).sum();
+        (tokens, gauges.iter().map(|g| g.string.units).sum())
+    }
+
+    fn new_prompt(&mut self, len: usize) -> Vec<u32> {
+        let mut prompt = self.systems[self.rng.usize(..SYSTEMS)].clone();
+        let tail = len.saturating_sub(prompt.len());
+        prompt.extend(random_tokens(&mut self.rng, tail));
+        prompt
+    }
+
+    /// A stored prompt's first three quarters with a new last quarter.
+    pub fn next_turn(&mut self) -> Vec<u32> {
+        let base = &self.stored[self.rng.usize(..self.stored.len())];
+        let keep = base.len() * 3 / 4;
+        let mut query = base[..keep].to_vec();
+        query.extend(random_tokens(&mut self.rng, base.len() - keep));
+        query
+    }
+
+    /// Records `prompt` for a random worker in the token tree (and the string tree).
+    pub fn record(&mut self, prompt: &[u32]) {
+        self.tick += 1;
+        let worker = WorkerId(self.rng.u16(..self.workers));
+        let inserted = self.index.insert_tokens(NS, prompt, worker, self.tick);
+        assert_eq!(inserted, Ok(()), "insert tokens");
+        if self.with_text {
+            let inserted = self
+                .index
+                .insert_text(NS, &text_of(prompt), worker, self.tick);
+            assert_eq!(inserted, Ok(()), "insert text");
+        }
+    }
+}
+
+fn random_tokens(rng: &mut fastrand::Rng, len: usize) -> Vec<u32> {
+    (0..len).map(|_| rng.u32(..1 << 31)).collect()
+}
+
+/// Items timed together: one clock read per batch keeps the clock's cost out of the figure,
+/// and per-batch figures let a report take the median, robust to preemption on a shared box.
+const BATCH: usize = 16;
+
+/// Timings of one measurement: the total, and ns per item of every batch.
+#[derive(Clone, Debug, Default)]
+pub struct Samples {
+    /// Wall time of all items.
+    pub total: Duration,
+    /// ns per item, one figure per batch.
+    pub per_item_ns: Vec<f64>,
+}
+
+impl Samples {
+    fn push(&mut self, took: Duration, items: usize) {
+        self.total += took;
+        self.per_item_ns.push(took.as_nanos() as f64 / items as f64);
+    }
+
+    /// Median ns per item over batches.
+    pub fn p50_ns(&self) -> f64 {
+        self.quantile_ns(0.5)
+    }
+
+    /// The fastest batch's ns per item (closest to an unloaded machine).
+    pub fn min_ns(&self) -> f64 {
+        self.quantile_ns(0.0)
+    }
+
+    fn quantile_ns(&self, q: f64) -> f64 {
+        let mut sorted = self.per_item_ns.clone();
+        sorted.sort_by(f64::total_cmp);
+        let at = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+        sorted.get(at).copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// Token lookups cycling through the fixture's queries; also a checksum of matches.
+pub fn time_token_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
+    let mut checksum = 0u64;
+    let mut samples = Samples::default();
+    for batch in (0..lookups).collect::<Vec<_>>().chunks(BATCH) {
+        let started = Instant::now();
+        for i in batch {
+            let query = &fixture.token_queries[i % fixture.token_queries.len()];
+            let found = fixture.reader.lookup_tokens(NS, black_box(query));
+            checksum += u64::from(found.matched_len) + u64::from(found.tenants_len);
+        }
+        samples.push(started.elapsed(), batch.len());
+    }
+    (samples, checksum)
+}
+
+/// Text lookups cycling through the fixture's queries; also a checksum of matches.
+pub fn time_text_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
+    let mut checksum = 0u64;
+    let mut samples = Samples::default();
+    for batch in (0..lookups).collect::<Vec<_>>().chunks(BATCH) {
+        let started = Instant::now();
+        for i in batch {
+            let query = &fixture.text_queries[i % fixture.text_queries.len()];
+            let found = fixture.reader.lookup_text(NS, black_box(query));
+            checksum += u64::from(found.matched_len) + u64::from(found.tenants_len);
+        }
+        samples.push(started.elapsed(), batch.len());
+    }
+    (samples, checksum)
+}
+
+/// What one timed batch of records does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record {
+    /// Insert the next turn's tokens only (the writer's work per dispatch).
+    Tokens,
+    /// Look the next turn up on the reader, then insert it (SMG's match-and-insert).
+    LookupThenTokens,
+    /// Insert the next turn's text only.
+    Text,
+}
+
+/// Turns generated ahead of one timed chunk (bounds the memory of pre-generated prompts).
+const RECORD_CHUNK: usize = 256;
+
+/// `count` records of new turns (prompts generated before the clock starts), timed in batches;
+/// after each chunk the tree is evicted back to `budget` (not timed).
+pub fn time_records(fixture: &mut Fixture, count: usize, record: Record, budget: u64) -> Samples {
+    let mut samples = Samples::default();
+    let mut left = count;
+    while left > 0 {
+        let chunk = left.min(RECORD_CHUNK);
+        time_records_chunk(fixture, chunk, record, &mut samples);
+        fixture.index.evict(budget);
+        left -= chunk;
+    }
+    samples
+}
+
+fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, samples: &mut Samples) {
+    let turns: Vec<Vec<u32>> = (0..count).map(|_| fixture.next_turn()).collect();
+    let texts: Vec<String> = match record {
+        Record::Text => turns.iter().map(|turn| text_of(turn)).collect(),
+        _ => Vec::new(),
+    };
+    let workers: Vec<WorkerId> = (0..count)
+        .map(|_| WorkerId(fixture.rng.u16(..fixture.workers)))
+        .collect();
+    for batch in (0..count).collect::<Vec<_>>().chunks(BATCH) {
+        let started = Instant::now();
+        for &i in batch {
+            fixture.tick += 1;
+            let (tick, turn) = (fixture.tick, &turns[i]);
+            let inserted = match record {
+                Record::Tokens => fixture.index.insert_tokens(NS, turn, workers[i], tick),
+                Record::LookupThenTokens => {
+                    black_box(fixture.reader.lookup_tokens(NS, turn));
+                    fixture.index.insert_tokens(NS, turn, workers[i], tick)
+                }
+                Record::Text => fixture.index.insert_text(NS, &texts[i], workers[i], tick),
+            };
+            black_box(inserted.is_ok());
+        }
+        samples.push(started.elapsed(), batch.len());
+    }
+}
+
+/// Lookups on a reader thread while the writer records continuously: mean ns per lookup with
+/// the writer busy, and the writer's records per second meanwhile.
+pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64, f64) {
+    let reader = fixture.reader.try_clone().expect("reader");
+    let queries = fixture.token_queries.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_reader = std::sync::Arc::clone(&stop);
+    let lookup_thread = std::thread::spawn(move || {
+        let mut reader = reader;
+        let started = Instant::now();
+        for i in 0..lookups {
+            black_box(reader.lookup_tokens(NS, &queries[i % queries.len()]));
+            if i % 16 == 15 {
+                reader.quiesce();
+            }
+        }
+        stop_reader.store(true, std::sync::atomic::Ordering::Relaxed);
+        started.elapsed().as_nanos() as f64 / lookups as f64
+    });
+    let budget = fixture.units().0;
+    let (mut records, started) = (0u64, Instant::now());
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        time_records(fixture, 64, Record::Tokens, budget);
+        fixture.index.reclaim();
+        records += 64;
+    }
+    let per_s = records as f64 / started.elapsed().as_secs_f64();
+    (lookup_thread.join().expect("lookup thread"), per_s)
+}
+
+/// Evicts half of a token tree of at least `units` tokens:
+/// (seconds, entries evicted, tokens evicted, tokens held before).
+pub fn time_evict_half(units: u64, prompt_tokens: usize, seed: u64) -> (f64, u64, u64, u64) {
+    let mut fixture = Fixture::build(prompt_tokens, 16, units, seed, false);
+    let held = fixture.units().0;
+    let started = Instant::now();
+    let stats = fixture.index.evict(held / 2);
+    (
+        started.elapsed().as_secs_f64(),
+        stats.entries,
+        stats.units,
+        held,
+    )
+}
+
+/// Mean ns to compute the chained xxh3 page hashes of each token query (the first step of the
+/// hash-keyed token-tree design of DESIGN.md section 3), for comparison with a whole lookup.
+pub fn time_chained_page_hashes(fixture: &Fixture, queries: usize) -> f64 {
+    let mut page_bytes = [0u8; BLOCK_SIZE as usize * 4];
+    let mut checksum = 0u64;
+    let started = Instant::now();
+    for i in 0..queries {
+        let query = &fixture.token_queries[i % fixture.token_queries.len()];
+        let mut hash = 0u64;
+        for page in query.chunks_exact(BLOCK_SIZE as usize) {
+            for (bytes, token) in page_bytes.chunks_exact_mut(4).zip(page) {
+                bytes.copy_from_slice(&token.to_le_bytes());
+            }
+            hash = xxhash_rust::xxh3::xxh3_64_with_seed(black_box(&page_bytes), hash);
+        }
+        checksum ^= hash;
+    }
+    black_box(checksum);
+    started.elapsed().as_nanos() as f64 / queries as f64
+}
+
+/// Bytes per indexed unit (counted in the index's arenas), token tree and string tree.
+pub fn bytes_per_unit(fixture: &Fixture) -> (f64, f64) {
+    let memory = fixture.index.memory();
+    let (tokens, chars) = fixture.units();
+    (
+        memory.token.total_bytes() as f64 / tokens as f64,
+        memory.string.total_bytes() as f64 / chars as f64,
+    )
+}
+
+/// The reduced run: every figure `scripts/bench-index.sh --quick` reports, as JSON.
+pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
+    let prompt = sizes.prompt_tokens[0];
+    let mut fixture = Fixture::new(prompt, sizes.workers[0], sizes.tree_units, 1);
+    let (token, token_sum) = time_token_lookups(&fixture, sizes.lookups);
+    let (text, text_sum) = time_text_lookups(&fixture, sizes.lookups / 4);
+    let hash_ns = time_chained_page_hashes(&fixture, sizes.lookups / 4);
+    let budget = fixture.units().0;
+    let insert = time_records(&mut fixture, sizes.inserts, Record::Tokens, budget);
+    let both = time_records(
+        &mut fixture,
+        sizes.inserts,
+        Record::LookupThenTokens,
+        budget,
+    );
+    let text_insert = time_records(&mut fixture, sizes.inserts / 4, Record::Text, budget);
+    let (busy_ns, busy_records) = time_lookups_while_writing(&mut fixture, sizes.lookups);
+    let (bytes_token, bytes_char) = bytes_per_unit(&fixture);
+    drop(fixture);
+    let mut small = Fixture::build(1024, sizes.workers[0], sizes.tree_units, 2, false);
+    let small_budget = small.units().0;
+    let small_insert = time_records(&mut small, sizes.inserts * 4, Record::Tokens, small_budget);
+    drop(small);
+    let (evict_s, evict_entries, evict_units, evict_held) =
+        time_evict_half(sizes.evict_tree_units, 1024, 3);
+    let inserts_per_s = 1e9 / small_insert.p50_ns();
+    serde_json::json!({
+        "prompt_tokens": prompt,
+        "workers": sizes.workers[0],
+        "tree_tokens": budget,
+        "note": "ns figures are medians over batches of 16; *_min_ns the fastest batch",
+        "lookup_8k_tokens_ns": token.p50_ns(),
+        "lookup_8k_tokens_min_ns": token.min_ns(),
+        "lookup_32k_chars_ns": text.p50_ns(),
+        "lookup_32k_chars_min_ns": text.min_ns(),
+        "chained_xxh3_page_hashes_8k_tokens_ns": hash_ns,
+        "record_8k_tokens_ns": insert.p50_ns(),
+        "record_8k_tokens_min_ns": insert.min_ns(),
+        "lookup_plus_record_8k_tokens_ns": both.p50_ns(),
+        "lookup_plus_record_8k_tokens_min_ns": both.min_ns(),
+        "record_32k_chars_ns": text_insert.p50_ns(),
+        "lookup_8k_tokens_writer_busy_ns": busy_ns,
+        "writer_records_per_s_8k_during_lookups": busy_records,
+        "writer_inserts_per_s": inserts_per_s,
+        "writer_inserts_per_s_best": 1e9 / small_insert.min_ns(),
+        "writer_inserts_prompt_tokens": 1024,
+        "evict_tree_tokens": evict_held,
+        "evict_tokens_evicted": evict_units,
+        "evict_half_s": evict_s,
+        "evict_half_entries": evict_entries,
+        "bytes_per_token": bytes_token,
+        "bytes_per_char": bytes_char,
+        "ratio_lookup_plus_record_8k_to_3us": both.p50_ns() / 3000.0,
+        "ratio_lookup_32k_chars_to_5us": text.p50_ns() / 5000.0,
+        "ratio_inserts_per_s_to_1m": inserts_per_s / 1e6,
+        "ratio_bytes_per_token_to_16": bytes_token / 16.0,
+        "checksum": token_sum + text_sum,
+    })
+}
+
+/// One benchmark body: runs `iters` iterations and returns the time they took (the shape of
+/// criterion's `iter_custom`, so the normal test pass can call the same bodies directly).
+pub type Body<'f> = Box<dyn FnMut(u64) -> Duration + 'f>;
+
+/// Calls `run(group, name, body)` for every benchmark of the set: per prompt size and worker
+/// count, token and text lookups and three kinds of records.
+pub fn for_each_case(sizes: &Sizes, run: &mut dyn FnMut(&str, String, Body<'_>)) {
+    for &prompt in &sizes.prompt_tokens {
+        for &workers in &sizes.workers {
+            let tree_units = sizes.tree_units.max(16 * prompt as u64);
+            let seed = prompt as u64 ^ u64::from(workers);
+            let fixture = std::cell::RefCell::new(Fixture::new(prompt, workers, tree_units, seed));
+            let budget = fixture.borrow().units().0;
+            let group = format!("index/{prompt}tok/{workers}w");
+            run(
+                &group,
+                format!("lookup_tokens/{prompt}"),
+                Box::new(|iters| {
+                    let fixture = fixture.borrow();
+                    let started = Instant::now();
+                    black_box(time_token_lookups(&fixture, iters as usize));
+                    started.elapsed()
+                }),
+            );
+            let chars = prompt * CHARS_PER_TOKEN;
+            run(
+                &group,
+                format!("lookup_text/{chars}"),
+                Box::new(|iters| {
+                    let fixture = fixture.borrow();
+                    let started = Instant::now();
+                    black_box(time_text_lookups(&fixture, iters as usize));
+                    started.elapsed()
+                }),
+            );
+            let records = [
+                ("record_tokens", Record::Tokens),
+                ("lookup_plus_record_tokens", Record::LookupThenTokens),
+                ("record_text", Record::Text),
+            ];
+            for (name, record) in records {
+                run(
+                    &group,
+                    format!("{name}/{prompt}"),
+                    Box::new(|iters| {
+                        let mut fixture = fixture.borrow_mut();
+                        time_records(&mut fixture, iters as usize, record, budget).total
+                    }),
+                );
+            }
+        }
+    }
+}
+
+/// The criterion set (short runs: the machine is 2 shared cores).
+pub fn criterion_set(c: &mut Criterion, sizes: &Sizes) {
+    for_each_case(sizes, &mut |group, name, mut body| {
+        let mut group = c.benchmark_group(group);
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(300));
+        group.measurement_time(Duration::from_secs(1));
+        group.bench_function(name, |b| b.iter_custom(&mut body));
+        group.finish();
+    });
+}
+
+/// The full criterion sizes.
+pub fn full_sizes() -> Sizes {
+    Sizes {
+        prompt_tokens: vec![1024, 8 * 1024, 32 * 1024, 128 * 1024],
+        workers: vec![16, 256],
+        tree_units: 1 << 20,
+        inserts: 2_000,
+        evict_tree_units: 30 << 20,
+        lookups: 20_000,
+    }
+}
+
+#[allow(dead_code)]
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|arg| arg == "--probe") {
+        probe();
+        return;
+    }
+    if args.iter().any(|arg| arg == "--quick") {
+        println!("{}", quick_report(&Sizes::quick()));
+        return;
+    }
+    let mut criterion = Criterion::default().configure_from_args();
+    let sizes = full_sizes();
+    criterion_set(&mut criterion, &sizes);
+    if args.iter().any(|arg| arg == "--bench") {
+        let (evict_s, entries, units, held) = time_evict_half(sizes.evict_tree_units, 1024, 3);
+        println!("evict_half: {units} of {held} tokens, {entries} entries in {evict_s:.3} s");
+        println!("{}", quick_report(&Sizes::quick()));
+    }
+    criterion.final_summary();
+}
+
+/// Temporary probe: per-insert time distribution.
+pub fn probe() {
+    let mut fixture = Fixture::new(8192, 16, 1 << 20, 1);
+    let turns: Vec<Vec<u32>> = (0..2000).map(|_| fixture.next_turn()).collect();
+    let mut times = Vec::new();
+    for (i, turn) in turns.iter().enumerate() {
+        let started = Instant::now();
+        let _ =
+            fixture
+                .index
+                .insert_tokens(NS, turn, WorkerId((i % 16) as u16), 1_000_000 + i as u64);
+        times.push(started.elapsed().as_nanos() as u64);
+    }
+    let total: u64 = times.iter().sum();
+    times.sort_unstable();
+    eprintln!(
+        "mean {} p50 {} p90 {} p99 {} max {}",
+        total / 2000,
+        times[1000],
+        times[1800],
+        times[1980],
+        times[1999]
+    );
+    let started = Instant::now();
+    for (i, turn) in turns.iter().enumerate() {
+        let _ =
+            fixture
+                .index
+                .insert_tokens(NS, turn, WorkerId((i % 16) as u16), 2_000_000 + i as u64);
+    }
+    eprintln!("repeat mean {}", started.elapsed().as_nanos() / 2000);
+    let started = Instant::now();
+    for turn in turns.iter() {
+        black_box(fixture.reader.lookup_tokens(NS, turn));
+    }
+    eprintln!(
+        "lookup of inserted mean {}",
+        started.elapsed().as_nanos() / 2000
+    );
+}

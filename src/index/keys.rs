@@ -29,9 +29,21 @@ fn is_continuation(byte: u8) -> bool {
     (byte as i8) < -0x40
 }
 
-/// Characters in valid UTF-8 `bytes` (a loop the compiler vectorizes).
+/// Characters in valid UTF-8 `bytes`. Counts 64-byte blocks into a byte-wide sum (at most 64
+/// per block, so it cannot overflow), which the compiler turns into wide vector adds.
 pub fn count_chars(bytes: &[u8]) -> u64 {
-    bytes.iter().filter(|byte| !is_continuation(**byte)).count() as u64
+    const BLOCK: usize = 64;
+    let blocks = bytes.chunks_exact(BLOCK);
+    let tail = blocks.remainder();
+    let mut count = 0u64;
+    for block in blocks {
+        let starts: u8 = block
+            .iter()
+            .map(|byte| u8::from(!is_continuation(*byte)))
+            .sum();
+        count += u64::from(starts);
+    }
+    count + tail.iter().filter(|byte| !is_continuation(**byte)).count() as u64
 }
 
 impl Keying for TextKeys {
@@ -105,19 +117,28 @@ impl Keying for PageKeys {
     }
 }
 
-/// Length of the common prefix of `a` and `b`, comparing a chunk at a time.
+/// Length of the common prefix of `a` and `b`, comparing fixed-size blocks (inlined vector
+/// compares, no call per block) before the element that differs.
 pub fn common_prefix<E: Element>(a: &[E], b: &[E]) -> usize {
-    const CHUNK: usize = 32;
+    const BLOCK: usize = 32;
     let len = a.len().min(b.len());
-    let (a, b) = (&a[..len], &b[..len]);
-    let mut at = 0;
-    while at + CHUNK <= len && a[at..at + CHUNK] == b[at..at + CHUNK] {
-        at += CHUNK;
+    let (mut rest_a, mut rest_b) = (&a[..len], &b[..len]);
+    while let (Some(block_a), Some(block_b)) =
+        (rest_a.first_chunk::<BLOCK>(), rest_b.first_chunk::<BLOCK>())
+    {
+        if block_a != block_b {
+            break;
+        }
+        rest_a = &rest_a[BLOCK..];
+        rest_b = &rest_b[BLOCK..];
     }
-    while at < len && a[at] == b[at] {
-        at += 1;
-    }
-    at
+    let matched = len - rest_a.len();
+    matched
+        + rest_a
+            .iter()
+            .zip(rest_b)
+            .take_while(|(x, y)| x == y)
+            .count()
 }
 
 #[cfg(test)]
@@ -136,6 +157,17 @@ mod tests {
             TextKeys.edge_key(&key[1..]),
             TextKeys.edge_key("ê".as_bytes())
         );
+    }
+
+    #[test]
+    fn count_chars_matches_std() {
+        let text = "aé€😀b".repeat(40);
+        for end in (0..text.len()).filter(|end| text.is_char_boundary(*end)) {
+            assert_eq!(
+                count_chars(&text.as_bytes()[..end]),
+                text[..end].chars().count() as u64
+            );
+        }
     }
 
     #[test]

@@ -35,6 +35,10 @@ use tree::{SharedTree, TreeWriter, WriteCtx};
 pub const MATCH_TENANTS_MAX: usize = 8;
 const _: () = assert!(MATCH_TENANTS_MAX == raw::MRU_LEN);
 
+/// Retired items after which an insert reclaims on its own (the control core also calls
+/// `reclaim` every turn); a bound on memory held by retired tables when nobody calls it.
+const RETIRED_RECLAIM_AFTER: usize = 4096;
+
 /// Default `--max-tree-size`: units (characters or tokens) per model and tree kind, counted once
 /// per holding worker.
 pub const MAX_TREE_SIZE_DEFAULT: u64 = 67_108_864;
@@ -244,7 +248,9 @@ impl IndexWriter {
             domain: &self.shared.domain,
             token: &self.token,
         };
-        self.text.insert(&ctx, ns, text.as_bytes(), worker, tick)
+        let inserted = self.text.insert(&ctx, ns, text.as_bytes(), worker, tick);
+        self.reclaim_when_many_retired();
+        inserted
     }
 
     /// Records that `worker` was sent `tokens` (whole pages only) in namespace `ns` at `tick`.
@@ -260,7 +266,15 @@ impl IndexWriter {
             domain: &self.shared.domain,
             token: &self.token,
         };
-        self.tokens.insert(&ctx, ns, tokens, worker, tick)
+        let inserted = self.tokens.insert(&ctx, ns, tokens, worker, tick);
+        self.reclaim_when_many_retired();
+        inserted
+    }
+
+    fn reclaim_when_many_retired(&mut self) {
+        if self.pending_reclaim() >= RETIRED_RECLAIM_AFTER {
+            self.reclaim();
+        }
     }
 
     /// Purges `worker` from every tree now; returns the entries removed.
