@@ -21,6 +21,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use sim_support::SimFleet;
 
+/// Distinct prompts per connection (their unique tails make cache misses realistic).
+const BODIES_PER_CONNECTION: usize = 16;
+
 #[derive(Debug, Clone)]
 struct BenchConfig {
     engines: u16,
@@ -61,13 +64,13 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn request_body(config: &BenchConfig, connection: usize, sequence: u64) -> String {
+fn request_body(config: &BenchConfig, connection: usize, sequence: usize) -> String {
     // A shared 3/4 prefix per connection group and a unique tail: realistic cache traffic.
     let shared = config.prompt_words * 3 / 4;
     let mut words: Vec<String> = (0..shared)
         .map(|n| synthetic_word(n + (connection % 8) as u64 * 1_000_000))
         .collect();
-    let tail = 10_000_000 + (connection as u64) * 1_000_000 + sequence * 1_000;
+    let tail = 10_000_000 + (connection as u64) * 1_000_000 + sequence as u64 * 1_000;
     words.extend((0..config.prompt_words - shared).map(|n| synthetic_word(tail + n)));
     serde_json::json!({
         "messages": [{"role": "user", "content": words.join(" ")}],
@@ -77,17 +80,12 @@ fn request_body(config: &BenchConfig, connection: usize, sequence: u64) -> Strin
     .to_string()
 }
 
-async fn client_loop(
-    port: u16,
-    connection: usize,
-    config: BenchConfig,
-    deadline: Instant,
-    counters: Arc<Counters>,
-) {
+async fn client_loop(port: u16, bodies: Vec<Bytes>, deadline: Instant, counters: Arc<Counters>) {
     let Ok(stream) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
         counters.failed.fetch_add(1, Ordering::Relaxed);
         return;
     };
+    let _ = stream.set_nodelay(true);
     let Ok((mut sender, driver)) =
         hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     else {
@@ -98,11 +96,11 @@ async fn client_loop(
     let mut sequence = 0;
     while Instant::now() < deadline {
         sequence += 1;
-        let body = request_body(&config, connection, sequence);
+        let body = bodies[sequence % bodies.len()].clone();
         let request = hyper::Request::post("/v1/chat/completions")
             .header("host", "127.0.0.1")
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .body(Full::new(body))
             .expect("valid request");
         let outcome = match sender.send_request(request).await {
             Ok(response) if response.status() == 200 => response.into_body().collect().await.ok(),
@@ -124,7 +122,21 @@ async fn client_loop(
 }
 
 /// Runs one configuration; returns (requests/s, sim-engine CPU fraction, requests per CPU-s).
-fn run(config: &BenchConfig) -> (f64, f64, f64, u64) {
+/// One configuration's figures.
+#[derive(Debug)]
+struct BenchResult {
+    requests_per_s: f64,
+    /// sim-engine CPU seconds per wall second.
+    sim_cpu_fraction: f64,
+    /// The load generator's CPU seconds per wall second (it shares the machine).
+    client_cpu_fraction: f64,
+    /// Requests per sim-engine CPU second: what one core sustains.
+    requests_per_sim_cpu_s: f64,
+    /// Checksum: response body bytes received.
+    body_bytes: u64,
+}
+
+fn run(config: &BenchConfig) -> BenchResult {
     let speedup = config.speedup.to_string();
     let fleet = SimFleet::start(config.engines, &["--speedup", &speedup]);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -132,20 +144,25 @@ fn run(config: &BenchConfig) -> (f64, f64, f64, u64) {
         .build()
         .expect("runtime");
     let counters = Arc::new(Counters::default());
-    let cpu_before = cpu_seconds(fleet.pid());
+    let bodies: Vec<Vec<Bytes>> = (0..config.connections)
+        .map(|connection| {
+            (0..BODIES_PER_CONNECTION)
+                .map(|sequence| Bytes::from(request_body(config, connection, sequence)))
+                .collect()
+        })
+        .collect();
+    let sim_cpu_before = cpu_seconds(fleet.pid());
+    let client_cpu_before = cpu_seconds(std::process::id());
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(config.seconds);
     runtime.block_on(async {
-        let tasks: Vec<_> = (0..config.connections)
-            .map(|connection| {
+        let tasks: Vec<_> = bodies
+            .into_iter()
+            .enumerate()
+            .map(|(connection, bodies)| {
                 let port = fleet.port((connection % usize::from(config.engines)) as u16);
-                tokio::spawn(client_loop(
-                    port,
-                    connection,
-                    config.clone(),
-                    deadline,
-                    Arc::clone(&counters),
-                ))
+                let counters = Arc::clone(&counters);
+                tokio::spawn(client_loop(port, bodies, deadline, counters))
             })
             .collect();
         for task in tasks {
@@ -153,24 +170,22 @@ fn run(config: &BenchConfig) -> (f64, f64, f64, u64) {
         }
     });
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(fleet.pid()) - cpu_before;
+    let sim_cpu = cpu_seconds(fleet.pid()) - sim_cpu_before;
+    let client_cpu = cpu_seconds(std::process::id()) - client_cpu_before;
     let ok = counters.ok.load(Ordering::Relaxed);
-    assert_eq!(
-        counters.failed.load(Ordering::Relaxed),
-        0,
-        "failed requests in {config:?}"
-    );
-    let per_cpu_second = if cpu > 0.0 {
-        ok as f64 / cpu
-    } else {
-        f64::INFINITY
-    };
-    (
-        ok as f64 / elapsed,
-        cpu / elapsed,
-        per_cpu_second,
-        counters.body_bytes.load(Ordering::Relaxed),
-    )
+    let failed = counters.failed.load(Ordering::Relaxed);
+    assert_eq!(failed, 0, "failed requests in {config:?}");
+    BenchResult {
+        requests_per_s: ok as f64 / elapsed,
+        sim_cpu_fraction: sim_cpu / elapsed,
+        client_cpu_fraction: client_cpu / elapsed,
+        requests_per_sim_cpu_s: if sim_cpu > 0.0 {
+            ok as f64 / sim_cpu
+        } else {
+            f64::INFINITY
+        },
+        body_bytes: counters.body_bytes.load(Ordering::Relaxed),
+    }
 }
 
 #[test]
@@ -184,9 +199,9 @@ fn fleet_throughput_short() {
         stream: true,
         speedup: 100.0,
     };
-    let (requests_per_s, _, _, body_bytes) = run(&config);
-    assert!(requests_per_s > 0.0);
-    println!("sim_bench short: {requests_per_s:.0} req/s, checksum {body_bytes} body bytes");
+    let result = run(&config);
+    assert!(result.requests_per_s > 0.0 && result.body_bytes > 0);
+    println!("sim_bench short: {result:?}");
 }
 
 #[test]
@@ -197,8 +212,8 @@ fn fleet_throughput() {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    println!("| engines | connections | stream | max_tokens | prompt words | req/s | sim-engine CPU | req per sim CPU-s |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| engines | connections | stream | max_tokens | prompt words | req/s | sim-engine CPU | client CPU | req per sim-engine CPU-s |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for engines in engines {
         let config = BenchConfig {
             engines,
@@ -209,15 +224,18 @@ fn fleet_throughput() {
             stream: env_or("SIM_BENCH_STREAM", 1) == 1,
             speedup: env_or("SIM_BENCH_SPEEDUP", 100.0),
         };
-        let (requests_per_s, cpu_fraction, per_cpu_second, _) = run(&config);
+        let result = run(&config);
         println!(
-            "| {} | {} | {} | {} | {} | {requests_per_s:.0} | {:.0}% | {per_cpu_second:.0} |",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.0}% | {:.0}% | {:.0} |",
             config.engines,
             config.connections,
             config.stream,
             config.max_tokens,
             config.prompt_words,
-            cpu_fraction * 100.0
+            result.requests_per_s,
+            result.sim_cpu_fraction * 100.0,
+            result.client_cpu_fraction * 100.0,
+            result.requests_per_sim_cpu_s,
         );
     }
 }

@@ -261,3 +261,18 @@ fn instant_mode_answers_every_shape_at_once() {
     assert_eq!(generate["meta_info"]["prompt_tokens"], 3);
     assert_eq!(generate["meta_info"]["cached_tokens"], 0);
 }
+
+#[test]
+fn reported_latency_is_simulated_time_at_any_speedup() {
+    let fleet = SimFleet::start(1, &["--speedup", "100"]);
+    let cost = bench_harness::sim::cost::CostModel::default();
+    let body = json!({"text": words(0, 1000), "sampling_params": {"max_new_tokens": 10}});
+    let response = request(fleet.port(0), "POST", "/generate", Some(&body.to_string())).json();
+    let e2e_ms = response["meta_info"]["e2e_latency"].as_f64().unwrap() * 1000.0;
+    // Prefill of 1000 uncached tokens, then 9 decode steps at about 0.4% KV usage.
+    let expected_ms = cost.prefill_ms(1000) + 9.0 * cost.decode_ms(1005.0 / 262_144.0);
+    assert!(
+        (e2e_ms - expected_ms).abs() < 0.5,
+        "e2e {e2e_ms:.3} ms, model {expected_ms:.3} ms"
+    );
+}

@@ -7,6 +7,8 @@
 //! the shared tokenizer (`crate::tokenize`). Bodies are deterministic: ids are `sim-<engine>-<n>`,
 //! `created` is a constant, and the text is `sim::output` of the prompt's hash.
 
+use std::fmt::Write;
+
 use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -291,24 +293,27 @@ pub fn stream_chunk(endpoint: Endpoint, context: &ResponseContext, finished: boo
     } else {
         Value::Null
     };
-    let mut out = String::new();
+    let mut out = String::with_capacity(256);
     match endpoint {
         Endpoint::Generate => {
             let text = output_text(context.output_seed, context.completion_tokens);
-            let chunk = json!({"text": text, "meta_info": context.meta_info(finished), "index": 0});
-            push_data(&mut out, &chunk);
+            // Vocabulary words need no JSON escaping (checked in `output`'s tests).
+            let _ = write!(out, "data: {{\"text\":\"{text}\",\"meta_info\":");
+            out.push_str(&context.meta_info(finished).to_string());
+            out.push_str(",\"index\":0}\n\n");
         }
         Endpoint::ChatCompletions => {
-            let mut message = json!({"content": delta});
-            if index == 0 {
-                message["role"] = json!("assistant");
-            }
-            let chunk = json!({
-                "id": context.id, "object": "chat.completion.chunk", "created": CREATED_UNIX_S,
-                "model": context.model,
-                "choices": [{"index": 0, "delta": message, "logprobs": null, "finish_reason": finish}],
-            });
-            push_data(&mut out, &chunk);
+            let role = if index == 0 {
+                "\"role\":\"assistant\","
+            } else {
+                ""
+            };
+            push_openai_chunk_head(&mut out, context, "chat.completion.chunk");
+            let _ = write!(
+                out,
+                "\"choices\":[{{\"index\":0,\"delta\":{{{role}\"content\":\"{delta}\"}},\
+                 \"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+            );
             if finished {
                 push_data(
                     &mut out,
@@ -317,12 +322,12 @@ pub fn stream_chunk(endpoint: Endpoint, context: &ResponseContext, finished: boo
             }
         }
         Endpoint::Completions => {
-            let chunk = json!({
-                "id": context.id, "object": "text_completion", "created": CREATED_UNIX_S,
-                "model": context.model,
-                "choices": [{"index": 0, "text": delta, "logprobs": null, "finish_reason": finish}],
-            });
-            push_data(&mut out, &chunk);
+            push_openai_chunk_head(&mut out, context, "text_completion");
+            let _ = write!(
+                out,
+                "\"choices\":[{{\"index\":0,\"text\":\"{delta}\",\"logprobs\":null,\
+                 \"finish_reason\":{finish}}}]}}\n\n"
+            );
             if finished {
                 push_data(&mut out, &openai_usage_chunk(context, "text_completion"));
             }
@@ -333,6 +338,17 @@ pub fn stream_chunk(endpoint: Endpoint, context: &ResponseContext, finished: boo
         out.push_str("data: [DONE]\n\n");
     }
     out
+}
+
+/// `data: {"id":..,"object":..,"created":..,"model":..,` written without building a JSON tree:
+/// this runs once per streamed token.
+fn push_openai_chunk_head(out: &mut String, context: &ResponseContext, object: &str) {
+    let id = Value::from(context.id.as_str());
+    let model = Value::from(context.model.as_str());
+    let _ = write!(
+        out,
+        "data: {{\"id\":{id},\"object\":\"{object}\",\"created\":{CREATED_UNIX_S},\"model\":{model},"
+    );
 }
 
 fn openai_usage_chunk(context: &ResponseContext, object: &str) -> Value {
@@ -514,5 +530,47 @@ mod tests {
         let messages = stream_chunk(Endpoint::Messages, &context(1), true);
         assert!(messages.starts_with("event: message_start"));
         assert!(messages.ends_with("data: {\"type\":\"message_stop\"}\n\n"));
+    }
+
+    #[test]
+    fn every_stream_chunk_is_valid_json() {
+        let mut context = context(0);
+        context.model = "we\"ird\\model".into();
+        for endpoint in [
+            Endpoint::Generate,
+            Endpoint::ChatCompletions,
+            Endpoint::Completions,
+            Endpoint::Messages,
+        ] {
+            let mut streamed = String::new();
+            for token in 1..=3 {
+                context.completion_tokens = token;
+                streamed.push_str(&stream_chunk(endpoint, &context, token == 3));
+            }
+            let mut text = String::new();
+            for line in streamed
+                .lines()
+                .filter_map(|line| line.strip_prefix("data: "))
+            {
+                if line == "[DONE]" {
+                    continue;
+                }
+                let value: Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+                if let Some(model) = value.get("model") {
+                    assert_eq!(model, "we\"ird\\model");
+                }
+                let delta = match endpoint {
+                    Endpoint::ChatCompletions => value["choices"][0]["delta"]["content"].as_str(),
+                    Endpoint::Completions => value["choices"][0]["text"].as_str(),
+                    Endpoint::Messages => value["delta"]["text"].as_str(),
+                    Endpoint::Generate => None,
+                };
+                text.push_str(delta.unwrap_or(""));
+            }
+            if endpoint != Endpoint::Generate {
+                assert_eq!(text, output_text(3, 3), "{endpoint:?}");
+            }
+        }
     }
 }

@@ -23,6 +23,10 @@ use super::output::output_token;
 const STATS_BUCKET_US: u64 = 1_000_000;
 const STATS_BUCKETS: usize = 10;
 
+/// Default bound of the waiting queue: far above any test or replay's concurrency, low enough
+/// that a runaway client cannot grow one engine's memory without limit.
+pub const MAX_WAITING_REQUESTS_DEFAULT: usize = 65_536;
+
 /// Identifies a request inside one engine.
 pub type RequestId = u64;
 
@@ -37,6 +41,8 @@ pub struct EngineConfig {
     pub max_running_requests: usize,
     /// Uncached prompt tokens one prefill step admits (beyond its first request).
     pub max_prefill_tokens: u64,
+    /// Requests queued at once; more are refused (SGLang's `--max-queued-requests`).
+    pub max_waiting_requests: usize,
     /// Step durations.
     pub cost: CostModel,
 }
@@ -48,6 +54,7 @@ impl Default for EngineConfig {
             kv_capacity_tokens: 1 << 20,
             max_running_requests: 256,
             max_prefill_tokens: 16_384,
+            max_waiting_requests: MAX_WAITING_REQUESTS_DEFAULT,
             cost: CostModel::default(),
         }
     }
@@ -74,6 +81,8 @@ pub enum SubmitError {
         needed_tokens: u64,
         capacity_tokens: u64,
     },
+    /// The waiting queue is full.
+    QueueFull { max_waiting_requests: usize },
 }
 
 /// One token produced for one request at the end of a step.
@@ -123,6 +132,8 @@ pub struct EngineTotals {
 #[derive(Debug)]
 struct Waiting {
     id: RequestId,
+    /// Simulated arrival: never admitted before it.
+    arrival_us: u64,
     request: SimRequest,
     keys: Vec<u64>,
     uncached_estimate: u64,
@@ -254,6 +265,21 @@ impl Engine {
 
     /// Queues a request; it is admitted at the start of a later step.
     pub fn submit(&mut self, request: SimRequest) -> Result<RequestId, SubmitError> {
+        self.submit_at(request, self.now_us)
+    }
+
+    /// Queues a request that arrives at simulated `arrival_us` (the driver's real-time clock,
+    /// which may run ahead of the engine's clock while it catches up on steps).
+    pub fn submit_at(
+        &mut self,
+        request: SimRequest,
+        arrival_us: u64,
+    ) -> Result<RequestId, SubmitError> {
+        if self.waiting.len() >= self.config.max_waiting_requests {
+            return Err(SubmitError::QueueFull {
+                max_waiting_requests: self.config.max_waiting_requests,
+            });
+        }
         let page_size = self.config.page_size as u64;
         let needed_tokens = request.tokens.len() as u64 + u64::from(request.max_new_tokens.max(1));
         let capacity_tokens = self.cache.capacity_pages() * page_size;
@@ -270,6 +296,7 @@ impl Engine {
         let id = self.next_id;
         self.next_id += 1;
         self.waiting.push_back(Waiting {
+            arrival_us,
             id,
             request,
             keys,
@@ -301,6 +328,12 @@ impl Engine {
             return Some(step.ends_at_us);
         }
         self.now_us = self.now_us.max(now_us);
+        if self.running.is_empty() {
+            // Idle until the next arrival, if it lies ahead of the clock.
+            if let Some(front) = self.waiting.front() {
+                self.now_us = self.now_us.max(front.arrival_us);
+            }
+        }
         let (admitted, uncached_tokens) = self.admit();
         let (kind, duration_us) = if !admitted.is_empty() {
             (
@@ -363,11 +396,8 @@ impl Engine {
     }
 
     /// The SGLang load report at the engine's current time.
-    pub fn loads(&mut self, now_us: u64) -> LoadSnapshot {
-        if self.step.is_none() {
-            self.now_us = self.now_us.max(now_us);
-        }
-        let (window, span_us) = self.stats.recent(self.now_us);
+    pub fn loads(&self, now_us: u64) -> LoadSnapshot {
+        let (window, span_us) = self.stats.recent(self.now_us.max(now_us));
         let span_s = span_us as f64 / 1e6;
         let used = self.used_tokens();
         let max_total = self.cache.capacity_pages() * self.config.page_size as u64;
@@ -415,6 +445,9 @@ impl Engine {
             let Some(front) = self.waiting.front() else {
                 break;
             };
+            if front.arrival_us > self.now_us {
+                break;
+            }
             let prompt_len = front.request.tokens.len();
             let matched_pages = self.cacheable_pages(&front.keys, prompt_len);
             let uncached = (prompt_len - matched_pages * page_size) as u64;

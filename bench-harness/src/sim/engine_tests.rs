@@ -285,3 +285,42 @@ fn decode_slows_as_kv_usage_grows() {
     assert_eq!(end - start, engine.config().cost.decode_us(usage));
     assert!(end - start > engine.config().cost.decode_us(0.1));
 }
+
+#[test]
+fn requests_are_not_admitted_before_they_arrive() {
+    let mut engine = Engine::new(config(1 << 20, 8));
+    let cost = engine.config().cost;
+    engine.submit_at(request(0, 100, 1), 2_000_000).unwrap();
+    let emits = engine.run_until_idle(10);
+    assert_eq!(emits[0].at_us, 2_000_000 + cost.prefill_us(100));
+    // While busy, a later arrival waits for its own time, not the current step.
+    engine
+        .submit_at(request(1000, 100, 50), engine.now_us())
+        .unwrap();
+    let late = engine.now_us() + 100_000;
+    let late_id = engine.submit_at(request(5000, 100, 1), late).unwrap();
+    let emits = engine.run_until_idle(1000);
+    let ttft = first_token_times(&emits);
+    assert!(ttft[&late_id] >= late + cost.prefill_us(100));
+}
+
+#[test]
+fn a_full_queue_refuses_requests() {
+    let mut engine = Engine::new(EngineConfig {
+        max_waiting_requests: 2,
+        ..config(1 << 20, 8)
+    });
+    engine.submit(request(0, 10, 1)).unwrap();
+    engine.submit(request(0, 10, 1)).unwrap();
+    assert_eq!(
+        engine.submit(request(0, 10, 1)),
+        Err(SubmitError::QueueFull {
+            max_waiting_requests: 2
+        })
+    );
+    engine.begin_step(0);
+    assert!(
+        engine.submit(request(0, 10, 1)).is_ok(),
+        "admission drained the queue"
+    );
+}

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use clap::Parser;
 
 use super::cost::CostModel;
-use super::engine::EngineConfig;
+use super::engine::{EngineConfig, MAX_WAITING_REQUESTS_DEFAULT};
 use super::faults::Faults;
 use super::metrics::MetricsFlavor;
 
@@ -56,6 +56,9 @@ pub struct SimArgs {
     /// Uncached prompt tokens one prefill step may admit (the first request always fits).
     #[arg(long, default_value_t = 16_384)]
     pub max_prefill_tokens: u64,
+    /// Requests one engine queues; more are answered 503.
+    #[arg(long, default_value_t = MAX_WAITING_REQUESTS_DEFAULT)]
+    pub max_queued_requests: usize,
     /// Output length of a request that names no max_tokens / max_new_tokens.
     #[arg(long, default_value_t = 128)]
     pub default_max_tokens: u32,
@@ -166,6 +169,9 @@ impl SimArgs {
         if self.max_running_requests == 0 {
             return Err("--max-running-requests must be at least 1".into());
         }
+        if self.max_queued_requests == 0 {
+            return Err("--max-queued-requests must be at least 1".into());
+        }
         if !(self.speedup.is_finite() && self.speedup > 0.0) {
             return Err(format!(
                 "--speedup must be a positive number, got {}",
@@ -189,6 +195,7 @@ impl SimArgs {
                 kv_capacity_tokens: self.kv_capacity_tokens,
                 max_running_requests: self.max_running_requests,
                 max_prefill_tokens: self.max_prefill_tokens,
+                max_waiting_requests: self.max_queued_requests,
                 cost: self.cost_model(),
             },
             default_max_tokens: self.default_max_tokens.max(1),

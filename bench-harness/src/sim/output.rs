@@ -94,6 +94,13 @@ mod tests {
     use crate::tokenize::tokenize_text;
 
     #[test]
+    fn vocabulary_words_need_no_json_escaping() {
+        for word in VOCABULARY {
+            assert!(word.bytes().all(|byte| byte.is_ascii_lowercase()), "{word}");
+        }
+    }
+
+    #[test]
     fn output_is_deterministic_and_tokenizes_back() {
         let text = output_text(42, 20);
         assert_eq!(text, output_text(42, 20));

@@ -393,7 +393,6 @@ impl EngineServer {
         parsed: ParsedRequest,
         fail_after: Option<usize>,
     ) -> HttpResponse {
-        let arrival_us = (engine.now_s() * 1e6) as u64;
         let request = SimRequest {
             namespace: parsed.namespace,
             tokens: parsed.tokens.clone(),
@@ -402,17 +401,10 @@ impl EngineServer {
         };
         let (guard, mut receiver) = match engine.submit(request) {
             Ok(submitted) => submitted,
-            Err(SubmitError::TooLong {
-                needed_tokens,
-                capacity_tokens,
-            }) => {
-                let message = format!(
-                    "prompt plus max tokens ({needed_tokens}) exceed the KV capacity ({capacity_tokens} tokens)"
-                );
-                return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
-            }
+            Err(error) => return submit_error_response(&error),
         };
         let mut context = self.context(&parsed, guard.id());
+        let arrival_us = guard.arrival_us();
         if parsed.stream {
             let stream = TokenStream {
                 receiver,
@@ -562,4 +554,24 @@ fn json_with_fault(body: String, fail_after: Option<usize>) -> HttpResponse {
         HeaderValue::from(full_length),
     );
     response
+}
+
+fn submit_error_response(error: &SubmitError) -> HttpResponse {
+    match error {
+        SubmitError::TooLong {
+            needed_tokens,
+            capacity_tokens,
+        } => {
+            let message = format!(
+                "prompt plus max tokens ({needed_tokens}) exceed the KV capacity ({capacity_tokens} tokens)"
+            );
+            error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
+        }
+        SubmitError::QueueFull {
+            max_waiting_requests,
+        } => {
+            let message = format!("the request queue is full ({max_waiting_requests} waiting)");
+            error_response(StatusCode::SERVICE_UNAVAILABLE, "queue_full", &message)
+        }
+    }
 }
