@@ -98,7 +98,7 @@ sleep 1
 GATEWAY_CMD=("$BIN/kvgate" --host 127.0.0.1 --port "$GW_PORT" --prometheus-host 127.0.0.1
   --prometheus-port "$PROM_PORT" --worker-urls "${URLS[@]}"
   --health-check-interval-secs 2 --health-failure-threshold 2 --health-success-threshold 1
-  --load-monitor-interval 2 --cb-failure-threshold 5 --cb-timeout-duration-secs 5
+  --load-monitor-interval 2 --cb-timeout-duration-secs 10
   --retry-initial-backoff-ms 20 --retry-max-backoff-ms 500)
 "${GATEWAY_CMD[@]}" >"$OUT_DIR/kvgate.log" 2>&1 &
 GW_PID=$!

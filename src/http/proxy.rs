@@ -291,15 +291,11 @@ async fn attempt(
     if streamed.upstream_reusable {
         core.pool.borrow_mut().put(worker.id, up, Instant::now());
     }
-    let status = streamed.forwarded.status;
-    let outcome = if streamed.upstream_failed || status >= 500 || is_retryable_status(status) {
-        AttemptOutcome::Failure
-    } else {
-        AttemptOutcome::Success
-    };
+    // The head's outcome was recorded when it arrived; a body cut short adds a failure.
+    let outcome = streamed.upstream_failed.then_some(AttemptOutcome::Failure);
     Ok(AttemptDone {
         forwarded: streamed.forwarded,
-        outcome: Some(outcome),
+        outcome,
     })
 }
 
@@ -494,6 +490,16 @@ async fn stream_back(
     if retry_status && is_retryable_status(head.status) {
         return Ok(StreamEnd::RetryableStatus(head.status));
     }
+    // The breaker hears the answer now, not when a long stream ends: otherwise successes would
+    // lag failures by a generation's length and a burst of quick errors would look consecutive.
+    let head_outcome = if head.status >= 500 || is_retryable_status(head.status) {
+        AttemptOutcome::Failure
+    } else {
+        AttemptOutcome::Success
+    };
+    core.shared
+        .workers
+        .record_attempt(core.index, worker.id, head_outcome);
     let event_stream = head
         .headers
         .get(&up.read_buf, "content-type")
