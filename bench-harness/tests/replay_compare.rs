@@ -56,7 +56,8 @@ fn compare_command(dir: &Path, policies: &str, requests: u64) -> Command {
         "--policies",
         policies,
         "--no-progress",
-        "--sim-arg=--speedup=20",
+        "--sim-speedup",
+        "20",
     ]);
     command
         .arg("--sim-engine")

@@ -33,6 +33,9 @@ pub const KNOWN_POLICIES: [&str; 7] = [
 /// How long a fleet or gateway may take to start answering.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Tries to start a fleet and its gateway before giving up.
+const STARTUP_ATTEMPTS: u32 = 3;
+
 /// Log lines of a child that failed to start, quoted in the error.
 const LOG_TAIL_BYTES: usize = 2000;
 
@@ -121,10 +124,8 @@ async fn run_policy(
     policy: &str,
     stop: watch::Receiver<bool>,
 ) -> Result<ReplayReport, String> {
-    let mut fleet = Fleet::default();
-    let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
-    let (gateway, gateway_pid) =
-        start_gateway(options, policy, &workers, &mut fleet, stop.clone()).await?;
+    let (mut fleet, workers, gateway, gateway_pid) =
+        start_with_retries(options, policy, &stop).await?;
     let mut replay = options.replay.clone();
     replay.gateway = gateway;
     replay.label = policy.to_string();
@@ -133,6 +134,36 @@ async fn run_policy(
     let report = run_replay(&replay, stop).await;
     fleet.stop().await;
     report
+}
+
+/// Starts the fleet and the gateway; a start that fails (most often a port taken between
+/// choosing it and binding it) is retried on new ports.
+async fn start_with_retries(
+    options: &CompareOptions,
+    policy: &str,
+    stop: &watch::Receiver<bool>,
+) -> Result<(Fleet, Vec<String>, String, Option<u32>), String> {
+    let mut last_error = String::new();
+    for attempt in 1..=STARTUP_ATTEMPTS {
+        let mut fleet = Fleet::default();
+        let started = async {
+            let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
+            let gateway =
+                start_gateway(options, policy, &workers, &mut fleet, stop.clone()).await?;
+            Ok::<_, String>((workers, gateway))
+        }
+        .await;
+        match started {
+            Ok((workers, (url, pid))) => return Ok((fleet, workers, url, pid)),
+            Err(e) if *stop.borrow() => return Err(e),
+            Err(e) => {
+                eprintln!("[{policy}] start attempt {attempt} of {STARTUP_ATTEMPTS} failed: {e}");
+                last_error = e;
+                fleet.stop().await;
+            }
+        }
+    }
+    Err(last_error)
 }
 
 /// Starts a fresh `sim-engine` fleet and waits until every engine answers; returns their URLs.
