@@ -299,8 +299,8 @@ impl WorkloadArgs {
 }
 
 /// Requests per policy of `replay compare` when neither a trace nor --max-requests is given:
-/// with the generator's defaults and 4 engines, about 15 s per policy on 2 cores.
-pub const COMPARE_REQUESTS_DEFAULT: u64 = 1200;
+/// with the generator's defaults and 4 engines, about 20 s per policy on 2 shared cores.
+pub const COMPARE_REQUESTS_DEFAULT: u64 = 2000;
 
 /// Closed-loop concurrency of a synthetic workload without a pacing flag.
 pub const SYNTHETIC_CONCURRENCY_DEFAULT: usize = 32;
