@@ -90,10 +90,11 @@ fn keep_alive_bounds_upstream_connections_over_1000_requests() {
         assert!(started.elapsed() < Duration::from_secs(60), "too slow");
     }
     let stats = fleet.stats(0);
-    // One data-path connection, plus control-core model fetches and our stats request.
+    // One data-path connection, plus control-core model fetches, the worker monitor's first
+    // health, load and models probes (one short connection each), and our stats request.
     let accepted = stats["connections_accepted"].as_u64().expect("counter");
     assert!(
-        accepted <= 5,
+        accepted <= 8,
         "{accepted} upstream connections for 1000 requests"
     );
     assert!(gateway.metric("kvgate_upstream_connections_reused_total") >= 999.0);
@@ -117,7 +118,8 @@ fn models_are_answered_from_the_workers_lists() {
 fn killed_workers_are_retried_then_answered_502_without_hanging() {
     let mut first = SimFleet::start(1, &["--instant"]);
     let second = SimFleet::start(1, &["--instant"]);
-    let gateway = Gateway::start(&[first.url(0), second.url(0)], &[]);
+    // Round robin keeps offering the killed worker (cache_aware may route around it by chance).
+    let gateway = Gateway::start(&[first.url(0), second.url(0)], &["--policy", "round_robin"]);
     let mut client = gateway.client();
     for _ in 0..4 {
         assert_eq!(

@@ -107,6 +107,11 @@ impl RequestHead {
         &buf[self.target.clone()]
     }
 
+    /// The method token as sent (`DELETE`, ...), for endpoints beyond `Method`'s variants.
+    pub fn method_text<'b>(&self, buf: &'b [u8]) -> &'b str {
+        std::str::from_utf8(&buf[self.method_span.clone()]).unwrap_or("")
+    }
+
     /// The path without the query.
     pub fn path<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
         let target = self.target(buf);
@@ -599,6 +604,12 @@ impl ChunkedDecoder {
     /// Whether the terminating chunk and trailers have been read.
     pub fn is_done(&self) -> bool {
         self.state == ChunkState::Done
+    }
+
+    /// Whether the decoder sits between two chunks (nothing of the next size line read), so a
+    /// whole chunk may be written after what was passed through without breaking the framing.
+    pub fn at_chunk_boundary(&self) -> bool {
+        self.state == ChunkState::Size && self.size_digits == 0
     }
 
     /// Consumes bytes of `input` up to the end of the body, passing chunk data to `on_data`.

@@ -41,6 +41,8 @@ pub enum ErrorKind {
     InvalidJson,
     /// No endpoint at this path.
     NotFound,
+    /// No worker serves the request's `model` (from the workers' `/v1/models`).
+    ModelNotFound,
     /// The endpoint exists but not for this method.
     MethodNotAllowed,
     /// The client was too slow to send its request.
@@ -66,7 +68,7 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::MalformedRequest | ErrorKind::InvalidJson => 400,
-            ErrorKind::NotFound => 404,
+            ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::RequestTimeout => 408,
             ErrorKind::PayloadTooLarge => 413,
@@ -91,7 +93,7 @@ impl ErrorKind {
             | ErrorKind::MethodNotAllowed
             | ErrorKind::RequestTimeout
             | ErrorKind::ClientClosed => "invalid_request_error",
-            ErrorKind::NotFound => "not_found_error",
+            ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
             ErrorKind::NoHealthyWorker => "service_unavailable",
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
@@ -109,6 +111,9 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge => "request body exceeds --max-payload-size",
             ErrorKind::InvalidJson => "request body is not valid JSON",
             ErrorKind::NotFound => "no such endpoint",
+            ErrorKind::ModelNotFound => {
+                "the requested model is not served by any worker (see GET /v1/models)"
+            }
             ErrorKind::MethodNotAllowed => "method not allowed on this endpoint",
             ErrorKind::RequestTimeout => "request not received in time",
             ErrorKind::ClientClosed => "client closed the connection",

@@ -1,7 +1,8 @@
 //! The request driver for routed endpoints. `proxy_request` owns the branching and the capped
 //! retry loop; each phase is a plain function it calls, in this order:
 //!
-//! 1. **validate** (`check_json`): a routed body must be JSON (400 otherwise).
+//! 1. **validate and extract** (`extract_routing_input`): one pass reads the routing input; a
+//!    routed body must be a JSON object (400 otherwise).
 //! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
 //! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
 //!    ends, however it ends.
@@ -9,7 +10,8 @@
 //! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
 //! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
 //!    through without buffering; chunked framing is tracked so the connection can be pooled.
-//! 7. **record** (`record_dispatch`): a `DispatchRecord` to the control core.
+//! 7. **record** (`record_dispatch`, as soon as the request is forwarded): a `DispatchRecord`
+//!    with the index key to the control core.
 //!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
 //! retryable (refused, reset, stale pooled socket) are tried again on another worker, up to
@@ -18,7 +20,9 @@
 
 use std::time::Instant;
 
-use super::codec::{self, ChunkedDecoder, DownstreamFraming, Framing, Method, ResponseHead};
+use super::codec::{
+    self, ChunkedDecoder, DownstreamFraming, Framing, Method, RequestHead, ResponseHead,
+};
 use super::endpoint::Endpoint;
 use super::error::{ErrorKind, ProxyError, Retry, Side};
 use super::io::Socket;
@@ -28,6 +32,7 @@ use super::server::{DataCore, Downstream, Request};
 use crate::control::DispatchRecord;
 use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_READ_BYTES};
 use crate::metrics::Counter;
+use crate::workers::breaker::{is_retryable_status, AttemptOutcome, RetryPolicy, RETRIES_MAX};
 use crate::workers::table::WorkerEntry;
 
 /// The result of a proxied request whose response (or part of it) reached the client.
@@ -52,6 +57,33 @@ struct AttemptFailure {
     error: ProxyError,
     /// The attempt used a pooled connection: the worker may be fine and the socket stale.
     on_reused_connection: bool,
+    /// The worker answered with this retryable status (408, 429, 5xx), which was not forwarded.
+    status: Option<u16>,
+}
+
+impl AttemptFailure {
+    /// What the failure means for the worker's circuit (`None`: not the worker's fault).
+    fn breaker_outcome(&self) -> Option<AttemptOutcome> {
+        if self.on_reused_connection {
+            return None;
+        }
+        if self.status.is_some() {
+            return Some(AttemptOutcome::Failure);
+        }
+        match self.error.kind {
+            ErrorKind::UpstreamConnect
+            | ErrorKind::UpstreamClosed
+            | ErrorKind::UpstreamMalformed
+            | ErrorKind::UpstreamTimeout => Some(AttemptOutcome::Failure),
+            _ => None,
+        }
+    }
+}
+
+/// A forwarded response and what it means for the worker's circuit.
+struct AttemptDone {
+    forwarded: Forwarded,
+    outcome: Option<AttemptOutcome>,
 }
 
 /// Proxies one routed request (the driver).
@@ -68,12 +100,19 @@ pub async fn proxy_request(
         body_buf,
     } = down;
     let body = request.body(read_buf, body_buf);
-    check_json(body)?;
+    extract_routing_input(core, endpoint, &request.head, read_buf, body)?;
+    let catalog = core.shared.workers.catalog.load();
+    let models = {
+        let router = core.router.borrow();
+        catalog.workers_for(Some(router.model()))
+    }
+    .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
     let input = RouteInput {
         endpoint,
         head: &request.head,
         head_buf: read_buf,
         body,
+        models,
     };
     let mut client = ClientSide {
         socket,
@@ -82,31 +121,53 @@ pub async fn proxy_request(
         keep_alive: request.head.keep_alive,
     };
     let deadline = Instant::now() + core.shared.config.request_timeout;
+    let retry = &core.shared.config.worker_policy.retry;
+    let attempts_max = if retry.disabled {
+        1
+    } else {
+        1 + retry.max_retries.min(RETRIES_MAX) as usize
+    };
+    let (mut attempts, mut stale_retries) = (0usize, 0usize);
     let mut tried = TriedWorkers::default();
     let mut last_error = None;
-    for _ in 0..UPSTREAM_ATTEMPTS_MAX {
+    while attempts < attempts_max && stale_retries < UPSTREAM_ATTEMPTS_MAX {
         let roster = core.shared.table.roster();
         let view = WorkerView {
             roster: &roster,
             table: &core.shared.table,
         };
-        let picked = core.router.borrow_mut().route(&input, view, &tried);
+        let mut picked = core.router.borrow_mut().route(&input, view, &tried);
+        if picked.is_none() && attempts > 0 {
+            // Every eligible worker was tried: retry in place rather than give up early.
+            tried = TriedWorkers::default();
+            picked = core.router.borrow_mut().route(&input, view, &tried);
+        }
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
         let _credit = core.shared.table.credit(core.index, worker.id);
-        match attempt(core, &mut client, &input, worker, deadline).await {
+        let retry_status = attempts + 1 < attempts_max;
+        match attempt(core, &mut client, &input, worker, deadline, retry_status).await {
             Ok(forwarded) => {
-                record_dispatch(core, worker);
-                return Ok(forwarded);
+                record_outcome(core, worker, forwarded.outcome);
+                return Ok(forwarded.forwarded);
             }
             Err(failure) => {
-                count_error(core, failure.error.kind);
+                if let Some(outcome) = failure.breaker_outcome() {
+                    record_outcome(core, worker, Some(outcome));
+                }
+                if failure.status.is_none() {
+                    count_error(core, failure.error.kind);
+                }
                 if !failure.error.may_retry() {
                     return Err(failure.error);
                 }
-                if !failure.on_reused_connection {
+                if failure.on_reused_connection {
+                    stale_retries += 1;
+                } else {
+                    attempts += 1;
                     tried.insert(worker.id);
+                    backoff(core, retry, attempts - 1, deadline).await;
                 }
                 core.metrics().incr(Counter::UpstreamRetries);
                 last_error = Some(failure.error);
@@ -117,28 +178,58 @@ pub async fn proxy_request(
         .unwrap_or_else(|| ProxyError::new(ErrorKind::NoHealthyWorker, Side::Internal, "route")))
 }
 
-/// The validate phase: a cheap full-syntax check without building a document.
-fn check_json(body: &[u8]) -> Result<(), ProxyError> {
-    match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
-        Ok(_) => Ok(()),
-        Err(_) => Err(ProxyError::downstream(
-            ErrorKind::InvalidJson,
-            "validate body",
-        )),
+/// The validate-and-extract phase: one pass over the body reads the routing input (model, key,
+/// partition) without building a document; a body that is not a JSON object is a 400.
+fn extract_routing_input(
+    core: &DataCore,
+    endpoint: Endpoint,
+    head: &RequestHead,
+    head_buf: &[u8],
+    body: &[u8],
+) -> Result<(), ProxyError> {
+    let now_ms = core.shared.tick_now();
+    let prepared = core
+        .router
+        .borrow_mut()
+        .prepare(endpoint, head, head_buf, body, now_ms);
+    prepared.map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
+}
+
+/// Waits the retry policy's backoff before retry `retry_index`, never past the deadline.
+async fn backoff(core: &DataCore, retry: &RetryPolicy, retry_index: usize, deadline: Instant) {
+    let _ = core;
+    let index = u32::try_from(retry_index).unwrap_or(u32::MAX);
+    let wait = retry.backoff(index, fastrand::f64());
+    let left = deadline.saturating_duration_since(Instant::now());
+    let wait = wait.min(left);
+    if !wait.is_zero() {
+        monoio::time::sleep(wait).await;
     }
 }
 
-/// One upstream attempt: connect or reuse, forward, stream back, pool the connection.
+/// Tells the control core what the attempt means for the worker's circuit breaker.
+fn record_outcome(core: &DataCore, worker: &WorkerEntry, outcome: Option<AttemptOutcome>) {
+    if let Some(outcome) = outcome {
+        core.shared
+            .workers
+            .record_attempt(core.index, worker.id, outcome);
+    }
+}
+
+/// One upstream attempt: connect or reuse, forward, stream back, pool the connection. With
+/// `retry_status`, a retryable status (408, 429, 5xx) is not forwarded but returned as a failure.
 async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
     input: &RouteInput<'_>,
     worker: &WorkerEntry,
     deadline: Instant,
-) -> Result<Forwarded, AttemptFailure> {
+    retry_status: bool,
+) -> Result<AttemptDone, AttemptFailure> {
     let fail = |error, on_reused_connection| AttemptFailure {
         error,
         on_reused_connection,
+        status: None,
     };
     let mut up = connect_or_reuse(core, worker)
         .await
@@ -147,13 +238,45 @@ async fn attempt(
     forward(&mut up, input, &worker.spec.authority, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
-    let streamed = stream_back(core, &mut up, client, worker, input.head.method, deadline)
-        .await
-        .map_err(|e| fail(e, reused))?;
+    // The worker has the request: the index learns it now, not when the response ends.
+    record_dispatch(core, worker);
+    let method = input.head.method;
+    let streamed = stream_back(
+        core,
+        &mut up,
+        client,
+        worker,
+        method,
+        deadline,
+        retry_status,
+    )
+    .await
+    .map_err(|e| fail(e, reused))?;
+    let streamed = match streamed {
+        StreamEnd::RetryableStatus(status) => {
+            let error =
+                ProxyError::upstream(ErrorKind::UpstreamClosed, "retryable status").retryable();
+            return Err(AttemptFailure {
+                error,
+                on_reused_connection: false,
+                status: Some(status),
+            });
+        }
+        StreamEnd::Done(streamed) => streamed,
+    };
     if streamed.upstream_reusable {
         core.pool.borrow_mut().put(worker.id, up, Instant::now());
     }
-    Ok(streamed.forwarded)
+    let status = streamed.forwarded.status;
+    let outcome = if streamed.upstream_failed || status >= 500 || is_retryable_status(status) {
+        AttemptOutcome::Failure
+    } else {
+        AttemptOutcome::Success
+    };
+    Ok(AttemptDone {
+        forwarded: streamed.forwarded,
+        outcome: Some(outcome),
+    })
 }
 
 /// The connect-or-reuse phase.
@@ -321,6 +444,16 @@ impl BodyTracker {
 struct Streamed {
     forwarded: Forwarded,
     upstream_reusable: bool,
+    /// The worker failed mid-body (closed, reset, timed out or sent garbage).
+    upstream_failed: bool,
+}
+
+/// How the stream-back phase ended.
+enum StreamEnd {
+    /// The response (or part of it) went to the client.
+    Done(Streamed),
+    /// The worker answered a retryable status; nothing was written to the client.
+    RetryableStatus(u16),
 }
 
 /// The stream-back phase: head first, then every read written through as it arrives.
@@ -331,8 +464,16 @@ async fn stream_back(
     worker: &WorkerEntry,
     method: Method,
     deadline: Instant,
-) -> Result<Streamed, ProxyError> {
+    retry_status: bool,
+) -> Result<StreamEnd, ProxyError> {
     let head = read_response_head(up, method, deadline).await?;
+    if retry_status && is_retryable_status(head.status) {
+        return Ok(StreamEnd::RetryableStatus(head.status));
+    }
+    let event_stream = head
+        .headers
+        .get(&up.read_buf, "content-type")
+        .is_some_and(|v| v.starts_with(b"text/event-stream"));
     let framing = DownstreamFraming::choose(head.framing, client.version_minor);
     let keep_alive = client.keep_alive
         && framing != DownstreamFraming::UntilClose
@@ -353,17 +494,43 @@ async fn stream_back(
         client.write_buf.extend_from_slice(&available[..consumed]);
     }
     let mut leftover = consumed < available.len();
-    let ended = |complete: bool, reusable: bool| Streamed {
-        forwarded: Forwarded {
-            status: head.status,
-            keep_alive: keep_alive && complete,
-        },
-        upstream_reusable: reusable,
+    let ended = |complete: bool, reusable: bool| {
+        StreamEnd::Done(Streamed {
+            forwarded: Forwarded {
+                status: head.status,
+                keep_alive: keep_alive && complete,
+            },
+            upstream_reusable: reusable,
+            upstream_failed: false,
+        })
     };
     if !write_client(client).await {
         core.metrics().incr(Counter::DownstreamAborts);
         return Ok(ended(false, false));
     }
+    let upstream_failed = |client: &mut ClientSide<'_>, tracker: &BodyTracker| {
+        let at_boundary =
+            matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
+        let can_tell =
+            event_stream && framing == DownstreamFraming::ChunkedPassthrough && at_boundary;
+        if can_tell {
+            client.write_buf.clear();
+            client
+                .write_buf
+                .extend_from_slice(STREAM_ABORTED_EVENT_CHUNK);
+        }
+        can_tell
+    };
+    let failed = |_: ()| {
+        StreamEnd::Done(Streamed {
+            forwarded: Forwarded {
+                status: head.status,
+                keep_alive: false,
+            },
+            upstream_reusable: false,
+            upstream_failed: true,
+        })
+    };
     while !tracker.is_done() {
         up.read_buf.clear();
         let read_buf = std::mem::take(&mut up.read_buf);
@@ -377,11 +544,17 @@ async fn stream_back(
             Ok(n) if n > 0 => n,
             Ok(_) => {
                 count_error(core, ErrorKind::UpstreamClosed);
-                return Ok(ended(false, false));
+                if upstream_failed(client, &tracker) {
+                    write_client(client).await;
+                }
+                return Ok(failed(()));
             }
             Err(e) => {
                 count_error(core, upstream_io_error(e, "stream body").kind);
-                return Ok(ended(false, false));
+                if upstream_failed(client, &tracker) {
+                    write_client(client).await;
+                }
+                return Ok(failed(()));
             }
         };
         client.write_buf.clear();
@@ -389,7 +562,7 @@ async fn stream_back(
             Ok(consumed) => consumed,
             Err(e) => {
                 count_error(core, e.kind);
-                return Ok(ended(false, false));
+                return Ok(failed(()));
             }
         };
         leftover |= consumed < n;
@@ -404,6 +577,10 @@ async fn stream_back(
         head.keep_alive && !leftover && tracker.is_done(),
     ))
 }
+
+/// The last chunk written to a streaming client whose worker failed mid-stream: one SSE error
+/// event, then the terminating chunk, so the client sees a clear error instead of a cut stream.
+const STREAM_ABORTED_EVENT_CHUNK: &[u8] = b"72\r\ndata: {\"error\":{\"message\":\"the worker closed the stream before it finished\",\"type\":\"upstream_error\",\"code\":502}}\n\n\r\n0\r\n\r\n";
 
 /// Writes `client.write_buf` to the client.
 async fn write_client(client: &mut ClientSide<'_>) -> bool {
@@ -437,9 +614,11 @@ async fn write_client_from(
 
 /// The record phase: tell the control core where this request went.
 fn record_dispatch(core: &DataCore, worker: &WorkerEntry) {
+    let tick = core.shared.tick_now();
     let record = DispatchRecord {
         worker: worker.id,
-        tick: core.shared.tick_now(),
+        tick,
+        key: core.router.borrow_mut().record(worker.id, tick),
     };
     if core.shared.dispatch_queues[core.index]
         .push(record)

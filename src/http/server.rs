@@ -45,7 +45,12 @@ pub struct DataCore {
 impl DataCore {
     /// A data core with an empty pool.
     pub fn new(index: usize, shared: Arc<Shared>) -> Self {
-        let router = Router::new(shared.config.policy, index as u64);
+        let router = Router::new(
+            shared.config.policy.clone(),
+            index as u64,
+            shared.take_index_reader(index),
+            shared.policy_metrics[index].clone(),
+        );
         DataCore {
             index,
             shared,
@@ -152,6 +157,16 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
     let endpoint = Endpoint::of_path(request.head.path(&down.read_buf));
     let method = request.head.method;
     let keep_alive = request.head.keep_alive;
+    if endpoint == Endpoint::Unknown {
+        let path = std::str::from_utf8(request.head.path(&down.read_buf)).unwrap_or("");
+        let method_text = request.head.method_text(&down.read_buf);
+        if let Some(route) = crate::workers::admin::route_admin(method_text, path) {
+            let (status, keep) =
+                crate::workers::admin::serve::serve_admin(core, down, request, route).await;
+            core.metrics().record_request(method, endpoint, status);
+            return keep;
+        }
+    }
     let (status, keep) = match endpoint.handling(method) {
         Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint).await {
             Ok(done) => (done.status, done.keep_alive),

@@ -1,3 +1,116 @@
 //! Routing policies: the `cache_aware` decision flow, the expected-wait scorer, and the simpler
 //! policies (`random`, `round_robin`, `power_of_two`, `least_load`, `prefix_hash`,
 //! `consistent_hashing`).
+//!
+//! Key types: [`PolicyArgs`] (SMG's flags, validated into a [`PolicyConfig`]), [`WorkerStatus`] (what
+//! a decision knows about one worker slot), [`cache_aware::select`] (the spec's decision flow as one
+//! pure function), [`Router`] (one per data core: dispatches to the configured policy, counts each
+//! decision in its [`PolicyMetrics`] and logs it). Nothing here does I/O or awaits; a decision on
+//! the common path does not allocate. Errors: only flag validation fails ([`PolicyArgsError`], the
+//! binary prints it and exits non-zero); a decision with no eligible worker is `None` (the gateway
+//! answers 503).
+
+mod args;
+pub mod cache_aware;
+mod data_core;
+mod expected_wait;
+mod hashing;
+mod metrics;
+mod recent;
+mod router;
+mod simple;
+
+pub use args::{
+    CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyArgsError, PolicyConfig, PolicyKind,
+};
+pub use data_core::{model_hash, CoreRouting, RecordKey};
+pub use expected_wait::{Fleet, SpillGate};
+pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
+pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
+pub use recent::{KeyData, RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
+pub use router::{IndexKind, Route, RouteRequest, Router, LOG_TARGET};
+pub use simple::{
+    consistent_hashing, least_load, power_of_two, prefix_hash, prefix_hash_key, random, round_robin,
+};
+
+use crate::workers::WorkerId;
+
+/// The last load report of a worker (SGLang `/v1/loads` or engine metrics), as the policy reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WorkerLoad {
+    /// Requests the engine is decoding.
+    pub running: u32,
+    /// Requests queued in the engine.
+    pub waiting: u32,
+    /// Prompt tokens of queued requests that are not in the engine's cache (prefill backlog).
+    pub waiting_uncached_tokens: u64,
+    /// KV-cache usage, 0.0 (empty) to 1.0 (full).
+    pub token_usage: f64,
+    /// Generation throughput in tokens per second (0 when idle).
+    pub gen_throughput: f64,
+}
+
+/// What a decision knows about one worker slot. A slice of these is indexed by `WorkerId`:
+/// `workers[id.index()]` describes worker `id`; removed or empty slots are not eligible.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WorkerStatus {
+    /// Healthy, circuit breaker allows traffic, not excluded by overload protection.
+    pub eligible: bool,
+    /// Requests this gateway has in flight to the worker (all data cores summed).
+    pub in_flight: u32,
+    /// The worker's last load report, if it reports load.
+    pub load: Option<WorkerLoad>,
+    /// Prompt tokens dispatched to the worker since its last load report (not yet in the report).
+    pub credited_tokens: u64,
+}
+
+/// Which step of the decision flow chose the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Branch {
+    /// A holder of the matched prefix (step 5, candidate not hot).
+    TreeMatch,
+    /// Every holder was hot (or none was eligible): the least-waiting non-hot worker (step 5).
+    Spill,
+    /// Cache miss: the least-waiting eligible worker (step 6).
+    ExpectedWaitFallback,
+    /// The request had no routing key to look up (empty text, no tokens): the least-waiting
+    /// eligible worker. SMG's name for decisions made without the tree; unlike SMG, never index 0.
+    FirstHealthyFallback,
+    /// KV pressure suspended affinity (step 2). Not counted in the branch counter (spec).
+    KvPressure,
+}
+
+impl Branch {
+    /// The branches counted by `smg_cache_aware_policy_branch_total`, in exposition order.
+    pub const COUNTED: [Branch; 4] = [
+        Branch::TreeMatch,
+        Branch::Spill,
+        Branch::ExpectedWaitFallback,
+        Branch::FirstHealthyFallback,
+    ];
+
+    /// The metric label / log value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Branch::TreeMatch => "tree_match",
+            Branch::Spill => "spill",
+            Branch::ExpectedWaitFallback => "expected_wait_fallback",
+            Branch::FirstHealthyFallback => "first_healthy_fallback",
+            Branch::KvPressure => "kv_pressure_expected_wait",
+        }
+    }
+}
+
+/// The outcome of one routing decision.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Decision {
+    /// The worker to forward to (and, in tree mode, to record as a holder of the prefix: step 7).
+    pub worker: WorkerId,
+    /// Which step chose it.
+    pub branch: Branch,
+    /// Matched length over request length (0 when nothing was looked up).
+    pub match_ratio: f64,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,2 +1,277 @@
 //! Endpoint classification and extraction of the routing input (model, token IDs or text, cache
 //! partition namespace) from a request head and body.
+//!
+//! Key types: [`Endpoint`] (which routed API a path is), [`RoutingInput`] (a reusable, per-connection
+//! buffer that [`extract`] fills; it keeps its capacity so the steady state does not allocate) and
+//! [`RoutingKey`] (what the policy looks up: token IDs or text, never both).
+//!
+//! Precedence, per the spec ("How the Prefix Index Works"): a valid `x-smg-routing-tokens` header
+//! (regular mode only) beats `/generate` `input_ids`, which beat text. A malformed or oversized header
+//! is ignored, never an error. Errors: only a body that is not a JSON object is an error
+//! ([`RequestError`]); the gateway answers it with its [`RequestError::status`] (400). Fields of an
+//! unexpected type are ignored: the engine, not the router, rejects them.
+
+mod body;
+mod header;
+mod partition;
+
+pub use header::{parse_routing_tokens, ROUTING_TOKENS_BYTES_MAX, ROUTING_TOKENS_IDS_MAX};
+pub use partition::{PartitionFields, PartitionNamespace};
+
+/// The header carrying the prompt's leading token IDs (comma-separated decimals).
+pub const ROUTING_TOKENS_HEADER: &str = "x-smg-routing-tokens";
+/// The header naming a routing key for `--policy consistent_hashing`.
+pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
+/// The header naming the exact worker URL for `--policy consistent_hashing`.
+pub const TARGET_WORKER_HEADER: &str = "x-smg-target-worker";
+
+/// A routed API endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// SGLang native `POST /generate` (`text` or `input_ids`).
+    Generate,
+    /// OpenAI `POST /v1/chat/completions` (`messages`).
+    ChatCompletions,
+    /// OpenAI `POST /v1/completions` (`prompt`).
+    Completions,
+    /// Anthropic `POST /v1/messages` (`system`, `messages`).
+    Messages,
+}
+
+impl Endpoint {
+    /// Classifies a request path (the query string, if any, is ignored). `None` for every path
+    /// that is not a routed inference endpoint.
+    pub fn classify(path: &str) -> Option<Endpoint> {
+        let path = path.split_once('?').map_or(path, |(p, _)| p);
+        match path {
+            "/generate" => Some(Endpoint::Generate),
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/messages" => Some(Endpoint::Messages),
+            _ => None,
+        }
+    }
+
+    /// The path as SMG names it, for logs and metrics labels.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Generate => "/generate",
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Messages => "/v1/messages",
+        }
+    }
+}
+
+/// Whether the gateway runs in regular mode or prefill-decode disaggregated (PD) mode. The
+/// `x-smg-routing-tokens` hint applies in regular mode only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RoutingMode {
+    /// One worker serves the whole request.
+    #[default]
+    Regular,
+    /// Prefill and decode run on separate workers.
+    PrefillDecode,
+}
+
+/// The request-head facts extraction reads besides the body.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RoutingHeaders<'a> {
+    /// Regular or PD mode.
+    pub mode: RoutingMode,
+    /// The raw value of `x-smg-routing-tokens`, if present.
+    pub routing_tokens: Option<&'a [u8]>,
+    /// The raw value of `x-smg-routing-key`, if present.
+    pub routing_key: Option<&'a [u8]>,
+    /// The raw value of `x-smg-target-worker`, if present.
+    pub target_worker: Option<&'a [u8]>,
+}
+
+/// Where the routing key of a request came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// The `x-smg-routing-tokens` header.
+    TokensHeader,
+    /// `/generate` `input_ids` (the first sequence of a batch).
+    InputIds,
+    /// The prompt text (or the messages' text in order).
+    Text,
+}
+
+/// What the policy looks up in the index: token IDs (token tree) or text (string tree). Text and
+/// token requests never match each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoutingKey<'a> {
+    /// Token IDs: looked up in the token tree.
+    Tokens(&'a [u32]),
+    /// Text: looked up in the string tree (may be empty: nothing to match).
+    Text(&'a str),
+}
+
+impl RoutingKey<'_> {
+    /// True when there is nothing to look up.
+    pub fn is_empty(&self) -> bool {
+        match self {
+            RoutingKey::Tokens(tokens) => tokens.is_empty(),
+            RoutingKey::Text(text) => text.is_empty(),
+        }
+    }
+}
+
+/// The body is not usable as a routed request. Each kind maps to HTTP 400.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RequestError {
+    /// The body is not valid JSON.
+    #[error("request body is not valid JSON: {category} at line {line} column {column}")]
+    MalformedJson {
+        /// serde_json's error category (`syntax`, `eof`, `data`, `io`).
+        category: &'static str,
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column of the error.
+        column: usize,
+    },
+}
+
+impl RequestError {
+    /// The HTTP status the gateway answers with.
+    pub fn status(&self) -> u16 {
+        400
+    }
+
+    /// The OpenAI-style error `type` for the JSON error body.
+    pub fn error_type(&self) -> &'static str {
+        "invalid_request_error"
+    }
+}
+
+/// The routing input of one request, reused across requests: [`extract`] clears and refills it,
+/// keeping the buffers' capacity.
+#[derive(Debug, Default)]
+pub struct RoutingInput {
+    endpoint: Option<Endpoint>,
+    model: String,
+    text: String,
+    tokens: Vec<u32>,
+    source: Option<KeySource>,
+    namespace: PartitionNamespace,
+    routing_key_hash: Option<u64>,
+    target_worker: String,
+    /// Scratch for the Messages API `system` field, prepended to the messages' text.
+    system: String,
+}
+
+impl RoutingInput {
+    /// An empty input; buffers grow on first use and are kept.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The endpoint of the last extraction.
+    pub fn endpoint(&self) -> Option<Endpoint> {
+        self.endpoint
+    }
+
+    /// The `model` field (empty when absent, as on most `/generate` requests).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// The routing key: token IDs when the request carries them, its text otherwise.
+    pub fn key(&self) -> RoutingKey<'_> {
+        match self.source {
+            Some(KeySource::TokensHeader | KeySource::InputIds) => RoutingKey::Tokens(&self.tokens),
+            _ => RoutingKey::Text(&self.text),
+        }
+    }
+
+    /// Where the key came from (`None` before the first extraction).
+    pub fn key_source(&self) -> Option<KeySource> {
+        self.source
+    }
+
+    /// The cache partition namespace (unpartitioned unless a partition field was set).
+    pub fn namespace(&self) -> PartitionNamespace {
+        self.namespace
+    }
+
+    /// xxh3 of the `x-smg-routing-key` header value, if present and non-empty.
+    pub fn routing_key_hash(&self) -> Option<u64> {
+        self.routing_key_hash
+    }
+
+    /// The `x-smg-target-worker` header value, if present and non-empty.
+    pub fn target_worker(&self) -> Option<&str> {
+        (!self.target_worker.is_empty()).then_some(self.target_worker.as_str())
+    }
+
+    fn clear(&mut self) {
+        self.endpoint = None;
+        self.model.clear();
+        self.text.clear();
+        self.tokens.clear();
+        self.source = None;
+        self.namespace = PartitionNamespace::UNPARTITIONED;
+        self.routing_key_hash = None;
+        self.target_worker.clear();
+        self.system.clear();
+    }
+}
+
+/// Fills `input` with the routing input of one request: classify-then-extract is the gateway's
+/// job; this reads the body (without building a DOM) and the routing headers.
+pub fn extract(
+    endpoint: Endpoint,
+    body: &[u8],
+    headers: RoutingHeaders<'_>,
+    input: &mut RoutingInput,
+) -> Result<(), RequestError> {
+    input.clear();
+    input.endpoint = Some(endpoint);
+    let header_tokens = headers.mode == RoutingMode::Regular
+        && headers
+            .routing_tokens
+            .is_some_and(|value| parse_routing_tokens(value, &mut input.tokens));
+    if !header_tokens {
+        input.tokens.clear();
+    }
+    let partition = body::read(endpoint, body, !header_tokens, input)?;
+    input.namespace = partition;
+    input.source = Some(if header_tokens {
+        KeySource::TokensHeader
+    } else if !input.tokens.is_empty() {
+        KeySource::InputIds
+    } else {
+        KeySource::Text
+    });
+    if !input.system.is_empty() && !header_tokens {
+        join_system_prompt(&mut input.text, &input.system);
+    }
+    read_hashing_headers(headers, input);
+    Ok(())
+}
+
+/// Messages API: the `system` prompt comes first, then the messages, one space between.
+fn join_system_prompt(text: &mut String, system: &str) {
+    if text.is_empty() {
+        text.push_str(system);
+    } else {
+        text.insert(0, ' ');
+        text.insert_str(0, system);
+    }
+}
+
+fn read_hashing_headers(headers: RoutingHeaders<'_>, input: &mut RoutingInput) {
+    if let Some(key) = headers.routing_key.filter(|k| !k.is_empty()) {
+        input.routing_key_hash = Some(xxhash_rust::xxh3::xxh3_64(key));
+    }
+    if let Some(url) = headers
+        .target_worker
+        .and_then(|v| std::str::from_utf8(v).ok())
+    {
+        input.target_worker.push_str(url.trim());
+    }
+}
+
+#[cfg(test)]
+mod tests;

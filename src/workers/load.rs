@@ -1,1 +1,704 @@
 //! Load reports: `GET /v1/loads` (SGLang schema) or Prometheus `/metrics` (SGLang, vLLM names).
+//!
+//! Owns [`LoadReport`] (one worker's load, aggregated over its data-parallel ranks), the two
+//! parsers that build it ([`parse_v1_loads`], [`parse_prometheus`]), the per-worker memory of
+//! which endpoint answers ([`LoadEndpoint`]), and the Prometheus rendering of the
+//! `smg_engine_*` gauges ([`render_engine_gauges`]). Parsing never panics: malformed input is a
+//! typed [`LoadParseError`], and the control core then keeps the worker *without* a signal — a
+//! worker without a signal is never penalized for it (the policy treats it as unknown, not busy).
+
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+
+/// The largest load response body the control core reads. A `/metrics` page of a busy vLLM
+/// server with histograms is a few hundred KiB; anything beyond this is not a load report.
+pub const LOAD_BODY_BYTES_MAX: usize = 4 << 20;
+
+/// The most data-parallel ranks one report may list. SGLang's largest DP deployments use 64
+/// ranks per server; a bound keeps a malformed report from costing unbounded work.
+pub const DP_RANKS_MAX: usize = 1024;
+
+/// One worker's load, aggregated over its data-parallel ranks: counts, token totals and
+/// throughput are summed; usage, hit rate and utilization are averaged over the ranks that
+/// reported them. Fields an engine did not report are `None` and must not be read as zero load.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadReport {
+    /// Requests the engine is decoding now.
+    pub running_requests: u64,
+    /// Requests queued, waiting for prefill.
+    pub waiting_requests: u64,
+    /// Prompt tokens of the queued requests that are not in the engine's cache.
+    pub waiting_uncached_tokens: Option<u64>,
+    /// KV-cache tokens in use.
+    pub used_tokens: Option<u64>,
+    /// KV-cache capacity in tokens.
+    pub max_total_tokens: Option<u64>,
+    /// KV-cache usage in `[0, 1]`, averaged over ranks.
+    pub token_usage: Option<f64>,
+    /// Generated tokens per second, summed over ranks.
+    pub gen_throughput_tps: Option<f64>,
+    /// Prefix-cache hit rate in `[0, 1]`, averaged over ranks.
+    pub cache_hit_rate: Option<f64>,
+    /// Engine utilization in `[0, 1]`, averaged over ranks.
+    pub utilization: Option<f64>,
+    /// How many data-parallel ranks (or engine series) the report aggregates.
+    pub dp_ranks: u32,
+}
+
+impl LoadReport {
+    /// The report as the routing policy reads it. Fields the engine did not report read as zero
+    /// (never as pressure): no signal is never a penalty.
+    pub fn to_policy_load(&self) -> crate::policy::WorkerLoad {
+        crate::policy::WorkerLoad {
+            running: u32::try_from(self.running_requests).unwrap_or(u32::MAX),
+            waiting: u32::try_from(self.waiting_requests).unwrap_or(u32::MAX),
+            waiting_uncached_tokens: self.waiting_uncached_tokens.unwrap_or(0),
+            token_usage: self.token_usage.unwrap_or(0.0),
+            gen_throughput: self.gen_throughput_tps.unwrap_or(0.0),
+        }
+    }
+}
+
+/// Why a load response was not turned into a report.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadParseError {
+    /// The body is not the expected JSON shape.
+    #[error("malformed /v1/loads body: {0}")]
+    Json(String),
+    /// The body is larger than [`LOAD_BODY_BYTES_MAX`].
+    #[error("load body of {0} bytes is over the limit")]
+    TooLarge(usize),
+    /// More ranks than [`DP_RANKS_MAX`].
+    #[error("load report lists {0} ranks, over the limit")]
+    TooManyRanks(usize),
+    /// A number is negative, NaN or infinite.
+    #[error("load field {0} is not a finite non-negative number")]
+    BadNumber(&'static str),
+    /// The body parsed but carries none of the signals we read.
+    #[error("load body carries no load signal")]
+    NoSignal,
+}
+
+/// Which endpoint a worker's load is read from. Starts at `/v1/loads`; a worker that answers it
+/// with 404, 405 or 501 is remembered as not having it and is read through `/metrics` from then
+/// on (the memory lives per worker, on the control core).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LoadEndpoint {
+    /// SGLang's JSON `GET /v1/loads`.
+    #[default]
+    V1Loads,
+    /// Prometheus text `GET /metrics`.
+    Metrics,
+}
+
+impl LoadEndpoint {
+    /// The request path for this endpoint.
+    pub fn path(self) -> &'static str {
+        match self {
+            LoadEndpoint::V1Loads => "/v1/loads",
+            LoadEndpoint::Metrics => "/metrics",
+        }
+    }
+
+    /// The endpoint to use next, given the HTTP status the current one answered with.
+    pub fn after_status(self, status: u16) -> LoadEndpoint {
+        match (self, status) {
+            (LoadEndpoint::V1Loads, 404 | 405 | 501) => LoadEndpoint::Metrics,
+            (current, _) => current,
+        }
+    }
+}
+
+/// Parse a load response body read from `endpoint`.
+pub fn parse_load_body(endpoint: LoadEndpoint, body: &[u8]) -> Result<LoadReport, LoadParseError> {
+    if body.len() > LOAD_BODY_BYTES_MAX {
+        return Err(LoadParseError::TooLarge(body.len()));
+    }
+    match endpoint {
+        LoadEndpoint::V1Loads => parse_v1_loads(body),
+        LoadEndpoint::Metrics => parse_prometheus(&String::from_utf8_lossy(body)),
+    }
+}
+
+/// SGLang's `/v1/loads` body: `{"loads": [ {per-rank fields}, ... ], ...}`.
+#[derive(Deserialize)]
+struct V1LoadsBody {
+    loads: Vec<V1RankLoad>,
+}
+
+/// One rank of `/v1/loads`. Every field is optional so that older and newer SGLang versions
+/// both parse; unknown fields are ignored.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct V1RankLoad {
+    #[allow(dead_code)]
+    dp_rank: Option<i64>,
+    num_running_reqs: Option<f64>,
+    num_waiting_reqs: Option<f64>,
+    num_waiting_uncached_tokens: Option<f64>,
+    num_used_tokens: Option<f64>,
+    max_total_num_tokens: Option<f64>,
+    token_usage: Option<f64>,
+    gen_throughput: Option<f64>,
+    cache_hit_rate: Option<f64>,
+    utilization: Option<f64>,
+}
+
+/// Parse SGLang's `GET /v1/loads` JSON into one report aggregated over its ranks.
+pub fn parse_v1_loads(body: &[u8]) -> Result<LoadReport, LoadParseError> {
+    let parsed: V1LoadsBody =
+        serde_json::from_slice(body).map_err(|e| LoadParseError::Json(e.to_string()))?;
+    if parsed.loads.len() > DP_RANKS_MAX {
+        return Err(LoadParseError::TooManyRanks(parsed.loads.len()));
+    }
+    let mut acc = RankAccumulator::default();
+    for rank in &parsed.loads {
+        acc.add_rank(&RankSample {
+            running: rank.num_running_reqs,
+            waiting: rank.num_waiting_reqs,
+            waiting_uncached_tokens: rank.num_waiting_uncached_tokens,
+            used_tokens: rank.num_used_tokens,
+            max_total_tokens: rank.max_total_num_tokens,
+            token_usage: rank.token_usage,
+            gen_throughput: rank.gen_throughput,
+            cache_hit_rate: rank.cache_hit_rate,
+            utilization: rank.utilization,
+        })?;
+    }
+    acc.finish(parsed.loads.len())
+}
+
+/// One rank's (or one Prometheus series set's) raw numbers before aggregation.
+#[derive(Default, Clone, Copy)]
+struct RankSample {
+    running: Option<f64>,
+    waiting: Option<f64>,
+    waiting_uncached_tokens: Option<f64>,
+    used_tokens: Option<f64>,
+    max_total_tokens: Option<f64>,
+    token_usage: Option<f64>,
+    gen_throughput: Option<f64>,
+    cache_hit_rate: Option<f64>,
+    utilization: Option<f64>,
+}
+
+/// A sum and a count, for fields summed or averaged over ranks.
+#[derive(Default, Clone, Copy)]
+struct Total {
+    sum: f64,
+    count: u32,
+}
+
+impl Total {
+    fn add(&mut self, name: &'static str, value: Option<f64>) -> Result<(), LoadParseError> {
+        let Some(v) = value else { return Ok(()) };
+        if !v.is_finite() || v < 0.0 {
+            return Err(LoadParseError::BadNumber(name));
+        }
+        self.sum += v;
+        self.count += 1;
+        Ok(())
+    }
+
+    fn sum(self) -> Option<f64> {
+        (self.count > 0).then_some(self.sum)
+    }
+
+    fn sum_u64(self) -> Option<u64> {
+        // Float-to-int `as` saturates; the inputs are finite and non-negative.
+        self.sum().map(|s| s.round() as u64)
+    }
+
+    fn mean(self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum / f64::from(self.count))
+    }
+}
+
+/// Aggregates ranks: counts, tokens and throughput summed; ratios averaged.
+#[derive(Default)]
+struct RankAccumulator {
+    running: Total,
+    waiting: Total,
+    waiting_uncached_tokens: Total,
+    used_tokens: Total,
+    max_total_tokens: Total,
+    token_usage: Total,
+    gen_throughput: Total,
+    cache_hit_rate: Total,
+    utilization: Total,
+}
+
+impl RankAccumulator {
+    fn add_rank(&mut self, s: &RankSample) -> Result<(), LoadParseError> {
+        self.running.add("num_running_reqs", s.running)?;
+        self.waiting.add("num_waiting_reqs", s.waiting)?;
+        self.waiting_uncached_tokens
+            .add("num_waiting_uncached_tokens", s.waiting_uncached_tokens)?;
+        self.used_tokens.add("num_used_tokens", s.used_tokens)?;
+        self.max_total_tokens
+            .add("max_total_num_tokens", s.max_total_tokens)?;
+        self.token_usage.add("token_usage", s.token_usage)?;
+        self.gen_throughput
+            .add("gen_throughput", s.gen_throughput)?;
+        self.cache_hit_rate
+            .add("cache_hit_rate", s.cache_hit_rate)?;
+        self.utilization.add("utilization", s.utilization)?;
+        Ok(())
+    }
+
+    fn finish(self, ranks: usize) -> Result<LoadReport, LoadParseError> {
+        let has_signal = self.running.count > 0
+            || self.waiting.count > 0
+            || self.token_usage.count > 0
+            || self.waiting_uncached_tokens.count > 0;
+        if !has_signal {
+            return Err(LoadParseError::NoSignal);
+        }
+        Ok(LoadReport {
+            running_requests: self.running.sum_u64().unwrap_or(0),
+            waiting_requests: self.waiting.sum_u64().unwrap_or(0),
+            waiting_uncached_tokens: self.waiting_uncached_tokens.sum_u64(),
+            used_tokens: self.used_tokens.sum_u64(),
+            max_total_tokens: self.max_total_tokens.sum_u64(),
+            token_usage: self.token_usage.mean().map(|u| u.min(1.0)),
+            gen_throughput_tps: self.gen_throughput.sum(),
+            cache_hit_rate: self.cache_hit_rate.mean().map(|r| r.min(1.0)),
+            utilization: self.utilization.mean().map(|u| u.min(1.0)),
+            dp_ranks: u32::try_from(ranks).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+/// The load signal a Prometheus metric name carries, for SGLang (`sglang:` or `sglang_`) and
+/// vLLM (`vllm:`) names.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PromSignal {
+    Running,
+    Waiting,
+    WaitingUncachedTokens,
+    UsedTokens,
+    MaxTotalTokens,
+    TokenUsage,
+    GenThroughput,
+    CacheHitRate,
+    Utilization,
+    /// vLLM's older name for KV usage; read only when the newer one is absent.
+    TokenUsageLegacy,
+    /// vLLM prefix-cache counters; their ratio is the hit rate when no gauge reports it.
+    PrefixCacheHits,
+    PrefixCacheQueries,
+}
+
+fn prom_signal(name: &str) -> Option<PromSignal> {
+    use PromSignal::*;
+    if let Some(rest) = name
+        .strip_prefix("sglang:")
+        .or_else(|| name.strip_prefix("sglang_"))
+    {
+        return match rest {
+            "num_running_reqs" => Some(Running),
+            "num_queue_reqs" | "num_waiting_reqs" => Some(Waiting),
+            "num_waiting_uncached_tokens" => Some(WaitingUncachedTokens),
+            "num_used_tokens" => Some(UsedTokens),
+            "max_total_num_tokens" => Some(MaxTotalTokens),
+            "token_usage" => Some(TokenUsage),
+            "gen_throughput" => Some(GenThroughput),
+            "cache_hit_rate" => Some(CacheHitRate),
+            "utilization" => Some(Utilization),
+            _ => None,
+        };
+    }
+    match name.strip_prefix("vllm:")? {
+        "num_requests_running" => Some(Running),
+        "num_requests_waiting" => Some(Waiting),
+        "kv_cache_usage_perc" => Some(TokenUsage),
+        "gpu_cache_usage_perc" => Some(TokenUsageLegacy),
+        "prefix_cache_hits_total" => Some(PrefixCacheHits),
+        "prefix_cache_queries_total" => Some(PrefixCacheQueries),
+        "avg_generation_throughput_toks_per_s" => Some(GenThroughput),
+        "gpu_prefix_cache_hit_rate" => Some(CacheHitRate),
+        _ => None,
+    }
+}
+
+/// Split one exposition line into metric name and value, ignoring labels and timestamp.
+/// Returns `None` for comments, blank lines and lines that do not parse.
+fn prom_line(line: &str) -> Option<(&str, f64)> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(|c: char| c == '{' || c.is_ascii_whitespace())?;
+    let name = &line[..name_end];
+    let after_labels = if line[name_end..].starts_with('{') {
+        // Label values may contain spaces but not an unescaped `}` followed by a space; the
+        // last `}` ends the label set.
+        let close = line.rfind('}')?;
+        &line[close + 1..]
+    } else {
+        &line[name_end..]
+    };
+    let value_text = after_labels.split_ascii_whitespace().next()?;
+    let value = value_text.parse::<f64>().ok()?;
+    Some((name, value))
+}
+
+/// Parse Prometheus text exposition with SGLang or vLLM metric names into one report. Each
+/// series of a signal (one per DP rank or engine label set) counts as one rank.
+pub fn parse_prometheus(text: &str) -> Result<LoadReport, LoadParseError> {
+    let mut acc = RankAccumulator::default();
+    let mut series_max = 0usize;
+    let mut series_per_signal = [0usize; PROM_SIGNALS];
+    let mut legacy_usage = Total::default();
+    let (mut hits, mut queries) = (Total::default(), Total::default());
+    for (name, value) in text.lines().filter_map(prom_line) {
+        let Some(signal) = prom_signal(name) else {
+            continue;
+        };
+        let slot = &mut series_per_signal[signal as usize];
+        *slot += 1;
+        if *slot > DP_RANKS_MAX {
+            return Err(LoadParseError::TooManyRanks(*slot));
+        }
+        match signal {
+            PromSignal::TokenUsageLegacy => legacy_usage.add("token_usage", Some(value))?,
+            PromSignal::PrefixCacheHits => hits.add("prefix_cache_hits", Some(value))?,
+            PromSignal::PrefixCacheQueries => queries.add("prefix_cache_queries", Some(value))?,
+            _ => {
+                series_max = series_max.max(*slot);
+                acc.add_rank(&prom_sample(signal, value))?;
+            }
+        }
+    }
+    if acc.token_usage.count == 0 {
+        acc.token_usage = legacy_usage;
+    }
+    if acc.cache_hit_rate.count == 0 {
+        if let (Some(h), Some(q)) = (hits.sum(), queries.sum()) {
+            if q > 0.0 {
+                acc.cache_hit_rate.add("cache_hit_rate", Some(h / q))?;
+            }
+        }
+    }
+    acc.finish(series_max.max(legacy_usage.count as usize))
+}
+
+/// How many [`PromSignal`] variants exist (array size for per-signal series counts).
+const PROM_SIGNALS: usize = PromSignal::PrefixCacheQueries as usize + 1;
+
+fn prom_sample(signal: PromSignal, value: f64) -> RankSample {
+    let v = Some(value);
+    let mut s = RankSample::default();
+    match signal {
+        PromSignal::Running => s.running = v,
+        PromSignal::Waiting => s.waiting = v,
+        PromSignal::WaitingUncachedTokens => s.waiting_uncached_tokens = v,
+        PromSignal::UsedTokens => s.used_tokens = v,
+        PromSignal::MaxTotalTokens => s.max_total_tokens = v,
+        PromSignal::TokenUsage => s.token_usage = v,
+        PromSignal::GenThroughput => s.gen_throughput = v,
+        PromSignal::CacheHitRate => s.cache_hit_rate = v,
+        PromSignal::Utilization => s.utilization = v,
+        // Handled by the caller; never reach here.
+        PromSignal::TokenUsageLegacy
+        | PromSignal::PrefixCacheHits
+        | PromSignal::PrefixCacheQueries => {}
+    }
+    s
+}
+
+/// Append the `smg_engine_*` gauges, one series per worker (label `worker`, the URL as given),
+/// in Prometheus text format. Workers without a report are left out: no signal is not zero load.
+pub fn render_engine_gauges<'a>(
+    out: &mut String,
+    workers: impl Iterator<Item = (&'a str, Option<&'a LoadReport>)> + Clone,
+) {
+    type Getter = fn(&LoadReport) -> Option<f64>;
+    const GAUGES: [(&str, &str, Getter); 5] = [
+        (
+            "smg_engine_running_requests",
+            "Requests the engine reports running",
+            |r| Some(r.running_requests as f64),
+        ),
+        (
+            "smg_engine_waiting_requests",
+            "Requests the engine reports queued",
+            |r| Some(r.waiting_requests as f64),
+        ),
+        (
+            "smg_engine_token_usage",
+            "KV-cache token usage the engine reports (0-1)",
+            |r| r.token_usage,
+        ),
+        (
+            "smg_engine_gen_throughput",
+            "Generation throughput the engine reports (tokens/s)",
+            |r| r.gen_throughput_tps,
+        ),
+        (
+            "smg_engine_cache_hit_rate",
+            "Prefix-cache hit rate the engine reports (0-1)",
+            |r| r.cache_hit_rate,
+        ),
+    ];
+    for (name, help, get) in GAUGES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (url, report) in workers.clone() {
+            if let Some(value) = report.and_then(get) {
+                let _ = writeln!(out, "{name}{{worker=\"{}\"}} {value}", escape_label(url));
+            }
+        }
+    }
+}
+
+/// Escape a Prometheus label value (backslash, double quote, newline).
+pub fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO_RANKS: &str = r#"{"timestamp":"x","dp_rank_count":2,"loads":[
+        {"dp_rank":0,"num_running_reqs":3,"num_waiting_reqs":2,"num_waiting_uncached_tokens":100,
+         "num_used_tokens":500,"max_total_num_tokens":1000,"token_usage":0.5,"gen_throughput":10.0,
+         "cache_hit_rate":0.25,"utilization":0.4,"extra":"ignored"},
+        {"dp_rank":1,"num_running_reqs":1,"num_waiting_reqs":0,"num_waiting_uncached_tokens":50,
+         "num_used_tokens":100,"max_total_num_tokens":1000,"token_usage":0.1,"gen_throughput":30.0,
+         "cache_hit_rate":0.75,"utilization":0.6}]}"#;
+
+    #[test]
+    fn v1_loads_aggregates_ranks_sums_counts_and_averages_ratios() {
+        let r = parse_v1_loads(TWO_RANKS.as_bytes()).unwrap();
+        assert_eq!(r.running_requests, 4);
+        assert_eq!(r.waiting_requests, 2);
+        assert_eq!(r.waiting_uncached_tokens, Some(150));
+        assert_eq!(r.used_tokens, Some(600));
+        assert_eq!(r.max_total_tokens, Some(2000));
+        assert!((r.token_usage.unwrap() - 0.3).abs() < 1e-9);
+        assert!((r.gen_throughput_tps.unwrap() - 40.0).abs() < 1e-9);
+        assert!((r.cache_hit_rate.unwrap() - 0.5).abs() < 1e-9);
+        assert!((r.utilization.unwrap() - 0.5).abs() < 1e-9);
+        assert_eq!(r.dp_ranks, 2);
+    }
+
+    #[test]
+    fn v1_loads_single_rank_with_missing_fields_keeps_them_unknown() {
+        let r =
+            parse_v1_loads(br#"{"loads":[{"num_running_reqs":7,"num_waiting_reqs":1}]}"#).unwrap();
+        assert_eq!(r.running_requests, 7);
+        assert_eq!(r.waiting_requests, 1);
+        assert_eq!(r.token_usage, None);
+        assert_eq!(r.gen_throughput_tps, None);
+        assert_eq!(r.cache_hit_rate, None);
+    }
+
+    #[test]
+    fn v1_loads_malformed_inputs_are_typed_errors() {
+        let cases: [&[u8]; 6] = [
+            b"",
+            b"not json",
+            br#"{"loads": 3}"#,
+            br#"{"no_loads": []}"#,
+            br#"{"loads":[{"num_running_reqs":"many"}]}"#,
+            br#"{"loads":[{"num_running_reqs":1"#,
+        ];
+        for body in cases {
+            assert!(
+                matches!(parse_v1_loads(body), Err(LoadParseError::Json(_))),
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn v1_loads_rejects_negative_numbers_and_empty_reports() {
+        assert_eq!(
+            parse_v1_loads(br#"{"loads":[{"num_running_reqs":-1}]}"#),
+            Err(LoadParseError::BadNumber("num_running_reqs"))
+        );
+        assert_eq!(
+            parse_v1_loads(br#"{"loads":[]}"#),
+            Err(LoadParseError::NoSignal)
+        );
+        assert_eq!(
+            parse_v1_loads(br#"{"loads":[{"dp_rank":0}]}"#),
+            Err(LoadParseError::NoSignal)
+        );
+    }
+
+    #[test]
+    fn v1_loads_clamps_ratios_to_one() {
+        let r = parse_v1_loads(br#"{"loads":[{"num_running_reqs":0,"token_usage":1.7}]}"#).unwrap();
+        assert_eq!(r.token_usage, Some(1.0));
+    }
+
+    #[test]
+    fn v1_loads_bounds_rank_count() {
+        let ranks = vec![r#"{"num_running_reqs":1}"#; DP_RANKS_MAX + 1].join(",");
+        let body = format!(r#"{{"loads":[{ranks}]}}"#);
+        assert_eq!(
+            parse_v1_loads(body.as_bytes()),
+            Err(LoadParseError::TooManyRanks(DP_RANKS_MAX + 1))
+        );
+    }
+
+    #[test]
+    fn prometheus_sglang_names_with_colon_and_underscore_prefix() {
+        let text = "# HELP sglang:num_running_reqs running\n\
+            # TYPE sglang:num_running_reqs gauge\n\
+            sglang:num_running_reqs{model_name=\"m\",dp_rank=\"0\"} 3\n\
+            sglang:num_running_reqs{model_name=\"m\",dp_rank=\"1\"} 5\n\
+            sglang_num_queue_reqs{model_name=\"m\"} 4\n\
+            sglang:token_usage{dp_rank=\"0\"} 0.2\n\
+            sglang:token_usage{dp_rank=\"1\"} 0.4\n\
+            sglang:gen_throughput 12.5 1700000000000\n\
+            sglang:cache_hit_rate{x=\"a b\"} 0.5\n\
+            unrelated_metric 99\n";
+        let r = parse_prometheus(text).unwrap();
+        assert_eq!(r.running_requests, 8);
+        assert_eq!(r.waiting_requests, 4);
+        assert!((r.token_usage.unwrap() - 0.3).abs() < 1e-9);
+        assert_eq!(r.gen_throughput_tps, Some(12.5));
+        assert_eq!(r.cache_hit_rate, Some(0.5));
+        assert_eq!(r.dp_ranks, 2);
+    }
+
+    #[test]
+    fn prometheus_vllm_names() {
+        let text = "vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 2\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 6\n\
+            vllm:kv_cache_usage_perc{engine=\"0\"} 0.75\n\
+            vllm:gpu_prefix_cache_hit_rate 0.1\n";
+        let r = parse_prometheus(text).unwrap();
+        assert_eq!(r.running_requests, 2);
+        assert_eq!(r.waiting_requests, 6);
+        assert_eq!(r.token_usage, Some(0.75));
+        assert_eq!(r.cache_hit_rate, Some(0.1));
+    }
+
+    #[test]
+    fn prometheus_vllm_legacy_usage_and_hit_rate_from_counters() {
+        // Both usage names for one engine count once; counters give the hit rate.
+        let text = "vllm:num_requests_running 1\n\
+            vllm:gpu_cache_usage_perc 0.5\n\
+            vllm:kv_cache_usage_perc 0.5\n\
+            vllm:prefix_cache_queries_total 200\n\
+            vllm:prefix_cache_hits_total 50\n";
+        let r = parse_prometheus(text).unwrap();
+        assert_eq!(r.token_usage, Some(0.5));
+        assert_eq!(r.dp_ranks, 1);
+        assert_eq!(r.cache_hit_rate, Some(0.25));
+        let legacy_only =
+            parse_prometheus("vllm:num_requests_running 1\nvllm:gpu_cache_usage_perc 0.7\n")
+                .unwrap();
+        assert_eq!(legacy_only.token_usage, Some(0.7));
+        let no_queries =
+            parse_prometheus("vllm:num_requests_running 1\nvllm:prefix_cache_queries_total 0\n")
+                .unwrap();
+        assert_eq!(no_queries.cache_hit_rate, None);
+    }
+
+    #[test]
+    fn prometheus_without_known_names_or_garbage_is_no_signal() {
+        assert_eq!(
+            parse_prometheus("process_cpu_seconds_total 3\n"),
+            Err(LoadParseError::NoSignal)
+        );
+        assert_eq!(
+            parse_prometheus("sglang:num_running_reqs{ nonsense\n}}} x y\n\u{0}\n"),
+            Err(LoadParseError::NoSignal)
+        );
+        assert_eq!(parse_prometheus(""), Err(LoadParseError::NoSignal));
+    }
+
+    #[test]
+    fn prometheus_rejects_nan_and_negative_values() {
+        assert_eq!(
+            parse_prometheus("sglang:num_running_reqs NaN\n"),
+            Err(LoadParseError::BadNumber("num_running_reqs"))
+        );
+        assert_eq!(
+            parse_prometheus("vllm:num_requests_waiting -3\n"),
+            Err(LoadParseError::BadNumber("num_waiting_reqs"))
+        );
+    }
+
+    #[test]
+    fn endpoint_falls_back_to_metrics_only_on_absent_statuses() {
+        let e = LoadEndpoint::default();
+        assert_eq!(e, LoadEndpoint::V1Loads);
+        for status in [200, 500, 503, 400] {
+            assert_eq!(e.after_status(status), LoadEndpoint::V1Loads);
+        }
+        for status in [404, 405, 501] {
+            assert_eq!(e.after_status(status), LoadEndpoint::Metrics);
+        }
+        // Once on /metrics, a worker stays there.
+        assert_eq!(
+            LoadEndpoint::Metrics.after_status(200),
+            LoadEndpoint::Metrics
+        );
+        assert_eq!(LoadEndpoint::Metrics.path(), "/metrics");
+    }
+
+    #[test]
+    fn parse_load_body_dispatches_and_bounds_size() {
+        let big = vec![b' '; LOAD_BODY_BYTES_MAX + 1];
+        assert_eq!(
+            parse_load_body(LoadEndpoint::V1Loads, &big),
+            Err(LoadParseError::TooLarge(LOAD_BODY_BYTES_MAX + 1))
+        );
+        let r = parse_load_body(LoadEndpoint::Metrics, b"sglang:num_running_reqs 1\n").unwrap();
+        assert_eq!(r.running_requests, 1);
+    }
+
+    #[test]
+    fn gauges_render_per_worker_and_skip_workers_without_signal() {
+        let report = parse_v1_loads(TWO_RANKS.as_bytes()).unwrap();
+        let workers = [
+            ("http://127.0.0.1:1", Some(&report)),
+            ("http://127.0.0.1:2", None),
+        ];
+        let mut out = String::new();
+        render_engine_gauges(&mut out, workers.iter().copied());
+        assert!(out.contains("# TYPE smg_engine_running_requests gauge"));
+        assert!(out.contains("smg_engine_running_requests{worker=\"http://127.0.0.1:1\"} 4\n"));
+        assert!(out.contains("smg_engine_waiting_requests{worker=\"http://127.0.0.1:1\"} 2\n"));
+        assert!(out.contains("smg_engine_gen_throughput{worker=\"http://127.0.0.1:1\"} 40\n"));
+        assert!(out.contains("smg_engine_cache_hit_rate{worker=\"http://127.0.0.1:1\"} 0.5\n"));
+        assert!(out.contains("smg_engine_token_usage{worker=\"http://127.0.0.1:1\"} 0.3"));
+        assert!(!out.contains("127.0.0.1:2"));
+    }
+
+    #[test]
+    fn policy_view_reads_unknown_fields_as_zero() {
+        let r =
+            parse_v1_loads(br#"{"loads":[{"num_running_reqs":3,"num_waiting_reqs":5}]}"#).unwrap();
+        let l = r.to_policy_load();
+        assert_eq!((l.running, l.waiting, l.waiting_uncached_tokens), (3, 5, 0));
+        assert_eq!((l.token_usage, l.gen_throughput), (0.0, 0.0));
+        let full = parse_v1_loads(TWO_RANKS.as_bytes())
+            .unwrap()
+            .to_policy_load();
+        assert_eq!(full.waiting_uncached_tokens, 150);
+        assert!((full.gen_throughput - 40.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
+use super::breaker::WorkerSignals;
 use super::{WorkerId, WORKERS_MAX};
 use crate::config::WorkerSpec;
 
@@ -31,12 +32,15 @@ pub enum Health {
 #[derive(Debug)]
 pub struct WorkerSlot {
     health: AtomicU8,
+    /// Circuit state, overload, draining and the last load report (`workers::breaker`).
+    signals: WorkerSignals,
 }
 
 impl WorkerSlot {
     fn new() -> Self {
         WorkerSlot {
             health: AtomicU8::new(Health::Healthy as u8),
+            signals: WorkerSignals::default(),
         }
     }
 }
@@ -132,6 +136,16 @@ impl WorkerTable {
     /// Whether routing may pick `id`.
     pub fn is_healthy(&self, id: WorkerId) -> bool {
         self.slots[id.index()].health.load(Ordering::Acquire) == Health::Healthy as u8
+    }
+
+    /// Whether routing may pick `id`: healthy, circuit not open, not overloaded, not draining.
+    pub fn is_eligible(&self, id: WorkerId) -> bool {
+        self.is_healthy(id) && self.slots[id.index()].signals.allows_traffic()
+    }
+
+    /// The breaker, overload, drain and load signals of `id` (written by the control core only).
+    pub fn signals(&self, id: WorkerId) -> &WorkerSignals {
+        &self.slots[id.index()].signals
     }
 
     /// Requests in flight to `id`, summed over all data cores.

@@ -1,0 +1,303 @@
+//! The policy flags with SMG's names and defaults ([`PolicyArgs`], flattened into the gateway's
+//! command line) and their validation per the spec's "Tuning Knobs" into a [`PolicyConfig`].
+//! A bad value is a [`PolicyArgsError`] naming the flag.
+
+use std::time::Duration;
+
+/// `--policy`: which routing policy the gateway runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PolicyKind {
+    /// Prefix-cache affinity with load balancing (SMG's default).
+    #[default]
+    #[value(name = "cache_aware")]
+    CacheAware,
+    /// Uniformly random eligible worker.
+    #[value(name = "random")]
+    Random,
+    /// Eligible workers in turn.
+    #[value(name = "round_robin")]
+    RoundRobin,
+    /// The less loaded of two random eligible workers.
+    #[value(name = "power_of_two")]
+    PowerOfTwo,
+    /// The lowest expected wait.
+    #[value(name = "least_load")]
+    LeastLoad,
+    /// Hash of the prompt's head on a consistent-hash ring with bounded load.
+    #[value(name = "prefix_hash")]
+    PrefixHash,
+    /// `x-smg-target-worker`, or `x-smg-routing-key` on a consistent-hash ring.
+    #[value(name = "consistent_hashing")]
+    ConsistentHashing,
+}
+
+impl PolicyKind {
+    /// The flag value (SMG's policy name).
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::CacheAware => "cache_aware",
+            PolicyKind::Random => "random",
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::LeastLoad => "least_load",
+            PolicyKind::PrefixHash => "prefix_hash",
+            PolicyKind::ConsistentHashing => "consistent_hashing",
+        }
+    }
+}
+
+/// `--cache-index`: the radix trees, or the TTL'd exact-match placement map.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheIndexKind {
+    /// String and token radix trees.
+    #[default]
+    #[value(name = "tree")]
+    Tree,
+    /// Hash of the request's head at each `--cache-boundaries` position.
+    #[value(name = "hash")]
+    Hash,
+}
+
+/// The routing-policy flags (SMG names and defaults). Flatten into the gateway's clap struct.
+#[derive(Clone, Debug, clap::Args)]
+pub struct PolicyArgs {
+    /// Routing policy.
+    #[arg(long, value_enum, default_value = "cache_aware")]
+    pub policy: PolicyKind,
+    /// Minimum match ratio (matched / request length) for holders of a prefix to be preferred.
+    #[arg(long, default_value_t = 0.3)]
+    pub cache_threshold: f64,
+    /// Spill gate: a holder is hot only above the fleet mean in-flight plus this many requests.
+    #[arg(long, default_value_t = 64)]
+    pub balance_abs_threshold: u32,
+    /// Spill gate: a holder is hot only above this multiple of the fleet mean in-flight.
+    #[arg(long, default_value_t = 1.5)]
+    pub balance_rel_threshold: f64,
+    /// Suspend affinity while any worker's KV usage is above this (0 < x; >= 1.0 disables).
+    #[arg(long)]
+    pub overload_token_usage_threshold: Option<f64>,
+    /// Suspend affinity while hottest minus coldest KV usage is above this (0 < x; >= 1.0 disables).
+    #[arg(long)]
+    pub balance_token_usage_threshold: Option<f64>,
+    /// Shrink a holder's score with its waiting-prefill backlog (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub overlap_decay: f64,
+    /// Sample the holder group by score instead of taking the top group (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub selection_temperature: f64,
+    /// Token-tree page size: matches count whole pages only.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    /// Per-model tree budget: characters (string tree) or tokens (token tree).
+    #[arg(long, default_value_t = 67_108_864)]
+    pub max_tree_size: u64,
+    /// Seconds between eviction cycles.
+    #[arg(long, alias = "eviction-interval-secs", default_value_t = 120)]
+    pub eviction_interval: u64,
+    /// Index kind for cache_aware.
+    #[arg(long, value_enum, default_value = "tree")]
+    pub cache_index: CacheIndexKind,
+    /// Token positions (positive, strictly ascending) for hash mode and prefix_hash.
+    #[arg(long, value_delimiter = ',')]
+    pub cache_boundaries: Vec<u32>,
+    /// Hash mode: how long a placement stays live.
+    #[arg(long, default_value_t = 180)]
+    pub cache_ttl_secs: u64,
+    /// prefix_hash: how many leading tokens are hashed (without --cache-boundaries).
+    #[arg(long, default_value_t = 256)]
+    pub prefix_token_count: u32,
+    /// prefix_hash: a worker takes a key only while its in-flight count is below this multiple of
+    /// the fleet mean (bounded-load consistent hashing).
+    #[arg(long, default_value_t = 1.25)]
+    pub prefix_hash_load_factor: f64,
+}
+
+impl Default for PolicyArgs {
+    fn default() -> Self {
+        <Self as clap::FromArgMatches>::from_arg_matches(
+            &<Self as clap::Args>::augment_args(clap::Command::new("kvgate"))
+                .get_matches_from(["kvgate"]),
+        )
+        .unwrap_or_else(|err| unreachable!("defaults parse: {err}"))
+    }
+}
+
+/// A flag value outside its valid range.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("invalid value for {flag}: {reason}")]
+pub struct PolicyArgsError {
+    /// The flag, with its leading dashes (`--cache-threshold`).
+    pub flag: &'static str,
+    /// Why the value is refused.
+    pub reason: String,
+}
+
+fn refuse(flag: &'static str, reason: impl Into<String>) -> PolicyArgsError {
+    PolicyArgsError {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+/// The cache_aware knobs one decision reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CacheAwareConfig {
+    /// `--cache-threshold`.
+    pub cache_threshold: f64,
+    /// `--balance-abs-threshold`.
+    pub balance_abs_threshold: f64,
+    /// `--balance-rel-threshold`.
+    pub balance_rel_threshold: f64,
+    /// `--overload-token-usage-threshold`; `None` when unset or >= 1.0.
+    pub overload_token_usage_threshold: Option<f64>,
+    /// `--balance-token-usage-threshold`; `None` when unset or >= 1.0.
+    pub balance_token_usage_threshold: Option<f64>,
+    /// `--overlap-decay`.
+    pub overlap_decay: f64,
+    /// `--selection-temperature`.
+    pub selection_temperature: f64,
+    /// `--block-size`.
+    pub block_size: u32,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        PolicyArgs::default()
+            .validate()
+            .map(|c| c.cache_aware)
+            .unwrap_or_else(|err| unreachable!("defaults are valid: {err}"))
+    }
+}
+
+/// Validated policy configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyConfig {
+    /// `--policy`.
+    pub kind: PolicyKind,
+    /// The cache_aware knobs.
+    pub cache_aware: CacheAwareConfig,
+    /// `--max-tree-size`.
+    pub max_tree_size: u64,
+    /// `--eviction-interval`.
+    pub eviction_interval: Duration,
+    /// `--cache-index`.
+    pub cache_index: CacheIndexKind,
+    /// `--cache-boundaries`, strictly ascending.
+    pub cache_boundaries: Vec<u32>,
+    /// `--cache-ttl-secs`.
+    pub cache_ttl: Duration,
+    /// `--prefix-token-count`.
+    pub prefix_token_count: u32,
+    /// `--prefix-hash-load-factor`.
+    pub prefix_hash_load_factor: f64,
+}
+
+impl PolicyArgs {
+    /// Checks every value against "Tuning Knobs" and builds the config.
+    pub fn validate(&self) -> Result<PolicyConfig, PolicyArgsError> {
+        let cache_threshold = unit_interval("--cache-threshold", self.cache_threshold)?;
+        if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold > 0.0) {
+            return Err(refuse(
+                "--balance-rel-threshold",
+                "must be a number above 0",
+            ));
+        }
+        let cache_aware = CacheAwareConfig {
+            cache_threshold,
+            balance_abs_threshold: f64::from(self.balance_abs_threshold),
+            balance_rel_threshold: self.balance_rel_threshold,
+            overload_token_usage_threshold: usage_threshold(
+                "--overload-token-usage-threshold",
+                self.overload_token_usage_threshold,
+            )?,
+            balance_token_usage_threshold: usage_threshold(
+                "--balance-token-usage-threshold",
+                self.balance_token_usage_threshold,
+            )?,
+            overlap_decay: non_negative("--overlap-decay", self.overlap_decay)?,
+            selection_temperature: non_negative(
+                "--selection-temperature",
+                self.selection_temperature,
+            )?,
+            block_size: positive("--block-size", self.block_size)?,
+        };
+        self.validate_boundaries()?;
+        if !(self.prefix_hash_load_factor.is_finite() && self.prefix_hash_load_factor >= 1.0) {
+            return Err(refuse(
+                "--prefix-hash-load-factor",
+                "must be a number of at least 1.0",
+            ));
+        }
+        Ok(PolicyConfig {
+            kind: self.policy,
+            cache_aware,
+            max_tree_size: positive("--max-tree-size", self.max_tree_size)?,
+            eviction_interval: Duration::from_secs(positive(
+                "--eviction-interval",
+                self.eviction_interval,
+            )?),
+            cache_index: self.cache_index,
+            cache_boundaries: self.cache_boundaries.clone(),
+            cache_ttl: Duration::from_secs(positive("--cache-ttl-secs", self.cache_ttl_secs)?),
+            prefix_token_count: positive("--prefix-token-count", self.prefix_token_count)?,
+            prefix_hash_load_factor: self.prefix_hash_load_factor,
+        })
+    }
+
+    fn validate_boundaries(&self) -> Result<(), PolicyArgsError> {
+        let bounds = &self.cache_boundaries;
+        if bounds.first() == Some(&0) {
+            return Err(refuse("--cache-boundaries", "positions must be positive"));
+        }
+        if bounds.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(refuse(
+                "--cache-boundaries",
+                "positions must be strictly ascending",
+            ));
+        }
+        if self.cache_index == CacheIndexKind::Hash && bounds.is_empty() {
+            return Err(refuse(
+                "--cache-boundaries",
+                "required with --cache-index hash",
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn unit_interval(flag: &'static str, value: f64) -> Result<f64, PolicyArgsError> {
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(refuse(flag, format!("{value} is not between 0 and 1")))
+    }
+}
+
+fn non_negative(flag: &'static str, value: f64) -> Result<f64, PolicyArgsError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(refuse(flag, format!("{value} must be 0 or more")))
+    }
+}
+
+/// A token-usage threshold: above 0; 1.0 or more disables the check (`None`).
+fn usage_threshold(flag: &'static str, value: Option<f64>) -> Result<Option<f64>, PolicyArgsError> {
+    match value {
+        None => Ok(None),
+        Some(v) if v.is_nan() || v <= 0.0 => Err(refuse(flag, format!("{v} must be above 0"))),
+        Some(v) if v >= 1.0 => Ok(None),
+        Some(v) => Ok(Some(v)),
+    }
+}
+
+fn positive<T: PartialOrd + Default + std::fmt::Display + Copy>(
+    flag: &'static str,
+    value: T,
+) -> Result<T, PolicyArgsError> {
+    if value > T::default() {
+        Ok(value)
+    } else {
+        Err(refuse(flag, format!("{value} must be above 0")))
+    }
+}

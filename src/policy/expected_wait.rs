@@ -1,0 +1,174 @@
+//! The fleet baseline of a decision ([`Fleet`]: eligible workers, mean in-flight, KV usage spread),
+//! the expected-wait scorer (also `--policy least_load`) and the spill gate ([`SpillGate`]).
+//!
+//! Expected wait, in seconds: the worker's queued prefill backlog plus the token work dispatched
+//! to it since its last report, divided by its reported throughput, plus a penalty that grows as
+//! its KV cache fills. When no eligible worker reports load, the score is the in-flight request
+//! count. Ties are broken uniformly at random (reservoir sampling), never by slot order.
+
+use fastrand::Rng;
+
+use super::{CacheAwareConfig, WorkerStatus};
+
+/// Throughput assumed for a worker that reports 0 (idle) when no eligible worker reports a
+/// positive one: one engine's decode rate, order of magnitude. Only ratios between workers
+/// matter, so its value changes how much the KV penalty weighs against queued work, not the order
+/// of two workers with the same usage.
+pub const THROUGHPUT_FALLBACK_TOKENS_PER_S: f64 = 1_000.0;
+/// The KV penalty at half usage, in seconds; it grows as `u^2 / (1 - u)`, steeply near full.
+pub const KV_PENALTY_SCALE_S: f64 = 1.0;
+/// Usage above this is scored as this, so a full cache gives a large but finite penalty.
+pub const KV_USAGE_CLAMP: f64 = 0.99;
+
+/// Step 1's fleet view plus what the scorer needs, from one pass over the worker slots.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fleet {
+    /// Eligible workers.
+    pub eligible: u32,
+    /// Mean in-flight requests over eligible workers (the spill gate's baseline).
+    pub in_flight_mean: f64,
+    /// Highest and lowest KV usage among eligible workers that report load.
+    pub kv_usage_range: Option<(f64, f64)>,
+    /// Throughput used for a reporting worker whose own report is 0: the mean of the positive
+    /// reports, or [`THROUGHPUT_FALLBACK_TOKENS_PER_S`].
+    throughput_fallback: f64,
+    /// True when at least one eligible worker reports load: score in seconds, else in requests.
+    scores_reports: bool,
+}
+
+impl Fleet {
+    /// Scans the worker slots once.
+    pub fn scan(workers: &[WorkerStatus]) -> Fleet {
+        let (mut eligible, mut in_flight_sum) = (0u32, 0u64);
+        let (mut throughput_sum, mut throughput_count) = (0.0f64, 0u32);
+        let mut kv_usage_range: Option<(f64, f64)> = None;
+        for worker in workers.iter().filter(|w| w.eligible) {
+            eligible += 1;
+            in_flight_sum += u64::from(worker.in_flight);
+            let Some(load) = worker.load else { continue };
+            let usage = load.token_usage;
+            kv_usage_range = Some(match kv_usage_range {
+                None => (usage, usage),
+                Some((hi, lo)) => (hi.max(usage), lo.min(usage)),
+            });
+            if load.gen_throughput > 0.0 {
+                throughput_sum += load.gen_throughput;
+                throughput_count += 1;
+            }
+        }
+        let throughput_fallback = if throughput_count == 0 {
+            THROUGHPUT_FALLBACK_TOKENS_PER_S
+        } else {
+            throughput_sum / f64::from(throughput_count)
+        };
+        Fleet {
+            eligible,
+            in_flight_mean: if eligible == 0 {
+                0.0
+            } else {
+                in_flight_sum as f64 / f64::from(eligible)
+            },
+            kv_usage_range,
+            throughput_fallback,
+            scores_reports: kv_usage_range.is_some(),
+        }
+    }
+
+    /// Step 2: the hottest reporting worker is above `--overload-token-usage-threshold`, or the
+    /// hottest minus the coldest is above `--balance-token-usage-threshold`. Workers without a
+    /// report are not compared.
+    pub fn kv_pressure(&self, config: &CacheAwareConfig) -> bool {
+        let Some((hottest, coldest)) = self.kv_usage_range else {
+            return false;
+        };
+        config
+            .overload_token_usage_threshold
+            .is_some_and(|t| hottest > t)
+            || config
+                .balance_token_usage_threshold
+                .is_some_and(|t| hottest - coldest > t)
+    }
+
+    /// The expected wait of one worker: lower is better. Comparable only within one fleet scan.
+    pub fn expected_wait(&self, worker: &WorkerStatus) -> f64 {
+        if !self.scores_reports {
+            return f64::from(worker.in_flight);
+        }
+        // A worker without a report is never penalized for it: no backlog, no KV usage.
+        let load = worker.load.unwrap_or_default();
+        let throughput = if load.gen_throughput > 0.0 {
+            load.gen_throughput
+        } else {
+            self.throughput_fallback
+        };
+        let work_tokens = load.waiting_uncached_tokens as f64 + worker.credited_tokens as f64;
+        work_tokens / throughput + kv_penalty_s(load.token_usage)
+    }
+
+    /// The eligible worker slot among `slots` with the lowest expected wait, ties uniformly at
+    /// random. `None` when `slots` yields no eligible worker.
+    pub fn lowest_wait(
+        &self,
+        workers: &[WorkerStatus],
+        slots: impl Iterator<Item = usize>,
+        rng: &mut Rng,
+    ) -> Option<usize> {
+        let mut best: Option<(usize, f64)> = None;
+        let mut ties = 0u32;
+        for slot in slots {
+            let Some(worker) = workers.get(slot).filter(|w| w.eligible) else {
+                continue;
+            };
+            let wait = self.expected_wait(worker);
+            match best {
+                Some((_, best_wait)) if wait > best_wait => {}
+                Some((_, best_wait)) if wait == best_wait => {
+                    // Reservoir sampling: the k-th tie replaces the pick with probability 1/k.
+                    ties += 1;
+                    if rng.u32(..ties) == 0 {
+                        best = Some((slot, wait));
+                    }
+                }
+                _ => {
+                    best = Some((slot, wait));
+                    ties = 1;
+                }
+            }
+        }
+        best.map(|(slot, _)| slot)
+    }
+}
+
+/// KV penalty in seconds for a usage between 0 and 1.
+fn kv_penalty_s(usage: f64) -> f64 {
+    let usage = if usage.is_finite() {
+        usage.clamp(0.0, KV_USAGE_CLAMP)
+    } else {
+        0.0
+    };
+    KV_PENALTY_SCALE_S * usage * usage / (1.0 - usage) * 2.0
+}
+
+/// Step 5's hot test: above both `--balance-rel-threshold` times the fleet mean and the fleet
+/// mean plus `--balance-abs-threshold`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SpillGate {
+    rel_limit: f64,
+    abs_limit: f64,
+}
+
+impl SpillGate {
+    /// The gate for a fleet mean in-flight count.
+    pub fn new(config: &CacheAwareConfig, in_flight_mean: f64) -> SpillGate {
+        SpillGate {
+            rel_limit: config.balance_rel_threshold * in_flight_mean,
+            abs_limit: in_flight_mean + config.balance_abs_threshold,
+        }
+    }
+
+    /// True when the worker is too busy to take affinity traffic.
+    pub fn is_hot(&self, worker: &WorkerStatus) -> bool {
+        let in_flight = f64::from(worker.in_flight);
+        in_flight > self.rel_limit && in_flight > self.abs_limit
+    }
+}

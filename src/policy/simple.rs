@@ -1,0 +1,154 @@
+//! The policies other than `cache_aware`, with SMG's names: `random`, `round_robin`,
+//! `power_of_two`, `least_load` (the expected-wait scorer), `prefix_hash` (the prompt's head on a
+//! consistent-hash ring with bounded load) and `consistent_hashing` (`x-smg-target-worker`, else
+//! `x-smg-routing-key` on the ring). Each returns `None` only when no worker is eligible.
+
+use fastrand::Rng;
+use xxhash_rust::xxh3::Xxh3;
+
+use super::{Fleet, WorkerRing, WorkerStatus};
+use crate::request::{PartitionNamespace, RoutingKey};
+use crate::workers::WorkerId;
+
+/// prefix_hash on text: characters hashed per configured token (a common chars-per-token figure
+/// for English BPE vocabularies), so `--prefix-token-count` means about the same for text.
+pub const PREFIX_HASH_CHARS_PER_TOKEN: usize = 4;
+
+fn slot_id(slot: usize) -> WorkerId {
+    WorkerId(u16::try_from(slot).unwrap_or(u16::MAX))
+}
+
+fn eligible(workers: &[WorkerStatus], id: WorkerId) -> bool {
+    workers.get(id.index()).is_some_and(|w| w.eligible)
+}
+
+/// A uniformly random eligible worker.
+pub fn random(workers: &[WorkerStatus], rng: &mut Rng) -> Option<WorkerId> {
+    let mut pick = None;
+    let eligible_slots = workers.iter().enumerate().filter(|(_, w)| w.eligible);
+    for (seen, (slot, _)) in (1u32..).zip(eligible_slots) {
+        // Reservoir sampling: the k-th eligible worker replaces the pick with probability 1/k.
+        if rng.u32(..seen) == 0 {
+            pick = Some(slot);
+        }
+    }
+    pick.map(slot_id)
+}
+
+/// The next eligible worker at or after `cursor` (which advances past it).
+pub fn round_robin(workers: &[WorkerStatus], cursor: &mut usize) -> Option<WorkerId> {
+    let n = workers.len();
+    for step in 0..n {
+        let slot = (*cursor + step) % n;
+        if workers[slot].eligible {
+            *cursor = (slot + 1) % n;
+            return Some(slot_id(slot));
+        }
+    }
+    None
+}
+
+/// The lower expected wait of two distinct random eligible workers.
+pub fn power_of_two(workers: &[WorkerStatus], rng: &mut Rng) -> Option<WorkerId> {
+    // Reservoir sample of size two.
+    let (mut first, mut second) = (None, None);
+    let eligible_slots = workers.iter().enumerate().filter(|(_, w)| w.eligible);
+    for (seen, (slot, _)) in (1u32..).zip(eligible_slots) {
+        match seen {
+            1 => first = Some(slot),
+            2 => second = Some(slot),
+            _ => match rng.u32(..seen) {
+                0 => first = Some(slot),
+                1 => second = Some(slot),
+                _ => {}
+            },
+        }
+    }
+    let fleet = Fleet::scan(workers);
+    fleet
+        .lowest_wait(workers, first.into_iter().chain(second), rng)
+        .map(slot_id)
+}
+
+/// The lowest expected wait among eligible workers, ties at random.
+pub fn least_load(workers: &[WorkerStatus], rng: &mut Rng) -> Option<WorkerId> {
+    Fleet::scan(workers)
+        .lowest_wait(workers, 0..workers.len(), rng)
+        .map(slot_id)
+}
+
+/// The hash of the request's head: the first `prefix_tokens` tokens, or with `boundaries` the
+/// head up to the deepest boundary the request reaches (the whole request when it reaches none).
+/// Text hashes its first `prefix_tokens * 4` characters. Keyed by partition namespace.
+pub fn prefix_hash_key(
+    key: RoutingKey<'_>,
+    namespace: PartitionNamespace,
+    prefix_tokens: u32,
+    boundaries: &[u32],
+) -> u64 {
+    let mut hasher = Xxh3::with_seed(namespace.0);
+    let head_len = |len: usize| match boundaries.iter().rev().find(|&&b| b as usize <= len) {
+        Some(&b) => b as usize,
+        None if boundaries.is_empty() => len.min(prefix_tokens as usize),
+        None => len,
+    };
+    match key {
+        RoutingKey::Tokens(tokens) => {
+            hasher.update(b"t");
+            for token in &tokens[..head_len(tokens.len())] {
+                hasher.update(&token.to_le_bytes());
+            }
+        }
+        RoutingKey::Text(text) => {
+            hasher.update(b"s");
+            let chars = head_len(text.len().div_ceil(PREFIX_HASH_CHARS_PER_TOKEN));
+            let end = text
+                .char_indices()
+                .nth(chars.saturating_mul(PREFIX_HASH_CHARS_PER_TOKEN))
+                .map_or(text.len(), |(i, _)| i);
+            hasher.update(&text.as_bytes()[..end]);
+        }
+    }
+    hasher.digest()
+}
+
+/// `prefix_hash`: the key's owner on the ring, skipping workers at or above the bounded-load cap
+/// `ceil(load_factor * (in-flight total + 1) / eligible)`.
+pub fn prefix_hash(
+    key_hash: u64,
+    ring: &WorkerRing,
+    workers: &[WorkerStatus],
+    load_factor: f64,
+    rng: &mut Rng,
+) -> Option<WorkerId> {
+    let fleet = Fleet::scan(workers);
+    if fleet.eligible == 0 {
+        return None;
+    }
+    let total = fleet.in_flight_mean * f64::from(fleet.eligible);
+    let cap = (load_factor * (total + 1.0) / f64::from(fleet.eligible)).ceil();
+    let under_cap =
+        |id: WorkerId| eligible(workers, id) && f64::from(workers[id.index()].in_flight) < cap;
+    ring.walk(key_hash, under_cap)
+        .or_else(|| least_load(workers, rng))
+}
+
+/// `consistent_hashing`: the `x-smg-target-worker` worker when it is eligible; else the
+/// `x-smg-routing-key` owner on the ring (the next eligible point); else a random worker.
+pub fn consistent_hashing(
+    target_worker: Option<&str>,
+    routing_key_hash: Option<u64>,
+    ring: &WorkerRing,
+    workers: &[WorkerStatus],
+    rng: &mut Rng,
+) -> Option<WorkerId> {
+    if let Some(id) = target_worker
+        .and_then(|url| ring.find_url(url))
+        .filter(|&id| eligible(workers, id))
+    {
+        return Some(id);
+    }
+    routing_key_hash
+        .and_then(|hash| ring.walk(hash, |id| eligible(workers, id)))
+        .or_else(|| random(workers, rng))
+}

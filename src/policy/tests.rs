@@ -1,0 +1,842 @@
+//! Table-driven tests of the cache_aware decision flow (one or more per spec step, each failing if
+//! its step is skipped), the expected-wait scorer, the other policies, flag validation, metrics
+//! and the decision log.
+
+use std::sync::Arc;
+
+use clap::Parser;
+use fastrand::Rng;
+
+use super::cache_aware::select;
+use super::*;
+use crate::index::{TreeMatch, MATCH_TENANTS_MAX};
+use crate::request::{
+    extract, Endpoint, PartitionNamespace, RoutingHeaders, RoutingInput, RoutingKey,
+};
+use crate::workers::WorkerId;
+
+fn idle(n: usize) -> Vec<WorkerStatus> {
+    vec![
+        WorkerStatus {
+            eligible: true,
+            ..WorkerStatus::default()
+        };
+        n
+    ]
+}
+
+fn with_in_flight(counts: &[u32]) -> Vec<WorkerStatus> {
+    counts
+        .iter()
+        .map(|&in_flight| WorkerStatus {
+            eligible: true,
+            in_flight,
+            ..WorkerStatus::default()
+        })
+        .collect()
+}
+
+fn reporting(usage: f64, waiting_uncached_tokens: u64) -> WorkerStatus {
+    WorkerStatus {
+        eligible: true,
+        load: Some(WorkerLoad {
+            token_usage: usage,
+            waiting_uncached_tokens,
+            gen_throughput: 1000.0,
+            ..WorkerLoad::default()
+        }),
+        ..WorkerStatus::default()
+    }
+}
+
+fn matched(matched_len: u32, request_len: u32, tenants: &[u16]) -> TreeMatch {
+    let mut tm = TreeMatch {
+        matched_len,
+        request_len,
+        ..TreeMatch::default()
+    };
+    for (i, &t) in tenants.iter().take(MATCH_TENANTS_MAX).enumerate() {
+        tm.tenants[i] = WorkerId(t);
+        tm.tenants_len = (i + 1) as u8;
+    }
+    tm
+}
+
+fn cfg() -> CacheAwareConfig {
+    CacheAwareConfig::default()
+}
+
+fn decide(
+    tree: Option<&TreeMatch>,
+    workers: &[WorkerStatus],
+    config: &CacheAwareConfig,
+    seed: u64,
+) -> Decision {
+    select(tree, workers, config, &mut Rng::with_seed(seed)).expect("an eligible worker")
+}
+
+/// How often each worker is chosen over `runs` seeds.
+fn histogram(runs: u64, workers: &[WorkerStatus], pick: impl Fn(u64) -> WorkerId) -> Vec<u32> {
+    let mut counts = vec![0u32; workers.len()];
+    for seed in 0..runs {
+        counts[pick(seed).index()] += 1;
+    }
+    counts
+}
+
+// ---- Step 1: eligible workers and the fleet baseline ----
+
+#[test]
+fn step1_no_eligible_worker_is_no_decision() {
+    let mut workers = idle(3);
+    workers.iter_mut().for_each(|w| w.eligible = false);
+    let tree = matched(10, 10, &[0]);
+    assert_eq!(
+        select(Some(&tree), &workers, &cfg(), &mut Rng::with_seed(1)),
+        None
+    );
+    assert_eq!(select(None, &[], &cfg(), &mut Rng::with_seed(1)), None);
+}
+
+#[test]
+fn step1_ineligible_workers_are_never_chosen() {
+    let mut workers = idle(4);
+    workers[0].eligible = false;
+    workers[2].eligible = false;
+    let cases = [
+        None,
+        Some(matched(10, 10, &[0, 2])),
+        Some(matched(0, 10, &[])),
+    ];
+    for tree in cases {
+        for seed in 0..50 {
+            let d = decide(tree.as_ref(), &workers, &cfg(), seed);
+            assert!(matches!(d.worker.0, 1 | 3), "{tree:?} chose {:?}", d.worker);
+        }
+    }
+}
+
+#[test]
+fn step1_the_spill_baseline_is_the_mean_over_eligible_workers_only() {
+    // Holder 0 has 100 in flight; eligible mean (0, 1) = 50, so with abs 10 it is hot (100 > 75,
+    // 100 > 60). Counting the ineligible worker's 400 would make the mean 166 and the holder cool.
+    let mut workers = with_in_flight(&[100, 0, 400]);
+    workers[2].eligible = false;
+    let config = CacheAwareConfig {
+        balance_abs_threshold: 10.0,
+        ..cfg()
+    };
+    let d = decide(Some(&matched(10, 10, &[0])), &workers, &config, 7);
+    assert_eq!((d.branch, d.worker), (Branch::Spill, WorkerId(1)));
+}
+
+// ---- Step 2: KV pressure ----
+
+#[test]
+fn step2_kv_pressure_skips_affinity() {
+    let overload = CacheAwareConfig {
+        overload_token_usage_threshold: Some(0.9),
+        ..cfg()
+    };
+    let balance = CacheAwareConfig {
+        balance_token_usage_threshold: Some(0.5),
+        ..cfg()
+    };
+    // (config, workers, expect pressure). Worker 0 holds the prefix; worker 1 waits least.
+    let cases: Vec<(CacheAwareConfig, Vec<WorkerStatus>, bool)> = vec![
+        (overload, vec![reporting(0.95, 0), reporting(0.1, 0)], true),
+        (overload, vec![reporting(0.85, 0), reporting(0.1, 0)], false),
+        (balance, vec![reporting(0.7, 0), reporting(0.1, 0)], true),
+        (balance, vec![reporting(0.5, 0), reporting(0.1, 0)], false),
+        // Only reporting workers are compared: one report, nothing to be imbalanced against.
+        (balance, vec![reporting(0.7, 0), idle(1)[0]], false),
+        // Off by default.
+        (cfg(), vec![reporting(0.99, 0), reporting(0.0, 0)], false),
+    ];
+    let tree = matched(10, 10, &[0]);
+    for (config, workers, pressure) in cases {
+        let d = decide(Some(&tree), &workers, &config, 3);
+        if pressure {
+            assert_eq!(
+                (d.branch, d.worker),
+                (Branch::KvPressure, WorkerId(1)),
+                "{workers:?}"
+            );
+        } else {
+            assert_eq!(
+                (d.branch, d.worker),
+                (Branch::TreeMatch, WorkerId(0)),
+                "{workers:?}"
+            );
+        }
+    }
+}
+
+// ---- Step 3: affinity candidates and the threshold ----
+
+#[test]
+fn step3_match_ratio_must_exceed_the_threshold() {
+    // The holder (worker 0) is busier than worker 1, so only affinity sends requests there.
+    let workers = with_in_flight(&[5, 0]);
+    let cases = [
+        (matched(31, 100, &[0]), Branch::TreeMatch, 0),
+        (matched(30, 100, &[0]), Branch::ExpectedWaitFallback, 1),
+        (matched(0, 100, &[]), Branch::ExpectedWaitFallback, 1),
+        (matched(100, 100, &[0]), Branch::TreeMatch, 0),
+    ];
+    for (tree, branch, worker) in cases {
+        let d = decide(Some(&tree), &workers, &cfg(), 11);
+        assert_eq!((d.branch, d.worker), (branch, WorkerId(worker)), "{tree:?}");
+        assert!((d.match_ratio - tree.ratio()).abs() < 1e-12);
+    }
+}
+
+#[test]
+fn step3_candidates_are_the_eligible_tenants() {
+    let mut workers = with_in_flight(&[0, 9, 9, 0]);
+    workers[3].eligible = false;
+    // Tenants 1, 2 and 3: 3 is ineligible, so 1 or 2 wins although 0 is idle.
+    let tree = matched(50, 60, &[3, 1, 2]);
+    let counts = histogram(200, &workers, |seed| {
+        decide(Some(&tree), &workers, &cfg(), seed).worker
+    });
+    assert_eq!((counts[0], counts[3]), (0, 0), "{counts:?}");
+    assert!(
+        counts[1] > 50 && counts[2] > 50,
+        "ties broken at random: {counts:?}"
+    );
+}
+
+#[test]
+fn step3_an_empty_key_is_the_first_healthy_fallback_but_never_slot_order() {
+    let workers = idle(4);
+    let counts = histogram(400, &workers, |seed| {
+        let d = decide(None, &workers, &cfg(), seed);
+        assert_eq!(d.branch, Branch::FirstHealthyFallback);
+        d.worker
+    });
+    assert!(counts.iter().all(|&c| c > 50), "{counts:?}");
+}
+
+// ---- Step 4: ranking ----
+
+#[test]
+fn step4_overlap_decay_prefers_the_holder_with_less_prefill_backlog() {
+    // Holder 0: 1,600 queued tokens, empty cache (expected wait 1.6 s). Holder 1: no backlog but
+    // 90% KV usage (expected wait about 16 s). Expected wait alone picks 0; decay picks 1.
+    let workers = vec![reporting(0.0, 1600), reporting(0.9, 0)];
+    let tree = matched(160, 160, &[0, 1]);
+    let off = decide(Some(&tree), &workers, &cfg(), 5);
+    assert_eq!(off.worker, WorkerId(0));
+    let decay = CacheAwareConfig {
+        overlap_decay: 1.0,
+        ..cfg()
+    };
+    for seed in 0..20 {
+        let d = decide(Some(&tree), &workers, &decay, seed);
+        assert_eq!((d.branch, d.worker), (Branch::TreeMatch, WorkerId(1)));
+    }
+}
+
+#[test]
+fn step4_temperature_samples_a_group_weighted_toward_higher_scores() {
+    let workers = vec![reporting(0.0, 1600), reporting(0.9, 0)];
+    let tree = matched(160, 160, &[0, 1]);
+    let sampled = CacheAwareConfig {
+        overlap_decay: 1.0,
+        selection_temperature: 1.0,
+        ..cfg()
+    };
+    let counts = histogram(400, &workers, |seed| {
+        decide(Some(&tree), &workers, &sampled, seed).worker
+    });
+    assert!(
+        counts[0] > 0,
+        "the lower score is sometimes sampled: {counts:?}"
+    );
+    assert!(
+        counts[1] > counts[0],
+        "weighted toward the higher score: {counts:?}"
+    );
+    // Without decay every tenant scores the same: temperature changes nothing (spec).
+    let temperature_only = CacheAwareConfig {
+        selection_temperature: 1.0,
+        ..cfg()
+    };
+    for seed in 0..20 {
+        assert_eq!(
+            decide(Some(&tree), &workers, &temperature_only, seed).worker,
+            WorkerId(0)
+        );
+    }
+}
+
+// ---- Step 5: the spill gate ----
+
+/// In-flight per worker, holders, expected branch, expected worker (`None`: not a holder).
+type SpillCase = (&'static [u32], &'static [u16], Branch, Option<u16>);
+
+#[test]
+fn step5_spill_gate_needs_both_margins() {
+    let cases: [SpillCase; 5] = [
+        // Hot: 200 > 1.5 * 50 and 200 > 50 + 64.
+        (&[200, 0, 0, 0], &[0], Branch::Spill, None),
+        // Relative margin only: 10 > 3.75 but not > 66.5.
+        (&[10, 0, 0, 0], &[0], Branch::TreeMatch, Some(0)),
+        // Absolute margin only: 300 > 289 but not > 337.5.
+        (&[300, 200, 200, 200], &[0], Branch::TreeMatch, Some(0)),
+        // One hot holder, one cool: the cool holder, still a tree match.
+        (&[200, 10, 0, 0], &[0, 1], Branch::TreeMatch, Some(1)),
+        // Every holder hot: spill to a non-holder.
+        (&[200, 200, 0, 0, 0, 0, 0, 0], &[0, 1], Branch::Spill, None),
+    ];
+    for (in_flight, holders, branch, worker) in cases {
+        let workers = with_in_flight(in_flight);
+        let tree = matched(10, 10, holders);
+        let d = decide(Some(&tree), &workers, &cfg(), 13);
+        assert_eq!(d.branch, branch, "{in_flight:?}");
+        match worker {
+            Some(w) => assert_eq!(d.worker, WorkerId(w), "{in_flight:?}"),
+            None => assert!(
+                !holders.contains(&d.worker.0),
+                "{in_flight:?} -> {:?}",
+                d.worker
+            ),
+        }
+    }
+}
+
+#[test]
+fn step5_spill_goes_to_the_least_waiting_cool_worker() {
+    let workers = with_in_flight(&[300, 7, 3, 9]);
+    let d = decide(Some(&matched(10, 10, &[0])), &workers, &cfg(), 2);
+    assert_eq!((d.branch, d.worker), (Branch::Spill, WorkerId(2)));
+}
+
+#[test]
+fn step5_holders_that_are_all_ineligible_spill() {
+    let mut workers = with_in_flight(&[0, 4, 1]);
+    workers[0].eligible = false;
+    let d = decide(Some(&matched(10, 10, &[0])), &workers, &cfg(), 2);
+    assert_eq!((d.branch, d.worker), (Branch::Spill, WorkerId(2)));
+}
+
+// ---- Step 6: cache miss ----
+
+#[test]
+fn step6_a_miss_goes_to_the_lowest_expected_wait_ties_at_random() {
+    let workers = with_in_flight(&[3, 1, 1, 2]);
+    let tree = matched(0, 100, &[]);
+    let counts = histogram(400, &workers, |seed| {
+        let d = decide(Some(&tree), &workers, &cfg(), seed);
+        assert_eq!(d.branch, Branch::ExpectedWaitFallback);
+        d.worker
+    });
+    assert_eq!((counts[0], counts[3]), (0, 0), "{counts:?}");
+    assert!(
+        counts[1] > 120 && counts[2] > 120,
+        "uniform ties: {counts:?}"
+    );
+}
+
+// ---- Step 7 and the data path's loop: record, credit, replicate ----
+
+/// A minimal stand-in for the index and the data path: one prompt family, tenants most recent
+/// first, in-flight and token credits applied after every decision (as the gateway does).
+struct Burst {
+    workers: Vec<WorkerStatus>,
+    tenants: Vec<u16>,
+    records_land: bool,
+}
+
+impl Burst {
+    fn dispatch(&mut self, rng: &mut Rng) -> Decision {
+        let tree = matched(
+            if self.tenants.is_empty() { 0 } else { 64 },
+            64,
+            &self.tenants,
+        );
+        let d = select(Some(&tree), &self.workers, &cfg(), rng).expect("eligible");
+        let worker = &mut self.workers[d.worker.index()];
+        worker.in_flight += 1;
+        worker.credited_tokens += 64;
+        if self.records_land && !self.tenants.contains(&d.worker.0) {
+            self.tenants.insert(0, d.worker.0);
+        }
+        d
+    }
+}
+
+#[test]
+fn hot_spot_burst_before_the_insert_lands_spreads_evenly() {
+    for seed in 0..20 {
+        let mut burst = Burst {
+            workers: idle(8),
+            tenants: vec![],
+            records_land: false,
+        };
+        let mut rng = Rng::with_seed(seed);
+        let mut counts = [0u32; 8];
+        for _ in 0..100 {
+            counts[burst.dispatch(&mut rng).worker.index()] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (12..=13).contains(&c)),
+            "seed {seed}: {counts:?}"
+        );
+    }
+}
+
+#[test]
+fn hot_spot_burst_with_records_spills_and_replicates_the_prefix() {
+    for seed in 0..20 {
+        let mut burst = Burst {
+            workers: idle(8),
+            tenants: vec![],
+            records_land: true,
+        };
+        let mut rng = Rng::with_seed(seed);
+        let mut counts = [0u32; 8];
+        let mut spills = 0;
+        for _ in 0..100 {
+            let d = burst.dispatch(&mut rng);
+            counts[d.worker.index()] += 1;
+            spills += u32::from(d.branch == Branch::Spill);
+        }
+        let max = counts.iter().copied().max().unwrap_or(0);
+        assert!(max < 100, "seed {seed}: all on one worker {counts:?}");
+        assert!(
+            spills > 0 && burst.tenants.len() > 1,
+            "seed {seed}: spill targets become holders"
+        );
+        // The spec's gate: a holder takes affinity traffic until it exceeds 1.5x mean and mean+64.
+        assert!(max <= 75, "seed {seed}: {counts:?}");
+    }
+}
+
+// ---- The expected-wait scorer ----
+
+#[test]
+fn expected_wait_uses_token_work_throughput_and_kv_usage() {
+    let load = |tokens: u64, usage: f64, throughput: f64| WorkerStatus {
+        eligible: true,
+        load: Some(WorkerLoad {
+            waiting_uncached_tokens: tokens,
+            token_usage: usage,
+            gen_throughput: throughput,
+            ..WorkerLoad::default()
+        }),
+        ..WorkerStatus::default()
+    };
+    let cases: [(Vec<WorkerStatus>, u16); 5] = [
+        // More queued tokens waits longer.
+        (vec![load(5000, 0.1, 1000.0), load(1000, 0.1, 1000.0)], 1),
+        // The same work on a faster worker waits less.
+        (vec![load(5000, 0.1, 1000.0), load(5000, 0.1, 4000.0)], 1),
+        // A fuller KV cache is penalized.
+        (vec![load(0, 0.8, 1000.0), load(0, 0.2, 1000.0)], 1),
+        // Credits since the last report count as queued work.
+        (
+            vec![
+                WorkerStatus {
+                    credited_tokens: 9000,
+                    ..load(0, 0.1, 1000.0)
+                },
+                load(2000, 0.1, 1000.0),
+            ],
+            1,
+        ),
+        // No reports anywhere: in-flight request counts decide.
+        (with_in_flight(&[4, 2]), 1),
+    ];
+    for (workers, expected) in cases {
+        for seed in 0..10 {
+            assert_eq!(
+                least_load(&workers, &mut Rng::with_seed(seed)),
+                Some(WorkerId(expected)),
+                "{workers:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_worker_without_a_report_is_not_penalized() {
+    let workers = vec![reporting(0.5, 4000), idle(1)[0]];
+    assert_eq!(
+        least_load(&workers, &mut Rng::with_seed(1)),
+        Some(WorkerId(1))
+    );
+}
+
+// ---- Other policies ----
+
+#[test]
+fn random_and_round_robin_cover_eligible_workers_only() {
+    let mut workers = idle(4);
+    workers[1].eligible = false;
+    let counts = histogram(300, &workers, |seed| {
+        random(&workers, &mut Rng::with_seed(seed)).unwrap_or_default()
+    });
+    assert!(
+        counts[1] == 0 && counts[0] > 50 && counts[2] > 50 && counts[3] > 50,
+        "{counts:?}"
+    );
+    let mut cursor = 0;
+    let order: Vec<u16> = (0..6)
+        .filter_map(|_| round_robin(&workers, &mut cursor))
+        .map(|w| w.0)
+        .collect();
+    assert_eq!(order, [0, 2, 3, 0, 2, 3]);
+}
+
+#[test]
+fn power_of_two_takes_the_less_loaded_of_two() {
+    let workers = with_in_flight(&[9, 1]);
+    for seed in 0..20 {
+        assert_eq!(
+            power_of_two(&workers, &mut Rng::with_seed(seed)),
+            Some(WorkerId(1))
+        );
+    }
+    // With many workers the busiest is never chosen (it loses every pair).
+    let workers = with_in_flight(&[1, 1, 1, 50]);
+    let counts = histogram(300, &workers, |seed| {
+        power_of_two(&workers, &mut Rng::with_seed(seed)).unwrap_or_default()
+    });
+    assert_eq!(counts[3], 0, "{counts:?}");
+}
+
+fn ring(n: u16) -> WorkerRing {
+    let urls: Vec<String> = (0..n)
+        .map(|i| format!("http://127.0.0.1:{}", 31000 + i))
+        .collect();
+    WorkerRing::new(
+        urls.iter()
+            .enumerate()
+            .map(|(i, u)| (WorkerId(i as u16), u.as_str())),
+    )
+}
+
+#[test]
+fn prefix_hash_is_stable_spreads_and_bounds_load() {
+    let ring = ring(4);
+    let workers = idle(4);
+    let ns = PartitionNamespace::UNPARTITIONED;
+    let tokens: Vec<u32> = (0..1000).collect();
+    let mut follow_up = tokens.clone();
+    follow_up.extend(5000..6000);
+    let head = |t: &[u32]| prefix_hash_key(RoutingKey::Tokens(t), ns, 256, &[]);
+    assert_eq!(
+        head(&tokens),
+        head(&follow_up),
+        "the same first 256 tokens, the same key"
+    );
+    assert_ne!(head(&tokens), head(&tokens[1..]));
+    let mut rng = Rng::with_seed(1);
+    let owner = prefix_hash(head(&tokens), &ring, &workers, 1.25, &mut rng);
+    assert_eq!(
+        owner,
+        prefix_hash(head(&follow_up), &ring, &workers, 1.25, &mut rng)
+    );
+    // Keys spread over all workers.
+    let mut counts = [0u32; 4];
+    for i in 0..400u32 {
+        let key = prefix_hash_key(RoutingKey::Tokens(&[i, i + 1]), ns, 256, &[]);
+        counts[prefix_hash(key, &ring, &workers, 1.25, &mut rng)
+            .unwrap_or_default()
+            .index()] += 1;
+    }
+    assert!(counts.iter().all(|&c| c > 40), "{counts:?}");
+    // The owner at its bounded-load cap loses the key to the next worker on the ring.
+    let owner = owner.unwrap_or_default();
+    let mut busy = idle(4);
+    busy[owner.index()].in_flight = 10;
+    let moved = prefix_hash(head(&tokens), &ring, &busy, 1.25, &mut rng);
+    assert!(moved.is_some() && moved != Some(owner));
+}
+
+#[test]
+fn prefix_hash_boundaries_hash_the_deepest_reached_head() {
+    let ns = PartitionNamespace::UNPARTITIONED;
+    let long: Vec<u32> = (0..3000).collect();
+    let mid: Vec<u32> = (0..2500).collect();
+    let key = |t: &[u32]| prefix_hash_key(RoutingKey::Tokens(t), ns, 256, &[1024, 2048]);
+    assert_eq!(key(&long), key(&mid));
+    assert_ne!(key(&long), key(&long[..2000]));
+    // Partitions hash apart.
+    let salted = prefix_hash_key(
+        RoutingKey::Tokens(&long),
+        PartitionNamespace(7),
+        256,
+        &[1024, 2048],
+    );
+    assert_ne!(salted, key(&long));
+}
+
+#[test]
+fn consistent_hashing_honours_target_worker_and_routing_key() {
+    let ring = ring(4);
+    let mut workers = idle(4);
+    let mut rng = Rng::with_seed(3);
+    let target = consistent_hashing(
+        Some("http://127.0.0.1:31002"),
+        None,
+        &ring,
+        &workers,
+        &mut rng,
+    );
+    assert_eq!(target, Some(WorkerId(2)));
+    let key = xxhash_rust::xxh3::xxh3_64(b"user-42");
+    let owner = consistent_hashing(None, Some(key), &ring, &workers, &mut rng).unwrap_or_default();
+    for _ in 0..10 {
+        assert_eq!(
+            consistent_hashing(None, Some(key), &ring, &workers, &mut rng),
+            Some(owner)
+        );
+    }
+    // An ineligible target or owner falls through to the next choice.
+    workers[owner.index()].eligible = false;
+    let next = consistent_hashing(None, Some(key), &ring, &workers, &mut rng);
+    assert!(next.is_some() && next != Some(owner));
+    workers[2].eligible = false;
+    let fallback = consistent_hashing(
+        Some("http://127.0.0.1:31002"),
+        None,
+        &ring,
+        &workers,
+        &mut rng,
+    );
+    assert!(fallback.is_some() && fallback != Some(WorkerId(2)));
+}
+
+// ---- Flags ----
+
+#[derive(Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+fn parse(args: &[&str]) -> Result<PolicyConfig, PolicyArgsError> {
+    let argv = std::iter::once("kvgate").chain(args.iter().copied());
+    Cli::try_parse_from(argv)
+        .expect("clap parses")
+        .policy
+        .validate()
+}
+
+#[test]
+fn cli_definition_is_consistent() {
+    use clap::CommandFactory;
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn defaults_match_smg() {
+    let config = parse(&[]).expect("defaults are valid");
+    assert_eq!(config.kind, PolicyKind::CacheAware);
+    let ca = config.cache_aware;
+    assert_eq!(
+        (
+            ca.cache_threshold,
+            ca.balance_abs_threshold,
+            ca.balance_rel_threshold
+        ),
+        (0.3, 64.0, 1.5)
+    );
+    assert_eq!(
+        (
+            ca.overload_token_usage_threshold,
+            ca.balance_token_usage_threshold
+        ),
+        (None, None)
+    );
+    assert_eq!(
+        (ca.overlap_decay, ca.selection_temperature, ca.block_size),
+        (0.0, 0.0, 16)
+    );
+    assert_eq!(config.max_tree_size, 67_108_864);
+    assert_eq!(config.eviction_interval.as_secs(), 120);
+    let names = [
+        "cache_aware",
+        "random",
+        "round_robin",
+        "power_of_two",
+        "least_load",
+        "prefix_hash",
+        "consistent_hashing",
+    ];
+    for name in names {
+        assert_eq!(parse(&["--policy", name]).expect(name).kind.name(), name);
+    }
+}
+
+#[test]
+fn usage_thresholds_at_or_above_one_disable_the_check() {
+    let config = parse(&[
+        "--overload-token-usage-threshold",
+        "1.0",
+        "--balance-token-usage-threshold",
+        "0.5",
+    ])
+    .expect("valid");
+    assert_eq!(config.cache_aware.overload_token_usage_threshold, None);
+    assert_eq!(config.cache_aware.balance_token_usage_threshold, Some(0.5));
+}
+
+#[test]
+fn bad_values_name_their_flag() {
+    let cases: [(&[&str], &str); 12] = [
+        (&["--cache-threshold", "1.5"], "--cache-threshold"),
+        (&["--cache-threshold=-0.1"], "--cache-threshold"),
+        (
+            &["--overload-token-usage-threshold", "0"],
+            "--overload-token-usage-threshold",
+        ),
+        (
+            &["--balance-token-usage-threshold=-1"],
+            "--balance-token-usage-threshold",
+        ),
+        (&["--overlap-decay=-0.5"], "--overlap-decay"),
+        (
+            &["--selection-temperature", "NaN"],
+            "--selection-temperature",
+        ),
+        (&["--balance-rel-threshold", "0"], "--balance-rel-threshold"),
+        (&["--block-size", "0"], "--block-size"),
+        (&["--eviction-interval", "0"], "--eviction-interval"),
+        (&["--cache-boundaries", "2048,1024"], "--cache-boundaries"),
+        (&["--cache-boundaries", "0,16"], "--cache-boundaries"),
+        (&["--cache-index", "hash"], "--cache-boundaries"),
+    ];
+    for (args, flag) in cases {
+        let err = parse(args).expect_err(flag);
+        assert_eq!(err.flag, flag, "{args:?}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("invalid value for {flag}: ")),
+            "{err}"
+        );
+    }
+    assert!(parse(&["--cache-index", "hash", "--cache-boundaries", "2048,8192"]).is_ok());
+}
+
+// ---- Metrics and logs ----
+
+#[test]
+fn metrics_count_tree_decisions_and_render_prometheus_text() {
+    let (core_a, core_b) = (PolicyMetrics::default(), PolicyMetrics::default());
+    let d = |branch, match_ratio| Decision {
+        worker: WorkerId(0),
+        branch,
+        match_ratio,
+    };
+    core_a.record(&d(Branch::TreeMatch, 1.0));
+    core_a.record(&d(Branch::TreeMatch, 0.1));
+    core_b.record(&d(Branch::Spill, 0.55));
+    core_b.record(&d(Branch::ExpectedWaitFallback, 0.0));
+    core_b.record(&d(Branch::KvPressure, 0.0));
+    assert_eq!(core_a.branch_count(Branch::TreeMatch), 2);
+    assert_eq!(core_b.branch_count(Branch::KvPressure), 0);
+    let mut text = String::new();
+    render_prometheus([&core_a, &core_b], &mut text);
+    for line in [
+        "# TYPE smg_cache_aware_policy_branch_total counter",
+        "smg_cache_aware_policy_branch_total{branch=\"tree_match\"} 2",
+        "smg_cache_aware_policy_branch_total{branch=\"spill\"} 1",
+        "smg_cache_aware_policy_branch_total{branch=\"expected_wait_fallback\"} 1",
+        "smg_cache_aware_policy_branch_total{branch=\"first_healthy_fallback\"} 0",
+        "# TYPE smg_cache_aware_match_ratio histogram",
+        "smg_cache_aware_match_ratio_bucket{le=\"0\"} 1",
+        "smg_cache_aware_match_ratio_bucket{le=\"0.1\"} 2",
+        "smg_cache_aware_match_ratio_bucket{le=\"0.5\"} 2",
+        "smg_cache_aware_match_ratio_bucket{le=\"0.6\"} 3",
+        "smg_cache_aware_match_ratio_bucket{le=\"1\"} 4",
+        "smg_cache_aware_match_ratio_bucket{le=\"+Inf\"} 4",
+        "smg_cache_aware_match_ratio_count 4",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    let sum: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("smg_cache_aware_match_ratio_sum "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN);
+    assert!((sum - 1.65).abs() < 1e-9, "{text}");
+}
+
+/// A `Write` that appends into a shared buffer, for capturing log output.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .map_err(|_| std::io::Error::other("poisoned"))?
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn route_logged(filter: &str) -> String {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let metrics = Arc::new(PolicyMetrics::default());
+    let config = parse(&[]).expect("defaults");
+    let mut router = Router::new(config, 9, metrics.clone());
+    let mut input = RoutingInput::new();
+    extract(
+        Endpoint::Completions,
+        br#"{"model":"m1","prompt":"hello"}"#,
+        RoutingHeaders::default(),
+        &mut input,
+    )
+    .expect("valid");
+    let workers = idle(2);
+    let ring = ring(2);
+    let tree = matched(5, 5, &[1]);
+    let request = RouteRequest {
+        input: &input,
+        tree: Some(&tree),
+        workers: &workers,
+        ring: &ring,
+    };
+    tracing::subscriber::with_default(subscriber, || {
+        let route = router.route(&request).expect("routed");
+        assert_eq!(route.worker, WorkerId(1));
+        assert_eq!(route.cache_aware.map(|d| d.branch), Some(Branch::TreeMatch));
+    });
+    assert_eq!(metrics.branch_count(Branch::TreeMatch), 1);
+    let bytes = captured.0.lock().map(|b| b.clone()).unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[test]
+fn each_decision_logs_a_cache_aware_selection_line_under_smg_filter() {
+    let log = route_logged("info,smg::policies::cache_aware=debug");
+    assert!(log.contains("Cache-aware selection"), "{log}");
+    for field in [
+        "index=\"string\"",
+        "branch=\"tree_match\"",
+        "worker=\"http://127.0.0.1:31001\"",
+        "model_id=\"m1\"",
+        "matched_ratio=1.0",
+        "threshold=0.3",
+    ] {
+        assert!(log.contains(field), "missing {field} in {log}");
+    }
+    assert_eq!(route_logged("info"), "", "off at info");
+}

@@ -1,0 +1,613 @@
+//! Reads the routing fields of a JSON body in one pass, without building a DOM: `serde_json`
+//! drives hand-written visitors that append text straight into the caller's buffers and skip
+//! every other value with `IgnoredAny`. Strings without escapes are borrowed from the body, so a
+//! request allocates only when a buffer must grow or a partition value contains escapes.
+//!
+//! Shapes accepted (anything else in these fields is ignored, never an error):
+//! - `prompt` (Completions) and `text` (`/generate`): a string, or a batch whose first string is used;
+//! - `input_ids` (`/generate`): `[u32...]`, or a batch `[[u32...], ...]` routed on its first sequence;
+//! - `messages` (Chat, Messages): each message's `content` string, or the `text` of its parts;
+//! - `system` (Messages): a string or text blocks, placed before the messages by the caller;
+//! - partition fields: strings, a batch's first string, or integers (`lora_id`).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+
+use super::{Endpoint, PartitionFields, PartitionNamespace, RequestError, RoutingInput};
+
+/// Reads `body` into `input` and returns the request's partition namespace. `collect_key` is false
+/// when a routing-tokens header already supplied the key: text and `input_ids` are then skipped.
+pub(super) fn read(
+    endpoint: Endpoint,
+    body: &[u8],
+    collect_key: bool,
+    input: &mut RoutingInput,
+) -> Result<PartitionNamespace, RequestError> {
+    let mut partition = RawPartition::default();
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let seed = BodySeed {
+        endpoint,
+        collect_key,
+        input,
+        partition: &mut partition,
+    };
+    seed.deserialize(&mut de).map_err(json_error)?;
+    de.end().map_err(json_error)?;
+    Ok(partition.fields().namespace())
+}
+
+fn json_error(err: serde_json::Error) -> RequestError {
+    let category = match err.classify() {
+        serde_json::error::Category::Io => "io",
+        serde_json::error::Category::Syntax => "syntax",
+        serde_json::error::Category::Data => "data",
+        serde_json::error::Category::Eof => "eof",
+    };
+    RequestError::MalformedJson {
+        category,
+        line: err.line(),
+        column: err.column(),
+    }
+}
+
+/// Appends one piece of prompt text, a single space between pieces (the sim-engine's tokenizer
+/// joins chat messages the same way, so equal conversations give equal keys).
+fn push_text(buf: &mut String, piece: &str) {
+    if piece.is_empty() {
+        return;
+    }
+    if !buf.is_empty() {
+        buf.push(' ');
+    }
+    buf.push_str(piece);
+}
+
+/// Visitor methods that accept a value of the named JSON types (and `null`) and ignore it.
+macro_rules! ignore_scalars {
+    ($($method:ident($ty:ty)),* $(,)?) => {
+        $(fn $method<E: de::Error>(self, _: $ty) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        })*
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Default::default())
+        }
+    };
+}
+
+/// `visit_seq` that skips every element.
+macro_rules! ignore_seq {
+    () => {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(Default::default())
+        }
+    };
+}
+
+/// `visit_map` that skips every entry.
+macro_rules! ignore_map {
+    () => {
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok(Default::default())
+        }
+    };
+}
+
+/// Partition values as found in the body, borrowed unless they contained escapes.
+#[derive(Default)]
+struct RawPartition<'de> {
+    cache_salt: Option<Cow<'de, str>>,
+    extra_key: Option<Cow<'de, str>>,
+    lora_path: Option<Cow<'de, str>>,
+    lora_id: Option<Cow<'de, str>>,
+}
+
+impl RawPartition<'_> {
+    fn fields(&self) -> PartitionFields<'_> {
+        PartitionFields {
+            cache_salt: self.cache_salt.as_deref(),
+            extra_key: self.extra_key.as_deref(),
+            lora_path: self.lora_path.as_deref(),
+            lora_id: self.lora_id.as_deref(),
+        }
+    }
+}
+
+/// The top-level keys the router reads.
+enum Field {
+    Model,
+    Prompt,
+    Text,
+    InputIds,
+    Messages,
+    System,
+    CacheSalt,
+    ExtraKey,
+    LoraPath,
+    LoraId,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for Field {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_identifier(FieldVisitor)
+    }
+}
+
+struct FieldVisitor;
+
+impl Visitor<'_> for FieldVisitor {
+    type Value = Field;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<Field, E> {
+        Ok(match key {
+            "model" => Field::Model,
+            "prompt" => Field::Prompt,
+            "text" => Field::Text,
+            "input_ids" => Field::InputIds,
+            "messages" => Field::Messages,
+            "system" => Field::System,
+            "cache_salt" => Field::CacheSalt,
+            "extra_key" => Field::ExtraKey,
+            "lora_path" => Field::LoraPath,
+            "lora_id" => Field::LoraId,
+            _ => Field::Other,
+        })
+    }
+}
+
+struct BodySeed<'a, 'de> {
+    endpoint: Endpoint,
+    collect_key: bool,
+    input: &'a mut RoutingInput,
+    partition: &'a mut RawPartition<'de>,
+}
+
+impl<'de> DeserializeSeed<'de> for BodySeed<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BodySeed<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        use Endpoint::{ChatCompletions, Completions, Generate, Messages};
+        let (endpoint, collect) = (self.endpoint, self.collect_key);
+        let input = self.input;
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Model => {
+                    input.model.clear();
+                    if let Some(model) = map.next_value::<LenientStr<'de>>()?.0 {
+                        input.model.push_str(&model);
+                    }
+                }
+                Field::Prompt if collect && endpoint == Completions => {
+                    input.text.clear();
+                    map.next_value_seed(FirstText(&mut input.text))?;
+                }
+                Field::Text if collect && endpoint == Generate => {
+                    input.text.clear();
+                    map.next_value_seed(FirstText(&mut input.text))?;
+                }
+                Field::InputIds if collect && endpoint == Generate => {
+                    map.next_value_seed(InputIds(&mut input.tokens))?;
+                }
+                Field::Messages if collect && matches!(endpoint, ChatCompletions | Messages) => {
+                    input.text.clear();
+                    map.next_value_seed(MessageList(&mut input.text))?;
+                }
+                Field::System if collect && endpoint == Messages => {
+                    input.system.clear();
+                    map.next_value_seed(Content(&mut input.system))?;
+                }
+                Field::CacheSalt => self.partition.cache_salt = map.next_value::<LenientStr>()?.0,
+                Field::ExtraKey => self.partition.extra_key = map.next_value::<LenientStr>()?.0,
+                Field::LoraPath => self.partition.lora_path = map.next_value::<LenientStr>()?.0,
+                Field::LoraId if endpoint == Generate => {
+                    self.partition.lora_id = map.next_value::<LenientStr>()?.0;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A string-ish value: a string (borrowed when possible), a batch's first string, or an integer.
+/// Anything else is `None`.
+struct LenientStr<'de>(Option<Cow<'de, str>>);
+
+impl<'de> de::Deserialize<'de> for LenientStr<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(LenientStrVisitor)
+            .map(LenientStr)
+    }
+}
+
+struct LenientStrVisitor;
+
+impl<'de> Visitor<'de> for LenientStrVisitor {
+    type Value = Option<Cow<'de, str>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Borrowed(s)))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Owned(s.to_owned())))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Owned(v.to_string())))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Owned(v.to_string())))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let first = seq.next_element::<LenientStr<'de>>()?.and_then(|s| s.0);
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(first)
+    }
+
+    ignore_scalars!(visit_bool(bool), visit_f64(f64));
+    ignore_map!();
+}
+
+/// `prompt` / `text`: a string, or the first string of a batch.
+struct FirstText<'a>(&'a mut String);
+
+impl<'de> DeserializeSeed<'de> for FirstText<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FirstText<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a prompt")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        push_text(self.0, s);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        seq.next_element_seed(FirstText(self.0))?;
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(())
+    }
+
+    ignore_scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64)
+    );
+    ignore_map!();
+}
+
+/// `input_ids`: a flat list of IDs, or a batch whose first sequence is used. Any element that is
+/// not a `u32` (or a mix of IDs and sequences) makes the field unusable: it is then ignored and
+/// the request routes on its text.
+struct InputIds<'a>(&'a mut Vec<u32>);
+
+impl<'de> DeserializeSeed<'de> for InputIds<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for InputIds<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("token IDs")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let tokens = self.0;
+        tokens.clear();
+        let mut shape = IdsShape::Unknown;
+        while let Some(element) = seq.next_element_seed(IdElement {
+            tokens: &mut *tokens,
+            batch_first: shape == IdsShape::Unknown,
+        })? {
+            shape = match (shape, element) {
+                (IdsShape::Unknown | IdsShape::Flat, IdElementKind::Id) => IdsShape::Flat,
+                (IdsShape::Unknown | IdsShape::Batch, IdElementKind::Sequence) => IdsShape::Batch,
+                _ => IdsShape::Invalid,
+            };
+        }
+        if shape == IdsShape::Invalid {
+            tokens.clear();
+        }
+        Ok(())
+    }
+
+    ignore_scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+        visit_str(&str)
+    );
+    ignore_map!();
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum IdsShape {
+    Unknown,
+    Flat,
+    Batch,
+    Invalid,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+enum IdElementKind {
+    Id,
+    Sequence,
+    #[default]
+    Invalid,
+}
+
+/// One element of `input_ids`: an ID (pushed), or a sequence (read when it is the batch's first).
+struct IdElement<'a> {
+    tokens: &'a mut Vec<u32>,
+    batch_first: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for IdElement<'_> {
+    type Value = IdElementKind;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IdElement<'_> {
+    type Value = IdElementKind;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a token ID or a sequence of token IDs")
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        match u32::try_from(v) {
+            Ok(id) => {
+                self.tokens.push(id);
+                Ok(IdElementKind::Id)
+            }
+            Err(_) => Ok(IdElementKind::Invalid),
+        }
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        if !self.batch_first {
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            return Ok(IdElementKind::Sequence);
+        }
+        let mut kind = IdElementKind::Sequence;
+        while let Some(id) = seq.next_element::<TokenId>()? {
+            match id.0 {
+                Some(id) if kind == IdElementKind::Sequence => self.tokens.push(id),
+                _ => kind = IdElementKind::Invalid,
+            }
+        }
+        Ok(kind)
+    }
+
+    ignore_scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_f64(f64),
+        visit_str(&str)
+    );
+    ignore_map!();
+}
+
+/// One ID inside a batch sequence; `None` when it is not a `u32`.
+struct TokenId(Option<u32>);
+
+impl<'de> de::Deserialize<'de> for TokenId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(TokenIdVisitor).map(TokenId)
+    }
+}
+
+struct TokenIdVisitor;
+
+impl<'de> Visitor<'de> for TokenIdVisitor {
+    type Value = Option<u32>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a token ID")
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(u32::try_from(v).ok())
+    }
+
+    ignore_scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_f64(f64),
+        visit_str(&str)
+    );
+    ignore_seq!();
+    ignore_map!();
+}
+
+/// `messages`: each message's content, in order.
+struct MessageList<'a>(&'a mut String);
+
+impl<'de> DeserializeSeed<'de> for MessageList<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MessageList<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of messages")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq
+            .next_element_seed(TextOf("content", &mut *self.0))?
+            .is_some()
+        {}
+        Ok(())
+    }
+
+    ignore_scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64),
+        visit_str(&str)
+    );
+    ignore_map!();
+}
+
+/// An object whose field `.0` holds text (`Content`): a message's `content`, a part's `text`.
+/// A bare string in place of the object is taken as text too.
+struct TextOf<'a>(&'static str, &'a mut String);
+
+impl<'de> DeserializeSeed<'de> for TextOf<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TextOf<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object with text")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        push_text(self.1, s);
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(is_text) = map.next_key_seed(KeyIs(self.0))? {
+            if is_text {
+                map.next_value_seed(Content(&mut *self.1))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    ignore_scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64)
+    );
+    ignore_seq!();
+}
+
+/// Content: a string, or a list of parts whose `text` fields are taken in order.
+struct Content<'a>(&'a mut String);
+
+impl<'de> DeserializeSeed<'de> for Content<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Content<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("message content")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<(), E> {
+        push_text(self.0, s);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq
+            .next_element_seed(TextOf("text", &mut *self.0))?
+            .is_some()
+        {}
+        Ok(())
+    }
+
+    ignore_scalars!(
+        visit_bool(bool),
+        visit_i64(i64),
+        visit_u64(u64),
+        visit_f64(f64)
+    );
+    ignore_map!();
+}
+
+/// A map key compared against one name, without allocating.
+struct KeyIs(&'static str);
+
+impl<'de> DeserializeSeed<'de> for KeyIs {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        deserializer.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for KeyIs {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
+        Ok(key == self.0)
+    }
+}

@@ -1,0 +1,497 @@
+//! The worker flags (health checks, circuit breaker, retries, overload protection, load
+//! monitoring, admin key) with SMG's names and defaults, and their validation.
+//!
+//! Owns [`WorkerArgs`] (a clap `Args` struct the gateway flattens into its command line) and
+//! [`WorkerConfig`] (the validated settings the control core and data cores use). A bad value is
+//! an [`ArgError`] naming the flag, so `kvgate` exits with one clear line.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::workers::breaker::{BreakerConfig, OverloadConfig, RetryPolicy, RETRIES_MAX};
+use crate::workers::health::HealthConfig;
+
+/// How long a load poll may take (`/v1/loads` or `/metrics`). SMG uses 5 s; not a flag there.
+pub const LOAD_POLL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest interval or timeout accepted, in seconds (one day): beyond it a typo, not intent.
+pub const INTERVAL_SECS_MAX: u64 = 86_400;
+
+/// The largest backoff accepted, in ms (10 minutes): a longer wait outlives any client.
+pub const BACKOFF_MS_MAX: u64 = 600_000;
+
+/// The largest consecutive-outcome threshold accepted: a breaker or health check that needs
+/// more than this many events never reacts.
+pub const THRESHOLD_MAX: u32 = 10_000;
+
+/// Worker health, circuit breaker, retry, overload, load-monitoring and admin flags.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct WorkerArgs {
+    /// Path probed on each worker by health checks.
+    #[arg(long, default_value = "/health")]
+    pub health_check_endpoint: String,
+    /// Seconds between health-check rounds.
+    #[arg(long, default_value_t = 60)]
+    pub health_check_interval_secs: u64,
+    /// Seconds before a health probe counts as failed.
+    #[arg(long, default_value_t = 5)]
+    pub health_check_timeout_secs: u64,
+    /// Consecutive failed probes that mark a worker unhealthy.
+    #[arg(long, default_value_t = 3)]
+    pub health_failure_threshold: u32,
+    /// Consecutive good probes that mark an unhealthy worker healthy again.
+    #[arg(long, default_value_t = 2)]
+    pub health_success_threshold: u32,
+    /// Do not run health checks; every worker stays healthy.
+    #[arg(long)]
+    pub disable_health_check: bool,
+
+    /// Failures within the window that open a worker's circuit.
+    #[arg(long, default_value_t = 10)]
+    pub cb_failure_threshold: u32,
+    /// Successes in half-open that close the circuit.
+    #[arg(long, default_value_t = 3)]
+    pub cb_success_threshold: u32,
+    /// Seconds an open circuit waits before letting trial traffic through.
+    #[arg(long, default_value_t = 60)]
+    pub cb_timeout_duration_secs: u64,
+    /// Seconds within which failures count toward opening the circuit.
+    #[arg(long, default_value_t = 120)]
+    pub cb_window_duration_secs: u64,
+    /// Never open circuits.
+    #[arg(long)]
+    pub disable_circuit_breaker: bool,
+
+    /// Retries after the first attempt, each on another worker when one is eligible.
+    #[arg(long, default_value_t = 5)]
+    pub retry_max_retries: u32,
+    /// Backoff before the first retry, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub retry_initial_backoff_ms: u64,
+    /// Largest backoff, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub retry_max_backoff_ms: u64,
+    /// Backoff growth per retry.
+    #[arg(long, default_value_t = 1.5)]
+    pub retry_backoff_multiplier: f64,
+    /// Relative jitter applied to each backoff (0 to 1).
+    #[arg(long, default_value_t = 0.2)]
+    pub retry_jitter_factor: f64,
+    /// Never retry.
+    #[arg(long)]
+    pub disable_retries: bool,
+
+    /// Exclude a worker from routing while its reported KV usage is above this fraction.
+    #[arg(long)]
+    pub worker_overload_token_usage: Option<f64>,
+    /// Exclude a worker from routing while its reported queue is longer than this.
+    #[arg(long)]
+    pub worker_overload_waiting_requests: Option<u64>,
+
+    /// Seconds between load polls of every worker.
+    #[arg(long, default_value_t = 10)]
+    pub load_monitor_interval: u64,
+    /// Accepted for SMG compatibility: load-aware policies (cache_aware) poll regardless.
+    #[arg(long)]
+    pub disable_load_monitoring: bool,
+
+    /// Bearer token required by the admin API (`/workers`); unset: no authentication.
+    #[arg(long)]
+    pub admin_api_key: Option<String>,
+}
+
+impl Default for WorkerArgs {
+    fn default() -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: WorkerArgs,
+        }
+        // Parsing no arguments applies the declared defaults; it cannot fail.
+        Wrapper::try_parse_from(["kvgate"]).map_or_else(|_| unreachable_defaults(), |w| w.args)
+    }
+}
+
+/// Never reached (an empty command line always parses); kept total instead of panicking.
+fn unreachable_defaults() -> WorkerArgs {
+    WorkerArgs {
+        health_check_endpoint: "/health".into(),
+        health_check_interval_secs: 60,
+        health_check_timeout_secs: 5,
+        health_failure_threshold: 3,
+        health_success_threshold: 2,
+        disable_health_check: false,
+        cb_failure_threshold: 10,
+        cb_success_threshold: 3,
+        cb_timeout_duration_secs: 60,
+        cb_window_duration_secs: 120,
+        disable_circuit_breaker: false,
+        retry_max_retries: 5,
+        retry_initial_backoff_ms: 50,
+        retry_max_backoff_ms: 30_000,
+        retry_backoff_multiplier: 1.5,
+        retry_jitter_factor: 0.2,
+        disable_retries: false,
+        worker_overload_token_usage: None,
+        worker_overload_waiting_requests: None,
+        load_monitor_interval: 10,
+        disable_load_monitoring: false,
+        admin_api_key: None,
+    }
+}
+
+/// A flag value that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value for {flag}: {reason}")]
+pub struct ArgError {
+    /// The flag, with its dashes.
+    pub flag: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+fn bad(flag: &'static str, reason: impl Into<String>) -> ArgError {
+    ArgError {
+        flag,
+        reason: reason.into(),
+    }
+}
+
+fn secs_in_range(flag: &'static str, v: u64) -> Result<Duration, ArgError> {
+    if v == 0 || v > INTERVAL_SECS_MAX {
+        return Err(bad(
+            flag,
+            format!("{v} must be between 1 and {INTERVAL_SECS_MAX} seconds"),
+        ));
+    }
+    Ok(Duration::from_secs(v))
+}
+
+fn threshold(flag: &'static str, v: u32) -> Result<u32, ArgError> {
+    if v == 0 || v > THRESHOLD_MAX {
+        return Err(bad(
+            flag,
+            format!("{v} must be between 1 and {THRESHOLD_MAX}"),
+        ));
+    }
+    Ok(v)
+}
+
+/// The validated worker settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkerConfig {
+    /// Health checks.
+    pub health: HealthConfig,
+    /// Circuit breaker.
+    pub breaker: BreakerConfig,
+    /// Retries.
+    pub retry: RetryPolicy,
+    /// Overload protection.
+    pub overload: OverloadConfig,
+    /// Time between load polls.
+    pub load_interval: Duration,
+    /// Deadline of one load poll.
+    pub load_timeout: Duration,
+    /// Admin bearer token.
+    pub admin_api_key: Option<String>,
+}
+
+impl WorkerArgs {
+    /// Check every value and build the settings.
+    pub fn validate(&self) -> Result<WorkerConfig, ArgError> {
+        Ok(WorkerConfig {
+            health: self.validate_health()?,
+            breaker: self.validate_breaker()?,
+            retry: self.validate_retry()?,
+            overload: self.validate_overload()?,
+            load_interval: secs_in_range("--load-monitor-interval", self.load_monitor_interval)?,
+            load_timeout: LOAD_POLL_TIMEOUT,
+            admin_api_key: match &self.admin_api_key {
+                Some(k) if k.trim().is_empty() => {
+                    return Err(bad("--admin-api-key", "must not be empty"))
+                }
+                other => other.clone(),
+            },
+        })
+    }
+
+    fn validate_health(&self) -> Result<HealthConfig, ArgError> {
+        let endpoint = &self.health_check_endpoint;
+        let endpoint_ok = endpoint.starts_with('/')
+            && endpoint.len() <= 1024
+            && endpoint.bytes().all(|b| b.is_ascii_graphic());
+        if !endpoint_ok {
+            return Err(bad(
+                "--health-check-endpoint",
+                format!("{endpoint:?} must be a path starting with /"),
+            ));
+        }
+        Ok(HealthConfig {
+            endpoint: endpoint.clone(),
+            interval: secs_in_range(
+                "--health-check-interval-secs",
+                self.health_check_interval_secs,
+            )?,
+            timeout: secs_in_range(
+                "--health-check-timeout-secs",
+                self.health_check_timeout_secs,
+            )?,
+            failure_threshold: threshold(
+                "--health-failure-threshold",
+                self.health_failure_threshold,
+            )?,
+            success_threshold: threshold(
+                "--health-success-threshold",
+                self.health_success_threshold,
+            )?,
+            disabled: self.disable_health_check,
+        })
+    }
+
+    fn validate_breaker(&self) -> Result<BreakerConfig, ArgError> {
+        Ok(BreakerConfig {
+            failure_threshold: threshold("--cb-failure-threshold", self.cb_failure_threshold)?,
+            success_threshold: threshold("--cb-success-threshold", self.cb_success_threshold)?,
+            timeout: secs_in_range("--cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
+            window: secs_in_range("--cb-window-duration-secs", self.cb_window_duration_secs)?,
+            disabled: self.disable_circuit_breaker,
+        })
+    }
+
+    fn validate_retry(&self) -> Result<RetryPolicy, ArgError> {
+        if self.retry_max_retries > RETRIES_MAX {
+            return Err(bad(
+                "--retry-max-retries",
+                format!(
+                    "{} is above the maximum {RETRIES_MAX}",
+                    self.retry_max_retries
+                ),
+            ));
+        }
+        for (flag, ms) in [
+            ("--retry-initial-backoff-ms", self.retry_initial_backoff_ms),
+            ("--retry-max-backoff-ms", self.retry_max_backoff_ms),
+        ] {
+            if ms > BACKOFF_MS_MAX {
+                return Err(bad(
+                    flag,
+                    format!("{ms} is above the maximum {BACKOFF_MS_MAX} ms"),
+                ));
+            }
+        }
+        if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
+            return Err(bad(
+                "--retry-initial-backoff-ms",
+                "must not exceed --retry-max-backoff-ms",
+            ));
+        }
+        let m = self.retry_backoff_multiplier;
+        if !m.is_finite() || !(1.0..=100.0).contains(&m) {
+            return Err(bad(
+                "--retry-backoff-multiplier",
+                format!("{m} must be between 1 and 100"),
+            ));
+        }
+        let j = self.retry_jitter_factor;
+        if !j.is_finite() || !(0.0..=1.0).contains(&j) {
+            return Err(bad(
+                "--retry-jitter-factor",
+                format!("{j} must be between 0 and 1"),
+            ));
+        }
+        Ok(RetryPolicy {
+            max_retries: self.retry_max_retries,
+            initial_backoff: Duration::from_millis(self.retry_initial_backoff_ms),
+            max_backoff: Duration::from_millis(self.retry_max_backoff_ms),
+            backoff_multiplier: m,
+            jitter_factor: j,
+            disabled: self.disable_retries,
+        })
+    }
+
+    fn validate_overload(&self) -> Result<OverloadConfig, ArgError> {
+        if let Some(u) = self.worker_overload_token_usage {
+            if !u.is_finite() || u <= 0.0 || u > 1.0 {
+                return Err(bad(
+                    "--worker-overload-token-usage",
+                    format!("{u} must be in (0, 1]"),
+                ));
+            }
+        }
+        Ok(OverloadConfig {
+            token_usage: self.worker_overload_token_usage,
+            waiting_requests: self.worker_overload_waiting_requests,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        workers: WorkerArgs,
+    }
+
+    fn parse(extra: &[&str]) -> WorkerArgs {
+        let mut argv = vec!["kvgate"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).unwrap().workers
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_are_smgs() {
+        let c = WorkerArgs::default().validate().unwrap();
+        assert_eq!(c.health, HealthConfig::default());
+        assert_eq!(c.breaker, BreakerConfig::default());
+        assert_eq!(c.retry, RetryPolicy::default());
+        assert_eq!(c.overload, OverloadConfig::default());
+        assert_eq!(c.load_interval, Duration::from_secs(10));
+        assert_eq!(c.load_timeout, Duration::from_secs(5));
+        assert_eq!(c.admin_api_key, None);
+        assert_eq!(WorkerArgs::default(), unreachable_defaults());
+    }
+
+    #[test]
+    fn flags_parse_into_config() {
+        let c = parse(&[
+            "--health-check-endpoint",
+            "/ready",
+            "--health-check-interval-secs",
+            "2",
+            "--health-failure-threshold",
+            "1",
+            "--disable-health-check",
+            "--cb-failure-threshold",
+            "4",
+            "--cb-timeout-duration-secs",
+            "7",
+            "--retry-max-retries",
+            "2",
+            "--retry-initial-backoff-ms",
+            "10",
+            "--retry-max-backoff-ms",
+            "40",
+            "--retry-backoff-multiplier",
+            "2",
+            "--retry-jitter-factor",
+            "0",
+            "--disable-retries",
+            "--worker-overload-token-usage",
+            "0.9",
+            "--worker-overload-waiting-requests",
+            "50",
+            "--load-monitor-interval",
+            "1",
+            "--admin-api-key",
+            "k",
+        ])
+        .validate()
+        .unwrap();
+        assert_eq!(c.health.endpoint, "/ready");
+        assert_eq!(c.health.interval, Duration::from_secs(2));
+        assert_eq!(c.health.failure_threshold, 1);
+        assert!(c.health.disabled);
+        assert_eq!(c.breaker.failure_threshold, 4);
+        assert_eq!(c.breaker.timeout, Duration::from_secs(7));
+        assert_eq!(c.retry.max_retries, 2);
+        assert_eq!(c.retry.backoff(1, 0.5), Duration::from_millis(20));
+        assert!(c.retry.disabled);
+        assert_eq!(c.overload.token_usage, Some(0.9));
+        assert_eq!(c.overload.waiting_requests, Some(50));
+        assert_eq!(c.load_interval, Duration::from_secs(1));
+        assert_eq!(c.admin_api_key.as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--health-check-endpoint", "health"],
+                "health-check-endpoint",
+            ),
+            (
+                &["--health-check-interval-secs", "0"],
+                "health-check-interval-secs",
+            ),
+            (
+                &["--health-check-timeout-secs", "0"],
+                "health-check-timeout-secs",
+            ),
+            (
+                &["--health-failure-threshold", "0"],
+                "health-failure-threshold",
+            ),
+            (
+                &["--health-success-threshold", "0"],
+                "health-success-threshold",
+            ),
+            (&["--cb-failure-threshold", "0"], "cb-failure-threshold"),
+            (&["--cb-success-threshold", "0"], "cb-success-threshold"),
+            (
+                &["--cb-timeout-duration-secs", "0"],
+                "cb-timeout-duration-secs",
+            ),
+            (
+                &["--cb-window-duration-secs", "999999"],
+                "cb-window-duration-secs",
+            ),
+            (&["--retry-max-retries", "33"], "retry-max-retries"),
+            (
+                &[
+                    "--retry-initial-backoff-ms",
+                    "500",
+                    "--retry-max-backoff-ms",
+                    "100",
+                ],
+                "retry-initial-backoff-ms",
+            ),
+            (
+                &["--retry-max-backoff-ms", "999999999"],
+                "retry-max-backoff-ms",
+            ),
+            (
+                &["--retry-backoff-multiplier", "0.5"],
+                "retry-backoff-multiplier",
+            ),
+            (
+                &["--retry-backoff-multiplier", "NaN"],
+                "retry-backoff-multiplier",
+            ),
+            (&["--retry-jitter-factor", "1.5"], "retry-jitter-factor"),
+            (
+                &["--worker-overload-token-usage", "0"],
+                "worker-overload-token-usage",
+            ),
+            (
+                &["--worker-overload-token-usage", "2"],
+                "worker-overload-token-usage",
+            ),
+            (&["--load-monitor-interval", "0"], "load-monitor-interval"),
+            (&["--admin-api-key", " "], "admin-api-key"),
+        ];
+        for (argv, flag) in cases {
+            let err = parse(argv).validate().unwrap_err();
+            assert_eq!(err.flag, format!("--{flag}"), "{argv:?}");
+            assert!(err
+                .to_string()
+                .starts_with(&format!("invalid value for --{flag}: ")));
+        }
+    }
+
+    #[test]
+    fn non_numbers_are_rejected_by_clap() {
+        assert!(Cli::try_parse_from(["kvgate", "--cb-failure-threshold", "ten"]).is_err());
+        assert!(Cli::try_parse_from(["kvgate", "--retry-max-retries", "-1"]).is_err());
+    }
+}
