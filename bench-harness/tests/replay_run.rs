@@ -191,6 +191,7 @@ fn options(gateway: String, form: RequestForm, requests: u64) -> ReplayOptions {
             form,
             model: "m".into(),
             tenant,
+            output_cap: None,
         },
         request_timeout: Duration::from_secs(10),
         label: "mock".into(),
@@ -201,6 +202,8 @@ fn options(gateway: String, form: RequestForm, requests: u64) -> ReplayOptions {
             "http://w3".into(),
         ],
         progress: ProgressMode::Off,
+        // The test process itself stands in for a gateway whose memory is sampled.
+        watch_pid: Some(std::process::id()),
     }
 }
 
@@ -234,6 +237,11 @@ async fn a_replay_reports_what_the_gateway_saw() {
         report.cache_hit_rate
     );
     assert_eq!(report.output_tokens, 16 * 3);
+    let watched = report.watched_process.as_ref().unwrap();
+    let at: Vec<u64> = watched.samples.iter().map(|s| s.requests).collect();
+    assert_eq!(at, vec![2, 10, 20], "RSS sampled at 10%, 50%, 100%");
+    assert!(watched.samples.iter().all(|s| s.rss_kb.is_some()));
+    assert!(report.load_generator.cpu_s.is_some() && report.load_generator.max_rss_kb.is_some());
     // Worker attribution: 16 successes over w0..w2, and w3 (known, never used) counts as idle.
     let per_worker: u64 = report.per_worker.values().map(|w| w.requests).sum();
     assert_eq!(per_worker, 16);

@@ -148,3 +148,18 @@ fn looping_repeats_the_trace_with_fresh_content_and_later_timestamps() {
         tokens(&items[41].prompt)[..512]
     );
 }
+
+#[test]
+fn text_prompts_keep_the_sim_engine_tokenizer_contract() {
+    use bench_harness::tokenize::tokenize_text;
+    let (items, _) = read_all("mooncake_slice.jsonl", TraceFormat::Mooncake);
+    let (a, b) = (
+        tokenize_text(&items[0].prompt.text()),
+        tokenize_text(&items[1].prompt.text()),
+    );
+    // T tokens are T words, and the shared first block is an equal token prefix.
+    assert_eq!(a.len() as u64, items[0].prompt.len_tokens());
+    assert_eq!(b.len() as u64, items[1].prompt.len_tokens());
+    assert_eq!(a[..512], b[..512]);
+    assert_ne!(a[512..528], b[512..528]);
+}

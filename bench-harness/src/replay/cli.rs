@@ -66,12 +66,19 @@ pub struct CompareArgs {
     /// The kvgate binary (default: next to this executable).
     #[arg(long)]
     pub kvgate: Option<PathBuf>,
-    /// An extra sim-engine flag, e.g. --sim-arg=--speedup=20 (repeatable).
+    /// An extra sim-engine flag, e.g. --sim-arg=--page-size=32 (repeatable; not one set above).
     #[arg(long = "sim-arg", allow_hyphen_values = true)]
     pub sim_args: Vec<String>,
     /// An extra kvgate flag (repeatable).
     #[arg(long = "gateway-arg", allow_hyphen_values = true)]
     pub gateway_args: Vec<String>,
+    /// KV cache capacity of each simulated engine, in tokens (sim-engine --kv-capacity-tokens).
+    /// Smaller than the workload's shared prefixes so that where requests go matters.
+    #[arg(long, default_value_t = 32_768)]
+    pub kv_capacity_tokens: u64,
+    /// Simulated time runs this many times faster than real time (sim-engine --speedup).
+    #[arg(long, default_value_t = 5.0)]
+    pub sim_speedup: f64,
     /// Directory for the children's logs.
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
@@ -98,7 +105,7 @@ pub enum TraceFormatArg {
 }
 
 /// What to send and how fast (shared by replay and compare).
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct WorkloadArgs {
     /// A trace file: Mooncake JSONL (.jsonl) or Azure CSV (.csv).
     #[arg(long, conflicts_with = "synthetic")]
@@ -110,19 +117,19 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub synthetic: bool,
     /// Generator: groups (distinct system prompts).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 32)]
     pub groups: u32,
     /// Generator: conversations per group.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 8)]
     pub prompts_per_group: u32,
     /// Generator: system prompt length in tokens.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 2048)]
     pub system_prompt_len: u32,
     /// Generator: question length in tokens (per turn).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 128)]
     pub question_len: u32,
     /// Generator: output length in tokens (also the answer kept in later turns).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     pub output_len: u32,
     /// Generator: how requests spread over groups.
     #[arg(long, value_enum, default_value_t = PopularityArg::Uniform)]
@@ -154,8 +161,9 @@ pub struct WorkloadArgs {
     /// Request shape.
     #[arg(long, value_enum, default_value_t = RequestForm::Chat)]
     pub form: RequestForm,
-    /// The model name sent in OpenAI-style bodies.
-    #[arg(long, default_value = "default")]
+    /// The model name sent in OpenAI-style bodies (sim-engine serves `sim-model`; `compare`
+    /// starts its engines with this name).
+    #[arg(long, default_value = "sim-model")]
     pub model: String,
     /// Spread requests over this many tenants (0 = none); see --tenant-salt and --tenant-lora.
     #[arg(long, default_value_t = 0)]
@@ -169,6 +177,12 @@ pub struct WorkloadArgs {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub timeout_s: f64,
+    /// Cap every request's output length at this many tokens (fewer streamed tokens per request).
+    #[arg(long)]
+    pub output_cap: Option<u32>,
+    /// Sample this process's resident memory (e.g. the gateway's) at 10%, 50% and 100% of the run.
+    #[arg(long)]
+    pub watch_pid: Option<u32>,
     /// No progress output on stderr.
     #[arg(long)]
     pub no_progress: bool,
@@ -240,7 +254,9 @@ impl WorkloadArgs {
             )),
             (_, _, Some(concurrency)) => Ok(Pacing::Closed { concurrency }),
             _ if is_trace => Ok(Pacing::Trace { speedup: 1.0 }),
-            _ => Ok(Pacing::Closed { concurrency: 16 }),
+            _ => Ok(Pacing::Closed {
+                concurrency: SYNTHETIC_CONCURRENCY_DEFAULT,
+            }),
         }
     }
 
@@ -268,6 +284,7 @@ impl WorkloadArgs {
                 form: self.form,
                 model: self.model.clone(),
                 tenant,
+                output_cap: self.output_cap,
             },
             request_timeout: Duration::from_secs_f64(self.timeout_s),
             label: "replay".into(),
@@ -277,11 +294,41 @@ impl WorkloadArgs {
             } else {
                 ProgressMode::Auto
             },
+            watch_pid: self.watch_pid,
         })
     }
 }
 
+/// Requests per policy of `replay compare` when neither a trace nor --max-requests is given:
+/// with the generator's defaults and 4 engines, about 20 s per policy on 2 shared cores.
+pub const COMPARE_REQUESTS_DEFAULT: u64 = 2000;
+
+/// Closed-loop concurrency of a synthetic workload without a pacing flag.
+pub const SYNTHETIC_CONCURRENCY_DEFAULT: usize = 32;
+
 impl CompareArgs {
+    /// The workload flags, with compare's defaults: the generator when no trace is given, and
+    /// [`COMPARE_REQUESTS_DEFAULT`] requests.
+    fn demo_workload(&self) -> WorkloadArgs {
+        let mut workload = self.workload.clone();
+        if workload.trace.is_none() {
+            workload.synthetic = true;
+            workload.max_requests = workload.max_requests.or(Some(COMPARE_REQUESTS_DEFAULT));
+        }
+        workload
+    }
+
+    /// Flags for every sim-engine: capacity and speed, then any --sim-arg.
+    fn sim_flags(&self) -> Vec<String> {
+        let mut flags = vec![
+            format!("--model-name={}", self.workload.model),
+            format!("--kv-capacity-tokens={}", self.kv_capacity_tokens),
+            format!("--speedup={}", self.sim_speedup),
+        ];
+        flags.extend(self.sim_args.iter().cloned());
+        flags
+    }
+
     /// The comparison these flags describe.
     pub fn compare_options(&self) -> Result<CompareOptions, String> {
         validate_policies(&self.policies)?;
@@ -298,10 +345,10 @@ impl CompareArgs {
             engines: self.engines,
             sim_engine: binary(&self.sim_engine, "sim-engine")?,
             kvgate: binary(&self.kvgate, "kvgate")?,
-            sim_args: self.sim_args.clone(),
+            sim_args: self.sim_flags(),
             gateway_args: self.gateway_args.clone(),
             log_dir,
-            replay: self.workload.replay_options(String::new())?,
+            replay: self.demo_workload().replay_options(String::new())?,
         })
     }
 }

@@ -33,6 +33,9 @@ pub const KNOWN_POLICIES: [&str; 7] = [
 /// How long a fleet or gateway may take to start answering.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Tries to start a fleet and its gateway before giving up.
+const STARTUP_ATTEMPTS: u32 = 3;
+
 /// Log lines of a child that failed to start, quoted in the error.
 const LOG_TAIL_BYTES: usize = 2000;
 
@@ -121,60 +124,105 @@ async fn run_policy(
     policy: &str,
     stop: watch::Receiver<bool>,
 ) -> Result<ReplayReport, String> {
-    let mut fleet = Fleet::default();
+    let (mut fleet, workers, gateway, gateway_pid) =
+        start_with_retries(options, policy, &stop).await?;
+    let mut replay = options.replay.clone();
+    replay.gateway = gateway;
+    replay.label = policy.to_string();
+    replay.known_workers = workers;
+    replay.watch_pid = replay.watch_pid.or(gateway_pid);
+    let report = run_replay(&replay, stop).await;
+    fleet.stop().await;
+    report
+}
+
+/// Starts the fleet and the gateway; a start that fails (most often a port taken between
+/// choosing it and binding it) is retried on new ports.
+async fn start_with_retries(
+    options: &CompareOptions,
+    policy: &str,
+    stop: &watch::Receiver<bool>,
+) -> Result<(Fleet, Vec<String>, String, Option<u32>), String> {
+    let mut last_error = String::new();
+    for attempt in 1..=STARTUP_ATTEMPTS {
+        let mut fleet = Fleet::default();
+        let started = async {
+            let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
+            let gateway =
+                start_gateway(options, policy, &workers, &mut fleet, stop.clone()).await?;
+            Ok::<_, String>((workers, gateway))
+        }
+        .await;
+        match started {
+            Ok((workers, (url, pid))) => return Ok((fleet, workers, url, pid)),
+            Err(e) if *stop.borrow() => return Err(e),
+            Err(e) => {
+                eprintln!("[{policy}] start attempt {attempt} of {STARTUP_ATTEMPTS} failed: {e}");
+                last_error = e;
+                fleet.stop().await;
+            }
+        }
+    }
+    Err(last_error)
+}
+
+/// Starts a fresh `sim-engine` fleet and waits until every engine answers; returns their URLs.
+async fn start_engines(
+    options: &CompareOptions,
+    policy: &str,
+    fleet: &mut Fleet,
+    stop: watch::Receiver<bool>,
+) -> Result<Vec<String>, String> {
     let base_port = free_port_range(options.engines)?;
-    let workers: Vec<String> = (0..options.engines)
-        .map(|i| format!("http://127.0.0.1:{}", base_port + i))
-        .collect();
     let mut sim = Command::new(&options.sim_engine);
-    sim.args([
-        "--engines",
-        &options.engines.to_string(),
-        "--base-port",
-        &base_port.to_string(),
-    ]);
+    let (engines, base) = (options.engines.to_string(), base_port.to_string());
+    sim.args(["--engines", &engines, "--base-port", &base]);
     sim.args(&options.sim_args);
-    fleet.start(
-        "sim-engine",
-        sim,
-        &options.log_dir.join(format!("{policy}-sim-engine.log")),
-    )?;
+    let log = options.log_dir.join(format!("{policy}-sim-engine.log"));
+    fleet.start("sim-engine", sim, &log)?;
     for i in 0..options.engines {
         let addr = SocketAddr::from(([127, 0, 0, 1], base_port + i));
         fleet.wait_until_answering(addr, stop.clone()).await?;
     }
-    let gateway_port = free_port_range(1)?;
+    let urls = (0..options.engines).map(|i| format!("http://127.0.0.1:{}", base_port + i));
+    Ok(urls.collect())
+}
+
+/// Starts `kvgate --policy <policy>` in front of `workers` and waits until it answers; returns
+/// its URL and process id.
+async fn start_gateway(
+    options: &CompareOptions,
+    policy: &str,
+    workers: &[String],
+    fleet: &mut Fleet,
+    stop: watch::Receiver<bool>,
+) -> Result<(String, Option<u32>), String> {
+    let port = free_port_range(1)?;
+    // Its own metrics port too: the default (29000) would collide with any other gateway.
+    let metrics_port = free_port_range(1)?;
     let mut gateway = Command::new(&options.kvgate);
+    let (port_text, metrics_text) = (port.to_string(), metrics_port.to_string());
     gateway.args([
         "--host",
         "127.0.0.1",
         "--port",
-        &gateway_port.to_string(),
+        &port_text,
         "--policy",
         policy,
-        "--worker-urls",
     ]);
-    gateway.args(&workers);
+    gateway.args([
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        &metrics_text,
+    ]);
+    gateway.arg("--worker-urls").args(workers);
     gateway.args(&options.gateway_args);
-    fleet.start(
-        "kvgate",
-        gateway,
-        &options.log_dir.join(format!("{policy}-kvgate.log")),
-    )?;
-    fleet
-        .wait_until_answering(
-            SocketAddr::from(([127, 0, 0, 1], gateway_port)),
-            stop.clone(),
-        )
-        .await?;
-
-    let mut replay = options.replay.clone();
-    replay.gateway = format!("http://127.0.0.1:{gateway_port}");
-    replay.label = policy.to_string();
-    replay.known_workers = workers;
-    let report = run_replay(&replay, stop).await;
-    fleet.stop().await;
-    report
+    let log = options.log_dir.join(format!("{policy}-kvgate.log"));
+    let pid = fleet.start("kvgate", gateway, &log)?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    fleet.wait_until_answering(addr, stop).await?;
+    Ok((format!("http://127.0.0.1:{port}"), pid))
 }
 
 /// Picks `count` consecutive free loopback ports (a fleet serves engine i on base + i).
@@ -198,8 +246,13 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `command` with its output in `log`.
-    pub fn start(&mut self, name: &str, mut command: Command, log: &Path) -> Result<(), String> {
+    /// Starts `command` with its output in `log`; returns its process id.
+    pub fn start(
+        &mut self,
+        name: &str,
+        mut command: Command,
+        log: &Path,
+    ) -> Result<Option<u32>, String> {
         let file = File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let stderr = file
             .try_clone()
@@ -212,9 +265,10 @@ impl Fleet {
         let child = command
             .spawn()
             .map_err(|e| format!("cannot start {name}: {e}"))?;
+        let pid = child.id();
         self.children
             .push((name.to_string(), child, log.to_path_buf()));
-        Ok(())
+        Ok(pid)
     }
 
     /// Waits until `addr` answers an HTTP request (any status), failing early if a child exits.

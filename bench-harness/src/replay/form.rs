@@ -43,6 +43,9 @@ pub struct FormOptions {
     pub form: RequestForm,
     pub model: String,
     pub tenant: TenantOptions,
+    /// Caps every request's output length (`--output-cap`), to replay long traces with fewer
+    /// streamed tokens; `None` keeps the workload's lengths.
+    pub output_cap: Option<u32>,
 }
 
 /// A request ready to send.
@@ -56,6 +59,9 @@ pub struct WireRequest {
 
 /// Writes `item` as a streaming request in the chosen form.
 pub fn build_request(item: &WorkItem, options: &FormOptions) -> WireRequest {
+    let output_tokens = options
+        .output_cap
+        .map_or(item.output_tokens, |cap| item.output_tokens.min(cap.max(1)));
     let prompt_bytes = item.prompt.len_tokens() as usize * 4;
     let mut body = Vec::with_capacity(prompt_bytes + 256);
     let path = match options.form {
@@ -66,7 +72,7 @@ pub fn build_request(item: &WorkItem, options: &FormOptions) -> WireRequest {
                 json_string(&options.model)
             );
             item.prompt.write_text(&mut body);
-            let _ = write!(body, "\"}}],\"max_tokens\":{},", item.output_tokens);
+            let _ = write!(body, "\"}}],\"max_tokens\":{},", output_tokens);
             body.extend_from_slice(b"\"stream\":true,\"stream_options\":{\"include_usage\":true}");
             "/v1/chat/completions"
         }
@@ -77,7 +83,7 @@ pub fn build_request(item: &WorkItem, options: &FormOptions) -> WireRequest {
                 json_string(&options.model)
             );
             item.prompt.write_text(&mut body);
-            let _ = write!(body, "\",\"max_tokens\":{},", item.output_tokens);
+            let _ = write!(body, "\",\"max_tokens\":{},", output_tokens);
             body.extend_from_slice(b"\"stream\":true,\"stream_options\":{\"include_usage\":true}");
             "/v1/completions"
         }
@@ -85,7 +91,7 @@ pub fn build_request(item: &WorkItem, options: &FormOptions) -> WireRequest {
             body.extend_from_slice(b"{\"text\":\"");
             item.prompt.write_text(&mut body);
             body.push(b'"');
-            write_generate_tail(&mut body, item.output_tokens);
+            write_generate_tail(&mut body, output_tokens);
             "/generate"
         }
         RequestForm::GenerateIds => {
@@ -94,7 +100,7 @@ pub fn build_request(item: &WorkItem, options: &FormOptions) -> WireRequest {
                 let _ = write!(body, "{}{symbol}", if i > 0 { "," } else { "" });
             }
             body.push(b']');
-            write_generate_tail(&mut body, item.output_tokens);
+            write_generate_tail(&mut body, output_tokens);
             "/generate"
         }
     };
@@ -178,6 +184,7 @@ mod tests {
             form,
             model: "m\"x".into(),
             tenant,
+            output_cap: None,
         }
     }
 

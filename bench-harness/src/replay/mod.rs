@@ -17,6 +17,7 @@ pub mod form;
 pub mod limits;
 pub mod pacing;
 pub mod plot;
+pub mod procstat;
 pub mod progress;
 pub mod report;
 pub mod run;

@@ -6,12 +6,24 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::sync::Notify;
+
 /// Counters the recorder updates and the printer reads.
 #[derive(Default)]
 pub struct ProgressCounters {
     pub done: AtomicU64,
     pub errors: AtomicU64,
     pub finished: AtomicBool,
+    /// Wakes the printer at the end, so the final line does not wait for the next tick.
+    pub finished_wake: Notify,
+}
+
+impl ProgressCounters {
+    /// Marks the run finished and wakes the printer.
+    pub fn finish(&self) {
+        self.finished.store(true, Ordering::Release);
+        self.finished_wake.notify_one();
+    }
 }
 
 /// How progress is shown.
@@ -42,7 +54,10 @@ pub async fn show_progress(
     let mut ticker = tokio::time::interval(period);
     ticker.tick().await;
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = counters.finished_wake.notified() => {}
+        }
         let finished = counters.finished.load(Ordering::Acquire);
         let line = progress_line(&label, &counters, total, start.elapsed(), terminal);
         let mut err = std::io::stderr().lock();

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::client::Outcome;
 use super::limits::{CDF_POINTS_MAX, HIT_RATE_BUCKETS_MAX, LATENCY_US_MAX};
+use super::procstat::{SelfUsage, WatchedProcess};
 
 /// Latency percentiles in milliseconds (successful requests only).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -78,6 +79,10 @@ pub struct ReplayReport {
     /// Latest any request left after its scheduled time, in ms: large values mean the load
     /// generator (or the in-flight cap) could not keep up with the pacing.
     pub send_lag_ms_max: f64,
+    /// The replay process's own CPU time and peak memory (it must not be the bottleneck).
+    pub load_generator: SelfUsage,
+    /// Resident memory of `--watch-pid` (the gateway) at 10%, 50% and 100% of the run.
+    pub watched_process: Option<WatchedProcess>,
     pub skipped_lines: u64,
     pub warnings: Vec<String>,
     pub ttft_cdf: Vec<CdfPoint>,

@@ -14,6 +14,7 @@ use super::client::{Client, Endpoint};
 use super::form::{build_request, FormOptions};
 use super::limits::{IN_FLIGHT_OPEN_LOOP_MAX, OUTCOME_CHANNEL_CAPACITY};
 use super::pacing::{dispatch, Clock, Dispatch, Pacing, Schedule, TokioClock};
+use super::procstat::{self_usage, WatchedProcess};
 use super::progress::{show_progress, ProgressCounters, ProgressMode};
 use super::report::{Completion, Recorder, ReplayReport};
 use super::synthetic::{SyntheticSpec, SyntheticWorkload};
@@ -45,6 +46,8 @@ pub struct ReplayOptions {
     /// The fleet's worker URLs, when known, so idle workers count in the imbalance.
     pub known_workers: Vec<String>,
     pub progress: ProgressMode,
+    /// A process (the gateway) whose resident memory is sampled at 10%, 50% and 100% of the run.
+    pub watch_pid: Option<u32>,
 }
 
 /// Opens the workload a replay reads.
@@ -97,8 +100,10 @@ pub async fn run_replay(
     let slots = Arc::new(Semaphore::new(in_flight_max));
     let counters = Arc::new(ProgressCounters::default());
     let (completions, received) = mpsc::channel(OUTCOME_CHANNEL_CAPACITY);
-    let recorder = tokio::spawn(record_completions(received, counters.clone()));
     let total = expected_requests(options);
+    let watched = options.watch_pid.map(WatchedProcess::new);
+    let recording = record_completions(received, counters.clone(), watched, total);
+    let recorder = tokio::spawn(recording);
     let progress = tokio::spawn(show_progress(
         options.label.clone(),
         counters.clone(),
@@ -125,16 +130,18 @@ pub async fn run_replay(
     }
     drop(sender);
     // Every request task holds a sender clone: the recorder ends when the last one finishes.
-    let recorder = recorder
+    let (recorder, watched) = recorder
         .await
         .map_err(|e| format!("the recorder failed: {e}"))?;
     let duration = clock.elapsed();
-    counters.finished.store(true, Ordering::Release);
+    counters.finish();
     let _ = progress.await;
     let mut report = recorder.finish(&options.label, duration, &options.known_workers);
     let warnings = workload.warnings();
     report.skipped_lines = warnings.skipped_lines;
     report.warnings = warnings.messages.clone();
+    report.watched_process = watched;
+    report.load_generator = self_usage();
     Ok(report)
 }
 
@@ -194,13 +201,21 @@ pub async fn stop_requested(stop: &mut watch::Receiver<bool>) {
 async fn record_completions(
     mut received: mpsc::Receiver<Completion>,
     counters: Arc<ProgressCounters>,
-) -> Recorder {
+    mut watched: Option<WatchedProcess>,
+    total: Option<u64>,
+) -> (Recorder, Option<WatchedProcess>) {
     let mut recorder = Recorder::new();
     while let Some(completion) = received.recv().await {
         recorder.record(completion);
         let (done, errors) = recorder.counts();
         counters.done.store(done, Ordering::Relaxed);
         counters.errors.store(errors, Ordering::Relaxed);
+        if let (Some(watched), Some(total)) = (watched.as_mut(), total) {
+            watched.on_progress(done, total);
+        }
     }
-    recorder
+    if let Some(watched) = watched.as_mut() {
+        watched.on_end(recorder.counts().0, total);
+    }
+    (recorder, watched)
 }

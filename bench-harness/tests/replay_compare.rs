@@ -1,0 +1,232 @@
+//! `replay compare` end to end, through the real binaries: a fresh `sim-engine` fleet and a real
+//! `kvgate` per policy, the same tiny shared-prefix workload through each. Needs `kvgate` built
+//! next to `replay` (`cargo build --workspace --bins`, as scripts/test.sh does first).
+//!
+//! Also checks that children never outlive `replay`: not on success, not on Ctrl-C, and that an
+//! unknown policy is refused before anything starts.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The policies compared. Round robin runs twice: fresh fleets make both runs see the same hit
+/// rate (a reused, warm fleet would flatter the second), and cache_aware must beat it.
+const POLICIES: &str = "round_robin,cache_aware,round_robin";
+
+/// Requests per policy.
+const REQUESTS: u64 = 128;
+
+fn replay_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_replay"))
+}
+
+fn kvgate_binary() -> PathBuf {
+    let path = replay_binary().with_file_name("kvgate");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// `replay compare` with a tiny workload: 8 groups of 2 conversations, 512-token system prompts,
+/// on 4 engines of 2,048 tokens of KV cache each.
+fn compare_command(dir: &Path, policies: &str, requests: u64) -> Command {
+    let mut command = Command::new(replay_binary());
+    command
+        .arg("compare")
+        .args(["--synthetic", "--groups", "8", "--prompts-per-group", "2"]);
+    command.args([
+        "--system-prompt-len",
+        "512",
+        "--question-len",
+        "32",
+        "--output-len",
+        "4",
+    ]);
+    command.args([
+        "--max-requests",
+        &requests.to_string(),
+        "--concurrency",
+        "2",
+        "--engines",
+        "4",
+        // Two groups' system prompts fit an engine, eight do not: where requests go matters.
+        "--kv-capacity-tokens",
+        "2048",
+    ]);
+    command.args([
+        "--policies",
+        policies,
+        "--no-progress",
+        "--sim-speedup",
+        "20",
+    ]);
+    command
+        .arg("--sim-engine")
+        .arg(env!("CARGO_BIN_EXE_sim-engine"));
+    command.arg("--kvgate").arg(kvgate_binary());
+    command.arg("--out").arg(dir.join("compare.json"));
+    command.arg("--plot").arg(dir.join("compare.svg"));
+    command.arg("--log-dir").arg(dir.join("logs"));
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+    command
+}
+
+/// Waits for `child` at most `limit`, killing it (and failing) if it takes longer.
+fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "replay compare took over {limit:?}; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Process ids whose parent is `pid` (from /proc).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            let after_name = stat.rfind(')').map_or("", |i| &stat[i + 2..]);
+            after_name.split_whitespace().nth(1) == Some(&pid.to_string())
+        })
+        .collect()
+}
+
+fn is_running(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rfind(')').and_then(|i| stat[i + 2..].chars().next());
+    matches!(state, Some(s) if s != 'Z' && s != 'X')
+}
+
+#[test]
+fn cache_aware_beats_round_robin_on_fresh_fleets() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = compare_command(dir.path(), POLICIES, REQUESTS)
+        .spawn()
+        .unwrap();
+    let output = wait_bounded(child, Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "replay compare failed:\n{stderr}");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains("round_robin") && table.contains("cache hit rate"),
+        "{table}"
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("compare.json")).unwrap())
+            .unwrap();
+    let reports = json["policies"].as_array().unwrap();
+    let labels: Vec<&str> = reports
+        .iter()
+        .map(|r| r["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels.join(","), POLICIES);
+    for report in reports {
+        let summary = format!(
+            "{}: {} errors {}",
+            report["label"], report["errors"], report["errors_by_kind"]
+        );
+        assert_eq!(report["requests"], REQUESTS, "{summary}");
+        assert_eq!(report["errors"], 0, "{summary}");
+        let per_worker = report["per_worker"].as_object().unwrap();
+        assert_eq!(per_worker.len(), 4, "every engine of the fleet is listed");
+        let routed: u64 = per_worker
+            .values()
+            .map(|w| w["requests"].as_u64().unwrap())
+            .sum();
+        assert_eq!(routed, REQUESTS, "every response named its worker");
+        assert!(report["cache_hit_rate"].as_f64().unwrap() > 0.0);
+        assert!(
+            report["watched_process"]["samples"]
+                .as_array()
+                .unwrap()
+                .len()
+                == 3
+        );
+    }
+    let hit = |i: usize| reports[i]["cache_hit_rate"].as_f64().unwrap();
+    // Fresh engines per policy: the second round robin starts as cold as the first.
+    assert!(
+        (hit(0) - hit(2)).abs() < 0.1,
+        "round robin {:.3} then {:.3}",
+        hit(0),
+        hit(2)
+    );
+    // Round robin sends every group to every engine, more than an engine's cache holds.
+    assert!(hit(0) > 0.2, "round robin {:.3}", hit(0));
+    assert!(
+        reports[0]["imbalance"].as_f64().unwrap() <= 1.01,
+        "round robin is even"
+    );
+    // cache_aware keeps each group on the engine that has its system prompt, and two groups fit.
+    assert!(
+        hit(1) > hit(0) + 0.15,
+        "cache_aware {:.3} vs round robin {:.3}",
+        hit(1),
+        hit(0)
+    );
+    let svg = std::fs::read_to_string(dir.path().join("compare.svg")).unwrap();
+    assert!(svg.contains("round_robin") && svg.contains("cache_aware"));
+}
+
+#[test]
+fn an_unknown_policy_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = compare_command(dir.path(), "round_robin,fastest", 4)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unknown policy \"fastest\""), "{stderr}");
+    assert!(!dir.path().join("logs").exists(), "nothing was started");
+}
+
+#[test]
+fn ctrl_c_stops_the_replay_and_its_children() {
+    let dir = tempfile::tempdir().unwrap();
+    // Long enough that the interrupt arrives mid-replay.
+    let child = compare_command(dir.path(), "round_robin", 1_000_000)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let gateway_log = dir.path().join("logs/round_robin-kvgate.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut started = Vec::new();
+    while started.len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        started = if gateway_log.exists() {
+            children_of(pid)
+        } else {
+            Vec::new()
+        };
+    }
+    assert_eq!(started.len(), 2, "sim-engine and kvgate should be running");
+    std::thread::sleep(Duration::from_millis(500));
+    let interrupted = Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let output = wait_bounded(child, Duration::from_secs(20));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("stopping"), "{stderr}");
+    std::thread::sleep(Duration::from_millis(200));
+    for child in started {
+        assert!(!is_running(child), "child {child} outlived replay");
+    }
+}
