@@ -333,10 +333,15 @@ fn unknown_model_is_404_and_admin_calls_need_the_key() {
         .post("/v1/chat/completions", &chat("hi"))
         .status
         == 200));
-    let r = gw.post(
-        "/v1/chat/completions",
-        r#"{"model":"no-such-model","messages":[]}"#,
-    );
+    let unknown = || {
+        gw.post(
+            "/v1/chat/completions",
+            r#"{"model":"no-such-model","messages":[]}"#,
+        )
+    };
+    // Until model discovery has answered, the catalog is empty and every model is allowed.
+    assert!(wait_until(Duration::from_secs(5), || unknown().status == 404));
+    let r = unknown();
     assert_eq!(r.status, 404);
     assert!(String::from_utf8_lossy(&r.body).contains("not served by any worker"));
     assert_eq!(gw.request("GET", "/workers", "", None).status, 401);
