@@ -205,3 +205,41 @@ fn cancelled_streams_leak_no_in_flight_credit() {
 fn ten_thousand_cancelled_streams_leak_no_in_flight_credit() {
     cancel_streams(10_000);
 }
+
+#[test]
+fn concurrent_first_turns_record_their_own_prefix() {
+    // Real timing: responses take long enough that the eight first turns overlap on the one data
+    // core, so each is forwarded while others are being prepared. Every follow-up must find the
+    // worker that served its own family's first turn.
+    let fleet = SimFleet::start(4, &[]);
+    let gateway = Gateway::start(&fleet.urls(), &[]);
+    let families = 8;
+    let first_turns: Vec<_> = (0..families)
+        .map(|family| {
+            let addr = gateway.addr();
+            std::thread::spawn(move || {
+                let body = serde_json::json!({
+                    "model": "sim-model",
+                    "prompt": prompt(family, 300, "first"),
+                    "max_tokens": 8,
+                });
+                let mut client = HttpClient::connect(addr);
+                routed(&mut client, "/v1/completions", &body.to_string())
+            })
+        })
+        .collect();
+    let homes: Vec<String> = first_turns
+        .into_iter()
+        .map(|t| t.join().expect("first turn"))
+        .collect();
+    let mut client = gateway.client();
+    for (family, home) in homes.iter().enumerate() {
+        let body = completion(&prompt(family, 300, "second"), serde_json::json!({}));
+        assert_eq!(
+            &routed(&mut client, "/v1/completions", &body),
+            home,
+            "family {family}"
+        );
+    }
+    assert_eq!(branch(&gateway, "tree_match"), families as f64);
+}

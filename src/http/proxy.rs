@@ -32,6 +32,7 @@ use super::server::{DataCore, Downstream, Request};
 use crate::control::DispatchRecord;
 use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_READ_BYTES};
 use crate::metrics::Counter;
+use crate::policy::RecordKey;
 use crate::workers::breaker::{is_retryable_status, AttemptOutcome, RetryPolicy, RETRIES_MAX};
 use crate::workers::table::WorkerEntry;
 use crate::workers::WorkerId;
@@ -108,12 +109,14 @@ pub async fn proxy_request(
         catalog.workers_for(Some(router.model()))
     }
     .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    let record = core.router.borrow_mut().record_key();
     let input = RouteInput {
         endpoint,
         head: &request.head,
         head_buf: read_buf,
         body,
         models,
+        record,
     };
     let mut client = ClientSide {
         socket,
@@ -211,6 +214,11 @@ fn pick_worker(
     tried: &mut TriedWorkers,
     attempts: usize,
 ) -> Option<WorkerId> {
+    if attempts > 0 {
+        // The attempts awaited: another request on this core may have prepared since. Prepare
+        // this one again so the policy reads its own routing input (the body parsed before).
+        let _ = extract_routing_input(core, input.endpoint, input.head, input.head_buf, input.body);
+    }
     let picked = core.router.borrow_mut().route(input, view, tried);
     if picked.is_some() || attempts == 0 {
         return picked;
@@ -263,7 +271,7 @@ async fn attempt(
         .await
         .map_err(|e| fail(e, reused))?;
     // The worker has the request: the index learns it now, not when the response ends.
-    record_dispatch(core, worker);
+    record_dispatch(core, worker, input.record.as_ref());
     let method = input.head.method;
     let streamed = stream_back(
         core,
@@ -652,12 +660,15 @@ async fn write_client_from(
 }
 
 /// The record phase: tell the control core where this request went.
-fn record_dispatch(core: &DataCore, worker: &WorkerEntry) {
+fn record_dispatch(core: &DataCore, worker: &WorkerEntry, key: Option<&RecordKey>) {
     let tick = core.shared.tick_now();
+    if let Some(key) = key {
+        core.router.borrow_mut().remember(key, worker.id, tick);
+    }
     let record = DispatchRecord {
         worker: worker.id,
         tick,
-        key: core.router.borrow_mut().record(worker.id, tick),
+        key: key.cloned(),
     };
     if core.shared.dispatch_queues[core.index]
         .push(record)

@@ -33,6 +33,8 @@ pub struct RouteInput<'a> {
     pub body: &'a [u8],
     /// The workers serving the requested model (`workers::admin::ModelCatalog`).
     pub models: ModelWorkers<'a>,
+    /// This request's index key (cache_aware), taken right after `Router::prepare`.
+    pub record: Option<RecordKey>,
 }
 
 /// The published worker state a policy reads: the roster and the table's atomics.
@@ -144,9 +146,15 @@ impl Router {
         self.routing.choose(workers)
     }
 
-    /// The index key of a request dispatched to `worker` (cache_aware), for the control core.
-    pub fn record(&mut self, worker: WorkerId, tick_ms: u64) -> Option<RecordKey> {
-        self.routing.dispatch_record(worker, tick_ms)
+    /// The index key of the prepared request (cache_aware), for the control core. Take it right
+    /// after `prepare`, before any `.await`: the router's input is the last prepared request's.
+    pub fn record_key(&mut self) -> Option<RecordKey> {
+        self.routing.record_key()
+    }
+
+    /// Remembers that `key` went to `worker` (this core's recent-dispatch map).
+    pub fn remember(&mut self, key: &RecordKey, worker: WorkerId, tick_ms: u64) {
+        self.routing.remember(key, worker, tick_ms);
     }
 
     /// Marks this core quiescent for index reclamation (the idle sweeper calls it).
@@ -189,6 +197,7 @@ mod tests {
             head_buf: REQ,
             body: b"{}",
             models: ModelWorkers::Any,
+            record: None,
         };
         let roster = table.roster();
         router

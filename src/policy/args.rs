@@ -94,7 +94,7 @@ pub struct PolicyArgs {
     /// Seconds between eviction cycles.
     #[arg(long, alias = "eviction-interval-secs", default_value_t = 120)]
     pub eviction_interval: u64,
-    /// Index kind for cache_aware.
+    /// Index kind for cache_aware (only `tree` is implemented; `hash` is refused at start).
     #[arg(long, value_enum, default_value = "tree")]
     pub cache_index: CacheIndexKind,
     /// Token positions (positive, strictly ascending) for hash mode and prefix_hash.
@@ -259,6 +259,13 @@ impl PolicyArgs {
             return Err(refuse(
                 "--cache-boundaries",
                 "required with --cache-index hash",
+            ));
+        }
+        if self.cache_index == CacheIndexKind::Hash {
+            // Refused rather than silently routed on the trees: the placement map is not built.
+            return Err(refuse(
+                "--cache-index",
+                "hash is not implemented yet; use tree (the default)",
             ));
         }
         Ok(())

@@ -174,15 +174,13 @@ impl CoreRouting {
         Some(worker)
     }
 
-    /// The record for a request dispatched to `worker` (cache_aware only: other policies do not
-    /// build the index), also remembered in the recent-dispatch map.
-    pub fn dispatch_record(&mut self, worker: WorkerId, tick_ms: u64) -> Option<RecordKey> {
+    /// The index key of the prepared request (cache_aware only: other policies do not build the
+    /// index). Take it right after `prepare`, before any `.await`: another request on this core
+    /// may prepare in between, and the key must be this request's.
+    pub fn record_key(&mut self) -> Option<RecordKey> {
         if !self.router.uses_index() || self.input.key().is_empty() {
             return None;
         }
-        let key = KeyData::of(self.input.key());
-        self.recent
-            .push(self.namespace, key.clone(), worker, tick_ms);
         let model = self.namespace.model;
         let model_name = if self.announced_models.contains(&model)
             || self.announced_models.len() >= MODELS_MAX
@@ -194,9 +192,22 @@ impl CoreRouting {
         };
         Some(RecordKey {
             namespace: self.namespace,
-            key,
+            key: KeyData::of(self.input.key()),
             model_name,
         })
+    }
+
+    /// Remembers that `key` went to `worker`, for bursts before the index learns it.
+    pub fn remember(&mut self, key: &RecordKey, worker: WorkerId, tick_ms: u64) {
+        self.recent
+            .push(key.namespace, key.key.clone(), worker, tick_ms);
+    }
+
+    /// `record_key` and `remember` in one step, for callers that do not await in between.
+    pub fn dispatch_record(&mut self, worker: WorkerId, tick_ms: u64) -> Option<RecordKey> {
+        let key = self.record_key()?;
+        self.remember(&key, worker, tick_ms);
+        Some(key)
     }
 
     /// Marks this core quiescent for index reclamation (call when idle, e.g. once a second).
@@ -315,5 +326,65 @@ mod tests {
         let worker = routing.choose(std::iter::once((WorkerId(0), "http://w0", status, 0)));
         assert_eq!(worker, Some(WorkerId(0)));
         assert_eq!(routing.dispatch_record(WorkerId(0), 0), None);
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+    use crate::index::{IndexConfig, IndexWriter};
+    use crate::policy::{Branch, PolicyArgs};
+
+    /// Dispatch records applied to a real index make the next request of the family match.
+    #[test]
+    fn records_inserted_into_the_index_make_the_family_match() {
+        let mut writer = IndexWriter::new(IndexConfig { block_size: 16 }).unwrap();
+        let reader = writer.reader().unwrap();
+        let config = PolicyArgs::default().validate().unwrap();
+        let metrics = Arc::new(PolicyMetrics::default());
+        let mut routing = CoreRouting::new(config, 3, Some(reader), metrics.clone());
+        let system: Vec<String> = (0..2048).map(|i| format!("w{i}x")).collect();
+        let system = system.join(" ");
+        let urls = ["http://a", "http://b", "http://c"];
+        let mut chosen = Vec::new();
+        for (i, now_ms) in [(0, 0u64), (1, 1_000), (2, 2_000), (3, 3_000)] {
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": format!("question number {i}")}
+                ]
+            })
+            .to_string();
+            routing
+                .prepare(
+                    Endpoint::ChatCompletions,
+                    RoutingHeaders::default(),
+                    body.as_bytes(),
+                    now_ms,
+                )
+                .unwrap();
+            let workers = urls.iter().enumerate().map(|(slot, url)| {
+                let status = WorkerStatus {
+                    eligible: true,
+                    ..WorkerStatus::default()
+                };
+                (WorkerId(slot as u16), *url, status, 0)
+            });
+            let worker = routing.choose(workers).unwrap();
+            let record = routing.dispatch_record(worker, now_ms).unwrap();
+            match &record.key {
+                KeyData::Text(text) => writer
+                    .insert_text(record.namespace, text, worker, now_ms)
+                    .unwrap(),
+                KeyData::Tokens(tokens) => writer
+                    .insert_tokens(record.namespace, tokens, worker, now_ms)
+                    .unwrap(),
+            }
+            chosen.push(worker);
+        }
+        // Seconds apart: the recent-dispatch map has expired, only the index can match.
+        assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
+        assert_eq!(metrics.branch_count(Branch::TreeMatch), 3);
     }
 }

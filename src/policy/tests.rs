@@ -719,7 +719,9 @@ fn bad_values_name_their_flag() {
             "{err}"
         );
     }
-    assert!(parse(&["--cache-index", "hash", "--cache-boundaries", "2048,8192"]).is_ok());
+    let hash = parse(&["--cache-index", "hash", "--cache-boundaries", "2048,8192"]);
+    assert_eq!(hash.expect_err("not built yet").flag, "--cache-index");
+    assert!(parse(&["--policy", "prefix_hash", "--cache-boundaries", "2048,8192"]).is_ok());
 }
 
 // ---- Metrics and logs ----
