@@ -5,8 +5,10 @@
 //! Key types: [`PolicyArgs`] (SMG's flags, validated into a [`PolicyConfig`]), [`WorkerStatus`] (what
 //! a decision knows about one worker slot), [`cache_aware::select`] (the spec's decision flow as one
 //! pure function), [`Router`] (one per data core: dispatches to the configured policy, counts each
-//! decision in its [`PolicyMetrics`] and logs it). Nothing here does I/O or awaits; a decision on
-//! the common path does not allocate. Errors: only flag validation fails ([`PolicyArgsError`], the
+//! decision in its [`PolicyMetrics`] and logs it), [`CoreRouting`] (a data core's routing state
+//! around the router: extraction buffers, index lookup, the recent-dispatch map of
+//! [`RecentDispatches`], per-core dispatch credits, and the [`RecordKey`] the control core inserts).
+//! Nothing here does I/O or awaits; a decision on the common path does not allocate. Errors: only flag validation fails ([`PolicyArgsError`], the
 //! binary prints it and exits non-zero); a decision with no eligible worker is `None` (the gateway
 //! answers 503).
 
