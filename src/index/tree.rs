@@ -444,8 +444,10 @@ impl<K: Keying> TreeWriter<K> {
         self.publish_children(ctx, parent, &table);
     }
 
-    /// Splits `child` (under `parent`, whose edge starts at `depth`) after `common` elements:
-    /// a new middle node takes the first part; `child` keeps its id, tenants and subtree.
+    /// Splits `child` (under `parent`, whose edge starts at `depth`) after `common` elements
+    /// and returns the new upper node. Copies the shorter side of the label: the prefix into a
+    /// new upper node (the child keeps its id), or the suffix into a new lower node that
+    /// replaces the child while the upper node takes over the child's label allocation.
     fn split(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
@@ -455,45 +457,90 @@ impl<K: Keying> TreeWriter<K> {
         common: usize,
     ) -> Result<u32, IndexError> {
         let guard = ctx.token.guard();
-        let shared = ctx
-            .tree
-            .slab
-            .get(child, &guard)
-            .ok_or(IndexError::NodesExhausted)?;
-        let label = shared
-            .label_from(depth as u32, &guard)
-            .ok_or(IndexError::NodesExhausted)?;
-        let lower_key = self
-            .keys
-            .edge_key(&label[common..])
-            .ok_or(IndexError::NodesExhausted)?;
-        let fresh = self.alloc_node(ctx)?;
-        let mid = fresh.id();
-        let lower = &self.meta[child as usize];
-        let units = self.keys.units(&label[..common]);
-        let (model, mru, mru_len) = (lower.model, lower.mru, lower.mru_len);
+        let shared = ctx.tree.slab.get(child, &guard);
+        let label = shared.and_then(|node| node.label_from(depth as u32, &guard));
+        let (Some(shared), Some(label)) = (shared, label) else {
+            return Err(IndexError::NodesExhausted);
+        };
+        let lower_key = self.keys.edge_key(&label[common..]);
+        let lower_key = lower_key.ok_or(IndexError::NodesExhausted)?;
+        let upper = self.alloc_node(ctx)?;
+        let upper_units = self.keys.units(&label[..common]);
+        let lower_meta = &self.meta[child as usize];
+        let (model, mru, mru_len) = (lower_meta.model, lower_meta.mru, lower_meta.mru_len);
         let meta = Meta {
             parent,
-            units,
+            units: upper_units,
             model,
             tenants: Vec::new(),
             mru,
             mru_len,
         };
-        self.init_node(ctx, &fresh, label[..common].to_vec(), depth + common, meta);
-        fresh.init_children(
-            &[ChildEntry {
-                key: lower_key,
-                node: child,
-            }],
-            ctx.token,
-        );
+        let lower = if common * 2 <= label.len() {
+            self.init_node(ctx, &upper, label[..common].to_vec(), depth + common, meta);
+            child
+        } else {
+            let Ok(fresh_lower) = self.alloc_node(ctx) else {
+                self.free_unused(upper.id());
+                return Err(IndexError::NodesExhausted);
+            };
+            let lower = fresh_lower.id();
+            let mut moved = std::mem::take(&mut self.meta[child as usize]);
+            moved.units -= upper_units;
+            self.init_node(
+                ctx,
+                &fresh_lower,
+                label[common..].to_vec(),
+                shared.depth_end() as usize,
+                moved,
+            );
+            shared.lend_children_to(&fresh_lower, ctx.token);
+            for (_, id) in &self.meta[lower as usize].tenants {
+                self.entries.get_mut(*id).node = lower;
+            }
+            for below in shared.children(&guard) {
+                self.meta[below.node as usize].parent = lower;
+            }
+            let end = shared.label_end() - (label.len() - common) as u32;
+            let depth_end = (depth + common) as u32;
+            upper.init_taking_label(
+                shared,
+                end,
+                depth_end,
+                &mru[..usize::from(mru_len)],
+                ctx.token,
+            );
+            self.meta[upper.id() as usize] = meta;
+            lower
+        };
+        let entry = ChildEntry {
+            key: lower_key,
+            node: lower,
+        };
+        upper.init_children(&[entry], ctx.token);
         self.table_entries += 1;
-        let mut tenants = Vec::with_capacity(self.meta[child as usize].tenants.len());
-        for i in 0..self.meta[child as usize].tenants.len() {
-            let (worker, below) = self.meta[child as usize].tenants[i];
+        self.clone_entries_above(lower, upper.id());
+        let lower_meta = &mut self.meta[lower as usize];
+        lower_meta.parent = upper.id();
+        if lower == child {
+            lower_meta.units -= upper_units;
+        }
+        self.replace_child(ctx, parent, child, upper.id());
+        if lower != child {
+            self.retire_node(ctx, child);
+        }
+        Ok(upper.id())
+    }
+
+    /// Gives `upper` (new, above `lower`) one entry per tenant of `lower`, each placed right
+    /// after the lower entry in both recency lists (so the ancestor stays the more recent).
+    fn clone_entries_above(&mut self, lower: u32, upper: u32) {
+        let model = self.meta[lower as usize].model;
+        let mut tenants = Vec::with_capacity(self.meta[lower as usize].tenants.len());
+        for i in 0..self.meta[lower as usize].tenants.len() {
+            let (worker, below) = self.meta[lower as usize].tenants[i];
             let tick = self.entries.get(below).tick;
-            let id = self.entries.alloc(Entry::new(mid, worker, model, tick));
+            let id = self.entries.alloc(Entry::new(upper, worker, model, tick));
             let state = &mut self.models[model as usize];
             self.entries
                 .insert_after(&mut state.lru, Chain::Model, below, id);
@@ -503,12 +550,13 @@ impl<K: Keying> TreeWriter<K> {
             *state.worker_entries.entry(worker).or_default() += 1;
             tenants.push((worker, id));
         }
-        self.meta[mid as usize].tenants = tenants;
-        let lower = &mut self.meta[child as usize];
-        lower.parent = mid;
-        lower.units -= units;
-        self.replace_child(ctx, parent, child, mid);
-        Ok(mid)
+        self.meta[upper as usize].tenants = tenants;
+    }
+
+    /// Returns a node id taken by `alloc_node` but never initialized or published.
+    fn free_unused(&mut self, id: u32) {
+        self.free_ids.push(id);
+        self.nodes_live -= 1;
     }
 
     /// Marks `worker` as the most recent holder of `node`.
@@ -641,7 +689,7 @@ impl<K: Keying> TreeWriter<K> {
     fn retire_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
         let guard = ctx.token.guard();
         if let Some(shared) = ctx.tree.slab.get(node, &guard) {
-            self.label_elements -= u64::from(shared.label_capacity());
+            self.label_elements -= u64::from(shared.owned_label_capacity());
         }
         self.retired.node(ctx.domain, node);
         self.meta[node as usize] = Meta::default();
