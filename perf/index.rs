@@ -23,6 +23,8 @@ use kvgate::workers::WorkerId;
 const SYSTEMS: usize = 16;
 /// Queries cycled through by each lookup benchmark.
 const QUERIES: usize = 64;
+/// Distinct queries of the cold-cache lookup measurement.
+const COLD_QUERIES: usize = 1024;
 /// Tokens per page (`--block-size` default).
 const BLOCK_SIZE: u32 = 16;
 /// Characters per token in the text workload (the "×4 characters").
@@ -237,14 +239,24 @@ impl Samples {
     }
 }
 
-/// Token lookups cycling through the fixture's queries; also a checksum of matches.
+/// Token lookups cycling through the fixture's queries (a working set that stays in cache);
+/// also a checksum of matches.
 pub fn time_token_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
+    time_token_lookups_over(fixture, &fixture.token_queries, lookups)
+}
+
+/// Token lookups cycling through `queries`; also a checksum of matches.
+pub fn time_token_lookups_over(
+    fixture: &Fixture,
+    queries: &[Vec<u32>],
+    lookups: usize,
+) -> (Samples, u64) {
     let mut checksum = 0u64;
     let mut samples = Samples::default();
     for batch in (0..lookups).collect::<Vec<_>>().chunks(BATCH) {
         let started = Instant::now();
         for i in batch {
-            let query = &fixture.token_queries[i % fixture.token_queries.len()];
+            let query = &queries[i % queries.len()];
             let found = fixture.reader.lookup_tokens(NS, black_box(query));
             checksum += u64::from(found.matched_len) + u64::from(found.tenants_len);
         }
@@ -325,33 +337,34 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
     }
 }
 
-/// Lookups on a reader thread while the writer records continuously: mean ns per lookup with
-/// the writer busy, and the writer's records per second meanwhile.
+/// Lookups on a reader thread while the writer records continuously on this one: the median
+/// ns per lookup with the writer busy, and the writer's records per second of insert time.
 pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64, f64) {
-    let reader = fixture.reader.try_clone().expect("reader");
+    let mut reader = fixture.reader.try_clone().expect("reader");
     let queries = fixture.token_queries.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop_reader = std::sync::Arc::clone(&stop);
     let lookup_thread = std::thread::spawn(move || {
-        let mut reader = reader;
-        let started = Instant::now();
-        for i in 0..lookups {
-            black_box(reader.lookup_tokens(NS, &queries[i % queries.len()]));
-            if i % 16 == 15 {
-                reader.quiesce();
+        let mut samples = Samples::default();
+        for batch in (0..lookups).collect::<Vec<_>>().chunks(BATCH) {
+            let started = Instant::now();
+            for i in batch {
+                black_box(reader.lookup_tokens(NS, &queries[i % queries.len()]));
             }
+            samples.push(started.elapsed(), batch.len());
+            reader.quiesce();
         }
         stop_reader.store(true, std::sync::atomic::Ordering::Relaxed);
-        started.elapsed().as_nanos() as f64 / lookups as f64
+        samples.p50_ns()
     });
     let budget = fixture.units().0;
-    let (mut records, started) = (0u64, Instant::now());
+    let (mut records, mut busy) = (0u64, Duration::ZERO);
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        time_records(fixture, 64, Record::Tokens, budget);
+        busy += time_records(fixture, 64, Record::Tokens, budget).total;
         fixture.index.reclaim();
         records += 64;
     }
-    let per_s = records as f64 / started.elapsed().as_secs_f64();
+    let per_s = records as f64 / busy.as_secs_f64();
     (lookup_thread.join().expect("lookup thread"), per_s)
 }
 
@@ -408,6 +421,10 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     let (token, token_sum) = time_token_lookups(&fixture, sizes.lookups);
     let (text, text_sum) = time_text_lookups(&fixture, sizes.lookups / 4);
     let hash_ns = time_chained_page_hashes(&fixture, sizes.lookups / 4);
+    // Distinct next turns whose queries and paths do not fit in the caches (32 MiB at 8k).
+    let cold: Vec<Vec<u32>> = (0..COLD_QUERIES).map(|_| fixture.next_turn()).collect();
+    let (cold_lookups, _) = time_token_lookups_over(&fixture, &cold, COLD_QUERIES);
+    drop(cold);
     let budget = fixture.units().0;
     let insert = time_records(&mut fixture, sizes.inserts, Record::Tokens, budget);
     let both = time_records(
@@ -434,6 +451,7 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "note": "ns figures are medians over batches of 16; *_min_ns the fastest batch",
         "lookup_8k_tokens_ns": token.p50_ns(),
         "lookup_8k_tokens_min_ns": token.min_ns(),
+        "lookup_8k_tokens_cold_ns": cold_lookups.p50_ns(),
         "lookup_32k_chars_ns": text.p50_ns(),
         "lookup_32k_chars_min_ns": text.min_ns(),
         "chained_xxh3_page_hashes_8k_tokens_ns": hash_ns,
@@ -443,7 +461,7 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "lookup_plus_record_8k_tokens_min_ns": both.min_ns(),
         "record_32k_chars_ns": text_insert.p50_ns(),
         "lookup_8k_tokens_writer_busy_ns": busy_ns,
-        "writer_records_per_s_8k_during_lookups": busy_records,
+        "writer_records_8k_per_s_during_lookups": busy_records,
         "writer_inserts_per_s": inserts_per_s,
         "writer_inserts_per_s_best": 1e9 / small_insert.min_ns(),
         "writer_inserts_prompt_tokens": 1024,
@@ -543,10 +561,6 @@ pub fn full_sizes() -> Sizes {
 #[allow(dead_code)]
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.iter().any(|arg| arg == "--probe") {
-        probe();
-        return;
-    }
     if args.iter().any(|arg| arg == "--quick") {
         println!("{}", quick_report(&Sizes::quick()));
         return;
@@ -560,45 +574,4 @@ fn main() {
         println!("{}", quick_report(&Sizes::quick()));
     }
     criterion.final_summary();
-}
-
-/// Temporary probe: per-insert time distribution.
-pub fn probe() {
-    let mut fixture = Fixture::new(8192, 16, 1 << 20, 1);
-    let turns: Vec<Vec<u32>> = (0..2000).map(|_| fixture.next_turn()).collect();
-    let mut times = Vec::new();
-    for (i, turn) in turns.iter().enumerate() {
-        let started = Instant::now();
-        let _ =
-            fixture
-                .index
-                .insert_tokens(NS, turn, WorkerId((i % 16) as u16), 1_000_000 + i as u64);
-        times.push(started.elapsed().as_nanos() as u64);
-    }
-    let total: u64 = times.iter().sum();
-    times.sort_unstable();
-    eprintln!(
-        "mean {} p50 {} p90 {} p99 {} max {}",
-        total / 2000,
-        times[1000],
-        times[1800],
-        times[1980],
-        times[1999]
-    );
-    let started = Instant::now();
-    for (i, turn) in turns.iter().enumerate() {
-        let _ =
-            fixture
-                .index
-                .insert_tokens(NS, turn, WorkerId((i % 16) as u16), 2_000_000 + i as u64);
-    }
-    eprintln!("repeat mean {}", started.elapsed().as_nanos() / 2000);
-    let started = Instant::now();
-    for turn in turns.iter() {
-        black_box(fixture.reader.lookup_tokens(NS, turn));
-    }
-    eprintln!(
-        "lookup of inserted mean {}",
-        started.elapsed().as_nanos() / 2000
-    );
 }
