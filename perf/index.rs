@@ -338,7 +338,7 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
 }
 
 /// Lookups on a reader thread while the writer records continuously on this one: the median
-/// ns per lookup with the writer busy, and the writer's records per second of insert time.
+/// ns per lookup with the writer busy, and the writer's records per second (from its median).
 pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64, f64) {
     let mut reader = fixture.reader.try_clone().expect("reader");
     let queries = fixture.token_queries.clone();
@@ -358,13 +358,13 @@ pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64
         samples.p50_ns()
     });
     let budget = fixture.units().0;
-    let (mut records, mut busy) = (0u64, Duration::ZERO);
+    let mut records = Samples::default();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        busy += time_records(fixture, 64, Record::Tokens, budget).total;
+        let batch = time_records(fixture, 64, Record::Tokens, budget);
+        records.per_item_ns.extend(batch.per_item_ns);
         fixture.index.reclaim();
-        records += 64;
     }
-    let per_s = records as f64 / busy.as_secs_f64();
+    let per_s = 1e9 / records.p50_ns();
     (lookup_thread.join().expect("lookup thread"), per_s)
 }
 
