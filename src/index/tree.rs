@@ -140,6 +140,17 @@ pub struct WriteCtx<'a, E: Element> {
     pub token: &'a WriterToken,
 }
 
+/// Where a split cuts a child's edge.
+#[derive(Clone, Copy, Debug)]
+struct LabelSplit {
+    /// The child being split.
+    child: u32,
+    /// Elements of the edge that go to the upper node.
+    common: usize,
+    /// Units of those elements.
+    units: u64,
+}
+
 /// The writer's private view of one node.
 #[derive(Debug, Default)]
 struct Meta {
@@ -484,34 +495,17 @@ impl<K: Keying> TreeWriter<K> {
                 self.free_unused(upper.id());
                 return Err(IndexError::NodesExhausted);
             };
-            let lower = fresh_lower.id();
-            let mut moved = std::mem::take(&mut self.meta[child as usize]);
-            moved.units -= upper_units;
-            self.init_node(
-                ctx,
-                &fresh_lower,
-                label[common..].to_vec(),
-                shared.depth_end() as usize,
-                moved,
-            );
-            shared.lend_children_to(&fresh_lower, ctx.token);
-            for (_, id) in &self.meta[lower as usize].tenants {
-                self.entries.get_mut(*id).node = lower;
-            }
-            for below in shared.children(&guard) {
-                self.meta[below.node as usize].parent = lower;
-            }
+            let split = LabelSplit {
+                child,
+                common,
+                units: upper_units,
+            };
+            self.split_moving_label(ctx, shared, label, &fresh_lower, split);
             let end = shared.label_end() - (label.len() - common) as u32;
-            let depth_end = (depth + common) as u32;
-            upper.init_taking_label(
-                shared,
-                end,
-                depth_end,
-                &mru[..usize::from(mru_len)],
-                ctx.token,
-            );
+            let tenants = &mru[..usize::from(mru_len)];
+            upper.init_taking_label(shared, end, (depth + common) as u32, tenants, ctx.token);
             self.meta[upper.id() as usize] = meta;
-            lower
+            fresh_lower.id()
         };
         let entry = ChildEntry {
             key: lower_key,
@@ -530,6 +524,31 @@ impl<K: Keying> TreeWriter<K> {
             self.retire_node(ctx, child);
         }
         Ok(upper.id())
+    }
+
+    /// The lower half of a split that copies the suffix: `lower` replaces `child` (its tenants,
+    /// entries and subtree move over), so the upper node can take the child's label allocation.
+    fn split_moving_label(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        child: &Node<K::E>,
+        label: &[K::E],
+        lower: &FreshNode<'_, K::E>,
+        split: LabelSplit,
+    ) {
+        let guard = ctx.token.guard();
+        let child_id = split.child;
+        let mut moved = std::mem::take(&mut self.meta[child_id as usize]);
+        moved.units -= split.units;
+        let suffix = label[split.common..].to_vec();
+        self.init_node(ctx, lower, suffix, child.depth_end() as usize, moved);
+        child.lend_children_to(lower, ctx.token);
+        for (_, id) in &self.meta[lower.id() as usize].tenants {
+            self.entries.get_mut(*id).node = lower.id();
+        }
+        for below in child.children(&guard) {
+            self.meta[below.node as usize].parent = lower.id();
+        }
     }
 
     /// Gives `upper` (new, above `lower`) one entry per tenant of `lower`, each placed right
