@@ -5,7 +5,7 @@
 //!
 //! `cargo bench --bench index` runs the criterion set; `cargo bench --bench index -- --quick`
 //! runs a reduced set with plain timing loops and prints one JSON object as its last line
-//! (`scripts/bench-index.sh --quick`). `tests/index_perf.rs` runs the same code with tiny
+//! (`scripts/bench-index.sh --quick`); `-- --evict` only halves a 30M-token tree. `tests/index_perf.rs` runs the same code with tiny
 //! parameters in the normal test pass, so it cannot rot.
 //!
 //! Every figure is the running thread's CPU time (`cpu_now`), not wall time: the machine's two
@@ -581,6 +581,12 @@ pub fn full_sizes() -> Sizes {
 #[allow(dead_code)]
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|arg| arg == "--evict") {
+        let (evict_s, entries, units, held) =
+            time_evict_half(full_sizes().evict_tree_units, 1024, 3);
+        println!("evict_half: {units} of {held} tokens, {entries} entries in {evict_s:.3} s");
+        return;
+    }
     if args.iter().any(|arg| arg == "--quick") {
         println!("{}", quick_report(&Sizes::quick()));
         return;

@@ -239,6 +239,8 @@ pub struct TreeWriter<K: Keying> {
     nodes_live: u64,
     label_elements: u64,
     table_entries: u64,
+    /// Child tables changed during an eviction or purge pass, published when it ends.
+    batch: Option<HashMap<u32, Vec<ChildEntry>>>,
 }
 
 impl<K: Keying> TreeWriter<K> {
@@ -263,6 +265,7 @@ impl<K: Keying> TreeWriter<K> {
             nodes_live: 0,
             label_elements: 0,
             table_entries: 0,
+            batch: None,
         }
     }
 
@@ -415,6 +418,19 @@ impl<K: Keying> TreeWriter<K> {
 
     /// Publishes `entries` as `node`'s child table and retires the old one.
     fn publish_children(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32, entries: &[ChildEntry]) {
+        if let Some(batch) = self.batch.as_mut() {
+            batch.insert(node, entries.to_vec());
+            return;
+        }
+        self.publish_children_now(ctx, node, entries);
+    }
+
+    fn publish_children_now(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        node: u32,
+        entries: &[ChildEntry],
+    ) {
         let guard = ctx.token.guard();
         let Some(shared) = ctx.tree.slab.get(node, &guard) else {
             return;
@@ -426,12 +442,43 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     fn child_table(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Vec<ChildEntry> {
+        self.with_children(ctx, node, <[ChildEntry]>::to_vec)
+    }
+
+    /// Calls `f` with `node`'s current children: the batch's pending table, else the published.
+    fn with_children<R>(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        node: u32,
+        f: impl FnOnce(&[ChildEntry]) -> R,
+    ) -> R {
+        if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
+            return f(pending);
+        }
         let guard = ctx.token.guard();
-        ctx.tree
-            .slab
-            .get(node, &guard)
-            .map(|n| n.children(&guard).to_vec())
-            .unwrap_or_default()
+        let published = ctx.tree.slab.get(node, &guard).map(|n| n.children(&guard));
+        f(published.unwrap_or(&[]))
+    }
+
+    /// Opens a batch: child-table changes collect per node and are published once, at
+    /// `end_batch`. Removing many children of one wide node then costs one copy, not one each.
+    /// Readers meanwhile keep the old tables, whose nodes stay readable (nothing is reclaimed
+    /// before the batch ends).
+    fn begin_batch(&mut self) {
+        self.batch.get_or_insert_with(HashMap::new);
+    }
+
+    fn end_batch(&mut self, ctx: &WriteCtx<'_, K::E>) {
+        for (node, entries) in self.batch.take().unwrap_or_default() {
+            self.publish_children_now(ctx, node, &entries);
+        }
+    }
+
+    /// Publishes `node`'s pending table now (before a merge hands its table over).
+    fn flush_pending(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        if let Some(entries) = self.batch.as_mut().and_then(|batch| batch.remove(&node)) {
+            self.publish_children_now(ctx, node, &entries);
+        }
     }
 
     fn add_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, key: u64, child: u32) {
@@ -450,9 +497,32 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     fn remove_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, child: u32) {
+        if self.batch.is_some() {
+            let published = self.child_table_if_unbatched(ctx, parent);
+            if let Some(batch) = self.batch.as_mut() {
+                let table = batch
+                    .entry(parent)
+                    .or_insert_with(|| published.unwrap_or_default());
+                table.retain(|entry| entry.node != child);
+                return;
+            }
+        }
         let mut table = self.child_table(ctx, parent);
         table.retain(|entry| entry.node != child);
         self.publish_children(ctx, parent, &table);
+    }
+
+    /// The published table of `node` when the batch holds none for it yet.
+    fn child_table_if_unbatched(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        node: u32,
+    ) -> Option<Vec<ChildEntry>> {
+        let pending = self
+            .batch
+            .as_ref()
+            .is_some_and(|batch| batch.contains_key(&node));
+        (!pending).then(|| self.child_table(ctx, node))
     }
 
     /// Splits `child` (under `parent`, whose edge starts at `depth`) after `common` elements
@@ -718,14 +788,14 @@ impl<K: Keying> TreeWriter<K> {
     /// Removes a node left without tenants (hence without children) and tidies its parent.
     fn remove_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
         debug_assert!(
-            self.child_table(ctx, node).is_empty(),
+            self.with_children(ctx, node, <[ChildEntry]>::is_empty),
             "a node without tenants is a leaf"
         );
         let parent = self.meta[node as usize].parent;
         self.remove_child(ctx, parent, node);
         self.retire_node(ctx, node);
         if self.root_ns.contains_key(&parent) {
-            if self.child_table(ctx, parent).is_empty() {
+            if self.with_children(ctx, parent, <[ChildEntry]>::is_empty) {
                 self.remove_namespace(ctx, parent);
             }
         } else {
@@ -739,8 +809,11 @@ impl<K: Keying> TreeWriter<K> {
         if self.root_ns.contains_key(&node) {
             return;
         }
-        let table = self.child_table(ctx, node);
-        let [only] = table.as_slice() else { return };
+        let only = self.with_children(ctx, node, |table| match table {
+            [only] => Some(*only),
+            _ => None,
+        });
+        let Some(only) = only else { return };
         let tenants = self.meta[node as usize].tenants.len();
         if self.meta[only.node as usize].tenants.len() == tenants {
             self.merge(ctx, node, only.node);
@@ -748,6 +821,10 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     fn merge(&mut self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32) {
+        // The heir takes the lower node's published table, and the upper one is retired in
+        // place: both must be current.
+        self.flush_pending(ctx, upper);
+        self.flush_pending(ctx, lower);
         let guard = ctx.token.guard();
         let parent = self.meta[upper as usize].parent;
         let slab = &ctx.tree.slab;
@@ -879,18 +956,21 @@ impl<K: Keying> TreeWriter<K> {
         report: &mut Option<&mut dyn FnMut(Evicted)>,
     ) -> (u64, u64) {
         let (mut entries, mut units) = (0, 0);
+        self.begin_batch();
         for slot in 0..self.models.len() {
             while self.models[slot].units > budget && self.models[slot].lru.head != NIL {
                 units += self.remove_entry(ctx, self.models[slot].lru.head, report);
                 entries += 1;
             }
         }
+        self.end_batch(ctx);
         (entries, units)
     }
 
     /// Removes `worker` from every tree of this kind; returns the entries removed.
     pub fn remove_worker(&mut self, ctx: &WriteCtx<'_, K::E>, worker: WorkerId) -> u64 {
         let mut removed = 0;
+        self.begin_batch();
         while let Some(head) = self.workers.get(worker.index()).map(|list| list.head) {
             if head == NIL {
                 break;
@@ -898,6 +978,7 @@ impl<K: Keying> TreeWriter<K> {
             self.remove_entry(ctx, head, &mut None);
             removed += 1;
         }
+        self.end_batch(ctx);
         removed
     }
 
