@@ -5,8 +5,9 @@
 //!
 //! `cargo bench --bench index` runs the criterion set; `cargo bench --bench index -- --quick`
 //! runs a reduced set with plain timing loops and prints one JSON object as its last line
-//! (`scripts/bench-index.sh --quick`); `-- --evict` only halves a 30M-token tree. `tests/index_perf.rs` runs the same code with tiny
-//! parameters in the normal test pass, so it cannot rot.
+//! (`scripts/bench-index.sh --quick`); `-- --evict` only halves a 30M-token tree.
+//! `tests/index_perf.rs` runs the same code with tiny parameters in the normal test pass, so it
+//! cannot rot.
 //!
 //! Every figure is the running thread's CPU time (`cpu_now`), not wall time: the machine's two
 //! cores are shared by several builds, and wall time would mostly measure waiting for a core.
