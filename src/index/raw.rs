@@ -13,7 +13,9 @@
 //!    reader has not announced one since it was created, so a reference borrowed from a guard
 //!    stays valid for the guard's lifetime.
 //! 4. A node's label is written only through a `FreshNode` (a slot no reader can reach: never
-//!    published, or reclaimed after a grace period), and cleared only when reclaimed.
+//!    published, or reclaimed after a grace period), and cleared only when reclaimed. Each label
+//!    allocation is owned (freed) by exactly one node; a split may move the ownership from a
+//!    node being retired to the new node that replaces the top of its edge.
 //! 5. Segments of the slab are freed only when the slab is dropped (no reader or writer left).
 #![allow(unsafe_code)]
 
@@ -552,8 +554,9 @@ impl<E: Element> Drop for Slab<E> {
                 continue;
             }
             // SAFETY: `&mut self`: no reader or writer is left. Every node still holding a
-            // label or table owns it (retired nodes were cleared by `RetireList::drain_all`
-            // before the slab is dropped), so each is freed once; then the segment itself.
+            // table owns it and labels are freed by their one owner (retired nodes were cleared
+            // by `RetireList::drain_all` before the slab is dropped), so each allocation is
+            // freed once; then the segment itself.
             unsafe {
                 let nodes = std::slice::from_raw_parts(base, SEGMENT_NODES);
                 for node in nodes {
