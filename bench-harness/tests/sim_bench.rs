@@ -6,7 +6,7 @@
 //! `cargo test --release -p bench-harness --test sim_bench -- --ignored --nocapture`
 //! with `SIM_BENCH_ENGINES` (comma list, default `4,16,64`), `SIM_BENCH_SECONDS` (5),
 //! `SIM_BENCH_CONNECTIONS` (64), `SIM_BENCH_MAX_TOKENS` (32), `SIM_BENCH_PROMPT_WORDS` (512),
-//! `SIM_BENCH_STREAM` (1), `SIM_BENCH_SPEEDUP` (100). A one-second variant runs in the normal
+//! `SIM_BENCH_STREAM` (1), `SIM_BENCH_SPEEDUP` (100), `SIM_BENCH_INSTANT` (0; 1 adds `--instant`). A one-second variant runs in the normal
 //! test pass so the benchmark cannot rot.
 
 mod sim_support;
@@ -33,6 +33,8 @@ struct BenchConfig {
     prompt_words: u64,
     stream: bool,
     speedup: f64,
+    /// `--instant`: no simulated timing (the proxy-benchmark upstream).
+    instant: bool,
 }
 
 #[derive(Debug, Default)]
@@ -138,7 +140,11 @@ struct BenchResult {
 
 fn run(config: &BenchConfig) -> BenchResult {
     let speedup = config.speedup.to_string();
-    let fleet = SimFleet::start(config.engines, &["--speedup", &speedup]);
+    let mut args = vec!["--speedup", &speedup];
+    if config.instant {
+        args.push("--instant");
+    }
+    let fleet = SimFleet::start(config.engines, &args);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -198,6 +204,7 @@ fn fleet_throughput_short() {
         prompt_words: 64,
         stream: true,
         speedup: 100.0,
+        instant: false,
     };
     let result = run(&config);
     assert!(result.requests_per_s > 0.0 && result.body_bytes > 0);
@@ -212,8 +219,8 @@ fn fleet_throughput() {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    println!("| engines | connections | stream | max_tokens | prompt words | req/s | sim-engine CPU | client CPU | req per sim-engine CPU-s |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| engines | instant | connections | stream | max_tokens | prompt words | req/s | sim-engine CPU | client CPU | req per sim-engine CPU-s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for engines in engines {
         let config = BenchConfig {
             engines,
@@ -223,11 +230,13 @@ fn fleet_throughput() {
             prompt_words: env_or("SIM_BENCH_PROMPT_WORDS", 512),
             stream: env_or("SIM_BENCH_STREAM", 1) == 1,
             speedup: env_or("SIM_BENCH_SPEEDUP", 100.0),
+            instant: env_or("SIM_BENCH_INSTANT", 0) == 1,
         };
         let result = run(&config);
         println!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.0}% | {:.0}% | {:.0} |",
+            "| {} | {} | {} | {} | {} | {} | {:.0} | {:.0}% | {:.0}% | {:.0} |",
             config.engines,
+            config.instant,
             config.connections,
             config.stream,
             config.max_tokens,

@@ -78,7 +78,7 @@ fn cache_partitions_and_engines_are_separate() {
 #[test]
 fn streams_arrive_incrementally_and_end_with_done() {
     let fleet = SimFleet::start(1, &[]);
-    let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 20, "stream": true});
+    let body = json!({"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 40, "stream": true});
     let streamed = stream(fleet.port(0), "/v1/chat/completions", &body.to_string());
     assert_eq!(streamed.status, 200);
     assert!(streamed.complete);
@@ -86,13 +86,14 @@ fn streams_arrive_incrementally_and_end_with_done() {
     assert_eq!(data.last(), Some(&"[DONE]"));
     assert_eq!(
         data.len(),
-        20 + 2,
+        40 + 2,
         "one chunk per token, a usage chunk, [DONE]"
     );
-    let usage: Value = serde_json::from_str(data[20]).unwrap();
-    assert_eq!(usage["usage"]["completion_tokens"], 20);
+    let usage: Value = serde_json::from_str(data[40]).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 40);
     let spread = streamed.lines.last().unwrap().at - streamed.lines[0].at;
-    // 19 decode steps of at least 5.7 simulated ms at speedup 1.
+    // 39 decode steps of at least 5.7 simulated ms at speedup 1 (224 ms): a step is never
+    // delivered before it ends, so only a first chunk delayed by over 170 ms could shrink this.
     assert!(
         spread >= Duration::from_millis(50),
         "chunks arrived within {spread:?}"
@@ -179,7 +180,7 @@ fn loads_and_metrics_reflect_a_running_stream() {
     let port = fleet.port(0);
     assert_eq!(first_load(port)["num_running_reqs"], 0);
     let body =
-        json!({"text": words(0, 500), "stream": true, "sampling_params": {"max_new_tokens": 150}});
+        json!({"text": words(0, 500), "stream": true, "sampling_params": {"max_new_tokens": 300}});
     let client = std::thread::spawn(move || stream(port, "/generate", &body.to_string()));
     assert!(wait_until(Duration::from_secs(5), || first_load(port)
         ["num_running_reqs"]
@@ -201,7 +202,7 @@ fn loads_and_metrics_reflect_a_running_stream() {
     assert!(load["gen_throughput"].as_f64().unwrap() > 0.0, "{load}");
     let metrics = request(port, "GET", "/metrics", None).text();
     assert!(metrics.contains("sglang:num_running_reqs{model_name=\"sim-model\"} 0\n"));
-    assert!(metrics.contains("sglang:generation_tokens_total{model_name=\"sim-model\"} 150\n"));
+    assert!(metrics.contains("sglang:generation_tokens_total{model_name=\"sim-model\"} 300\n"));
 }
 
 #[test]
@@ -260,6 +261,28 @@ fn instant_mode_answers_every_shape_at_once() {
     .json();
     assert_eq!(generate["meta_info"]["prompt_tokens"], 3);
     assert_eq!(generate["meta_info"]["cached_tokens"], 0);
+    // Repeated bodies are answered from the instant cache: same bytes, faults still apply.
+    let again = request(
+        fleet.port(0),
+        "POST",
+        "/generate",
+        Some(r#"{"text":"a b c"}"#),
+    );
+    assert_eq!(again.json(), generate);
+    let streamed_again = stream(fleet.port(0), "/v1/chat/completions", &body.to_string());
+    assert_eq!(streamed_again.data(), streamed.data());
+    let faults = r#"{"error_rate": 1.0, "error_status": 429}"#;
+    assert_eq!(
+        request(fleet.port(0), "POST", "/sim/faults", Some(faults)).status,
+        200
+    );
+    let refused = request(
+        fleet.port(0),
+        "POST",
+        "/generate",
+        Some(r#"{"text":"a b c"}"#),
+    );
+    assert_eq!(refused.status, 429);
 }
 
 #[test]
@@ -275,4 +298,51 @@ fn reported_latency_is_simulated_time_at_any_speedup() {
         (e2e_ms - expected_ms).abs() < 0.5,
         "e2e {e2e_ms:.3} ms, model {expected_ms:.3} ms"
     );
+}
+
+#[test]
+fn a_multi_threaded_runtime_serves_the_same_answers() {
+    let fleet = SimFleet::start(2, &["--threads", "2", "--speedup", "50"]);
+    let body = json!({"text": words(0, 100), "sampling_params": {"max_new_tokens": 3}}).to_string();
+    let first = request(fleet.port(1), "POST", "/generate", Some(&body)).json();
+    let second = request(fleet.port(1), "POST", "/generate", Some(&body)).json();
+    assert_eq!(first["text"], second["text"]);
+    assert_eq!(second["meta_info"]["cached_tokens"], 96);
+    let chat =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": true});
+    let streamed = stream(fleet.port(0), "/v1/chat/completions", &chat.to_string());
+    assert_eq!(streamed.data().len(), 6);
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_request() {
+    let fleet = SimFleet::start(1, &[]);
+    let port = fleet.port(0);
+    for (round, stream_flag) in [false, true].into_iter().enumerate() {
+        let body =
+            json!({"prompt": "a b c", "max_tokens": 5000, "stream": stream_flag}).to_string();
+        let mut client = connect(port);
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut client, head.as_bytes()).unwrap();
+        assert!(wait_until(Duration::from_secs(5), || first_load(port)
+            ["num_running_reqs"]
+            == 1));
+        drop(client);
+        assert!(
+            wait_until(Duration::from_secs(5), || first_load(port)
+                ["num_running_reqs"]
+                == 0),
+            "stream={stream_flag}: the engine stops generating for a gone client"
+        );
+        let stats = request(port, "GET", "/sim/stats", None).json();
+        assert_eq!(stats["requests_cancelled"], round as u64 + 1);
+        assert_eq!(
+            first_load(port)["num_used_tokens"],
+            0,
+            "its KV pages are released"
+        );
+    }
 }

@@ -22,7 +22,7 @@ pub const MAX_NEW_TOKENS_LIMIT: u32 = 1 << 16;
 const CREATED_UNIX_S: u64 = 1_700_000_000;
 
 /// Which API shape a request uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     Generate,
     ChatCompletions,

@@ -4,10 +4,12 @@
 //!
 //! Scheduling follows SGLang's default loop: each step first admits waiting requests in arrival
 //! order (FCFS, head-of-line blocking) while fewer than `max_running_requests` run, the step's
-//! uncached prompt tokens stay within `max_prefill_tokens` (the first request always fits) and
-//! KV pages can be reserved for the whole prompt plus `max_new_tokens`. A step that admitted
-//! requests is a prefill step over their uncached tokens and yields their first token; otherwise
-//! every running request decodes one token. At least one prompt token is always computed (an
+//! uncached prompt tokens stay within its budget and KV pages can be reserved for the whole
+//! prompt plus `max_new_tokens`. The budget is `chunked_prefill_size` (a prompt that does not
+//! fit is split: its rest continues in the next steps, first) or, with chunking off,
+//! `max_prefill_tokens` (the first request always fits whole). A step with prompt tokens to
+//! compute is a prefill step over them and yields the first token of each prompt it completes;
+//! otherwise every running request decodes one token. At least one prompt token is always computed (an
 //! engine recomputes the last token), so a fully cached prompt still costs a small prefill.
 //! On completion the prompt and generated tokens stay cached (unpinned) for later requests.
 //! A request that could never fit in KV memory is refused by [`Engine::submit`].
@@ -41,6 +43,9 @@ pub struct EngineConfig {
     pub max_running_requests: usize,
     /// Uncached prompt tokens one prefill step admits (beyond its first request).
     pub max_prefill_tokens: u64,
+    /// Prompt tokens one prefill step computes when prompts are split across steps (SGLang's
+    /// `--chunked-prefill-size`); 0 prefills every prompt whole.
+    pub chunked_prefill_size: u64,
     /// Requests queued at once; more are refused (SGLang's `--max-queued-requests`).
     pub max_waiting_requests: usize,
     /// Step durations.
@@ -54,6 +59,7 @@ impl Default for EngineConfig {
             kv_capacity_tokens: 1 << 20,
             max_running_requests: 256,
             max_prefill_tokens: 16_384,
+            chunked_prefill_size: 8192,
             max_waiting_requests: MAX_WAITING_REQUESTS_DEFAULT,
             cost: CostModel::default(),
         }
@@ -150,12 +156,15 @@ struct Running {
     private_pages: u64,
     /// Keys this request holds a reference on.
     pinned_pages: usize,
+    /// Uncached prompt tokens not computed yet (chunked prefill).
+    prefill_remaining: u64,
     generated: u32,
 }
 
 #[derive(Debug)]
 enum StepKind {
-    Prefill(Vec<RequestId>),
+    /// Requests and the prompt tokens each computes in this step.
+    Prefill(Vec<(RequestId, u64)>),
     Decode,
 }
 
@@ -221,6 +230,8 @@ pub struct Engine {
     waiting: VecDeque<Waiting>,
     running: Vec<Running>,
     step: Option<Step>,
+    /// The request whose prompt is being prefilled across steps, if any.
+    chunked: Option<RequestId>,
     now_us: u64,
     next_id: RequestId,
     totals: EngineTotals,
@@ -241,6 +252,7 @@ impl Engine {
             waiting: VecDeque::new(),
             running: Vec::new(),
             step: None,
+            chunked: None,
             now_us: 0,
             next_id: 1,
             totals: EngineTotals::default(),
@@ -334,11 +346,12 @@ impl Engine {
                 self.now_us = self.now_us.max(front.arrival_us);
             }
         }
-        let (admitted, uncached_tokens) = self.admit();
-        let (kind, duration_us) = if !admitted.is_empty() {
+        let batch = self.plan_prefill();
+        let (kind, duration_us) = if !batch.is_empty() {
+            let tokens = batch.iter().map(|(_, tokens)| tokens).sum();
             (
-                StepKind::Prefill(admitted),
-                self.config.cost.prefill_us(uncached_tokens),
+                StepKind::Prefill(batch),
+                self.config.cost.prefill_us(tokens),
             )
         } else if !self.running.is_empty() {
             (
@@ -362,10 +375,17 @@ impl Engine {
         self.now_us = self.now_us.max(step.ends_at_us);
         let mut emits = Vec::new();
         match step.kind {
-            StepKind::Prefill(admitted) => {
-                for id in admitted {
-                    if let Some(position) = self.running.iter().position(|running| running.id == id)
-                    {
+            StepKind::Prefill(batch) => {
+                for (id, tokens) in batch {
+                    let Some(position) = self.running.iter().position(|r| r.id == id) else {
+                        continue;
+                    };
+                    let running = &mut self.running[position];
+                    running.prefill_remaining = running.prefill_remaining.saturating_sub(tokens);
+                    if running.prefill_remaining == 0 {
+                        if self.chunked == Some(id) {
+                            self.chunked = None;
+                        }
                         self.commit_prompt(position);
                         emits.push(self.generate(position));
                     }
@@ -373,7 +393,9 @@ impl Engine {
             }
             StepKind::Decode => {
                 for position in 0..self.running.len() {
-                    emits.push(self.generate(position));
+                    if self.running[position].prefill_remaining == 0 {
+                        emits.push(self.generate(position));
+                    }
                 }
             }
         }
@@ -435,12 +457,38 @@ impl Engine {
         self.cache.matched_pages(keys).min(max_pages)
     }
 
-    /// Moves waiting requests to running (see the module header); returns them and their
-    /// uncached tokens.
-    fn admit(&mut self) -> (Vec<RequestId>, u64) {
+    /// The next prefill step: the rest (or next chunk) of a chunked prompt, then newly admitted
+    /// requests while the step's token budget lasts. Empty when there is nothing to prefill.
+    fn plan_prefill(&mut self) -> Vec<(RequestId, u64)> {
+        let chunk_tokens = self.config.chunked_prefill_size;
+        let mut budget = if chunk_tokens > 0 {
+            chunk_tokens.min(self.config.max_prefill_tokens.max(1))
+        } else {
+            self.config.max_prefill_tokens
+        };
+        let mut batch = Vec::new();
+        if let Some(id) = self.chunked {
+            match self.running.iter().find(|running| running.id == id) {
+                Some(running) => {
+                    let tokens = running.prefill_remaining.min(budget);
+                    budget -= tokens;
+                    batch.push((id, tokens));
+                    if tokens < running.prefill_remaining {
+                        return batch;
+                    }
+                }
+                None => self.chunked = None,
+            }
+        }
+        self.admit(&mut batch, budget);
+        batch
+    }
+
+    /// Moves waiting requests to running (see the module header), adding each with the prompt
+    /// tokens it computes in this step to `batch`.
+    fn admit(&mut self, batch: &mut Vec<(RequestId, u64)>, mut budget: u64) {
         let page_size = self.config.page_size;
-        let mut admitted = Vec::new();
-        let mut uncached_total = 0u64;
+        let chunking = self.config.chunked_prefill_size > 0;
         while self.running.len() < self.config.max_running_requests {
             let Some(front) = self.waiting.front() else {
                 break;
@@ -451,7 +499,8 @@ impl Engine {
             let prompt_len = front.request.tokens.len();
             let matched_pages = self.cacheable_pages(&front.keys, prompt_len);
             let uncached = (prompt_len - matched_pages * page_size) as u64;
-            if !admitted.is_empty() && uncached_total + uncached > self.config.max_prefill_tokens {
+            let fits = uncached <= budget;
+            if !batch.is_empty() && (budget == 0 || (!chunking && !fits)) {
                 break;
             }
             let total_tokens = prompt_len as u64 + u64::from(front.request.max_new_tokens.max(1));
@@ -471,8 +520,17 @@ impl Engine {
             let bucket = self.stats.at(self.now_us);
             bucket.prompt_tokens += prompt_len as u64;
             bucket.cached_tokens += cached_tokens;
-            uncached_total += uncached;
-            admitted.push(waiting.id);
+            let tokens = if chunking {
+                uncached.min(budget)
+            } else {
+                uncached
+            };
+            budget = budget.saturating_sub(tokens);
+            batch.push((waiting.id, tokens));
+            let split = tokens < uncached;
+            if split {
+                self.chunked = Some(waiting.id);
+            }
             self.running.push(Running {
                 id: waiting.id,
                 request: waiting.request,
@@ -480,10 +538,13 @@ impl Engine {
                 matched_pages,
                 private_pages,
                 pinned_pages: matched_pages,
+                prefill_remaining: uncached,
                 generated: 0,
             });
+            if split {
+                break;
+            }
         }
-        (admitted, uncached_total)
     }
 
     /// After prefill: the prompt's newly computed full pages join the cache, pinned.

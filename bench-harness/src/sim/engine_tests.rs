@@ -225,6 +225,7 @@ fn a_follow_up_turn_hits_the_generated_tokens() {
 fn prefill_batches_respect_max_prefill_tokens() {
     let mut engine = Engine::new(EngineConfig {
         max_prefill_tokens: 16_384,
+        chunked_prefill_size: 0,
         ..config(1 << 20, 64)
     });
     let cost = engine.config().cost;
@@ -323,4 +324,40 @@ fn a_full_queue_refuses_requests() {
         engine.submit(request(0, 10, 1)).is_ok(),
         "admission drained the queue"
     );
+}
+
+#[test]
+fn chunked_prefill_splits_long_prompts_across_steps() {
+    let chunked = EngineConfig {
+        chunked_prefill_size: 8192,
+        ..config(1 << 20, 8)
+    };
+    let mut engine = Engine::new(chunked);
+    let cost = engine.config().cost;
+    let long = engine.submit(request(0, 20_000, 1)).unwrap();
+    let short = engine.submit(request(100_000, 100, 1)).unwrap();
+    let mut ends = Vec::new();
+    for running_expected in [1, 1, 2] {
+        let end = engine.begin_step(engine.now_us()).unwrap();
+        // The short request is admitted only once the long prompt's last chunk leaves room.
+        assert_eq!(engine.loads(end).num_running_reqs, running_expected);
+        engine.finish_step();
+        ends.push(end);
+    }
+    assert_eq!(ends[0], cost.prefill_us(8192));
+    assert_eq!(ends[1], 2 * cost.prefill_us(8192));
+    // The last 3616 tokens and the short prompt share the third step.
+    assert_eq!(
+        ends[2],
+        2 * cost.prefill_us(8192) + cost.prefill_us(3616 + 100)
+    );
+    assert!(engine.is_idle(), "both finished: {long} {short}");
+    // Whole, the quadratic term makes the same prompt slower.
+    let mut whole = Engine::new(EngineConfig {
+        chunked_prefill_size: 0,
+        ..config(1 << 20, 8)
+    });
+    whole.submit(request(0, 20_000, 1)).unwrap();
+    assert_eq!(whole.run_until_idle(10)[0].at_us, cost.prefill_us(20_000));
+    assert!(cost.prefill_us(20_000) > ends[1] + cost.prefill_us(3616));
 }

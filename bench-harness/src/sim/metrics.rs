@@ -44,158 +44,177 @@ pub struct MetricsInput<'a> {
     pub connections_accepted: u64,
 }
 
+/// One exposed metric: name, type, help text, value.
+type MetricLine = (&'static str, &'static str, &'static str, f64);
+
 /// The Prometheus text exposition for `flavor`.
 pub fn prometheus_text(flavor: MetricsFlavor, input: &MetricsInput<'_>) -> String {
-    let load = input.load;
-    let totals = input.totals;
-    let labels = format!("{{model_name=\"{}\"}}", input.model_name.replace('"', "'"));
-    let mut out = String::with_capacity(2048);
-    let mut metric = |name: &str, kind: &str, help: &str, value: f64| {
+    let labels = format!(
+        "{{model_name=\"{}\"}}",
+        input.model_name.replace(['"', '\\'], "'")
+    );
+    let mut lines = match flavor {
+        MetricsFlavor::Sglang => sglang_metrics(input.load, input.totals),
+        MetricsFlavor::Vllm => vllm_metrics(input.load, input.totals),
+    };
+    let connections = input.connections_accepted as f64;
+    lines.push((
+        "sim_connections_accepted_total",
+        "counter",
+        "TCP connections accepted.",
+        connections,
+    ));
+    let mut out = String::with_capacity(lines.len() * 120);
+    for (name, kind, help, value) in lines {
         // Writing to a String cannot fail.
         let _ = write!(
             out,
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {value}\n"
         );
-    };
-    match flavor {
-        MetricsFlavor::Sglang => {
-            metric(
-                "sglang:num_running_reqs",
-                "gauge",
-                "Running requests.",
-                load.num_running_reqs as f64,
-            );
-            metric(
-                "sglang:num_queue_reqs",
-                "gauge",
-                "Waiting requests.",
-                load.num_waiting_reqs as f64,
-            );
-            metric(
-                "sglang:num_used_tokens",
-                "gauge",
-                "KV tokens in use.",
-                load.num_used_tokens as f64,
-            );
-            metric(
-                "sglang:token_usage",
-                "gauge",
-                "KV usage fraction.",
-                load.token_usage,
-            );
-            metric(
-                "sglang:gen_throughput",
-                "gauge",
-                "Generated tokens per second.",
-                load.gen_throughput,
-            );
-            metric(
-                "sglang:cache_hit_rate",
-                "gauge",
-                "Prefix cache hit rate.",
-                load.cache_hit_rate,
-            );
-            metric(
-                "sglang:utilization",
-                "gauge",
-                "Busy fraction.",
-                load.utilization,
-            );
-            metric(
-                "sglang:prompt_tokens_total",
-                "counter",
-                "Prompt tokens.",
-                totals.prompt_tokens as f64,
-            );
-            metric(
-                "sglang:generation_tokens_total",
-                "counter",
-                "Generated tokens.",
-                totals.generation_tokens as f64,
-            );
-            metric(
-                "sglang:cached_tokens_total",
-                "counter",
-                "Cached prompt tokens.",
-                totals.cached_tokens as f64,
-            );
-            metric(
-                "sglang:num_requests_total",
-                "counter",
-                "Finished requests.",
-                totals.requests_finished as f64,
-            );
-        }
-        MetricsFlavor::Vllm => {
-            metric(
-                "vllm:num_requests_running",
-                "gauge",
-                "Running requests.",
-                load.num_running_reqs as f64,
-            );
-            metric(
-                "vllm:num_requests_waiting",
-                "gauge",
-                "Waiting requests.",
-                load.num_waiting_reqs as f64,
-            );
-            metric(
-                "vllm:gpu_cache_usage_perc",
-                "gauge",
-                "KV usage fraction.",
-                load.token_usage,
-            );
-            metric(
-                "vllm:kv_cache_usage_perc",
-                "gauge",
-                "KV usage fraction.",
-                load.token_usage,
-            );
-            metric(
-                "vllm:prefix_cache_queries_total",
-                "counter",
-                "Prompt tokens queried.",
-                totals.prompt_tokens as f64,
-            );
-            metric(
-                "vllm:prefix_cache_hits_total",
-                "counter",
-                "Prompt tokens hit.",
-                totals.cached_tokens as f64,
-            );
-            metric(
-                "vllm:prompt_tokens_total",
-                "counter",
-                "Prompt tokens.",
-                totals.prompt_tokens as f64,
-            );
-            metric(
-                "vllm:generation_tokens_total",
-                "counter",
-                "Generated tokens.",
-                totals.generation_tokens as f64,
-            );
-            metric(
-                "vllm:avg_generation_throughput_toks_per_s",
-                "gauge",
-                "Generated tokens per second.",
-                load.gen_throughput,
-            );
-            metric(
-                "vllm:request_success_total",
-                "counter",
-                "Finished requests.",
-                totals.requests_finished as f64,
-            );
-        }
     }
-    metric(
-        "sim_connections_accepted_total",
-        "counter",
-        "TCP connections accepted.",
-        input.connections_accepted as f64,
-    );
     out
+}
+
+fn sglang_metrics(load: &LoadSnapshot, totals: &EngineTotals) -> Vec<MetricLine> {
+    vec![
+        (
+            "sglang:num_running_reqs",
+            "gauge",
+            "Running requests.",
+            load.num_running_reqs as f64,
+        ),
+        (
+            "sglang:num_queue_reqs",
+            "gauge",
+            "Waiting requests.",
+            load.num_waiting_reqs as f64,
+        ),
+        (
+            "sglang:max_total_num_tokens",
+            "gauge",
+            "KV capacity in tokens.",
+            load.max_total_num_tokens as f64,
+        ),
+        (
+            "sglang:num_used_tokens",
+            "gauge",
+            "KV tokens in use.",
+            load.num_used_tokens as f64,
+        ),
+        (
+            "sglang:token_usage",
+            "gauge",
+            "KV usage fraction.",
+            load.token_usage,
+        ),
+        (
+            "sglang:gen_throughput",
+            "gauge",
+            "Generated tokens per second.",
+            load.gen_throughput,
+        ),
+        (
+            "sglang:cache_hit_rate",
+            "gauge",
+            "Prefix cache hit rate.",
+            load.cache_hit_rate,
+        ),
+        (
+            "sglang:utilization",
+            "gauge",
+            "Busy fraction.",
+            load.utilization,
+        ),
+        (
+            "sglang:prompt_tokens_total",
+            "counter",
+            "Prompt tokens.",
+            totals.prompt_tokens as f64,
+        ),
+        (
+            "sglang:generation_tokens_total",
+            "counter",
+            "Generated tokens.",
+            totals.generation_tokens as f64,
+        ),
+        (
+            "sglang:cached_tokens_total",
+            "counter",
+            "Cached prompt tokens.",
+            totals.cached_tokens as f64,
+        ),
+        (
+            "sglang:num_requests_total",
+            "counter",
+            "Finished requests.",
+            totals.requests_finished as f64,
+        ),
+    ]
+}
+
+fn vllm_metrics(load: &LoadSnapshot, totals: &EngineTotals) -> Vec<MetricLine> {
+    vec![
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Running requests.",
+            load.num_running_reqs as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Waiting requests.",
+            load.num_waiting_reqs as f64,
+        ),
+        (
+            "vllm:gpu_cache_usage_perc",
+            "gauge",
+            "KV usage fraction.",
+            load.token_usage,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV usage fraction.",
+            load.token_usage,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens queried.",
+            totals.prompt_tokens as f64,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens hit.",
+            totals.cached_tokens as f64,
+        ),
+        (
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Prompt tokens.",
+            totals.prompt_tokens as f64,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Generated tokens.",
+            totals.generation_tokens as f64,
+        ),
+        (
+            "vllm:avg_generation_throughput_toks_per_s",
+            "gauge",
+            "Generated tokens per second.",
+            load.gen_throughput,
+        ),
+        (
+            "vllm:request_success_total",
+            "counter",
+            "Finished requests.",
+            totals.requests_finished as f64,
+        ),
+    ]
 }
 
 #[cfg(test)]

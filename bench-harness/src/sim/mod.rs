@@ -7,7 +7,7 @@
 //! - [`driver`]: runs an engine on tokio in (scaled) real time.
 //! - [`api`], [`output`], [`body`], [`metrics`]: request parsing, deterministic responses, SSE
 //!   bodies, load reports.
-//! - [`faults`]: injected failures; [`server`]: the hyper servers; [`options`]: the CLI.
+//! - [`faults`]: injected failures; [`instant`]: the `--instant` answer cache; [`server`]: the hyper servers; [`options`]: the CLI.
 
 pub mod api;
 pub mod body;
@@ -16,6 +16,7 @@ pub mod cost;
 pub mod driver;
 pub mod engine;
 pub mod faults;
+pub mod instant;
 pub mod metrics;
 pub mod options;
 pub mod output;

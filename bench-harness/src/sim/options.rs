@@ -56,6 +56,10 @@ pub struct SimArgs {
     /// Uncached prompt tokens one prefill step may admit (the first request always fits).
     #[arg(long, default_value_t = 16_384)]
     pub max_prefill_tokens: u64,
+    /// Prompt tokens one prefill step computes; longer prompts span several steps (SGLang's
+    /// default); 0 prefills every prompt in one step.
+    #[arg(long, default_value_t = 8192)]
+    pub chunked_prefill_size: u64,
     /// Requests one engine queues; more are answered 503.
     #[arg(long, default_value_t = MAX_WAITING_REQUESTS_DEFAULT)]
     pub max_queued_requests: usize,
@@ -195,6 +199,7 @@ impl SimArgs {
                 kv_capacity_tokens: self.kv_capacity_tokens,
                 max_running_requests: self.max_running_requests,
                 max_prefill_tokens: self.max_prefill_tokens,
+                chunked_prefill_size: self.chunked_prefill_size,
                 max_waiting_requests: self.max_queued_requests,
                 cost: self.cost_model(),
             },

@@ -24,6 +24,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::api::{
     error_body, full_body, parse_request, stream_chunk, Endpoint, ParsedRequest, ResponseContext,
@@ -32,6 +33,7 @@ use super::body::{DropAfterFlush, SimBody, TokenStream};
 use super::driver::{EngineHandle, SimClock};
 use super::engine::{Engine, LoadSnapshot, SimRequest, SubmitError};
 use super::faults::Faults;
+use super::instant::{InstantAnswer, InstantCache};
 use super::metrics::{loads_json, prometheus_text, MetricsInput};
 use super::options::Options;
 
@@ -52,7 +54,7 @@ pub struct EngineServer {
     connections_accepted: AtomicU64,
     connections_open: AtomicU64,
     requests_total: AtomicU64,
-    next_instant_id: AtomicU64,
+    instant: InstantCache,
 }
 
 type HttpResponse = Response<SimBody>;
@@ -87,7 +89,7 @@ pub async fn bind_fleet(options: Options) -> Result<Vec<(TcpListener, Arc<Engine
             connections_accepted: AtomicU64::new(0),
             connections_open: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
-            next_instant_id: AtomicU64::new(1),
+            instant: InstantCache::default(),
         };
         fleet.push((listener, Arc::new(server)));
     }
@@ -333,34 +335,55 @@ impl EngineServer {
             Ok(body) => body,
             Err(response) => return response,
         };
+        let faults = *self.faults.borrow();
+        let fail_after = faults.drop_mid_stream.then_some(1);
+        let body_hash = xxh3_64(&body);
+        if self.engine.is_none() {
+            if let Some(answer) = self.instant.get(endpoint, body_hash) {
+                return self
+                    .injected_error(&faults)
+                    .unwrap_or_else(|| instant_response(&answer, fail_after));
+            }
+        }
         let parsed = match parse_request(endpoint, &body) {
             Ok(parsed) => parsed,
             Err(error) => {
                 return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &error.0)
             }
         };
-        let faults = *self.faults.borrow();
-        if faults.error_rate > 0.0 {
-            let draw = self
-                .fault_rng
-                .lock()
-                .map(|mut rng| rng.f64())
-                .unwrap_or(0.0);
-            if draw < faults.error_rate {
-                let status = StatusCode::from_u16(faults.error_status)
-                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                return error_response(
-                    status,
-                    "injected_error",
-                    "injected failure (sim-engine fault)",
-                );
-            }
+        if let Some(response) = self.injected_error(&faults) {
+            return response;
         }
-        let fail_after = faults.drop_mid_stream.then_some(1);
         match &self.engine {
             Some(engine) => self.simulate(engine, endpoint, parsed, fail_after).await,
-            None => self.answer_instantly(endpoint, parsed, fail_after),
+            None => {
+                let answer = self.answer_instantly(endpoint, &parsed, body_hash);
+                self.instant.insert(endpoint, body_hash, &answer);
+                instant_response(&answer, fail_after)
+            }
         }
+    }
+
+    /// The `error_rate` fault: an error response for the drawn fraction of requests.
+    fn injected_error(&self, faults: &Faults) -> Option<HttpResponse> {
+        if faults.error_rate <= 0.0 {
+            return None;
+        }
+        let draw = self
+            .fault_rng
+            .lock()
+            .map(|mut rng| rng.f64())
+            .unwrap_or(0.0);
+        if draw >= faults.error_rate {
+            return None;
+        }
+        let status =
+            StatusCode::from_u16(faults.error_status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        Some(error_response(
+            status,
+            "injected_error",
+            "injected failure (sim-engine fault)",
+        ))
     }
 
     fn context(&self, parsed: &ParsedRequest, id: u64) -> ResponseContext {
@@ -436,21 +459,21 @@ impl EngineServer {
         }
         drop(guard);
         let body = full_body(endpoint, &context).to_string();
-        json_with_fault(body, fail_after)
+        json_with_fault(Bytes::from(body), fail_after)
     }
 
+    /// The whole answer at once; its id is the body hash, so equal bodies get equal answers.
     fn answer_instantly(
         &self,
         endpoint: Endpoint,
-        parsed: ParsedRequest,
-        fail_after: Option<usize>,
-    ) -> HttpResponse {
-        let id = self.next_instant_id.fetch_add(1, Ordering::Relaxed);
-        let mut context = self.context(&parsed, id);
-        let count = self.max_new_tokens(&parsed);
+        parsed: &ParsedRequest,
+        body_hash: u64,
+    ) -> InstantAnswer {
+        let mut context = self.context(parsed, body_hash);
+        let count = self.max_new_tokens(parsed);
         if !parsed.stream {
             context.completion_tokens = count;
-            return json_with_fault(full_body(endpoint, &context).to_string(), fail_after);
+            return InstantAnswer::Json(Bytes::from(full_body(endpoint, &context).to_string()));
         }
         let chunks = (1..=count)
             .map(|completion_tokens| {
@@ -458,7 +481,7 @@ impl EngineServer {
                 Bytes::from(stream_chunk(endpoint, &context, completion_tokens == count))
             })
             .collect();
-        sse_response(SimBody::chunks(chunks, fail_after))
+        InstantAnswer::Sse(chunks)
     }
 
     async fn handle_admin(
@@ -536,7 +559,17 @@ fn sse_response(body: SimBody) -> HttpResponse {
 }
 
 /// A JSON body, or with `fail_after` its first half followed by a dropped connection.
-fn json_with_fault(body: String, fail_after: Option<usize>) -> HttpResponse {
+fn instant_response(answer: &InstantAnswer, fail_after: Option<usize>) -> HttpResponse {
+    match answer {
+        InstantAnswer::Json(body) => json_with_fault(body.clone(), fail_after),
+        InstantAnswer::Sse(chunks) => sse_response(SimBody::chunks(
+            chunks.iter().cloned().collect(),
+            fail_after,
+        )),
+    }
+}
+
+fn json_with_fault(body: Bytes, fail_after: Option<usize>) -> HttpResponse {
     let Some(_) = fail_after else {
         let mut response = Response::new(SimBody::full(body));
         response
@@ -545,7 +578,7 @@ fn json_with_fault(body: String, fail_after: Option<usize>) -> HttpResponse {
         return response;
     };
     let full_length = body.len();
-    let half = Bytes::from(body).slice(..full_length / 2);
+    let half = body.slice(..full_length / 2);
     let mut response = Response::new(SimBody::chunks([half].into(), Some(1)));
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
