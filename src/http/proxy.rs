@@ -1,7 +1,8 @@
 //! The request driver for routed endpoints. `proxy_request` owns the branching and the capped
 //! retry loop; each phase is a plain function it calls, in this order:
 //!
-//! 1. **validate** (`check_json`): a routed body must be JSON (400 otherwise).
+//! 1. **validate and extract** (`extract_routing_input`): one pass reads the routing input; a
+//!    routed body must be a JSON object (400 otherwise).
 //! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
 //! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
 //!    ends, however it ends.
@@ -9,7 +10,8 @@
 //! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
 //! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
 //!    through without buffering; chunked framing is tracked so the connection can be pooled.
-//! 7. **record** (`record_dispatch`): a `DispatchRecord` to the control core.
+//! 7. **record** (`record_dispatch`, as soon as the request is forwarded): a `DispatchRecord`
+//!    with the index key to the control core.
 //!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
 //! retryable (refused, reset, stale pooled socket) are tried again on another worker, up to
@@ -18,7 +20,9 @@
 
 use std::time::Instant;
 
-use super::codec::{self, ChunkedDecoder, DownstreamFraming, Framing, Method, ResponseHead};
+use super::codec::{
+    self, ChunkedDecoder, DownstreamFraming, Framing, Method, RequestHead, ResponseHead,
+};
 use super::endpoint::Endpoint;
 use super::error::{ErrorKind, ProxyError, Retry, Side};
 use super::io::Socket;
@@ -97,11 +101,13 @@ pub async fn proxy_request(
         body_buf,
     } = down;
     let body = request.body(read_buf, body_buf);
-    let model = check_json(body)?;
+    extract_routing_input(core, endpoint, &request.head, read_buf, body)?;
     let catalog = core.shared.workers.catalog.load();
-    let models = catalog
-        .workers_for(model.as_deref())
-        .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    let models = {
+        let router = core.router.borrow();
+        catalog.workers_for(Some(router.model()))
+    }
+    .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
     let input = RouteInput {
         endpoint,
         head: &request.head,
@@ -136,7 +142,6 @@ pub async fn proxy_request(
         match attempt(core, &mut client, &input, worker, deadline, retry_status).await {
             Ok(forwarded) => {
                 record_outcome(core, worker, forwarded.outcome);
-                record_dispatch(core, worker);
                 return Ok(forwarded.forwarded);
             }
             Err(failure) => {
@@ -195,6 +200,23 @@ fn pick_worker(
     core.router.borrow_mut().route(input, view, tried)
 }
 
+/// The validate-and-extract phase: one pass over the body reads the routing input (model, key,
+/// partition) without building a document; a body that is not a JSON object is a 400.
+fn extract_routing_input(
+    core: &DataCore,
+    endpoint: Endpoint,
+    head: &RequestHead,
+    head_buf: &[u8],
+    body: &[u8],
+) -> Result<(), ProxyError> {
+    let now_ms = core.shared.tick_now();
+    let prepared = core
+        .router
+        .borrow_mut()
+        .prepare(endpoint, head, head_buf, body, now_ms);
+    prepared.map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
+}
+
 /// Waits the retry policy's backoff before retry `retry_index`, never past the deadline.
 async fn backoff(core: &DataCore, retry: &RetryPolicy, retry_index: usize, deadline: Instant) {
     let _ = core;
@@ -214,13 +236,6 @@ fn record_outcome(core: &DataCore, worker: &WorkerEntry, outcome: Option<Attempt
             .workers
             .record_attempt(core.index, worker.id, outcome);
     }
-}
-
-/// The validate phase: a full-syntax check without building a document, returning the
-/// request's `model` (routing is restricted to the workers serving it).
-fn check_json(body: &[u8]) -> Result<Option<String>, ProxyError> {
-    crate::workers::admin::request_model(body)
-        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
 }
 
 /// One upstream attempt: connect or reuse, forward, stream back, pool the connection. With
@@ -245,6 +260,8 @@ async fn attempt(
     forward(&mut up, input, &worker.spec.authority, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
+    // The worker has the request: the index learns it now, not when the response ends.
+    record_dispatch(core, worker);
     let method = input.head.method;
     let streamed = stream_back(
         core,
@@ -634,9 +651,11 @@ async fn write_client_from(
 
 /// The record phase: tell the control core where this request went.
 fn record_dispatch(core: &DataCore, worker: &WorkerEntry) {
+    let tick = core.shared.tick_now();
     let record = DispatchRecord {
         worker: worker.id,
-        tick: core.shared.tick_now(),
+        tick,
+        key: core.router.borrow_mut().record(worker.id, tick),
     };
     if core.shared.dispatch_queues[core.index]
         .push(record)

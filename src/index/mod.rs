@@ -1,11 +1,43 @@
-//! The prefix index: string tree (characters), token tree (whole pages of `--block-size` tokens),
-//! keyed by model and partition namespace. Data cores read it lock-free; only the control core
-//! writes it.
+//! The prefix index: string tree (characters), token tree (whole pages of `--block-size`
+//! tokens), keyed by model and partition namespace. Data cores read it lock-free; only the control
+//! core writes it.
+//!
+//! - [`IndexWriter`] (one, on the control core): `insert_text`, `insert_tokens`, `remove_worker`,
+//!   `evict`, `reclaim`, `gauges`. It is the only owner of the trees' bookkeeping.
+//! - [`IndexReader`] (one per data core, `Clone + Send`, each with its own epoch slot):
+//!   `lookup_text`, `lookup_tokens` and `quiesce`, which a data core calls once per event-loop
+//!   turn. A lookup takes no lock, allocates nothing and writes only its own epoch slot.
+//! - Errors ([`IndexError`]) are capacity limits the writer reports; the control core counts
+//!   them and drops the record (routing stays correct, only affinity is lost).
+//!
+//! Layout: `raw` holds every `unsafe` block (reclamation, slab, published tables), `tree` the
+//! walk and the copy-on-write writer, `entries` the writer's recency lists, `keys` the unit
+//! rules (characters, pages).
+
+#![deny(unsafe_code)]
+
+mod entries;
+mod keys;
+mod raw;
+mod tree;
+
+use std::sync::{Arc, Mutex};
 
 use crate::workers::WorkerId;
+pub use keys::count_chars;
+use keys::{PageKeys, TextKeys};
+pub use raw::READERS_MAX;
+use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
+pub use tree::{KindGauges, KindMemory, KEY_ELEMENTS_MAX, MODELS_MAX, NAMESPACES_MAX};
+use tree::{SharedTree, TreeWriter, WriteCtx};
 
 /// The most tenants a lookup returns (the spec's "up to eight tenants of the deepest matched node").
 pub const MATCH_TENANTS_MAX: usize = 8;
+const _: () = assert!(MATCH_TENANTS_MAX == raw::MRU_LEN);
+
+/// Default `--max-tree-size`: units (characters or tokens) per model and tree kind, counted once
+/// per holding worker.
+pub const MAX_TREE_SIZE_DEFAULT: u64 = 67_108_864;
 
 /// What a lookup found: how much of the request matched and who holds that prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -35,3 +67,460 @@ impl TreeMatch {
         }
     }
 }
+
+/// A cache namespace: the model and the hash of the request's partition fields (0 = none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Namespace {
+    /// Hash of the model id.
+    pub model: u64,
+    /// Hash of cache_salt / extra_key / LoRA adapter; 0 when the request has none.
+    pub partition: u64,
+}
+
+/// The two tree kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TreeKind {
+    /// The string tree (characters).
+    Text,
+    /// The token tree (whole pages of tokens).
+    Tokens,
+}
+
+/// A capacity limit the writer hit; the record is dropped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IndexError {
+    /// Every reader slot is taken.
+    #[error("all {READERS_MAX} index reader slots are taken")]
+    ReadersExhausted,
+    /// The node slab is full.
+    #[error("the index node slab is full")]
+    NodesExhausted,
+    /// Too many live namespaces.
+    #[error("more than {NAMESPACES_MAX} live cache namespaces")]
+    NamespacesExhausted,
+    /// Too many models.
+    #[error("more than {MODELS_MAX} models in the index")]
+    ModelsExhausted,
+    /// A worker id above `WORKERS_MAX`.
+    #[error("worker id {0:?} is outside the worker table")]
+    WorkerOutOfRange(WorkerId),
+    /// `--block-size` 0.
+    #[error("the token tree needs a block size of at least 1")]
+    BlockSizeZero,
+    /// The writer of this index was already taken.
+    #[error("the index already has its writer")]
+    WriterTaken,
+}
+
+/// One entry removed by eviction, for checkers: the worker no longer holds `key[kept_len..]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evicted {
+    /// Which tree.
+    pub kind: TreeKind,
+    /// The namespace of the tree.
+    pub namespace: Namespace,
+    /// The worker whose entry went.
+    pub worker: WorkerId,
+    /// The full key of the evicted node (bytes of text, or tokens), from the root.
+    pub key: Vec<u32>,
+    /// Elements of `key` the worker still holds (the node's parent depth).
+    pub kept_len: usize,
+}
+
+/// Index settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexConfig {
+    /// Tokens per page of the token tree (`--block-size`).
+    pub block_size: u32,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self { block_size: 16 }
+    }
+}
+
+/// Per-model gauges: `smg_cache_tree_chars`, `smg_cache_tree_tokens`, `smg_cache_tree_tenants`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ModelGauges {
+    /// Model id hash.
+    pub model: u64,
+    /// The string tree.
+    pub string: KindGauges,
+    /// The token tree.
+    pub token: KindGauges,
+}
+
+/// Totals of an eviction pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EvictStats {
+    /// Entries removed.
+    pub entries: u64,
+    /// Units removed (characters plus tokens).
+    pub units: u64,
+}
+
+/// Memory of both trees, counted in their arenas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexMemory {
+    /// The string tree.
+    pub string: KindMemory,
+    /// The token tree.
+    pub token: KindMemory,
+}
+
+#[derive(Debug)]
+struct Shared {
+    domain: Domain,
+    text: SharedTree<u8>,
+    tokens: SharedTree<u32>,
+    block_size: usize,
+    orphans: Mutex<Vec<(RetireList, RetireList)>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let orphans = self
+            .orphans
+            .get_mut()
+            .map(std::mem::take)
+            .unwrap_or_default();
+        for (mut text, mut tokens) in orphans {
+            text.drain_all(&mut self.text.slab);
+            tokens.drain_all(&mut self.tokens.slab);
+        }
+    }
+}
+
+/// The control core's handle: the only writer of the index.
+#[derive(Debug)]
+pub struct IndexWriter {
+    shared: Arc<Shared>,
+    token: WriterToken,
+    text: TreeWriter<TextKeys>,
+    tokens: TreeWriter<PageKeys>,
+}
+
+impl IndexWriter {
+    /// An empty index.
+    pub fn new(config: IndexConfig) -> Result<Self, IndexError> {
+        if config.block_size == 0 {
+            return Err(IndexError::BlockSizeZero);
+        }
+        let block_size = config.block_size as usize;
+        let shared = Arc::new(Shared {
+            domain: Domain::default(),
+            text: SharedTree::default(),
+            tokens: SharedTree::default(),
+            block_size,
+            orphans: Mutex::new(Vec::new()),
+        });
+        let token = shared.domain.take_writer().ok_or(IndexError::WriterTaken)?;
+        let text = TreeWriter::new(TextKeys);
+        let tokens = TreeWriter::new(PageKeys { block_size });
+        Ok(Self {
+            shared,
+            token,
+            text,
+            tokens,
+        })
+    }
+
+    /// A new reader handle with its own epoch slot (one per data core).
+    pub fn reader(&self) -> Result<IndexReader, IndexError> {
+        IndexReader::register(&self.shared)
+    }
+
+    /// Records that `worker` was sent `text` in namespace `ns` at `tick`.
+    pub fn insert_text(
+        &mut self,
+        ns: Namespace,
+        text: &str,
+        worker: WorkerId,
+        tick: u64,
+    ) -> Result<(), IndexError> {
+        let ctx = WriteCtx {
+            tree: &self.shared.text,
+            domain: &self.shared.domain,
+            token: &self.token,
+        };
+        self.text.insert(&ctx, ns, text.as_bytes(), worker, tick)
+    }
+
+    /// Records that `worker` was sent `tokens` (whole pages only) in namespace `ns` at `tick`.
+    pub fn insert_tokens(
+        &mut self,
+        ns: Namespace,
+        tokens: &[u32],
+        worker: WorkerId,
+        tick: u64,
+    ) -> Result<(), IndexError> {
+        let ctx = WriteCtx {
+            tree: &self.shared.tokens,
+            domain: &self.shared.domain,
+            token: &self.token,
+        };
+        self.tokens.insert(&ctx, ns, tokens, worker, tick)
+    }
+
+    /// Purges `worker` from every tree now; returns the entries removed.
+    pub fn remove_worker(&mut self, worker: WorkerId) -> u64 {
+        let shared = &self.shared;
+        let text = WriteCtx {
+            tree: &shared.text,
+            domain: &shared.domain,
+            token: &self.token,
+        };
+        let mut removed = self.text.remove_worker(&text, worker);
+        let tokens = WriteCtx {
+            tree: &shared.tokens,
+            domain: &shared.domain,
+            token: &self.token,
+        };
+        removed += self.tokens.remove_worker(&tokens, worker);
+        self.reclaim();
+        removed
+    }
+
+    /// Evicts least-recently-used leaf entries of every model tree over `budget` units
+    /// (`--max-tree-size`) until each is within budget; no walk of the trees.
+    pub fn evict(&mut self, budget: u64) -> EvictStats {
+        self.evict_observed(budget, &mut None)
+    }
+
+    /// `evict`, reporting each removed entry to `report` (for checkers).
+    pub fn evict_observed(
+        &mut self,
+        budget: u64,
+        report: &mut Option<&mut dyn FnMut(Evicted)>,
+    ) -> EvictStats {
+        let shared = &self.shared;
+        let text = WriteCtx {
+            tree: &shared.text,
+            domain: &shared.domain,
+            token: &self.token,
+        };
+        let (entries, units) = self.text.evict(&text, budget, report);
+        let tokens = WriteCtx {
+            tree: &shared.tokens,
+            domain: &shared.domain,
+            token: &self.token,
+        };
+        let (more_entries, more_units) = self.tokens.evict(&tokens, budget, report);
+        self.reclaim();
+        EvictStats {
+            entries: entries + more_entries,
+            units: units + more_units,
+        }
+    }
+
+    /// Frees retired memory every reader has passed; returns the items freed.
+    pub fn reclaim(&mut self) -> usize {
+        let shared = &self.shared;
+        let text = self
+            .text
+            .reclaim(&shared.text, &shared.domain, &mut self.token);
+        text + self
+            .tokens
+            .reclaim(&shared.tokens, &shared.domain, &mut self.token)
+    }
+
+    /// Retired items still waiting for a reader to pass a quiescent state.
+    pub fn pending_reclaim(&self) -> usize {
+        self.text.pending_reclaim() + self.tokens.pending_reclaim()
+    }
+
+    /// Per-model gauges of both trees.
+    pub fn gauges(&self) -> Vec<ModelGauges> {
+        let mut out: Vec<ModelGauges> = Vec::new();
+        for (model, string) in self.text.gauges() {
+            out.push(ModelGauges {
+                model,
+                string,
+                ..ModelGauges::default()
+            });
+        }
+        for (model, token) in self.tokens.gauges() {
+            match out.iter_mut().find(|gauges| gauges.model == model) {
+                Some(gauges) => gauges.token = token,
+                None => out.push(ModelGauges {
+                    model,
+                    token,
+                    ..ModelGauges::default()
+                }),
+            }
+        }
+        out
+    }
+
+    /// Memory held by both trees, counted in their arenas.
+    pub fn memory(&self) -> IndexMemory {
+        IndexMemory {
+            string: self.text.memory(),
+            token: self.tokens.memory(),
+        }
+    }
+
+    /// A lookup on the writer's own view (the control core, tests).
+    pub fn lookup_text(&self, ns: Namespace, text: &str) -> TreeMatch {
+        lookup_text(&self.shared, &self.token.guard(), ns, text)
+    }
+
+    /// A token lookup on the writer's own view.
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+        lookup_tokens(&self.shared, &self.token.guard(), ns, tokens)
+    }
+}
+
+impl Drop for IndexWriter {
+    fn drop(&mut self) {
+        self.reclaim();
+        let lists = (self.text.take_retired(), self.tokens.take_retired());
+        if let Ok(mut orphans) = self.shared.orphans.lock() {
+            orphans.push(lists);
+        }
+    }
+}
+
+/// A data core's read handle. Cloning registers a new epoch slot (panics past `READERS_MAX`
+/// handles: a configuration error caught at startup; use `try_clone` to handle it).
+#[derive(Debug)]
+pub struct IndexReader {
+    shared: Arc<Shared>,
+    slot: ReaderSlot,
+}
+
+// The handle moves to its data core; it is not `Sync` (the slot's online flag is a `Cell`).
+const _: fn() = || {
+    fn is_send<T: Send>() {}
+    is_send::<IndexReader>();
+};
+
+impl IndexReader {
+    fn register(shared: &Arc<Shared>) -> Result<Self, IndexError> {
+        let slot = shared
+            .domain
+            .claim_reader()
+            .ok_or(IndexError::ReadersExhausted)?;
+        Ok(Self {
+            shared: Arc::clone(shared),
+            slot,
+        })
+    }
+
+    /// A new handle with its own slot, or an error when every slot is taken.
+    pub fn try_clone(&self) -> Result<Self, IndexError> {
+        Self::register(&self.shared)
+    }
+
+    /// Enters a read-side section: references borrowed from the guard stay valid until it is
+    /// dropped, and `quiesce` cannot be called meanwhile.
+    pub fn guard(&self) -> ReadGuard<'_> {
+        ReadGuard {
+            shared: &self.shared,
+            guard: self.shared.domain.guard(&self.slot),
+        }
+    }
+
+    /// Longest-prefix match of `text` in namespace `ns` (string tree).
+    pub fn lookup_text(&self, ns: Namespace, text: &str) -> TreeMatch {
+        self.guard().lookup_text(ns, text)
+    }
+
+    /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+        self.guard().lookup_tokens(ns, tokens)
+    }
+
+    /// Announces that this core holds no index reference (once per event-loop turn): one load
+    /// and, when the epoch moved, one store to this core's own cache line.
+    pub fn quiesce(&mut self) {
+        self.shared.domain.quiesce(&mut self.slot);
+    }
+
+    /// Takes this core out of reclamation while it idles; the next lookup brings it back.
+    pub fn go_offline(&mut self) {
+        self.shared.domain.go_offline(&mut self.slot);
+    }
+}
+
+impl Clone for IndexReader {
+    fn clone(&self) -> Self {
+        match self.try_clone() {
+            Ok(reader) => reader,
+            Err(error) => panic!("cloning an index reader: {error}"),
+        }
+    }
+}
+
+impl Drop for IndexReader {
+    fn drop(&mut self) {
+        self.shared.domain.release_reader(&self.slot);
+    }
+}
+
+/// A read-side section of one reader; see [`IndexReader::guard`].
+#[derive(Debug)]
+pub struct ReadGuard<'r> {
+    shared: &'r Shared,
+    guard: Guard<'r>,
+}
+
+impl ReadGuard<'_> {
+    /// Longest-prefix match of `text` in namespace `ns` (string tree).
+    pub fn lookup_text(&self, ns: Namespace, text: &str) -> TreeMatch {
+        lookup_text(self.shared, &self.guard, ns, text)
+    }
+
+    /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+        lookup_tokens(self.shared, &self.guard, ns, tokens)
+    }
+}
+
+fn saturating_u32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+fn tree_match<E: raw::Element>(
+    walk: &tree::Walk<'_, E>,
+    matched_len: u64,
+    request_len: u64,
+) -> TreeMatch {
+    let mut found = TreeMatch {
+        matched_len: saturating_u32(matched_len),
+        request_len: saturating_u32(request_len),
+        ..TreeMatch::default()
+    };
+    if let Some(node) = walk.node {
+        let (ids, len) = node.tenants();
+        for (out, id) in found.tenants.iter_mut().zip(&ids[..len]) {
+            *out = WorkerId(*id);
+        }
+        found.tenants_len = len as u8;
+    }
+    found
+}
+
+fn lookup_text(shared: &Shared, guard: &Guard<'_>, ns: Namespace, text: &str) -> TreeMatch {
+    let bytes = text.as_bytes();
+    let bytes = &bytes[..keys::Keying::floor(&TextKeys, bytes, KEY_ELEMENTS_MAX)];
+    let walk = shared.text.walk(&TextKeys, guard, ns, bytes);
+    let matched = count_chars(&bytes[..walk.matched]);
+    let request = matched + count_chars(&text.as_bytes()[walk.matched..]);
+    tree_match(&walk, matched, request)
+}
+
+fn lookup_tokens(shared: &Shared, guard: &Guard<'_>, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+    let keys = PageKeys {
+        block_size: shared.block_size,
+    };
+    let capped = &tokens[..tokens.len().min(KEY_ELEMENTS_MAX)];
+    let walk = shared
+        .tokens
+        .walk(&keys, guard, ns, keys::Keying::trim(&keys, capped));
+    tree_match(&walk, walk.matched as u64, tokens.len() as u64)
+}
+
+#[cfg(test)]
+mod tests;

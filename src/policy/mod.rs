@@ -12,18 +12,22 @@
 
 mod args;
 pub mod cache_aware;
+mod data_core;
 mod expected_wait;
 mod hashing;
 mod metrics;
+mod recent;
 mod router;
 mod simple;
 
 pub use args::{
     CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyArgsError, PolicyConfig, PolicyKind,
 };
+pub use data_core::{model_hash, CoreRouting, RecordKey};
 pub use expected_wait::{Fleet, SpillGate};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
+pub use recent::{KeyData, RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
 pub use router::{IndexKind, Route, RouteRequest, Router, LOG_TARGET};
 pub use simple::{
     consistent_hashing, least_load, power_of_two, prefix_hash, prefix_hash_key, random, round_robin,

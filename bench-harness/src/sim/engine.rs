@@ -18,8 +18,10 @@ use super::cache::{page_keys, PrefixCache};
 use super::cost::CostModel;
 use super::output::output_token;
 
-/// Sim-time window over which throughput, hit rate and utilization are reported.
-const STATS_WINDOW_US: u64 = 5_000_000;
+/// Throughput, hit rate and utilization are reported over the last [`STATS_BUCKETS`] buckets
+/// of [`STATS_BUCKET_US`] simulated microseconds (10 s, like a short Prometheus rate).
+const STATS_BUCKET_US: u64 = 1_000_000;
+const STATS_BUCKETS: usize = 10;
 
 /// Identifies a request inside one engine.
 pub type RequestId = u64;
@@ -152,13 +154,52 @@ struct Step {
     ends_at_us: u64,
 }
 
+/// Work done during one stats bucket.
 #[derive(Debug, Default, Clone, Copy)]
-struct Window {
-    start_us: u64,
+struct Bucket {
+    index: u64,
     generated_tokens: u64,
     prompt_tokens: u64,
     cached_tokens: u64,
     busy_us: u64,
+}
+
+/// The last [`STATS_BUCKETS`] buckets, indexed by `bucket index % STATS_BUCKETS`.
+#[derive(Debug, Default)]
+struct StatsRing {
+    buckets: [Bucket; STATS_BUCKETS],
+}
+
+impl StatsRing {
+    fn at(&mut self, now_us: u64) -> &mut Bucket {
+        let index = now_us / STATS_BUCKET_US;
+        let slot = &mut self.buckets[(index % STATS_BUCKETS as u64) as usize];
+        if slot.index != index {
+            *slot = Bucket {
+                index,
+                ..Bucket::default()
+            };
+        }
+        slot
+    }
+
+    /// The sum of the buckets of the last window ending at `now_us`, and the window's span.
+    fn recent(&self, now_us: u64) -> (Bucket, u64) {
+        let current = now_us / STATS_BUCKET_US;
+        let oldest = current.saturating_sub(STATS_BUCKETS as u64 - 1);
+        let mut sum = Bucket::default();
+        for bucket in self
+            .buckets
+            .iter()
+            .filter(|b| (oldest..=current).contains(&b.index))
+        {
+            sum.generated_tokens += bucket.generated_tokens;
+            sum.prompt_tokens += bucket.prompt_tokens;
+            sum.cached_tokens += bucket.cached_tokens;
+            sum.busy_us += bucket.busy_us;
+        }
+        (sum, now_us - oldest * STATS_BUCKET_US)
+    }
 }
 
 /// One simulated engine.
@@ -172,8 +213,7 @@ pub struct Engine {
     now_us: u64,
     next_id: RequestId,
     totals: EngineTotals,
-    window: Window,
-    last_window: Option<(Window, u64)>,
+    stats: StatsRing,
 }
 
 impl Engine {
@@ -193,8 +233,7 @@ impl Engine {
             now_us: 0,
             next_id: 1,
             totals: EngineTotals::default(),
-            window: Window::default(),
-            last_window: None,
+            stats: StatsRing::default(),
         }
     }
 
@@ -262,7 +301,6 @@ impl Engine {
             return Some(step.ends_at_us);
         }
         self.now_us = self.now_us.max(now_us);
-        self.roll_window();
         let (admitted, uncached_tokens) = self.admit();
         let (kind, duration_us) = if !admitted.is_empty() {
             (
@@ -278,7 +316,7 @@ impl Engine {
             return None;
         };
         let ends_at_us = self.now_us + duration_us;
-        self.window.busy_us += duration_us;
+        self.stats.at(self.now_us).busy_us += duration_us;
         self.step = Some(Step { kind, ends_at_us });
         Some(ends_at_us)
     }
@@ -306,7 +344,7 @@ impl Engine {
                 }
             }
         }
-        self.window.generated_tokens += emits.len() as u64;
+        self.stats.at(self.now_us).generated_tokens += emits.len() as u64;
         self.totals.generation_tokens += emits.len() as u64;
         self.retire_finished();
         emits
@@ -329,17 +367,7 @@ impl Engine {
         if self.step.is_none() {
             self.now_us = self.now_us.max(now_us);
         }
-        self.roll_window();
-        // The last complete window plus the current one: the most recent 5 to 10 simulated s.
-        let mut window = self.window;
-        let mut span_us = self.now_us.saturating_sub(self.window.start_us);
-        if let Some((last, last_span_us)) = self.last_window {
-            window.generated_tokens += last.generated_tokens;
-            window.prompt_tokens += last.prompt_tokens;
-            window.cached_tokens += last.cached_tokens;
-            window.busy_us += last.busy_us;
-            span_us += last_span_us;
-        }
+        let (window, span_us) = self.stats.recent(self.now_us);
         let span_s = span_us as f64 / 1e6;
         let used = self.used_tokens();
         let max_total = self.cache.capacity_pages() * self.config.page_size as u64;
@@ -407,8 +435,9 @@ impl Engine {
             self.totals.requests_admitted += 1;
             self.totals.prompt_tokens += prompt_len as u64;
             self.totals.cached_tokens += cached_tokens;
-            self.window.prompt_tokens += prompt_len as u64;
-            self.window.cached_tokens += cached_tokens;
+            let bucket = self.stats.at(self.now_us);
+            bucket.prompt_tokens += prompt_len as u64;
+            bucket.cached_tokens += cached_tokens;
             uncached_total += uncached;
             admitted.push(waiting.id);
             self.running.push(Running {
@@ -510,17 +539,6 @@ impl Engine {
         let max_total = self.cache.capacity_pages() * self.config.page_size as u64;
         ratio(self.used_tokens() as f64, max_total as f64)
     }
-
-    fn roll_window(&mut self) {
-        let span_us = self.now_us.saturating_sub(self.window.start_us);
-        if span_us >= STATS_WINDOW_US {
-            self.last_window = Some((self.window, span_us));
-            self.window = Window {
-                start_us: self.now_us,
-                ..Window::default()
-            };
-        }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -536,3 +554,7 @@ fn ratio(numerator: f64, denominator: f64) -> f64 {
         0.0
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -1,0 +1,159 @@
+//! How a key is cut into units: characters of UTF-8 text (`TextKeys`), or whole pages of
+//! `--block-size` tokens (`PageKeys`). Edges split and matches end only at unit boundaries, and
+//! budgets count units.
+
+use super::raw::Element;
+use super::TreeKind;
+
+/// The unit rules of one tree kind.
+pub trait Keying: Clone + std::fmt::Debug + Send + 'static {
+    /// The label element.
+    type E: Element;
+    /// Which tree kind these rules cut keys for.
+    const KIND: TreeKind;
+    /// The key with any trailing partial unit removed.
+    fn trim<'k>(&self, key: &'k [Self::E]) -> &'k [Self::E];
+    /// The edge key of the first unit of `rest`, `None` when `rest` holds no whole unit.
+    fn edge_key(&self, rest: &[Self::E]) -> Option<u64>;
+    /// The largest unit boundary of `key` at or below `pos`.
+    fn floor(&self, key: &[Self::E], pos: usize) -> usize;
+    /// Units in `segment` (a whole number of units).
+    fn units(&self, segment: &[Self::E]) -> u64;
+}
+
+/// UTF-8 text: a unit is one character.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextKeys;
+
+fn is_continuation(byte: u8) -> bool {
+    (byte as i8) < -0x40
+}
+
+/// Characters in valid UTF-8 `bytes` (a loop the compiler vectorizes).
+pub fn count_chars(bytes: &[u8]) -> u64 {
+    bytes.iter().filter(|byte| !is_continuation(**byte)).count() as u64
+}
+
+impl Keying for TextKeys {
+    type E = u8;
+    const KIND: TreeKind = TreeKind::Text;
+
+    fn trim<'k>(&self, key: &'k [u8]) -> &'k [u8] {
+        key
+    }
+
+    fn edge_key(&self, rest: &[u8]) -> Option<u64> {
+        let first = *rest.first()?;
+        let width = match first {
+            0..=0x7f => 1,
+            0xc0..=0xdf => 2,
+            0xe0..=0xef => 3,
+            _ => 4,
+        };
+        let bytes = rest.get(..width).unwrap_or(rest);
+        Some(
+            bytes
+                .iter()
+                .fold(0u64, |acc, byte| (acc << 8) | u64::from(*byte)),
+        )
+    }
+
+    fn floor(&self, key: &[u8], pos: usize) -> usize {
+        let mut pos = pos.min(key.len());
+        while pos > 0 && pos < key.len() && is_continuation(key[pos]) {
+            pos -= 1;
+        }
+        pos
+    }
+
+    fn units(&self, segment: &[u8]) -> u64 {
+        count_chars(segment)
+    }
+}
+
+/// Token ids: a unit is a page of `block_size` tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct PageKeys {
+    /// Tokens per page (`--block-size`), at least 1.
+    pub block_size: usize,
+}
+
+impl Keying for PageKeys {
+    type E = u32;
+    const KIND: TreeKind = TreeKind::Tokens;
+
+    fn trim<'k>(&self, key: &'k [u32]) -> &'k [u32] {
+        &key[..key.len() - key.len() % self.block_size]
+    }
+
+    fn edge_key(&self, rest: &[u32]) -> Option<u64> {
+        let page = rest.get(..self.block_size)?;
+        Some(page.iter().fold(0x9e37_79b9_7f4a_7c15u64, |acc, token| {
+            (acc ^ u64::from(*token))
+                .wrapping_mul(0x0100_0000_01b3)
+                .rotate_left(29)
+        }))
+    }
+
+    fn floor(&self, key: &[u32], pos: usize) -> usize {
+        let pos = pos.min(key.len());
+        pos - pos % self.block_size
+    }
+
+    fn units(&self, segment: &[u32]) -> u64 {
+        segment.len() as u64
+    }
+}
+
+/// Length of the common prefix of `a` and `b`, comparing a chunk at a time.
+pub fn common_prefix<E: Element>(a: &[E], b: &[E]) -> usize {
+    const CHUNK: usize = 32;
+    let len = a.len().min(b.len());
+    let (a, b) = (&a[..len], &b[..len]);
+    let mut at = 0;
+    while at + CHUNK <= len && a[at..at + CHUNK] == b[at..at + CHUNK] {
+        at += CHUNK;
+    }
+    while at < len && a[at] == b[at] {
+        at += 1;
+    }
+    at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_floors_to_char_boundaries() {
+        let key = "aé€😀b".as_bytes();
+        assert_eq!(TextKeys.floor(key, 2), 1, "inside é");
+        assert_eq!(TextKeys.floor(key, 3), 3);
+        assert_eq!(TextKeys.floor(key, 5), 3, "inside €");
+        assert_eq!(TextKeys.floor(key, 99), key.len());
+        assert_eq!(TextKeys.units(key), 5);
+        assert_ne!(
+            TextKeys.edge_key(&key[1..]),
+            TextKeys.edge_key("ê".as_bytes())
+        );
+    }
+
+    #[test]
+    fn pages_are_whole() {
+        let keys = PageKeys { block_size: 4 };
+        assert_eq!(keys.trim(&[1, 2, 3, 4, 5, 6]), &[1, 2, 3, 4]);
+        assert_eq!(keys.edge_key(&[1, 2, 3]), None);
+        assert_ne!(keys.edge_key(&[1, 2, 3, 4]), keys.edge_key(&[1, 2, 3, 5]));
+        assert_eq!(keys.floor(&[0; 9], 7), 4);
+        assert_eq!(keys.floor(&[0; 6], 99), 4);
+    }
+
+    #[test]
+    fn common_prefix_spans_chunks() {
+        let a: Vec<u32> = (0..100).collect();
+        let mut b = a.clone();
+        b[70] = 0;
+        assert_eq!(common_prefix(&a, &b), 70);
+        assert_eq!(common_prefix(&a[..10], &b), 10);
+    }
+}

@@ -1,0 +1,792 @@
+//! Every `unsafe` operation of the index, behind a small safe API: the quiescent-state
+//! reclamation domain (`Domain`, `Guard`, `WriterToken`), the segmented node slab (`Slab`), the
+//! tree node with its published child table and edge label (`Node`), the namespace table
+//! (`NsTable`) and the list of retired memory (`RetireList`).
+//!
+//! The invariants everything here relies on:
+//! 1. One writer. Only the holder of the domain's single `WriterToken` publishes, retires or
+//!    reclaims; readers only load.
+//! 2. Child tables, namespace tables and labels are immutable once published. A change publishes
+//!    a new allocation with one `Release` store and retires the old one.
+//! 3. Retired memory is freed only after every online reader has announced a quiescent state
+//!    (stored the bumped epoch into its slot) since the retirement. A `Guard` is proof that its
+//!    reader has not announced one since it was created, so a reference borrowed from a guard
+//!    stays valid for the guard's lifetime.
+//! 4. A node's label is written only through a `FreshNode` (a slot no reader can reach: never
+//!    published, or reclaimed after a grace period), and cleared only when reclaimed.
+//! 5. Segments of the slab are freed only when the slab is dropped (no reader or writer left).
+#![allow(unsafe_code)]
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+/// The most reader handles (data cores, plus handles used by tests and benchmarks) one index
+/// serves: one padded epoch slot each, scanned by the writer on every reclamation.
+pub const READERS_MAX: usize = 256;
+
+/// Nodes per slab segment: 2^14 nodes of 64 bytes = 1 MiB, small enough that an idle index
+/// costs little, large enough that the segment table stays small.
+const SEGMENT_NODES_LOG2: u32 = 14;
+const SEGMENT_NODES: usize = 1 << SEGMENT_NODES_LOG2;
+/// Segments per slab: 2^16 segments (a 512 KiB pointer table) address 2^30 nodes, far above
+/// what any `--max-tree-size` can keep live (each node holds at least one unit of budget).
+const SEGMENTS_MAX: usize = 1 << 16;
+/// The most nodes one tree kind can hold at once.
+pub const NODES_MAX: u32 = (SEGMENTS_MAX * SEGMENT_NODES) as u32;
+
+/// A reader slot's value while its reader holds no reference into the index.
+const OFFLINE: u64 = u64::MAX;
+
+/// An element of an edge label: a byte of UTF-8 text, or a token id.
+pub trait Element: Copy + Eq + Default + Send + Sync + std::fmt::Debug + 'static {
+    /// The element as a `u32` (for reports that cover both kinds).
+    fn widen(self) -> u32;
+}
+impl Element for u8 {
+    fn widen(self) -> u32 {
+        u32::from(self)
+    }
+}
+impl Element for u32 {
+    fn widen(self) -> u32 {
+        self
+    }
+}
+
+/// The reclamation domain: a global epoch and one padded slot per reader.
+#[derive(Debug)]
+pub struct Domain {
+    epoch: CachePadded<AtomicU64>,
+    slots: Box<[CachePadded<AtomicU64>]>,
+    claimed: Box<[AtomicBool]>,
+    writer_taken: AtomicBool,
+}
+
+impl Default for Domain {
+    fn default() -> Self {
+        Self {
+            epoch: CachePadded::new(AtomicU64::new(1)),
+            slots: (0..READERS_MAX)
+                .map(|_| CachePadded::new(AtomicU64::new(OFFLINE)))
+                .collect(),
+            claimed: (0..READERS_MAX).map(|_| AtomicBool::new(false)).collect(),
+            writer_taken: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Domain {
+    /// Claims a free reader slot, offline until its first guard.
+    pub fn claim_reader(&self) -> Option<ReaderSlot> {
+        let index = self.claimed.iter().position(|claimed| {
+            claimed
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })?;
+        self.slots[index].store(OFFLINE, Ordering::Release);
+        Some(ReaderSlot {
+            index,
+            online: Cell::new(false),
+        })
+    }
+
+    /// Gives a reader slot back; its reader holds no reference any more.
+    pub fn release_reader(&self, slot: &ReaderSlot) {
+        self.slots[slot.index].store(OFFLINE, Ordering::Release);
+        self.claimed[slot.index].store(false, Ordering::Release);
+    }
+
+    /// The one writer token of this domain; `None` once taken.
+    pub fn take_writer(&self) -> Option<WriterToken> {
+        let taken = self.writer_taken.swap(true, Ordering::AcqRel);
+        (!taken).then_some(WriterToken { _not_clone: () })
+    }
+
+    /// Enters a read-side critical section for `slot` (going online if it was offline).
+    pub fn guard<'r>(&'r self, slot: &'r ReaderSlot) -> Guard<'r> {
+        if !slot.online.get() {
+            self.slots[slot.index].store(self.epoch.load(Ordering::SeqCst), Ordering::SeqCst);
+            // Store-load order: the writer must see this slot online before we read a pointer
+            // it might free (pairs with the fence in `synchronize`).
+            fence(Ordering::SeqCst);
+            slot.online.set(true);
+        }
+        Guard {
+            _scope: PhantomData,
+        }
+    }
+
+    /// Announces a quiescent state: the reader holds no reference into the index.
+    pub fn quiesce(&self, slot: &mut ReaderSlot) {
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let own = &self.slots[slot.index];
+        if !slot.online.get() || own.load(Ordering::Relaxed) != epoch {
+            // Release: every read before this point happens-before the writer's free.
+            own.store(epoch, Ordering::Release);
+        }
+        slot.online.set(true);
+    }
+
+    /// Takes the reader offline (an idle data core): it no longer delays reclamation.
+    pub fn go_offline(&self, slot: &mut ReaderSlot) {
+        self.slots[slot.index].store(OFFLINE, Ordering::Release);
+        slot.online.set(false);
+    }
+
+    /// Bumps the epoch and returns the oldest epoch an online reader may still be in: memory
+    /// retired at an epoch below it is unreachable by every reader.
+    fn synchronize(&self, _writer: &mut WriterToken) -> u64 {
+        let now = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        fence(Ordering::SeqCst);
+        let claimed = self.claimed.iter().zip(self.slots.iter());
+        claimed
+            .filter(|(claimed, _)| claimed.load(Ordering::Acquire))
+            .map(|(_, slot)| slot.load(Ordering::Acquire))
+            .fold(now, u64::min)
+    }
+
+    fn epoch_now(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+}
+
+/// A reader's epoch slot in a `Domain` (one per reader handle; not `Sync`).
+#[derive(Debug)]
+pub struct ReaderSlot {
+    index: usize,
+    online: Cell<bool>,
+}
+
+/// Proof that no memory reachable from the index is freed while it lives: a reader's slot has
+/// not announced a quiescent state since the guard was made, or the holder is the writer.
+#[derive(Debug)]
+pub struct Guard<'a> {
+    _scope: PhantomData<&'a ()>,
+}
+
+/// The single writer's capability. Publishing and retiring need `&WriterToken`; reclaiming needs
+/// `&mut WriterToken`, so no writer guard can be alive across a reclamation.
+#[derive(Debug)]
+pub struct WriterToken {
+    _not_clone: (),
+}
+
+impl WriterToken {
+    /// The writer's own guard: nothing is freed before `reclaim`, which needs `&mut self`.
+    pub fn guard(&self) -> Guard<'_> {
+        Guard {
+            _scope: PhantomData,
+        }
+    }
+}
+
+/// One entry of a child table: the edge key of the child's first unit and the child's node id.
+/// A table is one allocation whose element 0 is a header holding the entry count in `key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChildEntry {
+    /// The edge key (first character, or a hash of the first page).
+    pub key: u64,
+    /// The child node.
+    pub node: u32,
+}
+
+/// A radix tree node, 64 bytes. Fields are atomics because readers load them while the writer
+/// changes the child table and the tenant list.
+#[derive(Debug)]
+#[repr(C, align(64))]
+pub struct Node<E: Element> {
+    children: AtomicPtr<ChildEntry>,
+    label_ptr: AtomicPtr<E>,
+    label_len: AtomicU32,
+    /// Depth in elements at the end of this node's edge; fixed for the node's lifetime.
+    depth_end: AtomicU32,
+    mru_version: AtomicU32,
+    mru: [AtomicU64; 2],
+}
+
+impl<E: Element> Default for Node<E> {
+    fn default() -> Self {
+        Self {
+            children: AtomicPtr::new(std::ptr::null_mut()),
+            label_ptr: AtomicPtr::new(std::ptr::null_mut()),
+            label_len: AtomicU32::new(0),
+            depth_end: AtomicU32::new(0),
+            mru_version: AtomicU32::new(0),
+            mru: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+        }
+    }
+}
+
+/// The most tenants a node publishes to readers, most recently used first.
+pub const MRU_LEN: usize = 8;
+/// An empty entry of the published tenant list.
+const MRU_EMPTY: u16 = u16::MAX;
+/// Reads of a tenant list that race a writer update before a reader gives up and reports no
+/// tenants (a cache miss, still a correct route). The writer's update is a few stores.
+const MRU_READ_RETRIES_MAX: usize = 64;
+
+impl<E: Element> Node<E> {
+    /// The published child table (empty when the node has no children).
+    pub fn children<'g>(&'g self, _guard: &'g Guard<'_>) -> &'g [ChildEntry] {
+        let table = self.children.load(Ordering::Acquire);
+        if table.is_null() {
+            return &[];
+        }
+        // SAFETY: a non-null child pointer is a live table allocation (invariant 2, 3): written
+        // completely before its Release publication (paired with the Acquire above), never
+        // mutated, and freed only after a grace period that the guard's lifetime excludes.
+        // Element 0 is the header whose `key` is the entry count, so `1..=len` is in bounds.
+        unsafe {
+            let len = (*table).key as usize;
+            std::slice::from_raw_parts(table.add(1), len)
+        }
+    }
+
+    /// The label of this node's edge as seen from a parent at `depth_from` elements deep, or
+    /// `None` when the node does not span that depth (only possible for a corrupted tree).
+    pub fn label_from<'g>(&'g self, depth_from: u32, _guard: &'g Guard<'_>) -> Option<&'g [E]> {
+        let ptr = self.label_ptr.load(Ordering::Acquire);
+        let len = self.label_len.load(Ordering::Relaxed) as usize;
+        let wanted = self
+            .depth_end
+            .load(Ordering::Relaxed)
+            .checked_sub(depth_from)? as usize;
+        if ptr.is_null() || wanted > len {
+            return None;
+        }
+        // SAFETY: `ptr` and `len` were written together through a `FreshNode`, before the node
+        // was published (invariant 4), and describe one live boxed slice, freed only after a
+        // grace period the guard excludes (invariant 3). `len - wanted .. len` is in bounds.
+        unsafe { Some(std::slice::from_raw_parts(ptr.add(len - wanted), wanted)) }
+    }
+
+    /// Elements in the label allocation (the accounting of label memory).
+    pub fn label_capacity(&self) -> u32 {
+        self.label_len.load(Ordering::Relaxed)
+    }
+
+    /// Depth in elements at the end of this node's edge.
+    pub fn depth_end(&self) -> u32 {
+        self.depth_end.load(Ordering::Relaxed)
+    }
+
+    /// The published tenants, most recently used first; `None` entries at the end.
+    pub fn tenants(&self) -> ([u16; MRU_LEN], usize) {
+        for _ in 0..MRU_READ_RETRIES_MAX {
+            let before = self.mru_version.load(Ordering::Acquire);
+            let words = [
+                self.mru[0].load(Ordering::Relaxed),
+                self.mru[1].load(Ordering::Relaxed),
+            ];
+            fence(Ordering::Acquire);
+            let after = self.mru_version.load(Ordering::Relaxed);
+            if before == after && before % 2 == 0 {
+                return unpack_mru(words);
+            }
+            std::hint::spin_loop();
+        }
+        ([MRU_EMPTY; MRU_LEN], 0)
+    }
+
+    /// Publishes a new tenant list (writer only): a sequence lock over two words.
+    pub fn set_tenants(&self, tenants: &[u16], _writer: &WriterToken) {
+        let words = pack_mru(tenants);
+        let version = self.mru_version.load(Ordering::Relaxed);
+        self.mru_version
+            .store(version.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        self.mru[0].store(words[0], Ordering::Relaxed);
+        self.mru[1].store(words[1], Ordering::Relaxed);
+        self.mru_version
+            .store(version.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Publishes a new child table (writer only) and returns the old one for retirement.
+    pub fn publish_children(&self, entries: &[ChildEntry], _writer: &WriterToken) -> RetiredTable {
+        let new = if entries.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            table_alloc(entries)
+        };
+        RetiredTable(self.children.swap(new, Ordering::AcqRel))
+    }
+
+    /// Retires this node's child table without unpublishing it (the node itself is being
+    /// retired, so stale readers keep a complete view until the grace period ends).
+    pub fn retire_children_in_place(&self, _writer: &WriterToken) -> RetiredTable {
+        RetiredTable(self.children.load(Ordering::Relaxed))
+    }
+
+    /// Hands this node's child table over to `heir` (a fresh node taking this node's place in a
+    /// merge); the retired node keeps pointing at it but no longer owns it.
+    pub fn lend_children_to(&self, heir: &FreshNode<'_, E>, _writer: &WriterToken) {
+        let table = self.children.load(Ordering::Relaxed);
+        heir.node.children.store(table, Ordering::Relaxed);
+    }
+}
+
+fn pack_mru(tenants: &[u16]) -> [u64; 2] {
+    let mut ids = [MRU_EMPTY; MRU_LEN];
+    for (slot, id) in ids.iter_mut().zip(tenants) {
+        *slot = *id;
+    }
+    let word = |part: &[u16]| {
+        part.iter()
+            .rev()
+            .fold(0u64, |acc, id| (acc << 16) | u64::from(*id))
+    };
+    [word(&ids[..4]), word(&ids[4..])]
+}
+
+fn unpack_mru(words: [u64; 2]) -> ([u16; MRU_LEN], usize) {
+    let mut ids = [MRU_EMPTY; MRU_LEN];
+    for (i, id) in ids.iter_mut().enumerate() {
+        *id = (words[i / 4] >> (16 * (i % 4))) as u16;
+    }
+    let len = ids
+        .iter()
+        .position(|id| *id == MRU_EMPTY)
+        .unwrap_or(MRU_LEN);
+    (ids, len)
+}
+
+fn table_alloc(entries: &[ChildEntry]) -> *mut ChildEntry {
+    let mut table = Vec::with_capacity(entries.len() + 1);
+    table.push(ChildEntry {
+        key: entries.len() as u64,
+        node: 0,
+    });
+    table.extend_from_slice(entries);
+    Box::into_raw(table.into_boxed_slice()).cast::<ChildEntry>()
+}
+
+/// A child table taken out of a node, to be freed after a grace period.
+#[derive(Debug)]
+pub struct RetiredTable(*mut ChildEntry);
+
+impl RetiredTable {
+    /// Frees the table.
+    ///
+    /// # Safety
+    /// No reader may still hold a reference into it (a grace period has passed since it was
+    /// unpublished), and it is freed once.
+    unsafe fn free(self) {
+        if self.0.is_null() {
+            return;
+        }
+        // SAFETY: per the caller, unreachable; built by `table_alloc` as a boxed slice of
+        // `len + 1` entries whose header stores `len`.
+        unsafe {
+            let len = (*self.0).key as usize + 1;
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.0, len,
+            )));
+        }
+    }
+}
+
+/// A node slot no reader can reach: freshly allocated or reclaimed after a grace period.
+#[derive(Debug)]
+pub struct FreshNode<'s, E: Element> {
+    id: u32,
+    node: &'s Node<E>,
+}
+
+impl<E: Element> FreshNode<'_, E> {
+    /// The slot's id.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// Writes the node's label and depth. Nothing is published until a parent table names it.
+    pub fn init(&self, label: Vec<E>, depth_end: u32, tenants: &[u16], writer: &WriterToken) {
+        let len = label.len() as u32;
+        let ptr = Box::into_raw(label.into_boxed_slice()).cast::<E>();
+        let old = self.node.label_ptr.swap(ptr, Ordering::Relaxed);
+        debug_assert!(old.is_null(), "a fresh node has no label");
+        self.node.label_len.store(len, Ordering::Relaxed);
+        self.node.depth_end.store(depth_end, Ordering::Relaxed);
+        self.node
+            .children
+            .store(std::ptr::null_mut(), Ordering::Relaxed);
+        self.node.set_tenants(tenants, writer);
+    }
+
+    /// Publishes the fresh node's first child table (it has no old one).
+    pub fn init_children(&self, entries: &[ChildEntry], writer: &WriterToken) {
+        let old = self.node.publish_children(entries, writer);
+        debug_assert!(old.0.is_null(), "a fresh node has no child table");
+    }
+}
+
+/// The segmented node slab of one tree kind: ids are `u32`, id 0 is never handed out.
+#[derive(Debug)]
+pub struct Slab<E: Element> {
+    segments: Box<[AtomicPtr<Node<E>>]>,
+}
+
+impl<E: Element> Default for Slab<E> {
+    fn default() -> Self {
+        let segments = (0..SEGMENTS_MAX)
+            .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+            .collect();
+        Self { segments }
+    }
+}
+
+impl<E: Element> Slab<E> {
+    /// The node with this id, or `None` for an id outside every allocated segment.
+    pub fn get<'g>(&'g self, id: u32, _guard: &'g Guard<'_>) -> Option<&'g Node<E>> {
+        self.node(id)
+    }
+
+    fn node(&self, id: u32) -> Option<&Node<E>> {
+        let segment = self.segments.get((id >> SEGMENT_NODES_LOG2) as usize)?;
+        let base = segment.load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null segment pointer is a live boxed slice of SEGMENT_NODES nodes,
+        // freed only in `Drop` (invariant 5); the masked index is in bounds. Nodes are all
+        // atomics, so a shared reference is sound while the writer updates them.
+        unsafe { Some(&*base.add(id as usize & (SEGMENT_NODES - 1))) }
+    }
+
+    /// Takes slot `id` (never handed out, or reclaimed) for a new node; allocates its segment.
+    pub fn fresh(&self, id: u32, _writer: &WriterToken) -> Option<FreshNode<'_, E>> {
+        let segment = self.segments.get((id >> SEGMENT_NODES_LOG2) as usize)?;
+        if id == 0 {
+            return None;
+        }
+        if segment.load(Ordering::Relaxed).is_null() {
+            let nodes: Box<[Node<E>]> = (0..SEGMENT_NODES).map(|_| Node::default()).collect();
+            segment.store(Box::into_raw(nodes).cast::<Node<E>>(), Ordering::Release);
+        }
+        let node = self.node(id)?;
+        Some(FreshNode { id, node })
+    }
+
+    /// Clears a reclaimed node: frees its label, forgets its child table (owned elsewhere or
+    /// retired separately) and its tenants.
+    ///
+    /// # Safety
+    /// A grace period has passed since the node was unpublished, and it is cleared once.
+    unsafe fn clear(&self, id: u32) {
+        let Some(node) = self.node(id) else { return };
+        node.children.store(std::ptr::null_mut(), Ordering::Relaxed);
+        let ptr = node.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        let len = node.label_len.swap(0, Ordering::Relaxed) as usize;
+        if !ptr.is_null() {
+            // SAFETY: `ptr`/`len` come from one `Box<[E]>` made in `FreshNode::init`; per the
+            // caller no reader can reach it any more and it is freed once (the pointer is
+            // swapped out above).
+            unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len))) };
+        }
+    }
+}
+
+impl<E: Element> Drop for Slab<E> {
+    fn drop(&mut self) {
+        for segment in self.segments.iter() {
+            let base = segment.load(Ordering::Acquire);
+            if base.is_null() {
+                continue;
+            }
+            // SAFETY: `&mut self`: no reader or writer is left. Every node still holding a
+            // label or table owns it (retired nodes were cleared by `RetireList::drain_all`
+            // before the slab is dropped), so each is freed once; then the segment itself.
+            unsafe {
+                let nodes = std::slice::from_raw_parts(base, SEGMENT_NODES);
+                for node in nodes {
+                    let table = node.children.swap(std::ptr::null_mut(), Ordering::Relaxed);
+                    RetiredTable(table).free();
+                    let ptr = node.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
+                    let len = node.label_len.load(Ordering::Relaxed) as usize;
+                    if !ptr.is_null() {
+                        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)));
+                    }
+                }
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    base,
+                    SEGMENT_NODES,
+                )));
+            }
+        }
+    }
+}
+
+/// One namespace slot: the namespace's two halves and its root node (0 empty, `TOMBSTONE` gone).
+#[derive(Debug, Default)]
+pub struct NsSlot {
+    model: AtomicU64,
+    partition: AtomicU64,
+    root: AtomicU32,
+}
+
+/// A namespace slot's root while the namespace was removed (probing continues past it).
+pub const NS_TOMBSTONE: u32 = u32::MAX;
+
+/// An open-addressing namespace table (linear probing, power-of-two capacity), written in place
+/// by the writer (slots go empty → live → tombstone, never back) and replaced when it fills.
+#[derive(Debug)]
+pub struct NsTable {
+    slots: Box<[NsSlot]>,
+}
+
+impl NsTable {
+    /// An empty table of `capacity` slots (a power of two).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            slots: (0..capacity).map(|_| NsSlot::default()).collect(),
+        }
+    }
+
+    /// The root of namespace `(model, partition)`, probing from `hash`.
+    pub fn find(&self, model: u64, partition: u64, hash: u64) -> Option<u32> {
+        let mask = self.slots.len() - 1;
+        let mut at = hash as usize & mask;
+        for _ in 0..self.slots.len() {
+            let slot = &self.slots[at];
+            let root = slot.root.load(Ordering::Acquire);
+            if root == 0 {
+                return None;
+            }
+            let same = slot.model.load(Ordering::Relaxed) == model
+                && slot.partition.load(Ordering::Relaxed) == partition;
+            if root != NS_TOMBSTONE && same {
+                return Some(root);
+            }
+            at = (at + 1) & mask;
+        }
+        None
+    }
+
+    /// Writes a new namespace into the first empty slot from `hash` (writer only); false when
+    /// the table has no empty slot left.
+    pub fn insert(
+        &self,
+        model: u64,
+        partition: u64,
+        hash: u64,
+        root: u32,
+        _w: &WriterToken,
+    ) -> bool {
+        let mask = self.slots.len() - 1;
+        let mut at = hash as usize & mask;
+        for _ in 0..self.slots.len() {
+            let slot = &self.slots[at];
+            if slot.root.load(Ordering::Relaxed) == 0 {
+                slot.model.store(model, Ordering::Relaxed);
+                slot.partition.store(partition, Ordering::Relaxed);
+                slot.root.store(root, Ordering::Release);
+                return true;
+            }
+            at = (at + 1) & mask;
+        }
+        false
+    }
+
+    /// Marks namespace `(model, partition)` removed (writer only).
+    pub fn remove(&self, model: u64, partition: u64, hash: u64, _w: &WriterToken) {
+        let mask = self.slots.len() - 1;
+        let mut at = hash as usize & mask;
+        for _ in 0..self.slots.len() {
+            let slot = &self.slots[at];
+            let root = slot.root.load(Ordering::Relaxed);
+            if root == 0 {
+                return;
+            }
+            let same = slot.model.load(Ordering::Relaxed) == model
+                && slot.partition.load(Ordering::Relaxed) == partition;
+            if root != NS_TOMBSTONE && same {
+                slot.root.store(NS_TOMBSTONE, Ordering::Release);
+                return;
+            }
+            at = (at + 1) & mask;
+        }
+    }
+}
+
+/// The published namespace table of one tree kind.
+#[derive(Debug)]
+pub struct NsTablePtr(AtomicPtr<NsTable>);
+
+impl NsTablePtr {
+    /// A table with `capacity` slots (a power of two).
+    pub fn new(capacity: usize) -> Self {
+        Self(AtomicPtr::new(Box::into_raw(Box::new(
+            NsTable::with_capacity(capacity),
+        ))))
+    }
+
+    /// The current table.
+    pub fn load<'g>(&'g self, _guard: &'g Guard<'_>) -> &'g NsTable {
+        // SAFETY: always non-null (set in `new`, replaced only by `replace` with a new box);
+        // a replaced table is freed only after a grace period the guard excludes (invariant 3).
+        unsafe { &*self.0.load(Ordering::Acquire) }
+    }
+
+    /// Publishes `table`, built completely beforehand, and returns the old one for retirement.
+    pub fn publish(&self, table: NsTable, _writer: &WriterToken) -> RetiredNsTable {
+        let new = Box::into_raw(Box::new(table));
+        RetiredNsTable(self.0.swap(new, Ordering::AcqRel))
+    }
+}
+
+impl Drop for NsTablePtr {
+    fn drop(&mut self) {
+        // SAFETY: `&mut self`: no reader is left; the pointer is the live box from `new` or
+        // `replace`, freed once here.
+        unsafe { drop(Box::from_raw(*self.0.get_mut())) };
+    }
+}
+
+/// A namespace table taken out of use, to be freed after a grace period.
+#[derive(Debug)]
+pub struct RetiredNsTable(*mut NsTable);
+
+/// Memory waiting for a grace period.
+#[derive(Debug)]
+enum Retired {
+    Table(RetiredTable),
+    Node(u32),
+    NsTable(RetiredNsTable),
+}
+
+/// The writer's list of retired memory of one tree kind, each item tagged with its epoch.
+#[derive(Debug, Default)]
+pub struct RetireList {
+    items: std::collections::VecDeque<(u64, Retired)>,
+}
+
+// SAFETY: the raw pointers in the list are owned allocations of `Send` data (child tables,
+// namespace tables); moving the list to another thread moves that ownership.
+unsafe impl Send for RetireList {}
+
+impl RetireList {
+    /// Retires a child table taken out of a node.
+    pub fn table(&mut self, domain: &Domain, table: RetiredTable) {
+        if !table.0.is_null() {
+            self.items
+                .push_back((domain.epoch_now(), Retired::Table(table)));
+        }
+    }
+
+    /// Retires a node that no published table names any more.
+    pub fn node(&mut self, domain: &Domain, id: u32) {
+        self.items
+            .push_back((domain.epoch_now(), Retired::Node(id)));
+    }
+
+    /// Retires a replaced namespace table.
+    pub fn ns_table(&mut self, domain: &Domain, table: RetiredNsTable) {
+        self.items
+            .push_back((domain.epoch_now(), Retired::NsTable(table)));
+    }
+
+    /// Items waiting for a grace period.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Frees everything retired before every online reader's last quiescent state; reclaimed
+    /// node ids go to `free_ids`. Returns how many items were freed.
+    pub fn reclaim<E: Element>(
+        &mut self,
+        domain: &Domain,
+        slab: &Slab<E>,
+        writer: &mut WriterToken,
+        free_ids: &mut Vec<u32>,
+    ) -> usize {
+        if self.items.is_empty() {
+            return 0;
+        }
+        let safe_below = domain.synchronize(writer);
+        let mut freed = 0;
+        while self
+            .items
+            .front()
+            .is_some_and(|(epoch, _)| *epoch < safe_below)
+        {
+            let Some((_, item)) = self.items.pop_front() else {
+                break;
+            };
+            // SAFETY: retired at an epoch below every online reader's announced epoch, so each
+            // reader passed a quiescent state after the item was unpublished (invariant 3);
+            // popped from the list, so it is freed once.
+            unsafe { free_retired(item, slab, free_ids) };
+            freed += 1;
+        }
+        freed
+    }
+
+    /// Frees every item regardless of readers: only for `Drop` of the whole index, when no
+    /// reader handle is left (`&mut` access to the shared state proves it).
+    pub fn drain_all<E: Element>(&mut self, slab: &mut Slab<E>) {
+        let mut ids = Vec::new();
+        while let Some((_, item)) = self.items.pop_front() {
+            // SAFETY: `&mut Slab` means the shared index has no other owner: no reader exists.
+            unsafe { free_retired(item, slab, &mut ids) };
+        }
+    }
+}
+
+/// Frees one retired item.
+///
+/// # Safety
+/// No reader can reach the item, and it is freed once.
+unsafe fn free_retired<E: Element>(item: Retired, slab: &Slab<E>, free_ids: &mut Vec<u32>) {
+    match item {
+        // SAFETY: forwarded from the caller.
+        Retired::Table(table) => unsafe { table.free() },
+        Retired::Node(id) => {
+            // SAFETY: forwarded from the caller.
+            unsafe { slab.clear(id) };
+            free_ids.push(id);
+        }
+        // SAFETY: forwarded from the caller; the pointer came from `Box::into_raw`.
+        Retired::NsTable(table) => unsafe { drop(Box::from_raw(table.0)) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mru_round_trips() {
+        let ids = [3u16, 1, 1023, 7, 0, 9];
+        let (out, len) = unpack_mru(pack_mru(&ids));
+        assert_eq!(&out[..len], &ids);
+        let (_, empty) = unpack_mru(pack_mru(&[]));
+        assert_eq!(empty, 0);
+    }
+
+    #[test]
+    fn retired_memory_waits_for_an_online_reader() {
+        let domain = Domain::default();
+        let mut writer = domain.take_writer().expect("first writer");
+        assert!(domain.take_writer().is_none(), "one writer per domain");
+        let slab: Slab<u8> = Slab::default();
+        let mut slot = domain.claim_reader().expect("slot");
+        let _online = domain.guard(&slot);
+        let mut list = RetireList::default();
+        let node = slab.fresh(5, &writer).expect("fresh");
+        node.init(vec![1, 2, 3], 3, &[], &writer);
+        list.node(&domain, 5);
+        let mut ids = Vec::new();
+        assert_eq!(
+            list.reclaim(&domain, &slab, &mut writer, &mut ids),
+            0,
+            "reader online"
+        );
+        domain.quiesce(&mut slot);
+        assert_eq!(list.reclaim(&domain, &slab, &mut writer, &mut ids), 1);
+        assert_eq!(ids, vec![5]);
+        domain.go_offline(&mut slot);
+        domain.release_reader(&slot);
+    }
+}

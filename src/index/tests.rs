@@ -1,0 +1,239 @@
+//! Unit tests of the index's public behaviour on small trees (the model-based and concurrent
+//! checks live in `tests/index_*.rs`).
+
+use super::*;
+
+const NS: Namespace = Namespace {
+    model: 1,
+    partition: 0,
+};
+
+fn writer(block_size: u32) -> IndexWriter {
+    IndexWriter::new(IndexConfig { block_size }).expect("index")
+}
+
+#[test]
+fn text_match_reports_chars_and_the_deepest_node_tenants() {
+    let mut index = writer(16);
+    index
+        .insert_text(NS, "You are helpful. Answer in French.", WorkerId(1), 1)
+        .expect("insert");
+    index
+        .insert_text(NS, "You are helpful. Write code.", WorkerId(2), 2)
+        .expect("insert");
+    let reader = index.reader().expect("reader");
+    let found = reader.lookup_text(NS, "You are helpful. Answer in German.");
+    assert_eq!(
+        found.matched_len,
+        "You are helpful. Answer in ".len() as u32
+    );
+    assert_eq!(found.request_len, 34);
+    assert_eq!(found.tenants(), &[WorkerId(1)]);
+    let shared = reader.lookup_text(NS, "You are helpful. Something");
+    assert_eq!(shared.matched_len, 17);
+    assert_eq!(
+        shared.tenants(),
+        &[WorkerId(2), WorkerId(1)],
+        "most recent first"
+    );
+    let miss = reader.lookup_text(NS, "Nothing in common");
+    assert_eq!((miss.matched_len, miss.tenants_len), (0, 0));
+    let other = reader.lookup_text(
+        Namespace {
+            model: 1,
+            partition: 9,
+        },
+        "You are helpful.",
+    );
+    assert_eq!(other.matched_len, 0, "partitions never match each other");
+}
+
+#[test]
+fn text_matches_end_on_char_boundaries() {
+    let mut index = writer(16);
+    index
+        .insert_text(NS, "préfixe é", WorkerId(3), 1)
+        .expect("insert");
+    // "ê" shares its first UTF-8 byte with "é".
+    let found = index.lookup_text(NS, "préfixe ê");
+    assert_eq!(found.matched_len, 8);
+    assert_eq!(found.request_len, 9);
+    assert_eq!(found.tenants(), &[WorkerId(3)]);
+}
+
+#[test]
+fn token_matches_count_whole_pages_only() {
+    let mut index = writer(4);
+    let prompt: Vec<u32> = (0..10).collect();
+    index
+        .insert_tokens(NS, &prompt, WorkerId(0), 1)
+        .expect("insert");
+    let mut query = prompt.clone();
+    query[6] = 99;
+    let found = index.lookup_tokens(NS, &query);
+    assert_eq!((found.matched_len, found.request_len), (4, 10));
+    assert_eq!(found.tenants(), &[WorkerId(0)]);
+    let short = index.lookup_tokens(NS, &prompt[..3]);
+    assert_eq!(
+        (short.matched_len, short.tenants_len),
+        (0, 0),
+        "shorter than a page"
+    );
+    index
+        .insert_tokens(NS, &prompt[..3], WorkerId(1), 2)
+        .expect("insert");
+    assert_eq!(
+        index.gauges()[0].token.units,
+        8,
+        "only whole pages are recorded"
+    );
+    // A page differing in its second token is a different child with the same first token.
+    let mut sibling = prompt.clone();
+    sibling[1] = 77;
+    index
+        .insert_tokens(NS, &sibling, WorkerId(2), 3)
+        .expect("insert");
+    assert_eq!(index.lookup_tokens(NS, &sibling).tenants(), &[WorkerId(2)]);
+    assert_eq!(index.lookup_tokens(NS, &prompt).matched_len, 8);
+}
+
+#[test]
+fn remove_worker_purges_and_merges() {
+    let mut index = writer(16);
+    index
+        .insert_text(NS, "abcdef", WorkerId(1), 1)
+        .expect("insert");
+    index
+        .insert_text(NS, "abcxyz", WorkerId(2), 2)
+        .expect("insert");
+    index
+        .insert_text(NS, "abc", WorkerId(3), 3)
+        .expect("insert");
+    assert_eq!(index.gauges()[0].string.units, 6 + 6 + 3);
+    assert_eq!(index.remove_worker(WorkerId(2)), 2);
+    let found = index.lookup_text(NS, "abcxyz");
+    assert_eq!(found.matched_len, 3);
+    assert_eq!(found.tenants(), &[WorkerId(3), WorkerId(1)]);
+    index.remove_worker(WorkerId(3));
+    assert_eq!(index.memory().string.nodes, 2, "root and one merged leaf");
+    assert_eq!(index.lookup_text(NS, "abcdef").tenants(), &[WorkerId(1)]);
+    index.remove_worker(WorkerId(1));
+    let gauges = index.gauges()[0].string;
+    assert_eq!((gauges.units, gauges.entries, gauges.tenants), (0, 0, 0));
+    assert_eq!(
+        index.memory().string.nodes,
+        0,
+        "the empty namespace is gone"
+    );
+    assert_eq!(
+        index.pending_reclaim(),
+        0,
+        "no reader online: everything freed"
+    );
+}
+
+#[test]
+fn eviction_removes_least_recent_leaves_until_within_budget() {
+    let mut index = writer(16);
+    index
+        .insert_text(NS, "shared-old", WorkerId(1), 1)
+        .expect("insert");
+    index
+        .insert_text(NS, "shared-new", WorkerId(2), 2)
+        .expect("insert");
+    index
+        .insert_text(NS, "other", WorkerId(1), 3)
+        .expect("insert");
+    assert_eq!(index.gauges()[0].string.units, 25);
+    let stats = index.evict(20);
+    // Worker 1's "old" leaf goes first, then "shared-" becomes its oldest leaf (22 > 20).
+    assert_eq!(
+        stats,
+        EvictStats {
+            entries: 2,
+            units: 10
+        }
+    );
+    assert_eq!(
+        index.lookup_text(NS, "shared-old").tenants(),
+        &[WorkerId(2)]
+    );
+    assert_eq!(
+        index.evict(20),
+        EvictStats::default(),
+        "within budget: nothing to do"
+    );
+    index.evict(5);
+    let gauges = index.gauges()[0].string;
+    assert!(gauges.units <= 5, "{gauges:?}");
+    assert_eq!(index.lookup_text(NS, "other").matched_len, 5);
+}
+
+#[test]
+fn mru_keeps_eight_most_recent_and_refills_after_removal() {
+    let mut index = writer(16);
+    for worker in 0..10u16 {
+        index
+            .insert_text(NS, "prompt", WorkerId(worker), u64::from(worker))
+            .expect("insert");
+    }
+    let found = index.lookup_text(NS, "prompt");
+    let expect: Vec<WorkerId> = (2..10u16).rev().map(WorkerId).collect();
+    assert_eq!(found.tenants(), expect.as_slice());
+    index.remove_worker(WorkerId(9));
+    let found = index.lookup_text(NS, "prompt");
+    let expect: Vec<WorkerId> = (1..9u16).rev().map(WorkerId).collect();
+    assert_eq!(found.tenants(), expect.as_slice());
+}
+
+#[test]
+fn stalled_reader_delays_reclamation_only() {
+    let mut index = writer(16);
+    let mut reader = index.reader().expect("reader");
+    index
+        .insert_text(NS, "abcdef", WorkerId(1), 1)
+        .expect("insert");
+    {
+        let guard = reader.guard();
+        assert_eq!(guard.lookup_text(NS, "abc").matched_len, 3);
+        index.remove_worker(WorkerId(1));
+        assert!(
+            index.pending_reclaim() > 0,
+            "the guard holds the retired nodes"
+        );
+        assert_eq!(
+            guard.lookup_text(NS, "abcdef").matched_len,
+            0,
+            "new lookups see the purge"
+        );
+    }
+    reader.quiesce();
+    index.reclaim();
+    assert_eq!(index.pending_reclaim(), 0);
+    reader.go_offline();
+    index
+        .insert_text(NS, "abcdef", WorkerId(1), 2)
+        .expect("insert");
+    index.remove_worker(WorkerId(1));
+    assert_eq!(
+        index.pending_reclaim(),
+        0,
+        "an offline reader does not delay reclamation"
+    );
+}
+
+#[test]
+fn errors_are_typed() {
+    assert_eq!(
+        IndexWriter::new(IndexConfig { block_size: 0 }).err(),
+        Some(IndexError::BlockSizeZero)
+    );
+    let mut index = writer(16);
+    let err = index.insert_text(NS, "x", WorkerId(60_000), 1);
+    assert_eq!(err, Err(IndexError::WorkerOutOfRange(WorkerId(60_000))));
+    let readers: Vec<IndexReader> = (0..READERS_MAX)
+        .map_while(|_| index.reader().ok())
+        .collect();
+    assert_eq!(readers.len(), READERS_MAX);
+    assert_eq!(index.reader().err(), Some(IndexError::ReadersExhausted));
+}

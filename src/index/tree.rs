@@ -1,0 +1,928 @@
+//! One tree kind (string or token): the published part readers walk (`SharedTree`) and the single
+//! writer's private bookkeeping (`TreeWriter`): node metadata, tenant entries with their recency
+//! lists, per-model budgets, the namespace map and the retired-memory list.
+//!
+//! Every write builds the new state off to the side and publishes it with one `Release` store of
+//! a child table (copy-on-write), so a reader always sees either the old or the new path, never a
+//! torn one. A split keeps the lower node (its label allocation still holds the split-off part,
+//! so a reader arriving through a stale parent table still compares the right elements).
+
+use std::collections::HashMap;
+
+use super::entries::{Chain, Entries, Entry, List, NIL};
+use super::keys::{common_prefix, Keying};
+use super::raw::{
+    ChildEntry, Domain, Element, FreshNode, Guard, Node, NsTable, NsTablePtr, RetireList, Slab,
+    WriterToken, MRU_LEN, NODES_MAX,
+};
+use super::{Evicted, IndexError, Namespace};
+use crate::workers::{WorkerId, WORKERS_MAX};
+
+/// The most elements of a key the index keeps: 64 Mi, above any accepted request body, so a
+/// longer key is only a corrupt caller; it is cut to this length.
+pub const KEY_ELEMENTS_MAX: usize = 1 << 26;
+/// The most live namespaces per tree kind: each holds at least one unit of budget, so a budget
+/// of `--max-tree-size` per model keeps far fewer; the bound stops a table rebuild loop.
+pub const NAMESPACES_MAX: usize = 1 << 22;
+/// The most distinct models per tree kind (each keeps a small recency-list header forever).
+pub const MODELS_MAX: usize = 1 << 16;
+/// Slots of the first namespace table; it doubles (rebuilt off to the side) at half load.
+const NS_CAPACITY_MIN: usize = 64;
+/// Child tables up to this many entries are searched linearly; larger ones by bisection.
+const CHILDREN_LINEAR_MAX: usize = 8;
+
+/// The published part of one tree kind.
+#[derive(Debug)]
+pub struct SharedTree<E: Element> {
+    /// Node storage.
+    pub slab: Slab<E>,
+    /// Namespace → root node.
+    pub namespaces: NsTablePtr,
+}
+
+impl<E: Element> Default for SharedTree<E> {
+    fn default() -> Self {
+        Self {
+            slab: Slab::default(),
+            namespaces: NsTablePtr::new(NS_CAPACITY_MIN),
+        }
+    }
+}
+
+/// A well-mixed hash of a namespace (the slot of its namespace-table probe).
+pub fn ns_hash(ns: Namespace) -> u64 {
+    let mut x = ns.model ^ ns.partition.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The end of a walk: elements matched and the deepest node reached (borrowed from the guard).
+#[derive(Debug)]
+pub struct Walk<'g, E: Element> {
+    /// Matched elements, at a unit boundary.
+    pub matched: usize,
+    /// The deepest matched node (partly matched when the match ends inside its edge).
+    pub node: Option<&'g Node<E>>,
+}
+
+fn first_with_key(table: &[ChildEntry], key: u64) -> usize {
+    if table.len() <= CHILDREN_LINEAR_MAX {
+        table
+            .iter()
+            .position(|entry| entry.key >= key)
+            .unwrap_or(table.len())
+    } else {
+        table.partition_point(|entry| entry.key < key)
+    }
+}
+
+impl<E: Element> SharedTree<E> {
+    /// Walks `query` down namespace `ns`: no lock, no allocation, no shared write.
+    pub fn walk<'g, K: Keying<E = E>>(
+        &'g self,
+        keys: &K,
+        guard: &'g Guard<'_>,
+        ns: Namespace,
+        query: &[E],
+    ) -> Walk<'g, E> {
+        let mut walk = Walk {
+            matched: 0,
+            node: None,
+        };
+        let table = self.namespaces.load(guard);
+        let Some(root) = table.find(ns.model, ns.partition, ns_hash(ns)) else {
+            return walk;
+        };
+        let Some(mut node) = self.slab.get(root, guard) else {
+            return walk;
+        };
+        'down: while let Some(edge_key) = keys.edge_key(&query[walk.matched..]) {
+            let rest = &query[walk.matched..];
+            let children = node.children(guard);
+            let from = first_with_key(children, edge_key);
+            for entry in children[from..]
+                .iter()
+                .take_while(|entry| entry.key == edge_key)
+            {
+                let Some(child) = self.slab.get(entry.node, guard) else {
+                    continue;
+                };
+                let Some(label) = child.label_from(walk.matched as u32, guard) else {
+                    continue;
+                };
+                let common = keys.floor(rest, common_prefix(label, rest));
+                if common == 0 {
+                    continue;
+                }
+                walk.node = Some(child);
+                walk.matched += common;
+                if common < label.len() {
+                    break 'down;
+                }
+                node = child;
+                continue 'down;
+            }
+            break;
+        }
+        walk
+    }
+}
+
+/// What one writer operation needs from the shared state.
+#[derive(Debug)]
+pub struct WriteCtx<'a, E: Element> {
+    /// The published tree.
+    pub tree: &'a SharedTree<E>,
+    /// The reclamation domain.
+    pub domain: &'a Domain,
+    /// The writer's capability.
+    pub token: &'a WriterToken,
+}
+
+/// The writer's private view of one node.
+#[derive(Debug, Default)]
+struct Meta {
+    /// Parent node (0 for a root or a free slot).
+    parent: u32,
+    /// Units on this node's edge (what each tenant entry costs the budget).
+    units: u64,
+    /// Model slot of the node's tree.
+    model: u32,
+    /// Tenants sorted by worker, with their entry ids.
+    tenants: Vec<(WorkerId, u32)>,
+    /// The published tenant list, most recent first.
+    mru: [u16; MRU_LEN],
+    mru_len: u8,
+}
+
+impl Meta {
+    fn mru(&self) -> &[u16] {
+        &self.mru[..usize::from(self.mru_len)]
+    }
+}
+
+/// One model's budget state in one tree kind.
+#[derive(Debug)]
+struct ModelState {
+    id: u64,
+    lru: List,
+    units: u64,
+    entries: u64,
+    worker_entries: HashMap<WorkerId, u64>,
+}
+
+/// Gauges of one model in one tree kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KindGauges {
+    /// Units held, counted once per holding worker (characters or tokens).
+    pub units: u64,
+    /// (node, worker) entries.
+    pub entries: u64,
+    /// Distinct workers holding anything.
+    pub tenants: u64,
+}
+
+/// Memory of one tree kind, counted in its own arenas.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KindMemory {
+    /// Live nodes.
+    pub nodes: u64,
+    /// Bytes of allocated slab segments (high-water mark).
+    pub slab_bytes: u64,
+    /// Bytes of live label allocations.
+    pub label_bytes: u64,
+    /// Bytes of live child tables.
+    pub table_bytes: u64,
+    /// Bytes of the writer's node metadata, tenant lists and entries.
+    pub writer_bytes: u64,
+    /// Items waiting for a grace period.
+    pub pending_reclaim: u64,
+}
+
+impl KindMemory {
+    /// All bytes counted.
+    pub fn total_bytes(&self) -> u64 {
+        self.slab_bytes + self.label_bytes + self.table_bytes + self.writer_bytes
+    }
+}
+
+/// The single writer's state of one tree kind.
+#[derive(Debug)]
+pub struct TreeWriter<K: Keying> {
+    keys: K,
+    meta: Vec<Meta>,
+    free_ids: Vec<u32>,
+    next_id: u32,
+    retired: RetireList,
+    namespaces: HashMap<Namespace, u32>,
+    root_ns: HashMap<u32, Namespace>,
+    ns_slots_used: usize,
+    ns_capacity: usize,
+    models: Vec<ModelState>,
+    model_slots: HashMap<u64, u32>,
+    entries: Entries,
+    workers: Vec<List>,
+    last_tick: u64,
+    path: Vec<u32>,
+    nodes_live: u64,
+    label_elements: u64,
+    table_entries: u64,
+}
+
+impl<K: Keying> TreeWriter<K> {
+    /// An empty writer with these unit rules.
+    pub fn new(keys: K) -> Self {
+        Self {
+            keys,
+            meta: Vec::new(),
+            free_ids: Vec::new(),
+            next_id: 1,
+            retired: RetireList::default(),
+            namespaces: HashMap::new(),
+            root_ns: HashMap::new(),
+            ns_slots_used: 0,
+            ns_capacity: NS_CAPACITY_MIN,
+            models: Vec::new(),
+            model_slots: HashMap::new(),
+            entries: Entries::default(),
+            workers: vec![List::default(); WORKERS_MAX],
+            last_tick: 0,
+            path: Vec::new(),
+            nodes_live: 0,
+            label_elements: 0,
+            table_entries: 0,
+        }
+    }
+
+    /// Records that `worker` was sent `key` in namespace `ns` at `tick`.
+    pub fn insert(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        ns: Namespace,
+        key: &[K::E],
+        worker: WorkerId,
+        tick: u64,
+    ) -> Result<(), IndexError> {
+        if worker.index() >= WORKERS_MAX {
+            return Err(IndexError::WorkerOutOfRange(worker));
+        }
+        let capped = &key[..self.keys.floor(key, KEY_ELEMENTS_MAX)];
+        let key = self.keys.trim(capped);
+        if key.is_empty() {
+            return Ok(());
+        }
+        self.last_tick = self.last_tick.max(tick);
+        let tick = self.last_tick;
+        let root = self.root_for(ctx, ns)?;
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let built = self.insert_path(ctx, root, key, &mut path);
+        // Deepest first: an ancestor's entry stays more recent than its descendants'.
+        for id in path.iter().rev() {
+            self.touch(ctx, *id, worker, tick);
+        }
+        self.path = path;
+        built
+    }
+
+    fn insert_path(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        root: u32,
+        key: &[K::E],
+        path: &mut Vec<u32>,
+    ) -> Result<(), IndexError> {
+        let guard = ctx.token.guard();
+        let (mut node, mut depth) = (root, 0usize);
+        while let Some(edge_key) = self.keys.edge_key(&key[depth..]) {
+            let rest = &key[depth..];
+            match self.find_child(ctx, &guard, node, edge_key, rest, depth) {
+                None => {
+                    let leaf = self.new_leaf(ctx, node, rest, depth)?;
+                    self.add_child(ctx, node, edge_key, leaf);
+                    path.push(leaf);
+                    return Ok(());
+                }
+                Some((child, common, label_len)) => {
+                    let next = if common == label_len {
+                        child
+                    } else {
+                        self.split(ctx, node, child, depth, common)?
+                    };
+                    path.push(next);
+                    node = next;
+                    depth += common;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The child of `node` whose edge shares at least one unit with `rest`, with the shared
+    /// length and its label length.
+    fn find_child(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        guard: &Guard<'_>,
+        node: u32,
+        edge_key: u64,
+        rest: &[K::E],
+        depth: usize,
+    ) -> Option<(u32, usize, usize)> {
+        let children = ctx.tree.slab.get(node, guard)?.children(guard);
+        let from = first_with_key(children, edge_key);
+        for entry in children[from..]
+            .iter()
+            .take_while(|entry| entry.key == edge_key)
+        {
+            let child = ctx.tree.slab.get(entry.node, guard)?;
+            let label = child.label_from(depth as u32, guard)?;
+            let common = self.keys.floor(rest, common_prefix(label, rest));
+            if common > 0 {
+                return Some((entry.node, common, label.len()));
+            }
+        }
+        None
+    }
+
+    fn alloc_node<'a>(
+        &mut self,
+        ctx: &WriteCtx<'a, K::E>,
+    ) -> Result<FreshNode<'a, K::E>, IndexError> {
+        let id = match self.free_ids.pop() {
+            Some(id) => id,
+            None if self.next_id < NODES_MAX => {
+                self.next_id += 1;
+                self.next_id - 1
+            }
+            None => return Err(IndexError::NodesExhausted),
+        };
+        let fresh = ctx
+            .tree
+            .slab
+            .fresh(id, ctx.token)
+            .ok_or(IndexError::NodesExhausted)?;
+        if self.meta.len() <= id as usize {
+            self.meta.resize_with(id as usize + 1, Meta::default);
+        }
+        self.nodes_live += 1;
+        Ok(fresh)
+    }
+
+    fn init_node(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        fresh: &FreshNode<'_, K::E>,
+        label: Vec<K::E>,
+        depth_end: usize,
+        meta: Meta,
+    ) {
+        self.label_elements += label.len() as u64;
+        fresh.init(label, depth_end as u32, meta.mru(), ctx.token);
+        self.meta[fresh.id() as usize] = meta;
+    }
+
+    fn new_leaf(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        parent: u32,
+        rest: &[K::E],
+        depth: usize,
+    ) -> Result<u32, IndexError> {
+        let fresh = self.alloc_node(ctx)?;
+        let model = self.meta[parent as usize].model;
+        let meta = Meta {
+            parent,
+            units: self.keys.units(rest),
+            model,
+            ..Meta::default()
+        };
+        self.init_node(ctx, &fresh, rest.to_vec(), depth + rest.len(), meta);
+        Ok(fresh.id())
+    }
+
+    /// Publishes `entries` as `node`'s child table and retires the old one.
+    fn publish_children(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32, entries: &[ChildEntry]) {
+        let guard = ctx.token.guard();
+        let Some(shared) = ctx.tree.slab.get(node, &guard) else {
+            return;
+        };
+        self.table_entries -= shared.children(&guard).len() as u64;
+        self.table_entries += entries.len() as u64;
+        let old = shared.publish_children(entries, ctx.token);
+        self.retired.table(ctx.domain, old);
+    }
+
+    fn child_table(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Vec<ChildEntry> {
+        let guard = ctx.token.guard();
+        ctx.tree
+            .slab
+            .get(node, &guard)
+            .map(|n| n.children(&guard).to_vec())
+            .unwrap_or_default()
+    }
+
+    fn add_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, key: u64, child: u32) {
+        let mut table = self.child_table(ctx, parent);
+        let at = table.partition_point(|entry| entry.key <= key);
+        table.insert(at, ChildEntry { key, node: child });
+        self.publish_children(ctx, parent, &table);
+    }
+
+    fn replace_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, old: u32, new: u32) {
+        let mut table = self.child_table(ctx, parent);
+        for entry in table.iter_mut().filter(|entry| entry.node == old) {
+            entry.node = new;
+        }
+        self.publish_children(ctx, parent, &table);
+    }
+
+    fn remove_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, child: u32) {
+        let mut table = self.child_table(ctx, parent);
+        table.retain(|entry| entry.node != child);
+        self.publish_children(ctx, parent, &table);
+    }
+
+    /// Splits `child` (under `parent`, whose edge starts at `depth`) after `common` elements:
+    /// a new middle node takes the first part; `child` keeps its id, tenants and subtree.
+    fn split(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        parent: u32,
+        child: u32,
+        depth: usize,
+        common: usize,
+    ) -> Result<u32, IndexError> {
+        let guard = ctx.token.guard();
+        let shared = ctx
+            .tree
+            .slab
+            .get(child, &guard)
+            .ok_or(IndexError::NodesExhausted)?;
+        let label = shared
+            .label_from(depth as u32, &guard)
+            .ok_or(IndexError::NodesExhausted)?;
+        let lower_key = self
+            .keys
+            .edge_key(&label[common..])
+            .ok_or(IndexError::NodesExhausted)?;
+        let fresh = self.alloc_node(ctx)?;
+        let mid = fresh.id();
+        let lower = &self.meta[child as usize];
+        let units = self.keys.units(&label[..common]);
+        let (model, mru, mru_len) = (lower.model, lower.mru, lower.mru_len);
+        let meta = Meta {
+            parent,
+            units,
+            model,
+            tenants: Vec::new(),
+            mru,
+            mru_len,
+        };
+        self.init_node(ctx, &fresh, label[..common].to_vec(), depth + common, meta);
+        fresh.init_children(
+            &[ChildEntry {
+                key: lower_key,
+                node: child,
+            }],
+            ctx.token,
+        );
+        self.table_entries += 1;
+        let mut tenants = Vec::with_capacity(self.meta[child as usize].tenants.len());
+        for i in 0..self.meta[child as usize].tenants.len() {
+            let (worker, below) = self.meta[child as usize].tenants[i];
+            let tick = self.entries.get(below).tick;
+            let id = self.entries.alloc(Entry::new(mid, worker, model, tick));
+            let state = &mut self.models[model as usize];
+            self.entries
+                .insert_after(&mut state.lru, Chain::Model, below, id);
+            let list = &mut self.workers[worker.index()];
+            self.entries.insert_after(list, Chain::Worker, below, id);
+            state.entries += 1;
+            *state.worker_entries.entry(worker).or_default() += 1;
+            tenants.push((worker, id));
+        }
+        self.meta[mid as usize].tenants = tenants;
+        let lower = &mut self.meta[child as usize];
+        lower.parent = mid;
+        lower.units -= units;
+        self.replace_child(ctx, parent, child, mid);
+        Ok(mid)
+    }
+
+    /// Marks `worker` as the most recent holder of `node`.
+    fn touch(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32, worker: WorkerId, tick: u64) {
+        let meta = &mut self.meta[node as usize];
+        let model = meta.model as usize;
+        match meta
+            .tenants
+            .binary_search_by_key(&worker, |tenant| tenant.0)
+        {
+            Ok(at) => {
+                let id = meta.tenants[at].1;
+                self.entries.get_mut(id).tick = tick;
+                self.entries
+                    .move_to_back(&mut self.models[model].lru, Chain::Model, id);
+                let list = &mut self.workers[worker.index()];
+                self.entries.move_to_back(list, Chain::Worker, id);
+            }
+            Err(at) => {
+                let id = self
+                    .entries
+                    .alloc(Entry::new(node, worker, model as u32, tick));
+                meta.tenants.insert(at, (worker, id));
+                let state = &mut self.models[model];
+                state.units += meta.units;
+                state.entries += 1;
+                *state.worker_entries.entry(worker).or_default() += 1;
+                self.entries.push_back(&mut state.lru, Chain::Model, id);
+                self.entries
+                    .push_back(&mut self.workers[worker.index()], Chain::Worker, id);
+            }
+        }
+        if meta.mru().first() != Some(&worker.0) {
+            let len = usize::from(meta.mru_len);
+            let end = meta
+                .mru()
+                .iter()
+                .position(|id| *id == worker.0)
+                .unwrap_or(len.min(MRU_LEN - 1));
+            meta.mru.copy_within(0..end, 1);
+            meta.mru[0] = worker.0;
+            meta.mru_len = meta.mru_len.max((end + 1) as u8);
+            self.publish_mru(ctx, node);
+        }
+    }
+
+    fn publish_mru(&self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(node, &guard) {
+            shared.set_tenants(self.meta[node as usize].mru(), ctx.token);
+        }
+    }
+
+    /// Recomputes `node`'s published tenants after `worker` left it.
+    fn refresh_mru(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32, worker: WorkerId) {
+        let meta = &mut self.meta[node as usize];
+        let Some(at) = meta.mru().iter().position(|id| *id == worker.0) else {
+            return;
+        };
+        if meta.tenants.len() < MRU_LEN {
+            meta.mru.copy_within(at + 1.., at);
+            meta.mru_len -= 1;
+        } else {
+            let mut ranked: Vec<(u64, u16)> = meta
+                .tenants
+                .iter()
+                .map(|(worker, id)| (self.entries.get(*id).tick, worker.0))
+                .collect();
+            ranked.sort_unstable_by(|a, b| b.cmp(a));
+            for (slot, (_, id)) in meta.mru.iter_mut().zip(&ranked) {
+                *slot = *id;
+            }
+            meta.mru_len = ranked.len().min(MRU_LEN) as u8;
+        }
+        self.publish_mru(ctx, node);
+    }
+
+    /// Removes entry `id` (a leaf for its worker), then removes or merges what it leaves.
+    fn remove_entry(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        id: u32,
+        report: &mut Option<&mut dyn FnMut(Evicted)>,
+    ) -> u64 {
+        let Entry {
+            node,
+            worker,
+            model,
+            ..
+        } = *self.entries.get(id);
+        if let Some(report) = report.as_mut() {
+            report(self.evicted(ctx, node, worker));
+        }
+        self.drop_entry(id);
+        let units = self.meta[node as usize].units;
+        self.models[model as usize].units -= units;
+        let meta = &mut self.meta[node as usize];
+        if let Ok(at) = meta
+            .tenants
+            .binary_search_by_key(&worker, |tenant| tenant.0)
+        {
+            meta.tenants.remove(at);
+        }
+        self.refresh_mru(ctx, node, worker);
+        if self.meta[node as usize].tenants.is_empty() {
+            self.remove_node(ctx, node);
+        } else {
+            self.try_merge(ctx, node);
+        }
+        units
+    }
+
+    /// Unlinks and frees an entry, keeping the model's counts (not its units) in step.
+    fn drop_entry(&mut self, id: u32) {
+        let Entry { worker, model, .. } = *self.entries.get(id);
+        let state = &mut self.models[model as usize];
+        self.entries.unlink(&mut state.lru, Chain::Model, id);
+        self.entries
+            .unlink(&mut self.workers[worker.index()], Chain::Worker, id);
+        self.entries.release(id);
+        state.entries -= 1;
+        if let Some(count) = state.worker_entries.get_mut(&worker) {
+            *count -= 1;
+            if *count == 0 {
+                state.worker_entries.remove(&worker);
+            }
+        }
+    }
+
+    fn retire_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(node, &guard) {
+            self.label_elements -= u64::from(shared.label_capacity());
+        }
+        self.retired.node(ctx.domain, node);
+        self.meta[node as usize] = Meta::default();
+        self.nodes_live -= 1;
+    }
+
+    /// Removes a node left without tenants (hence without children) and tidies its parent.
+    fn remove_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        debug_assert!(
+            self.child_table(ctx, node).is_empty(),
+            "a node without tenants is a leaf"
+        );
+        let parent = self.meta[node as usize].parent;
+        self.remove_child(ctx, parent, node);
+        self.retire_node(ctx, node);
+        if self.root_ns.contains_key(&parent) {
+            if self.child_table(ctx, parent).is_empty() {
+                self.remove_namespace(ctx, parent);
+            }
+        } else {
+            self.try_merge(ctx, parent);
+        }
+    }
+
+    /// Merges `node` with its only child when both have the same tenants (nothing would tell
+    /// them apart), so churn never leaves chains of one-child nodes behind.
+    fn try_merge(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        if self.root_ns.contains_key(&node) {
+            return;
+        }
+        let table = self.child_table(ctx, node);
+        let [only] = table.as_slice() else { return };
+        let tenants = self.meta[node as usize].tenants.len();
+        if self.meta[only.node as usize].tenants.len() == tenants {
+            self.merge(ctx, node, only.node);
+        }
+    }
+
+    fn merge(&mut self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32) {
+        let guard = ctx.token.guard();
+        let parent = self.meta[upper as usize].parent;
+        let slab = &ctx.tree.slab;
+        let (Some(parent_node), Some(up), Some(low)) = (
+            slab.get(parent, &guard),
+            slab.get(upper, &guard),
+            slab.get(lower, &guard),
+        ) else {
+            return;
+        };
+        let (Some(up_label), Some(low_label)) = (
+            up.label_from(parent_node.depth_end(), &guard),
+            low.label_from(up.depth_end(), &guard),
+        ) else {
+            return;
+        };
+        let Ok(fresh) = self.alloc_node(ctx) else {
+            return;
+        };
+        let heir = fresh.id();
+        let label = [up_label, low_label].concat();
+        let mut meta = std::mem::take(&mut self.meta[upper as usize]);
+        meta.units += self.meta[lower as usize].units;
+        let children = low.children(&guard);
+        self.init_node(ctx, &fresh, label, low.depth_end() as usize, meta);
+        low.lend_children_to(&fresh, ctx.token);
+        for (_, id) in &self.meta[heir as usize].tenants {
+            self.entries.get_mut(*id).node = heir;
+        }
+        for (_, id) in std::mem::take(&mut self.meta[lower as usize].tenants) {
+            self.drop_entry(id);
+        }
+        for child in children {
+            self.meta[child.node as usize].parent = heir;
+        }
+        self.replace_child(ctx, parent, upper, heir);
+        self.table_entries -= up.children(&guard).len() as u64;
+        self.retired
+            .table(ctx.domain, up.retire_children_in_place(ctx.token));
+        self.retire_node(ctx, upper);
+        self.retire_node(ctx, lower);
+    }
+
+    fn model_slot(&mut self, model: u64) -> Result<u32, IndexError> {
+        if let Some(slot) = self.model_slots.get(&model) {
+            return Ok(*slot);
+        }
+        if self.models.len() >= MODELS_MAX {
+            return Err(IndexError::ModelsExhausted);
+        }
+        let slot = self.models.len() as u32;
+        self.models.push(ModelState {
+            id: model,
+            lru: List::default(),
+            units: 0,
+            entries: 0,
+            worker_entries: HashMap::new(),
+        });
+        self.model_slots.insert(model, slot);
+        Ok(slot)
+    }
+
+    fn root_for(&mut self, ctx: &WriteCtx<'_, K::E>, ns: Namespace) -> Result<u32, IndexError> {
+        if let Some(root) = self.namespaces.get(&ns) {
+            return Ok(*root);
+        }
+        if self.namespaces.len() >= NAMESPACES_MAX {
+            return Err(IndexError::NamespacesExhausted);
+        }
+        let model = self.model_slot(ns.model)?;
+        if (self.ns_slots_used + 1) * 2 > self.ns_capacity {
+            self.rebuild_namespaces(ctx);
+        }
+        let fresh = self.alloc_node(ctx)?;
+        let root = fresh.id();
+        self.init_node(
+            ctx,
+            &fresh,
+            Vec::new(),
+            0,
+            Meta {
+                model,
+                ..Meta::default()
+            },
+        );
+        let guard = ctx.token.guard();
+        let table = ctx.tree.namespaces.load(&guard);
+        if !table.insert(ns.model, ns.partition, ns_hash(ns), root, ctx.token) {
+            return Err(IndexError::NamespacesExhausted);
+        }
+        self.ns_slots_used += 1;
+        self.namespaces.insert(ns, root);
+        self.root_ns.insert(root, ns);
+        Ok(root)
+    }
+
+    /// Builds a table without tombstones, sized for growth, and publishes it.
+    fn rebuild_namespaces(&mut self, ctx: &WriteCtx<'_, K::E>) {
+        let capacity = ((self.namespaces.len() + 1) * 4)
+            .next_power_of_two()
+            .max(NS_CAPACITY_MIN);
+        let table = NsTable::with_capacity(capacity);
+        for (ns, root) in &self.namespaces {
+            table.insert(ns.model, ns.partition, ns_hash(*ns), *root, ctx.token);
+        }
+        let old = ctx.tree.namespaces.publish(table, ctx.token);
+        self.retired.ns_table(ctx.domain, old);
+        self.ns_slots_used = self.namespaces.len();
+        self.ns_capacity = capacity;
+    }
+
+    fn remove_namespace(&mut self, ctx: &WriteCtx<'_, K::E>, root: u32) {
+        let Some(ns) = self.root_ns.remove(&root) else {
+            return;
+        };
+        self.namespaces.remove(&ns);
+        let guard = ctx.token.guard();
+        let table = ctx.tree.namespaces.load(&guard);
+        table.remove(ns.model, ns.partition, ns_hash(ns), ctx.token);
+        self.retire_node(ctx, root);
+    }
+
+    /// Evicts least-recently-used leaf entries of every model over `budget` units until it is
+    /// back within budget. Returns (entries, units) evicted.
+    pub fn evict(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        budget: u64,
+        report: &mut Option<&mut dyn FnMut(Evicted)>,
+    ) -> (u64, u64) {
+        let (mut entries, mut units) = (0, 0);
+        for slot in 0..self.models.len() {
+            while self.models[slot].units > budget && self.models[slot].lru.head != NIL {
+                units += self.remove_entry(ctx, self.models[slot].lru.head, report);
+                entries += 1;
+            }
+        }
+        (entries, units)
+    }
+
+    /// Removes `worker` from every tree of this kind; returns the entries removed.
+    pub fn remove_worker(&mut self, ctx: &WriteCtx<'_, K::E>, worker: WorkerId) -> u64 {
+        let mut removed = 0;
+        while let Some(head) = self.workers.get(worker.index()).map(|list| list.head) {
+            if head == NIL {
+                break;
+            }
+            self.remove_entry(ctx, head, &mut None);
+            removed += 1;
+        }
+        removed
+    }
+
+    /// Frees what every reader has passed; returns the items freed.
+    pub fn reclaim(
+        &mut self,
+        tree: &SharedTree<K::E>,
+        domain: &Domain,
+        token: &mut WriterToken,
+    ) -> usize {
+        self.retired
+            .reclaim(domain, &tree.slab, token, &mut self.free_ids)
+    }
+
+    /// Items waiting for a grace period.
+    pub fn pending_reclaim(&self) -> usize {
+        self.retired.len()
+    }
+
+    /// Hands the retired list over (when the writer goes away before the readers).
+    pub fn take_retired(&mut self) -> RetireList {
+        std::mem::take(&mut self.retired)
+    }
+
+    /// Gauges of every model: (model id, gauges).
+    pub fn gauges(&self) -> impl Iterator<Item = (u64, KindGauges)> + '_ {
+        self.models.iter().map(|state| {
+            let tenants = state.worker_entries.len() as u64;
+            (
+                state.id,
+                KindGauges {
+                    units: state.units,
+                    entries: state.entries,
+                    tenants,
+                },
+            )
+        })
+    }
+
+    /// Memory counted in this kind's arenas.
+    pub fn memory(&self) -> KindMemory {
+        let element = std::mem::size_of::<K::E>() as u64;
+        let segment_nodes = 1u64 << 14;
+        let segments = u64::from(self.next_id).div_ceil(segment_nodes);
+        let tenant_vecs: usize = self
+            .meta
+            .iter()
+            .map(|meta| meta.tenants.capacity() * 8)
+            .sum();
+        let writer = self.meta.capacity() * std::mem::size_of::<Meta>()
+            + tenant_vecs
+            + self.entries.bytes()
+            + self.free_ids.capacity() * 4;
+        KindMemory {
+            nodes: self.nodes_live,
+            slab_bytes: segments * segment_nodes * std::mem::size_of::<Node<K::E>>() as u64,
+            label_bytes: self.label_elements * element,
+            table_bytes: (self.table_entries + self.nodes_live) * 16,
+            writer_bytes: writer as u64,
+            pending_reclaim: self.retired.len() as u64,
+        }
+    }
+
+    /// The report of an entry about to be evicted: its full key and where its node starts.
+    fn evicted(&self, ctx: &WriteCtx<'_, K::E>, node: u32, worker: WorkerId) -> Evicted {
+        let guard = ctx.token.guard();
+        let mut labels = Vec::new();
+        let mut at = node;
+        while at != 0 && !self.root_ns.contains_key(&at) {
+            let parent = self.meta[at as usize].parent;
+            let (Some(shared), Some(up)) = (
+                ctx.tree.slab.get(at, &guard),
+                ctx.tree.slab.get(parent, &guard),
+            ) else {
+                break;
+            };
+            labels.push(shared.label_from(up.depth_end(), &guard).unwrap_or(&[]));
+            at = parent;
+        }
+        let namespace = self.root_ns.get(&at).copied().unwrap_or_default();
+        let kept_len = labels.iter().skip(1).map(|label| label.len()).sum();
+        let key = labels
+            .iter()
+            .rev()
+            .flat_map(|label| label.iter().map(|e| e.widen()))
+            .collect();
+        Evicted {
+            kind: K::KIND,
+            namespace,
+            worker,
+            key,
+            kept_len,
+        }
+    }
+}

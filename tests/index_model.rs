@@ -1,0 +1,427 @@
+//! The index against a brute-force reference model, over random interleavings of insert, lookup,
+//! remove-worker and evict (proptest). The model keeps, per (tree, namespace, worker), the keys
+//! the worker holds with their last tick; a lookup scans every key. After every step the matched
+//! length, request length and tenant set of lookups, and the per-model gauges, must be identical.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use kvgate::index::{Evicted, IndexConfig, IndexWriter, Namespace, TreeKind, TreeMatch};
+use kvgate::workers::WorkerId;
+use proptest::prelude::*;
+
+const BLOCK_SIZE: usize = 2;
+/// At most this many workers, so every holder set fits in a lookup's eight tenants and sets
+/// compare exactly.
+const WORKERS: u16 = 6;
+const NAMESPACES: [Namespace; 3] = [
+    Namespace {
+        model: 1,
+        partition: 0,
+    },
+    Namespace {
+        model: 1,
+        partition: 7,
+    },
+    Namespace {
+        model: 2,
+        partition: 0,
+    },
+];
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert {
+        kind: TreeKind,
+        ns: usize,
+        worker: u16,
+        key: Vec<u32>,
+    },
+    Lookup {
+        kind: TreeKind,
+        ns: usize,
+        query: Vec<u32>,
+    },
+    RemoveWorker {
+        worker: u16,
+    },
+    Evict {
+        budget: u64,
+    },
+}
+
+/// Elements of a key: token ids, or indexes into `ALPHABET` for text.
+const ALPHABET: [char; 3] = ['a', 'b', 'é'];
+
+fn text_of(key: &[u32]) -> String {
+    key.iter()
+        .map(|i| ALPHABET[*i as usize % ALPHABET.len()])
+        .collect()
+}
+
+/// A key as the tree stores it: UTF-8 bytes, or tokens cut to whole pages.
+fn stored(kind: TreeKind, key: &[u32]) -> Vec<u32> {
+    match kind {
+        TreeKind::Text => text_of(key).bytes().map(u32::from).collect(),
+        TreeKind::Tokens => key[..key.len() - key.len() % BLOCK_SIZE].to_vec(),
+    }
+}
+
+fn floor(kind: TreeKind, elements: &[u32], pos: usize) -> usize {
+    let pos = pos.min(elements.len());
+    match kind {
+        TreeKind::Tokens => pos - pos % BLOCK_SIZE,
+        TreeKind::Text => (0..=pos)
+            .rev()
+            .find(|at| *at == elements.len() || elements[*at] & 0xc0 != 0x80)
+            .unwrap_or(0),
+    }
+}
+
+fn units(kind: TreeKind, elements: &[u32]) -> u64 {
+    match kind {
+        TreeKind::Tokens => elements.len() as u64,
+        TreeKind::Text => elements.iter().filter(|b| *b & 0xc0 != 0x80).count() as u64,
+    }
+}
+
+fn common(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// A prefix one worker holds in one namespace: (namespace index, worker, elements).
+type HeldPrefix = (usize, u16, Vec<u32>);
+
+/// (kind, namespace index, worker) → held keys (stored elements) → tick.
+#[derive(Default, Debug)]
+struct Model {
+    held: HashMap<(TreeKind, usize, u16), BTreeMap<Vec<u32>, u64>>,
+}
+
+impl Model {
+    fn insert(&mut self, kind: TreeKind, ns: usize, worker: u16, key: &[u32], tick: u64) {
+        let key = stored(kind, key);
+        if !key.is_empty() {
+            self.held
+                .entry((kind, ns, worker))
+                .or_default()
+                .insert(key, tick);
+        }
+    }
+
+    fn lookup(&self, kind: TreeKind, ns: usize, query: &[u32]) -> (u64, u64, BTreeSet<u16>) {
+        // The request length counts every token, the match only whole pages.
+        let request = query.len() as u64;
+        let query = stored(kind, query);
+        let mut best = 0;
+        let mut holders = BTreeSet::new();
+        for ((k, n, worker), keys) in &self.held {
+            if *k != kind || *n != ns {
+                continue;
+            }
+            for key in keys.keys() {
+                let matched = floor(kind, &query, common(key, &query));
+                if matched > best {
+                    best = matched;
+                    holders.clear();
+                }
+                if matched == best && matched > 0 {
+                    holders.insert(*worker);
+                }
+            }
+        }
+        let request = if kind == TreeKind::Tokens {
+            request
+        } else {
+            units(kind, &query)
+        };
+        (units(kind, &query[..best]), request, holders)
+    }
+
+    /// Units per (kind, model), counted once per holding worker: distinct held unit prefixes.
+    fn sizes(&self) -> BTreeMap<(TreeKind, u64), (u64, u64)> {
+        let mut prefixes: HashMap<(TreeKind, u64), BTreeSet<HeldPrefix>> = HashMap::new();
+        let mut workers: HashMap<(TreeKind, u64), BTreeSet<u16>> = HashMap::new();
+        for ((kind, ns, worker), keys) in &self.held {
+            let model = NAMESPACES[*ns].model;
+            for key in keys.keys() {
+                workers.entry((*kind, model)).or_default().insert(*worker);
+                for end in 1..=key.len() {
+                    if floor(*kind, key, end) == end {
+                        prefixes.entry((*kind, model)).or_default().insert((
+                            *ns,
+                            *worker,
+                            key[..end].to_vec(),
+                        ));
+                    }
+                }
+            }
+        }
+        prefixes
+            .into_iter()
+            .map(|(at, set)| {
+                // Each distinct prefix adds one unit: a character, or a page of tokens.
+                let unit = if at.0 == TreeKind::Tokens {
+                    BLOCK_SIZE as u64
+                } else {
+                    1
+                };
+                (
+                    at,
+                    (
+                        set.len() as u64 * unit,
+                        workers.get(&at).map_or(0, |w| w.len() as u64),
+                    ),
+                )
+            })
+            .filter(|(_, (units, _))| *units > 0)
+            .collect()
+    }
+
+    fn model_units(&self, kind: TreeKind, model: u64) -> u64 {
+        self.sizes()
+            .get(&(kind, model))
+            .map_or(0, |(units, _)| *units)
+    }
+
+    /// Applies one eviction report, checking it removed a leaf the worker really held.
+    fn evicted(&mut self, report: &Evicted) -> Result<(), TestCaseError> {
+        let ns = NAMESPACES
+            .iter()
+            .position(|n| *n == report.namespace)
+            .expect("known namespace");
+        let at = (report.kind, ns, report.worker.0);
+        let keys = self
+            .held
+            .get_mut(&at)
+            .ok_or_else(|| TestCaseError::fail("evicted from a worker holding nothing"))?;
+        let key = &report.key;
+        prop_assert!(report.kept_len < key.len());
+        let whole = keys.keys().any(|held| held.starts_with(key));
+        prop_assert!(whole, "the worker held the whole evicted node: {report:?}");
+        let touching: Vec<Vec<u32>> = keys
+            .keys()
+            .filter(|held| floor(report.kind, held, common(held, key)) > report.kept_len)
+            .cloned()
+            .collect();
+        for held in &touching {
+            prop_assert!(
+                key.starts_with(held),
+                "evicted a node that was not a leaf for its worker: {report:?}"
+            );
+            let tick = keys.remove(held).unwrap_or_default();
+            if report.kept_len > 0 {
+                let kept = keys.entry(key[..report.kept_len].to_vec()).or_default();
+                *kept = (*kept).max(tick);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn kind_strategy() -> impl Strategy<Value = TreeKind> {
+    prop_oneof![Just(TreeKind::Text), Just(TreeKind::Tokens)]
+}
+
+fn key_strategy() -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(0u32..3, 0..10)
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (kind_strategy(), 0..NAMESPACES.len(), 0..WORKERS, key_strategy())
+            .prop_map(|(kind, ns, worker, key)| Op::Insert { kind, ns, worker, key }),
+        3 => (kind_strategy(), 0..NAMESPACES.len(), key_strategy())
+            .prop_map(|(kind, ns, query)| Op::Lookup { kind, ns, query }),
+        1 => (0..WORKERS).prop_map(|worker| Op::RemoveWorker { worker }),
+        1 => (0u64..40).prop_map(|budget| Op::Evict { budget }),
+    ]
+}
+
+fn lookup(index: &IndexWriter, kind: TreeKind, ns: usize, key: &[u32]) -> TreeMatch {
+    match kind {
+        TreeKind::Text => index.lookup_text(NAMESPACES[ns], &text_of(key)),
+        TreeKind::Tokens => index.lookup_tokens(NAMESPACES[ns], key),
+    }
+}
+
+fn check_lookup(
+    index: &IndexWriter,
+    model: &Model,
+    kind: TreeKind,
+    ns: usize,
+    key: &[u32],
+) -> Result<(), TestCaseError> {
+    let found = lookup(index, kind, ns, key);
+    let (matched, request, holders) = model.lookup(kind, ns, key);
+    let tenants: BTreeSet<u16> = found.tenants().iter().map(|w| w.0).collect();
+    prop_assert_eq!(
+        u64::from(found.matched_len),
+        matched,
+        "matched {:?} {} {:?}",
+        kind,
+        ns,
+        key
+    );
+    prop_assert_eq!(u64::from(found.request_len), request);
+    prop_assert_eq!(tenants.len(), found.tenants().len(), "tenants are distinct");
+    prop_assert_eq!(tenants, holders, "tenants {:?} {} {:?}", kind, ns, key);
+    Ok(())
+}
+
+fn check_all(index: &IndexWriter, model: &Model) -> Result<(), TestCaseError> {
+    for ((kind, ns, _), keys) in &model.held {
+        for key in keys.keys() {
+            let query: Vec<u32> = match kind {
+                TreeKind::Tokens => key.clone(),
+                TreeKind::Text => {
+                    let text =
+                        String::from_utf8(key.iter().map(|b| *b as u8).collect()).expect("utf8");
+                    text.chars()
+                        .map(|c| ALPHABET.iter().position(|a| *a == c).unwrap_or(0) as u32)
+                        .collect()
+                }
+            };
+            check_lookup(index, model, *kind, *ns, &query)?;
+        }
+    }
+    let sizes = model.sizes();
+    for gauges in index.gauges() {
+        for (kind, tree) in [
+            (TreeKind::Text, gauges.string),
+            (TreeKind::Tokens, gauges.token),
+        ] {
+            let (units, tenants) = sizes.get(&(kind, gauges.model)).copied().unwrap_or((0, 0));
+            prop_assert_eq!(
+                (tree.units, tree.tenants),
+                (units, tenants),
+                "gauges of {:?} {}",
+                kind,
+                gauges.model
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut index = IndexWriter::new(IndexConfig {
+        block_size: BLOCK_SIZE as u32,
+    })
+    .expect("index");
+    let mut model = Model::default();
+    for (tick, op) in ops.into_iter().enumerate() {
+        let tick = tick as u64 + 1;
+        match op {
+            Op::Insert {
+                kind,
+                ns,
+                worker,
+                key,
+            } => {
+                let result = match kind {
+                    TreeKind::Text => {
+                        index.insert_text(NAMESPACES[ns], &text_of(&key), WorkerId(worker), tick)
+                    }
+                    TreeKind::Tokens => {
+                        index.insert_tokens(NAMESPACES[ns], &key, WorkerId(worker), tick)
+                    }
+                };
+                prop_assert!(result.is_ok());
+                model.insert(kind, ns, worker, &key, tick);
+            }
+            Op::Lookup { kind, ns, query } => check_lookup(&index, &model, kind, ns, &query)?,
+            Op::RemoveWorker { worker } => {
+                index.remove_worker(WorkerId(worker));
+                model.held.retain(|(_, _, w), _| *w != worker);
+            }
+            Op::Evict { budget } => evict(&mut index, &mut model, budget)?,
+        }
+        check_all(&index, &model)?;
+    }
+    Ok(())
+}
+
+fn evict(index: &mut IndexWriter, model: &mut Model, budget: u64) -> Result<(), TestCaseError> {
+    let mut failure = None;
+    let mut report = |evicted: Evicted| {
+        if failure.is_some() {
+            return;
+        }
+        let before = model.model_units(evicted.kind, evicted.namespace.model);
+        if before <= budget {
+            failure = Some(TestCaseError::fail(format!(
+                "evicted within budget: {evicted:?}"
+            )));
+        } else if let Err(error) = model.evicted(&evicted) {
+            failure = Some(error);
+        }
+    };
+    let mut observer: Option<&mut dyn FnMut(Evicted)> = Some(&mut report);
+    index.evict_observed(budget, &mut observer);
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    for ((_, model_id), (units, _)) in model.sizes() {
+        prop_assert!(units <= budget, "model {} still over budget", model_id);
+    }
+    Ok(())
+}
+
+proptest! {
+    // 48 cases keep the normal pass fast; PROPTEST_CASES=5000 for a long run.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn index_matches_the_reference_model(ops in prop::collection::vec(op_strategy(), 1..60)) {
+        run(ops)?;
+    }
+}
+
+#[test]
+fn splits_merges_and_eviction_on_a_fixed_sequence() {
+    let a = vec![0, 0, 1, 1, 2, 2];
+    let ops = vec![
+        Op::Insert {
+            kind: TreeKind::Text,
+            ns: 0,
+            worker: 1,
+            key: a.clone(),
+        },
+        Op::Insert {
+            kind: TreeKind::Text,
+            ns: 0,
+            worker: 2,
+            key: a[..3].to_vec(),
+        },
+        Op::Insert {
+            kind: TreeKind::Text,
+            ns: 0,
+            worker: 3,
+            key: vec![0, 0, 2],
+        },
+        Op::Insert {
+            kind: TreeKind::Tokens,
+            ns: 1,
+            worker: 1,
+            key: a.clone(),
+        },
+        Op::Insert {
+            kind: TreeKind::Tokens,
+            ns: 2,
+            worker: 4,
+            key: a.clone(),
+        },
+        Op::Evict { budget: 5 },
+        Op::RemoveWorker { worker: 2 },
+        Op::Lookup {
+            kind: TreeKind::Text,
+            ns: 0,
+            query: a.clone(),
+        },
+        Op::Evict { budget: 0 },
+    ];
+    run(ops).expect("fixed sequence");
+}

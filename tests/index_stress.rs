@@ -1,0 +1,303 @@
+//! Readers look up continuously while the writer churns (inserts, splits, merges, evictions,
+//! purges, reclamation). Every answer must be a prefix of a key that was inserted, held by a
+//! worker that was sent such a key. One reader also stalls inside a guard for a while: its
+//! lookups must stay valid and reclamation must wait for it.
+//!
+//! `stress_short` runs in the normal pass (seconds); `stress_long` is `#[ignore]`d. Set
+//! `INDEX_STRESS_SEED` to replay a seed; a failure prints its seed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate::index::{IndexConfig, IndexReader, IndexWriter, Namespace, TreeMatch};
+use kvgate::workers::WorkerId;
+
+const BLOCK_SIZE: usize = 4;
+const FAMILIES: usize = 6;
+const CONTINUATIONS: usize = 12;
+const NAMESPACES: [Namespace; 2] = [
+    Namespace {
+        model: 1,
+        partition: 0,
+    },
+    Namespace {
+        model: 1,
+        partition: 3,
+    },
+];
+/// Letters of the text keys, one of them two bytes long in UTF-8.
+const LETTERS: [char; 5] = ['a', 'b', 'c', 'ß', 'd'];
+
+/// The fixed universe of keys: families sharing a system prompt, each with continuations.
+struct Universe {
+    tokens: Vec<Vec<u32>>,
+    texts: Vec<String>,
+}
+
+impl Universe {
+    fn new(seed: u64) -> Self {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut tokens = Vec::new();
+        for _ in 0..FAMILIES {
+            let system: Vec<u32> = (0..rng.usize(8..200)).map(|_| rng.u32(0..6)).collect();
+            for _ in 0..CONTINUATIONS {
+                let mut key = system.clone();
+                key.extend((0..rng.usize(0..120)).map(|_| rng.u32(0..6)));
+                tokens.push(key);
+            }
+        }
+        let texts = tokens
+            .iter()
+            .map(|key| key.iter().map(|t| LETTERS[*t as usize % 5]).collect())
+            .collect();
+        Self { tokens, texts }
+    }
+
+    /// The only workers that are ever sent key `k`.
+    fn workers(k: usize) -> [u16; 3] {
+        [(k % 5) as u16, 5 + (k % 3) as u16, 8 + ((k / 3) % 4) as u16]
+    }
+
+    fn check_tokens(&self, query: &[u32], found: &TreeMatch) -> Result<(), String> {
+        let matched = found.matched_len as usize;
+        if matched % BLOCK_SIZE != 0
+            || matched > query.len()
+            || found.request_len as usize != query.len()
+        {
+            return Err(format!("bad lengths {found:?} for {} tokens", query.len()));
+        }
+        let holders = |k: usize| self.tokens[k].starts_with(&query[..matched]);
+        self.check_tenants(matched, found, holders)
+    }
+
+    fn check_text(&self, query: &str, found: &TreeMatch) -> Result<(), String> {
+        let matched = found.matched_len as usize;
+        let Some((end, _)) = query
+            .char_indices()
+            .nth(matched)
+            .or(Some((query.len(), ' ')))
+        else {
+            return Err("unreachable".into());
+        };
+        if matched > query.chars().count() || found.request_len as usize != query.chars().count() {
+            return Err(format!("bad lengths {found:?}"));
+        }
+        let holders = |k: usize| self.texts[k].starts_with(&query[..end]);
+        self.check_tenants(matched, found, holders)
+    }
+
+    fn check_tenants(
+        &self,
+        matched: usize,
+        found: &TreeMatch,
+        holds: impl Fn(usize) -> bool,
+    ) -> Result<(), String> {
+        let keys: Vec<usize> = (0..self.tokens.len()).filter(|k| holds(*k)).collect();
+        if matched > 0 && keys.is_empty() {
+            return Err(format!(
+                "matched {matched} units that no inserted key has: {found:?}"
+            ));
+        }
+        if matched == 0 && found.tenants_len > 0 {
+            return Err(format!("tenants without a match: {found:?}"));
+        }
+        let tenants = found.tenants();
+        for (i, tenant) in tenants.iter().enumerate() {
+            if tenants[..i].contains(tenant) {
+                return Err(format!("duplicate tenant {found:?}"));
+            }
+            if !keys
+                .iter()
+                .any(|k| Universe::workers(*k).contains(&tenant.0))
+            {
+                return Err(format!(
+                    "tenant {tenant:?} was never sent this prefix: {found:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A query: a universe key, cut short or with a changed tail.
+fn query_tokens(universe: &Universe, rng: &mut fastrand::Rng) -> Vec<u32> {
+    let mut query = universe.tokens[rng.usize(..universe.tokens.len())].clone();
+    query.truncate(rng.usize(0..=query.len()));
+    if rng.bool() && !query.is_empty() {
+        let at = rng.usize(..query.len());
+        query[at] = 99;
+    }
+    query
+}
+
+fn query_text(universe: &Universe, rng: &mut fastrand::Rng) -> String {
+    let key = &universe.texts[rng.usize(..universe.texts.len())];
+    let mut query: String = key
+        .chars()
+        .take(rng.usize(0..=key.chars().count()))
+        .collect();
+    if rng.bool() {
+        query.push('z');
+        query.push_str(&key.chars().take(7).collect::<String>());
+    }
+    query
+}
+
+fn reader_loop(
+    mut reader: IndexReader,
+    universe: Arc<Universe>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> Result<u64, String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut lookups = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..32 {
+            let ns = NAMESPACES[rng.usize(..NAMESPACES.len())];
+            let tokens = query_tokens(&universe, &mut rng);
+            universe.check_tokens(&tokens, &reader.lookup_tokens(ns, &tokens))?;
+            let text = query_text(&universe, &mut rng);
+            universe.check_text(&text, &reader.lookup_text(ns, &text))?;
+            lookups += 2;
+        }
+        reader.quiesce();
+    }
+    Ok(lookups)
+}
+
+/// Holds one guard across many writer steps, then checks its lookups are still valid.
+fn stalled_reader(
+    reader: IndexReader,
+    universe: Arc<Universe>,
+    stop: Arc<AtomicBool>,
+    seed: u64,
+) -> Result<u64, String> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let guard = reader.guard();
+    let mut lookups = 0;
+    let started = Instant::now();
+    while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_millis(300) {
+        let tokens = query_tokens(&universe, &mut rng);
+        universe.check_tokens(&tokens, &guard.lookup_tokens(NAMESPACES[0], &tokens))?;
+        lookups += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(lookups)
+}
+
+fn churn(
+    index: &mut IndexWriter,
+    universe: &Universe,
+    rng: &mut fastrand::Rng,
+    tick: u64,
+    budget: u64,
+) {
+    let k = rng.usize(..universe.tokens.len());
+    let ns = NAMESPACES[rng.usize(..NAMESPACES.len())];
+    let worker = WorkerId(Universe::workers(k)[rng.usize(..3)]);
+    match rng.u32(0..100) {
+        0..=79 => {
+            let len = rng.usize(0..=universe.tokens[k].len());
+            let inserted = if rng.bool() {
+                index.insert_tokens(ns, &universe.tokens[k][..len], worker, tick)
+            } else {
+                let text: String = universe.texts[k].chars().take(len).collect();
+                index.insert_text(ns, &text, worker, tick)
+            };
+            assert!(inserted.is_ok(), "insert: {inserted:?}");
+        }
+        80..=93 => {
+            index.evict(budget);
+        }
+        94..=95 => {
+            index.remove_worker(WorkerId(rng.u16(0..12)));
+        }
+        _ => {
+            index.reclaim();
+        }
+    }
+}
+
+fn stress(writer_ops: u64, readers: usize) {
+    let seed = std::env::var("INDEX_STRESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    eprintln!("index stress seed {seed} (INDEX_STRESS_SEED={seed} to replay)");
+    let universe = Arc::new(Universe::new(seed));
+    let mut index = IndexWriter::new(IndexConfig {
+        block_size: BLOCK_SIZE as u32,
+    })
+    .expect("index");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    for r in 0..readers {
+        let (reader, universe, stop) = (
+            index.reader().expect("reader"),
+            Arc::clone(&universe),
+            Arc::clone(&stop),
+        );
+        handles.push(std::thread::spawn(move || {
+            reader_loop(reader, universe, stop, seed ^ r as u64)
+        }));
+    }
+    let stalled = {
+        let (reader, universe, stop) = (
+            index.reader().expect("reader"),
+            Arc::clone(&universe),
+            Arc::clone(&stop),
+        );
+        std::thread::spawn(move || stalled_reader(reader, universe, stop, seed))
+    };
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let max_pending = AtomicU64::new(0);
+    for tick in 1..=writer_ops {
+        churn(&mut index, &universe, &mut rng, tick, 3_000);
+        if tick % 1024 == 0 {
+            max_pending.fetch_max(index.pending_reclaim() as u64, Ordering::Relaxed);
+            std::thread::yield_now();
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut lookups = 0;
+    for handle in handles {
+        lookups += handle
+            .join()
+            .expect("reader thread")
+            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    }
+    let stalled_lookups = stalled
+        .join()
+        .expect("stalled thread")
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    assert!(
+        lookups > 0 && stalled_lookups > 0,
+        "readers ran: {lookups} {stalled_lookups}"
+    );
+    index.evict(3_000);
+    for gauges in index.gauges() {
+        assert!(
+            gauges.string.units <= 3_000 && gauges.token.units <= 3_000,
+            "{gauges:?}"
+        );
+    }
+    index.reclaim();
+    assert_eq!(
+        index.pending_reclaim(),
+        0,
+        "every reader handle is gone: all retired memory freed"
+    );
+    eprintln!("{writer_ops} writer ops, {lookups} lookups, max pending {max_pending:?}");
+}
+
+#[test]
+fn stress_short() {
+    stress(20_000, 2);
+}
+
+#[test]
+#[ignore = "long stress run (about a minute); cargo test --release -- --ignored stress_long"]
+fn stress_long() {
+    stress(3_000_000, 3);
+}
