@@ -170,6 +170,9 @@ fn a_worker_failing_mid_stream_ends_the_stream_with_an_error_event_and_a_killed_
     let gw = Gateway::start(
         &urls,
         &[
+            // Identical prompts must reach both workers (cache_aware would stick to one).
+            "--policy",
+            "round_robin",
             "--health-check-interval-secs",
             "1",
             "--health-failure-threshold",
@@ -195,6 +198,7 @@ fn a_worker_failing_mid_stream_ends_the_stream_with_an_error_event_and_a_killed_
         saw_error_event,
         "round robin never reached the faulty worker"
     );
+    assert!(gw.metric_sum("kvgate_upstream_responses_cut_total") >= 1.0);
     drop(a); // kill worker A
     for _ in 0..10 {
         let r = gw.post("/v1/chat/completions", &chat("after the kill"));
@@ -208,6 +212,9 @@ fn a_hanging_worker_does_not_stall_the_others() {
     let gw = Gateway::start(
         &sim.urls(),
         &[
+            // Spread the concurrent requests over both workers whatever the policy's tie-breaking.
+            "--policy",
+            "round_robin",
             "--request-timeout-secs",
             "3",
             "--health-check-interval-secs",
