@@ -85,6 +85,12 @@ pub struct Cli {
     /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
     #[arg(long = "data-cores")]
     pub data_cores: Option<usize>,
+    /// Milliseconds a client has to finish a request head (and between body reads).
+    #[arg(long = "header-read-timeout-ms", hide = true, default_value_t = limits::HEADER_READ_TIMEOUT.as_millis() as u64)]
+    pub header_read_timeout_ms: u64,
+    /// Milliseconds an idle keep-alive client connection is kept.
+    #[arg(long = "client-idle-timeout-ms", hide = true, default_value_t = limits::CLIENT_IDLE_TIMEOUT.as_millis() as u64)]
+    pub client_idle_timeout_ms: u64,
     /// Health checks, circuit breaker, retries, overload protection, load monitoring, admin key.
     #[command(flatten)]
     pub worker_args: crate::workers::admin::WorkerArgs,
@@ -121,6 +127,10 @@ pub struct Config {
     pub request_timeout: Duration,
     /// Number of data cores.
     pub data_cores: usize,
+    /// Time to finish a request head, and the longest pause between request body reads.
+    pub header_read_timeout: Duration,
+    /// Time an idle keep-alive client connection is kept.
+    pub client_idle_timeout: Duration,
     /// Health, breaker, retry, overload, load-monitoring and admin settings.
     pub worker_policy: crate::workers::admin::WorkerConfig,
 }
@@ -195,11 +205,17 @@ impl Config {
                 return Err(config_error("--data-cores", message));
             }
         };
+        let header_read_timeout =
+            timeout_ms("--header-read-timeout-ms", cli.header_read_timeout_ms)?;
+        let client_idle_timeout =
+            timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
         let workers_config = cli
             .worker_args
             .validate()
             .map_err(|e| config_error(e.flag, e.reason))?;
         Ok(Config {
+            header_read_timeout,
+            client_idle_timeout,
             worker_policy: workers_config,
             listen_addr,
             prometheus_addr,
@@ -214,6 +230,14 @@ impl Config {
             data_cores,
         })
     }
+}
+
+fn timeout_ms(flag: &'static str, ms: u64) -> Result<Duration, ConfigError> {
+    let max_ms = limits::REQUEST_TIMEOUT_SECS_MAX * 1000;
+    if ms == 0 || ms > max_ms {
+        return Err(config_error(flag, format!("must be 1..={max_ms} ms")));
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 /// All cores but one (the control core), at least one.
@@ -322,6 +346,10 @@ mod tests {
             (&["--request-timeout-secs", "0"], "--request-timeout-secs"),
             (&["--data-cores", "0"], "--data-cores"),
             (&["--data-cores", "100000"], "--data-cores"),
+            (
+                &["--header-read-timeout-ms", "0"],
+                "--header-read-timeout-ms",
+            ),
             (&["--host", "no such host.invalid"], "--host"),
             (&["--cache-threshold", "2"], "--cache-threshold"),
             (&["--overlap-decay=-1"], "--overlap-decay"),

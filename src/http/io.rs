@@ -74,6 +74,11 @@ impl Socket {
         }
     }
 
+    /// The local address of the connection.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.stream.local_addr()
+    }
+
     /// Reads whatever arrives (at least one byte, or 0 at end of stream) and appends it to
     /// `buf`, first making room for at least `spare` more bytes.
     pub async fn read_more(

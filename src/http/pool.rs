@@ -94,6 +94,14 @@ impl UpstreamPool {
         });
     }
 
+    /// Closes every idle connection to `worker`: after one pooled socket turned out dead (an
+    /// engine restart), its siblings are most likely dead too.
+    pub fn clear_worker(&mut self, worker: WorkerId) {
+        if let Some(stack) = self.by_worker.get_mut(worker.index()) {
+            stack.clear();
+        }
+    }
+
     /// Closes connections idle past `UPSTREAM_IDLE_TIMEOUT`.
     pub fn sweep(&mut self, now: Instant) {
         for stack in &mut self.by_worker {
@@ -104,5 +112,90 @@ impl UpstreamPool {
     /// Idle connections held, over all workers.
     pub fn idle_count(&self) -> usize {
         self.by_worker.iter().map(Vec::len).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `body` with `count` fresh upstream connections to a local listener.
+    fn with_conns(count: usize, body: impl FnOnce(SocketAddr, Vec<UpstreamConn>)) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut runtime = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let mut conns = Vec::new();
+            for _ in 0..count {
+                conns.push(UpstreamConn::new(
+                    Socket::connect(addr).await.unwrap(),
+                    addr,
+                ));
+            }
+            body(addr, conns);
+        });
+    }
+
+    #[test]
+    fn most_recent_first_and_marked_reused() {
+        with_conns(2, |addr, mut conns| {
+            let mut pool = UpstreamPool::new();
+            let now = Instant::now();
+            let second = conns.pop().unwrap();
+            let first = conns.pop().unwrap();
+            let second_port = second.socket.local_addr().unwrap().port();
+            pool.put(WorkerId(3), first, now);
+            pool.put(WorkerId(3), second, now);
+            assert_eq!(pool.idle_count(), 2);
+            let taken = pool.take(WorkerId(3), addr, now).unwrap();
+            assert!(taken.reused);
+            let port = taken.socket.local_addr().unwrap().port();
+            assert_eq!(port, second_port, "the last one returned comes back first");
+            assert!(pool.take(WorkerId(2), addr, now).is_none());
+            assert_eq!(pool.idle_count(), 1);
+        });
+    }
+
+    #[test]
+    fn expired_and_foreign_connections_are_dropped() {
+        with_conns(2, |addr, mut conns| {
+            let mut pool = UpstreamPool::new();
+            let now = Instant::now();
+            pool.put(WorkerId(0), conns.pop().unwrap(), now);
+            let later = now + UPSTREAM_IDLE_TIMEOUT;
+            assert!(
+                pool.take(WorkerId(0), addr, later).is_none(),
+                "idle too long"
+            );
+            assert_eq!(pool.idle_count(), 0);
+            pool.put(WorkerId(0), conns.pop().unwrap(), now);
+            let other: SocketAddr = "127.0.0.1:1".parse().unwrap();
+            assert!(
+                pool.take(WorkerId(0), other, now).is_none(),
+                "id reused for another worker"
+            );
+            assert_eq!(pool.idle_count(), 0);
+        });
+    }
+
+    #[test]
+    fn sweep_closes_expired_connections() {
+        with_conns(2, |_, mut conns| {
+            let mut pool = UpstreamPool::new();
+            let now = Instant::now();
+            pool.put(WorkerId(1), conns.pop().unwrap(), now);
+            pool.sweep(now);
+            assert_eq!(pool.idle_count(), 1);
+            pool.sweep(now + UPSTREAM_IDLE_TIMEOUT);
+            assert_eq!(pool.idle_count(), 0);
+            pool.put(WorkerId(1), conns.pop().unwrap(), now);
+            pool.clear_worker(WorkerId(0));
+            assert_eq!(pool.idle_count(), 1);
+            pool.clear_worker(WorkerId(1));
+            assert_eq!(pool.idle_count(), 0);
+        });
     }
 }

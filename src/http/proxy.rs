@@ -150,6 +150,8 @@ pub async fn proxy_request(
                     return Err(failure.error);
                 }
                 if failure.on_reused_connection {
+                    // Its siblings in the pool are most likely stale too (engine restart).
+                    core.pool.borrow_mut().clear_worker(worker.id);
                     stale_retries += 1;
                 } else {
                     attempts += 1;

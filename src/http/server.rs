@@ -20,9 +20,9 @@ use super::io::{read_spare, Socket};
 use super::pool::UpstreamPool;
 use super::proxy;
 use super::route::Router;
+use crate::config::Config;
 use crate::limits::{
-    CLIENT_IDLE_TIMEOUT, DOWNSTREAM_WRITE_TIMEOUT, HEADER_READ_TIMEOUT, READ_BUF_BYTES_INITIAL,
-    READ_BUF_BYTES_RETAINED_MAX,
+    DOWNSTREAM_WRITE_TIMEOUT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX,
 };
 use crate::metrics::CoreMetrics;
 use crate::runtime::Shared;
@@ -119,7 +119,7 @@ pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
         body_buf: Vec::new(),
     };
     loop {
-        let request = match read_request(&mut down, core.shared.config.max_payload_bytes).await {
+        let request = match read_request(&mut down, &core.shared.config).await {
             Ok(Some(request)) => request,
             Ok(None) => return,
             Err(error) => {
@@ -294,9 +294,10 @@ async fn read_client(
 /// The parse phase: reads one complete request, or `None` when the client is done.
 pub async fn read_request(
     down: &mut Downstream,
-    max_payload: usize,
+    config: &Config,
 ) -> Result<Option<Request>, ProxyError> {
-    let Some(head) = read_request_head(down).await? else {
+    let max_payload = config.max_payload_bytes;
+    let Some(head) = read_request_head(down, config).await? else {
         return Ok(None);
     };
     let head_len = head.head_len;
@@ -309,7 +310,7 @@ pub async fn read_request(
             let end = head_len + n as usize;
             send_continue_if_expected(down, &head, end).await?;
             while down.read_buf.len() < end {
-                let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+                let deadline = Instant::now() + config.header_read_timeout;
                 // A partial read never ends cleanly: EOF is an error here.
                 read_client(down, deadline, true).await?;
             }
@@ -319,7 +320,7 @@ pub async fn read_request(
                 end,
             }))
         }
-        Framing::Chunked => read_chunked_body(down, head, max_payload).await.map(Some),
+        Framing::Chunked => read_chunked_body(down, head, config).await.map(Some),
         Framing::Empty | Framing::UntilClose => Ok(Some(Request {
             head,
             body: BodyPlace::ReadBuf(head_len..head_len),
@@ -328,7 +329,10 @@ pub async fn read_request(
     }
 }
 
-async fn read_request_head(down: &mut Downstream) -> Result<Option<RequestHead>, ProxyError> {
+async fn read_request_head(
+    down: &mut Downstream,
+    config: &Config,
+) -> Result<Option<RequestHead>, ProxyError> {
     let mut head_deadline = None;
     loop {
         if !down.read_buf.is_empty() {
@@ -338,9 +342,9 @@ async fn read_request_head(down: &mut Downstream) -> Result<Option<RequestHead>,
         }
         let partial = !down.read_buf.is_empty();
         let deadline = if partial {
-            *head_deadline.get_or_insert_with(|| Instant::now() + HEADER_READ_TIMEOUT)
+            *head_deadline.get_or_insert_with(|| Instant::now() + config.header_read_timeout)
         } else {
-            Instant::now() + CLIENT_IDLE_TIMEOUT
+            Instant::now() + config.client_idle_timeout
         };
         if let ReadEnd::Closed = read_client(down, deadline, partial).await? {
             return Ok(None);
@@ -373,7 +377,7 @@ async fn send_continue_if_expected(
 async fn read_chunked_body(
     down: &mut Downstream,
     head: RequestHead,
-    max_payload: usize,
+    config: &Config,
 ) -> Result<Request, ProxyError> {
     let mut decoder = ChunkedDecoder::new();
     let mut fed = head.head_len;
@@ -393,7 +397,7 @@ async fn read_chunked_body(
                 ProxyError::downstream(kind, "decode chunked request body")
             })?;
         fed += consumed;
-        if body_buf.len() > max_payload {
+        if body_buf.len() > config.max_payload_bytes {
             return Err(ProxyError::downstream(
                 ErrorKind::PayloadTooLarge,
                 "read chunked body",
@@ -406,7 +410,7 @@ async fn read_chunked_body(
                 end: fed,
             });
         }
-        let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+        let deadline = Instant::now() + config.header_read_timeout;
         read_client(down, deadline, true).await?;
     }
 }

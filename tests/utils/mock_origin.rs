@@ -51,6 +51,9 @@ pub enum Reply {
     UntilClose { body: String },
     /// Wait, then answer.
     Delay(Duration, Box<Reply>),
+    /// Answer, then close the connection although the answer allowed keep-alive (a worker
+    /// that drops idle connections: the gateway's pooled socket goes stale).
+    ThenClose(Box<Reply>),
     /// Close the connection without answering.
     Close,
     /// Reset the connection (RST) without answering.
@@ -256,6 +259,10 @@ fn reply(stream: &mut TcpStream, state: &OriginState, reply: &Reply) -> bool {
         Reply::Delay(wait, then) => {
             std::thread::sleep(*wait);
             self::reply(stream, state, then)
+        }
+        Reply::ThenClose(first) => {
+            self::reply(stream, state, first);
+            false
         }
         Reply::Close => false,
         Reply::Reset => {

@@ -196,8 +196,9 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts kvgate (1 data core, loopback) in front of `workers` with extra flags `args`;
-    /// returns once its port accepts connections.
+    /// Starts kvgate on loopback in front of `workers` with extra flags `args` (defaults:
+    /// `--data-cores 1 --log-level warn` unless `args` names them); returns once its client
+    /// and metrics ports accept connections.
     pub fn start(workers: &[String], args: &[&str]) -> Self {
         let (port, metrics_port) = (free_port(), free_port());
         let mut command = Command::new(env!("CARGO_BIN_EXE_kvgate"));
@@ -209,11 +210,15 @@ impl Gateway {
                 "--prometheus-port",
                 &metrics_port.to_string(),
             ])
-            .args(["--data-cores", "1", "--log-level", "warn"])
             .args(args)
-            .arg("--worker-urls")
-            .args(workers)
             .stdout(Stdio::null());
+        // Defaults a test can override by passing the flag itself.
+        for (flag, value) in [("--data-cores", "1"), ("--log-level", "warn")] {
+            if !args.contains(&flag) {
+                command.args([flag, value]);
+            }
+        }
+        command.arg("--worker-urls").args(workers);
         let process = ChildProcess::spawn("kvgate", &mut command);
         assert!(
             wait_for_port(port, TIMEOUT),

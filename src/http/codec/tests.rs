@@ -96,7 +96,10 @@ fn connection_semantics_follow_the_version() {
     let h10ka = parse_request_head(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
         .unwrap()
         .unwrap();
-    assert!(h10ka.keep_alive);
+    assert!(
+        !h10ka.keep_alive,
+        "HTTP/1.0 is served one request per connection"
+    );
     let close = parse_request_head(b"GET / HTTP/1.1\r\nConnection: Close\r\n\r\n")
         .unwrap()
         .unwrap();
@@ -289,4 +292,58 @@ fn incomplete_chunked_body_is_not_done() {
     let n = decoder.feed(b"5\r\nhel", |_| {}).unwrap();
     assert_eq!(n, 6);
     assert!(!decoder.is_done());
+}
+
+mod never_panics {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn request_like() -> impl Strategy<Value = Vec<u8>> {
+        let line = prop_oneof![
+            Just(b"POST /generate HTTP/1.1\r\n".to_vec()),
+            Just(b"GET / HTTP/1.0\r\n".to_vec()),
+            Just(b"content-length: 3\r\n".to_vec()),
+            Just(b"transfer-encoding: chunked\r\n".to_vec()),
+            Just(b"connection: close, x-a\r\n".to_vec()),
+            Just(b"x-a:\r\n".to_vec()),
+            Just(b"expect: 100-continue\r\n".to_vec()),
+            Just(b"\r\n".to_vec()),
+            proptest::collection::vec(any::<u8>(), 0..12),
+        ];
+        proptest::collection::vec(line, 0..10).prop_map(|lines| lines.concat())
+    }
+
+    proptest! {
+        #[test]
+        fn request_heads(input in request_like()) {
+            if let Ok(Some(head)) = parse_request_head(&input) {
+                let mut out = Vec::new();
+                write_upstream_request_head(&mut out, &head, &input, "w:1", 3);
+                prop_assert!(head.head_len <= input.len());
+                let _ = head.path(&input);
+            }
+        }
+
+        #[test]
+        fn response_heads(input in request_like()) {
+            let mut response = b"HTTP/1.1 200 OK\r\n".to_vec();
+            response.extend_from_slice(&input);
+            if let Ok(Some(head)) = parse_response_head(&response, Method::Post) {
+                let mut out = Vec::new();
+                let framing = DownstreamFraming::choose(head.framing, 1);
+                write_downstream_response_head(&mut out, &head, &response, b"x: y\r\n", framing, true);
+            }
+        }
+
+        #[test]
+        fn chunked_input(input in proptest::collection::vec(any::<u8>(), 0..200), split in 1usize..16) {
+            let mut decoder = ChunkedDecoder::new();
+            for piece in input.chunks(split) {
+                match decoder.feed(piece, |_| {}) {
+                    Ok(n) => prop_assert!(n <= piece.len()),
+                    Err(_) => break,
+                }
+            }
+        }
+    }
 }

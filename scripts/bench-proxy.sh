@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Proxy throughput: kvgate (1 data core) vs nginx (1 worker, upstream keepalive) in front of the
+# same sim-engine (--instant), small non-streaming chat bodies, wrk -t1 -c64 -d8s --latency,
+# alternating A B A B (settings: ../shared/BENCHMARKING.md). Prints one line per run and the
+# ratio of the medians. Installs wrk and nginx-light with apt-get when missing.
+#
+# Pinning (BENCH_PIN=1, the default on 2+ cores): the proxy under test (kvgate or nginx) runs on
+# CPU 1, wrk and sim-engine on CPU 0, so both proxies get the same CPU and neither competes with
+# the load generator. BENCH_PIN=0 runs everything unpinned (the whole-box figure; kvgate still
+# pins its own data core inside its process).
+#
+# Besides req/s and latency (which swing with whatever else runs on the box), each run reports
+# the proxy's own CPU time per request (utime+stime of its processes from /proc, divided by the
+# requests wrk completed): a cost figure that other load on the machine disturbs far less.
+#
+# Usage: scripts/bench-proxy.sh [ROUNDS]   (default 3 rounds = A B A B A B)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS="${1:-3}"
+DURATION="${BENCH_DURATION:-8s}"
+CONNECTIONS="${BENCH_CONNECTIONS:-64}"
+PIN="${BENCH_PIN:-$([ "$(nproc)" -ge 2 ] && echo 1 || echo 0)}"
+LOADGEN=(); PROXY=()
+if [ "$PIN" = 1 ]; then LOADGEN=(taskset -c 0); PROXY=(taskset -c 1); fi
+
+if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
+fi
+cargo build --release -q -p kvgate --bin kvgate
+cargo build --release -q -p bench-harness --bin sim-engine
+
+WORK="$(mktemp -d)"
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
+trap cleanup EXIT
+
+# Below the ephemeral range (32768+), so an outgoing connection never holds one of them.
+SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; METRICS_PORT=21099
+"${LOADGEN[@]}" target/release/sim-engine --engines 1 --base-port "$SIM_PORT" --instant --threads 1 >"$WORK/sim.log" 2>&1 &
+PIDS+=($!)
+"${PROXY[@]}" target/release/kvgate --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
+  --prometheus-port "$METRICS_PORT" --data-cores 1 --log-level warn \
+  --worker-urls "http://127.0.0.1:$SIM_PORT" >"$WORK/kvgate.log" 2>&1 &
+PIDS+=($!)
+
+mkdir -p "$WORK/nginx/logs"
+cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes 1;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fastcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
+  keepalive_requests 1000000;
+  client_body_buffer_size 128k;
+  upstream sim { server 127.0.0.1:$SIM_PORT; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NGINX_PORT reuseport;
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF
+"${PROXY[@]}" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
+PIDS+=($!)
+KVGATE_PID="${PIDS[1]}"; NGINX_PID="${PIDS[2]}"
+
+# Several distinct small chat bodies (~250 B), cycled per request.
+cat >"$WORK/chat.lua" <<'EOF'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local bodies = {}
+for i = 1, 16 do
+  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', i)
+end
+local n = 0
+request = function()
+  n = n % #bodies + 1
+  return wrk.format(nil, "/v1/chat/completions", nil, bodies[n])
+end
+EOF
+
+for port in "$SIM_PORT" "$KVGATE_PORT" "$NGINX_PORT"; do
+  for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
+done
+sleep 1  # let kvgate's control core fetch /v1/models once
+
+cpu_ticks() { # pids... -> summed utime+stime clock ticks
+  local total=0 pid
+  for pid in "$@"; do
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
+  done
+  echo "$total"
+}
+proxy_pids() { # system -> its pids (nginx: master and workers)
+  if [ "$1" = kvgate ]; then echo "$KVGATE_PID"; else echo "$NGINX_PID" $(pgrep -P "$NGINX_PID"); fi
+}
+
+run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req"
+  local out pids before after
+  pids="$(proxy_pids "$1")"
+  before="$(cpu_ticks $pids)"
+  out="$("${LOADGEN[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/chat.lua" "http://127.0.0.1:$2")"
+  after="$(cpu_ticks $pids)"
+  local rps p50 p99 non2xx requests
+  rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
+  p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
+  p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
+  non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
+  requests="$(awk '/requests in/ {print $1}' <<<"$out")"
+  local cpu_us
+  cpu_us="$(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')"
+  echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us"
+}
+
+echo "# wrk -t1 -c$CONNECTIONS -d$DURATION --latency, small chat bodies, sim-engine --instant, pin=$PIN"
+echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# system req/s p50 p99 non2xx cpu_us_per_req"
+RESULTS=()
+for _ in $(seq "$ROUNDS"); do
+  for system in kvgate nginx; do
+    port=$KVGATE_PORT; [ "$system" = nginx ] && port=$NGINX_PORT
+    line="$(run "$system" "$port")"
+    echo "$line"
+    RESULTS+=("$line")
+  done
+done
+median() { # system column -> median of that column over the system's runs
+  printf '%s\n' "${RESULTS[@]}" | awk -v s="$1" -v c="$2" '$1 == s {print $c}' | sort -n |
+    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
+K="$(median kvgate 2)"; N="$(median nginx 2)"
+awk -v k="$K" -v n="$N" 'BEGIN {printf "median req/s: kvgate %.0f, nginx %.0f, ratio kvgate/nginx %.2f\n", k, n, k / n}'
+KC="$(median kvgate 6)"; NC="$(median nginx 6)"
+awk -v k="$KC" -v n="$NC" 'BEGIN {printf "median proxy CPU us/request: kvgate %.1f, nginx %.1f, ratio nginx/kvgate %.2f\n", k, n, n / k}'
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
