@@ -81,7 +81,14 @@ fn sse_streams_arrive_incrementally() {
 #[test]
 fn keep_alive_bounds_upstream_connections_over_1000_requests() {
     let fleet = SimFleet::start(1, &["--instant"]);
-    let gateway = Gateway::start(&fleet.urls(), &[]);
+    // Probe rounds only at start, so a slow (loaded) run does not add periodic probe connections.
+    let probes_once = [
+        "--load-monitor-interval",
+        "3600",
+        "--health-check-interval-secs",
+        "3600",
+    ];
+    let gateway = Gateway::start(&fleet.urls(), &probes_once);
     let mut client = gateway.client();
     let body = r#"{"text":"a b c","sampling_params":{"max_new_tokens":1}}"#;
     let started = Instant::now();

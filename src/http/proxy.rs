@@ -563,6 +563,7 @@ async fn stream_back(
                     Ok(_) => ErrorKind::UpstreamClosed,
                 };
                 count_error(core, kind);
+                core.metrics().incr(Counter::UpstreamResponsesCut);
                 if end_stream_with_error_event(client, &tracker, event_stream, framing) {
                     write_client(client).await;
                 }
@@ -574,6 +575,7 @@ async fn stream_back(
             Ok(consumed) => consumed,
             Err(e) => {
                 count_error(core, e.kind);
+                core.metrics().incr(Counter::UpstreamResponsesCut);
                 return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
