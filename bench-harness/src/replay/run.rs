@@ -90,6 +90,7 @@ pub async fn run_replay(
     options: &ReplayOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<ReplayReport, String> {
+    let usage_at_start = self_usage();
     let endpoint = Endpoint::resolve(&options.gateway).await?;
     let client = Arc::new(Client::new(endpoint, options.request_timeout));
     let mut workload = open_workload(&options.source, options.max_requests)?;
@@ -141,7 +142,7 @@ pub async fn run_replay(
     report.skipped_lines = warnings.skipped_lines;
     report.warnings = warnings.messages.clone();
     report.watched_process = watched;
-    report.load_generator = self_usage();
+    report.load_generator = self_usage().since(&usage_at_start);
     Ok(report)
 }
 
