@@ -35,6 +35,7 @@ pub enum Source {
 /// Everything one replay needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplayOptions {
+    /// The gateway URL, or several comma-separated URLs sent to in turn (engines, directly).
     pub gateway: String,
     pub source: Source,
     pub pacing: Pacing,
@@ -91,8 +92,14 @@ pub async fn run_replay(
     stop: watch::Receiver<bool>,
 ) -> Result<ReplayReport, String> {
     let usage_at_start = self_usage();
-    let endpoint = Endpoint::resolve(&options.gateway).await?;
-    let client = Arc::new(Client::new(endpoint, options.request_timeout));
+    let mut endpoints = Vec::new();
+    for url in options.gateway.split(',').filter(|u| !u.is_empty()) {
+        endpoints.push(Endpoint::resolve(url.trim()).await?);
+    }
+    if endpoints.is_empty() {
+        return Err("--gateway needs a URL".into());
+    }
+    let client = Arc::new(Client::new(endpoints, options.request_timeout));
     let mut workload = open_workload(&options.source, options.max_requests)?;
     let in_flight_max = match options.pacing {
         Pacing::Closed { concurrency } => concurrency,
