@@ -10,8 +10,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The policies compared. Round robin runs twice: fresh fleets make both runs see the same hit
-/// rate (a reused, warm fleet would flatter the second), and cache_aware must beat it.
-const POLICIES: &str = "round_robin,cache_aware,round_robin";
+/// rate (a reused, warm fleet would flatter the second), and cache_aware must beat it. `direct`
+/// sends to the engines without a gateway: the baseline of the gateway's added latency.
+const POLICIES: &str = "round_robin,cache_aware,round_robin,direct";
 
 /// Requests per policy.
 const REQUESTS: u64 = 128;
@@ -151,14 +152,16 @@ fn cache_aware_beats_round_robin_on_fresh_fleets() {
             .sum();
         assert_eq!(routed, REQUESTS, "every response named its worker");
         assert!(report["cache_hit_rate"].as_f64().unwrap() > 0.0);
-        assert!(
-            report["watched_process"]["samples"]
-                .as_array()
-                .unwrap()
-                .len()
-                == 3
-        );
+        if report["label"] == "direct" {
+            assert!(report["watched_process"].is_null(), "no gateway to watch");
+            assert!(report["added_latency_ms"].is_null());
+        } else {
+            let samples = report["watched_process"]["samples"].as_array().unwrap();
+            assert_eq!(samples.len(), 3, "gateway RSS at 10%, 50%, 100%");
+            assert!(report["added_latency_ms"]["ttft_p50"].is_f64(), "{summary}");
+        }
     }
+    assert!(table.contains("TTFT p50 over direct (ms)"), "{table}");
     let hit = |i: usize| reports[i]["cache_hit_rate"].as_f64().unwrap();
     // Fresh engines per policy: the second round robin starts as cold as the first.
     assert!(

@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
 use super::limits::{COMPARE_POLICIES_MAX, FLEET_ENGINES_MAX};
-use super::report::ReplayReport;
+use super::report::{AddedLatency, ReplayReport};
 use super::run::{run_replay, stop_requested, ReplayOptions};
 
 /// SMG's policy names (`--policy`); kvgate accepts the same set.
@@ -29,6 +29,10 @@ pub const KNOWN_POLICIES: [&str; 7] = [
     "consistent_hashing",
     "cache_aware",
 ];
+
+/// The pseudo-policy without a gateway: replay sends to the engines itself, in turn. Its latency
+/// is the baseline the others' added latency is measured against.
+pub const DIRECT: &str = "direct";
 
 /// How long a fleet or gateway may take to start answering.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -65,9 +69,9 @@ pub fn validate_policies(policies: &[String]) -> Result<(), String> {
         ));
     }
     for policy in policies {
-        if !KNOWN_POLICIES.contains(&policy.as_str()) {
+        if policy != DIRECT && !KNOWN_POLICIES.contains(&policy.as_str()) {
             return Err(format!(
-                "--policies: unknown policy {policy:?} (known: {})",
+                "--policies: unknown policy {policy:?} (known: {}, and {DIRECT})",
                 KNOWN_POLICIES.join(", ")
             ));
         }
@@ -116,7 +120,22 @@ pub async fn run_compare(
         );
         reports.push(report);
     }
+    set_added_latency(&mut reports);
     Ok(reports)
+}
+
+/// With a `direct` run among `reports`, gives every other report its latency above it.
+fn set_added_latency(reports: &mut [ReplayReport]) {
+    let Some(direct) = reports.iter().find(|r| r.label == DIRECT).cloned() else {
+        return;
+    };
+    for report in reports.iter_mut().filter(|r| r.label != DIRECT) {
+        report.added_latency_ms = Some(AddedLatency {
+            ttft_p50: report.ttft_ms.p50 - direct.ttft_ms.p50,
+            ttft_p99: report.ttft_ms.p99 - direct.ttft_ms.p99,
+            e2e_p50: report.e2e_ms.p50 - direct.e2e_ms.p50,
+        });
+    }
 }
 
 async fn run_policy(
@@ -148,6 +167,9 @@ async fn start_with_retries(
         let mut fleet = Fleet::default();
         let started = async {
             let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
+            if policy == DIRECT {
+                return Ok((workers.clone(), (workers.join(","), None)));
+            }
             let gateway =
                 start_gateway(options, policy, &workers, &mut fleet, stop.clone()).await?;
             Ok::<_, String>((workers, gateway))
