@@ -5,15 +5,19 @@
 //!
 //! `cargo bench --bench index` runs the criterion set; `cargo bench --bench index -- --quick`
 //! runs a reduced set with plain timing loops and prints one JSON object as its last line
-//! (`scripts/bench-index.sh --quick`). `tests/index_perf.rs` runs the same code with tiny
-//! parameters in the normal test pass, so it cannot rot.
+//! (`scripts/bench-index.sh --quick`); `-- --evict` only halves a 30M-token tree.
+//! `tests/index_perf.rs` runs the same code with tiny parameters in the normal test pass, so it
+//! cannot rot.
+//!
+//! Every figure is the running thread's CPU time (`cpu_now`), not wall time: the machine's two
+//! cores are shared by several builds, and wall time would mostly measure waiting for a core.
 //!
 //! Workload: every prompt starts with one of 16 shared system prompts (a quarter of its length);
 //! the tree is filled with such prompts for random workers; a query (a "next turn") repeats the
 //! first three quarters of a stored prompt and ends with a new tail.
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::Criterion;
 use kvgate::index::{IndexConfig, IndexReader, IndexWriter, Namespace};
@@ -23,6 +27,8 @@ use kvgate::workers::WorkerId;
 const SYSTEMS: usize = 16;
 /// Queries cycled through by each lookup benchmark.
 const QUERIES: usize = 64;
+/// Distinct queries of the cold-cache lookup measurement.
+const COLD_QUERIES: usize = 1024;
 /// Tokens per page (`--block-size` default).
 const BLOCK_SIZE: u32 = 16;
 /// Characters per token in the text workload (the "×4 characters").
@@ -31,6 +37,11 @@ const NS: Namespace = Namespace {
     model: 7,
     partition: 0,
 };
+
+/// The gateway's allocator (DESIGN.md section 7), so label and table allocations cost what they
+/// cost in production.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Sizes of one benchmark run.
 #[derive(Clone, Debug)]
@@ -195,34 +206,100 @@ fn random_tokens(rng: &mut fastrand::Rng, len: usize) -> Vec<u32> {
     (0..len).map(|_| rng.u32(..1 << 31)).collect()
 }
 
-/// Mean ns per token lookup, cycling through the fixture's queries; also a checksum of matches.
-pub fn time_token_lookups(fixture: &Fixture, lookups: usize) -> (f64, u64) {
-    let mut checksum = 0u64;
-    let started = Instant::now();
-    for i in 0..lookups {
-        let query = &fixture.token_queries[i % fixture.token_queries.len()];
-        let found = fixture.reader.lookup_tokens(NS, black_box(query));
-        checksum += u64::from(found.matched_len) + u64::from(found.tenants_len);
+/// Items timed together: one clock read per batch keeps the clock's cost out of the figure,
+/// and per-batch figures let a report take the median.
+const BATCH: usize = 16;
+
+/// This thread's CPU time. Benchmarks here run on 2 cores shared by several builds (load
+/// average near 10), where wall time mostly measures how long a thread waited for a core; the
+/// thread's CPU clock counts only the time it ran, page faults included (kernel time).
+pub fn cpu_now() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `clock_gettime` writes one `timespec` through a valid, exclusive pointer; the
+    // clock id is a constant the kernel supports for the calling thread.
+    let failed = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) } != 0;
+    if failed {
+        return Duration::ZERO;
     }
-    (
-        started.elapsed().as_nanos() as f64 / lookups as f64,
-        checksum,
-    )
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
-/// Mean ns per text lookup; also a checksum of matches.
-pub fn time_text_lookups(fixture: &Fixture, lookups: usize) -> (f64, u64) {
-    let mut checksum = 0u64;
-    let started = Instant::now();
-    for i in 0..lookups {
-        let query = &fixture.text_queries[i % fixture.text_queries.len()];
-        let found = fixture.reader.lookup_text(NS, black_box(query));
-        checksum += u64::from(found.matched_len) + u64::from(found.tenants_len);
+/// Timings of one measurement: the total, and ns per item of every batch.
+#[derive(Clone, Debug, Default)]
+pub struct Samples {
+    /// Wall time of all items.
+    pub total: Duration,
+    /// ns per item, one figure per batch.
+    pub per_item_ns: Vec<f64>,
+}
+
+impl Samples {
+    fn push(&mut self, took: Duration, items: usize) {
+        self.total += took;
+        self.per_item_ns.push(took.as_nanos() as f64 / items as f64);
     }
-    (
-        started.elapsed().as_nanos() as f64 / lookups as f64,
-        checksum,
-    )
+
+    /// Median ns per item over batches.
+    pub fn p50_ns(&self) -> f64 {
+        self.quantile_ns(0.5)
+    }
+
+    /// The fastest batch's ns per item (closest to an unloaded machine).
+    pub fn min_ns(&self) -> f64 {
+        self.quantile_ns(0.0)
+    }
+
+    fn quantile_ns(&self, q: f64) -> f64 {
+        let mut sorted = self.per_item_ns.clone();
+        sorted.sort_by(f64::total_cmp);
+        let at = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+        sorted.get(at).copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// Token lookups cycling through the fixture's queries (a working set that stays in cache);
+/// also a checksum of matches.
+pub fn time_token_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
+    time_token_lookups_over(fixture, &fixture.token_queries, lookups)
+}
+
+/// Token lookups cycling through `queries`; also a checksum of matches.
+pub fn time_token_lookups_over(
+    fixture: &Fixture,
+    queries: &[Vec<u32>],
+    lookups: usize,
+) -> (Samples, u64) {
+    let mut checksum = 0u64;
+    let mut samples = Samples::default();
+    for batch in (0..lookups).collect::<Vec<_>>().chunks(BATCH) {
+        let started = cpu_now();
+        for i in batch {
+            let query = &queries[i % queries.len()];
+            let found = fixture.reader.lookup_tokens(NS, black_box(query));
+            checksum += u64::from(found.matched_len) + u64::from(found.tenants_len);
+        }
+        samples.push(cpu_now().saturating_sub(started), batch.len());
+    }
+    (samples, checksum)
+}
+
+/// Text lookups cycling through the fixture's queries; also a checksum of matches.
+pub fn time_text_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
+    let mut checksum = 0u64;
+    let mut samples = Samples::default();
+    for batch in (0..lookups).collect::<Vec<_>>().chunks(BATCH) {
+        let started = cpu_now();
+        for i in batch {
+            let query = &fixture.text_queries[i % fixture.text_queries.len()];
+            let found = fixture.reader.lookup_text(NS, black_box(query));
+            checksum += u64::from(found.matched_len) + u64::from(found.tenants_len);
+        }
+        samples.push(cpu_now().saturating_sub(started), batch.len());
+    }
+    (samples, checksum)
 }
 
 /// What one timed batch of records does.
@@ -236,9 +313,24 @@ pub enum Record {
     Text,
 }
 
-/// Total time of `count` records of new turns (prompts generated before the clock starts),
-/// after which the tree is evicted back to `budget` (not timed).
-pub fn time_records(fixture: &mut Fixture, count: usize, record: Record, budget: u64) -> Duration {
+/// Turns generated ahead of one timed chunk (bounds the memory of pre-generated prompts).
+const RECORD_CHUNK: usize = 256;
+
+/// `count` records of new turns (prompts generated before the clock starts), timed in batches;
+/// after each chunk the tree is evicted back to `budget` (not timed).
+pub fn time_records(fixture: &mut Fixture, count: usize, record: Record, budget: u64) -> Samples {
+    let mut samples = Samples::default();
+    let mut left = count;
+    while left > 0 {
+        let chunk = left.min(RECORD_CHUNK);
+        time_records_chunk(fixture, chunk, record, &mut samples);
+        fixture.index.evict(budget);
+        left -= chunk;
+    }
+    samples
+}
+
+fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, samples: &mut Samples) {
     let turns: Vec<Vec<u32>> = (0..count).map(|_| fixture.next_turn()).collect();
     let texts: Vec<String> = match record {
         Record::Text => turns.iter().map(|turn| text_of(turn)).collect(),
@@ -247,52 +339,53 @@ pub fn time_records(fixture: &mut Fixture, count: usize, record: Record, budget:
     let workers: Vec<WorkerId> = (0..count)
         .map(|_| WorkerId(fixture.rng.u16(..fixture.workers)))
         .collect();
-    let started = Instant::now();
-    for (i, turn) in turns.iter().enumerate() {
-        fixture.tick += 1;
-        let tick = fixture.tick;
-        let inserted = match record {
-            Record::Tokens => fixture.index.insert_tokens(NS, turn, workers[i], tick),
-            Record::LookupThenTokens => {
-                black_box(fixture.reader.lookup_tokens(NS, turn));
-                fixture.index.insert_tokens(NS, turn, workers[i], tick)
-            }
-            Record::Text => fixture.index.insert_text(NS, &texts[i], workers[i], tick),
-        };
-        black_box(inserted.is_ok());
+    for batch in (0..count).collect::<Vec<_>>().chunks(BATCH) {
+        let started = cpu_now();
+        for &i in batch {
+            fixture.tick += 1;
+            let (tick, turn) = (fixture.tick, &turns[i]);
+            let inserted = match record {
+                Record::Tokens => fixture.index.insert_tokens(NS, turn, workers[i], tick),
+                Record::LookupThenTokens => {
+                    black_box(fixture.reader.lookup_tokens(NS, turn));
+                    fixture.index.insert_tokens(NS, turn, workers[i], tick)
+                }
+                Record::Text => fixture.index.insert_text(NS, &texts[i], workers[i], tick),
+            };
+            black_box(inserted.is_ok());
+        }
+        samples.push(cpu_now().saturating_sub(started), batch.len());
     }
-    let elapsed = started.elapsed();
-    fixture.index.evict(budget);
-    elapsed
 }
 
-/// Lookups on a reader thread while the writer records continuously: mean ns per lookup with
-/// the writer busy, and the writer's records per second meanwhile.
+/// Lookups on a reader thread while the writer records continuously on this one: the median
+/// ns per lookup with the writer busy, and the writer's records per second (from its median).
 pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64, f64) {
-    let reader = fixture.reader.try_clone().expect("reader");
+    let mut reader = fixture.reader.try_clone().expect("reader");
     let queries = fixture.token_queries.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stop_reader = std::sync::Arc::clone(&stop);
     let lookup_thread = std::thread::spawn(move || {
-        let mut reader = reader;
-        let started = Instant::now();
-        for i in 0..lookups {
-            black_box(reader.lookup_tokens(NS, &queries[i % queries.len()]));
-            if i % 16 == 15 {
-                reader.quiesce();
+        let mut samples = Samples::default();
+        for batch in (0..lookups).collect::<Vec<_>>().chunks(BATCH) {
+            let started = cpu_now();
+            for i in batch {
+                black_box(reader.lookup_tokens(NS, &queries[i % queries.len()]));
             }
+            samples.push(cpu_now().saturating_sub(started), batch.len());
+            reader.quiesce();
         }
         stop_reader.store(true, std::sync::atomic::Ordering::Relaxed);
-        started.elapsed().as_nanos() as f64 / lookups as f64
+        samples.p50_ns()
     });
     let budget = fixture.units().0;
-    let (mut records, started) = (0u64, Instant::now());
+    let mut records = Samples::default();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        time_records(fixture, 64, Record::Tokens, budget);
+        let batch = time_records(fixture, 64, Record::Tokens, budget);
+        records.per_item_ns.extend(batch.per_item_ns);
         fixture.index.reclaim();
-        records += 64;
     }
-    let per_s = records as f64 / started.elapsed().as_secs_f64();
+    let per_s = 1e9 / records.p50_ns();
     (lookup_thread.join().expect("lookup thread"), per_s)
 }
 
@@ -301,10 +394,10 @@ pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64
 pub fn time_evict_half(units: u64, prompt_tokens: usize, seed: u64) -> (f64, u64, u64, u64) {
     let mut fixture = Fixture::build(prompt_tokens, 16, units, seed, false);
     let held = fixture.units().0;
-    let started = Instant::now();
+    let started = cpu_now();
     let stats = fixture.index.evict(held / 2);
     (
-        started.elapsed().as_secs_f64(),
+        cpu_now().saturating_sub(started).as_secs_f64(),
         stats.entries,
         stats.units,
         held,
@@ -316,7 +409,7 @@ pub fn time_evict_half(units: u64, prompt_tokens: usize, seed: u64) -> (f64, u64
 pub fn time_chained_page_hashes(fixture: &Fixture, queries: usize) -> f64 {
     let mut page_bytes = [0u8; BLOCK_SIZE as usize * 4];
     let mut checksum = 0u64;
-    let started = Instant::now();
+    let started = cpu_now();
     for i in 0..queries {
         let query = &fixture.token_queries[i % fixture.token_queries.len()];
         let mut hash = 0u64;
@@ -329,7 +422,7 @@ pub fn time_chained_page_hashes(fixture: &Fixture, queries: usize) -> f64 {
         checksum ^= hash;
     }
     black_box(checksum);
-    started.elapsed().as_nanos() as f64 / queries as f64
+    cpu_now().saturating_sub(started).as_nanos() as f64 / queries as f64
 }
 
 /// Bytes per indexed unit (counted in the index's arenas), token tree and string tree.
@@ -346,8 +439,13 @@ pub fn bytes_per_unit(fixture: &Fixture) -> (f64, f64) {
 pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     let prompt = sizes.prompt_tokens[0];
     let mut fixture = Fixture::new(prompt, sizes.workers[0], sizes.tree_units, 1);
-    let (token_ns, token_sum) = time_token_lookups(&fixture, sizes.lookups);
-    let (text_ns, text_sum) = time_text_lookups(&fixture, sizes.lookups / 4);
+    let (token, token_sum) = time_token_lookups(&fixture, sizes.lookups);
+    let (text, text_sum) = time_text_lookups(&fixture, sizes.lookups / 4);
+    let hash_ns = time_chained_page_hashes(&fixture, sizes.lookups / 4);
+    // Distinct next turns whose queries and paths do not fit in the caches (32 MiB at 8k).
+    let cold: Vec<Vec<u32>> = (0..COLD_QUERIES).map(|_| fixture.next_turn()).collect();
+    let (cold_lookups, _) = time_token_lookups_over(&fixture, &cold, COLD_QUERIES);
+    drop(cold);
     let budget = fixture.units().0;
     let insert = time_records(&mut fixture, sizes.inserts, Record::Tokens, budget);
     let both = time_records(
@@ -359,36 +457,43 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     let text_insert = time_records(&mut fixture, sizes.inserts / 4, Record::Text, budget);
     let (busy_ns, busy_records) = time_lookups_while_writing(&mut fixture, sizes.lookups);
     let (bytes_token, bytes_char) = bytes_per_unit(&fixture);
-    let hash_ns = time_chained_page_hashes(&fixture, sizes.lookups / 4);
+    drop(fixture);
     let mut small = Fixture::build(1024, sizes.workers[0], sizes.tree_units, 2, false);
     let small_budget = small.units().0;
     let small_insert = time_records(&mut small, sizes.inserts * 4, Record::Tokens, small_budget);
+    drop(small);
     let (evict_s, evict_entries, evict_units, evict_held) =
         time_evict_half(sizes.evict_tree_units, 1024, 3);
-    let per = |d: Duration, n: usize| d.as_nanos() as f64 / n as f64;
-    let inserts_per_s = 1e9 / per(small_insert, sizes.inserts * 4);
+    let inserts_per_s = 1e9 / small_insert.p50_ns();
     serde_json::json!({
         "prompt_tokens": prompt,
         "workers": sizes.workers[0],
         "tree_tokens": budget,
-        "lookup_8k_tokens_ns": token_ns,
-        "lookup_32k_chars_ns": text_ns,
-        "insert_8k_tokens_ns": per(insert, sizes.inserts),
-        "lookup_plus_record_8k_tokens_ns": per(both, sizes.inserts),
-        "insert_32k_chars_ns": per(text_insert, sizes.inserts / 4),
+        "note": "thread CPU time; ns figures are medians over batches of 16, *_min_ns the fastest batch",
+        "lookup_8k_tokens_ns": token.p50_ns(),
+        "lookup_8k_tokens_min_ns": token.min_ns(),
+        "lookup_8k_tokens_cold_ns": cold_lookups.p50_ns(),
+        "lookup_32k_chars_ns": text.p50_ns(),
+        "lookup_32k_chars_min_ns": text.min_ns(),
+        "chained_xxh3_page_hashes_8k_tokens_ns": hash_ns,
+        "record_8k_tokens_ns": insert.p50_ns(),
+        "record_8k_tokens_min_ns": insert.min_ns(),
+        "lookup_plus_record_8k_tokens_ns": both.p50_ns(),
+        "lookup_plus_record_8k_tokens_min_ns": both.min_ns(),
+        "record_32k_chars_ns": text_insert.p50_ns(),
         "lookup_8k_tokens_writer_busy_ns": busy_ns,
-        "writer_records_per_s_8k_during_lookups": busy_records,
+        "writer_records_8k_per_s_during_lookups": busy_records,
         "writer_inserts_per_s": inserts_per_s,
+        "writer_inserts_per_s_best": 1e9 / small_insert.min_ns(),
         "writer_inserts_prompt_tokens": 1024,
         "evict_tree_tokens": evict_held,
         "evict_tokens_evicted": evict_units,
         "evict_half_s": evict_s,
         "evict_half_entries": evict_entries,
-        "chained_xxh3_page_hashes_8k_tokens_ns": hash_ns,
         "bytes_per_token": bytes_token,
         "bytes_per_char": bytes_char,
-        "ratio_lookup_plus_record_8k_to_3us": per(both, sizes.inserts) / 3000.0,
-        "ratio_lookup_32k_chars_to_5us": text_ns / 5000.0,
+        "ratio_lookup_plus_record_8k_to_3us": both.p50_ns() / 3000.0,
+        "ratio_lookup_32k_chars_to_5us": text.p50_ns() / 5000.0,
         "ratio_inserts_per_s_to_1m": inserts_per_s / 1e6,
         "ratio_bytes_per_token_to_16": bytes_token / 16.0,
         "checksum": token_sum + text_sum,
@@ -414,9 +519,9 @@ pub fn for_each_case(sizes: &Sizes, run: &mut dyn FnMut(&str, String, Body<'_>))
                 format!("lookup_tokens/{prompt}"),
                 Box::new(|iters| {
                     let fixture = fixture.borrow();
-                    let started = Instant::now();
+                    let started = cpu_now();
                     black_box(time_token_lookups(&fixture, iters as usize));
-                    started.elapsed()
+                    cpu_now().saturating_sub(started)
                 }),
             );
             let chars = prompt * CHARS_PER_TOKEN;
@@ -425,9 +530,9 @@ pub fn for_each_case(sizes: &Sizes, run: &mut dyn FnMut(&str, String, Body<'_>))
                 format!("lookup_text/{chars}"),
                 Box::new(|iters| {
                     let fixture = fixture.borrow();
-                    let started = Instant::now();
+                    let started = cpu_now();
                     black_box(time_text_lookups(&fixture, iters as usize));
-                    started.elapsed()
+                    cpu_now().saturating_sub(started)
                 }),
             );
             let records = [
@@ -441,14 +546,7 @@ pub fn for_each_case(sizes: &Sizes, run: &mut dyn FnMut(&str, String, Body<'_>))
                     format!("{name}/{prompt}"),
                     Box::new(|iters| {
                         let mut fixture = fixture.borrow_mut();
-                        let (mut total, mut left) = (Duration::ZERO, iters as usize);
-                        while left > 0 {
-                            // Chunks bound the memory of pre-generated turns.
-                            let chunk = left.min(256);
-                            total += time_records(&mut fixture, chunk, record, budget);
-                            left -= chunk;
-                        }
-                        total
+                        time_records(&mut fixture, iters as usize, record, budget).total
                     }),
                 );
             }
@@ -484,6 +582,12 @@ pub fn full_sizes() -> Sizes {
 #[allow(dead_code)]
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|arg| arg == "--evict") {
+        let (evict_s, entries, units, held) =
+            time_evict_half(full_sizes().evict_tree_units, 1024, 3);
+        println!("evict_half: {units} of {held} tokens, {entries} entries in {evict_s:.3} s");
+        return;
+    }
     if args.iter().any(|arg| arg == "--quick") {
         println!("{}", quick_report(&Sizes::quick()));
         return;

@@ -1,6 +1,7 @@
 //! Criterion benchmarks of routing-input extraction and the cache_aware decision.
 //!
 //! - `extract/*`: the routing-input reader (hand-written serde visitors, borrowed strings) against
+//!   a bare validation pass (`IgnoredAny`, what the gateway did before routing read the body) and
 //!   a full `serde_json::Value` DOM parse of the same body, side by side; throughput in bytes, so
 //!   criterion prints the cost per KB.
 //! - `decide/*`: extraction plus `cache_aware::select` (16 workers with load reports, a prefix
@@ -84,6 +85,17 @@ fn bench_extract(c: &mut Criterion) {
                         &mut input,
                     );
                     black_box(ok.is_ok())
+                })
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("validate_only_chat", tokens),
+            &body,
+            |b, body| {
+                b.iter(|| {
+                    black_box(
+                        serde_json::from_slice::<serde::de::IgnoredAny>(black_box(body)).is_ok(),
+                    )
                 })
             },
         );

@@ -98,7 +98,7 @@ sleep 1
 GATEWAY_CMD=("$BIN/kvgate" --host 127.0.0.1 --port "$GW_PORT" --prometheus-host 127.0.0.1
   --prometheus-port "$PROM_PORT" --worker-urls "${URLS[@]}"
   --health-check-interval-secs 2 --health-failure-threshold 2 --health-success-threshold 1
-  --load-monitor-interval 2 --cb-failure-threshold 5 --cb-timeout-duration-secs 5
+  --load-monitor-interval 2 --cb-timeout-duration-secs 10
   --retry-initial-backoff-ms 20 --retry-max-backoff-ms 500)
 "${GATEWAY_CMD[@]}" >"$OUT_DIR/kvgate.log" 2>&1 &
 GW_PID=$!
@@ -175,6 +175,18 @@ if rss:
     print("gateway RSS (MiB)  first %.1f  max %.1f  last %.1f" % (rss[0][1]/1024, max(v for _, v in rss)/1024, rss[-1][1]/1024))
     step = max(1, len(rss) // 10)
     print("  over time: " + ", ".join(f"{t}s={v/1024:.1f}" for t, v in rss[::step]))
+metrics = {}
+try:
+    for line in open(os.path.join(out, "gateway-metrics.txt")):
+        if line.startswith("kvgate_") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            metrics[name] = float(value)
+except OSError:
+    pass
+cut = int(metrics.get("kvgate_upstream_responses_cut_total", 0))
+print(f"cut mid-response   {cut} (worker failed after bytes reached the client; replay counts")
+print(f"                   these as completed: the stream ends with an SSE error event)")
+print(f"gateway retries    {int(metrics.get('kvgate_upstream_retries_total', 0))}")
 churn = sum(1 for _ in open(os.path.join(out, "churn.csv"))) - 1
 print(f"churn events       {churn} (see {out}/churn.csv)")
 EOF

@@ -11,18 +11,12 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 
 use crate::limits;
+use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::workers::WORKERS_MAX;
 
-/// The routing policy. The enum is open: later policies (`cache_aware`, ...) add variants here
-/// and an arm in `http::route`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum PolicyKind {
-    /// Each data core cycles through the healthy workers in order.
-    RoundRobin,
-    /// A uniformly random healthy worker.
-    Random,
-}
+/// The routing policy (`--policy`): SMG's names, `cache_aware` by default. Its flags and their
+/// validation live in `policy::PolicyArgs`, flattened into `Cli`.
+pub use crate::policy::PolicyKind;
 
 /// Log verbosity (`--log-level`); `RUST_LOG` overrides it, as in SMG.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -70,9 +64,9 @@ pub struct Cli {
     /// Engine workers to route to, e.g. `http://127.0.0.1:31001`.
     #[arg(long = "worker-urls", num_args = 0.., value_name = "URL")]
     pub worker_urls: Vec<String>,
-    /// Routing policy.
-    #[arg(long, value_enum, default_value_t = PolicyKind::RoundRobin)]
-    pub policy: PolicyKind,
+    /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Address of the Prometheus metrics endpoint.
     #[arg(long = "prometheus-host", default_value = "0.0.0.0")]
     pub prometheus_host: String,
@@ -123,8 +117,8 @@ pub struct Config {
     pub prometheus_addr: SocketAddr,
     /// The initial workers, in flag order.
     pub workers: Vec<WorkerSpec>,
-    /// The routing policy.
-    pub policy: PolicyKind,
+    /// The routing policy and its knobs.
+    pub policy: PolicyConfig,
     /// Log verbosity.
     pub log_level: LogLevel,
     /// Largest request body accepted.
@@ -226,7 +220,10 @@ impl Config {
             listen_addr,
             prometheus_addr,
             workers,
-            policy: cli.policy,
+            policy: cli
+                .policy
+                .validate()
+                .map_err(|e| config_error(e.flag, e.reason))?,
             log_level: cli.log_level,
             max_payload_bytes,
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
@@ -311,7 +308,7 @@ mod tests {
         let config = parse(&[]).unwrap();
         assert_eq!(config.listen_addr, "0.0.0.0:30000".parse().unwrap());
         assert_eq!(config.prometheus_addr.port(), 29000);
-        assert_eq!(config.policy, PolicyKind::RoundRobin);
+        assert_eq!(config.policy.kind, PolicyKind::CacheAware);
         assert_eq!(config.max_payload_bytes, 512 * 1024 * 1024);
         assert_eq!(config.request_timeout, Duration::from_secs(1800));
         assert!(config.data_cores >= 1);
@@ -354,6 +351,8 @@ mod tests {
                 "--header-read-timeout-ms",
             ),
             (&["--host", "no such host.invalid"], "--host"),
+            (&["--cache-threshold", "2"], "--cache-threshold"),
+            (&["--overlap-decay=-1"], "--overlap-decay"),
         ];
         for (args, flag) in cases {
             let error = parse(args).unwrap_err();
@@ -365,11 +364,11 @@ mod tests {
     #[test]
     fn policy_names_are_snake_case() {
         assert_eq!(
-            parse(&["--policy", "random"]).unwrap().policy,
+            parse(&["--policy", "random"]).unwrap().policy.kind,
             PolicyKind::Random
         );
         assert_eq!(
-            parse(&["--policy", "round_robin"]).unwrap().policy,
+            parse(&["--policy", "round_robin"]).unwrap().policy.kind,
             PolicyKind::RoundRobin
         );
         assert!(parse(&["--policy", "nope"]).is_err());

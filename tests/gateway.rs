@@ -107,7 +107,11 @@ fn refused_and_reset_workers_are_retried_elsewhere_then_502() {
     let dead = format!("http://127.0.0.1:{}", free_port());
     let resetting = MockOrigin::start(|_| Reply::Reset);
     let good = ok_origin();
-    let gateway = Gateway::start(&[dead.clone(), resetting.url(), good.url()], &[]);
+    // Round robin keeps sending to the bad workers (cache_aware would stick to `good`).
+    let gateway = Gateway::start(
+        &[dead.clone(), resetting.url(), good.url()],
+        &["--policy", "round_robin"],
+    );
     let mut client = gateway.client();
     for _ in 0..6 {
         let response = client.post_json("/v1/chat/completions", CHAT);

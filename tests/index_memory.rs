@@ -5,6 +5,7 @@
 //! entries). Live bytes are counted by a counting global allocator in this test binary.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use kvgate::index::{IndexConfig, IndexWriter, Namespace};
@@ -14,10 +15,16 @@ struct Counting;
 
 static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
 
+thread_local! {
+    /// Allocations made by this thread (const-initialized: reading it never allocates).
+    static THREAD_ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
 // SAFETY: forwards every call to the system allocator unchanged and only counts sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE_BYTES.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        THREAD_ALLOCS.with(|count| count.set(count.get() + 1));
         // SAFETY: same layout contract as the caller's.
         unsafe { System.alloc(layout) }
     }
@@ -30,6 +37,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE_BYTES.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        THREAD_ALLOCS.with(|count| count.set(count.get() + 1));
         // SAFETY: same contract as the caller's.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -136,4 +144,40 @@ fn churn_of_ten_budgets_stays_within_budget_and_memory_bound() {
         "dropping the index frees it: {} left",
         live() - before
     );
+}
+
+#[test]
+fn lookups_and_quiesce_do_not_allocate() {
+    let mut index = IndexWriter::new(IndexConfig { block_size: 4 }).expect("index");
+    let ns = Namespace {
+        model: 3,
+        partition: 1,
+    };
+    let tokens: Vec<u32> = (0..4096).collect();
+    let text: String = "pré-fixe partagé ".repeat(200);
+    for worker in 0..12u16 {
+        let cut = 1024 + usize::from(worker) * 64;
+        index
+            .insert_tokens(ns, &tokens[..cut], WorkerId(worker), u64::from(worker))
+            .expect("tokens");
+        let end = (0..=cut)
+            .rev()
+            .find(|at| text.is_char_boundary(*at))
+            .unwrap_or(0);
+        index
+            .insert_text(ns, &text[..end], WorkerId(worker), 1)
+            .expect("text");
+    }
+    let mut reader = index.reader().expect("reader");
+    let before = THREAD_ALLOCS.with(Cell::get);
+    let mut matched = 0u64;
+    for _ in 0..100 {
+        matched += u64::from(reader.lookup_tokens(ns, &tokens).matched_len);
+        matched += u64::from(reader.lookup_text(ns, &text).matched_len);
+        matched += u64::from(reader.lookup_text(Namespace::default(), &text).matched_len);
+        reader.quiesce();
+    }
+    let allocs = THREAD_ALLOCS.with(Cell::get) - before;
+    assert!(matched > 0, "lookups matched");
+    assert_eq!(allocs, 0, "a lookup allocates nothing");
 }

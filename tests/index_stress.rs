@@ -297,7 +297,7 @@ fn stress_short() {
 }
 
 #[test]
-#[ignore = "long stress run (about a minute); cargo test --release -- --ignored stress_long"]
+#[ignore = "long stress run (2–3 minutes in release): cargo test --release --test index_stress -- --ignored"]
 fn stress_long() {
     stress(3_000_000, 3);
 }

@@ -25,6 +25,9 @@ fn failing_worker_is_skipped_after_the_thresholds_and_returns_after_recovery() {
     let gw = Gateway::start(
         &sim.urls(),
         &[
+            // Identical prompts must still reach every worker (cache_aware would stick to one).
+            "--policy",
+            "round_robin",
             "--health-check-interval-secs",
             "1",
             "--health-failure-threshold",
@@ -118,6 +121,9 @@ fn circuit_opens_on_failures_and_closes_after_the_timeout() {
     let gw = Gateway::start(
         &sim.urls(),
         &[
+            // Identical prompts must still reach every worker (cache_aware would stick to one).
+            "--policy",
+            "round_robin",
             "--cb-failure-threshold",
             "3",
             "--cb-success-threshold",
@@ -164,6 +170,9 @@ fn a_worker_failing_mid_stream_ends_the_stream_with_an_error_event_and_a_killed_
     let gw = Gateway::start(
         &urls,
         &[
+            // Identical prompts must reach both workers (cache_aware would stick to one).
+            "--policy",
+            "round_robin",
             "--health-check-interval-secs",
             "1",
             "--health-failure-threshold",
@@ -189,6 +198,7 @@ fn a_worker_failing_mid_stream_ends_the_stream_with_an_error_event_and_a_killed_
         saw_error_event,
         "round robin never reached the faulty worker"
     );
+    assert!(gw.metric_sum("kvgate_upstream_responses_cut_total") >= 1.0);
     drop(a); // kill worker A
     for _ in 0..10 {
         let r = gw.post("/v1/chat/completions", &chat("after the kill"));
@@ -202,6 +212,9 @@ fn a_hanging_worker_does_not_stall_the_others() {
     let gw = Gateway::start(
         &sim.urls(),
         &[
+            // Spread the concurrent requests over both workers whatever the policy's tie-breaking.
+            "--policy",
+            "round_robin",
             "--request-timeout-secs",
             "3",
             "--health-check-interval-secs",
@@ -256,6 +269,9 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
     let gw = Gateway::start(
         &sim.urls(),
         &[
+            // Identical prompts must still reach every worker (cache_aware would stick to one).
+            "--policy",
+            "round_robin",
             "--load-monitor-interval",
             "1",
             "--worker-overload-waiting-requests",
@@ -317,6 +333,42 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
 }
 
 #[test]
+fn a_worker_with_a_long_queue_gets_fewer_new_requests_under_cache_aware() {
+    let sim = Sim::start(2, &["--max-running-requests", "1"]);
+    let gw = Gateway::start(&sim.urls(), &["--load-monitor-interval", "1"]);
+    // Queue long prompts on engine 0 directly: its report shows a large uncached backlog.
+    let long_prompt = vec!["word"; 3000].join(" ");
+    let port0 = sim.port(0);
+    let busy: Vec<_> = (0..4)
+        .map(|i| {
+            let body = format!(
+                r#"{{"model":"sim-model","stream":true,"max_tokens":150,"messages":[{{"role":"user","content":"{i} {long_prompt}"}}]}}"#
+            );
+            std::thread::spawn(move || support::post(port0, "/v1/chat/completions", &body))
+        })
+        .collect();
+    let waiting = format!("smg_engine_waiting_requests{{worker=\"{}\"}}", sim.url(0));
+    assert!(wait_until(Duration::from_secs(5), || gw
+        .metric_value(&waiting)
+        .is_some_and(|v| v >= 2.0)));
+    // Distinct prompts (cache misses) go to the lowest expected wait: mostly engine 1.
+    let to_busy = (0..10)
+        .filter(|i| {
+            let r = gw.post(
+                "/v1/chat/completions",
+                &chat(&format!("fresh question {i}")),
+            );
+            r.routed_worker() == Some(sim.url(0))
+        })
+        .count();
+    assert!(
+        to_busy <= 3,
+        "the queued worker got {to_busy} of 10 new requests"
+    );
+    drop(busy);
+}
+
+#[test]
 fn unknown_model_is_404_and_admin_calls_need_the_key() {
     let sim = Sim::start(1, &["--instant"]);
     let gw = Gateway::start(&sim.urls(), &["--admin-api-key", "s3cret"]);
@@ -324,10 +376,14 @@ fn unknown_model_is_404_and_admin_calls_need_the_key() {
         .post("/v1/chat/completions", &chat("hi"))
         .status
         == 200));
-    let r = gw.post(
-        "/v1/chat/completions",
-        r#"{"model":"no-such-model","messages":[]}"#,
-    );
+    // Until the first discovery round every model routes (no signal is never a penalty); after
+    // it, a model no worker lists is a 404.
+    let unknown = r#"{"model":"no-such-model","messages":[]}"#;
+    assert!(wait_until(Duration::from_secs(5), || gw
+        .post("/v1/chat/completions", unknown)
+        .status
+        == 404));
+    let r = gw.post("/v1/chat/completions", unknown);
     assert_eq!(r.status, 404);
     assert!(String::from_utf8_lossy(&r.body).contains("not served by any worker"));
     assert_eq!(gw.request("GET", "/workers", "", None).status, 401);
@@ -342,7 +398,8 @@ fn unknown_model_is_404_and_admin_calls_need_the_key() {
 #[test]
 fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
     let sim = Sim::start(2, &[]);
-    let gw = Gateway::start(&sim.urls(), &[]);
+    // Identical prompts must reach the re-added worker (cache_aware would stick to one).
+    let gw = Gateway::start(&sim.urls(), &["--policy", "round_robin"]);
     let port = gw.port;
     let streams: Vec<_> = (0..4)
         .map(|_| {

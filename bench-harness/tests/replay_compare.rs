@@ -10,11 +10,12 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// The policies compared. Round robin runs twice: fresh fleets make both runs see the same hit
-/// rate (a reused, warm fleet would flatter the second).
-// TODO(cache_aware): kvgate on branch `gateway` offers round_robin and random only; when
-// cache_aware is wired into the binary, compare "round_robin,cache_aware,round_robin" and assert
-// cache_aware's hit rate is above round robin's (see `hit` below).
-const POLICIES: &str = "round_robin,random,round_robin";
+/// rate (a reused, warm fleet would flatter the second), and cache_aware must beat it. `direct`
+/// sends to the engines without a gateway: the baseline of the gateway's added latency.
+const POLICIES: &str = "round_robin,cache_aware,round_robin,direct";
+
+/// Requests per policy.
+const REQUESTS: u64 = 128;
 
 fn replay_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_replay"))
@@ -30,7 +31,8 @@ fn kvgate_binary() -> PathBuf {
     path
 }
 
-/// `replay compare` with a tiny workload: 8 groups of 2 conversations, 512-token system prompts.
+/// `replay compare` with a tiny workload: 8 groups of 2 conversations, 512-token system prompts,
+/// on 4 engines of 2,048 tokens of KV cache each.
 fn compare_command(dir: &Path, policies: &str, requests: u64) -> Command {
     let mut command = Command::new(replay_binary());
     command
@@ -48,15 +50,19 @@ fn compare_command(dir: &Path, policies: &str, requests: u64) -> Command {
         "--max-requests",
         &requests.to_string(),
         "--concurrency",
-        "4",
+        "2",
         "--engines",
         "4",
+        // Two groups' system prompts fit an engine, eight do not: where requests go matters.
+        "--kv-capacity-tokens",
+        "2048",
     ]);
     command.args([
         "--policies",
         policies,
         "--no-progress",
-        "--sim-arg=--speedup=20",
+        "--sim-speedup",
+        "20",
     ]);
     command
         .arg("--sim-engine")
@@ -108,9 +114,11 @@ fn is_running(pid: u32) -> bool {
 }
 
 #[test]
-fn each_policy_gets_a_fresh_fleet_and_a_column() {
+fn cache_aware_beats_round_robin_on_fresh_fleets() {
     let dir = tempfile::tempdir().unwrap();
-    let child = compare_command(dir.path(), POLICIES, 64).spawn().unwrap();
+    let child = compare_command(dir.path(), POLICIES, REQUESTS)
+        .spawn()
+        .unwrap();
     let output = wait_bounded(child, Duration::from_secs(120));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "replay compare failed:\n{stderr}");
@@ -130,24 +138,30 @@ fn each_policy_gets_a_fresh_fleet_and_a_column() {
         .collect();
     assert_eq!(labels.join(","), POLICIES);
     for report in reports {
-        assert_eq!(report["requests"], 64, "{report}");
-        assert_eq!(report["errors"], 0, "{report}");
+        let summary = format!(
+            "{}: {} errors {}",
+            report["label"], report["errors"], report["errors_by_kind"]
+        );
+        assert_eq!(report["requests"], REQUESTS, "{summary}");
+        assert_eq!(report["errors"], 0, "{summary}");
         let per_worker = report["per_worker"].as_object().unwrap();
         assert_eq!(per_worker.len(), 4, "every engine of the fleet is listed");
         let routed: u64 = per_worker
             .values()
             .map(|w| w["requests"].as_u64().unwrap())
             .sum();
-        assert_eq!(routed, 64, "every response named its worker");
+        assert_eq!(routed, REQUESTS, "every response named its worker");
         assert!(report["cache_hit_rate"].as_f64().unwrap() > 0.0);
-        assert!(
-            report["watched_process"]["samples"]
-                .as_array()
-                .unwrap()
-                .len()
-                == 3
-        );
+        if report["label"] == "direct" {
+            assert!(report["watched_process"].is_null(), "no gateway to watch");
+            assert!(report["added_latency_ms"].is_null());
+        } else {
+            let samples = report["watched_process"]["samples"].as_array().unwrap();
+            assert_eq!(samples.len(), 3, "gateway RSS at 10%, 50%, 100%");
+            assert!(report["added_latency_ms"]["ttft_p50"].is_f64(), "{summary}");
+        }
     }
+    assert!(table.contains("TTFT p50 over direct (ms)"), "{table}");
     let hit = |i: usize| reports[i]["cache_hit_rate"].as_f64().unwrap();
     // Fresh engines per policy: the second round robin starts as cold as the first.
     assert!(
@@ -156,15 +170,21 @@ fn each_policy_gets_a_fresh_fleet_and_a_column() {
         hit(0),
         hit(2)
     );
-    // Round robin spreads each group's system prompt over all four engines: at most one hit
-    // per group and engine is lost, and it stays even.
-    assert!(hit(0) > 0.3, "round robin {:.3}", hit(0));
+    // Round robin sends every group to every engine, more than an engine's cache holds.
+    assert!(hit(0) > 0.2, "round robin {:.3}", hit(0));
     assert!(
         reports[0]["imbalance"].as_f64().unwrap() <= 1.01,
         "round robin is even"
     );
+    // cache_aware keeps each group on the engine that has its system prompt, and two groups fit.
+    assert!(
+        hit(1) > hit(0) + 0.15,
+        "cache_aware {:.3} vs round robin {:.3}",
+        hit(1),
+        hit(0)
+    );
     let svg = std::fs::read_to_string(dir.path().join("compare.svg")).unwrap();
-    assert!(svg.contains("round_robin") && svg.contains("random"));
+    assert!(svg.contains("round_robin") && svg.contains("cache_aware"));
 }
 
 #[test]

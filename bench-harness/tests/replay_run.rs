@@ -27,6 +27,7 @@ const PAGE: usize = 16;
 
 #[derive(Default)]
 struct MockState {
+    is_engine: bool,
     pages_seen: Mutex<HashSet<u64>>,
     requests: AtomicU64,
     connections: AtomicU64,
@@ -85,8 +86,13 @@ async fn handle(
         .unwrap_or_default();
     let n = state.requests.fetch_add(1, Ordering::SeqCst) + 1;
     let (tx, rx) = mpsc::channel(8);
-    let response =
-        hyper::Response::builder().header("x-smg-routed-worker-id", format!("http://w{}", n % 3));
+    let response = hyper::Response::builder();
+    // An engine (no gateway in front) names no worker.
+    let response = if state.is_engine {
+        response
+    } else {
+        response.header("x-smg-routed-worker-id", format!("http://w{}", n % 3))
+    };
     if n % 5 == 0 {
         drop(tx);
         return Ok(response.status(503).body(ChannelBody(rx)).unwrap());
@@ -144,9 +150,16 @@ impl hyper::body::Body for ChannelBody {
 }
 
 async fn start_mock() -> (SocketAddr, Arc<MockState>) {
+    start_mock_as(false).await
+}
+
+async fn start_mock_as(is_engine: bool) -> (SocketAddr, Arc<MockState>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let state = Arc::new(MockState::default());
+    let state = Arc::new(MockState {
+        is_engine,
+        ..MockState::default()
+    });
     let server_state = state.clone();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
@@ -327,4 +340,24 @@ async fn a_stop_ends_the_replay_early_with_what_completed() {
         "{}",
         report.requests
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_urls_are_sent_to_in_turn_and_credited_as_workers() {
+    let (a, state_a) = start_mock_as(true).await;
+    let (b, state_b) = start_mock_as(true).await;
+    let (_stop, stop) = watch::channel(false);
+    let mut replay = options(format!("http://{a},http://{b}/"), RequestForm::Chat, 10);
+    replay.known_workers = vec![format!("http://{a}"), format!("http://{b}")];
+    let report = tokio::time::timeout(Duration::from_secs(20), run_replay(&replay, stop))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(report.requests, 10);
+    assert_eq!(state_a.requests.load(Ordering::SeqCst), 5);
+    assert_eq!(state_b.requests.load(Ordering::SeqCst), 5);
+    // Each mock fails its fifth request: 8 successes, 4 per URL, none unattributed.
+    assert_eq!(report.per_worker[&format!("http://{a}")].requests, 4);
+    assert_eq!(report.per_worker[&format!("http://{b}")].requests, 4);
+    assert_eq!(report.unattributed_requests, 0);
 }

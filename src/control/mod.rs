@@ -2,11 +2,13 @@
 //! records into the index, runs eviction, polls load, checks health and serves admin mutations.
 //!
 //! Now: `ControlCore::run` drains every data core's `DispatchRecord` queue each `CONTROL_TURN`
-//! (`apply_record` is where the index insert goes), refreshes the merged `/v1/models` answer
+//! into the index (`IndexUpkeep::apply_record`), reclaims retired index memory every turn and
+//! evicts over-budget trees every `--eviction-interval` (then publishes the tree gauges), refreshes the merged `/v1/models` answer
 //! from every worker each `MODELS_REFRESH_INTERVAL`, and serves Prometheus `/metrics` on
 //! `--prometheus-host:--prometheus-port`. It runs on its own thread (`kvgate-control`) with its
 //! own monoio runtime; nothing here is on a data core's request path.
 
+use std::collections::HashMap;
 use std::net::TcpListener as StdTcpListener;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -17,35 +19,44 @@ use monoio::net::TcpListener;
 use crate::http::client;
 use crate::http::codec::{self, Method};
 use crate::http::io::Socket;
+use crate::index::{IndexWriter, ModelGauges};
 use crate::limits::{
     CONTROL_TURN, HEADER_READ_TIMEOUT, MODELS_BODY_BYTES_MAX, MODELS_REFRESH_INTERVAL,
     READ_BUF_BYTES_INITIAL,
 };
 use crate::metrics::Counter;
+use crate::policy::{KeyData, RecordKey};
 use crate::runtime::Shared;
 use crate::workers::admin::driver::WorkerDriver;
 use crate::workers::WorkerId;
 
-/// What a data core tells the control core about one dispatched request. The `policy` work
-/// extends it with the routing key (namespace, tokens or text hash) for the index insert.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a data core tells the control core about one dispatched request.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DispatchRecord {
     /// The worker the request went to.
     pub worker: WorkerId,
     /// Milliseconds since gateway start when it was dispatched (`Shared::tick_now`).
     pub tick: u64,
+    /// The request's index key (cache_aware): the tree learns from every dispatch.
+    pub key: Option<RecordKey>,
 }
 
 /// The control core's state, owned by its thread.
 #[derive(Debug)]
 pub struct ControlCore {
     shared: Arc<Shared>,
+    index: Option<IndexUpkeep>,
 }
 
 impl ControlCore {
-    /// A control core over `shared`.
+    /// A control core over `shared`; it takes the index writer.
     pub fn new(shared: Arc<Shared>) -> Self {
-        ControlCore { shared }
+        let index = shared.take_index_writer().map(|writer| IndexUpkeep {
+            writer,
+            model_names: HashMap::new(),
+            next_eviction: Instant::now() + shared.config.policy.eviction_interval,
+        });
+        ControlCore { shared, index }
     }
 
     /// Runs until shutdown: the record-draining loop, with the models refresher and the
@@ -59,23 +70,28 @@ impl ControlCore {
             Err(e) => tracing::error!("metrics listener unusable: {e}"),
         }
         monoio::spawn(refresh_models_forever(shared.clone()));
+        let mut core = self;
+        core.publish_tree_gauges();
         let mut workers = WorkerDriver::new(&shared);
         while !shared.is_shutting_down() {
-            self.drain_records();
+            core.drain_records();
             for id in workers.turn(&shared) {
-                purge_worker_from_indexes(id);
+                core.purge_worker_from_indexes(id);
             }
+            core.upkeep_index();
             monoio::time::sleep(CONTROL_TURN).await;
         }
-        self.drain_records();
+        core.drain_records();
     }
 
     /// Applies every queued dispatch record.
-    fn drain_records(&self) {
+    fn drain_records(&mut self) {
         let mut applied = 0u64;
         for queue in self.shared.dispatch_queues.iter() {
             while let Some(record) = queue.pop() {
-                apply_record(record);
+                if let Some(index) = &mut self.index {
+                    index.apply_record(record);
+                }
                 applied += 1;
             }
         }
@@ -86,17 +102,112 @@ impl ControlCore {
                 .add(Counter::DispatchRecordsApplied, applied);
         }
     }
+
+    /// Frees retired index memory every turn; every `--eviction-interval`, evicts over-budget
+    /// trees and publishes the tree gauges.
+    fn upkeep_index(&mut self) {
+        let Some(index) = &mut self.index else {
+            return;
+        };
+        index.writer.reclaim();
+        if Instant::now() < index.next_eviction {
+            return;
+        }
+        let policy = &self.shared.config.policy;
+        index.next_eviction = Instant::now() + policy.eviction_interval;
+        let evicted = index.writer.evict(policy.max_tree_size);
+        if evicted.entries > 0 {
+            tracing::debug!(
+                entries = evicted.entries,
+                units = evicted.units,
+                "index eviction"
+            );
+        }
+        self.publish_tree_gauges();
+    }
+
+    /// Removes a purged worker from every index, before its slot id can be reused.
+    fn purge_worker_from_indexes(&mut self, id: WorkerId) {
+        if let Some(index) = &mut self.index {
+            let removed = index.writer.remove_worker(id);
+            tracing::debug!(
+                worker = id.0,
+                entries = removed,
+                "worker purged from the index"
+            );
+            self.publish_tree_gauges();
+        }
+    }
+
+    fn publish_tree_gauges(&self) {
+        let Some(index) = &self.index else {
+            return;
+        };
+        let gauges = index.writer.gauges().into_iter().map(|g| {
+            let name = index.model_names.get(&g.model).cloned();
+            (name.unwrap_or_else(|| format!("{:016x}", g.model)), g)
+        });
+        self.shared.tree_gauges.store(Arc::new(gauges.collect()));
+    }
 }
 
-/// Removes a purged worker from every index, before its slot id can be reused. The hook for the
-/// index writer's `remove_worker` once the control core owns the `IndexWriter`.
-fn purge_worker_from_indexes(id: WorkerId) {
-    tracing::debug!(worker = id.0, "purge from indexes (no index wired yet)");
+/// The index writer and what the control core keeps beside it.
+#[derive(Debug)]
+struct IndexUpkeep {
+    writer: IndexWriter,
+    /// Model names by hash, learned from the records, for gauge labels.
+    model_names: HashMap<u64, String>,
+    next_eviction: Instant,
 }
 
-/// Where a dispatch record updates shared state (the index insert, once the index exists).
-fn apply_record(record: DispatchRecord) {
-    let _ = record;
+impl IndexUpkeep {
+    /// The index insert: the tree learns the worker this request went to.
+    fn apply_record(&mut self, record: DispatchRecord) {
+        let Some(key) = record.key else {
+            return;
+        };
+        if let Some(name) = key.model_name {
+            self.model_names.insert(key.namespace.model, name.into());
+        }
+        let (ns, worker, tick) = (key.namespace, record.worker, record.tick);
+        let inserted = match &key.key {
+            KeyData::Text(text) => self.writer.insert_text(ns, text, worker, tick),
+            KeyData::Tokens(tokens) => self.writer.insert_tokens(ns, tokens, worker, tick),
+        };
+        if let Err(e) = inserted {
+            tracing::debug!("dispatch record dropped by the index: {e}");
+        }
+    }
+}
+
+/// A gauge family: name, help text, and its value for one model.
+type GaugeFamily = (&'static str, &'static str, fn(&ModelGauges) -> u64);
+
+/// `smg_cache_tree_chars`, `smg_cache_tree_tokens` and `smg_cache_tree_tenants` per model.
+pub fn render_tree_gauges(gauges: &[(String, ModelGauges)], out: &mut String) {
+    use std::fmt::Write as _;
+    let families: [GaugeFamily; 3] = [
+        (
+            "smg_cache_tree_chars",
+            "Characters in the string tree",
+            |g| g.string.units,
+        ),
+        ("smg_cache_tree_tokens", "Tokens in the token tree", |g| {
+            g.token.units
+        }),
+        (
+            "smg_cache_tree_tenants",
+            "Workers holding entries in the trees",
+            |g| g.string.tenants.max(g.token.tenants),
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+        for (model, g) in gauges {
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(g));
+        }
+    }
 }
 
 async fn refresh_models_forever(shared: Arc<Shared>) {

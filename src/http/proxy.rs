@@ -1,7 +1,8 @@
 //! The request driver for routed endpoints. `proxy_request` owns the branching and the capped
 //! retry loop; each phase is a plain function it calls, in this order:
 //!
-//! 1. **validate** (`check_json`): a routed body must be JSON (400 otherwise).
+//! 1. **validate and extract** (`extract_routing_input`): one pass reads the routing input; a
+//!    routed body must be a JSON object (400 otherwise).
 //! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
 //! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
 //!    ends, however it ends.
@@ -9,7 +10,8 @@
 //! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
 //! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
 //!    through without buffering; chunked framing is tracked so the connection can be pooled.
-//! 7. **record** (`record_dispatch`): a `DispatchRecord` to the control core.
+//! 7. **record** (`record_dispatch`, as soon as the request is forwarded): a `DispatchRecord`
+//!    with the index key to the control core.
 //!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
 //! retryable (refused, reset, stale pooled socket) are tried again on another worker, up to
@@ -18,7 +20,9 @@
 
 use std::time::Instant;
 
-use super::codec::{self, ChunkedDecoder, DownstreamFraming, Framing, Method, ResponseHead};
+use super::codec::{
+    self, ChunkedDecoder, DownstreamFraming, Framing, Method, RequestHead, ResponseHead,
+};
 use super::endpoint::Endpoint;
 use super::error::{ErrorKind, ProxyError, Retry, Side};
 use super::io::Socket;
@@ -28,6 +32,7 @@ use super::server::{DataCore, Downstream, Request};
 use crate::control::DispatchRecord;
 use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_READ_BYTES};
 use crate::metrics::Counter;
+use crate::policy::RecordKey;
 use crate::workers::breaker::{is_retryable_status, AttemptOutcome, RetryPolicy, RETRIES_MAX};
 use crate::workers::table::WorkerEntry;
 use crate::workers::WorkerId;
@@ -97,17 +102,21 @@ pub async fn proxy_request(
         body_buf,
     } = down;
     let body = request.body(read_buf, body_buf);
-    let model = check_json(body)?;
+    extract_routing_input(core, endpoint, &request.head, read_buf, body)?;
     let catalog = core.shared.workers.catalog.load();
-    let models = catalog
-        .workers_for(model.as_deref())
-        .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    let models = {
+        let router = core.router.borrow();
+        catalog.workers_for(Some(router.model()))
+    }
+    .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    let record = core.router.borrow_mut().record_key();
     let input = RouteInput {
         endpoint,
         head: &request.head,
         head_buf: read_buf,
         body,
         models,
+        record,
     };
     let mut client = ClientSide {
         socket,
@@ -136,7 +145,6 @@ pub async fn proxy_request(
         match attempt(core, &mut client, &input, worker, deadline, retry_status).await {
             Ok(forwarded) => {
                 record_outcome(core, worker, forwarded.outcome);
-                record_dispatch(core, worker);
                 return Ok(forwarded.forwarded);
             }
             Err(failure) => {
@@ -160,6 +168,23 @@ pub async fn proxy_request(
     }
     Err(last_error
         .unwrap_or_else(|| ProxyError::new(ErrorKind::NoHealthyWorker, Side::Internal, "route")))
+}
+
+/// The validate-and-extract phase: one pass over the body reads the routing input (model, key,
+/// partition) without building a document; a body that is not a JSON object is a 400.
+fn extract_routing_input(
+    core: &DataCore,
+    endpoint: Endpoint,
+    head: &RequestHead,
+    head_buf: &[u8],
+    body: &[u8],
+) -> Result<(), ProxyError> {
+    let now_ms = core.shared.tick_now();
+    let prepared = core
+        .router
+        .borrow_mut()
+        .prepare(endpoint, head, head_buf, body, now_ms);
+    prepared.map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
 }
 
 /// Attempts one request may make: the first plus `--retry-max-retries` (1 with
@@ -189,6 +214,11 @@ fn pick_worker(
     tried: &mut TriedWorkers,
     attempts: usize,
 ) -> Option<WorkerId> {
+    if attempts > 0 {
+        // The attempts awaited: another request on this core may have prepared since. Prepare
+        // this one again so the policy reads its own routing input (the body parsed before).
+        let _ = extract_routing_input(core, input.endpoint, input.head, input.head_buf, input.body);
+    }
     let picked = core.router.borrow_mut().route(input, view, tried);
     if picked.is_some() || attempts == 0 {
         return picked;
@@ -218,13 +248,6 @@ fn record_outcome(core: &DataCore, worker: &WorkerEntry, outcome: Option<Attempt
     }
 }
 
-/// The validate phase: a full-syntax check without building a document, returning the
-/// request's `model` (routing is restricted to the workers serving it).
-fn check_json(body: &[u8]) -> Result<Option<String>, ProxyError> {
-    crate::workers::admin::request_model(body)
-        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
-}
-
 /// One upstream attempt: connect or reuse, forward, stream back, pool the connection. With
 /// `retry_status`, a retryable status (408, 429, 5xx) is not forwarded but returned as a failure.
 async fn attempt(
@@ -247,6 +270,8 @@ async fn attempt(
     forward(&mut up, input, &worker.spec.authority, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
+    // The worker has the request: the index learns it now, not when the response ends.
+    record_dispatch(core, worker, input.record.as_ref());
     let method = input.head.method;
     let streamed = stream_back(
         core,
@@ -274,15 +299,11 @@ async fn attempt(
     if streamed.upstream_reusable {
         core.pool.borrow_mut().put(worker.id, up, Instant::now());
     }
-    let status = streamed.forwarded.status;
-    let outcome = if streamed.upstream_failed || status >= 500 || is_retryable_status(status) {
-        AttemptOutcome::Failure
-    } else {
-        AttemptOutcome::Success
-    };
+    // The head's outcome was recorded when it arrived; a body cut short adds a failure.
+    let outcome = streamed.upstream_failed.then_some(AttemptOutcome::Failure);
     Ok(AttemptDone {
         forwarded: streamed.forwarded,
-        outcome: Some(outcome),
+        outcome,
     })
 }
 
@@ -477,6 +498,16 @@ async fn stream_back(
     if retry_status && is_retryable_status(head.status) {
         return Ok(StreamEnd::RetryableStatus(head.status));
     }
+    // The breaker hears the answer now, not when a long stream ends: otherwise successes would
+    // lag failures by a generation's length and a burst of quick errors would look consecutive.
+    let head_outcome = if head.status >= 500 || is_retryable_status(head.status) {
+        AttemptOutcome::Failure
+    } else {
+        AttemptOutcome::Success
+    };
+    core.shared
+        .workers
+        .record_attempt(core.index, worker.id, head_outcome);
     let event_stream = head
         .headers
         .get(&up.read_buf, "content-type")
@@ -532,6 +563,7 @@ async fn stream_back(
                     Ok(_) => ErrorKind::UpstreamClosed,
                 };
                 count_error(core, kind);
+                core.metrics().incr(Counter::UpstreamResponsesCut);
                 if end_stream_with_error_event(client, &tracker, event_stream, framing) {
                     write_client(client).await;
                 }
@@ -543,6 +575,7 @@ async fn stream_back(
             Ok(consumed) => consumed,
             Err(e) => {
                 count_error(core, e.kind);
+                core.metrics().incr(Counter::UpstreamResponsesCut);
                 return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
@@ -629,10 +662,15 @@ async fn write_client_from(
 }
 
 /// The record phase: tell the control core where this request went.
-fn record_dispatch(core: &DataCore, worker: &WorkerEntry) {
+fn record_dispatch(core: &DataCore, worker: &WorkerEntry, key: Option<&RecordKey>) {
+    let tick = core.shared.tick_now();
+    if let Some(key) = key {
+        core.router.borrow_mut().remember(key, worker.id, tick);
+    }
     let record = DispatchRecord {
         worker: worker.id,
-        tick: core.shared.tick_now(),
+        tick,
+        key: key.cloned(),
     };
     if core.shared.dispatch_queues[core.index]
         .push(record)

@@ -1,14 +1,22 @@
-//! The route phase: the seam where a policy picks a worker. `Router::route` gets the request
-//! (endpoint, head, body bytes) and the published `WorkerView`, and returns a `WorkerId` or
-//! `None` when no eligible worker is left. It is synchronous and does no I/O, so policies are
-//! testable without sockets. The `policy` module plugs `cache_aware` in as one more
-//! `PolicyKind` arm here; the codec and the driver do not change.
+//! The route phase: the seam where a policy picks a worker. `Router::prepare` extracts the
+//! routing input once per request (and looks it up in the index); `Router::route` gets the
+//! published `WorkerView` and returns a `WorkerId` or `None` when no eligible worker is left;
+//! `Router::record` gives the index key the control core inserts. All synchronous, no I/O: the
+//! policies themselves live in `crate::policy` and are testable without sockets.
+
+use std::sync::Arc;
 
 use super::codec::RequestHead;
 use super::endpoint::Endpoint;
-use crate::config::PolicyKind;
+use crate::index::IndexReader;
 use crate::limits::UPSTREAM_ATTEMPTS_MAX;
+use crate::policy::{CoreRouting, PolicyConfig, PolicyMetrics, RecordKey, WorkerStatus};
+use crate::request::{
+    Endpoint as RequestEndpoint, RequestError, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER,
+    ROUTING_TOKENS_HEADER, TARGET_WORKER_HEADER,
+};
 use crate::workers::admin::ModelWorkers;
+use crate::workers::load::LoadReport;
 use crate::workers::table::{Roster, WorkerTable};
 use crate::workers::WorkerId;
 
@@ -25,6 +33,8 @@ pub struct RouteInput<'a> {
     pub body: &'a [u8],
     /// The workers serving the requested model (`workers::admin::ModelCatalog`).
     pub models: ModelWorkers<'a>,
+    /// This request's index key (cache_aware), taken right after `Router::prepare`.
+    pub record: Option<RecordKey>,
 }
 
 /// The published worker state a policy reads: the roster and the table's atomics.
@@ -58,48 +68,98 @@ impl TriedWorkers {
     }
 }
 
-/// A data core's routing state (cursor, random source), one per core: no sharing.
+/// A data core's routing state (the policy, its scratch buffers, its index reader), one per
+/// core: no sharing. The work lives in `policy::CoreRouting`; this adapts the gateway's request
+/// and worker view to it.
 #[derive(Debug)]
 pub struct Router {
-    policy: PolicyKind,
-    cursor: usize,
-    rng: fastrand::Rng,
+    routing: CoreRouting,
 }
 
 impl Router {
-    /// A router for `policy`; `seed` makes random choices reproducible.
-    pub fn new(policy: PolicyKind, seed: u64) -> Self {
+    /// A router for `policy`; `seed` makes random choices reproducible; `reader` is this core's
+    /// index handle (cache_aware), `metrics` this core's decision counters.
+    pub fn new(
+        policy: PolicyConfig,
+        seed: u64,
+        reader: Option<IndexReader>,
+        metrics: Arc<PolicyMetrics>,
+    ) -> Self {
         Router {
-            policy,
-            cursor: seed as usize,
-            rng: fastrand::Rng::with_seed(seed),
+            routing: CoreRouting::new(policy, seed, reader, metrics),
         }
     }
 
-    /// Picks a healthy worker not in `tried`, or `None` if there is none.
+    /// The extract phase, once per request: reads the routing input from the body and headers
+    /// and looks it up in the index. A body that is not a JSON object is an error (400).
+    pub fn prepare(
+        &mut self,
+        endpoint: Endpoint,
+        head: &RequestHead,
+        head_buf: &[u8],
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<(), RequestError> {
+        let endpoint = match endpoint {
+            Endpoint::Generate => RequestEndpoint::Generate,
+            Endpoint::ChatCompletions => RequestEndpoint::ChatCompletions,
+            Endpoint::Completions => RequestEndpoint::Completions,
+            // Only the four routed endpoints reach the proxy; anything else routes as text.
+            _ => RequestEndpoint::Messages,
+        };
+        let header = |name| head.headers.get(head_buf, name);
+        let headers = RoutingHeaders {
+            mode: RoutingMode::Regular,
+            routing_tokens: header(ROUTING_TOKENS_HEADER),
+            routing_key: header(ROUTING_KEY_HEADER),
+            target_worker: header(TARGET_WORKER_HEADER),
+        };
+        self.routing.prepare(endpoint, headers, body, now_ms)
+    }
+
+    /// The `model` field of the prepared request (empty when absent).
+    pub fn model(&self) -> &str {
+        self.routing.model()
+    }
+
+    /// Picks a healthy worker not in `tried`, or `None` if there is none (after `prepare`).
     pub fn route(
         &mut self,
         input: &RouteInput<'_>,
         view: WorkerView<'_>,
         tried: &TriedWorkers,
     ) -> Option<WorkerId> {
-        let eligible = |id: WorkerId| {
-            view.table.is_eligible(id) && input.models.allows(id) && !tried.contains(id)
-        };
-        let workers = &view.roster.workers;
-        if workers.is_empty() {
-            return None;
-        }
-        let start = match self.policy {
-            PolicyKind::RoundRobin => {
-                self.cursor = self.cursor.wrapping_add(1);
-                self.cursor
-            }
-            PolicyKind::Random => self.rng.usize(..workers.len()),
-        };
-        (0..workers.len())
-            .map(|i| workers[(start.wrapping_add(i)) % workers.len()].id)
-            .find(|&id| eligible(id))
+        let workers = view.roster.workers.iter().map(|w| {
+            let load_report = view.table.signals(w.id).load();
+            let status = WorkerStatus {
+                eligible: view.table.is_eligible(w.id)
+                    && input.models.allows(w.id)
+                    && !tried.contains(w.id),
+                in_flight: view.table.inflight(w.id),
+                load: load_report.as_deref().map(LoadReport::to_policy_load),
+                credited_tokens: 0,
+            };
+            // The report's address identifies it: a new report resets this core's credits.
+            let generation = load_report.as_ref().map_or(0, |r| Arc::as_ptr(r) as usize);
+            (w.id, w.spec.url.as_str(), status, generation)
+        });
+        self.routing.choose(workers)
+    }
+
+    /// The index key of the prepared request (cache_aware), for the control core. Take it right
+    /// after `prepare`, before any `.await`: the router's input is the last prepared request's.
+    pub fn record_key(&mut self) -> Option<RecordKey> {
+        self.routing.record_key()
+    }
+
+    /// Remembers that `key` went to `worker` (this core's recent-dispatch map).
+    pub fn remember(&mut self, key: &RecordKey, worker: WorkerId, tick_ms: u64) {
+        self.routing.remember(key, worker, tick_ms);
+    }
+
+    /// Marks this core quiescent for index reclamation (the idle sweeper calls it).
+    pub fn quiesce(&mut self) {
+        self.routing.quiesce();
     }
 }
 
@@ -108,7 +168,17 @@ mod tests {
     use super::*;
     use crate::config::parse_worker_url;
     use crate::http::codec::parse_request_head;
+    use crate::policy::{PolicyArgs, PolicyKind};
     use crate::workers::table::Health;
+
+    fn router(kind: PolicyKind, seed: u64) -> Router {
+        let args = PolicyArgs {
+            policy: kind,
+            ..PolicyArgs::default()
+        };
+        let config = args.validate().unwrap();
+        Router::new(config, seed, None, Arc::new(PolicyMetrics::default()))
+    }
 
     const REQ: &[u8] = b"POST /generate HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
 
@@ -127,8 +197,12 @@ mod tests {
             head_buf: REQ,
             body: b"{}",
             models: ModelWorkers::Any,
+            record: None,
         };
         let roster = table.roster();
+        router
+            .prepare(input.endpoint, input.head, input.head_buf, input.body, 0)
+            .unwrap();
         router.route(
             &input,
             WorkerView {
@@ -142,12 +216,12 @@ mod tests {
     #[test]
     fn round_robin_cycles_and_skips_unhealthy() {
         let table = table(3);
-        let mut router = Router::new(PolicyKind::RoundRobin, 0);
+        let mut router = router(PolicyKind::RoundRobin, 0);
         let none = TriedWorkers::default();
         let picks: Vec<u16> = (0..6)
             .map(|_| pick(&mut router, &table, &none).unwrap().0)
             .collect();
-        assert_eq!(picks, [1, 2, 0, 1, 2, 0]);
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
         table.set_health(WorkerId(1), Health::Unhealthy);
         let picks: Vec<u16> = (0..4)
             .map(|_| pick(&mut router, &table, &none).unwrap().0)
@@ -158,7 +232,7 @@ mod tests {
     #[test]
     fn tried_workers_are_excluded_until_none_is_left() {
         let table = table(2);
-        let mut router = Router::new(PolicyKind::Random, 7);
+        let mut router = router(PolicyKind::Random, 7);
         let mut tried = TriedWorkers::default();
         let first = pick(&mut router, &table, &tried).unwrap();
         tried.insert(first);

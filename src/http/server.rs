@@ -45,7 +45,12 @@ pub struct DataCore {
 impl DataCore {
     /// A data core with an empty pool.
     pub fn new(index: usize, shared: Arc<Shared>) -> Self {
-        let router = Router::new(shared.config.policy, index as u64);
+        let router = Router::new(
+            shared.config.policy.clone(),
+            index as u64,
+            shared.take_index_reader(index),
+            shared.policy_metrics[index].clone(),
+        );
         DataCore {
             index,
             shared,

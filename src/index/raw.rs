@@ -13,7 +13,9 @@
 //!    reader has not announced one since it was created, so a reference borrowed from a guard
 //!    stays valid for the guard's lifetime.
 //! 4. A node's label is written only through a `FreshNode` (a slot no reader can reach: never
-//!    published, or reclaimed after a grace period), and cleared only when reclaimed.
+//!    published, or reclaimed after a grace period), and cleared only when reclaimed. Each label
+//!    allocation is owned (freed) by exactly one node; a split may move the ownership from a
+//!    node being retired to the new node that replaces the top of its edge.
 //! 5. Segments of the slab are freed only when the slab is dropped (no reader or writer left).
 #![allow(unsafe_code)]
 
@@ -201,6 +203,11 @@ pub struct Node<E: Element> {
     children: AtomicPtr<ChildEntry>,
     label_ptr: AtomicPtr<E>,
     label_len: AtomicU32,
+    /// Where this node's label ends inside its allocation (a split may hand the allocation to
+    /// the new upper node, whose label ends before the allocation does).
+    label_end: AtomicU32,
+    /// Whether this node frees the allocation when reclaimed (writer-side bookkeeping).
+    label_owned: AtomicBool,
     /// Depth in elements at the end of this node's edge; fixed for the node's lifetime.
     depth_end: AtomicU32,
     mru_version: AtomicU32,
@@ -213,6 +220,8 @@ impl<E: Element> Default for Node<E> {
             children: AtomicPtr::new(std::ptr::null_mut()),
             label_ptr: AtomicPtr::new(std::ptr::null_mut()),
             label_len: AtomicU32::new(0),
+            label_end: AtomicU32::new(0),
+            label_owned: AtomicBool::new(false),
             depth_end: AtomicU32::new(0),
             mru_version: AtomicU32::new(0),
             mru: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
@@ -250,22 +259,34 @@ impl<E: Element> Node<E> {
     pub fn label_from<'g>(&'g self, depth_from: u32, _guard: &'g Guard<'_>) -> Option<&'g [E]> {
         let ptr = self.label_ptr.load(Ordering::Acquire);
         let len = self.label_len.load(Ordering::Relaxed) as usize;
+        let end = self.label_end.load(Ordering::Relaxed) as usize;
         let wanted = self
             .depth_end
             .load(Ordering::Relaxed)
             .checked_sub(depth_from)? as usize;
-        if ptr.is_null() || wanted > len {
+        if ptr.is_null() || wanted > end || end > len {
             return None;
         }
-        // SAFETY: `ptr` and `len` were written together through a `FreshNode`, before the node
-        // was published (invariant 4), and describe one live boxed slice, freed only after a
-        // grace period the guard excludes (invariant 3). `len - wanted .. len` is in bounds.
-        unsafe { Some(std::slice::from_raw_parts(ptr.add(len - wanted), wanted)) }
+        // SAFETY: `ptr`, `len` and `end` were written together through a `FreshNode`, before
+        // the node was published (invariant 4), and describe one live boxed slice of `len`
+        // elements, freed only after a grace period the guard excludes (invariant 3) by the one
+        // node that owns it. `end - wanted .. end` is in bounds (checked above).
+        unsafe { Some(std::slice::from_raw_parts(ptr.add(end - wanted), wanted)) }
     }
 
-    /// Elements in the label allocation (the accounting of label memory).
-    pub fn label_capacity(&self) -> u32 {
-        self.label_len.load(Ordering::Relaxed)
+    /// Elements in the label allocation this node owns, 0 when it owns none (the accounting
+    /// of label memory).
+    pub fn owned_label_capacity(&self) -> u32 {
+        if self.label_owned.load(Ordering::Relaxed) {
+            self.label_len.load(Ordering::Relaxed)
+        } else {
+            0
+        }
+    }
+
+    /// Where the label ends inside its allocation.
+    pub fn label_end(&self) -> u32 {
+        self.label_end.load(Ordering::Relaxed)
     }
 
     /// Depth in elements at the end of this node's edge.
@@ -408,6 +429,40 @@ impl<E: Element> FreshNode<'_, E> {
         let old = self.node.label_ptr.swap(ptr, Ordering::Relaxed);
         debug_assert!(old.is_null(), "a fresh node has no label");
         self.node.label_len.store(len, Ordering::Relaxed);
+        self.node.label_end.store(len, Ordering::Relaxed);
+        self.node.label_owned.store(true, Ordering::Relaxed);
+        self.node.depth_end.store(depth_end, Ordering::Relaxed);
+        self.node
+            .children
+            .store(std::ptr::null_mut(), Ordering::Relaxed);
+        self.node.set_tenants(tenants, writer);
+    }
+
+    /// Writes the node's depth and a label that is a prefix of `donor`'s allocation, ending at
+    /// `label_end`; the allocation's ownership moves here. `donor` is being retired: it keeps
+    /// reading the same memory until reclaimed but no longer frees it.
+    pub fn init_taking_label(
+        &self,
+        donor: &Node<E>,
+        label_end: u32,
+        depth_end: u32,
+        tenants: &[u16],
+        writer: &WriterToken,
+    ) {
+        debug_assert!(
+            donor.label_owned.load(Ordering::Relaxed),
+            "the donor owns its label"
+        );
+        donor.label_owned.store(false, Ordering::Relaxed);
+        let ptr = donor.label_ptr.load(Ordering::Relaxed);
+        let len = donor.label_len.load(Ordering::Relaxed);
+        let old = self.node.label_ptr.swap(ptr, Ordering::Relaxed);
+        debug_assert!(old.is_null(), "a fresh node has no label");
+        self.node.label_len.store(len, Ordering::Relaxed);
+        self.node
+            .label_end
+            .store(label_end.min(len), Ordering::Relaxed);
+        self.node.label_owned.store(true, Ordering::Relaxed);
         self.node.depth_end.store(depth_end, Ordering::Relaxed);
         self.node
             .children
@@ -479,10 +534,13 @@ impl<E: Element> Slab<E> {
         node.children.store(std::ptr::null_mut(), Ordering::Relaxed);
         let ptr = node.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
         let len = node.label_len.swap(0, Ordering::Relaxed) as usize;
-        if !ptr.is_null() {
-            // SAFETY: `ptr`/`len` come from one `Box<[E]>` made in `FreshNode::init`; per the
-            // caller no reader can reach it any more and it is freed once (the pointer is
-            // swapped out above).
+        node.label_end.store(0, Ordering::Relaxed);
+        let owned = node.label_owned.swap(false, Ordering::Relaxed);
+        if owned && !ptr.is_null() {
+            // SAFETY: `ptr`/`len` come from one `Box<[E]>` made in `FreshNode::init`, owned by
+            // exactly one node (ownership moves in `init_taking_label`), this one; per the
+            // caller no reader can reach it any more, and it is freed once (the pointer and the
+            // ownership are swapped out above).
             unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len))) };
         }
     }
@@ -496,8 +554,9 @@ impl<E: Element> Drop for Slab<E> {
                 continue;
             }
             // SAFETY: `&mut self`: no reader or writer is left. Every node still holding a
-            // label or table owns it (retired nodes were cleared by `RetireList::drain_all`
-            // before the slab is dropped), so each is freed once; then the segment itself.
+            // table owns it and labels are freed by their one owner (retired nodes were cleared
+            // by `RetireList::drain_all` before the slab is dropped), so each allocation is
+            // freed once; then the segment itself.
             unsafe {
                 let nodes = std::slice::from_raw_parts(base, SEGMENT_NODES);
                 for node in nodes {
@@ -505,7 +564,7 @@ impl<E: Element> Drop for Slab<E> {
                     RetiredTable(table).free();
                     let ptr = node.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
                     let len = node.label_len.load(Ordering::Relaxed) as usize;
-                    if !ptr.is_null() {
+                    if node.label_owned.load(Ordering::Relaxed) && !ptr.is_null() {
                         drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)));
                     }
                 }

@@ -140,6 +140,17 @@ pub struct WriteCtx<'a, E: Element> {
     pub token: &'a WriterToken,
 }
 
+/// Where a split cuts a child's edge.
+#[derive(Clone, Copy, Debug)]
+struct LabelSplit {
+    /// The child being split.
+    child: u32,
+    /// Elements of the edge that go to the upper node.
+    common: usize,
+    /// Units of those elements.
+    units: u64,
+}
+
 /// The writer's private view of one node.
 #[derive(Debug, Default)]
 struct Meta {
@@ -228,6 +239,8 @@ pub struct TreeWriter<K: Keying> {
     nodes_live: u64,
     label_elements: u64,
     table_entries: u64,
+    /// Child tables changed during an eviction or purge pass, published when it ends.
+    batch: Option<HashMap<u32, Vec<ChildEntry>>>,
 }
 
 impl<K: Keying> TreeWriter<K> {
@@ -252,6 +265,7 @@ impl<K: Keying> TreeWriter<K> {
             nodes_live: 0,
             label_elements: 0,
             table_entries: 0,
+            batch: None,
         }
     }
 
@@ -404,6 +418,19 @@ impl<K: Keying> TreeWriter<K> {
 
     /// Publishes `entries` as `node`'s child table and retires the old one.
     fn publish_children(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32, entries: &[ChildEntry]) {
+        if let Some(batch) = self.batch.as_mut() {
+            batch.insert(node, entries.to_vec());
+            return;
+        }
+        self.publish_children_now(ctx, node, entries);
+    }
+
+    fn publish_children_now(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        node: u32,
+        entries: &[ChildEntry],
+    ) {
         let guard = ctx.token.guard();
         let Some(shared) = ctx.tree.slab.get(node, &guard) else {
             return;
@@ -415,12 +442,43 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     fn child_table(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Vec<ChildEntry> {
+        self.with_children(ctx, node, <[ChildEntry]>::to_vec)
+    }
+
+    /// Calls `f` with `node`'s current children: the batch's pending table, else the published.
+    fn with_children<R>(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        node: u32,
+        f: impl FnOnce(&[ChildEntry]) -> R,
+    ) -> R {
+        if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
+            return f(pending);
+        }
         let guard = ctx.token.guard();
-        ctx.tree
-            .slab
-            .get(node, &guard)
-            .map(|n| n.children(&guard).to_vec())
-            .unwrap_or_default()
+        let published = ctx.tree.slab.get(node, &guard).map(|n| n.children(&guard));
+        f(published.unwrap_or(&[]))
+    }
+
+    /// Opens a batch: child-table changes collect per node and are published once, at
+    /// `end_batch`. Removing many children of one wide node then costs one copy, not one each.
+    /// Readers meanwhile keep the old tables, whose nodes stay readable (nothing is reclaimed
+    /// before the batch ends).
+    fn begin_batch(&mut self) {
+        self.batch.get_or_insert_with(HashMap::new);
+    }
+
+    fn end_batch(&mut self, ctx: &WriteCtx<'_, K::E>) {
+        for (node, entries) in self.batch.take().unwrap_or_default() {
+            self.publish_children_now(ctx, node, &entries);
+        }
+    }
+
+    /// Publishes `node`'s pending table now (before a merge hands its table over).
+    fn flush_pending(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        if let Some(entries) = self.batch.as_mut().and_then(|batch| batch.remove(&node)) {
+            self.publish_children_now(ctx, node, &entries);
+        }
     }
 
     fn add_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, key: u64, child: u32) {
@@ -439,13 +497,38 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     fn remove_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, child: u32) {
+        if self.batch.is_some() {
+            let published = self.child_table_if_unbatched(ctx, parent);
+            if let Some(batch) = self.batch.as_mut() {
+                let table = batch
+                    .entry(parent)
+                    .or_insert_with(|| published.unwrap_or_default());
+                table.retain(|entry| entry.node != child);
+                return;
+            }
+        }
         let mut table = self.child_table(ctx, parent);
         table.retain(|entry| entry.node != child);
         self.publish_children(ctx, parent, &table);
     }
 
-    /// Splits `child` (under `parent`, whose edge starts at `depth`) after `common` elements:
-    /// a new middle node takes the first part; `child` keeps its id, tenants and subtree.
+    /// The published table of `node` when the batch holds none for it yet.
+    fn child_table_if_unbatched(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        node: u32,
+    ) -> Option<Vec<ChildEntry>> {
+        let pending = self
+            .batch
+            .as_ref()
+            .is_some_and(|batch| batch.contains_key(&node));
+        (!pending).then(|| self.child_table(ctx, node))
+    }
+
+    /// Splits `child` (under `parent`, whose edge starts at `depth`) after `common` elements
+    /// and returns the new upper node. Copies the shorter side of the label: the prefix into a
+    /// new upper node (the child keeps its id), or the suffix into a new lower node that
+    /// replaces the child while the upper node takes over the child's label allocation.
     fn split(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
@@ -455,45 +538,98 @@ impl<K: Keying> TreeWriter<K> {
         common: usize,
     ) -> Result<u32, IndexError> {
         let guard = ctx.token.guard();
-        let shared = ctx
-            .tree
-            .slab
-            .get(child, &guard)
-            .ok_or(IndexError::NodesExhausted)?;
-        let label = shared
-            .label_from(depth as u32, &guard)
-            .ok_or(IndexError::NodesExhausted)?;
-        let lower_key = self
-            .keys
-            .edge_key(&label[common..])
-            .ok_or(IndexError::NodesExhausted)?;
-        let fresh = self.alloc_node(ctx)?;
-        let mid = fresh.id();
-        let lower = &self.meta[child as usize];
-        let units = self.keys.units(&label[..common]);
-        let (model, mru, mru_len) = (lower.model, lower.mru, lower.mru_len);
+        let shared = ctx.tree.slab.get(child, &guard);
+        let label = shared.and_then(|node| node.label_from(depth as u32, &guard));
+        let (Some(shared), Some(label)) = (shared, label) else {
+            return Err(IndexError::NodesExhausted);
+        };
+        let lower_key = self.keys.edge_key(&label[common..]);
+        let lower_key = lower_key.ok_or(IndexError::NodesExhausted)?;
+        let upper = self.alloc_node(ctx)?;
+        let upper_units = self.keys.units(&label[..common]);
+        let lower_meta = &self.meta[child as usize];
+        let (model, mru, mru_len) = (lower_meta.model, lower_meta.mru, lower_meta.mru_len);
         let meta = Meta {
             parent,
-            units,
+            units: upper_units,
             model,
             tenants: Vec::new(),
             mru,
             mru_len,
         };
-        self.init_node(ctx, &fresh, label[..common].to_vec(), depth + common, meta);
-        fresh.init_children(
-            &[ChildEntry {
-                key: lower_key,
-                node: child,
-            }],
-            ctx.token,
-        );
+        let lower = if common * 2 <= label.len() {
+            self.init_node(ctx, &upper, label[..common].to_vec(), depth + common, meta);
+            child
+        } else {
+            let Ok(fresh_lower) = self.alloc_node(ctx) else {
+                self.free_unused(upper.id());
+                return Err(IndexError::NodesExhausted);
+            };
+            let split = LabelSplit {
+                child,
+                common,
+                units: upper_units,
+            };
+            self.split_moving_label(ctx, shared, label, &fresh_lower, split);
+            let end = shared.label_end() - (label.len() - common) as u32;
+            let tenants = &mru[..usize::from(mru_len)];
+            upper.init_taking_label(shared, end, (depth + common) as u32, tenants, ctx.token);
+            self.meta[upper.id() as usize] = meta;
+            fresh_lower.id()
+        };
+        let entry = ChildEntry {
+            key: lower_key,
+            node: lower,
+        };
+        upper.init_children(&[entry], ctx.token);
         self.table_entries += 1;
-        let mut tenants = Vec::with_capacity(self.meta[child as usize].tenants.len());
-        for i in 0..self.meta[child as usize].tenants.len() {
-            let (worker, below) = self.meta[child as usize].tenants[i];
+        self.clone_entries_above(lower, upper.id());
+        let lower_meta = &mut self.meta[lower as usize];
+        lower_meta.parent = upper.id();
+        if lower == child {
+            lower_meta.units -= upper_units;
+        }
+        self.replace_child(ctx, parent, child, upper.id());
+        if lower != child {
+            self.retire_node(ctx, child);
+        }
+        Ok(upper.id())
+    }
+
+    /// The lower half of a split that copies the suffix: `lower` replaces `child` (its tenants,
+    /// entries and subtree move over), so the upper node can take the child's label allocation.
+    fn split_moving_label(
+        &mut self,
+        ctx: &WriteCtx<'_, K::E>,
+        child: &Node<K::E>,
+        label: &[K::E],
+        lower: &FreshNode<'_, K::E>,
+        split: LabelSplit,
+    ) {
+        let guard = ctx.token.guard();
+        let child_id = split.child;
+        let mut moved = std::mem::take(&mut self.meta[child_id as usize]);
+        moved.units -= split.units;
+        let suffix = label[split.common..].to_vec();
+        self.init_node(ctx, lower, suffix, child.depth_end() as usize, moved);
+        child.lend_children_to(lower, ctx.token);
+        for (_, id) in &self.meta[lower.id() as usize].tenants {
+            self.entries.get_mut(*id).node = lower.id();
+        }
+        for below in child.children(&guard) {
+            self.meta[below.node as usize].parent = lower.id();
+        }
+    }
+
+    /// Gives `upper` (new, above `lower`) one entry per tenant of `lower`, each placed right
+    /// after the lower entry in both recency lists (so the ancestor stays the more recent).
+    fn clone_entries_above(&mut self, lower: u32, upper: u32) {
+        let model = self.meta[lower as usize].model;
+        let mut tenants = Vec::with_capacity(self.meta[lower as usize].tenants.len());
+        for i in 0..self.meta[lower as usize].tenants.len() {
+            let (worker, below) = self.meta[lower as usize].tenants[i];
             let tick = self.entries.get(below).tick;
-            let id = self.entries.alloc(Entry::new(mid, worker, model, tick));
+            let id = self.entries.alloc(Entry::new(upper, worker, model, tick));
             let state = &mut self.models[model as usize];
             self.entries
                 .insert_after(&mut state.lru, Chain::Model, below, id);
@@ -503,12 +639,13 @@ impl<K: Keying> TreeWriter<K> {
             *state.worker_entries.entry(worker).or_default() += 1;
             tenants.push((worker, id));
         }
-        self.meta[mid as usize].tenants = tenants;
-        let lower = &mut self.meta[child as usize];
-        lower.parent = mid;
-        lower.units -= units;
-        self.replace_child(ctx, parent, child, mid);
-        Ok(mid)
+        self.meta[upper as usize].tenants = tenants;
+    }
+
+    /// Returns a node id taken by `alloc_node` but never initialized or published.
+    fn free_unused(&mut self, id: u32) {
+        self.free_ids.push(id);
+        self.nodes_live -= 1;
     }
 
     /// Marks `worker` as the most recent holder of `node`.
@@ -641,7 +778,7 @@ impl<K: Keying> TreeWriter<K> {
     fn retire_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
         let guard = ctx.token.guard();
         if let Some(shared) = ctx.tree.slab.get(node, &guard) {
-            self.label_elements -= u64::from(shared.label_capacity());
+            self.label_elements -= u64::from(shared.owned_label_capacity());
         }
         self.retired.node(ctx.domain, node);
         self.meta[node as usize] = Meta::default();
@@ -651,14 +788,14 @@ impl<K: Keying> TreeWriter<K> {
     /// Removes a node left without tenants (hence without children) and tidies its parent.
     fn remove_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
         debug_assert!(
-            self.child_table(ctx, node).is_empty(),
+            self.with_children(ctx, node, <[ChildEntry]>::is_empty),
             "a node without tenants is a leaf"
         );
         let parent = self.meta[node as usize].parent;
         self.remove_child(ctx, parent, node);
         self.retire_node(ctx, node);
         if self.root_ns.contains_key(&parent) {
-            if self.child_table(ctx, parent).is_empty() {
+            if self.with_children(ctx, parent, <[ChildEntry]>::is_empty) {
                 self.remove_namespace(ctx, parent);
             }
         } else {
@@ -672,8 +809,11 @@ impl<K: Keying> TreeWriter<K> {
         if self.root_ns.contains_key(&node) {
             return;
         }
-        let table = self.child_table(ctx, node);
-        let [only] = table.as_slice() else { return };
+        let only = self.with_children(ctx, node, |table| match table {
+            [only] => Some(*only),
+            _ => None,
+        });
+        let Some(only) = only else { return };
         let tenants = self.meta[node as usize].tenants.len();
         if self.meta[only.node as usize].tenants.len() == tenants {
             self.merge(ctx, node, only.node);
@@ -681,6 +821,10 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     fn merge(&mut self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32) {
+        // The heir takes the lower node's published table, and the upper one is retired in
+        // place: both must be current.
+        self.flush_pending(ctx, upper);
+        self.flush_pending(ctx, lower);
         let guard = ctx.token.guard();
         let parent = self.meta[upper as usize].parent;
         let slab = &ctx.tree.slab;
@@ -812,18 +956,21 @@ impl<K: Keying> TreeWriter<K> {
         report: &mut Option<&mut dyn FnMut(Evicted)>,
     ) -> (u64, u64) {
         let (mut entries, mut units) = (0, 0);
+        self.begin_batch();
         for slot in 0..self.models.len() {
             while self.models[slot].units > budget && self.models[slot].lru.head != NIL {
                 units += self.remove_entry(ctx, self.models[slot].lru.head, report);
                 entries += 1;
             }
         }
+        self.end_batch(ctx);
         (entries, units)
     }
 
     /// Removes `worker` from every tree of this kind; returns the entries removed.
     pub fn remove_worker(&mut self, ctx: &WriteCtx<'_, K::E>, worker: WorkerId) -> u64 {
         let mut removed = 0;
+        self.begin_batch();
         while let Some(head) = self.workers.get(worker.index()).map(|list| list.head) {
             if head == NIL {
                 break;
@@ -831,6 +978,7 @@ impl<K: Keying> TreeWriter<K> {
             self.remove_entry(ctx, head, &mut None);
             removed += 1;
         }
+        self.end_batch(ctx);
         removed
     }
 

@@ -42,6 +42,9 @@ pub enum Counter {
     DispatchRecordsDropped,
     /// Dispatch records the control core applied.
     DispatchRecordsApplied,
+    /// Responses cut short because the worker failed after bytes reached the client (these
+    /// cannot be retried; streaming clients get an SSE error event when the framing allows).
+    UpstreamResponsesCut,
 }
 
 impl Counter {
@@ -50,7 +53,7 @@ impl Counter {
 }
 
 /// Name and help of each `Counter`, in variant order.
-const COUNTER_DEFS: [(&str, &str); 11] = [
+const COUNTER_DEFS: [(&str, &str); 12] = [
     (
         "kvgate_downstream_connections_accepted_total",
         "Client connections accepted.",
@@ -94,6 +97,10 @@ const COUNTER_DEFS: [(&str, &str); 11] = [
     (
         "kvgate_dispatch_records_applied_total",
         "Dispatch records applied by the control core.",
+    ),
+    (
+        "kvgate_upstream_responses_cut_total",
+        "Responses cut short by a worker failure after bytes reached the client.",
     ),
 ];
 

@@ -94,7 +94,7 @@ pub struct PolicyArgs {
     /// Seconds between eviction cycles.
     #[arg(long, alias = "eviction-interval-secs", default_value_t = 120)]
     pub eviction_interval: u64,
-    /// Index kind for cache_aware.
+    /// Index kind for cache_aware (only `tree` is implemented; `hash` is refused at start).
     #[arg(long, value_enum, default_value = "tree")]
     pub cache_index: CacheIndexKind,
     /// Token positions (positive, strictly ascending) for hash mode and prefix_hash.
@@ -124,9 +124,9 @@ impl Default for PolicyArgs {
 
 /// A flag value outside its valid range.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("invalid value for --{flag}: {reason}")]
+#[error("invalid value for {flag}: {reason}")]
 pub struct PolicyArgsError {
-    /// The flag, without the leading dashes.
+    /// The flag, with its leading dashes (`--cache-threshold`).
     pub flag: &'static str,
     /// Why the value is refused.
     pub reason: String,
@@ -195,48 +195,51 @@ pub struct PolicyConfig {
 impl PolicyArgs {
     /// Checks every value against "Tuning Knobs" and builds the config.
     pub fn validate(&self) -> Result<PolicyConfig, PolicyArgsError> {
-        let cache_threshold = unit_interval("cache-threshold", self.cache_threshold)?;
+        let cache_threshold = unit_interval("--cache-threshold", self.cache_threshold)?;
         if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold > 0.0) {
-            return Err(refuse("balance-rel-threshold", "must be a number above 0"));
+            return Err(refuse(
+                "--balance-rel-threshold",
+                "must be a number above 0",
+            ));
         }
         let cache_aware = CacheAwareConfig {
             cache_threshold,
             balance_abs_threshold: f64::from(self.balance_abs_threshold),
             balance_rel_threshold: self.balance_rel_threshold,
             overload_token_usage_threshold: usage_threshold(
-                "overload-token-usage-threshold",
+                "--overload-token-usage-threshold",
                 self.overload_token_usage_threshold,
             )?,
             balance_token_usage_threshold: usage_threshold(
-                "balance-token-usage-threshold",
+                "--balance-token-usage-threshold",
                 self.balance_token_usage_threshold,
             )?,
-            overlap_decay: non_negative("overlap-decay", self.overlap_decay)?,
+            overlap_decay: non_negative("--overlap-decay", self.overlap_decay)?,
             selection_temperature: non_negative(
-                "selection-temperature",
+                "--selection-temperature",
                 self.selection_temperature,
             )?,
-            block_size: positive("block-size", self.block_size)?,
+            block_size: positive("--block-size", self.block_size)?,
         };
         self.validate_boundaries()?;
         if !(self.prefix_hash_load_factor.is_finite() && self.prefix_hash_load_factor >= 1.0) {
             return Err(refuse(
-                "prefix-hash-load-factor",
+                "--prefix-hash-load-factor",
                 "must be a number of at least 1.0",
             ));
         }
         Ok(PolicyConfig {
             kind: self.policy,
             cache_aware,
-            max_tree_size: positive("max-tree-size", self.max_tree_size)?,
+            max_tree_size: positive("--max-tree-size", self.max_tree_size)?,
             eviction_interval: Duration::from_secs(positive(
-                "eviction-interval",
+                "--eviction-interval",
                 self.eviction_interval,
             )?),
             cache_index: self.cache_index,
             cache_boundaries: self.cache_boundaries.clone(),
-            cache_ttl: Duration::from_secs(positive("cache-ttl-secs", self.cache_ttl_secs)?),
-            prefix_token_count: positive("prefix-token-count", self.prefix_token_count)?,
+            cache_ttl: Duration::from_secs(positive("--cache-ttl-secs", self.cache_ttl_secs)?),
+            prefix_token_count: positive("--prefix-token-count", self.prefix_token_count)?,
             prefix_hash_load_factor: self.prefix_hash_load_factor,
         })
     }
@@ -244,18 +247,25 @@ impl PolicyArgs {
     fn validate_boundaries(&self) -> Result<(), PolicyArgsError> {
         let bounds = &self.cache_boundaries;
         if bounds.first() == Some(&0) {
-            return Err(refuse("cache-boundaries", "positions must be positive"));
+            return Err(refuse("--cache-boundaries", "positions must be positive"));
         }
         if bounds.windows(2).any(|w| w[0] >= w[1]) {
             return Err(refuse(
-                "cache-boundaries",
+                "--cache-boundaries",
                 "positions must be strictly ascending",
             ));
         }
         if self.cache_index == CacheIndexKind::Hash && bounds.is_empty() {
             return Err(refuse(
-                "cache-boundaries",
+                "--cache-boundaries",
                 "required with --cache-index hash",
+            ));
+        }
+        if self.cache_index == CacheIndexKind::Hash {
+            // Refused rather than silently routed on the trees: the placement map is not built.
+            return Err(refuse(
+                "--cache-index",
+                "hash is not implemented yet; use tree (the default)",
             ));
         }
         Ok(())

@@ -5,25 +5,31 @@
 //! Key types: [`PolicyArgs`] (SMG's flags, validated into a [`PolicyConfig`]), [`WorkerStatus`] (what
 //! a decision knows about one worker slot), [`cache_aware::select`] (the spec's decision flow as one
 //! pure function), [`Router`] (one per data core: dispatches to the configured policy, counts each
-//! decision in its [`PolicyMetrics`] and logs it). Nothing here does I/O or awaits; a decision on
-//! the common path does not allocate. Errors: only flag validation fails ([`PolicyArgsError`], the
+//! decision in its [`PolicyMetrics`] and logs it), [`CoreRouting`] (a data core's routing state
+//! around the router: extraction buffers, index lookup, the recent-dispatch map of
+//! [`RecentDispatches`], per-core dispatch credits, and the [`RecordKey`] the control core inserts).
+//! Nothing here does I/O or awaits; a decision on the common path does not allocate. Errors: only flag validation fails ([`PolicyArgsError`], the
 //! binary prints it and exits non-zero); a decision with no eligible worker is `None` (the gateway
 //! answers 503).
 
 mod args;
 pub mod cache_aware;
+mod data_core;
 mod expected_wait;
 mod hashing;
 mod metrics;
+mod recent;
 mod router;
 mod simple;
 
 pub use args::{
     CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyArgsError, PolicyConfig, PolicyKind,
 };
+pub use data_core::{model_hash, CoreRouting, RecordKey};
 pub use expected_wait::{Fleet, SpillGate};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
+pub use recent::{KeyData, RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
 pub use router::{IndexKind, Route, RouteRequest, Router, LOG_TARGET};
 pub use simple::{
     consistent_hashing, least_load, power_of_two, prefix_hash, prefix_hash_key, random, round_robin,

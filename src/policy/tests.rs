@@ -688,35 +688,40 @@ fn usage_thresholds_at_or_above_one_disable_the_check() {
 #[test]
 fn bad_values_name_their_flag() {
     let cases: [(&[&str], &str); 12] = [
-        (&["--cache-threshold", "1.5"], "cache-threshold"),
-        (&["--cache-threshold=-0.1"], "cache-threshold"),
+        (&["--cache-threshold", "1.5"], "--cache-threshold"),
+        (&["--cache-threshold=-0.1"], "--cache-threshold"),
         (
             &["--overload-token-usage-threshold", "0"],
-            "overload-token-usage-threshold",
+            "--overload-token-usage-threshold",
         ),
         (
             &["--balance-token-usage-threshold=-1"],
-            "balance-token-usage-threshold",
+            "--balance-token-usage-threshold",
         ),
-        (&["--overlap-decay=-0.5"], "overlap-decay"),
-        (&["--selection-temperature", "NaN"], "selection-temperature"),
-        (&["--balance-rel-threshold", "0"], "balance-rel-threshold"),
-        (&["--block-size", "0"], "block-size"),
-        (&["--eviction-interval", "0"], "eviction-interval"),
-        (&["--cache-boundaries", "2048,1024"], "cache-boundaries"),
-        (&["--cache-boundaries", "0,16"], "cache-boundaries"),
-        (&["--cache-index", "hash"], "cache-boundaries"),
+        (&["--overlap-decay=-0.5"], "--overlap-decay"),
+        (
+            &["--selection-temperature", "NaN"],
+            "--selection-temperature",
+        ),
+        (&["--balance-rel-threshold", "0"], "--balance-rel-threshold"),
+        (&["--block-size", "0"], "--block-size"),
+        (&["--eviction-interval", "0"], "--eviction-interval"),
+        (&["--cache-boundaries", "2048,1024"], "--cache-boundaries"),
+        (&["--cache-boundaries", "0,16"], "--cache-boundaries"),
+        (&["--cache-index", "hash"], "--cache-boundaries"),
     ];
     for (args, flag) in cases {
         let err = parse(args).expect_err(flag);
         assert_eq!(err.flag, flag, "{args:?}");
         assert!(
             err.to_string()
-                .starts_with(&format!("invalid value for --{flag}: ")),
+                .starts_with(&format!("invalid value for {flag}: ")),
             "{err}"
         );
     }
-    assert!(parse(&["--cache-index", "hash", "--cache-boundaries", "2048,8192"]).is_ok());
+    let hash = parse(&["--cache-index", "hash", "--cache-boundaries", "2048,8192"]);
+    assert_eq!(hash.expect_err("not built yet").flag, "--cache-index");
+    assert!(parse(&["--policy", "prefix_hash", "--cache-boundaries", "2048,8192"]).is_ok());
 }
 
 // ---- Metrics and logs ----

@@ -15,21 +15,23 @@ use std::net::{SocketAddr, TcpListener as StdTcpListener};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_queue::ArrayQueue;
 use monoio::net::TcpListener;
 
-use crate::config::Config;
+use crate::config::{Config, PolicyKind};
 use crate::control::{ControlCore, DispatchRecord};
 use crate::http::io::Socket;
 use crate::http::server::{serve_connection, DataCore};
+use crate::index::{IndexConfig, IndexReader, IndexWriter, ModelGauges};
 use crate::limits::{
     DISPATCH_QUEUE_CAPACITY, SHUTDOWN_DRAIN_TIMEOUT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
 };
 use crate::metrics::Metrics;
+use crate::policy::PolicyMetrics;
 use crate::workers::table::WorkerTable;
 
 /// State shared by the control core (its only writer) and the data cores (readers).
@@ -45,6 +47,14 @@ pub struct Shared {
     pub dispatch_queues: Box<[ArrayQueue<DispatchRecord>]>,
     /// Per-core counters.
     pub metrics: Metrics,
+    /// Per-core cache_aware decision counters (`smg_cache_aware_*`).
+    pub policy_metrics: Box<[Arc<PolicyMetrics>]>,
+    /// The index writer, taken by the control core at start.
+    index_writer: Mutex<Option<IndexWriter>>,
+    /// One index reader per data core, each taken by its core at start.
+    index_readers: Mutex<Vec<Option<IndexReader>>>,
+    /// Tree gauges by model name, published by the control core after each eviction cycle.
+    pub tree_gauges: ArcSwap<Vec<(String, ModelGauges)>>,
     /// Attempt outcomes, admin calls and the model catalog (`workers::admin::shared`).
     pub workers: crate::workers::admin::shared::WorkerShared,
     shutdown: AtomicBool,
@@ -55,7 +65,12 @@ impl Shared {
     /// Shared state for `config`, with its workers in the table.
     pub fn new(config: Config) -> Self {
         let cores = config.data_cores;
+        let (index_writer, index_readers) = build_index(&config);
         Shared {
+            policy_metrics: (0..cores).map(|_| Arc::default()).collect(),
+            index_writer: Mutex::new(index_writer),
+            index_readers: Mutex::new(index_readers),
+            tree_gauges: ArcSwap::from_pointee(Vec::new()),
             table: WorkerTable::new(cores, &config.workers),
             models_body: ArcSwap::from_pointee(br#"{"object":"list","data":[]}"#.to_vec()),
             dispatch_queues: (0..cores)
@@ -67,6 +82,16 @@ impl Shared {
             started: Instant::now(),
             config,
         }
+    }
+
+    /// The index writer (the control core takes it once, at start).
+    pub fn take_index_writer(&self) -> Option<IndexWriter> {
+        self.index_writer.lock().ok()?.take()
+    }
+
+    /// Data core `core`'s index reader (taken once, at start).
+    pub fn take_index_reader(&self, core: usize) -> Option<IndexReader> {
+        self.index_readers.lock().ok()?.get_mut(core)?.take()
     }
 
     /// Whether shutdown has begun.
@@ -97,6 +122,8 @@ impl Shared {
     pub fn render_metrics(&self, out: &mut String) {
         use std::fmt::Write as _;
         self.metrics.render(out);
+        crate::policy::render_prometheus(self.policy_metrics.iter().map(|m| &**m), out);
+        crate::control::render_tree_gauges(&self.tree_gauges.load(), out);
         out.push_str("# HELP smg_worker_requests_active Requests in flight per worker\n");
         out.push_str("# TYPE smg_worker_requests_active gauge\n");
         for worker in &self.table.roster().workers {
@@ -108,6 +135,31 @@ impl Shared {
             );
         }
         crate::workers::admin::driver::render_worker_gauges(self, out);
+    }
+}
+
+/// The index (cache_aware only): the writer and one reader per data core. Without it (another
+/// policy, or the index refused to start) routing runs without affinity.
+fn build_index(config: &Config) -> (Option<IndexWriter>, Vec<Option<IndexReader>>) {
+    let cores = config.data_cores;
+    if config.policy.kind != PolicyKind::CacheAware {
+        return (None, (0..cores).map(|_| None).collect());
+    }
+    let index_config = IndexConfig {
+        block_size: config.policy.cache_aware.block_size,
+    };
+    let built = IndexWriter::new(index_config).and_then(|writer| {
+        let readers = (0..cores)
+            .map(|_| writer.reader().map(Some))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((writer, readers))
+    });
+    match built {
+        Ok((writer, readers)) => (Some(writer), readers),
+        Err(e) => {
+            tracing::error!("prefix index unavailable, routing without affinity: {e}");
+            (None, (0..cores).map(|_| None).collect())
+        }
     }
 }
 
@@ -192,9 +244,9 @@ pub fn run(config: Config) -> Result<(), StartError> {
         }
     }
     tracing::info!(
-        "kvgate listening on {listen_addr}: {} data cores, {driver} driver, policy {:?}, {} workers",
+        "kvgate listening on {listen_addr}: {} data cores, {driver} driver, policy {}, {} workers",
         shared.config.data_cores,
-        shared.config.policy,
+        shared.config.policy.kind.name(),
         shared.config.workers.len(),
     );
     let signal = signals.wait();
@@ -333,5 +385,6 @@ async fn sweep_pool_forever(core: Rc<DataCore>) {
     while !core.shared.is_shutting_down() {
         monoio::time::sleep(Duration::from_secs(1)).await;
         core.pool.borrow_mut().sweep(Instant::now());
+        core.router.borrow_mut().quiesce();
     }
 }

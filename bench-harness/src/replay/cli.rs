@@ -66,12 +66,19 @@ pub struct CompareArgs {
     /// The kvgate binary (default: next to this executable).
     #[arg(long)]
     pub kvgate: Option<PathBuf>,
-    /// An extra sim-engine flag, e.g. --sim-arg=--speedup=20 (repeatable).
+    /// An extra sim-engine flag, e.g. --sim-arg=--page-size=32 (repeatable; not one set above).
     #[arg(long = "sim-arg", allow_hyphen_values = true)]
     pub sim_args: Vec<String>,
     /// An extra kvgate flag (repeatable).
     #[arg(long = "gateway-arg", allow_hyphen_values = true)]
     pub gateway_args: Vec<String>,
+    /// KV cache capacity of each simulated engine, in tokens (sim-engine --kv-capacity-tokens).
+    /// Smaller than the workload's shared prefixes so that where requests go matters.
+    #[arg(long, default_value_t = 32_768)]
+    pub kv_capacity_tokens: u64,
+    /// Simulated time runs this many times faster than real time (sim-engine --speedup).
+    #[arg(long, default_value_t = 5.0)]
+    pub sim_speedup: f64,
     /// Directory for the children's logs.
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
@@ -98,7 +105,7 @@ pub enum TraceFormatArg {
 }
 
 /// What to send and how fast (shared by replay and compare).
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct WorkloadArgs {
     /// A trace file: Mooncake JSONL (.jsonl) or Azure CSV (.csv).
     #[arg(long, conflicts_with = "synthetic")]
@@ -110,19 +117,19 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub synthetic: bool,
     /// Generator: groups (distinct system prompts).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 32)]
     pub groups: u32,
     /// Generator: conversations per group.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 8)]
     pub prompts_per_group: u32,
     /// Generator: system prompt length in tokens.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 2048)]
     pub system_prompt_len: u32,
     /// Generator: question length in tokens (per turn).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 128)]
     pub question_len: u32,
     /// Generator: output length in tokens (also the answer kept in later turns).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     pub output_len: u32,
     /// Generator: how requests spread over groups.
     #[arg(long, value_enum, default_value_t = PopularityArg::Uniform)]
@@ -142,7 +149,7 @@ pub struct WorkloadArgs {
     /// Poisson arrivals at this many requests per second.
     #[arg(long, conflicts_with = "concurrency")]
     pub rate: Option<f64>,
-    /// Closed loop: keep this many requests in flight (default for --synthetic: 16).
+    /// Closed loop: keep this many requests in flight (default for --synthetic: 8).
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// Stop after this many requests.
@@ -154,8 +161,9 @@ pub struct WorkloadArgs {
     /// Request shape.
     #[arg(long, value_enum, default_value_t = RequestForm::Chat)]
     pub form: RequestForm,
-    /// The model name sent in OpenAI-style bodies.
-    #[arg(long, default_value = "default")]
+    /// The model name sent in OpenAI-style bodies (sim-engine serves `sim-model`; `compare`
+    /// starts its engines with this name).
+    #[arg(long, default_value = "sim-model")]
     pub model: String,
     /// Spread requests over this many tenants (0 = none); see --tenant-salt and --tenant-lora.
     #[arg(long, default_value_t = 0)]
@@ -246,7 +254,9 @@ impl WorkloadArgs {
             )),
             (_, _, Some(concurrency)) => Ok(Pacing::Closed { concurrency }),
             _ if is_trace => Ok(Pacing::Trace { speedup: 1.0 }),
-            _ => Ok(Pacing::Closed { concurrency: 16 }),
+            _ => Ok(Pacing::Closed {
+                concurrency: SYNTHETIC_CONCURRENCY_DEFAULT,
+            }),
         }
     }
 
@@ -289,7 +299,37 @@ impl WorkloadArgs {
     }
 }
 
+/// Requests per policy of `replay compare` when neither a trace nor --max-requests is given:
+/// with the generator's defaults and 4 engines, about 25 s per policy on 2 shared cores.
+pub const COMPARE_REQUESTS_DEFAULT: u64 = 1500;
+
+/// Closed-loop concurrency of a synthetic workload without a pacing flag: few enough in flight
+/// that bursts of one new prefix are rare, so a comparison shows placement, not burst handling.
+pub const SYNTHETIC_CONCURRENCY_DEFAULT: usize = 8;
+
 impl CompareArgs {
+    /// The workload flags, with compare's defaults: the generator when no trace is given, and
+    /// [`COMPARE_REQUESTS_DEFAULT`] requests.
+    fn demo_workload(&self) -> WorkloadArgs {
+        let mut workload = self.workload.clone();
+        if workload.trace.is_none() {
+            workload.synthetic = true;
+            workload.max_requests = workload.max_requests.or(Some(COMPARE_REQUESTS_DEFAULT));
+        }
+        workload
+    }
+
+    /// Flags for every sim-engine: capacity and speed, then any --sim-arg.
+    fn sim_flags(&self) -> Vec<String> {
+        let mut flags = vec![
+            format!("--model-name={}", self.workload.model),
+            format!("--kv-capacity-tokens={}", self.kv_capacity_tokens),
+            format!("--speedup={}", self.sim_speedup),
+        ];
+        flags.extend(self.sim_args.iter().cloned());
+        flags
+    }
+
     /// The comparison these flags describe.
     pub fn compare_options(&self) -> Result<CompareOptions, String> {
         validate_policies(&self.policies)?;
@@ -306,10 +346,10 @@ impl CompareArgs {
             engines: self.engines,
             sim_engine: binary(&self.sim_engine, "sim-engine")?,
             kvgate: binary(&self.kvgate, "kvgate")?,
-            sim_args: self.sim_args.clone(),
+            sim_args: self.sim_flags(),
             gateway_args: self.gateway_args.clone(),
             log_dir,
-            replay: self.workload.replay_options(String::new())?,
+            replay: self.demo_workload().replay_options(String::new())?,
         })
     }
 }

@@ -6,6 +6,7 @@
 //! [`ErrorKind`] in the outcome, never a panic.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -60,9 +61,10 @@ pub struct Outcome {
     pub error: Option<ErrorKind>,
 }
 
-/// Where requests go: a gateway's address and the `Host` header to send.
+/// Where requests go: a gateway's URL, address and the `Host` header to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Endpoint {
+    pub url: String,
     pub addr: SocketAddr,
     pub host: String,
 }
@@ -85,40 +87,69 @@ impl Endpoint {
         let addr = addrs
             .next()
             .ok_or_else(|| format!("--gateway {url:?}: no address"))?;
-        Ok(Self { addr, host })
+        let url = url.trim_end_matches('/').to_string();
+        Ok(Self { url, addr, host })
     }
 }
 
 type Sender = SendRequest<Full<Bytes>>;
 
-/// A keep-alive connection pool to one endpoint, and the request loop over it.
+/// Sends requests to one endpoint, or round-robin over several (`--gateway a,b,...`: engines
+/// addressed directly, the no-gateway baseline). With several, a response without a worker header
+/// is credited to the endpoint it was sent to.
 pub struct Client {
-    endpoint: Endpoint,
-    idle: Mutex<Vec<Sender>>,
+    pools: Vec<Pool>,
+    next: AtomicUsize,
     timeout: Duration,
 }
 
 impl Client {
-    pub fn new(endpoint: Endpoint, timeout: Duration) -> Self {
+    pub fn new(endpoints: Vec<Endpoint>, timeout: Duration) -> Self {
+        let pools = endpoints.into_iter().map(Pool::new).collect();
         Self {
-            endpoint,
-            idle: Mutex::new(Vec::new()),
+            pools,
+            next: AtomicUsize::new(0),
             timeout,
         }
     }
 
     /// Sends `request`, scheduled at `scheduled`, and waits for its whole response (or the timeout).
     pub async fn send(&self, request: &WireRequest, scheduled: Instant) -> Outcome {
-        let result = tokio::time::timeout(self.timeout, self.send_inner(request, scheduled)).await;
+        let index = self.next.fetch_add(1, Ordering::Relaxed) % self.pools.len().max(1);
+        let Some(pool) = self.pools.get(index) else {
+            return Outcome {
+                error: Some(ErrorKind::Connect),
+                ..Outcome::default()
+            };
+        };
+        let result = tokio::time::timeout(self.timeout, pool.send(request, scheduled)).await;
         let mut outcome = result.unwrap_or_else(|_| Outcome {
             error: Some(ErrorKind::Timeout),
             ..Outcome::default()
         });
         outcome.e2e = scheduled.elapsed();
+        if outcome.worker.is_none() && self.pools.len() > 1 {
+            outcome.worker = Some(pool.endpoint.url.clone());
+        }
         outcome
     }
+}
 
-    async fn send_inner(&self, request: &WireRequest, scheduled: Instant) -> Outcome {
+/// A keep-alive connection pool to one endpoint, and the request loop over it.
+struct Pool {
+    endpoint: Endpoint,
+    idle: Mutex<Vec<Sender>>,
+}
+
+impl Pool {
+    fn new(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    async fn send(&self, request: &WireRequest, scheduled: Instant) -> Outcome {
         // A pooled connection may have been closed by the server while idle: such a failure
         // happens before any response byte, so it is retried once on a fresh connection.
         let (mut sender, reused) = match self.checkout().await {

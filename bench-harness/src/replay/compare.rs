@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
 use super::limits::{COMPARE_POLICIES_MAX, FLEET_ENGINES_MAX};
-use super::report::ReplayReport;
+use super::report::{AddedLatency, ReplayReport};
 use super::run::{run_replay, stop_requested, ReplayOptions};
 
 /// SMG's policy names (`--policy`); kvgate accepts the same set.
@@ -30,8 +30,15 @@ pub const KNOWN_POLICIES: [&str; 7] = [
     "cache_aware",
 ];
 
+/// The pseudo-policy without a gateway: replay sends to the engines itself, in turn. Its latency
+/// is the baseline the others' added latency is measured against.
+pub const DIRECT: &str = "direct";
+
 /// How long a fleet or gateway may take to start answering.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Tries to start a fleet and its gateway before giving up.
+const STARTUP_ATTEMPTS: u32 = 3;
 
 /// Log lines of a child that failed to start, quoted in the error.
 const LOG_TAIL_BYTES: usize = 2000;
@@ -62,9 +69,9 @@ pub fn validate_policies(policies: &[String]) -> Result<(), String> {
         ));
     }
     for policy in policies {
-        if !KNOWN_POLICIES.contains(&policy.as_str()) {
+        if policy != DIRECT && !KNOWN_POLICIES.contains(&policy.as_str()) {
             return Err(format!(
-                "--policies: unknown policy {policy:?} (known: {})",
+                "--policies: unknown policy {policy:?} (known: {}, and {DIRECT})",
                 KNOWN_POLICIES.join(", ")
             ));
         }
@@ -113,7 +120,22 @@ pub async fn run_compare(
         );
         reports.push(report);
     }
+    set_added_latency(&mut reports);
     Ok(reports)
+}
+
+/// With a `direct` run among `reports`, gives every other report its latency above it.
+fn set_added_latency(reports: &mut [ReplayReport]) {
+    let Some(direct) = reports.iter().find(|r| r.label == DIRECT).cloned() else {
+        return;
+    };
+    for report in reports.iter_mut().filter(|r| r.label != DIRECT) {
+        report.added_latency_ms = Some(AddedLatency {
+            ttft_p50: report.ttft_ms.p50 - direct.ttft_ms.p50,
+            ttft_p99: report.ttft_ms.p99 - direct.ttft_ms.p99,
+            e2e_p50: report.e2e_ms.p50 - direct.e2e_ms.p50,
+        });
+    }
 }
 
 async fn run_policy(
@@ -121,10 +143,8 @@ async fn run_policy(
     policy: &str,
     stop: watch::Receiver<bool>,
 ) -> Result<ReplayReport, String> {
-    let mut fleet = Fleet::default();
-    let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
-    let (gateway, gateway_pid) =
-        start_gateway(options, policy, &workers, &mut fleet, stop.clone()).await?;
+    let (mut fleet, workers, gateway, gateway_pid) =
+        start_with_retries(options, policy, &stop).await?;
     let mut replay = options.replay.clone();
     replay.gateway = gateway;
     replay.label = policy.to_string();
@@ -133,6 +153,39 @@ async fn run_policy(
     let report = run_replay(&replay, stop).await;
     fleet.stop().await;
     report
+}
+
+/// Starts the fleet and the gateway; a start that fails (most often a port taken between
+/// choosing it and binding it) is retried on new ports.
+async fn start_with_retries(
+    options: &CompareOptions,
+    policy: &str,
+    stop: &watch::Receiver<bool>,
+) -> Result<(Fleet, Vec<String>, String, Option<u32>), String> {
+    let mut last_error = String::new();
+    for attempt in 1..=STARTUP_ATTEMPTS {
+        let mut fleet = Fleet::default();
+        let started = async {
+            let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
+            if policy == DIRECT {
+                return Ok((workers.clone(), (workers.join(","), None)));
+            }
+            let gateway =
+                start_gateway(options, policy, &workers, &mut fleet, stop.clone()).await?;
+            Ok::<_, String>((workers, gateway))
+        }
+        .await;
+        match started {
+            Ok((workers, (url, pid))) => return Ok((fleet, workers, url, pid)),
+            Err(e) if *stop.borrow() => return Err(e),
+            Err(e) => {
+                eprintln!("[{policy}] start attempt {attempt} of {STARTUP_ATTEMPTS} failed: {e}");
+                last_error = e;
+                fleet.stop().await;
+            }
+        }
+    }
+    Err(last_error)
 }
 
 /// Starts a fresh `sim-engine` fleet and waits until every engine answers; returns their URLs.

@@ -13,9 +13,9 @@ pub const WATCH_FRACTIONS: [f64; 3] = [0.1, 0.5, 1.0];
 /// The load generator's own cost over the run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SelfUsage {
-    /// User + system CPU seconds of the whole replay process.
+    /// User + system CPU seconds the replay process spent during the run.
     pub cpu_s: Option<f64>,
-    /// Peak resident memory (VmHWM), in KiB.
+    /// Peak resident memory of the replay process (VmHWM) by the end of the run, in KiB.
     pub max_rss_kb: Option<u64>,
 }
 
@@ -86,6 +86,20 @@ pub fn self_usage() -> SelfUsage {
     SelfUsage {
         cpu_s: self_cpu_s(),
         max_rss_kb: status_field("/proc/self/status", "VmHWM:"),
+    }
+}
+
+impl SelfUsage {
+    /// The CPU time spent since `start` (the peak memory stays the process's peak).
+    pub fn since(&self, start: &SelfUsage) -> SelfUsage {
+        let cpu_s = match (self.cpu_s, start.cpu_s) {
+            (Some(end), Some(start)) => Some((end - start).max(0.0)),
+            _ => None,
+        };
+        SelfUsage {
+            cpu_s,
+            max_rss_kb: self.max_rss_kb,
+        }
     }
 }
 

@@ -48,6 +48,15 @@ pub struct HitRatePoint {
     pub requests: u64,
 }
 
+/// Latency a gateway added over sending to the engines directly (`compare` with `direct`), in
+/// milliseconds: the difference of the two runs' percentiles, measured one after the other.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AddedLatency {
+    pub ttft_p50: f64,
+    pub ttft_p99: f64,
+    pub e2e_p50: f64,
+}
+
 /// The result of one replay.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReplayReport {
@@ -83,6 +92,8 @@ pub struct ReplayReport {
     pub load_generator: SelfUsage,
     /// Resident memory of `--watch-pid` (the gateway) at 10%, 50% and 100% of the run.
     pub watched_process: Option<WatchedProcess>,
+    /// Set by `compare` when a `direct` run is among the policies.
+    pub added_latency_ms: Option<AddedLatency>,
     pub skipped_lines: u64,
     pub warnings: Vec<String>,
     pub ttft_cdf: Vec<CdfPoint>,
@@ -331,6 +342,16 @@ pub fn table(reports: &[ReplayReport]) -> String {
             r.per_worker.len()
         )
     });
+    if reports.iter().any(|r| r.added_latency_ms.is_some()) {
+        let added = |r: &ReplayReport, pick: fn(&AddedLatency) -> f64| {
+            r.added_latency_ms
+                .as_ref()
+                .map_or("-".into(), |a| format!("{:+.2}", pick(a)))
+        };
+        row("TTFT p50 over direct (ms)", &|r| added(r, |a| a.ttft_p50));
+        row("TTFT p99 over direct (ms)", &|r| added(r, |a| a.ttft_p99));
+        row("E2E p50 over direct (ms)", &|r| added(r, |a| a.e2e_p50));
+    }
     let name_width = rows.iter().map(|(n, _)| n.len()).max().unwrap_or(0);
     let cell_width = rows
         .iter()

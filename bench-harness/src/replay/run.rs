@@ -35,6 +35,7 @@ pub enum Source {
 /// Everything one replay needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplayOptions {
+    /// The gateway URL, or several comma-separated URLs sent to in turn (engines, directly).
     pub gateway: String,
     pub source: Source,
     pub pacing: Pacing,
@@ -90,8 +91,15 @@ pub async fn run_replay(
     options: &ReplayOptions,
     stop: watch::Receiver<bool>,
 ) -> Result<ReplayReport, String> {
-    let endpoint = Endpoint::resolve(&options.gateway).await?;
-    let client = Arc::new(Client::new(endpoint, options.request_timeout));
+    let usage_at_start = self_usage();
+    let mut endpoints = Vec::new();
+    for url in options.gateway.split(',').filter(|u| !u.is_empty()) {
+        endpoints.push(Endpoint::resolve(url.trim()).await?);
+    }
+    if endpoints.is_empty() {
+        return Err("--gateway needs a URL".into());
+    }
+    let client = Arc::new(Client::new(endpoints, options.request_timeout));
     let mut workload = open_workload(&options.source, options.max_requests)?;
     let in_flight_max = match options.pacing {
         Pacing::Closed { concurrency } => concurrency,
@@ -141,7 +149,7 @@ pub async fn run_replay(
     report.skipped_lines = warnings.skipped_lines;
     report.warnings = warnings.messages.clone();
     report.watched_process = watched;
-    report.load_generator = self_usage();
+    report.load_generator = self_usage().since(&usage_at_start);
     Ok(report)
 }
 

@@ -1,0 +1,390 @@
+//! The data core's side of routing, called by the gateway's route seam (`http::route`):
+//! [`CoreRouting::prepare`] classifies nothing itself but extracts the routing input from the
+//! body (a body that is not a JSON object is a [`RequestError`], 400), looks the key up in the
+//! index under its namespace (model + partition) and merges this core's recent dispatches;
+//! [`CoreRouting::choose`] builds the worker statuses and runs the policy (once per attempt, so a
+//! retry excludes the workers already tried); [`CoreRouting::dispatch_record`] produces the
+//! [`RecordKey`] the control core inserts (spec step 7) and remembers it for bursts.
+//!
+//! All buffers (routing input, statuses) are owned here and reused across requests; the one
+//! allocation per cache_aware request is the shared copy of the key sent to the control core.
+
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::recent::{KeyData, RecentDispatches};
+use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
+use super::{PolicyConfig, PolicyMetrics, RouteRequest, Router, WorkerRing, WorkerStatus};
+use crate::index::{IndexReader, Namespace, TreeMatch, MODELS_MAX};
+use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingInput, RoutingKey};
+use crate::workers::WorkerId;
+
+/// The key of one dispatch, for the index insert on the control core.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordKey {
+    /// Model and partition.
+    pub namespace: Namespace,
+    /// The routing key (text or tokens).
+    pub key: KeyData,
+    /// The model's name, sent the first time this core sees the model (for gauge labels).
+    pub model_name: Option<Box<str>>,
+}
+
+/// The model half of a namespace: a hash of the model id.
+pub fn model_hash(model: &str) -> u64 {
+    xxh3_64(model.as_bytes())
+}
+
+/// One data core's routing state.
+#[derive(Debug)]
+pub struct CoreRouting {
+    router: Router,
+    reader: Option<IndexReader>,
+    input: RoutingInput,
+    namespace: Namespace,
+    tree: Option<TreeMatch>,
+    recent: RecentDispatches,
+    statuses: Vec<WorkerStatus>,
+    ring: WorkerRing,
+    ring_members: Vec<(WorkerId, String)>,
+    announced_models: Vec<u64>,
+    /// Prompt tokens this core dispatched to each worker since its last load report.
+    credits: Vec<Credit>,
+}
+
+/// This core's dispatches to one worker since the load report `generation`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Credit {
+    generation: usize,
+    tokens: u64,
+}
+
+impl CoreRouting {
+    /// Routing for one core; `reader` is this core's index handle (`None`: no index, as in
+    /// policies that do not use it).
+    pub fn new(
+        config: PolicyConfig,
+        seed: u64,
+        reader: Option<IndexReader>,
+        metrics: Arc<PolicyMetrics>,
+    ) -> Self {
+        CoreRouting {
+            router: Router::new(config, seed, metrics),
+            reader,
+            input: RoutingInput::new(),
+            namespace: Namespace::default(),
+            tree: None,
+            recent: RecentDispatches::default(),
+            statuses: Vec::new(),
+            ring: WorkerRing::default(),
+            ring_members: Vec::new(),
+            announced_models: Vec::new(),
+            credits: Vec::new(),
+        }
+    }
+
+    /// Extracts the routing input and, for cache_aware, looks it up. `now_ms` is the gateway
+    /// tick (ms since start), the clock of the recent-dispatch map.
+    pub fn prepare(
+        &mut self,
+        endpoint: Endpoint,
+        headers: RoutingHeaders<'_>,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<(), RequestError> {
+        extract(endpoint, body, headers, &mut self.input)?;
+        self.namespace = Namespace {
+            model: model_hash(self.input.model()),
+            partition: self.input.namespace().0,
+        };
+        self.tree = None;
+        let key = self.input.key();
+        if !self.router.uses_index() || key.is_empty() {
+            return Ok(());
+        }
+        let mut tree = match (&self.reader, key) {
+            (Some(reader), RoutingKey::Text(text)) => reader.lookup_text(self.namespace, text),
+            (Some(reader), RoutingKey::Tokens(tokens)) => {
+                reader.lookup_tokens(self.namespace, tokens)
+            }
+            (None, _) => TreeMatch {
+                request_len: request_len(key),
+                ..TreeMatch::default()
+            },
+        };
+        let config = &self.router.config().cache_aware;
+        // Only a miss can be a burst of a new prefix the index has not learned yet.
+        if tree.ratio() <= config.cache_threshold {
+            let block_size = config.block_size;
+            self.recent
+                .merge_into(&mut tree, self.namespace, key, now_ms, block_size);
+        }
+        self.tree = Some(tree);
+        if let Some(reader) = &mut self.reader {
+            reader.quiesce();
+        }
+        Ok(())
+    }
+
+    /// The `model` field of the prepared request (empty when absent).
+    pub fn model(&self) -> &str {
+        self.input.model()
+    }
+
+    /// Runs the policy over `workers`: `(id, url, status, load generation)` of every active
+    /// worker, where a worker already tried comes with `eligible: false` and the generation
+    /// identifies its current load report (0: none). This core's dispatch credits count toward a
+    /// worker's expected wait until its next report.
+    pub fn choose<'w>(
+        &mut self,
+        workers: impl Iterator<Item = (WorkerId, &'w str, WorkerStatus, usize)> + Clone,
+    ) -> Option<WorkerId> {
+        self.refresh_ring(workers.clone().map(|(id, url, _, _)| (id, url)));
+        self.statuses.clear();
+        for (id, _, mut status, generation) in workers {
+            let slot = id.index();
+            if self.statuses.len() <= slot {
+                self.statuses.resize(slot + 1, WorkerStatus::default());
+            }
+            if self.credits.len() <= slot {
+                self.credits.resize(slot + 1, Credit::default());
+            }
+            if self.credits[slot].generation != generation {
+                self.credits[slot] = Credit {
+                    generation,
+                    tokens: 0,
+                };
+            }
+            status.credited_tokens += self.credits[slot].tokens;
+            self.statuses[slot] = status;
+        }
+        let request = RouteRequest {
+            input: &self.input,
+            tree: self.tree.as_ref(),
+            workers: &self.statuses,
+            ring: &self.ring,
+        };
+        let worker = self.router.route(&request)?.worker;
+        if let Some(credit) = self.credits.get_mut(worker.index()) {
+            credit.tokens = credit
+                .tokens
+                .saturating_add(request_tokens(self.input.key()));
+        }
+        Some(worker)
+    }
+
+    /// The index key of the prepared request (cache_aware only: other policies do not build the
+    /// index). Take it right after `prepare`, before any `.await`: another request on this core
+    /// may prepare in between, and the key must be this request's.
+    pub fn record_key(&mut self) -> Option<RecordKey> {
+        if !self.router.uses_index() || self.input.key().is_empty() {
+            return None;
+        }
+        let model = self.namespace.model;
+        let model_name = if self.announced_models.contains(&model)
+            || self.announced_models.len() >= MODELS_MAX
+        {
+            None
+        } else {
+            self.announced_models.push(model);
+            Some(Box::from(self.input.model()))
+        };
+        Some(RecordKey {
+            namespace: self.namespace,
+            key: KeyData::of(self.input.key()),
+            model_name,
+        })
+    }
+
+    /// Remembers that `key` went to `worker`, for bursts before the index learns it.
+    pub fn remember(&mut self, key: &RecordKey, worker: WorkerId, tick_ms: u64) {
+        self.recent
+            .push(key.namespace, key.key.clone(), worker, tick_ms);
+    }
+
+    /// `record_key` and `remember` in one step, for callers that do not await in between.
+    pub fn dispatch_record(&mut self, worker: WorkerId, tick_ms: u64) -> Option<RecordKey> {
+        let key = self.record_key()?;
+        self.remember(&key, worker, tick_ms);
+        Some(key)
+    }
+
+    /// Marks this core quiescent for index reclamation (call when idle, e.g. once a second).
+    pub fn quiesce(&mut self) {
+        if let Some(reader) = &mut self.reader {
+            reader.quiesce();
+        }
+    }
+
+    /// Rebuilds the hash ring when the worker set changed (compared by id and URL).
+    fn refresh_ring<'w>(&mut self, workers: impl Iterator<Item = (WorkerId, &'w str)> + Clone) {
+        let same = workers.clone().count() == self.ring_members.len()
+            && workers
+                .clone()
+                .zip(&self.ring_members)
+                .all(|((id, url), (old_id, old_url))| id == *old_id && url == old_url);
+        if same {
+            return;
+        }
+        self.ring_members = workers
+            .clone()
+            .map(|(id, url)| (id, url.to_owned()))
+            .collect();
+        self.ring = WorkerRing::new(workers);
+    }
+}
+
+/// The prompt tokens a dispatch credits: token IDs counted, text estimated at
+/// [`PREFIX_HASH_CHARS_PER_TOKEN`] characters per token.
+fn request_tokens(key: RoutingKey<'_>) -> u64 {
+    match key {
+        RoutingKey::Tokens(tokens) => tokens.len() as u64,
+        RoutingKey::Text(text) => (text.len() / PREFIX_HASH_CHARS_PER_TOKEN) as u64,
+    }
+}
+
+fn request_len(key: RoutingKey<'_>) -> u32 {
+    let len = match key {
+        RoutingKey::Text(text) => crate::index::count_chars(text.as_bytes()),
+        RoutingKey::Tokens(tokens) => tokens.len() as u64,
+    };
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Branch, PolicyArgs};
+
+    fn routing() -> (CoreRouting, Arc<PolicyMetrics>) {
+        let config = PolicyArgs::default().validate().unwrap();
+        let metrics = Arc::new(PolicyMetrics::default());
+        (CoreRouting::new(config, 5, None, metrics.clone()), metrics)
+    }
+
+    #[test]
+    fn a_burst_of_a_new_prefix_follows_the_first_dispatch_before_the_index_learns_it() {
+        let (mut routing, metrics) = routing();
+        let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}")).collect();
+        let mut in_flight = [0u32; 4];
+        let mut chosen = Vec::new();
+        for i in 0..10 {
+            let body =
+                format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
+            routing
+                .prepare(
+                    Endpoint::Completions,
+                    RoutingHeaders::default(),
+                    body.as_bytes(),
+                    10,
+                )
+                .unwrap();
+            let workers = urls.iter().enumerate().map(|(slot, url)| {
+                let status = WorkerStatus {
+                    eligible: true,
+                    in_flight: in_flight[slot],
+                    ..WorkerStatus::default()
+                };
+                (WorkerId(slot as u16), url.as_str(), status, 0)
+            });
+            let worker = routing.choose(workers).unwrap();
+            in_flight[worker.index()] += 1;
+            let record = routing.dispatch_record(worker, 10).unwrap();
+            assert_eq!(record.namespace.model, model_hash("m"));
+            assert_eq!(
+                record.model_name.is_some(),
+                i == 0,
+                "the model name is sent once"
+            );
+            chosen.push(worker);
+        }
+        assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
+        assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 1);
+        assert_eq!(metrics.branch_count(Branch::TreeMatch), 9);
+    }
+
+    #[test]
+    fn other_policies_send_no_index_records() {
+        let args = PolicyArgs {
+            policy: crate::policy::PolicyKind::RoundRobin,
+            ..PolicyArgs::default()
+        };
+        let mut routing = CoreRouting::new(args.validate().unwrap(), 1, None, Arc::default());
+        routing
+            .prepare(
+                Endpoint::Completions,
+                RoutingHeaders::default(),
+                br#"{"prompt":"p"}"#,
+                0,
+            )
+            .unwrap();
+        let status = WorkerStatus {
+            eligible: true,
+            ..WorkerStatus::default()
+        };
+        let worker = routing.choose(std::iter::once((WorkerId(0), "http://w0", status, 0)));
+        assert_eq!(worker, Some(WorkerId(0)));
+        assert_eq!(routing.dispatch_record(WorkerId(0), 0), None);
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::*;
+    use crate::index::{IndexConfig, IndexWriter};
+    use crate::policy::{Branch, PolicyArgs};
+
+    /// Dispatch records applied to a real index make the next request of the family match.
+    #[test]
+    fn records_inserted_into_the_index_make_the_family_match() {
+        let mut writer = IndexWriter::new(IndexConfig { block_size: 16 }).unwrap();
+        let reader = writer.reader().unwrap();
+        let config = PolicyArgs::default().validate().unwrap();
+        let metrics = Arc::new(PolicyMetrics::default());
+        let mut routing = CoreRouting::new(config, 3, Some(reader), metrics.clone());
+        let system: Vec<String> = (0..2048).map(|i| format!("w{i}x")).collect();
+        let system = system.join(" ");
+        let urls = ["http://a", "http://b", "http://c"];
+        let mut chosen = Vec::new();
+        for (i, now_ms) in [(0, 0u64), (1, 1_000), (2, 2_000), (3, 3_000)] {
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": format!("question number {i}")}
+                ]
+            })
+            .to_string();
+            routing
+                .prepare(
+                    Endpoint::ChatCompletions,
+                    RoutingHeaders::default(),
+                    body.as_bytes(),
+                    now_ms,
+                )
+                .unwrap();
+            let workers = urls.iter().enumerate().map(|(slot, url)| {
+                let status = WorkerStatus {
+                    eligible: true,
+                    ..WorkerStatus::default()
+                };
+                (WorkerId(slot as u16), *url, status, 0)
+            });
+            let worker = routing.choose(workers).unwrap();
+            let record = routing.dispatch_record(worker, now_ms).unwrap();
+            match &record.key {
+                KeyData::Text(text) => writer
+                    .insert_text(record.namespace, text, worker, now_ms)
+                    .unwrap(),
+                KeyData::Tokens(tokens) => writer
+                    .insert_tokens(record.namespace, tokens, worker, now_ms)
+                    .unwrap(),
+            }
+            chosen.push(worker);
+        }
+        // Seconds apart: the recent-dispatch map has expired, only the index can match.
+        assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
+        assert_eq!(metrics.branch_count(Branch::TreeMatch), 3);
+    }
+}

@@ -1,0 +1,269 @@
+//! The per-core recent-dispatch map (DESIGN.md section 2, step 6): the keys this core dispatched
+//! in the last [`RECENT_DISPATCH_WINDOW_MS`], so a burst of the same new prefix routes to the
+//! same worker before the control core's insert reaches the index. A lookup compares the request
+//! against each live entry (longest common prefix, in the tree's units) and the result is merged
+//! into the index's answer, never replacing a longer tree match. The caller consults it only on
+//! an index miss (the burst case), so a warm index never pays for the comparisons.
+
+use std::sync::Arc;
+
+use crate::index::{count_chars, Namespace, TreeMatch, MATCH_TENANTS_MAX};
+use crate::request::RoutingKey;
+use crate::workers::WorkerId;
+
+/// Entries kept per core: a burst of distinct new prefixes larger than this within the window
+/// loses the oldest, which only costs affinity, never correctness.
+pub const RECENT_DISPATCHES_MAX: usize = 16;
+/// How long an entry stands in for the index: ten control-core turns (10 ms each), far longer
+/// than the insert normally takes, short enough that the map never outlives an eviction.
+pub const RECENT_DISPATCH_WINDOW_MS: u64 = 100;
+
+/// A dispatched routing key, shared by the dispatch record and the recent map (one copy).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyData {
+    /// A text key (string tree).
+    Text(Arc<str>),
+    /// A token key (token tree).
+    Tokens(Arc<[u32]>),
+}
+
+impl KeyData {
+    /// Copies a routing key.
+    pub fn of(key: RoutingKey<'_>) -> KeyData {
+        match key {
+            RoutingKey::Text(text) => KeyData::Text(Arc::from(text)),
+            RoutingKey::Tokens(tokens) => KeyData::Tokens(Arc::from(tokens)),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    namespace: Namespace,
+    key: KeyData,
+    worker: WorkerId,
+    tick_ms: u64,
+}
+
+/// A small ring of this core's recent dispatches.
+#[derive(Debug, Default)]
+pub struct RecentDispatches {
+    entries: Vec<Entry>,
+    next: usize,
+}
+
+impl RecentDispatches {
+    /// Remembers a dispatch (overwriting the oldest entry when full).
+    pub fn push(&mut self, namespace: Namespace, key: KeyData, worker: WorkerId, tick_ms: u64) {
+        let entry = Entry {
+            namespace,
+            key,
+            worker,
+            tick_ms,
+        };
+        if self.entries.len() < RECENT_DISPATCHES_MAX {
+            self.entries.push(entry);
+        } else {
+            self.entries[self.next] = entry;
+            self.next = (self.next + 1) % RECENT_DISPATCHES_MAX;
+        }
+    }
+
+    /// Merges recent dispatches into `tree` (the index's answer for `key`): a longer recent
+    /// match replaces it with that worker as the only tenant; an equal one adds its worker.
+    pub fn merge_into(
+        &self,
+        tree: &mut TreeMatch,
+        namespace: Namespace,
+        key: RoutingKey<'_>,
+        now_ms: u64,
+        block_size: u32,
+    ) {
+        for entry in &self.entries {
+            if entry.namespace != namespace
+                || now_ms.saturating_sub(entry.tick_ms) > RECENT_DISPATCH_WINDOW_MS
+            {
+                continue;
+            }
+            let Some(matched) = common_prefix_units(&entry.key, key, block_size) else {
+                continue;
+            };
+            if matched == 0 || matched < tree.matched_len {
+                continue;
+            }
+            if matched > tree.matched_len {
+                tree.matched_len = matched;
+                tree.tenants_len = 0;
+            }
+            let len = usize::from(tree.tenants_len);
+            if len < MATCH_TENANTS_MAX && !tree.tenants().contains(&entry.worker) {
+                tree.tenants[len] = entry.worker;
+                tree.tenants_len += 1;
+            }
+        }
+    }
+}
+
+/// The common prefix of a remembered key and a request key in the tree's units: characters for
+/// text, whole pages for tokens. `None` when the kinds differ (text never matches tokens).
+fn common_prefix_units(remembered: &KeyData, key: RoutingKey<'_>, block_size: u32) -> Option<u32> {
+    let units = match (remembered, key) {
+        (KeyData::Text(old), RoutingKey::Text(new)) => {
+            let mut bytes = common_len(old.as_bytes(), new.as_bytes());
+            while !new.is_char_boundary(bytes) {
+                bytes -= 1;
+            }
+            count_chars(&new.as_bytes()[..bytes])
+        }
+        (KeyData::Tokens(old), RoutingKey::Tokens(new)) => {
+            let tokens = common_len(old, new) as u64;
+            let page = u64::from(block_size.max(1));
+            tokens / page * page
+        }
+        _ => return None,
+    };
+    Some(u32::try_from(units).unwrap_or(u32::MAX))
+}
+
+/// Elements compared per block by [`common_len`]: slice equality on a block compiles to
+/// `memcmp`, many times faster than an element loop on long prompts.
+const COMMON_LEN_BLOCK: usize = 256;
+
+/// The length of the common prefix of `a` and `b`.
+fn common_len<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    let len = a.len().min(b.len());
+    let mut start = 0;
+    while start + COMMON_LEN_BLOCK <= len
+        && a[start..start + COMMON_LEN_BLOCK] == b[start..start + COMMON_LEN_BLOCK]
+    {
+        start += COMMON_LEN_BLOCK;
+    }
+    start
+        + a[start..len]
+            .iter()
+            .zip(&b[start..len])
+            .take_while(|(x, y)| x == y)
+            .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NS: Namespace = Namespace {
+        model: 1,
+        partition: 0,
+    };
+
+    fn miss(request_len: u32) -> TreeMatch {
+        TreeMatch {
+            request_len,
+            ..TreeMatch::default()
+        }
+    }
+
+    #[test]
+    fn a_recent_dispatch_stands_in_for_the_index_within_the_window() {
+        let mut recent = RecentDispatches::default();
+        recent.push(
+            NS,
+            KeyData::of(RoutingKey::Text("shared prefix one")),
+            WorkerId(3),
+            1000,
+        );
+        let key = RoutingKey::Text("shared prefix two");
+        let mut tree = miss(17);
+        recent.merge_into(&mut tree, NS, key, 1050, 16);
+        assert_eq!((tree.matched_len, tree.tenants()), (14, &[WorkerId(3)][..]));
+        // Too old, another namespace, or another key kind: no effect.
+        for (ns, now, k) in [
+            (NS, 1000 + RECENT_DISPATCH_WINDOW_MS + 1, key),
+            (
+                Namespace {
+                    model: 1,
+                    partition: 9,
+                },
+                1050,
+                key,
+            ),
+            (NS, 1050, RoutingKey::Tokens(&[1, 2, 3])),
+        ] {
+            let mut tree = miss(17);
+            recent.merge_into(&mut tree, ns, k, now, 16);
+            assert_eq!(tree.tenants_len, 0);
+        }
+    }
+
+    #[test]
+    fn tokens_match_in_whole_pages_and_never_shorten_a_tree_match() {
+        let mut recent = RecentDispatches::default();
+        let old: Vec<u32> = (0..40).collect();
+        recent.push(NS, KeyData::of(RoutingKey::Tokens(&old)), WorkerId(1), 0);
+        let mut new: Vec<u32> = (0..35).collect();
+        new.push(999);
+        let mut tree = miss(36);
+        recent.merge_into(&mut tree, NS, RoutingKey::Tokens(&new), 10, 16);
+        assert_eq!((tree.matched_len, tree.tenants()), (32, &[WorkerId(1)][..]));
+        let mut longer = TreeMatch {
+            matched_len: 48,
+            request_len: 64,
+            tenants_len: 1,
+            ..TreeMatch::default()
+        };
+        longer.tenants[0] = WorkerId(5);
+        recent.merge_into(&mut longer, NS, RoutingKey::Tokens(&new), 10, 16);
+        assert_eq!(
+            (longer.matched_len, longer.tenants()),
+            (48, &[WorkerId(5)][..])
+        );
+    }
+
+    #[test]
+    fn common_len_matches_an_element_loop_across_block_edges() {
+        let a: Vec<u32> = (0..1000).collect();
+        for cut in [0, 1, 255, 256, 257, 511, 512, 999, 1000] {
+            let mut b = a.clone();
+            if cut < b.len() {
+                b[cut] = u32::MAX;
+            }
+            assert_eq!(common_len(&a, &b), cut);
+            assert_eq!(common_len(&a[..cut], &a), cut);
+        }
+    }
+
+    #[test]
+    fn multibyte_text_is_counted_in_characters() {
+        let mut recent = RecentDispatches::default();
+        recent.push(
+            NS,
+            KeyData::of(RoutingKey::Text("héllo wörld")),
+            WorkerId(2),
+            0,
+        );
+        let mut tree = miss(11);
+        recent.merge_into(&mut tree, NS, RoutingKey::Text("héllo wörst"), 0, 16);
+        assert_eq!(tree.matched_len, 9);
+    }
+
+    #[test]
+    fn the_ring_keeps_the_newest_entries() {
+        let mut recent = RecentDispatches::default();
+        for i in 0..(RECENT_DISPATCHES_MAX as u16 + 4) {
+            recent.push(
+                NS,
+                KeyData::of(RoutingKey::Text(&format!("key {i}"))),
+                WorkerId(i),
+                0,
+            );
+        }
+        let mut tree = miss(5);
+        recent.merge_into(&mut tree, NS, RoutingKey::Text("key 0"), 0, 16);
+        assert!(
+            !tree.tenants().contains(&WorkerId(0)),
+            "the oldest entry was overwritten"
+        );
+        let mut tree = miss(6);
+        recent.merge_into(&mut tree, NS, RoutingKey::Text("key 19"), 0, 16);
+        assert!(tree.tenants().contains(&WorkerId(19)));
+    }
+}
