@@ -158,7 +158,11 @@ fn killed_workers_are_retried_then_answered_502_without_hanging() {
 #[test]
 fn two_data_cores_serve_and_merge_their_counters() {
     let fleet = SimFleet::start(2, &["--instant"]);
-    let gateway = Gateway::start(&fleet.urls(), &["--data-cores", "2"]);
+    // Round robin: the test is about both cores serving, not about cache_aware's tie-breaking.
+    let gateway = Gateway::start(
+        &fleet.urls(),
+        &["--data-cores", "2", "--policy", "round_robin"],
+    );
     let accepted = "kvgate_downstream_connections_accepted_total";
     let accepted_before = gateway.metric(accepted);
     let mut seen = std::collections::HashSet::new();
