@@ -56,7 +56,7 @@ fn sse_streams_arrive_incrementally() {
     let gateway = Gateway::start(&fleet.urls(), &[]);
     let response = gateway
         .client()
-        .post_json("/v1/chat/completions", &chat("tell me a story", 12, true));
+        .post_json("/v1/chat/completions", &chat("tell me a story", 48, true));
     assert_eq!(response.status, 200);
     assert_eq!(response.header("content-type"), Some("text/event-stream"));
     assert!(
@@ -165,7 +165,17 @@ fn two_data_cores_serve_and_merge_their_counters() {
         &["--data-cores", "2", "--policy", "round_robin"],
     );
     let accepted = "kvgate_downstream_connections_accepted_total";
-    let accepted_before = gateway.metric(accepted);
+    // The start-up port probe's connection is counted whenever its core gets to its accept:
+    // wait for the counter to settle so that connection is not mistaken for one of ours.
+    let mut accepted_before = gateway.metric(accepted);
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = gateway.metric(accepted);
+        if now == accepted_before && now >= 1.0 {
+            break;
+        }
+        accepted_before = now;
+    }
     let mut seen = std::collections::HashSet::new();
     for i in 0..16 {
         // New connections: SO_REUSEPORT spreads them over both cores' listeners.
