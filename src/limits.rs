@@ -87,6 +87,12 @@ pub const DISPATCH_QUEUE_CAPACITY: usize = 16 * 1024;
 /// How often the control core drains the dispatch queues.
 pub const CONTROL_TURN: Duration = Duration::from_millis(10);
 
+/// A model's tree may grow to this multiple of `--max-tree-size` between eviction cycles before
+/// the control core evicts at once. SMG evicts only every `--eviction-interval` (120 s); at
+/// 2,000 req/s of 70 KB Mooncake prompts that lets a string tree take ~15 GB between two cycles.
+/// Twice the budget keeps memory bounded while leaving the timer in charge at ordinary rates.
+pub const TREE_OVER_BUDGET_FACTOR: u64 = 2;
+
 /// How often the control core refreshes each worker's `/v1/models` list.
 pub const MODELS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 

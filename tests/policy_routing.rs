@@ -243,3 +243,34 @@ fn concurrent_first_turns_record_their_own_prefix() {
     }
     assert_eq!(branch(&gateway, "tree_match"), families as f64);
 }
+
+#[test]
+fn a_tree_far_over_budget_is_evicted_before_the_eviction_interval() {
+    let fleet = SimFleet::start(2, &["--instant"]);
+    // A 2,000-character budget and an eviction cycle that never comes within the test: only the
+    // hard cap (TREE_OVER_BUDGET_FACTOR × budget) can trigger eviction.
+    let gateway = Gateway::start(
+        &fleet.urls(),
+        &["--max-tree-size", "2000", "--eviction-interval", "3600"],
+    );
+    let mut client = gateway.client();
+    // 40 distinct prompts of about 500 characters each: 20,000 characters, 10× the budget.
+    for family in 0..40 {
+        routed(
+            &mut client,
+            "/v1/completions",
+            &completion(&prompt(100 + family, 60, "end"), serde_json::json!({})),
+        );
+    }
+    let series = "smg_cache_tree_chars{model=\"sim-model\"}";
+    assert!(
+        wait_until(Duration::from_secs(5), || gateway.metric(series) > 0.0),
+        "no eviction published the tree gauges:\n{}",
+        gateway.metrics()
+    );
+    let chars = gateway.metric(series);
+    assert!(
+        chars <= 2000.0,
+        "tree holds {chars} characters, budget 2000"
+    );
+}

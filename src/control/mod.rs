@@ -22,7 +22,7 @@ use crate::http::io::Socket;
 use crate::index::{IndexWriter, ModelGauges};
 use crate::limits::{
     CONTROL_TURN, HEADER_READ_TIMEOUT, MODELS_BODY_BYTES_MAX, MODELS_REFRESH_INTERVAL,
-    READ_BUF_BYTES_INITIAL,
+    READ_BUF_BYTES_INITIAL, TREE_OVER_BUDGET_FACTOR,
 };
 use crate::metrics::Counter;
 use crate::policy::{KeyData, RecordKey};
@@ -103,17 +103,24 @@ impl ControlCore {
         }
     }
 
-    /// Frees retired index memory every turn; every `--eviction-interval`, evicts over-budget
-    /// trees and publishes the tree gauges.
+    /// Frees retired index memory every turn; every `--eviction-interval`, or at once when a
+    /// model's tree passes `TREE_OVER_BUDGET_FACTOR` times its budget, evicts over-budget trees
+    /// and publishes the tree gauges.
     fn upkeep_index(&mut self) {
         let Some(index) = &mut self.index else {
             return;
         };
         index.writer.reclaim();
-        if Instant::now() < index.next_eviction {
+        let policy = &self.shared.config.policy;
+        let hard_cap = policy.max_tree_size.saturating_mul(TREE_OVER_BUDGET_FACTOR);
+        let over_hard_cap = index
+            .writer
+            .gauges()
+            .iter()
+            .any(|g| g.string.units > hard_cap || g.token.units > hard_cap);
+        if Instant::now() < index.next_eviction && !over_hard_cap {
             return;
         }
-        let policy = &self.shared.config.policy;
         index.next_eviction = Instant::now() + policy.eviction_interval;
         let evicted = index.writer.evict(policy.max_tree_size);
         if evicted.entries > 0 {
