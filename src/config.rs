@@ -52,7 +52,9 @@ impl LogLevel {
 #[command(
     name = "kvgate",
     version,
-    about = "Cache-aware, io_uring gateway for LLM engines"
+    about = "Cache-aware, io_uring gateway for LLM engines",
+    // `--cache-threshold -1` should reach validation and its clear message, not read as a flag.
+    allow_negative_numbers = true
 )]
 pub struct Cli {
     /// Address the gateway listens on.
@@ -353,6 +355,9 @@ mod tests {
             (&["--host", "no such host.invalid"], "--host"),
             (&["--cache-threshold", "2"], "--cache-threshold"),
             (&["--overlap-decay=-1"], "--overlap-decay"),
+            // A negative number after a space is a value, not an unknown flag.
+            (&["--overlap-decay", "-1"], "--overlap-decay"),
+            (&["--cache-threshold", "-0.5"], "--cache-threshold"),
         ];
         for (args, flag) in cases {
             let error = parse(args).unwrap_err();
