@@ -290,6 +290,9 @@ async fn read_sse(
         }
     }
     scanner.finish(Instant::now());
+    if scanner.saw_error_event() {
+        return Err(());
+    }
     outcome.ttft = scanner
         .first_token_at()
         .map(|at| at.saturating_duration_since(scheduled));

@@ -51,6 +51,9 @@ pub struct SseScanner {
     gaps_us: Vec<u32>,
     token_events: u64,
     last_usage: Option<Vec<u8>>,
+    /// An event carried a top-level `error` object: the gateway (or engine) ended the stream
+    /// with an error, so the request failed even though the HTTP status was 200.
+    saw_error_event: bool,
 }
 
 impl SseScanner {
@@ -63,6 +66,7 @@ impl SseScanner {
             gaps_us: Vec::new(),
             token_events: 0,
             last_usage: None,
+            saw_error_event: false,
         }
     }
 
@@ -104,6 +108,7 @@ impl SseScanner {
             if data == b"[DONE]" {
                 continue;
             }
+            self.saw_error_event |= data.starts_with(b"{\"error\":");
             carries_text |= has_text(data);
             if find(data, b"\"usage\"").is_some() || find(data, b"\"meta_info\"").is_some() {
                 usage = Some(data.to_vec());
@@ -121,6 +126,11 @@ impl SseScanner {
             self.first_token_at.get_or_insert(now);
             self.last_token_at = Some(now);
         }
+    }
+
+    /// Whether an event reported an error (e.g. kvgate's event when a worker dies mid-stream).
+    pub fn saw_error_event(&self) -> bool {
+        self.saw_error_event
     }
 
     pub fn first_token_at(&self) -> Option<Instant> {
@@ -220,6 +230,23 @@ mod tests {
             (Some(64), Some(48))
         );
         assert_eq!(parse_usage(b"{\"usage\":null}"), None);
+    }
+
+    #[test]
+    fn an_error_event_marks_the_stream_failed() {
+        let now = Instant::now();
+        let mut scanner = SseScanner::new(1 << 20);
+        scanner
+            .feed(
+                b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+                now,
+            )
+            .unwrap();
+        assert!(!scanner.saw_error_event());
+        let cut = b"data: {\"error\":{\"message\":\"the worker closed the stream before it finished\",\"type\":\"upstream_error\",\"code\":502}}\n\n";
+        scanner.feed(cut, now).unwrap();
+        scanner.finish(now);
+        assert!(scanner.saw_error_event());
     }
 
     #[test]
