@@ -219,12 +219,17 @@ fn pick_worker(
         // this one again so the policy reads its own routing input (the body parsed before).
         let _ = extract_routing_input(core, input.endpoint, input.head, input.head_buf, input.body);
     }
-    let picked = core.router.borrow_mut().route(input, view, tried);
+    let picked = core
+        .router
+        .borrow_mut()
+        .route(input, view, tried, core.index);
     if picked.is_some() || attempts == 0 {
         return picked;
     }
     *tried = TriedWorkers::default();
-    core.router.borrow_mut().route(input, view, tried)
+    core.router
+        .borrow_mut()
+        .route(input, view, tried, core.index)
 }
 
 /// Waits the retry policy's backoff before retry `retry_index`, never past the deadline.

@@ -122,28 +122,36 @@ impl Router {
         self.routing.model()
     }
 
-    /// Picks a healthy worker not in `tried`, or `None` if there is none (after `prepare`).
+    /// Picks a healthy worker not in `tried`, or `None` if there is none (after `prepare`), and
+    /// credits the request's prompt tokens to it from data core `core` until its next load report.
     pub fn route(
         &mut self,
         input: &RouteInput<'_>,
         view: WorkerView<'_>,
         tried: &TriedWorkers,
+        core: usize,
     ) -> Option<WorkerId> {
         let workers = view.roster.workers.iter().map(|w| {
-            let load_report = view.table.signals(w.id).load();
+            let signals = view.table.signals(w.id);
+            // Generation before report: a report published in between is read with the older
+            // generation's credits, an overestimate that lasts one request.
+            let generation = signals.load_generation();
             let status = WorkerStatus {
                 eligible: view.table.is_eligible(w.id)
                     && input.models.allows(w.id)
                     && !tried.contains(w.id),
                 in_flight: view.table.inflight(w.id),
-                load: load_report.as_deref().map(LoadReport::to_policy_load),
-                credited_tokens: 0,
+                load: signals.load().as_deref().map(LoadReport::to_policy_load),
+                credited_tokens: view.table.token_credits(w.id, generation),
             };
-            // The report's address identifies it: a new report resets this core's credits.
-            let generation = load_report.as_ref().map_or(0, |r| Arc::as_ptr(r) as usize);
-            (w.id, w.spec.url.as_str(), status, generation)
+            (w.id, w.spec.url.as_str(), status)
         });
-        self.routing.choose(workers)
+        let worker = self.routing.choose(workers)?;
+        let generation = view.table.signals(worker).load_generation();
+        let tokens = self.routing.request_tokens();
+        view.table
+            .add_token_credit(core, worker, generation, tokens);
+        Some(worker)
     }
 
     /// The index key of the prepared request (cache_aware), for the control core. Take it right
@@ -190,12 +198,23 @@ mod tests {
     }
 
     fn pick(router: &mut Router, table: &WorkerTable, tried: &TriedWorkers) -> Option<WorkerId> {
+        pick_on(router, table, tried, 0, b"{}")
+    }
+
+    /// Routes `body` (a `/generate` body) on data core `core`.
+    fn pick_on(
+        router: &mut Router,
+        table: &WorkerTable,
+        tried: &TriedWorkers,
+        core: usize,
+        body: &[u8],
+    ) -> Option<WorkerId> {
         let head = parse_request_head(REQ).unwrap().unwrap();
         let input = RouteInput {
             endpoint: Endpoint::Generate,
             head: &head,
             head_buf: REQ,
-            body: b"{}",
+            body,
             models: ModelWorkers::Any,
             record: None,
         };
@@ -210,6 +229,7 @@ mod tests {
                 table,
             },
             tried,
+            core,
         )
     }
 
@@ -244,6 +264,45 @@ mod tests {
             pick(&mut router, &table_empty(), &TriedWorkers::default()),
             None
         );
+    }
+
+    #[test]
+    fn a_dispatch_on_one_core_is_credited_to_the_decisions_of_the_others() {
+        let specs: Vec<_> = (0..2)
+            .map(|i| parse_worker_url(&format!("http://127.0.0.1:{}", 42000 + i)).unwrap())
+            .collect();
+        let table = WorkerTable::new(2, &specs);
+        let report_idle_loads = || {
+            for id in [WorkerId(0), WorkerId(1)] {
+                let report = LoadReport {
+                    gen_throughput_tps: Some(1000.0),
+                    ..LoadReport::default()
+                };
+                table
+                    .signals(id)
+                    .set_load(Some(report), &Default::default());
+            }
+        };
+        report_idle_loads();
+        let ids: Vec<String> = (0..4096).map(|i| i.to_string()).collect();
+        let body = format!(r#"{{"input_ids":[{}]}}"#, ids.join(","));
+        let none = TriedWorkers::default();
+        for seed in 0..16 {
+            let (mut core0, mut core1) = (
+                router(PolicyKind::LeastLoad, seed),
+                router(PolicyKind::LeastLoad, seed + 100),
+            );
+            let first = pick_on(&mut core0, &table, &none, 0, body.as_bytes()).unwrap();
+            // Core 1 never sent anything, yet sees core 0's 4,096 credited tokens.
+            let second = pick_on(&mut core1, &table, &none, 1, body.as_bytes()).unwrap();
+            assert_ne!(first, second, "seed {seed}");
+            // The next reports carry that work: the credits no longer count.
+            report_idle_loads();
+            for id in [first, second] {
+                let generation = table.signals(id).load_generation();
+                assert_eq!(table.token_credits(id, generation), 0);
+            }
+        }
     }
 
     fn table_empty() -> WorkerTable {

@@ -49,15 +49,6 @@ pub struct CoreRouting {
     ring: WorkerRing,
     ring_members: Vec<(WorkerId, String)>,
     announced_models: Vec<u64>,
-    /// Prompt tokens this core dispatched to each worker since its last load report.
-    credits: Vec<Credit>,
-}
-
-/// This core's dispatches to one worker since the load report `generation`.
-#[derive(Clone, Copy, Debug, Default)]
-struct Credit {
-    generation: usize,
-    tokens: u64,
 }
 
 impl CoreRouting {
@@ -80,7 +71,6 @@ impl CoreRouting {
             ring: WorkerRing::default(),
             ring_members: Vec::new(),
             announced_models: Vec::new(),
-            credits: Vec::new(),
         }
     }
 
@@ -132,31 +122,21 @@ impl CoreRouting {
         self.input.model()
     }
 
-    /// Runs the policy over `workers`: `(id, url, status, load generation)` of every active
-    /// worker, where a worker already tried comes with `eligible: false` and the generation
-    /// identifies its current load report (0: none). This core's dispatch credits count toward a
-    /// worker's expected wait until its next report.
+    /// Runs the policy over `workers`: `(id, url, status)` of every active worker, where a
+    /// worker already tried comes with `eligible: false` and `credited_tokens` holds every core's
+    /// dispatches to it since its last load report. The caller credits the chosen worker with
+    /// [`CoreRouting::request_tokens`].
     pub fn choose<'w>(
         &mut self,
-        workers: impl Iterator<Item = (WorkerId, &'w str, WorkerStatus, usize)> + Clone,
+        workers: impl Iterator<Item = (WorkerId, &'w str, WorkerStatus)> + Clone,
     ) -> Option<WorkerId> {
-        self.refresh_ring(workers.clone().map(|(id, url, _, _)| (id, url)));
+        self.refresh_ring(workers.clone().map(|(id, url, _)| (id, url)));
         self.statuses.clear();
-        for (id, _, mut status, generation) in workers {
+        for (id, _, status) in workers {
             let slot = id.index();
             if self.statuses.len() <= slot {
                 self.statuses.resize(slot + 1, WorkerStatus::default());
             }
-            if self.credits.len() <= slot {
-                self.credits.resize(slot + 1, Credit::default());
-            }
-            if self.credits[slot].generation != generation {
-                self.credits[slot] = Credit {
-                    generation,
-                    tokens: 0,
-                };
-            }
-            status.credited_tokens += self.credits[slot].tokens;
             self.statuses[slot] = status;
         }
         let request = RouteRequest {
@@ -165,13 +145,16 @@ impl CoreRouting {
             workers: &self.statuses,
             ring: &self.ring,
         };
-        let worker = self.router.route(&request)?.worker;
-        if let Some(credit) = self.credits.get_mut(worker.index()) {
-            credit.tokens = credit
-                .tokens
-                .saturating_add(request_tokens(self.input.key()));
+        Some(self.router.route(&request)?.worker)
+    }
+
+    /// The prompt tokens a dispatch of the prepared request credits to its worker: token IDs
+    /// counted, text estimated at [`PREFIX_HASH_CHARS_PER_TOKEN`] characters per token.
+    pub fn request_tokens(&self) -> u64 {
+        match self.input.key() {
+            RoutingKey::Tokens(tokens) => tokens.len() as u64,
+            RoutingKey::Text(text) => (text.len() / PREFIX_HASH_CHARS_PER_TOKEN) as u64,
         }
-        Some(worker)
     }
 
     /// The index key of the prepared request (cache_aware only: other policies do not build the
@@ -235,15 +218,6 @@ impl CoreRouting {
     }
 }
 
-/// The prompt tokens a dispatch credits: token IDs counted, text estimated at
-/// [`PREFIX_HASH_CHARS_PER_TOKEN`] characters per token.
-fn request_tokens(key: RoutingKey<'_>) -> u64 {
-    match key {
-        RoutingKey::Tokens(tokens) => tokens.len() as u64,
-        RoutingKey::Text(text) => (text.len() / PREFIX_HASH_CHARS_PER_TOKEN) as u64,
-    }
-}
-
 fn request_len(key: RoutingKey<'_>) -> u32 {
     let len = match key {
         RoutingKey::Text(text) => crate::index::count_chars(text.as_bytes()),
@@ -286,7 +260,7 @@ mod tests {
                     in_flight: in_flight[slot],
                     ..WorkerStatus::default()
                 };
-                (WorkerId(slot as u16), url.as_str(), status, 0)
+                (WorkerId(slot as u16), url.as_str(), status)
             });
             let worker = routing.choose(workers).unwrap();
             in_flight[worker.index()] += 1;
@@ -323,7 +297,7 @@ mod tests {
             eligible: true,
             ..WorkerStatus::default()
         };
-        let worker = routing.choose(std::iter::once((WorkerId(0), "http://w0", status, 0)));
+        let worker = routing.choose(std::iter::once((WorkerId(0), "http://w0", status)));
         assert_eq!(worker, Some(WorkerId(0)));
         assert_eq!(routing.dispatch_record(WorkerId(0), 0), None);
     }
@@ -369,7 +343,7 @@ mod index_tests {
                     eligible: true,
                     ..WorkerStatus::default()
                 };
-                (WorkerId(slot as u16), *url, status, 0)
+                (WorkerId(slot as u16), *url, status)
             });
             let worker = routing.choose(workers).unwrap();
             let record = routing.dispatch_record(worker, now_ms).unwrap();

@@ -29,9 +29,9 @@ pub struct Fleet {
     pub in_flight_mean: f64,
     /// Highest and lowest KV usage among eligible workers that report load.
     pub kv_usage_range: Option<(f64, f64)>,
-    /// Throughput used for a reporting worker whose own report is 0: the mean of the positive
-    /// reports, or [`THROUGHPUT_FALLBACK_TOKENS_PER_S`].
-    throughput_fallback: f64,
+    /// The throughput every worker's queued work is divided by: the mean of the positive
+    /// reports, or [`THROUGHPUT_FALLBACK_TOKENS_PER_S`] when none is positive.
+    throughput: f64,
     /// True when at least one eligible worker reports load: score in seconds, else in requests.
     scores_reports: bool,
 }
@@ -56,7 +56,7 @@ impl Fleet {
                 throughput_count += 1;
             }
         }
-        let throughput_fallback = if throughput_count == 0 {
+        let throughput = if throughput_count == 0 {
             THROUGHPUT_FALLBACK_TOKENS_PER_S
         } else {
             throughput_sum / f64::from(throughput_count)
@@ -69,7 +69,7 @@ impl Fleet {
                 in_flight_sum as f64 / f64::from(eligible)
             },
             kv_usage_range,
-            throughput_fallback,
+            throughput,
             scores_reports: kv_usage_range.is_some(),
         }
     }
@@ -90,19 +90,20 @@ impl Fleet {
     }
 
     /// The expected wait of one worker: lower is better. Comparable only within one fleet scan.
+    ///
+    /// The divisor is the fleet's mean reported throughput, not the worker's own: an engine's
+    /// `gen_throughput` rises with its batch, so dividing by its own figure makes a busy engine
+    /// look faster and draws still more work to it (on the Mooncake trace that loop left one
+    /// engine with 4.6 times the requests of another). A slower engine still shows: its queue
+    /// drains more slowly, and the queue is in its reports.
     pub fn expected_wait(&self, worker: &WorkerStatus) -> f64 {
         if !self.scores_reports {
             return f64::from(worker.in_flight);
         }
         // A worker without a report is never penalized for it: no backlog, no KV usage.
         let load = worker.load.unwrap_or_default();
-        let throughput = if load.gen_throughput > 0.0 {
-            load.gen_throughput
-        } else {
-            self.throughput_fallback
-        };
         let work_tokens = load.waiting_uncached_tokens as f64 + worker.credited_tokens as f64;
-        work_tokens / throughput + kv_penalty_s(load.token_usage)
+        work_tokens / self.throughput + kv_penalty_s(load.token_usage)
     }
 
     /// The eligible worker slot among `slots` with the lowest expected wait, ties uniformly at

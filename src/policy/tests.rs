@@ -417,7 +417,7 @@ fn hot_spot_burst_with_records_spills_and_replicates_the_prefix() {
 // ---- The expected-wait scorer ----
 
 #[test]
-fn expected_wait_uses_token_work_throughput_and_kv_usage() {
+fn expected_wait_uses_token_work_and_kv_usage() {
     let load = |tokens: u64, usage: f64, throughput: f64| WorkerStatus {
         eligible: true,
         load: Some(WorkerLoad {
@@ -431,8 +431,8 @@ fn expected_wait_uses_token_work_throughput_and_kv_usage() {
     let cases: [(Vec<WorkerStatus>, u16); 5] = [
         // More queued tokens waits longer.
         (vec![load(5000, 0.1, 1000.0), load(1000, 0.1, 1000.0)], 1),
-        // The same work on a faster worker waits less.
-        (vec![load(5000, 0.1, 1000.0), load(5000, 0.1, 4000.0)], 1),
+        // A busier engine reports a higher throughput; that does not make its queue shorter.
+        (vec![load(5000, 0.1, 4000.0), load(4000, 0.1, 1000.0)], 1),
         // A fuller KV cache is penalized.
         (vec![load(0, 0.8, 1000.0), load(0, 0.2, 1000.0)], 1),
         // Credits since the last report count as queued work.

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -225,6 +225,9 @@ pub struct WorkerSignals {
     overloaded: AtomicBool,
     draining: AtomicBool,
     load: ArcSwapOption<LoadReport>,
+    /// Bumped after every `set_load` and `reset`: dispatch credits taken under an older
+    /// generation are already in (or older than) the published report.
+    load_generation: AtomicU32,
 }
 
 impl WorkerSignals {
@@ -255,6 +258,11 @@ impl WorkerSignals {
         self.load.load_full()
     }
 
+    /// Which load report is published: changes with every `set_load` and `reset`.
+    pub fn load_generation(&self) -> u32 {
+        self.load_generation.load(Ordering::Acquire)
+    }
+
     /// Publish the circuit state. Control core only.
     pub fn set_breaker(&self, state: BreakerState) {
         self.breaker.store(state as u8, Ordering::Release);
@@ -270,6 +278,7 @@ impl WorkerSignals {
         self.overloaded
             .store(overload.is_overloaded(report.as_ref()), Ordering::Release);
         self.load.store(report.map(Arc::new));
+        self.load_generation.fetch_add(1, Ordering::Release);
     }
 
     /// Back to a fresh slot (closed, not overloaded, not draining, no load). Control core only,
@@ -279,6 +288,7 @@ impl WorkerSignals {
         self.overloaded.store(false, Ordering::Release);
         self.draining.store(false, Ordering::Release);
         self.load.store(None);
+        self.load_generation.fetch_add(1, Ordering::Release);
     }
 }
 

@@ -7,8 +7,11 @@
 //! - In-flight credits: each data core increments only its own padded row of counters, so cores
 //!   never share a written cache line; readers sum the rows. An `InflightCredit` guard releases
 //!   its credit on drop, so completion, error, timeout and client disconnect all release it.
+//! - Token credits (the expected-wait scorer's dispatches since a worker's last load report):
+//!   the same per-core rows, each entry tagged with the load-report generation it was taken
+//!   under, so a new report voids older credits without any core resetting another's row.
 
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -83,12 +86,22 @@ impl Roster {
 }
 
 type InflightRow = CachePadded<[AtomicU32; WORKERS_MAX]>;
+type TokenCreditRow = CachePadded<[AtomicU64; WORKERS_MAX]>;
 
-/// Slots, per-core in-flight counters and the published roster.
+/// A token-credit entry: the load generation's low 16 bits above 48 bits of tokens.
+const CREDIT_TOKEN_BITS: u32 = 48;
+const CREDIT_TOKENS_MAX: u64 = (1 << CREDIT_TOKEN_BITS) - 1;
+
+fn credit_tag(generation: u32) -> u64 {
+    u64::from(generation & 0xffff)
+}
+
+/// Slots, per-core in-flight and token-credit counters and the published roster.
 #[derive(Debug)]
 pub struct WorkerTable {
     slots: Box<[WorkerSlot]>,
     inflight_by_core: Box<[InflightRow]>,
+    token_credits_by_core: Box<[TokenCreditRow]>,
     roster: ArcSwap<Roster>,
 }
 
@@ -103,6 +116,8 @@ impl WorkerTable {
         let slots = (0..WORKERS_MAX).map(|_| WorkerSlot::new()).collect();
         let inflight_by_core =
             (0..data_cores).map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU32::new(0))));
+        let token_credits_by_core =
+            (0..data_cores).map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))));
         let workers = specs
             .iter()
             .enumerate()
@@ -111,6 +126,7 @@ impl WorkerTable {
         WorkerTable {
             slots,
             inflight_by_core: inflight_by_core.collect(),
+            token_credits_by_core: token_credits_by_core.collect(),
             roster: ArcSwap::from_pointee(Roster { workers }),
         }
     }
@@ -163,6 +179,34 @@ impl WorkerTable {
         counter.fetch_add(1, Ordering::Relaxed);
         InflightCredit { counter }
     }
+
+    /// Prompt tokens dispatched to `id` by every data core since the load report of
+    /// `generation` (`WorkerSignals::load_generation`) was published.
+    pub fn token_credits(&self, id: WorkerId, generation: u32) -> u64 {
+        let tag = credit_tag(generation);
+        self.token_credits_by_core
+            .iter()
+            .map(|row| row[id.index()].load(Ordering::Relaxed))
+            .filter(|entry| entry >> CREDIT_TOKEN_BITS == tag)
+            .map(|entry| entry & CREDIT_TOKENS_MAX)
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Credits `tokens` dispatched by data core `core` to `id` under load report `generation`.
+    /// Only core `core` writes its row, so a plain load and store suffice; an entry of an older
+    /// generation restarts from zero.
+    pub fn add_token_credit(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
+        let tag = credit_tag(generation);
+        let entry = &self.token_credits_by_core[core][id.index()];
+        let old = entry.load(Ordering::Relaxed);
+        let held = if old >> CREDIT_TOKEN_BITS == tag {
+            old & CREDIT_TOKENS_MAX
+        } else {
+            0
+        };
+        let tokens = held.saturating_add(tokens).min(CREDIT_TOKENS_MAX);
+        entry.store(tag << CREDIT_TOKEN_BITS | tokens, Ordering::Relaxed);
+    }
 }
 
 /// One in-flight request on one worker, released on drop.
@@ -202,6 +246,22 @@ mod tests {
         drop((b, c));
         assert_eq!(table.inflight(WorkerId(1)), 0);
         assert_eq!(table.inflight(WorkerId(0)), 0);
+    }
+
+    #[test]
+    fn token_credits_sum_over_cores_until_the_next_load_report() {
+        let table = table(2, 2);
+        table.add_token_credit(0, WorkerId(1), 7, 100);
+        table.add_token_credit(1, WorkerId(1), 7, 50);
+        table.add_token_credit(0, WorkerId(1), 7, 25);
+        table.add_token_credit(1, WorkerId(0), 7, 9);
+        assert_eq!(table.token_credits(WorkerId(1), 7), 175);
+        assert_eq!(table.token_credits(WorkerId(0), 7), 9);
+        // A new report (generation 8): core 1's older entry no longer counts, and core 0's
+        // next credit restarts from zero instead of adding to the voided 125.
+        assert_eq!(table.token_credits(WorkerId(1), 8), 0);
+        table.add_token_credit(0, WorkerId(1), 8, 10);
+        assert_eq!(table.token_credits(WorkerId(1), 8), 10);
     }
 
     #[test]
