@@ -4,8 +4,8 @@
 //! 1. **validate and extract** (`extract_routing_input`): one pass reads the routing input; a
 //!    routed body must be a JSON object (400 otherwise).
 //! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
-//! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
-//!    ends, however it ends.
+//! 3. **credit**: an `InflightCredit` guard counts the request and its prompt tokens on that
+//!    worker until the attempt ends, however it ends (the tokens until a newer load report).
 //! 4. **connect or reuse** (`connect_or_reuse`): a pooled keep-alive connection or a new one.
 //! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
 //! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
@@ -140,7 +140,9 @@ pub async fn proxy_request(
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
-        let _credit = core.shared.table.credit(core.index, worker.id);
+        // Read before any await: the router's input is this request's only until then.
+        let tokens = core.router.borrow().request_tokens();
+        let _credit = core.shared.table.credit(core.index, worker.id, tokens);
         let retry_status = attempts + 1 < attempts_max;
         match attempt(core, &mut client, &input, worker, deadline, retry_status).await {
             Ok(forwarded) => {
@@ -219,17 +221,12 @@ fn pick_worker(
         // this one again so the policy reads its own routing input (the body parsed before).
         let _ = extract_routing_input(core, input.endpoint, input.head, input.head_buf, input.body);
     }
-    let picked = core
-        .router
-        .borrow_mut()
-        .route(input, view, tried, core.index);
+    let picked = core.router.borrow_mut().route(input, view, tried);
     if picked.is_some() || attempts == 0 {
         return picked;
     }
     *tried = TriedWorkers::default();
-    core.router
-        .borrow_mut()
-        .route(input, view, tried, core.index)
+    core.router.borrow_mut().route(input, view, tried)
 }
 
 /// Waits the retry policy's backoff before retry `retry_index`, never past the deadline.

@@ -122,14 +122,12 @@ impl Router {
         self.routing.model()
     }
 
-    /// Picks a healthy worker not in `tried`, or `None` if there is none (after `prepare`), and
-    /// credits the request's prompt tokens to it from data core `core` until its next load report.
+    /// Picks a healthy worker not in `tried`, or `None` if there is none (after `prepare`).
     pub fn route(
         &mut self,
         input: &RouteInput<'_>,
         view: WorkerView<'_>,
         tried: &TriedWorkers,
-        core: usize,
     ) -> Option<WorkerId> {
         let workers = view.roster.workers.iter().map(|w| {
             let signals = view.table.signals(w.id);
@@ -146,12 +144,12 @@ impl Router {
             };
             (w.id, w.spec.url.as_str(), status)
         });
-        let worker = self.routing.choose(workers)?;
-        let generation = view.table.signals(worker).load_generation();
-        let tokens = self.routing.request_tokens();
-        view.table
-            .add_token_credit(core, worker, generation, tokens);
-        Some(worker)
+        self.routing.choose(workers)
+    }
+
+    /// The prompt tokens the prepared request credits to its worker (`WorkerTable::credit`).
+    pub fn request_tokens(&self) -> u64 {
+        self.routing.request_tokens()
     }
 
     /// The index key of the prepared request (cache_aware), for the control core. Take it right
@@ -198,15 +196,14 @@ mod tests {
     }
 
     fn pick(router: &mut Router, table: &WorkerTable, tried: &TriedWorkers) -> Option<WorkerId> {
-        pick_on(router, table, tried, 0, b"{}")
+        pick_body(router, table, tried, b"{}")
     }
 
-    /// Routes `body` (a `/generate` body) on data core `core`.
-    fn pick_on(
+    /// Routes `body` (a `/generate` body).
+    fn pick_body(
         router: &mut Router,
         table: &WorkerTable,
         tried: &TriedWorkers,
-        core: usize,
         body: &[u8],
     ) -> Option<WorkerId> {
         let head = parse_request_head(REQ).unwrap().unwrap();
@@ -229,7 +226,6 @@ mod tests {
                 table,
             },
             tried,
-            core,
         )
     }
 
@@ -272,18 +268,15 @@ mod tests {
             .map(|i| parse_worker_url(&format!("http://127.0.0.1:{}", 42000 + i)).unwrap())
             .collect();
         let table = WorkerTable::new(2, &specs);
-        let report_idle_loads = || {
-            for id in [WorkerId(0), WorkerId(1)] {
-                let report = LoadReport {
-                    gen_throughput_tps: Some(1000.0),
-                    ..LoadReport::default()
-                };
-                table
-                    .signals(id)
-                    .set_load(Some(report), &Default::default());
-            }
-        };
-        report_idle_loads();
+        for id in [WorkerId(0), WorkerId(1)] {
+            let report = LoadReport {
+                gen_throughput_tps: Some(1000.0),
+                ..LoadReport::default()
+            };
+            table
+                .signals(id)
+                .set_load(Some(report), &Default::default());
+        }
         let ids: Vec<String> = (0..4096).map(|i| i.to_string()).collect();
         let body = format!(r#"{{"input_ids":[{}]}}"#, ids.join(","));
         let none = TriedWorkers::default();
@@ -292,16 +285,13 @@ mod tests {
                 router(PolicyKind::LeastLoad, seed),
                 router(PolicyKind::LeastLoad, seed + 100),
             );
-            let first = pick_on(&mut core0, &table, &none, 0, body.as_bytes()).unwrap();
-            // Core 1 never sent anything, yet sees core 0's 4,096 credited tokens.
-            let second = pick_on(&mut core1, &table, &none, 1, body.as_bytes()).unwrap();
+            let first = pick_body(&mut core0, &table, &none, body.as_bytes()).unwrap();
+            assert_eq!(core0.request_tokens(), 4096);
+            let in_flight = table.credit(0, first, core0.request_tokens());
+            // Core 1 never sent anything, yet sees core 0's 4,096 tokens in flight.
+            let second = pick_body(&mut core1, &table, &none, body.as_bytes()).unwrap();
             assert_ne!(first, second, "seed {seed}");
-            // The next reports carry that work: the credits no longer count.
-            report_idle_loads();
-            for id in [first, second] {
-                let generation = table.signals(id).load_generation();
-                assert_eq!(table.token_credits(id, generation), 0);
-            }
+            drop(in_flight);
         }
     }
 

@@ -62,7 +62,8 @@ pub struct WorkerStatus {
     pub in_flight: u32,
     /// The worker's last load report, if it reports load.
     pub load: Option<WorkerLoad>,
-    /// Prompt tokens dispatched to the worker since its last load report (not yet in the report).
+    /// Prompt tokens of requests dispatched to the worker since its last load report (so not in
+    /// the report) that are still in flight, summed over data cores.
     pub credited_tokens: u64,
 }
 

@@ -7,9 +7,10 @@
 //! - In-flight credits: each data core increments only its own padded row of counters, so cores
 //!   never share a written cache line; readers sum the rows. An `InflightCredit` guard releases
 //!   its credit on drop, so completion, error, timeout and client disconnect all release it.
-//! - Token credits (the expected-wait scorer's dispatches since a worker's last load report):
-//!   the same per-core rows, each entry tagged with the load-report generation it was taken
-//!   under, so a new report voids older credits without any core resetting another's row.
+//! - Token credits (the expected-wait scorer's dispatched prompt tokens not yet in a load
+//!   report): the same per-core rows, each entry tagged with the load-report generation it was
+//!   taken under, so a new report voids older credits without any core resetting another's row.
+//!   The same guard releases a request's tokens when it ends first.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -173,15 +174,24 @@ impl WorkerTable {
         sum.fold(0u32, u32::wrapping_add)
     }
 
-    /// Credits one in-flight request to `id` from data core `core`; dropping the guard releases it.
-    pub fn credit(&self, core: usize, id: WorkerId) -> InflightCredit<'_> {
-        let counter = &self.inflight_by_core[core][id.index()];
-        counter.fetch_add(1, Ordering::Relaxed);
-        InflightCredit { counter }
+    /// Credits one in-flight request of `tokens` prompt tokens to `id` from data core `core`;
+    /// dropping the guard releases both (the tokens only while the load report they were
+    /// credited under is still the published one: a newer report already counts them).
+    pub fn credit(&self, core: usize, id: WorkerId, tokens: u64) -> InflightCredit<'_> {
+        self.inflight_by_core[core][id.index()].fetch_add(1, Ordering::Relaxed);
+        let generation = self.signals(id).load_generation();
+        self.add_token_credit(core, id, generation, tokens);
+        InflightCredit {
+            table: self,
+            core,
+            id,
+            generation,
+            tokens,
+        }
     }
 
-    /// Prompt tokens dispatched to `id` by every data core since the load report of
-    /// `generation` (`WorkerSignals::load_generation`) was published.
+    /// Prompt tokens of requests every data core dispatched to `id` while the load report of
+    /// `generation` (`WorkerSignals::load_generation`) was published, and that have not ended.
     pub fn token_credits(&self, id: WorkerId, generation: u32) -> u64 {
         let tag = credit_tag(generation);
         self.token_credits_by_core
@@ -192,10 +202,10 @@ impl WorkerTable {
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Credits `tokens` dispatched by data core `core` to `id` under load report `generation`.
-    /// Only core `core` writes its row, so a plain load and store suffice; an entry of an older
-    /// generation restarts from zero.
-    pub fn add_token_credit(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
+    /// Adds `tokens` (which may be negative) to core `core`'s credit of `id` under load report
+    /// `generation`. Only core `core` writes its row, so a plain load and store suffice; an
+    /// entry of an older generation restarts from zero.
+    fn add_token_credit(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
         let tag = credit_tag(generation);
         let entry = &self.token_credits_by_core[core][id.index()];
         let old = entry.load(Ordering::Relaxed);
@@ -207,17 +217,36 @@ impl WorkerTable {
         let tokens = held.saturating_add(tokens).min(CREDIT_TOKENS_MAX);
         entry.store(tag << CREDIT_TOKEN_BITS | tokens, Ordering::Relaxed);
     }
+
+    /// Takes back `tokens` credited by `release`'s guard, if its generation is still current.
+    fn release_token_credit(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
+        let tag = credit_tag(generation);
+        let entry = &self.token_credits_by_core[core][id.index()];
+        let old = entry.load(Ordering::Relaxed);
+        if old >> CREDIT_TOKEN_BITS == tag {
+            let left = (old & CREDIT_TOKENS_MAX).saturating_sub(tokens);
+            entry.store(tag << CREDIT_TOKEN_BITS | left, Ordering::Relaxed);
+        }
+    }
 }
 
-/// One in-flight request on one worker, released on drop.
+/// One in-flight request on one worker and its token credit, released on drop (completion,
+/// error, timeout and client disconnect alike). Dropped on the data core that took it.
 #[derive(Debug)]
 pub struct InflightCredit<'a> {
-    counter: &'a AtomicU32,
+    table: &'a WorkerTable,
+    core: usize,
+    id: WorkerId,
+    generation: u32,
+    tokens: u64,
 }
 
 impl Drop for InflightCredit<'_> {
     fn drop(&mut self) {
-        self.counter.fetch_sub(1, Ordering::Relaxed);
+        let (core, id) = (self.core, self.id);
+        self.table.inflight_by_core[core][id.index()].fetch_sub(1, Ordering::Relaxed);
+        self.table
+            .release_token_credit(core, id, self.generation, self.tokens);
     }
 }
 
@@ -236,9 +265,9 @@ mod tests {
     #[test]
     fn credits_sum_over_cores_and_release_on_drop() {
         let table = table(3, 2);
-        let a = table.credit(0, WorkerId(1));
-        let b = table.credit(2, WorkerId(1));
-        let c = table.credit(1, WorkerId(0));
+        let a = table.credit(0, WorkerId(1), 0);
+        let b = table.credit(2, WorkerId(1), 0);
+        let c = table.credit(1, WorkerId(0), 0);
         assert_eq!(table.inflight(WorkerId(1)), 2);
         assert_eq!(table.inflight(WorkerId(0)), 1);
         drop(a);
@@ -249,19 +278,37 @@ mod tests {
     }
 
     #[test]
-    fn token_credits_sum_over_cores_until_the_next_load_report() {
+    fn token_credits_sum_over_cores_until_the_request_ends_or_a_report_lands() {
         let table = table(2, 2);
-        table.add_token_credit(0, WorkerId(1), 7, 100);
-        table.add_token_credit(1, WorkerId(1), 7, 50);
-        table.add_token_credit(0, WorkerId(1), 7, 25);
-        table.add_token_credit(1, WorkerId(0), 7, 9);
-        assert_eq!(table.token_credits(WorkerId(1), 7), 175);
-        assert_eq!(table.token_credits(WorkerId(0), 7), 9);
-        // A new report (generation 8): core 1's older entry no longer counts, and core 0's
-        // next credit restarts from zero instead of adding to the voided 125.
-        assert_eq!(table.token_credits(WorkerId(1), 8), 0);
-        table.add_token_credit(0, WorkerId(1), 8, 10);
-        assert_eq!(table.token_credits(WorkerId(1), 8), 10);
+        let generation = |id: u16| table.signals(WorkerId(id)).load_generation();
+        let report = |id: u16| {
+            let report = crate::workers::load::LoadReport::default();
+            table
+                .signals(WorkerId(id))
+                .set_load(Some(report), &Default::default());
+        };
+        let a = table.credit(0, WorkerId(1), 100);
+        let b = table.credit(1, WorkerId(1), 50);
+        let c = table.credit(0, WorkerId(1), 25);
+        let d = table.credit(1, WorkerId(0), 9);
+        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 175);
+        assert_eq!(table.token_credits(WorkerId(0), generation(0)), 9);
+        drop(a);
+        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 75);
+        // A report lands: it counts what is still queued, so the credits taken before it void.
+        report(1);
+        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 0);
+        let e = table.credit(0, WorkerId(1), 10);
+        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 10);
+        // Requests credited under the old report end: nothing is taken from the new credit.
+        drop((b, c));
+        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 10);
+        drop(e);
+        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 0);
+        assert_eq!(table.token_credits(WorkerId(0), generation(0)), 9);
+        drop(d);
+        assert_eq!(table.token_credits(WorkerId(0), generation(0)), 0);
+        assert_eq!(table.inflight(WorkerId(0)) + table.inflight(WorkerId(1)), 0);
     }
 
     #[test]
