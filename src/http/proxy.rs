@@ -4,8 +4,8 @@
 //! 1. **validate and extract** (`extract_routing_input`): one pass reads the routing input; a
 //!    routed body must be a JSON object (400 otherwise).
 //! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
-//! 3. **credit**: an `InflightCredit` guard counts the request and its prompt tokens on that
-//!    worker until the attempt ends, however it ends (the tokens until a newer load report).
+//! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
+//!    ends, however it ends, and its prompt tokens as queued work until the first body byte.
 //! 4. **connect or reuse** (`connect_or_reuse`): a pooled keep-alive connection or a new one.
 //! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
 //! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
@@ -34,7 +34,7 @@ use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_RE
 use crate::metrics::Counter;
 use crate::policy::RecordKey;
 use crate::workers::breaker::{is_retryable_status, AttemptOutcome, RetryPolicy, RETRIES_MAX};
-use crate::workers::table::WorkerEntry;
+use crate::workers::table::{InflightCredit, WorkerEntry};
 use crate::workers::WorkerId;
 
 /// The result of a proxied request whose response (or part of it) reached the client.
@@ -142,9 +142,17 @@ pub async fn proxy_request(
         };
         // Read before any await: the router's input is this request's only until then.
         let tokens = core.router.borrow().request_tokens();
-        let _credit = core.shared.table.credit(core.index, worker.id, tokens);
+        let mut credit = core.shared.table.credit(core.index, worker.id, tokens);
         let retry_status = attempts + 1 < attempts_max;
-        match attempt(core, &mut client, &input, worker, deadline, retry_status).await {
+        let attempted = attempt(
+            core,
+            &mut client,
+            &input,
+            (worker, &mut credit),
+            deadline,
+            retry_status,
+        );
+        match attempted.await {
             Ok(forwarded) => {
                 record_outcome(core, worker, forwarded.outcome);
                 return Ok(forwarded.forwarded);
@@ -256,7 +264,7 @@ async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
     input: &RouteInput<'_>,
-    worker: &WorkerEntry,
+    (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     deadline: Instant,
     retry_status: bool,
 ) -> Result<AttemptDone, AttemptFailure> {
@@ -279,7 +287,7 @@ async fn attempt(
         core,
         &mut up,
         client,
-        worker,
+        (worker, credit),
         method,
         deadline,
         retry_status,
@@ -491,7 +499,7 @@ async fn stream_back(
     core: &DataCore,
     up: &mut UpstreamConn,
     client: &mut ClientSide<'_>,
-    worker: &WorkerEntry,
+    (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     method: Method,
     deadline: Instant,
     retry_status: bool,
@@ -529,6 +537,11 @@ async fn stream_back(
         keep_alive,
     );
     let available = &up.read_buf[head.head_len..];
+    // The first body byte is the first token (or, unstreamed, the whole answer): the prompt is
+    // no longer queued work on the worker.
+    if !available.is_empty() {
+        credit.prefill_done();
+    }
     let consumed = tracker.advance(available, client.write_buf)?;
     if !tracker.dechunk {
         client.write_buf.extend_from_slice(&available[..consumed]);
@@ -572,6 +585,7 @@ async fn stream_back(
                 return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
+        credit.prefill_done();
         client.write_buf.clear();
         let consumed = match tracker.advance(&up.read_buf, client.write_buf) {
             Ok(consumed) => consumed,

@@ -1,9 +1,10 @@
 //! The fleet baseline of a decision ([`Fleet`]: eligible workers, mean in-flight, KV usage spread),
 //! the expected-wait scorer (also `--policy least_load`) and the spill gate ([`SpillGate`]).
 //!
-//! Expected wait, in seconds: the worker's queued prefill backlog plus the prompt tokens
-//! dispatched to it since its last report that are still in flight (every data core's), divided
-//! by the fleet's throughput, plus a penalty that grows as its KV cache fills. When no eligible worker reports load, the score is the in-flight request
+//! Expected wait, in seconds: the worker's reported prefill backlog plus the prompt tokens every
+//! data core dispatched to it since that report whose first token has not come back (queued work
+//! the report cannot show yet), divided by the fleet's throughput, plus a penalty that grows as
+//! its KV cache fills. When no eligible worker reports load, the score is the in-flight request
 //! count. Ties are broken uniformly at random (reservoir sampling), never by slot order.
 
 use fastrand::Rng;

@@ -63,7 +63,7 @@ pub struct WorkerStatus {
     /// The worker's last load report, if it reports load.
     pub load: Option<WorkerLoad>,
     /// Prompt tokens of requests dispatched to the worker since its last load report (so not in
-    /// the report) that are still in flight, summed over data cores.
+    /// the report) that have no first token back yet, summed over data cores.
     pub credited_tokens: u64,
 }
 

@@ -174,9 +174,10 @@ impl WorkerTable {
         sum.fold(0u32, u32::wrapping_add)
     }
 
-    /// Credits one in-flight request of `tokens` prompt tokens to `id` from data core `core`;
-    /// dropping the guard releases both (the tokens only while the load report they were
-    /// credited under is still the published one: a newer report already counts them).
+    /// Credits one in-flight request of `tokens` prompt tokens to `id` from data core `core`.
+    /// The tokens are queued prefill work: `InflightCredit::prefill_done` releases them when the
+    /// response's first body byte arrives, a newer load report voids them (it counts what is
+    /// still queued), and dropping the guard releases whatever is left with the request.
     pub fn credit(&self, core: usize, id: WorkerId, tokens: u64) -> InflightCredit<'_> {
         self.inflight_by_core[core][id.index()].fetch_add(1, Ordering::Relaxed);
         let generation = self.signals(id).load_generation();
@@ -231,22 +232,32 @@ impl WorkerTable {
 }
 
 /// One in-flight request on one worker and its token credit, released on drop (completion,
-/// error, timeout and client disconnect alike). Dropped on the data core that took it.
+/// error, timeout and client disconnect alike). Used and dropped on the data core that took it.
 #[derive(Debug)]
 pub struct InflightCredit<'a> {
     table: &'a WorkerTable,
     core: usize,
     id: WorkerId,
     generation: u32,
+    /// Prompt tokens still credited (0 once the prefill is done).
     tokens: u64,
+}
+
+impl InflightCredit<'_> {
+    /// The worker has answered with its first body byte: the prompt is no longer queued work.
+    pub fn prefill_done(&mut self) {
+        if self.tokens > 0 {
+            let tokens = std::mem::take(&mut self.tokens);
+            self.table
+                .release_token_credit(self.core, self.id, self.generation, tokens);
+        }
+    }
 }
 
 impl Drop for InflightCredit<'_> {
     fn drop(&mut self) {
-        let (core, id) = (self.core, self.id);
-        self.table.inflight_by_core[core][id.index()].fetch_sub(1, Ordering::Relaxed);
-        self.table
-            .release_token_credit(core, id, self.generation, self.tokens);
+        self.prefill_done();
+        self.table.inflight_by_core[self.core][self.id.index()].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -278,7 +289,7 @@ mod tests {
     }
 
     #[test]
-    fn token_credits_sum_over_cores_until_the_request_ends_or_a_report_lands() {
+    fn token_credits_sum_over_cores_until_the_prefill_ends_or_a_report_lands() {
         let table = table(2, 2);
         let generation = |id: u16| table.signals(WorkerId(id)).load_generation();
         let report = |id: u16| {
@@ -293,6 +304,10 @@ mod tests {
         let d = table.credit(1, WorkerId(0), 9);
         assert_eq!(table.token_credits(WorkerId(1), generation(1)), 175);
         assert_eq!(table.token_credits(WorkerId(0), generation(0)), 9);
+        let mut a = a;
+        a.prefill_done();
+        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 75);
+        assert_eq!(table.inflight(WorkerId(1)), 3, "still in flight, decoding");
         drop(a);
         assert_eq!(table.token_credits(WorkerId(1), generation(1)), 75);
         // A report lands: it counts what is still queued, so the credits taken before it void.
