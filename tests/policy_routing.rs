@@ -1,7 +1,8 @@
 //! cache_aware end to end through real processes (`sim-engine` fleet, `kvgate` with its default
 //! policy): prompt families stick to one worker each and spread over the fleet, partitions never
 //! match each other (text never matches tokens either), the decision counters reach `/metrics`,
-//! and cancelled streams leak no in-flight credit.
+//! cancelled streams leak no in-flight credit, and a request's prompt tokens count as queued work
+//! on its worker only until its first token comes back.
 
 mod utils;
 
@@ -204,6 +205,52 @@ fn cancelled_streams_leak_no_in_flight_credit() {
 #[ignore = "long: 10,000 cancelled streams (run with --ignored)"]
 fn ten_thousand_cancelled_streams_leak_no_in_flight_credit() {
     cancel_streams(10_000);
+}
+
+fn credited_prompt_tokens(gateway: &Gateway) -> f64 {
+    gateway
+        .metrics()
+        .lines()
+        .filter(|l| l.starts_with("kvgate_worker_credited_prompt_tokens{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn prompt_tokens_are_queued_work_until_the_first_token_then_the_request_still_counts() {
+    // Every answer starts 600 ms late; no load report lands during the test to void credits.
+    let fleet = SimFleet::start(1, &["--fault-latency-ms", "600"]);
+    let gateway = Gateway::start(&fleet.urls(), &["--load-monitor-interval", "3600"]);
+    let body = serde_json::json!({
+        "model": "sim-model",
+        "prompt": prompt(0, 400, "q"),
+        "max_tokens": 400,
+        "stream": true,
+    })
+    .to_string();
+    let mut client = gateway.client();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    client.send_raw(head.as_bytes());
+    client.send_raw(body.as_bytes());
+    let queued = wait_until(Duration::from_millis(500), || {
+        credited_prompt_tokens(&gateway) >= 400.0
+    });
+    assert!(queued, "no queued work credited: {}", gateway.metrics());
+    assert_eq!(client.read_until_body_contains(b"data:"), 200);
+    // The prefill is done: its tokens leave the queue, the request stays in flight (decoding).
+    assert_eq!(
+        credited_prompt_tokens(&gateway),
+        0.0,
+        "{}",
+        gateway.metrics()
+    );
+    assert_eq!(in_flight_total(&gateway), 1.0, "{}", gateway.metrics());
+    client.close();
+    let drained = wait_until(Duration::from_secs(10), || in_flight_total(&gateway) == 0.0);
+    assert!(drained, "in-flight credits leaked: {}", gateway.metrics());
 }
 
 #[test]

@@ -134,6 +134,20 @@ impl Shared {
                 "smg_worker_requests_active{{worker=\"{url}\"}} {active}"
             );
         }
+        out.push_str(
+            "# HELP kvgate_worker_credited_prompt_tokens Prompt tokens sent to the worker since \
+             its last load report and not yet answered (the expected-wait scorer's queued work)\n",
+        );
+        out.push_str("# TYPE kvgate_worker_credited_prompt_tokens gauge\n");
+        for worker in &self.table.roster().workers {
+            let generation = self.table.signals(worker.id).load_generation();
+            let tokens = self.table.token_credits(worker.id, generation);
+            let url = &worker.spec.url;
+            let _ = writeln!(
+                out,
+                "kvgate_worker_credited_prompt_tokens{{worker=\"{url}\"}} {tokens}"
+            );
+        }
         crate::workers::admin::driver::render_worker_gauges(self, out);
     }
 }

@@ -225,6 +225,25 @@ impl HttpClient {
             .unwrap_or(0)
     }
 
+    /// Reads until `needle` (e.g. `b"data:"`, the first SSE event) arrived after the head;
+    /// returns the head's status and leaves the rest unread.
+    pub fn read_until_body_contains(&mut self, needle: &[u8]) -> u16 {
+        let started = Instant::now();
+        let body_has_needle = |buf: &[u8]| {
+            let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n");
+            head_end.is_some_and(|end| buf[end..].windows(needle.len()).any(|w| w == needle))
+        };
+        while !body_has_needle(&self.buf) {
+            assert!(started.elapsed() < TIMEOUT, "no {needle:?} in the body");
+            assert!(self.fill() > 0, "closed before {needle:?}");
+        }
+        let text = String::from_utf8_lossy(&self.buf);
+        text.split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Whether the server closed the connection (waits up to `wait` for the close).
     pub fn is_closed_by_peer(&mut self, wait: Duration) -> bool {
         self.stream
