@@ -107,32 +107,33 @@ impl Fleet {
         work_tokens / self.throughput + kv_penalty_s(load.token_usage)
     }
 
-    /// The eligible worker slot among `slots` with the lowest expected wait, ties uniformly at
-    /// random. `None` when `slots` yields no eligible worker.
+    /// The eligible worker slot among `slots` with the lowest expected wait; equal waits go to
+    /// the worker with fewer requests in flight (decoding ones included, which the wait leaves
+    /// out), remaining ties uniformly at random. `None` when `slots` yields no eligible worker.
     pub fn lowest_wait(
         &self,
         workers: &[WorkerStatus],
         slots: impl Iterator<Item = usize>,
         rng: &mut Rng,
     ) -> Option<usize> {
-        let mut best: Option<(usize, f64)> = None;
+        let mut best: Option<(usize, (f64, u32))> = None;
         let mut ties = 0u32;
         for slot in slots {
             let Some(worker) = workers.get(slot).filter(|w| w.eligible) else {
                 continue;
             };
-            let wait = self.expected_wait(worker);
+            let score = (self.expected_wait(worker), worker.in_flight);
             match best {
-                Some((_, best_wait)) if wait > best_wait => {}
-                Some((_, best_wait)) if wait == best_wait => {
+                Some((_, best_score)) if score > best_score => {}
+                Some((_, best_score)) if score == best_score => {
                     // Reservoir sampling: the k-th tie replaces the pick with probability 1/k.
                     ties += 1;
                     if rng.u32(..ties) == 0 {
-                        best = Some((slot, wait));
+                        best = Some((slot, score));
                     }
                 }
                 _ => {
-                    best = Some((slot, wait));
+                    best = Some((slot, score));
                     ties = 1;
                 }
             }

@@ -428,7 +428,7 @@ fn expected_wait_uses_token_work_and_kv_usage() {
         }),
         ..WorkerStatus::default()
     };
-    let cases: [(Vec<WorkerStatus>, u16); 5] = [
+    let cases: [(Vec<WorkerStatus>, u16); 6] = [
         // More queued tokens waits longer.
         (vec![load(5000, 0.1, 1000.0), load(1000, 0.1, 1000.0)], 1),
         // A busier engine reports a higher throughput; that does not make its queue shorter.
@@ -448,6 +448,20 @@ fn expected_wait_uses_token_work_and_kv_usage() {
         ),
         // No reports anywhere: in-flight request counts decide.
         (with_in_flight(&[4, 2]), 1),
+        // Equal waits (nothing queued): fewer requests in flight, decoding ones included.
+        (
+            vec![
+                WorkerStatus {
+                    in_flight: 5,
+                    ..load(0, 0.1, 1000.0)
+                },
+                WorkerStatus {
+                    in_flight: 2,
+                    ..load(0, 0.1, 1000.0)
+                },
+            ],
+            1,
+        ),
     ];
     for (workers, expected) in cases {
         for seed in 0..10 {
