@@ -7,6 +7,10 @@
 //! - `decide/*`: extraction plus `cache_aware::select` (16 workers with load reports, a prefix
 //!   match on 4 tenants) for 1k / 8k / 32k-token prompts, text (chat) and token (`/generate`)
 //!   bodies. The index lookup is the index's own benchmark and is not included.
+//! - `decide_logging/*`: the data core's whole decision (`Router::route`: select, the branch
+//!   counters and the `Cache-aware selection` debug line) with no subscriber, with the production
+//!   filter `info` (the debug line off), and with `smg::policies::cache_aware=debug` writing to a
+//!   sink, next to `select` alone: what the decision log costs when it is off, and when it is on.
 //!
 //! Run: `cargo bench -p kvgate --bench policy`. Inputs are built outside the timed loops from
 //! fixed seeds; each run prints a checksum of its results so a broken bench cannot pass silently.
@@ -16,7 +20,10 @@ use std::hint::black_box;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use fastrand::Rng;
 use kvgate::index::TreeMatch;
-use kvgate::policy::{cache_aware, CacheAwareConfig, WorkerLoad, WorkerStatus};
+use kvgate::policy::{
+    cache_aware, CacheAwareConfig, PolicyArgs, PolicyMetrics, RouteRequest, Router, WorkerLoad,
+    WorkerRing, WorkerStatus,
+};
 use kvgate::request::{extract, Endpoint, RoutingHeaders, RoutingInput, RoutingKey};
 use kvgate::workers::WorkerId;
 
@@ -154,8 +161,11 @@ fn fleet(rng: &mut Rng) -> Vec<WorkerStatus> {
                 waiting_uncached_tokens: rng.u64(0..20_000),
                 token_usage: rng.f64() * 0.8,
                 gen_throughput: 2_000.0 + rng.f64() * 1_000.0,
+                kv_capacity_tokens: 1 << 20,
             }),
             credited_tokens: rng.u64(0..4_000),
+            resident_tokens: rng.u64(0..40_000),
+            drained_tokens: rng.u64(0..2_000),
         })
         .collect()
 }
@@ -241,5 +251,63 @@ fn tree_match(body: &[u8], endpoint: Endpoint, input: &mut RoutingInput) -> Tree
     tree
 }
 
-criterion_group!(benches, bench_extract, bench_decide);
+/// `Router::route` for one 8k-token chat request under three logging set-ups, and `select` alone.
+fn bench_decide_logging(c: &mut Criterion) {
+    let mut rng = Rng::with_seed(11);
+    let workers = fleet(&mut rng);
+    let urls: Vec<String> = (0..WORKERS).map(|i| format!("http://w{i}:8000")).collect();
+    let ring = WorkerRing::new(
+        urls.iter()
+            .enumerate()
+            .map(|(i, url)| (WorkerId(i as u16), url.as_str())),
+    );
+    let body = chat_body(8192, &mut rng);
+    let mut input = RoutingInput::new();
+    let tree = tree_match(&body, Endpoint::ChatCompletions, &mut input);
+    let config = PolicyArgs::default()
+        .validate()
+        .expect("default policy config");
+    let mut router = Router::new(config, 1, std::sync::Arc::new(PolicyMetrics::default()));
+    let request = RouteRequest {
+        input: &input,
+        tree: Some(&tree),
+        workers: &workers,
+        ring: &ring,
+    };
+    let cache_aware_config = CacheAwareConfig::default();
+    let mut decision_rng = Rng::with_seed(1);
+    let mut group = c.benchmark_group("decide_logging");
+    group.bench_function("select_only", |b| {
+        b.iter(|| {
+            black_box(cache_aware::select(
+                Some(black_box(&tree)),
+                &workers,
+                &cache_aware_config,
+                &mut decision_rng,
+            ))
+        })
+    });
+    group.bench_function("route_no_subscriber", |b| {
+        b.iter(|| black_box(router.route(black_box(&request))))
+    });
+    let subscriber = |filter: &str| {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::sink)
+            .finish()
+    };
+    tracing::subscriber::with_default(subscriber("info"), || {
+        group.bench_function("route_filter_info", |b| {
+            b.iter(|| black_box(router.route(black_box(&request))))
+        });
+    });
+    tracing::subscriber::with_default(subscriber("info,smg::policies::cache_aware=debug"), || {
+        group.bench_function("route_filter_debug_to_sink", |b| {
+            b.iter(|| black_box(router.route(black_box(&request))))
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_extract, bench_decide, bench_decide_logging);
 criterion_main!(benches);

@@ -211,7 +211,7 @@ fn credited_prompt_tokens(gateway: &Gateway) -> f64 {
     gateway
         .metrics()
         .lines()
-        .filter(|l| l.starts_with("kvgate_worker_credited_prompt_tokens{"))
+        .filter(|l| l.starts_with("kvgate_worker_queued_prompt_tokens{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }

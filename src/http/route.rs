@@ -140,7 +140,9 @@ impl Router {
                     && !tried.contains(w.id),
                 in_flight: view.table.inflight(w.id),
                 load: signals.load().as_deref().map(LoadReport::to_policy_load),
-                credited_tokens: view.table.token_credits(w.id, generation),
+                credited_tokens: view.table.queued_tokens(w.id, generation),
+                resident_tokens: view.table.resident_tokens(w.id, generation),
+                drained_tokens: view.table.drained_tokens(w.id, generation),
             };
             (w.id, w.spec.url.as_str(), status)
         });

@@ -123,9 +123,9 @@ impl CoreRouting {
     }
 
     /// Runs the policy over `workers`: `(id, url, status)` of every active worker, where a
-    /// worker already tried comes with `eligible: false` and `credited_tokens` holds every core's
-    /// dispatches to it since its last load report. The caller credits the chosen worker with
-    /// [`CoreRouting::request_tokens`].
+    /// worker already tried comes with `eligible: false` and `credited_tokens` holds the prompt
+    /// tokens every core sent it since its last load report that have no first token back yet.
+    /// The caller credits the chosen worker with [`CoreRouting::request_tokens`].
     pub fn choose<'w>(
         &mut self,
         workers: impl Iterator<Item = (WorkerId, &'w str, WorkerStatus)> + Clone,

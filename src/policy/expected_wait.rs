@@ -1,11 +1,14 @@
 //! The fleet baseline of a decision ([`Fleet`]: eligible workers, mean in-flight, KV usage spread),
 //! the expected-wait scorer (also `--policy least_load`) and the spill gate ([`SpillGate`]).
 //!
-//! Expected wait, in seconds: the worker's reported prefill backlog plus the prompt tokens every
-//! data core dispatched to it since that report whose first token has not come back (queued work
-//! the report cannot show yet), divided by the fleet's throughput, plus a penalty that grows as
-//! its KV cache fills. When no eligible worker reports load, the score is the in-flight request
-//! count. Ties are broken uniformly at random (reservoir sampling), never by slot order.
+//! Expected wait, in seconds: queued prefill tokens divided by the fleet's throughput, plus a
+//! penalty that grows as the KV cache fills. Queued: the worker's reported backlog, less the
+//! requests of it whose first token came back since the report, plus the prompts every data core
+//! sent it since the report with no first token back yet (the report is up to
+//! `--load-monitor-interval` old). KV: the reported usage plus the prompts sent since that are
+//! still running. When no eligible worker reports load, the score is the in-flight request count.
+//! Equal scores go to fewer requests in flight, then uniformly at random (reservoir sampling),
+//! never by slot order.
 
 use fastrand::Rng;
 
@@ -103,8 +106,19 @@ impl Fleet {
         }
         // A worker without a report is never penalized for it: no backlog, no KV usage.
         let load = worker.load.unwrap_or_default();
-        let work_tokens = load.waiting_uncached_tokens as f64 + worker.credited_tokens as f64;
-        work_tokens / self.throughput + kv_penalty_s(load.token_usage)
+        // The report's queue less what is known to have left it since, plus what was sent since.
+        let reported_queue = load
+            .waiting_uncached_tokens
+            .saturating_sub(worker.drained_tokens);
+        let work_tokens = reported_queue as f64 + worker.credited_tokens as f64;
+        // The report's KV usage plus what was sent since: a stale report must not keep
+        // drawing every request to the engine that was emptiest when it was taken.
+        let usage_since_report = if load.kv_capacity_tokens > 0 {
+            worker.resident_tokens as f64 / load.kv_capacity_tokens as f64
+        } else {
+            0.0
+        };
+        work_tokens / self.throughput + kv_penalty_s(load.token_usage + usage_since_report)
     }
 
     /// The eligible worker slot among `slots` with the lowest expected wait; equal waits go to

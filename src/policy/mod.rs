@@ -50,6 +50,8 @@ pub struct WorkerLoad {
     pub token_usage: f64,
     /// Generation throughput in tokens per second (0 when idle).
     pub gen_throughput: f64,
+    /// KV-cache capacity in tokens (0: not reported).
+    pub kv_capacity_tokens: u64,
 }
 
 /// What a decision knows about one worker slot. A slice of these is indexed by `WorkerId`:
@@ -65,6 +67,12 @@ pub struct WorkerStatus {
     /// Prompt tokens of requests dispatched to the worker since its last load report (so not in
     /// the report) that have no first token back yet, summed over data cores.
     pub credited_tokens: u64,
+    /// Prompt tokens of requests dispatched to the worker since its last load report whose
+    /// requests have not ended (KV cache the report cannot show yet), summed over data cores.
+    pub resident_tokens: u64,
+    /// Prompt tokens of requests dispatched before the last load report whose first token came
+    /// back after it: the part of the report's queue known to have drained.
+    pub drained_tokens: u64,
 }
 
 /// Which step of the decision flow chose the worker.

@@ -428,7 +428,7 @@ fn expected_wait_uses_token_work_and_kv_usage() {
         }),
         ..WorkerStatus::default()
     };
-    let cases: [(Vec<WorkerStatus>, u16); 6] = [
+    let cases: [(Vec<WorkerStatus>, u16); 8] = [
         // More queued tokens waits longer.
         (vec![load(5000, 0.1, 1000.0), load(1000, 0.1, 1000.0)], 1),
         // A busier engine reports a higher throughput; that does not make its queue shorter.
@@ -448,6 +448,31 @@ fn expected_wait_uses_token_work_and_kv_usage() {
         ),
         // No reports anywhere: in-flight request counts decide.
         (with_in_flight(&[4, 2]), 1),
+        // Prompts sent since the report and still running fill the cache the report shows.
+        {
+            let sized = |resident_tokens: u64| {
+                let mut worker = load(0, 0.3, 1000.0);
+                if let Some(l) = worker.load.as_mut() {
+                    l.kv_capacity_tokens = 100_000;
+                }
+                WorkerStatus {
+                    resident_tokens,
+                    ..worker
+                }
+            };
+            (vec![sized(50_000), sized(0)], 1)
+        },
+        // A stale report's queue, known to have drained since (first tokens came back).
+        (
+            vec![
+                WorkerStatus {
+                    drained_tokens: 10_000,
+                    ..load(10_000, 0.1, 1000.0)
+                },
+                load(3_000, 0.1, 1000.0),
+            ],
+            0,
+        ),
         // Equal waits (nothing queued): fewer requests in flight, decoding ones included.
         (
             vec![

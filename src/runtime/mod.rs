@@ -33,6 +33,7 @@ use crate::limits::{
 use crate::metrics::Metrics;
 use crate::policy::PolicyMetrics;
 use crate::workers::table::WorkerTable;
+use crate::workers::WorkerId;
 
 /// State shared by the control core (its only writer) and the data cores (readers).
 #[derive(Debug)]
@@ -134,19 +135,28 @@ impl Shared {
                 "smg_worker_requests_active{{worker=\"{url}\"}} {active}"
             );
         }
-        out.push_str(
-            "# HELP kvgate_worker_credited_prompt_tokens Prompt tokens sent to the worker since \
-             its last load report and not yet answered (the expected-wait scorer's queued work)\n",
-        );
-        out.push_str("# TYPE kvgate_worker_credited_prompt_tokens gauge\n");
-        for worker in &self.table.roster().workers {
-            let generation = self.table.signals(worker.id).load_generation();
-            let tokens = self.table.token_credits(worker.id, generation);
-            let url = &worker.spec.url;
-            let _ = writeln!(
-                out,
-                "kvgate_worker_credited_prompt_tokens{{worker=\"{url}\"}} {tokens}"
-            );
+        let credits = [
+            (
+                "kvgate_worker_queued_prompt_tokens",
+                "Prompt tokens sent to the worker since its last load report with no first token \
+                 back yet (the expected-wait scorer's queued work)",
+                WorkerTable::queued_tokens as fn(&WorkerTable, WorkerId, u32) -> u64,
+            ),
+            (
+                "kvgate_worker_resident_prompt_tokens",
+                "Prompt tokens sent to the worker since its last load report whose requests have \
+                 not ended (added to its reported KV usage)",
+                WorkerTable::resident_tokens,
+            ),
+        ];
+        for (name, help, tokens_of) in credits {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for worker in &self.table.roster().workers {
+                let generation = self.table.signals(worker.id).load_generation();
+                let tokens = tokens_of(&self.table, worker.id, generation);
+                let url = &worker.spec.url;
+                let _ = writeln!(out, "{name}{{worker=\"{url}\"}} {tokens}");
+            }
         }
         crate::workers::admin::driver::render_worker_gauges(self, out);
     }

@@ -56,6 +56,7 @@ impl LoadReport {
             waiting_uncached_tokens: self.waiting_uncached_tokens.unwrap_or(0),
             token_usage: self.token_usage.unwrap_or(0.0),
             gen_throughput: self.gen_throughput_tps.unwrap_or(0.0),
+            kv_capacity_tokens: self.max_total_tokens.unwrap_or(0),
         }
     }
 }

@@ -7,10 +7,13 @@
 //! - In-flight credits: each data core increments only its own padded row of counters, so cores
 //!   never share a written cache line; readers sum the rows. An `InflightCredit` guard releases
 //!   its credit on drop, so completion, error, timeout and client disconnect all release it.
-//! - Token credits (the expected-wait scorer's dispatched prompt tokens not yet in a load
-//!   report): the same per-core rows, each entry tagged with the load-report generation it was
-//!   taken under, so a new report voids older credits without any core resetting another's row.
-//!   The same guard releases a request's tokens when it ends first.
+//! - Token credits (what the expected-wait scorer adds to a worker's last load report): the
+//!   prompt tokens sent since that report that are still queued (no first token back yet) and
+//!   those still resident (request not ended), in the same kind of per-core rows, each entry
+//!   tagged with the load-report generation it was taken under, so a new report voids older
+//!   credits without any core resetting another's row. The same guard releases them, and when a
+//!   request sent before the report gets its first token, counts its tokens as drained from the
+//!   report's queue (the report is up to `--load-monitor-interval` old).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -97,12 +100,68 @@ fn credit_tag(generation: u32) -> u64 {
     u64::from(generation & 0xffff)
 }
 
+/// Per-core token counters for every worker, tagged with the load-report generation they were
+/// taken under.
+#[derive(Debug)]
+struct TokenCredits {
+    by_core: Box<[TokenCreditRow]>,
+}
+
+impl TokenCredits {
+    fn new(data_cores: usize) -> Self {
+        let row = || CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0)));
+        TokenCredits {
+            by_core: (0..data_cores).map(|_| row()).collect(),
+        }
+    }
+
+    /// Every core's tokens for `id` under `generation`.
+    fn sum(&self, id: WorkerId, generation: u32) -> u64 {
+        let tag = credit_tag(generation);
+        self.by_core
+            .iter()
+            .map(|row| row[id.index()].load(Ordering::Relaxed))
+            .filter(|entry| entry >> CREDIT_TOKEN_BITS == tag)
+            .map(|entry| entry & CREDIT_TOKENS_MAX)
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Adds `tokens` to core `core`'s entry for `id`. Only core `core` writes its row, so a plain
+    /// load and store suffice; an entry of an older generation restarts from zero.
+    fn add(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
+        let tag = credit_tag(generation);
+        let entry = &self.by_core[core][id.index()];
+        let old = entry.load(Ordering::Relaxed);
+        let held = if old >> CREDIT_TOKEN_BITS == tag {
+            old & CREDIT_TOKENS_MAX
+        } else {
+            0
+        };
+        let tokens = held.saturating_add(tokens).min(CREDIT_TOKENS_MAX);
+        entry.store(tag << CREDIT_TOKEN_BITS | tokens, Ordering::Relaxed);
+    }
+
+    /// Takes back `tokens` added under `generation`, if that generation is still the entry's
+    /// (a newer report voided them already otherwise).
+    fn release(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
+        let tag = credit_tag(generation);
+        let entry = &self.by_core[core][id.index()];
+        let old = entry.load(Ordering::Relaxed);
+        if old >> CREDIT_TOKEN_BITS == tag {
+            let left = (old & CREDIT_TOKENS_MAX).saturating_sub(tokens);
+            entry.store(tag << CREDIT_TOKEN_BITS | left, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Slots, per-core in-flight and token-credit counters and the published roster.
 #[derive(Debug)]
 pub struct WorkerTable {
     slots: Box<[WorkerSlot]>,
     inflight_by_core: Box<[InflightRow]>,
-    token_credits_by_core: Box<[TokenCreditRow]>,
+    queued_tokens: TokenCredits,
+    resident_tokens: TokenCredits,
+    drained_tokens: TokenCredits,
     roster: ArcSwap<Roster>,
 }
 
@@ -117,8 +176,6 @@ impl WorkerTable {
         let slots = (0..WORKERS_MAX).map(|_| WorkerSlot::new()).collect();
         let inflight_by_core =
             (0..data_cores).map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU32::new(0))));
-        let token_credits_by_core =
-            (0..data_cores).map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))));
         let workers = specs
             .iter()
             .enumerate()
@@ -127,7 +184,9 @@ impl WorkerTable {
         WorkerTable {
             slots,
             inflight_by_core: inflight_by_core.collect(),
-            token_credits_by_core: token_credits_by_core.collect(),
+            queued_tokens: TokenCredits::new(data_cores),
+            resident_tokens: TokenCredits::new(data_cores),
+            drained_tokens: TokenCredits::new(data_cores),
             roster: ArcSwap::from_pointee(Roster { workers }),
         }
     }
@@ -175,63 +234,44 @@ impl WorkerTable {
     }
 
     /// Credits one in-flight request of `tokens` prompt tokens to `id` from data core `core`.
-    /// The tokens are queued prefill work: `InflightCredit::prefill_done` releases them when the
-    /// response's first body byte arrives, a newer load report voids them (it counts what is
-    /// still queued), and dropping the guard releases whatever is left with the request.
+    /// The tokens count as queued prefill work until `InflightCredit::prefill_done` (the
+    /// response's first body byte) and as resident KV-cache tokens until the guard drops (the
+    /// request ended, however it ended); a newer load report voids both, since it counts them.
     pub fn credit(&self, core: usize, id: WorkerId, tokens: u64) -> InflightCredit<'_> {
         self.inflight_by_core[core][id.index()].fetch_add(1, Ordering::Relaxed);
         let generation = self.signals(id).load_generation();
-        self.add_token_credit(core, id, generation, tokens);
+        self.queued_tokens.add(core, id, generation, tokens);
+        self.resident_tokens.add(core, id, generation, tokens);
         InflightCredit {
             table: self,
             core,
             id,
             generation,
-            tokens,
+            queued: tokens,
+            resident: tokens,
         }
     }
 
-    /// Prompt tokens of requests every data core dispatched to `id` while the load report of
-    /// `generation` (`WorkerSignals::load_generation`) was published, and that have not ended.
-    pub fn token_credits(&self, id: WorkerId, generation: u32) -> u64 {
-        let tag = credit_tag(generation);
-        self.token_credits_by_core
-            .iter()
-            .map(|row| row[id.index()].load(Ordering::Relaxed))
-            .filter(|entry| entry >> CREDIT_TOKEN_BITS == tag)
-            .map(|entry| entry & CREDIT_TOKENS_MAX)
-            .fold(0u64, u64::saturating_add)
+    /// Prompt tokens every data core sent `id` while the load report of `generation`
+    /// (`WorkerSignals::load_generation`) was published that have no first token back yet.
+    pub fn queued_tokens(&self, id: WorkerId, generation: u32) -> u64 {
+        self.queued_tokens.sum(id, generation)
     }
 
-    /// Adds `tokens` (which may be negative) to core `core`'s credit of `id` under load report
-    /// `generation`. Only core `core` writes its row, so a plain load and store suffice; an
-    /// entry of an older generation restarts from zero.
-    fn add_token_credit(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
-        let tag = credit_tag(generation);
-        let entry = &self.token_credits_by_core[core][id.index()];
-        let old = entry.load(Ordering::Relaxed);
-        let held = if old >> CREDIT_TOKEN_BITS == tag {
-            old & CREDIT_TOKENS_MAX
-        } else {
-            0
-        };
-        let tokens = held.saturating_add(tokens).min(CREDIT_TOKENS_MAX);
-        entry.store(tag << CREDIT_TOKEN_BITS | tokens, Ordering::Relaxed);
+    /// Prompt tokens every data core sent `id` while the load report of `generation` was
+    /// published whose requests have not ended (their KV cache is still held).
+    pub fn resident_tokens(&self, id: WorkerId, generation: u32) -> u64 {
+        self.resident_tokens.sum(id, generation)
     }
 
-    /// Takes back `tokens` credited by `release`'s guard, if its generation is still current.
-    fn release_token_credit(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
-        let tag = credit_tag(generation);
-        let entry = &self.token_credits_by_core[core][id.index()];
-        let old = entry.load(Ordering::Relaxed);
-        if old >> CREDIT_TOKEN_BITS == tag {
-            let left = (old & CREDIT_TOKENS_MAX).saturating_sub(tokens);
-            entry.store(tag << CREDIT_TOKEN_BITS | left, Ordering::Relaxed);
-        }
+    /// Prompt tokens of requests sent to `id` before the load report of `generation` whose first
+    /// token came back after it: work the report still shows queued that has left the queue.
+    pub fn drained_tokens(&self, id: WorkerId, generation: u32) -> u64 {
+        self.drained_tokens.sum(id, generation)
     }
 }
 
-/// One in-flight request on one worker and its token credit, released on drop (completion,
+/// One in-flight request on one worker and its token credits, released on drop (completion,
 /// error, timeout and client disconnect alike). Used and dropped on the data core that took it.
 #[derive(Debug)]
 pub struct InflightCredit<'a> {
@@ -239,17 +279,28 @@ pub struct InflightCredit<'a> {
     core: usize,
     id: WorkerId,
     generation: u32,
-    /// Prompt tokens still credited (0 once the prefill is done).
-    tokens: u64,
+    /// Prompt tokens still credited as queued work (0 once the prefill is done).
+    queued: u64,
+    /// Prompt tokens credited as resident until the request ends.
+    resident: u64,
 }
 
 impl InflightCredit<'_> {
     /// The worker has answered with its first body byte: the prompt is no longer queued work.
+    /// If a load report landed since the dispatch, that report counted it queued: it is counted
+    /// as drained from the report's queue instead.
     pub fn prefill_done(&mut self) {
-        if self.tokens > 0 {
-            let tokens = std::mem::take(&mut self.tokens);
-            self.table
-                .release_token_credit(self.core, self.id, self.generation, tokens);
+        if self.queued > 0 {
+            let tokens = std::mem::take(&mut self.queued);
+            let (core, id, generation) = (self.core, self.id, self.generation);
+            let now = self.table.signals(id).load_generation();
+            if now == generation {
+                self.table
+                    .queued_tokens
+                    .release(core, id, generation, tokens);
+            } else {
+                self.table.drained_tokens.add(core, id, now, tokens);
+            }
         }
     }
 }
@@ -257,7 +308,11 @@ impl InflightCredit<'_> {
 impl Drop for InflightCredit<'_> {
     fn drop(&mut self) {
         self.prefill_done();
-        self.table.inflight_by_core[self.core][self.id.index()].fetch_sub(1, Ordering::Relaxed);
+        let (core, id, generation) = (self.core, self.id, self.generation);
+        self.table
+            .resident_tokens
+            .release(core, id, generation, self.resident);
+        self.table.inflight_by_core[core][id.index()].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -289,40 +344,47 @@ mod tests {
     }
 
     #[test]
-    fn token_credits_sum_over_cores_until_the_prefill_ends_or_a_report_lands() {
+    fn token_credits_sum_over_cores_until_the_prefill_or_the_request_ends_or_a_report_lands() {
         let table = table(2, 2);
         let generation = |id: u16| table.signals(WorkerId(id)).load_generation();
+        let queued = |id: u16| table.queued_tokens(WorkerId(id), generation(id));
+        let resident = |id: u16| table.resident_tokens(WorkerId(id), generation(id));
         let report = |id: u16| {
             let report = crate::workers::load::LoadReport::default();
             table
                 .signals(WorkerId(id))
                 .set_load(Some(report), &Default::default());
         };
-        let a = table.credit(0, WorkerId(1), 100);
+        let mut a = table.credit(0, WorkerId(1), 100);
         let b = table.credit(1, WorkerId(1), 50);
         let c = table.credit(0, WorkerId(1), 25);
         let d = table.credit(1, WorkerId(0), 9);
-        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 175);
-        assert_eq!(table.token_credits(WorkerId(0), generation(0)), 9);
-        let mut a = a;
+        assert_eq!((queued(1), resident(1)), (175, 175));
+        assert_eq!((queued(0), resident(0)), (9, 9));
         a.prefill_done();
-        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 75);
-        assert_eq!(table.inflight(WorkerId(1)), 3, "still in flight, decoding");
+        assert_eq!(
+            (queued(1), resident(1)),
+            (75, 175),
+            "decoding: resident, not queued"
+        );
+        assert_eq!(table.inflight(WorkerId(1)), 3);
         drop(a);
-        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 75);
-        // A report lands: it counts what is still queued, so the credits taken before it void.
+        assert_eq!((queued(1), resident(1)), (75, 75));
+        // A report lands: it counts what is queued and resident, so older credits void.
         report(1);
-        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 0);
+        assert_eq!((queued(1), resident(1)), (0, 0));
         let e = table.credit(0, WorkerId(1), 10);
-        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 10);
-        // Requests credited under the old report end: nothing is taken from the new credit.
+        assert_eq!((queued(1), resident(1)), (10, 10));
+        // Requests credited under the old report end: nothing is taken from the new credits,
+        // and both were still queued when the report landed, so they drained from its queue.
         drop((b, c));
-        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 10);
+        assert_eq!((queued(1), resident(1)), (10, 10));
+        assert_eq!(table.drained_tokens(WorkerId(1), generation(1)), 75);
         drop(e);
-        assert_eq!(table.token_credits(WorkerId(1), generation(1)), 0);
-        assert_eq!(table.token_credits(WorkerId(0), generation(0)), 9);
+        assert_eq!((queued(1), resident(1)), (0, 0));
+        assert_eq!((queued(0), resident(0)), (9, 9));
         drop(d);
-        assert_eq!(table.token_credits(WorkerId(0), generation(0)), 0);
+        assert_eq!((queued(0), resident(0)), (0, 0));
         assert_eq!(table.inflight(WorkerId(0)) + table.inflight(WorkerId(1)), 0);
     }
 
