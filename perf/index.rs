@@ -307,7 +307,8 @@ pub fn time_text_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
 pub enum Record {
     /// Insert the next turn's tokens only (the writer's work per dispatch).
     Tokens,
-    /// Look the next turn up on the reader, then insert it (SMG's match-and-insert).
+    /// Look the next turn up on the reader, then insert it with the lookup's hint (the data
+    /// core's lookup and the control core's insert of its dispatch record).
     LookupThenTokens,
     /// Insert the next turn's text only.
     Text,
@@ -351,9 +352,14 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
             let inserted = match record {
                 Record::Tokens => fixture.index.insert_tokens(NS, turn, workers[i], tick),
                 Record::LookupThenTokens => {
-                    black_box(fixture.reader.lookup_tokens(NS, turn));
+                    // The data core's lookup, whose hint its dispatch record carries.
+                    let (found, hint) = fixture.reader.lookup_tokens_hinted(NS, turn);
+                    black_box(found);
                     fixture.reader.quiesce();
-                    fixture.index.insert_tokens(NS, turn, workers[i], tick)
+                    let worker = workers[i];
+                    fixture
+                        .index
+                        .insert_tokens_hinted(NS, turn, worker, tick, &hint)
                 }
                 Record::Text => fixture.index.insert_text(NS, &texts[i], workers[i], tick),
             };

@@ -212,7 +212,15 @@ pub struct Node<E: Element> {
     depth_end: AtomicU32,
     mru_version: AtomicU32,
     mru: [AtomicU64; 2],
+    /// This slot's incarnation: a stamp unique to each initialization, 0 once the node is
+    /// retired. A reader hands it on in a lookup hint, and the writer uses the hint only while
+    /// the node still carries the same stamp (the same live node, not a reused slot).
+    stamp: AtomicU64,
 }
+
+// Nodes are one cache line each (the slab's segment size assumes it).
+const _: () = assert!(std::mem::size_of::<Node<u32>>() == 64);
+const _: () = assert!(std::mem::size_of::<Node<u8>>() == 64);
 
 impl<E: Element> Default for Node<E> {
     fn default() -> Self {
@@ -225,6 +233,7 @@ impl<E: Element> Default for Node<E> {
             depth_end: AtomicU32::new(0),
             mru_version: AtomicU32::new(0),
             mru: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+            stamp: AtomicU64::new(0),
         }
     }
 }
@@ -292,6 +301,18 @@ impl<E: Element> Node<E> {
     /// Depth in elements at the end of this node's edge.
     pub fn depth_end(&self) -> u32 {
         self.depth_end.load(Ordering::Relaxed)
+    }
+
+    /// The incarnation stamp (0: retired). Stable while a guard that reached the node lives,
+    /// except that retirement may clear it.
+    pub fn stamp(&self) -> u64 {
+        self.stamp.load(Ordering::Relaxed)
+    }
+
+    /// Sets the incarnation stamp (writer only): a fresh one when the slot is initialized, 0
+    /// when the node is retired.
+    pub fn set_stamp(&self, stamp: u64, _writer: &WriterToken) {
+        self.stamp.store(stamp, Ordering::Relaxed);
     }
 
     /// The published tenants, most recently used first; `None` entries at the end.

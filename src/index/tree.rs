@@ -15,7 +15,7 @@ use super::raw::{
     ChildEntry, Domain, Element, FreshNode, Guard, Node, NsTable, NsTablePtr, RetireList, Slab,
     WriterToken, MRU_LEN, NODES_MAX,
 };
-use super::{Evicted, IndexError, Namespace};
+use super::{Evicted, IndexError, Namespace, TreeKind};
 use crate::workers::{WorkerId, WORKERS_MAX};
 
 /// The most elements of a key the index keeps: 64 Mi, above any accepted request body, so a
@@ -64,6 +64,64 @@ pub struct Walk<'g, E: Element> {
     pub matched: usize,
     /// The deepest matched node (partly matched when the match ends inside its edge).
     pub node: Option<&'g Node<E>>,
+    /// The slab id of `node` (0 when there is none).
+    pub node_id: u32,
+}
+
+impl<E: Element> Walk<'_, E> {
+    /// The hint a record of the same key carries to the writer (`key_len`: the key walked).
+    pub fn hint(&self, kind: TreeKind, key_len: usize) -> LookupHint {
+        match self.node {
+            Some(node) => LookupHint {
+                kind: Some(kind),
+                node: self.node_id,
+                stamp: node.stamp(),
+                matched: self.matched as u32,
+                key_len: key_len as u32,
+            },
+            None => LookupHint::default(),
+        }
+    }
+}
+
+/// Where a reader's lookup of a key ended, carried by the dispatch record to the writer, whose
+/// insert of the same key then starts there instead of comparing the matched prefix again.
+///
+/// It names the deepest matched node by id and incarnation stamp. The writer follows it only
+/// while that node is still the same live node: a node keeps the string its root path spells
+/// for as long as it lives (splits above it keep the string, merges and evictions retire it and
+/// clear its stamp), so the reader's comparison still holds. A stale hint (node retired, slot
+/// reused, another namespace, another key) falls back to the full walk. The default is no hint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookupHint {
+    kind: Option<TreeKind>,
+    node: u32,
+    stamp: u64,
+    /// Elements of the key matched, at a unit boundary.
+    matched: u32,
+    /// Elements of the key walked (after capping and trimming to whole units).
+    key_len: u32,
+}
+
+/// How the writer's inserts used their lookup hints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HintCounts {
+    /// Inserts that started where the lookup ended.
+    pub followed: u64,
+    /// Inserts whose hint was stale (or for another tree or key) and walked from the root.
+    pub stale: u64,
+}
+
+/// Where an insert starts: the namespace root, or the point a hint resumes from.
+#[derive(Clone, Copy, Debug)]
+struct Start {
+    /// The node to search children of first.
+    node: u32,
+    /// The depth at the end of `node`'s edge.
+    depth: usize,
+    /// A child of `node` whose edge is known to match the key for this many elements (the hint
+    /// ended inside that edge); its comparison resumes after them.
+    partial: Option<(u32, usize)>,
 }
 
 fn first_with_key(table: &[ChildEntry], key: u64) -> usize {
@@ -89,6 +147,7 @@ impl<E: Element> SharedTree<E> {
         let mut walk = Walk {
             matched: 0,
             node: None,
+            node_id: 0,
         };
         let table = self.namespaces.load(guard);
         let Some(root) = table.find(ns.model, ns.partition, ns_hash(ns)) else {
@@ -116,6 +175,7 @@ impl<E: Element> SharedTree<E> {
                     continue;
                 }
                 walk.node = Some(child);
+                walk.node_id = entry.node;
                 walk.matched += common;
                 if common < label.len() {
                     break 'down;
@@ -236,6 +296,9 @@ pub struct TreeWriter<K: Keying> {
     workers: Vec<List>,
     last_tick: u64,
     path: Vec<u32>,
+    /// The last incarnation stamp handed out (stamps start at 1; 0 marks a retired node).
+    last_stamp: u64,
+    hints: HintCounts,
     nodes_live: u64,
     label_elements: u64,
     table_entries: u64,
@@ -262,6 +325,8 @@ impl<K: Keying> TreeWriter<K> {
             workers: vec![List::default(); WORKERS_MAX],
             last_tick: 0,
             path: Vec::new(),
+            last_stamp: 0,
+            hints: HintCounts::default(),
             nodes_live: 0,
             label_elements: 0,
             table_entries: 0,
@@ -269,7 +334,8 @@ impl<K: Keying> TreeWriter<K> {
         }
     }
 
-    /// Records that `worker` was sent `key` in namespace `ns` at `tick`.
+    /// Records that `worker` was sent `key` in namespace `ns` at `tick`; `hint` (from a lookup
+    /// of the same key, or the default) lets the walk start where that lookup ended.
     pub fn insert(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
@@ -277,6 +343,7 @@ impl<K: Keying> TreeWriter<K> {
         key: &[K::E],
         worker: WorkerId,
         tick: u64,
+        hint: &LookupHint,
     ) -> Result<(), IndexError> {
         if worker.index() >= WORKERS_MAX {
             return Err(IndexError::WorkerOutOfRange(worker));
@@ -291,7 +358,22 @@ impl<K: Keying> TreeWriter<K> {
         let root = self.root_for(ctx, ns)?;
         let mut path = std::mem::take(&mut self.path);
         path.clear();
-        let built = self.insert_path(ctx, root, key, &mut path);
+        let start = match self.resume_at(ctx, root, key, hint, &mut path) {
+            Some(start) => {
+                self.hints.followed += 1;
+                start
+            }
+            None => {
+                self.hints.stale += u64::from(hint.kind.is_some());
+                path.clear();
+                Start {
+                    node: root,
+                    depth: 0,
+                    partial: None,
+                }
+            }
+        };
+        let built = self.insert_path(ctx, start, key, &mut path);
         // Deepest first: an ancestor's entry stays more recent than its descendants'.
         for id in path.iter().rev() {
             self.touch(ctx, *id, worker, tick);
@@ -303,15 +385,22 @@ impl<K: Keying> TreeWriter<K> {
     fn insert_path(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
-        root: u32,
+        start: Start,
         key: &[K::E],
         path: &mut Vec<u32>,
     ) -> Result<(), IndexError> {
         let guard = ctx.token.guard();
-        let (mut node, mut depth) = (root, 0usize);
+        let (mut node, mut depth, mut partial) = (start.node, start.depth, start.partial);
         while let Some(edge_key) = self.keys.edge_key(&key[depth..]) {
             let rest = &key[depth..];
-            match self.find_child(ctx, &guard, node, edge_key, rest, depth) {
+            let found = match partial.take() {
+                Some((child, known)) => {
+                    let found = self.continue_child(ctx, &guard, child, rest, depth, known);
+                    Some(found.ok_or(IndexError::NodesExhausted)?)
+                }
+                None => self.find_child(ctx, &guard, node, edge_key, rest, depth),
+            };
+            match found {
                 None => {
                     let leaf = self.new_leaf(ctx, node, rest, depth)?;
                     self.add_child(ctx, node, edge_key, leaf);
@@ -360,6 +449,134 @@ impl<K: Keying> TreeWriter<K> {
         None
     }
 
+    /// `find_child` for the child a hint named, whose first `known` elements already matched.
+    fn continue_child(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        guard: &Guard<'_>,
+        child: u32,
+        rest: &[K::E],
+        depth: usize,
+        known: usize,
+    ) -> Option<(u32, usize, usize)> {
+        let label = ctx
+            .tree
+            .slab
+            .get(child, guard)?
+            .label_from(depth as u32, guard)?;
+        let (label_rest, key_rest) = (label.get(known..)?, rest.get(known..)?);
+        let common = self
+            .keys
+            .floor(rest, known + common_prefix(label_rest, key_rest));
+        Some((child, common, label.len()))
+    }
+
+    /// The point a hint lets this insert start from, with the path above it pushed onto
+    /// `path`; `None` (walk from the root) when there is no hint or it is stale: for another
+    /// tree kind or key length, its node retired or its slot reused since the lookup (stamp),
+    /// or under another namespace's root.
+    fn resume_at(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        root: u32,
+        key: &[K::E],
+        hint: &LookupHint,
+        path: &mut Vec<u32>,
+    ) -> Option<Start> {
+        let matched = hint.matched as usize;
+        if hint.kind != Some(K::KIND)
+            || hint.key_len as usize != key.len()
+            || matched == 0
+            || matched > key.len()
+            || self.keys.floor(key, matched) != matched
+        {
+            return None;
+        }
+        let guard = ctx.token.guard();
+        let slab = &ctx.tree.slab;
+        if hint.stamp == 0 || slab.get(hint.node, &guard)?.stamp() != hint.stamp {
+            return None;
+        }
+        // The node whose edge holds the match's end: the hinted node, or an ancestor when a
+        // split since the lookup cut its edge at or below that depth. Each step up is at least
+        // one element shallower, so `matched` steps bound the climb.
+        let (mut at, mut parent) = (hint.node, self.meta.get(hint.node as usize)?.parent);
+        let mut edge_start = slab.get(parent, &guard)?.depth_end() as usize;
+        for _ in 0..matched {
+            if edge_start < matched || parent == 0 {
+                break;
+            }
+            at = parent;
+            parent = self.meta.get(at as usize)?.parent;
+            edge_start = slab.get(parent, &guard)?.depth_end() as usize;
+        }
+        let at_node = slab.get(at, &guard)?;
+        let edge_end = at_node.depth_end() as usize;
+        if parent == 0 || edge_start >= matched || edge_end < matched {
+            return None;
+        }
+        // The last matched element against the label: a hint paired with another key of the
+        // same length is caught here (the writer cannot afford to compare the whole prefix).
+        let label = at_node.label_from(edge_start as u32, &guard)?;
+        if label.get(matched - 1 - edge_start) != key.get(matched - 1) {
+            return None;
+        }
+        let start = if matched == edge_end {
+            Start {
+                node: at,
+                depth: edge_end,
+                partial: None,
+            }
+        } else {
+            Start {
+                node: parent,
+                depth: edge_start,
+                partial: Some((at, matched - edge_start)),
+            }
+        };
+        // The path from below the root down to the start node; it must end at this
+        // namespace's root (a node of another namespace's tree is a stale hint).
+        let first = path.len();
+        let mut up = start.node;
+        while up != root {
+            if up == 0 || path.len() - first > matched {
+                return None;
+            }
+            path.push(up);
+            up = self.meta.get(up as usize)?.parent;
+        }
+        path[first..].reverse();
+        debug_assert!(
+            self.spells(ctx, at, &key[..matched]),
+            "a valid hint's node spells the matched prefix"
+        );
+        Some(start)
+    }
+
+    /// Whether the path from the root to `node` spells `prefix` (its end may fall inside
+    /// `node`'s edge): the full check a hint saves, for debug assertions.
+    fn spells(&self, ctx: &WriteCtx<'_, K::E>, node: u32, prefix: &[K::E]) -> bool {
+        let guard = ctx.token.guard();
+        let slab = &ctx.tree.slab;
+        let mut at = node;
+        while !self.root_ns.contains_key(&at) {
+            let parent = self.meta[at as usize].parent;
+            let (Some(shared), Some(up)) = (slab.get(at, &guard), slab.get(parent, &guard)) else {
+                return false;
+            };
+            let (start, end) = (up.depth_end() as usize, shared.depth_end() as usize);
+            let Some(label) = shared.label_from(start as u32, &guard) else {
+                return false;
+            };
+            let end = end.min(prefix.len());
+            if start > end || label.get(..end - start) != prefix.get(start..end) {
+                return false;
+            }
+            at = parent;
+        }
+        true
+    }
+
     fn alloc_node<'a>(
         &mut self,
         ctx: &WriteCtx<'a, K::E>,
@@ -394,7 +611,17 @@ impl<K: Keying> TreeWriter<K> {
     ) {
         self.label_elements += label.len() as u64;
         fresh.init(label, depth_end as u32, meta.mru(), ctx.token);
+        self.stamp(ctx, fresh.id());
         self.meta[fresh.id() as usize] = meta;
+    }
+
+    /// Gives a node just initialized its incarnation stamp (before any table publishes it).
+    fn stamp(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        self.last_stamp += 1;
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(node, &guard) {
+            shared.set_stamp(self.last_stamp, ctx.token);
+        }
     }
 
     fn new_leaf(
@@ -574,6 +801,7 @@ impl<K: Keying> TreeWriter<K> {
             let end = shared.label_end() - (label.len() - common) as u32;
             let tenants = &mru[..usize::from(mru_len)];
             upper.init_taking_label(shared, end, (depth + common) as u32, tenants, ctx.token);
+            self.stamp(ctx, upper.id());
             self.meta[upper.id() as usize] = meta;
             fresh_lower.id()
         };
@@ -779,6 +1007,8 @@ impl<K: Keying> TreeWriter<K> {
         let guard = ctx.token.guard();
         if let Some(shared) = ctx.tree.slab.get(node, &guard) {
             self.label_elements -= u64::from(shared.owned_label_capacity());
+            // Hints naming this node are stale from now on.
+            shared.set_stamp(0, ctx.token);
         }
         self.retired.node(ctx.domain, node);
         self.meta[node as usize] = Meta::default();
@@ -991,6 +1221,11 @@ impl<K: Keying> TreeWriter<K> {
     ) -> usize {
         self.retired
             .reclaim(domain, &tree.slab, token, &mut self.free_ids)
+    }
+
+    /// How inserts used their hints so far.
+    pub fn hint_counts(&self) -> HintCounts {
+        self.hints
     }
 
     /// Items waiting for a grace period.
