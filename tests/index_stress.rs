@@ -20,6 +20,8 @@ use kvgate::workers::WorkerId;
 const BLOCK_SIZE: usize = 4;
 const FAMILIES: usize = 6;
 const CONTINUATIONS: usize = 12;
+/// Continuations of the one wide family: more than a child table's unsorted tail holds.
+const WIDE_CONTINUATIONS: usize = 64;
 const NAMESPACES: [Namespace; 2] = [
     Namespace {
         model: 1,
@@ -46,9 +48,16 @@ impl Universe {
     fn new(seed: u64) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut tokens = Vec::new();
-        for _ in 0..FAMILIES {
+        for family in 0..FAMILIES {
             let system: Vec<u32> = (0..rng.usize(8..200)).map(|_| rng.u32(0..6)).collect();
-            for _ in 0..CONTINUATIONS {
+            // One wide family: its system node's child table sees appends into its spare
+            // capacity and rebuilds (tail full, capacity full) while readers scan it.
+            let continuations = if family == 0 {
+                WIDE_CONTINUATIONS
+            } else {
+                CONTINUATIONS
+            };
+            for _ in 0..continuations {
                 let mut key = system.clone();
                 key.extend((0..rng.usize(0..120)).map(|_| rng.u32(0..6)));
                 tokens.push(key);

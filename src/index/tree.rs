@@ -28,8 +28,6 @@ pub const NAMESPACES_MAX: usize = 1 << 22;
 pub const MODELS_MAX: usize = 1 << 16;
 /// Slots of the first namespace table; it doubles (rebuilt off to the side) at half load.
 const NS_CAPACITY_MIN: usize = 64;
-/// Child tables up to this many entries are searched linearly; larger ones by bisection.
-const CHILDREN_LINEAR_MAX: usize = 8;
 
 /// The published part of one tree kind.
 #[derive(Debug)]
@@ -124,17 +122,6 @@ struct Start {
     partial: Option<(u32, usize)>,
 }
 
-fn first_with_key(table: &[ChildEntry], key: u64) -> usize {
-    if table.len() <= CHILDREN_LINEAR_MAX {
-        table
-            .iter()
-            .position(|entry| entry.key >= key)
-            .unwrap_or(table.len())
-    } else {
-        table.partition_point(|entry| entry.key < key)
-    }
-}
-
 impl<E: Element> SharedTree<E> {
     /// Walks `query` down namespace `ns`: no lock, no allocation, no shared write.
     pub fn walk<'g, K: Keying<E = E>>(
@@ -158,13 +145,8 @@ impl<E: Element> SharedTree<E> {
         };
         'down: while let Some(edge_key) = keys.edge_key(&query[walk.matched..]) {
             let rest = &query[walk.matched..];
-            let children = node.children(guard);
-            let from = first_with_key(children, edge_key);
-            for entry in children[from..]
-                .iter()
-                .take_while(|entry| entry.key == edge_key)
-            {
-                let Some(child) = self.slab.get(entry.node, guard) else {
+            for child_id in node.children(guard).with_key(edge_key) {
+                let Some(child) = self.slab.get(child_id, guard) else {
                     continue;
                 };
                 let Some(label) = child.label_from(walk.matched as u32, guard) else {
@@ -175,7 +157,7 @@ impl<E: Element> SharedTree<E> {
                     continue;
                 }
                 walk.node = Some(child);
-                walk.node_id = entry.node;
+                walk.node_id = child_id;
                 walk.matched += common;
                 if common < label.len() {
                     break 'down;
@@ -301,9 +283,12 @@ pub struct TreeWriter<K: Keying> {
     hints: HintCounts,
     nodes_live: u64,
     label_elements: u64,
-    table_entries: u64,
+    /// Slots (header included) of every live child table allocation.
+    table_slots: u64,
     /// Child tables changed during an eviction or purge pass, published when it ends.
     batch: Option<HashMap<u32, Vec<ChildEntry>>>,
+    /// Where a changed child table is built before it is published (reused, not allocated).
+    scratch: Vec<ChildEntry>,
 }
 
 impl<K: Keying> TreeWriter<K> {
@@ -329,8 +314,9 @@ impl<K: Keying> TreeWriter<K> {
             hints: HintCounts::default(),
             nodes_live: 0,
             label_elements: 0,
-            table_entries: 0,
+            table_slots: 0,
             batch: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -434,16 +420,12 @@ impl<K: Keying> TreeWriter<K> {
         depth: usize,
     ) -> Option<(u32, usize, usize)> {
         let children = ctx.tree.slab.get(node, guard)?.children(guard);
-        let from = first_with_key(children, edge_key);
-        for entry in children[from..]
-            .iter()
-            .take_while(|entry| entry.key == edge_key)
-        {
-            let child = ctx.tree.slab.get(entry.node, guard)?;
+        for child_id in children.with_key(edge_key) {
+            let child = ctx.tree.slab.get(child_id, guard)?;
             let label = child.label_from(depth as u32, guard)?;
             let common = self.keys.floor(rest, common_prefix(label, rest));
             if common > 0 {
-                return Some((entry.node, common, label.len()));
+                return Some((child_id, common, label.len()));
             }
         }
         None
@@ -612,7 +594,19 @@ impl<K: Keying> TreeWriter<K> {
         self.label_elements += label.len() as u64;
         fresh.init(label, depth_end as u32, meta.mru(), ctx.token);
         self.stamp(ctx, fresh.id());
-        self.meta[fresh.id() as usize] = meta;
+        self.set_meta(fresh.id(), meta);
+    }
+
+    /// Stores a new node's metadata. A new node usually starts without tenants: it then takes
+    /// over the slot's previous tenant list allocation (emptied when that node was retired), so
+    /// the churn of nodes does not allocate one list per node.
+    fn set_meta(&mut self, node: u32, mut meta: Meta) {
+        let slot = &mut self.meta[node as usize];
+        if meta.tenants.capacity() == 0 {
+            meta.tenants = std::mem::take(&mut slot.tenants);
+            meta.tenants.clear();
+        }
+        *slot = meta;
     }
 
     /// Gives a node just initialized its incarnation stamp (before any table publishes it).
@@ -662,29 +656,63 @@ impl<K: Keying> TreeWriter<K> {
         let Some(shared) = ctx.tree.slab.get(node, &guard) else {
             return;
         };
-        self.table_entries -= shared.children(&guard).len() as u64;
-        self.table_entries += entries.len() as u64;
+        self.table_slots -= shared.children_slots(ctx.token) as u64;
         let old = shared.publish_children(entries, ctx.token);
+        self.table_slots += shared.children_slots(ctx.token) as u64;
         self.retired.table(ctx.domain, old);
     }
 
     fn child_table(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Vec<ChildEntry> {
-        self.with_children(ctx, node, <[ChildEntry]>::to_vec)
+        let mut table = Vec::new();
+        self.children_into(ctx, node, &mut table);
+        table
     }
 
-    /// Calls `f` with `node`'s current children: the batch's pending table, else the published.
-    fn with_children<R>(
-        &self,
-        ctx: &WriteCtx<'_, K::E>,
-        node: u32,
-        f: impl FnOnce(&[ChildEntry]) -> R,
-    ) -> R {
+    /// Appends `node`'s current children to `out`: the batch's pending table, else the
+    /// published one.
+    fn children_into(&self, ctx: &WriteCtx<'_, K::E>, node: u32, out: &mut Vec<ChildEntry>) {
         if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
-            return f(pending);
+            out.extend_from_slice(pending);
+            return;
         }
         let guard = ctx.token.guard();
-        let published = ctx.tree.slab.get(node, &guard).map(|n| n.children(&guard));
-        f(published.unwrap_or(&[]))
+        if let Some(shared) = ctx.tree.slab.get(node, &guard) {
+            out.extend(shared.children(&guard).iter());
+        }
+    }
+
+    /// `node`'s current number of children (pending or published).
+    fn children_len(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> usize {
+        if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
+            return pending.len();
+        }
+        let guard = ctx.token.guard();
+        let shared = ctx.tree.slab.get(node, &guard);
+        shared.map_or(0, |shared| shared.children(&guard).len())
+    }
+
+    /// Whether `node` currently has no children (pending or published).
+    fn is_leaf(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> bool {
+        if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
+            return pending.is_empty();
+        }
+        let guard = ctx.token.guard();
+        let shared = ctx.tree.slab.get(node, &guard);
+        shared.is_none_or(|shared| shared.children(&guard).is_empty())
+    }
+
+    /// `node`'s current table in the reused scratch buffer, to be edited and published with
+    /// `publish_scratch`.
+    fn scratch_table(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Vec<ChildEntry> {
+        let mut table = std::mem::take(&mut self.scratch);
+        table.clear();
+        self.children_into(ctx, node, &mut table);
+        table
+    }
+
+    fn publish_scratch(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32, table: Vec<ChildEntry>) {
+        self.publish_children(ctx, node, &table);
+        self.scratch = table;
     }
 
     /// Opens a batch: child-table changes collect per node and are published once, at
@@ -708,19 +736,39 @@ impl<K: Keying> TreeWriter<K> {
         }
     }
 
+    /// Adds a child: appended in place into the published table's spare capacity when it has
+    /// room, else the table is rebuilt (sorted, with new spare capacity) and republished.
     fn add_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, key: u64, child: u32) {
-        let mut table = self.child_table(ctx, parent);
-        let at = table.partition_point(|entry| entry.key <= key);
-        table.insert(at, ChildEntry { key, node: child });
-        self.publish_children(ctx, parent, &table);
+        let entry = ChildEntry { key, node: child };
+        if let Some(pending) = self.batch.as_mut().and_then(|batch| batch.get_mut(&parent)) {
+            pending.push(entry);
+            return;
+        }
+        let guard = ctx.token.guard();
+        let appended = ctx.tree.slab.get(parent, &guard);
+        if appended.is_some_and(|shared| shared.append_child(entry, ctx.token)) {
+            return;
+        }
+        let mut table = self.scratch_table(ctx, parent);
+        table.push(entry);
+        self.publish_scratch(ctx, parent, table);
     }
 
+    /// Swaps child `old` for `new`, which spells the same edge (a split or merge below
+    /// `parent`): in place in the published table (readers may follow either), or in the
+    /// batch's pending table.
     fn replace_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, old: u32, new: u32) {
-        let mut table = self.child_table(ctx, parent);
-        for entry in table.iter_mut().filter(|entry| entry.node == old) {
-            entry.node = new;
+        if let Some(pending) = self.batch.as_mut().and_then(|batch| batch.get_mut(&parent)) {
+            for entry in pending.iter_mut().filter(|entry| entry.node == old) {
+                entry.node = new;
+            }
+            return;
         }
-        self.publish_children(ctx, parent, &table);
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(parent, &guard) {
+            let replaced = shared.replace_child(old, new, ctx.token);
+            debug_assert!(replaced, "node {old} is a child of {parent}");
+        }
     }
 
     fn remove_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, child: u32) {
@@ -734,9 +782,9 @@ impl<K: Keying> TreeWriter<K> {
                 return;
             }
         }
-        let mut table = self.child_table(ctx, parent);
+        let mut table = self.scratch_table(ctx, parent);
         table.retain(|entry| entry.node != child);
-        self.publish_children(ctx, parent, &table);
+        self.publish_scratch(ctx, parent, table);
     }
 
     /// The published table of `node` when the batch holds none for it yet.
@@ -802,7 +850,7 @@ impl<K: Keying> TreeWriter<K> {
             let tenants = &mru[..usize::from(mru_len)];
             upper.init_taking_label(shared, end, (depth + common) as u32, tenants, ctx.token);
             self.stamp(ctx, upper.id());
-            self.meta[upper.id() as usize] = meta;
+            self.set_meta(upper.id(), meta);
             fresh_lower.id()
         };
         let entry = ChildEntry {
@@ -810,7 +858,10 @@ impl<K: Keying> TreeWriter<K> {
             node: lower,
         };
         upper.init_children(&[entry], ctx.token);
-        self.table_entries += 1;
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(upper.id(), &guard) {
+            self.table_slots += shared.children_slots(ctx.token) as u64;
+        }
         self.clone_entries_above(lower, upper.id());
         let lower_meta = &mut self.meta[lower as usize];
         lower_meta.parent = upper.id();
@@ -844,7 +895,7 @@ impl<K: Keying> TreeWriter<K> {
         for (_, id) in &self.meta[lower.id() as usize].tenants {
             self.entries.get_mut(*id).node = lower.id();
         }
-        for below in child.children(&guard) {
+        for below in child.children(&guard).iter() {
             self.meta[below.node as usize].parent = lower.id();
         }
     }
@@ -1011,21 +1062,24 @@ impl<K: Keying> TreeWriter<K> {
             shared.set_stamp(0, ctx.token);
         }
         self.retired.node(ctx.domain, node);
-        self.meta[node as usize] = Meta::default();
+        // Keeps the tenant list's allocation for the slot's next node (see `set_meta`).
+        let mut tenants = std::mem::take(&mut self.meta[node as usize].tenants);
+        tenants.clear();
+        self.meta[node as usize] = Meta {
+            tenants,
+            ..Meta::default()
+        };
         self.nodes_live -= 1;
     }
 
     /// Removes a node left without tenants (hence without children) and tidies its parent.
     fn remove_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
-        debug_assert!(
-            self.with_children(ctx, node, <[ChildEntry]>::is_empty),
-            "a node without tenants is a leaf"
-        );
+        debug_assert!(self.is_leaf(ctx, node), "a node without tenants is a leaf");
         let parent = self.meta[node as usize].parent;
         self.remove_child(ctx, parent, node);
         self.retire_node(ctx, node);
         if self.root_ns.contains_key(&parent) {
-            if self.with_children(ctx, parent, <[ChildEntry]>::is_empty) {
+            if self.is_leaf(ctx, parent) {
                 self.remove_namespace(ctx, parent);
             }
         } else {
@@ -1039,11 +1093,12 @@ impl<K: Keying> TreeWriter<K> {
         if self.root_ns.contains_key(&node) {
             return;
         }
-        let only = self.with_children(ctx, node, |table| match table {
-            [only] => Some(*only),
-            _ => None,
-        });
-        let Some(only) = only else { return };
+        if self.children_len(ctx, node) != 1 {
+            return;
+        }
+        let Some(&only) = self.child_table(ctx, node).first() else {
+            return;
+        };
         let tenants = self.meta[node as usize].tenants.len();
         if self.meta[only.node as usize].tenants.len() == tenants {
             self.merge(ctx, node, only.node);
@@ -1087,11 +1142,11 @@ impl<K: Keying> TreeWriter<K> {
         for (_, id) in std::mem::take(&mut self.meta[lower as usize].tenants) {
             self.drop_entry(id);
         }
-        for child in children {
+        for child in children.iter() {
             self.meta[child.node as usize].parent = heir;
         }
         self.replace_child(ctx, parent, upper, heir);
-        self.table_entries -= up.children(&guard).len() as u64;
+        self.table_slots -= up.children_slots(ctx.token) as u64;
         self.retired
             .table(ctx.domain, up.retire_children_in_place(ctx.token));
         self.retire_node(ctx, upper);
@@ -1271,7 +1326,7 @@ impl<K: Keying> TreeWriter<K> {
             nodes: self.nodes_live,
             slab_bytes: segments * segment_nodes * std::mem::size_of::<Node<K::E>>() as u64,
             label_bytes: self.label_elements * element,
-            table_bytes: (self.table_entries + self.nodes_live) * 16,
+            table_bytes: self.table_slots * 16,
             writer_bytes: writer as u64,
             pending_reclaim: self.retired.len() as u64,
         }
