@@ -8,6 +8,7 @@
 //! so a reader arriving through a stale parent table still compares the right elements).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::entries::{Chain, Entries, Entry, List, NIL};
 use super::keys::{common_prefix, Keying};
@@ -28,6 +29,40 @@ pub const NAMESPACES_MAX: usize = 1 << 22;
 pub const MODELS_MAX: usize = 1 << 16;
 /// Slots of the first namespace table; it doubles (rebuilt off to the side) at half load.
 const NS_CAPACITY_MIN: usize = 64;
+
+/// Hashes the writer's small integer keys (worker ids, node ids) with one multiply. These maps
+/// are keyed by ids the gateway assigns, never by client input, so SipHash's resistance to
+/// chosen collisions buys nothing there; namespaces (hashes of client fields) keep SipHash.
+#[derive(Clone, Copy, Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.write_u64(u64::from(*byte));
+        }
+    }
+
+    fn write_u16(&mut self, value: u16) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(26) ^ value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        // The multiply leaves its best bits high; hashbrown takes bucket bits from the low end.
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+/// A writer map keyed by gateway-assigned ids.
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// The published part of one tree kind.
 #[derive(Debug)]
@@ -222,7 +257,7 @@ struct ModelState {
     lru: List,
     units: u64,
     entries: u64,
-    worker_entries: HashMap<WorkerId, u64>,
+    worker_entries: IdMap<WorkerId, u64>,
 }
 
 /// Gauges of one model in one tree kind.
@@ -269,7 +304,7 @@ pub struct TreeWriter<K: Keying> {
     next_id: u32,
     retired: RetireList,
     namespaces: HashMap<Namespace, u32>,
-    root_ns: HashMap<u32, Namespace>,
+    root_ns: IdMap<u32, Namespace>,
     ns_slots_used: usize,
     ns_capacity: usize,
     models: Vec<ModelState>,
@@ -286,7 +321,7 @@ pub struct TreeWriter<K: Keying> {
     /// Slots (header included) of every live child table allocation.
     table_slots: u64,
     /// Child tables changed during an eviction or purge pass, published when it ends.
-    batch: Option<HashMap<u32, Vec<ChildEntry>>>,
+    batch: Option<IdMap<u32, Vec<ChildEntry>>>,
     /// Where a changed child table is built before it is published (reused, not allocated).
     scratch: Vec<ChildEntry>,
 }
@@ -301,7 +336,7 @@ impl<K: Keying> TreeWriter<K> {
             next_id: 1,
             retired: RetireList::default(),
             namespaces: HashMap::new(),
-            root_ns: HashMap::new(),
+            root_ns: IdMap::default(),
             ns_slots_used: 0,
             ns_capacity: NS_CAPACITY_MIN,
             models: Vec::new(),
@@ -720,7 +755,7 @@ impl<K: Keying> TreeWriter<K> {
     /// Readers meanwhile keep the old tables, whose nodes stay readable (nothing is reclaimed
     /// before the batch ends).
     fn begin_batch(&mut self) {
-        self.batch.get_or_insert_with(HashMap::new);
+        self.batch.get_or_insert_with(IdMap::default);
     }
 
     fn end_batch(&mut self, ctx: &WriteCtx<'_, K::E>) {
@@ -1166,7 +1201,7 @@ impl<K: Keying> TreeWriter<K> {
             lru: List::default(),
             units: 0,
             entries: 0,
-            worker_entries: HashMap::new(),
+            worker_entries: IdMap::default(),
         });
         self.model_slots.insert(model, slot);
         Ok(slot)
