@@ -394,7 +394,7 @@ impl<K: Keying> TreeWriter<K> {
                 }
             }
         };
-        let built = self.insert_path(ctx, start, key, &mut path);
+        let built = self.insert_path(ctx, start, key, worker, &mut path);
         // Deepest first: an ancestor's entry stays more recent than its descendants'.
         for id in path.iter().rev() {
             self.touch(ctx, *id, worker, tick);
@@ -408,6 +408,7 @@ impl<K: Keying> TreeWriter<K> {
         ctx: &WriteCtx<'_, K::E>,
         start: Start,
         key: &[K::E],
+        worker: WorkerId,
         path: &mut Vec<u32>,
     ) -> Result<(), IndexError> {
         let guard = ctx.token.guard();
@@ -423,7 +424,7 @@ impl<K: Keying> TreeWriter<K> {
             };
             match found {
                 None => {
-                    let leaf = self.new_leaf(ctx, node, rest, depth)?;
+                    let leaf = self.new_leaf(ctx, node, rest, depth, worker)?;
                     self.add_child(ctx, node, edge_key, leaf);
                     path.push(leaf);
                     return Ok(());
@@ -653,19 +654,26 @@ impl<K: Keying> TreeWriter<K> {
         }
     }
 
+    /// A new leaf for `worker`, published with it as its one tenant (its entry is made when
+    /// the insert touches its path), so the touch need not publish the tenant list again.
     fn new_leaf(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
         parent: u32,
         rest: &[K::E],
         depth: usize,
+        worker: WorkerId,
     ) -> Result<u32, IndexError> {
         let fresh = self.alloc_node(ctx)?;
         let model = self.meta[parent as usize].model;
+        let mut mru = [0; MRU_LEN];
+        mru[0] = worker.0;
         let meta = Meta {
             parent,
             units: self.keys.units(rest),
             model,
+            mru,
+            mru_len: 1,
             ..Meta::default()
         };
         self.init_node(ctx, &fresh, rest.to_vec(), depth + rest.len(), meta);
