@@ -2,10 +2,16 @@
 //! writer's private bookkeeping (`TreeWriter`): node metadata, tenant entries with their recency
 //! lists, per-model budgets, the namespace map and the retired-memory list.
 //!
-//! Every write builds the new state off to the side and publishes it with one `Release` store of
-//! a child table (copy-on-write), so a reader always sees either the old or the new path, never a
-//! torn one. A split keeps the lower node (its label allocation still holds the split-off part,
-//! so a reader arriving through a stale parent table still compares the right elements).
+//! Every write builds the new state off to the side and publishes it with one `Release` store,
+//! so a reader always sees either the old or the new path, never a torn one: a new child is
+//! appended into its parent's table and the table's length published (or the table rebuilt and
+//! its pointer published, copy-on-write, when it has no room), a split or merge swaps one child
+//! id for a node spelling the same edge. A split keeps the lower node (its label allocation still
+//! holds the split-off part, so a reader arriving through the old child still compares the right
+//! elements).
+//!
+//! An insert may start from a reader's `LookupHint` instead of the root; see `LookupHint` for
+//! when the writer trusts it.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
