@@ -307,7 +307,8 @@ pub fn time_text_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
 pub enum Record {
     /// Insert the next turn's tokens only (the writer's work per dispatch).
     Tokens,
-    /// Look the next turn up on the reader, then insert it (SMG's match-and-insert).
+    /// Look the next turn up on the reader, then insert it with the lookup's hint (the data
+    /// core's lookup and the control core's insert of its dispatch record).
     LookupThenTokens,
     /// Insert the next turn's text only.
     Text,
@@ -339,6 +340,10 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
     let workers: Vec<WorkerId> = (0..count)
         .map(|_| WorkerId(fixture.rng.u16(..fixture.workers)))
         .collect();
+    // A data core announces a quiescent state once per event-loop turn (`CoreRouting::prepare`
+    // right after its lookup); a reader that never did would keep every retired label and table
+    // alive, and the records would measure page faults on ever-fresh memory instead.
+    fixture.reader.quiesce();
     for batch in (0..count).collect::<Vec<_>>().chunks(BATCH) {
         let started = cpu_now();
         for &i in batch {
@@ -347,8 +352,14 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
             let inserted = match record {
                 Record::Tokens => fixture.index.insert_tokens(NS, turn, workers[i], tick),
                 Record::LookupThenTokens => {
-                    black_box(fixture.reader.lookup_tokens(NS, turn));
-                    fixture.index.insert_tokens(NS, turn, workers[i], tick)
+                    // The data core's lookup, whose hint its dispatch record carries.
+                    let (found, hint) = fixture.reader.lookup_tokens_hinted(NS, turn);
+                    black_box(found);
+                    fixture.reader.quiesce();
+                    let worker = workers[i];
+                    fixture
+                        .index
+                        .insert_tokens_hinted(NS, turn, worker, tick, &hint)
                 }
                 Record::Text => fixture.index.insert_text(NS, &texts[i], workers[i], tick),
             };
@@ -500,6 +511,27 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     })
 }
 
+/// Records one measurement of the quick set many times, for `perf record`:
+/// `-- --profile record|lookup-record|text|insert-1k [RECORDS]`; returns its median ns per record.
+pub fn profile_loop(kind: &str, records: usize) -> String {
+    let sizes = Sizes::quick();
+    let (prompt, record) = match kind {
+        "record" => (sizes.prompt_tokens[0], Record::Tokens),
+        "lookup-record" => (sizes.prompt_tokens[0], Record::LookupThenTokens),
+        "text" => (sizes.prompt_tokens[0], Record::Text),
+        "insert-1k" => (1024, Record::Tokens),
+        _ => return format!("unknown profile {kind:?}: record|lookup-record|text|insert-1k"),
+    };
+    let with_text = record == Record::Text;
+    let mut fixture = Fixture::build(prompt, sizes.workers[0], sizes.tree_units, 2, with_text);
+    let budget = fixture.units().0;
+    let samples = time_records(&mut fixture, records, record, budget);
+    format!(
+        "{kind}: {:.0} ns per record (median of batches)",
+        samples.p50_ns()
+    )
+}
+
 /// One benchmark body: runs `iters` iterations and returns the time they took (the shape of
 /// criterion's `iter_custom`, so the normal test pass can call the same bodies directly).
 pub type Body<'f> = Box<dyn FnMut(u64) -> Duration + 'f>;
@@ -586,6 +618,12 @@ fn main() {
         let (evict_s, entries, units, held) =
             time_evict_half(full_sizes().evict_tree_units, 1024, 3);
         println!("evict_half: {units} of {held} tokens, {entries} entries in {evict_s:.3} s");
+        return;
+    }
+    if let Some(at) = args.iter().position(|arg| arg == "--profile") {
+        let kind = args.get(at + 1).map(String::as_str).unwrap_or("");
+        let records = args.get(at + 2).and_then(|n| n.parse().ok());
+        println!("{}", profile_loop(kind, records.unwrap_or(100_000)));
         return;
     }
     if args.iter().any(|arg| arg == "--quick") {

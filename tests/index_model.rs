@@ -2,10 +2,15 @@
 //! remove-worker and evict (proptest). The model keeps, per (tree, namespace, worker), the keys
 //! the worker holds with their last tick; a lookup scans every key. After every step the matched
 //! length, request length and tenant set of lookups, and the per-model gauges, must be identical.
+//! Inserts carry lookup hints (a data core's lookup of the same key) taken right before, or
+//! earlier in the sequence (stale: the tree changed since), or from another namespace or tree
+//! kind; a stale hint must never change the tree an insert builds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use kvgate::index::{Evicted, IndexConfig, IndexWriter, Namespace, TreeKind, TreeMatch};
+use kvgate::index::{
+    Evicted, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TreeKind, TreeMatch,
+};
 use kvgate::workers::WorkerId;
 use proptest::prelude::*;
 
@@ -28,6 +33,21 @@ const NAMESPACES: [Namespace; 3] = [
     },
 ];
 
+/// Which lookup hint an insert carries.
+#[derive(Clone, Copy, Debug)]
+enum HintFrom {
+    /// No hint.
+    Nothing,
+    /// A lookup of the key right before the insert (the data core's case).
+    Fresh,
+    /// The oldest kept lookup of the same key and kind (any namespace): likely stale.
+    Earlier,
+    /// A lookup of the key in another namespace.
+    OtherNamespace,
+    /// A lookup of the key in the other tree kind.
+    OtherKind,
+}
+
 #[derive(Clone, Debug)]
 enum Op {
     Insert {
@@ -35,6 +55,7 @@ enum Op {
         ns: usize,
         worker: u16,
         key: Vec<u32>,
+        hint: HintFrom,
     },
     Lookup {
         kind: TreeKind,
@@ -226,15 +247,72 @@ fn key_strategy() -> impl Strategy<Value = Vec<u32>> {
     prop::collection::vec(0u32..3, 0..10)
 }
 
+fn hint_strategy() -> impl Strategy<Value = HintFrom> {
+    prop_oneof![
+        2 => Just(HintFrom::Nothing),
+        3 => Just(HintFrom::Fresh),
+        3 => Just(HintFrom::Earlier),
+        1 => Just(HintFrom::OtherNamespace),
+        1 => Just(HintFrom::OtherKind),
+    ]
+}
+
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (kind_strategy(), 0..NAMESPACES.len(), 0..WORKERS, key_strategy())
-            .prop_map(|(kind, ns, worker, key)| Op::Insert { kind, ns, worker, key }),
+        6 => (kind_strategy(), 0..NAMESPACES.len(), 0..WORKERS, key_strategy(), hint_strategy())
+            .prop_map(|(kind, ns, worker, key, hint)| Op::Insert { kind, ns, worker, key, hint }),
         3 => (kind_strategy(), 0..NAMESPACES.len(), key_strategy())
             .prop_map(|(kind, ns, query)| Op::Lookup { kind, ns, query }),
         1 => (0..WORKERS).prop_map(|worker| Op::RemoveWorker { worker }),
         1 => (0u64..40).prop_map(|budget| Op::Evict { budget }),
     ]
+}
+
+/// Hints of earlier lookups, per (kind, key), oldest first.
+type HintBank = HashMap<(TreeKind, Vec<u32>), Vec<LookupHint>>;
+
+/// A reader's lookup of `key` (as a data core does), keeping its hint in `bank`.
+fn lookup_hint(
+    reader: &mut IndexReader,
+    bank: &mut HintBank,
+    kind: TreeKind,
+    ns: usize,
+    key: &[u32],
+) -> LookupHint {
+    let (_, hint) = match kind {
+        TreeKind::Text => reader.lookup_text_hinted(NAMESPACES[ns], &text_of(key)),
+        TreeKind::Tokens => reader.lookup_tokens_hinted(NAMESPACES[ns], key),
+    };
+    reader.quiesce();
+    bank.entry((kind, key.to_vec())).or_default().push(hint);
+    hint
+}
+
+/// The hint an insert of `key` carries.
+fn hint_for(
+    reader: &mut IndexReader,
+    bank: &mut HintBank,
+    from: HintFrom,
+    kind: TreeKind,
+    ns: usize,
+    key: &[u32],
+) -> LookupHint {
+    let other_kind = match kind {
+        TreeKind::Text => TreeKind::Tokens,
+        TreeKind::Tokens => TreeKind::Text,
+    };
+    match from {
+        HintFrom::Nothing => LookupHint::default(),
+        HintFrom::Fresh => lookup_hint(reader, bank, kind, ns, key),
+        HintFrom::Earlier => bank
+            .get(&(kind, key.to_vec()))
+            .and_then(|hints| hints.first().copied())
+            .unwrap_or_default(),
+        HintFrom::OtherNamespace => {
+            lookup_hint(reader, bank, kind, (ns + 1) % NAMESPACES.len(), key)
+        }
+        HintFrom::OtherKind => lookup_hint(reader, bank, other_kind, ns, key),
+    }
 }
 
 fn lookup(index: &IndexWriter, kind: TreeKind, ns: usize, key: &[u32]) -> TreeMatch {
@@ -309,6 +387,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     })
     .expect("index");
     let mut model = Model::default();
+    let mut reader = index.reader().expect("reader");
+    let mut bank = HintBank::new();
     for (tick, op) in ops.into_iter().enumerate() {
         let tick = tick as u64 + 1;
         match op {
@@ -317,19 +397,26 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 ns,
                 worker,
                 key,
+                hint,
             } => {
+                let hint = hint_for(&mut reader, &mut bank, hint, kind, ns, &key);
+                let (namespace, worker_id) = (NAMESPACES[ns], WorkerId(worker));
                 let result = match kind {
                     TreeKind::Text => {
-                        index.insert_text(NAMESPACES[ns], &text_of(&key), WorkerId(worker), tick)
+                        let text = text_of(&key);
+                        index.insert_text_hinted(namespace, &text, worker_id, tick, &hint)
                     }
                     TreeKind::Tokens => {
-                        index.insert_tokens(NAMESPACES[ns], &key, WorkerId(worker), tick)
+                        index.insert_tokens_hinted(namespace, &key, worker_id, tick, &hint)
                     }
                 };
                 prop_assert!(result.is_ok());
                 model.insert(kind, ns, worker, &key, tick);
             }
-            Op::Lookup { kind, ns, query } => check_lookup(&index, &model, kind, ns, &query)?,
+            Op::Lookup { kind, ns, query } => {
+                lookup_hint(&mut reader, &mut bank, kind, ns, &query);
+                check_lookup(&index, &model, kind, ns, &query)?
+            }
             Op::RemoveWorker { worker } => {
                 index.remove_worker(WorkerId(worker));
                 model.held.retain(|(_, _, w), _| *w != worker);
@@ -389,30 +476,35 @@ fn splits_merges_and_eviction_on_a_fixed_sequence() {
             ns: 0,
             worker: 1,
             key: a.clone(),
+            hint: HintFrom::Nothing,
         },
         Op::Insert {
             kind: TreeKind::Text,
             ns: 0,
             worker: 2,
             key: a[..3].to_vec(),
+            hint: HintFrom::Fresh,
         },
         Op::Insert {
             kind: TreeKind::Text,
             ns: 0,
             worker: 3,
             key: vec![0, 0, 2],
+            hint: HintFrom::Fresh,
         },
         Op::Insert {
             kind: TreeKind::Tokens,
             ns: 1,
             worker: 1,
             key: a.clone(),
+            hint: HintFrom::Nothing,
         },
         Op::Insert {
             kind: TreeKind::Tokens,
             ns: 2,
             worker: 4,
             key: a.clone(),
+            hint: HintFrom::OtherNamespace,
         },
         Op::Evict { budget: 5 },
         Op::RemoveWorker { worker: 2 },

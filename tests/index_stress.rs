@@ -1,7 +1,10 @@
 //! Readers look up continuously while the writer churns (inserts, splits, merges, evictions,
 //! purges, reclamation). Every answer must be a prefix of a key that was inserted, held by a
 //! worker that was sent such a key. One reader also stalls inside a guard for a while: its
-//! lookups must stay valid and reclamation must wait for it.
+//! lookups must stay valid and reclamation must wait for it. Readers also hand the hints of
+//! their lookups of inserted keys to the writer (as data cores do through dispatch records),
+//! which inserts those keys with them while the tree churns: hints arrive stale, and a stale
+//! hint followed would build a tree whose answers the readers reject.
 //!
 //! `stress_short` runs in the normal pass (seconds); `stress_long` is `#[ignore]`d. Set
 //! `INDEX_STRESS_SEED` to replay a seed; a failure prints its seed.
@@ -10,12 +13,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate::index::{IndexConfig, IndexReader, IndexWriter, Namespace, TreeMatch};
+use crossbeam_queue::ArrayQueue;
+use kvgate::index::{IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TreeMatch};
 use kvgate::workers::WorkerId;
 
 const BLOCK_SIZE: usize = 4;
 const FAMILIES: usize = 6;
 const CONTINUATIONS: usize = 12;
+/// Continuations of the one wide family: more than a child table's unsorted tail holds.
+const WIDE_CONTINUATIONS: usize = 64;
 const NAMESPACES: [Namespace; 2] = [
     Namespace {
         model: 1,
@@ -26,6 +32,9 @@ const NAMESPACES: [Namespace; 2] = [
         partition: 3,
     },
 ];
+/// Hinted records queued for the writer: few, so that some hints are still fresh when the
+/// writer takes them (older ones mostly name nodes evicted since).
+const RECORDS_QUEUED_MAX: usize = 8;
 /// Letters of the text keys, one of them two bytes long in UTF-8.
 const LETTERS: [char; 5] = ['a', 'b', 'c', 'ß', 'd'];
 
@@ -39,9 +48,16 @@ impl Universe {
     fn new(seed: u64) -> Self {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut tokens = Vec::new();
-        for _ in 0..FAMILIES {
+        for family in 0..FAMILIES {
             let system: Vec<u32> = (0..rng.usize(8..200)).map(|_| rng.u32(0..6)).collect();
-            for _ in 0..CONTINUATIONS {
+            // One wide family: its system node's child table sees appends into its spare
+            // capacity and rebuilds (tail full, capacity full) while readers scan it.
+            let continuations = if family == 0 {
+                WIDE_CONTINUATIONS
+            } else {
+                CONTINUATIONS
+            };
+            for _ in 0..continuations {
                 let mut key = system.clone();
                 key.extend((0..rng.usize(0..120)).map(|_| rng.u32(0..6)));
                 tokens.push(key);
@@ -120,16 +136,32 @@ impl Universe {
     }
 }
 
-/// A query: a universe key, cut short or with a changed tail.
-fn query_tokens(universe: &Universe, rng: &mut fastrand::Rng) -> Vec<u32> {
-    let mut query = universe.tokens[rng.usize(..universe.tokens.len())].clone();
+/// A query: a universe key, cut short or with a changed tail; with the key's index when it is
+/// a prefix of that key unchanged.
+fn query_tokens(universe: &Universe, rng: &mut fastrand::Rng) -> (Vec<u32>, Option<usize>) {
+    let k = rng.usize(..universe.tokens.len());
+    let mut query = universe.tokens[k].clone();
     query.truncate(rng.usize(0..=query.len()));
     if rng.bool() && !query.is_empty() {
         let at = rng.usize(..query.len());
         query[at] = 99;
+        return (query, None);
     }
-    query
+    (query, Some(k))
 }
+
+/// A reader's lookup handed to the writer: key `k` cut to `len` tokens, in `ns`, with the
+/// lookup's hint.
+#[derive(Clone, Copy, Debug)]
+struct HintedRecord {
+    k: usize,
+    len: usize,
+    ns: Namespace,
+    hint: LookupHint,
+}
+
+/// Hinted records on their way to the writer (a bounded queue, like the data cores' rings).
+type Records = ArrayQueue<HintedRecord>;
 
 fn query_text(universe: &Universe, rng: &mut fastrand::Rng) -> String {
     let key = &universe.texts[rng.usize(..universe.texts.len())];
@@ -147,6 +179,7 @@ fn query_text(universe: &Universe, rng: &mut fastrand::Rng) -> String {
 fn reader_loop(
     mut reader: IndexReader,
     universe: Arc<Universe>,
+    records: Arc<Records>,
     stop: Arc<AtomicBool>,
     seed: u64,
 ) -> Result<u64, String> {
@@ -155,8 +188,14 @@ fn reader_loop(
     while !stop.load(Ordering::Relaxed) {
         for _ in 0..32 {
             let ns = NAMESPACES[rng.usize(..NAMESPACES.len())];
-            let tokens = query_tokens(&universe, &mut rng);
-            universe.check_tokens(&tokens, &reader.lookup_tokens(ns, &tokens))?;
+            let (tokens, key) = query_tokens(&universe, &mut rng);
+            let (found, hint) = reader.lookup_tokens_hinted(ns, &tokens);
+            universe.check_tokens(&tokens, &found)?;
+            if let Some(k) = key {
+                let len = tokens.len();
+                // A full queue drops the record, as a data core's full ring would.
+                let _ = records.push(HintedRecord { k, len, ns, hint });
+            }
             let text = query_text(&universe, &mut rng);
             universe.check_text(&text, &reader.lookup_text(ns, &text))?;
             lookups += 2;
@@ -178,7 +217,7 @@ fn stalled_reader(
     let mut lookups = 0;
     let started = Instant::now();
     while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_millis(300) {
-        let tokens = query_tokens(&universe, &mut rng);
+        let (tokens, _) = query_tokens(&universe, &mut rng);
         universe.check_tokens(&tokens, &guard.lookup_tokens(NAMESPACES[0], &tokens))?;
         lookups += 1;
         std::thread::sleep(Duration::from_millis(1));
@@ -189,6 +228,7 @@ fn stalled_reader(
 fn churn(
     index: &mut IndexWriter,
     universe: &Universe,
+    records: &Records,
     rng: &mut fastrand::Rng,
     tick: u64,
     budget: u64,
@@ -197,6 +237,15 @@ fn churn(
     let ns = NAMESPACES[rng.usize(..NAMESPACES.len())];
     let worker = WorkerId(Universe::workers(k)[rng.usize(..3)]);
     match rng.u32(0..100) {
+        0..=29 if !records.is_empty() => {
+            let Some(HintedRecord { k, len, ns, hint }) = records.pop() else {
+                return;
+            };
+            let worker = WorkerId(Universe::workers(k)[rng.usize(..3)]);
+            let key = &universe.tokens[k][..len];
+            let inserted = index.insert_tokens_hinted(ns, key, worker, tick, &hint);
+            assert!(inserted.is_ok(), "hinted insert: {inserted:?}");
+        }
         0..=79 => {
             let len = rng.usize(0..=universe.tokens[k].len());
             let inserted = if rng.bool() {
@@ -231,15 +280,17 @@ fn stress(writer_ops: u64, readers: usize) {
     })
     .expect("index");
     let stop = Arc::new(AtomicBool::new(false));
+    let records = Arc::new(Records::new(RECORDS_QUEUED_MAX));
     let mut handles = Vec::new();
     for r in 0..readers {
-        let (reader, universe, stop) = (
+        let (reader, universe, records, stop) = (
             index.reader().expect("reader"),
             Arc::clone(&universe),
+            Arc::clone(&records),
             Arc::clone(&stop),
         );
         handles.push(std::thread::spawn(move || {
-            reader_loop(reader, universe, stop, seed ^ r as u64)
+            reader_loop(reader, universe, records, stop, seed ^ r as u64)
         }));
     }
     let stalled = {
@@ -253,7 +304,7 @@ fn stress(writer_ops: u64, readers: usize) {
     let mut rng = fastrand::Rng::with_seed(seed);
     let max_pending = AtomicU64::new(0);
     for tick in 1..=writer_ops {
-        churn(&mut index, &universe, &mut rng, tick, 3_000);
+        churn(&mut index, &universe, &records, &mut rng, tick, 3_000);
         if tick % 1024 == 0 {
             max_pending.fetch_max(index.pending_reclaim() as u64, Ordering::Relaxed);
             std::thread::yield_now();
@@ -288,7 +339,14 @@ fn stress(writer_ops: u64, readers: usize) {
         0,
         "every reader handle is gone: all retired memory freed"
     );
-    eprintln!("{writer_ops} writer ops, {lookups} lookups, max pending {max_pending:?}");
+    let hints = index.hint_counts();
+    assert!(
+        hints.followed > 0,
+        "hinted records were followed: {hints:?}"
+    );
+    eprintln!(
+        "{writer_ops} writer ops, {lookups} lookups, max pending {max_pending:?}, hints {hints:?}"
+    );
 }
 
 #[test]

@@ -177,9 +177,13 @@ impl IndexUpkeep {
             self.model_names.insert(key.namespace.model, name.into());
         }
         let (ns, worker, tick) = (key.namespace, record.worker, record.tick);
+        // The data core's lookup hint lets the insert skip the prefix it already matched.
+        let hint = &key.hint;
         let inserted = match &key.key {
-            KeyData::Text(text) => self.writer.insert_text(ns, text, worker, tick),
-            KeyData::Tokens(tokens) => self.writer.insert_tokens(ns, tokens, worker, tick),
+            KeyData::Text(text) => self.writer.insert_text_hinted(ns, text, worker, tick, hint),
+            KeyData::Tokens(tokens) => self
+                .writer
+                .insert_tokens_hinted(ns, tokens, worker, tick, hint),
         };
         if let Err(e) = inserted {
             tracing::debug!("dispatch record dropped by the index: {e}");

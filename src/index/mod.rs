@@ -28,7 +28,9 @@ pub use keys::count_chars;
 use keys::{PageKeys, TextKeys};
 pub use raw::READERS_MAX;
 use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
-pub use tree::{KindGauges, KindMemory, KEY_ELEMENTS_MAX, MODELS_MAX, NAMESPACES_MAX};
+pub use tree::{
+    HintCounts, KindGauges, KindMemory, LookupHint, KEY_ELEMENTS_MAX, MODELS_MAX, NAMESPACES_MAX,
+};
 use tree::{SharedTree, TreeWriter, WriteCtx};
 
 /// The most tenants a lookup returns (the spec's "up to eight tenants of the deepest matched node").
@@ -243,12 +245,27 @@ impl IndexWriter {
         worker: WorkerId,
         tick: u64,
     ) -> Result<(), IndexError> {
+        self.insert_text_hinted(ns, text, worker, tick, &LookupHint::default())
+    }
+
+    /// `insert_text` of a key a reader looked up (`lookup_text_hinted`): the insert starts
+    /// where the lookup ended while its hint is still valid, else walks from the root.
+    pub fn insert_text_hinted(
+        &mut self,
+        ns: Namespace,
+        text: &str,
+        worker: WorkerId,
+        tick: u64,
+        hint: &LookupHint,
+    ) -> Result<(), IndexError> {
         let ctx = WriteCtx {
             tree: &self.shared.text,
             domain: &self.shared.domain,
             token: &self.token,
         };
-        let inserted = self.text.insert(&ctx, ns, text.as_bytes(), worker, tick);
+        let inserted = self
+            .text
+            .insert(&ctx, ns, text.as_bytes(), worker, tick, hint);
         self.reclaim_when_many_retired();
         inserted
     }
@@ -261,12 +278,25 @@ impl IndexWriter {
         worker: WorkerId,
         tick: u64,
     ) -> Result<(), IndexError> {
+        self.insert_tokens_hinted(ns, tokens, worker, tick, &LookupHint::default())
+    }
+
+    /// `insert_tokens` of a key a reader looked up (`lookup_tokens_hinted`); see
+    /// `insert_text_hinted`.
+    pub fn insert_tokens_hinted(
+        &mut self,
+        ns: Namespace,
+        tokens: &[u32],
+        worker: WorkerId,
+        tick: u64,
+        hint: &LookupHint,
+    ) -> Result<(), IndexError> {
         let ctx = WriteCtx {
             tree: &self.shared.tokens,
             domain: &self.shared.domain,
             token: &self.token,
         };
-        let inserted = self.tokens.insert(&ctx, ns, tokens, worker, tick);
+        let inserted = self.tokens.insert(&ctx, ns, tokens, worker, tick, hint);
         self.reclaim_when_many_retired();
         inserted
     }
@@ -339,6 +369,15 @@ impl IndexWriter {
             .reclaim(&shared.tokens, &shared.domain, &mut self.token)
     }
 
+    /// How inserts of both trees used their lookup hints (tests, debugging).
+    pub fn hint_counts(&self) -> HintCounts {
+        let (text, tokens) = (self.text.hint_counts(), self.tokens.hint_counts());
+        HintCounts {
+            followed: text.followed + tokens.followed,
+            stale: text.stale + tokens.stale,
+        }
+    }
+
     /// Retired items still waiting for a reader to pass a quiescent state.
     pub fn pending_reclaim(&self) -> usize {
         self.text.pending_reclaim() + self.tokens.pending_reclaim()
@@ -377,11 +416,16 @@ impl IndexWriter {
 
     /// A lookup on the writer's own view (the control core, tests).
     pub fn lookup_text(&self, ns: Namespace, text: &str) -> TreeMatch {
-        lookup_text(&self.shared, &self.token.guard(), ns, text)
+        lookup_text(&self.shared, &self.token.guard(), ns, text).0
     }
 
     /// A token lookup on the writer's own view.
     pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+        lookup_tokens(&self.shared, &self.token.guard(), ns, tokens).0
+    }
+
+    /// `lookup_tokens` with the hint for an insert of the same key (tests).
+    pub fn lookup_tokens_hinted(&self, ns: Namespace, tokens: &[u32]) -> (TreeMatch, LookupHint) {
         lookup_tokens(&self.shared, &self.token.guard(), ns, tokens)
     }
 }
@@ -446,6 +490,19 @@ impl IndexReader {
         self.guard().lookup_tokens(ns, tokens)
     }
 
+    /// `lookup_text`, with the hint a dispatch record of the same key carries to the writer
+    /// (`IndexWriter::insert_text_hinted`).
+    pub fn lookup_text_hinted(&self, ns: Namespace, text: &str) -> (TreeMatch, LookupHint) {
+        let guard = self.guard();
+        lookup_text(guard.shared, &guard.guard, ns, text)
+    }
+
+    /// `lookup_tokens`, with the hint for `IndexWriter::insert_tokens_hinted`.
+    pub fn lookup_tokens_hinted(&self, ns: Namespace, tokens: &[u32]) -> (TreeMatch, LookupHint) {
+        let guard = self.guard();
+        lookup_tokens(guard.shared, &guard.guard, ns, tokens)
+    }
+
     /// Announces that this core holds no index reference (once per event-loop turn): one load
     /// and, when the epoch moved, one store to this core's own cache line.
     pub fn quiesce(&mut self) {
@@ -483,12 +540,12 @@ pub struct ReadGuard<'r> {
 impl ReadGuard<'_> {
     /// Longest-prefix match of `text` in namespace `ns` (string tree).
     pub fn lookup_text(&self, ns: Namespace, text: &str) -> TreeMatch {
-        lookup_text(self.shared, &self.guard, ns, text)
+        lookup_text(self.shared, &self.guard, ns, text).0
     }
 
     /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
     pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
-        lookup_tokens(self.shared, &self.guard, ns, tokens)
+        lookup_tokens(self.shared, &self.guard, ns, tokens).0
     }
 }
 
@@ -516,24 +573,38 @@ fn tree_match<E: raw::Element>(
     found
 }
 
-fn lookup_text(shared: &Shared, guard: &Guard<'_>, ns: Namespace, text: &str) -> TreeMatch {
+fn lookup_text(
+    shared: &Shared,
+    guard: &Guard<'_>,
+    ns: Namespace,
+    text: &str,
+) -> (TreeMatch, LookupHint) {
     let bytes = text.as_bytes();
     let bytes = &bytes[..keys::Keying::floor(&TextKeys, bytes, KEY_ELEMENTS_MAX)];
     let walk = shared.text.walk(&TextKeys, guard, ns, bytes);
     let matched = count_chars(&bytes[..walk.matched]);
     let request = matched + count_chars(&text.as_bytes()[walk.matched..]);
-    tree_match(&walk, matched, request)
+    let hint = walk.hint(TreeKind::Text, bytes.len());
+    (tree_match(&walk, matched, request), hint)
 }
 
-fn lookup_tokens(shared: &Shared, guard: &Guard<'_>, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+fn lookup_tokens(
+    shared: &Shared,
+    guard: &Guard<'_>,
+    ns: Namespace,
+    tokens: &[u32],
+) -> (TreeMatch, LookupHint) {
     let keys = PageKeys {
         block_size: shared.block_size,
     };
     let capped = &tokens[..tokens.len().min(KEY_ELEMENTS_MAX)];
-    let walk = shared
-        .tokens
-        .walk(&keys, guard, ns, keys::Keying::trim(&keys, capped));
-    tree_match(&walk, walk.matched as u64, tokens.len() as u64)
+    let key = keys::Keying::trim(&keys, capped);
+    let walk = shared.tokens.walk(&keys, guard, ns, key);
+    let hint = walk.hint(TreeKind::Tokens, key.len());
+    (
+        tree_match(&walk, walk.matched as u64, tokens.len() as u64),
+        hint,
+    )
 }
 
 #[cfg(test)]

@@ -6,8 +6,13 @@
 //! The invariants everything here relies on:
 //! 1. One writer. Only the holder of the domain's single `WriterToken` publishes, retires or
 //!    reclaims; readers only load.
-//! 2. Child tables, namespace tables and labels are immutable once published. A change publishes
-//!    a new allocation with one `Release` store and retires the old one.
+//! 2. Namespace tables and labels are immutable once published. A change publishes a new
+//!    allocation with one `Release` store and retires the old one. A child table is rebuilt the
+//!    same way, except for two in-place writes readers tolerate: an entry appended into its
+//!    spare capacity (written before the new length is published with `Release`, so a reader
+//!    sees either the old length or the complete entry), and a child id swapped for a node
+//!    spelling the same edge (a split or merge above it: the old and the new child both read
+//!    correctly until the old one is reclaimed).
 //! 3. Retired memory is freed only after every online reader has announced a quiescent state
 //!    (stored the bumped epoch into its slot) since the retirement. A `Guard` is proof that its
 //!    reader has not announced one since it was created, so a reference borrowed from a guard
@@ -186,7 +191,6 @@ impl WriterToken {
 }
 
 /// One entry of a child table: the edge key of the child's first unit and the child's node id.
-/// A table is one allocation whose element 0 is a header holding the entry count in `key`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ChildEntry {
     /// The edge key (first character, or a hash of the first page).
@@ -195,12 +199,80 @@ pub struct ChildEntry {
     pub node: u32,
 }
 
+/// Child tables up to this many sorted entries are searched linearly; larger ones by bisection.
+const CHILDREN_LINEAR_MAX: usize = 8;
+/// Entries appended in place after a table's sorted part before the writer rebuilds it sorted:
+/// readers scan this unsorted tail linearly, and a wide node is copied once per this many
+/// inserts instead of once per insert.
+pub const TABLE_TAIL_MAX: usize = 8;
+
+/// One slot of a published child table. Slot 0 is the header: `key` holds the sorted length
+/// (high half) and the capacity (low half), both fixed for the allocation; `node` holds the
+/// published length. Atomics, because the writer appends slots and swaps child ids in place.
+#[derive(Debug, Default)]
+#[repr(C)]
+struct TableSlot {
+    key: AtomicU64,
+    node: AtomicU32,
+}
+
+/// A published child table as one guard sees it: a sorted part and an unsorted appended tail.
+#[derive(Clone, Copy, Debug)]
+pub struct Children<'g> {
+    sorted: &'g [TableSlot],
+    tail: &'g [TableSlot],
+}
+
+impl<'g> Children<'g> {
+    const EMPTY: Children<'static> = Children {
+        sorted: &[],
+        tail: &[],
+    };
+
+    /// Entries in the table.
+    pub fn len(&self) -> usize {
+        self.sorted.len() + self.tail.len()
+    }
+
+    /// Whether the table has no entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Every entry: the sorted part, then the tail in append order.
+    pub fn iter(&self) -> impl Iterator<Item = ChildEntry> + 'g {
+        self.sorted.iter().chain(self.tail).map(|slot| ChildEntry {
+            key: slot.key.load(Ordering::Relaxed),
+            node: slot.node.load(Ordering::Acquire),
+        })
+    }
+
+    /// The children whose edge key is `key` (several only for colliding page hashes).
+    pub fn with_key(&self, key: u64) -> impl Iterator<Item = u32> + 'g {
+        let key_of = |slot: &TableSlot| slot.key.load(Ordering::Relaxed);
+        let from = if self.sorted.len() <= CHILDREN_LINEAR_MAX {
+            let at = self.sorted.iter().position(|slot| key_of(slot) >= key);
+            at.unwrap_or(self.sorted.len())
+        } else {
+            self.sorted.partition_point(|slot| key_of(slot) < key)
+        };
+        let sorted = self.sorted[from..]
+            .iter()
+            .take_while(move |slot| key_of(slot) == key);
+        let tail = self.tail.iter().filter(move |slot| key_of(slot) == key);
+        // Acquire: a child id swapped in place names a node initialized before the swap.
+        sorted
+            .chain(tail)
+            .map(|slot| slot.node.load(Ordering::Acquire))
+    }
+}
+
 /// A radix tree node, 64 bytes. Fields are atomics because readers load them while the writer
 /// changes the child table and the tenant list.
 #[derive(Debug)]
 #[repr(C, align(64))]
 pub struct Node<E: Element> {
-    children: AtomicPtr<ChildEntry>,
+    children: AtomicPtr<TableSlot>,
     label_ptr: AtomicPtr<E>,
     label_len: AtomicU32,
     /// Where this node's label ends inside its allocation (a split may hand the allocation to
@@ -212,7 +284,15 @@ pub struct Node<E: Element> {
     depth_end: AtomicU32,
     mru_version: AtomicU32,
     mru: [AtomicU64; 2],
+    /// This slot's incarnation: a stamp unique to each initialization, 0 once the node is
+    /// retired. A reader hands it on in a lookup hint, and the writer uses the hint only while
+    /// the node still carries the same stamp (the same live node, not a reused slot).
+    stamp: AtomicU64,
 }
+
+// Nodes are one cache line each (the slab's segment size assumes it).
+const _: () = assert!(std::mem::size_of::<Node<u32>>() == 64);
+const _: () = assert!(std::mem::size_of::<Node<u8>>() == 64);
 
 impl<E: Element> Default for Node<E> {
     fn default() -> Self {
@@ -225,6 +305,7 @@ impl<E: Element> Default for Node<E> {
             depth_end: AtomicU32::new(0),
             mru_version: AtomicU32::new(0),
             mru: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
+            stamp: AtomicU64::new(0),
         }
     }
 }
@@ -239,19 +320,81 @@ const MRU_READ_RETRIES_MAX: usize = 64;
 
 impl<E: Element> Node<E> {
     /// The published child table (empty when the node has no children).
-    pub fn children<'g>(&'g self, _guard: &'g Guard<'_>) -> &'g [ChildEntry] {
+    pub fn children<'g>(&'g self, _guard: &'g Guard<'_>) -> Children<'g> {
         let table = self.children.load(Ordering::Acquire);
         if table.is_null() {
-            return &[];
+            return Children::EMPTY;
         }
-        // SAFETY: a non-null child pointer is a live table allocation (invariant 2, 3): written
-        // completely before its Release publication (paired with the Acquire above), never
-        // mutated, and freed only after a grace period that the guard's lifetime excludes.
-        // Element 0 is the header whose `key` is the entry count, so `1..=len` is in bounds.
+        // SAFETY: a non-null child pointer is a live table allocation of `capacity + 1` slots
+        // (invariant 2, 3), its header written before its Release publication (paired with the
+        // Acquire above) and freed only after a grace period that the guard's lifetime
+        // excludes. Slots `1..=len` were written before `len` was published with Release
+        // (paired with the Acquire load of `len`); `len <= capacity` (kept by the writer,
+        // clamped here), so the slices are in bounds. Slots are atomics: in-place writes by the
+        // writer are not data races.
         unsafe {
-            let len = (*table).key as usize;
-            std::slice::from_raw_parts(table.add(1), len)
+            let (sorted, capacity) = table_shape(table);
+            let len = ((*table).node.load(Ordering::Acquire) as usize).min(capacity);
+            let sorted = sorted.min(len);
+            Children {
+                sorted: std::slice::from_raw_parts(table.add(1), sorted),
+                tail: std::slice::from_raw_parts(table.add(1 + sorted), len - sorted),
+            }
         }
+    }
+
+    /// Slots of the child table's allocation (header included), 0 without a table: the
+    /// accounting of table memory (writer).
+    pub fn children_slots(&self, _writer: &WriterToken) -> usize {
+        let table = self.children.load(Ordering::Relaxed);
+        if table.is_null() {
+            return 0;
+        }
+        // SAFETY: the writer's own view of a live table (only the writer replaces or frees it).
+        unsafe { table_shape(table).1 + 1 }
+    }
+
+    /// Appends `entry` to the published child table in place (writer only); false (nothing
+    /// changed) when there is no table, no spare capacity, or the unsorted tail is full: the
+    /// writer then publishes a rebuilt table.
+    pub fn append_child(&self, entry: ChildEntry, _writer: &WriterToken) -> bool {
+        let table = self.children.load(Ordering::Relaxed);
+        if table.is_null() {
+            return false;
+        }
+        // SAFETY: the writer's own view of the node's live table (only the writer replaces or
+        // frees it, and it holds the token). `len < capacity`, so slot `len + 1` is inside the
+        // allocation; no reader reads it before the Release store of the new length below.
+        unsafe {
+            let (sorted, capacity) = table_shape(table);
+            let len = (*table).node.load(Ordering::Relaxed) as usize;
+            if len >= capacity || len - sorted.min(len) >= TABLE_TAIL_MAX {
+                return false;
+            }
+            let slot = &*table.add(len + 1);
+            slot.key.store(entry.key, Ordering::Relaxed);
+            slot.node.store(entry.node, Ordering::Relaxed);
+            (*table).node.store(len as u32 + 1, Ordering::Release);
+        }
+        true
+    }
+
+    /// Swaps child `old` for `new` (a node spelling the same edge) in place (writer only);
+    /// false when `old` is not in the table.
+    pub fn replace_child(&self, old: u32, new: u32, writer: &WriterToken) -> bool {
+        let guard = writer.guard();
+        let children = self.children(&guard);
+        let slot = children
+            .sorted
+            .iter()
+            .chain(children.tail)
+            .find(|slot| slot.node.load(Ordering::Relaxed) == old);
+        match slot {
+            // Release: `new` was initialized before readers can find it here.
+            Some(slot) => slot.node.store(new, Ordering::Release),
+            None => return false,
+        }
+        true
     }
 
     /// The label of this node's edge as seen from a parent at `depth_from` elements deep, or
@@ -294,6 +437,18 @@ impl<E: Element> Node<E> {
         self.depth_end.load(Ordering::Relaxed)
     }
 
+    /// The incarnation stamp (0: retired). Stable while a guard that reached the node lives,
+    /// except that retirement may clear it.
+    pub fn stamp(&self) -> u64 {
+        self.stamp.load(Ordering::Relaxed)
+    }
+
+    /// Sets the incarnation stamp (writer only): a fresh one when the slot is initialized, 0
+    /// when the node is retired.
+    pub fn set_stamp(&self, stamp: u64, _writer: &WriterToken) {
+        self.stamp.store(stamp, Ordering::Relaxed);
+    }
+
     /// The published tenants, most recently used first; `None` entries at the end.
     pub fn tenants(&self) -> ([u16; MRU_LEN], usize) {
         for _ in 0..MRU_READ_RETRIES_MAX {
@@ -325,7 +480,8 @@ impl<E: Element> Node<E> {
             .store(version.wrapping_add(2), Ordering::Release);
     }
 
-    /// Publishes a new child table (writer only) and returns the old one for retirement.
+    /// Publishes a new child table of `entries` sorted by key, with spare capacity for appends
+    /// (writer only), and returns the old one for retirement.
     pub fn publish_children(&self, entries: &[ChildEntry], _writer: &WriterToken) -> RetiredTable {
         let new = if entries.is_empty() {
             std::ptr::null_mut()
@@ -374,19 +530,42 @@ fn unpack_mru(words: [u64; 2]) -> ([u16; MRU_LEN], usize) {
     (ids, len)
 }
 
-fn table_alloc(entries: &[ChildEntry]) -> *mut ChildEntry {
-    let mut table = Vec::with_capacity(entries.len() + 1);
-    table.push(ChildEntry {
-        key: entries.len() as u64,
-        node: 0,
+/// Spare slots a table of `len` entries is built with: about a quarter more, at least 2 (a split
+/// node gets its second child right away), at most the tail a reader scans.
+fn table_spare(len: usize) -> usize {
+    (len / 4).clamp(2, TABLE_TAIL_MAX)
+}
+
+/// The sorted length and the capacity of a table, from its header.
+///
+/// # Safety
+/// `table` is a live table allocation made by `table_alloc`.
+unsafe fn table_shape(table: *const TableSlot) -> (usize, usize) {
+    // SAFETY: per the caller, slot 0 (the header) is live; its key is fixed at allocation.
+    let shape = unsafe { (*table).key.load(Ordering::Relaxed) };
+    ((shape >> 32) as usize, shape as u32 as usize)
+}
+
+fn table_alloc(entries: &[ChildEntry]) -> *mut TableSlot {
+    let capacity = entries.len() + table_spare(entries.len());
+    let mut table: Vec<TableSlot> = Vec::with_capacity(capacity + 1);
+    table.push(TableSlot {
+        key: AtomicU64::new(((entries.len() as u64) << 32) | capacity as u64),
+        node: AtomicU32::new(entries.len() as u32),
     });
-    table.extend_from_slice(entries);
-    Box::into_raw(table.into_boxed_slice()).cast::<ChildEntry>()
+    table.extend(entries.iter().map(|entry| TableSlot {
+        key: AtomicU64::new(entry.key),
+        node: AtomicU32::new(entry.node),
+    }));
+    // Readers search the entries part by key.
+    table[1..].sort_unstable_by_key(|slot| slot.key.load(Ordering::Relaxed));
+    table.resize_with(capacity + 1, TableSlot::default);
+    Box::into_raw(table.into_boxed_slice()).cast::<TableSlot>()
 }
 
 /// A child table taken out of a node, to be freed after a grace period.
 #[derive(Debug)]
-pub struct RetiredTable(*mut ChildEntry);
+pub struct RetiredTable(*mut TableSlot);
 
 impl RetiredTable {
     /// Frees the table.
@@ -399,11 +578,11 @@ impl RetiredTable {
             return;
         }
         // SAFETY: per the caller, unreachable; built by `table_alloc` as a boxed slice of
-        // `len + 1` entries whose header stores `len`.
+        // `capacity + 1` slots whose header stores `capacity`.
         unsafe {
-            let len = (*self.0).key as usize + 1;
+            let slots = table_shape(self.0).1 + 1;
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.0, len,
+                self.0, slots,
             )));
         }
     }
@@ -822,6 +1001,56 @@ mod tests {
         assert_eq!(&out[..len], &ids);
         let (_, empty) = unpack_mru(pack_mru(&[]));
         assert_eq!(empty, 0);
+    }
+
+    #[test]
+    fn child_tables_append_in_place_until_full_then_rebuild() {
+        let domain = Domain::default();
+        let mut writer = domain.take_writer().expect("writer");
+        let slab: Slab<u32> = Slab::default();
+        let node = slab.fresh(1, &writer).expect("fresh");
+        node.init(vec![7], 1, &[], &writer);
+        let parent = slab.node(1).expect("node");
+        let entry = |key: u64, node: u32| ChildEntry { key, node };
+        assert!(!parent.append_child(entry(1, 2), &writer), "no table yet");
+        node.init_children(&[entry(30, 3), entry(10, 4)], &writer);
+        let mut list = RetireList::default();
+        let mut appended = 0;
+        // Keys below, between and equal to the sorted ones land in the unsorted tail.
+        while parent.append_child(entry(20 - appended, 10 + appended as u32), &writer) {
+            appended += 1;
+        }
+        assert_eq!(appended, table_spare(2) as u64);
+        let guard = writer.guard();
+        let children = parent.children(&guard);
+        assert_eq!(children.len(), 2 + appended as usize);
+        assert_eq!(children.with_key(10).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(children.with_key(19).collect::<Vec<_>>(), vec![11]);
+        assert!(parent.replace_child(11, 40, &writer), "in the tail");
+        assert!(parent.replace_child(3, 41, &writer), "in the sorted part");
+        assert!(!parent.replace_child(99, 42, &writer));
+        let ids: Vec<u32> = parent.children(&guard).iter().map(|e| e.node).collect();
+        assert_eq!(ids, vec![4, 41, 10, 40]);
+        // A rebuild sorts everything, with fresh spare capacity; the old table is retired.
+        let mut entries: Vec<ChildEntry> = parent.children(&guard).iter().collect();
+        entries.push(entry(5, 50));
+        list.table(&domain, parent.publish_children(&entries, &writer));
+        let keys: Vec<u64> = parent.children(&guard).iter().map(|e| e.key).collect();
+        assert_eq!(keys, vec![5, 10, 19, 20, 30]);
+        assert_eq!(parent.children_slots(&writer), 1 + 5 + table_spare(5));
+        assert!(parent.append_child(entry(1, 51), &writer));
+        let wide: Vec<ChildEntry> = (0..40).map(|i| entry(i * 2, 100 + i as u32)).collect();
+        list.table(&domain, parent.publish_children(&wide, &writer));
+        // A wide table stops at the tail bound, before its capacity would.
+        let mut tail = 0;
+        while parent.append_child(entry(1 + 2 * tail, 200), &writer) {
+            tail += 1;
+        }
+        assert_eq!(tail as usize, TABLE_TAIL_MAX);
+        assert_eq!(parent.children(&guard).with_key(5).count(), 1);
+        assert_eq!(parent.children(&guard).with_key(6).count(), 1);
+        let mut ids = Vec::new();
+        assert_eq!(list.reclaim(&domain, &slab, &mut writer, &mut ids), 2);
     }
 
     #[test]

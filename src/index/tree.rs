@@ -2,12 +2,19 @@
 //! writer's private bookkeeping (`TreeWriter`): node metadata, tenant entries with their recency
 //! lists, per-model budgets, the namespace map and the retired-memory list.
 //!
-//! Every write builds the new state off to the side and publishes it with one `Release` store of
-//! a child table (copy-on-write), so a reader always sees either the old or the new path, never a
-//! torn one. A split keeps the lower node (its label allocation still holds the split-off part,
-//! so a reader arriving through a stale parent table still compares the right elements).
+//! Every write builds the new state off to the side and publishes it with one `Release` store,
+//! so a reader always sees either the old or the new path, never a torn one: a new child is
+//! appended into its parent's table and the table's length published (or the table rebuilt and
+//! its pointer published, copy-on-write, when it has no room), a split or merge swaps one child
+//! id for a node spelling the same edge. A split keeps the lower node (its label allocation still
+//! holds the split-off part, so a reader arriving through the old child still compares the right
+//! elements).
+//!
+//! An insert may start from a reader's `LookupHint` instead of the root; see `LookupHint` for
+//! when the writer trusts it.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::entries::{Chain, Entries, Entry, List, NIL};
 use super::keys::{common_prefix, Keying};
@@ -15,7 +22,7 @@ use super::raw::{
     ChildEntry, Domain, Element, FreshNode, Guard, Node, NsTable, NsTablePtr, RetireList, Slab,
     WriterToken, MRU_LEN, NODES_MAX,
 };
-use super::{Evicted, IndexError, Namespace};
+use super::{Evicted, IndexError, Namespace, TreeKind};
 use crate::workers::{WorkerId, WORKERS_MAX};
 
 /// The most elements of a key the index keeps: 64 Mi, above any accepted request body, so a
@@ -28,8 +35,40 @@ pub const NAMESPACES_MAX: usize = 1 << 22;
 pub const MODELS_MAX: usize = 1 << 16;
 /// Slots of the first namespace table; it doubles (rebuilt off to the side) at half load.
 const NS_CAPACITY_MIN: usize = 64;
-/// Child tables up to this many entries are searched linearly; larger ones by bisection.
-const CHILDREN_LINEAR_MAX: usize = 8;
+
+/// Hashes the writer's small integer keys (worker ids, node ids) with one multiply. These maps
+/// are keyed by ids the gateway assigns, never by client input, so SipHash's resistance to
+/// chosen collisions buys nothing there; namespaces (hashes of client fields) keep SipHash.
+#[derive(Clone, Copy, Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.write_u64(u64::from(*byte));
+        }
+    }
+
+    fn write_u16(&mut self, value: u16) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.write_u64(u64::from(value));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = (self.0.rotate_left(26) ^ value).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+
+    fn finish(&self) -> u64 {
+        // The multiply leaves its best bits high; hashbrown takes bucket bits from the low end.
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+/// A writer map keyed by gateway-assigned ids.
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 
 /// The published part of one tree kind.
 #[derive(Debug)]
@@ -64,17 +103,64 @@ pub struct Walk<'g, E: Element> {
     pub matched: usize,
     /// The deepest matched node (partly matched when the match ends inside its edge).
     pub node: Option<&'g Node<E>>,
+    /// The slab id of `node` (0 when there is none).
+    pub node_id: u32,
 }
 
-fn first_with_key(table: &[ChildEntry], key: u64) -> usize {
-    if table.len() <= CHILDREN_LINEAR_MAX {
-        table
-            .iter()
-            .position(|entry| entry.key >= key)
-            .unwrap_or(table.len())
-    } else {
-        table.partition_point(|entry| entry.key < key)
+impl<E: Element> Walk<'_, E> {
+    /// The hint a record of the same key carries to the writer (`key_len`: the key walked).
+    pub fn hint(&self, kind: TreeKind, key_len: usize) -> LookupHint {
+        match self.node {
+            Some(node) => LookupHint {
+                kind: Some(kind),
+                node: self.node_id,
+                stamp: node.stamp(),
+                matched: self.matched as u32,
+                key_len: key_len as u32,
+            },
+            None => LookupHint::default(),
+        }
     }
+}
+
+/// Where a reader's lookup of a key ended, carried by the dispatch record to the writer, whose
+/// insert of the same key then starts there instead of comparing the matched prefix again.
+///
+/// It names the deepest matched node by id and incarnation stamp. The writer follows it only
+/// while that node is still the same live node: a node keeps the string its root path spells
+/// for as long as it lives (splits above it keep the string, merges and evictions retire it and
+/// clear its stamp), so the reader's comparison still holds. A stale hint (node retired, slot
+/// reused, another namespace, another key) falls back to the full walk. The default is no hint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LookupHint {
+    kind: Option<TreeKind>,
+    node: u32,
+    stamp: u64,
+    /// Elements of the key matched, at a unit boundary.
+    matched: u32,
+    /// Elements of the key walked (after capping and trimming to whole units).
+    key_len: u32,
+}
+
+/// How the writer's inserts used their lookup hints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HintCounts {
+    /// Inserts that started where the lookup ended.
+    pub followed: u64,
+    /// Inserts whose hint was stale (or for another tree or key) and walked from the root.
+    pub stale: u64,
+}
+
+/// Where an insert starts: the namespace root, or the point a hint resumes from.
+#[derive(Clone, Copy, Debug)]
+struct Start {
+    /// The node to search children of first.
+    node: u32,
+    /// The depth at the end of `node`'s edge.
+    depth: usize,
+    /// A child of `node` whose edge is known to match the key for this many elements (the hint
+    /// ended inside that edge); its comparison resumes after them.
+    partial: Option<(u32, usize)>,
 }
 
 impl<E: Element> SharedTree<E> {
@@ -89,6 +175,7 @@ impl<E: Element> SharedTree<E> {
         let mut walk = Walk {
             matched: 0,
             node: None,
+            node_id: 0,
         };
         let table = self.namespaces.load(guard);
         let Some(root) = table.find(ns.model, ns.partition, ns_hash(ns)) else {
@@ -99,13 +186,8 @@ impl<E: Element> SharedTree<E> {
         };
         'down: while let Some(edge_key) = keys.edge_key(&query[walk.matched..]) {
             let rest = &query[walk.matched..];
-            let children = node.children(guard);
-            let from = first_with_key(children, edge_key);
-            for entry in children[from..]
-                .iter()
-                .take_while(|entry| entry.key == edge_key)
-            {
-                let Some(child) = self.slab.get(entry.node, guard) else {
+            for child_id in node.children(guard).with_key(edge_key) {
+                let Some(child) = self.slab.get(child_id, guard) else {
                     continue;
                 };
                 let Some(label) = child.label_from(walk.matched as u32, guard) else {
@@ -116,6 +198,7 @@ impl<E: Element> SharedTree<E> {
                     continue;
                 }
                 walk.node = Some(child);
+                walk.node_id = child_id;
                 walk.matched += common;
                 if common < label.len() {
                     break 'down;
@@ -180,7 +263,7 @@ struct ModelState {
     lru: List,
     units: u64,
     entries: u64,
-    worker_entries: HashMap<WorkerId, u64>,
+    worker_entries: IdMap<WorkerId, u64>,
 }
 
 /// Gauges of one model in one tree kind.
@@ -227,7 +310,7 @@ pub struct TreeWriter<K: Keying> {
     next_id: u32,
     retired: RetireList,
     namespaces: HashMap<Namespace, u32>,
-    root_ns: HashMap<u32, Namespace>,
+    root_ns: IdMap<u32, Namespace>,
     ns_slots_used: usize,
     ns_capacity: usize,
     models: Vec<ModelState>,
@@ -236,11 +319,17 @@ pub struct TreeWriter<K: Keying> {
     workers: Vec<List>,
     last_tick: u64,
     path: Vec<u32>,
+    /// The last incarnation stamp handed out (stamps start at 1; 0 marks a retired node).
+    last_stamp: u64,
+    hints: HintCounts,
     nodes_live: u64,
     label_elements: u64,
-    table_entries: u64,
+    /// Slots (header included) of every live child table allocation.
+    table_slots: u64,
     /// Child tables changed during an eviction or purge pass, published when it ends.
-    batch: Option<HashMap<u32, Vec<ChildEntry>>>,
+    batch: Option<IdMap<u32, Vec<ChildEntry>>>,
+    /// Where a changed child table is built before it is published (reused, not allocated).
+    scratch: Vec<ChildEntry>,
 }
 
 impl<K: Keying> TreeWriter<K> {
@@ -253,7 +342,7 @@ impl<K: Keying> TreeWriter<K> {
             next_id: 1,
             retired: RetireList::default(),
             namespaces: HashMap::new(),
-            root_ns: HashMap::new(),
+            root_ns: IdMap::default(),
             ns_slots_used: 0,
             ns_capacity: NS_CAPACITY_MIN,
             models: Vec::new(),
@@ -262,14 +351,18 @@ impl<K: Keying> TreeWriter<K> {
             workers: vec![List::default(); WORKERS_MAX],
             last_tick: 0,
             path: Vec::new(),
+            last_stamp: 0,
+            hints: HintCounts::default(),
             nodes_live: 0,
             label_elements: 0,
-            table_entries: 0,
+            table_slots: 0,
             batch: None,
+            scratch: Vec::new(),
         }
     }
 
-    /// Records that `worker` was sent `key` in namespace `ns` at `tick`.
+    /// Records that `worker` was sent `key` in namespace `ns` at `tick`; `hint` (from a lookup
+    /// of the same key, or the default) lets the walk start where that lookup ended.
     pub fn insert(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
@@ -277,6 +370,7 @@ impl<K: Keying> TreeWriter<K> {
         key: &[K::E],
         worker: WorkerId,
         tick: u64,
+        hint: &LookupHint,
     ) -> Result<(), IndexError> {
         if worker.index() >= WORKERS_MAX {
             return Err(IndexError::WorkerOutOfRange(worker));
@@ -291,7 +385,22 @@ impl<K: Keying> TreeWriter<K> {
         let root = self.root_for(ctx, ns)?;
         let mut path = std::mem::take(&mut self.path);
         path.clear();
-        let built = self.insert_path(ctx, root, key, &mut path);
+        let start = match self.resume_at(ctx, root, key, hint, &mut path) {
+            Some(start) => {
+                self.hints.followed += 1;
+                start
+            }
+            None => {
+                self.hints.stale += u64::from(hint.kind.is_some());
+                path.clear();
+                Start {
+                    node: root,
+                    depth: 0,
+                    partial: None,
+                }
+            }
+        };
+        let built = self.insert_path(ctx, start, key, worker, &mut path);
         // Deepest first: an ancestor's entry stays more recent than its descendants'.
         for id in path.iter().rev() {
             self.touch(ctx, *id, worker, tick);
@@ -303,17 +412,25 @@ impl<K: Keying> TreeWriter<K> {
     fn insert_path(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
-        root: u32,
+        start: Start,
         key: &[K::E],
+        worker: WorkerId,
         path: &mut Vec<u32>,
     ) -> Result<(), IndexError> {
         let guard = ctx.token.guard();
-        let (mut node, mut depth) = (root, 0usize);
+        let (mut node, mut depth, mut partial) = (start.node, start.depth, start.partial);
         while let Some(edge_key) = self.keys.edge_key(&key[depth..]) {
             let rest = &key[depth..];
-            match self.find_child(ctx, &guard, node, edge_key, rest, depth) {
+            let found = match partial.take() {
+                Some((child, known)) => {
+                    let found = self.continue_child(ctx, &guard, child, rest, depth, known);
+                    Some(found.ok_or(IndexError::NodesExhausted)?)
+                }
+                None => self.find_child(ctx, &guard, node, edge_key, rest, depth),
+            };
+            match found {
                 None => {
-                    let leaf = self.new_leaf(ctx, node, rest, depth)?;
+                    let leaf = self.new_leaf(ctx, node, rest, depth, worker)?;
                     self.add_child(ctx, node, edge_key, leaf);
                     path.push(leaf);
                     return Ok(());
@@ -345,19 +462,143 @@ impl<K: Keying> TreeWriter<K> {
         depth: usize,
     ) -> Option<(u32, usize, usize)> {
         let children = ctx.tree.slab.get(node, guard)?.children(guard);
-        let from = first_with_key(children, edge_key);
-        for entry in children[from..]
-            .iter()
-            .take_while(|entry| entry.key == edge_key)
-        {
-            let child = ctx.tree.slab.get(entry.node, guard)?;
+        for child_id in children.with_key(edge_key) {
+            let child = ctx.tree.slab.get(child_id, guard)?;
             let label = child.label_from(depth as u32, guard)?;
             let common = self.keys.floor(rest, common_prefix(label, rest));
             if common > 0 {
-                return Some((entry.node, common, label.len()));
+                return Some((child_id, common, label.len()));
             }
         }
         None
+    }
+
+    /// `find_child` for the child a hint named, whose first `known` elements already matched.
+    fn continue_child(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        guard: &Guard<'_>,
+        child: u32,
+        rest: &[K::E],
+        depth: usize,
+        known: usize,
+    ) -> Option<(u32, usize, usize)> {
+        let label = ctx
+            .tree
+            .slab
+            .get(child, guard)?
+            .label_from(depth as u32, guard)?;
+        let (label_rest, key_rest) = (label.get(known..)?, rest.get(known..)?);
+        let common = self
+            .keys
+            .floor(rest, known + common_prefix(label_rest, key_rest));
+        Some((child, common, label.len()))
+    }
+
+    /// The point a hint lets this insert start from, with the path above it pushed onto
+    /// `path`; `None` (walk from the root) when there is no hint or it is stale: for another
+    /// tree kind or key length, its node retired or its slot reused since the lookup (stamp),
+    /// or under another namespace's root.
+    fn resume_at(
+        &self,
+        ctx: &WriteCtx<'_, K::E>,
+        root: u32,
+        key: &[K::E],
+        hint: &LookupHint,
+        path: &mut Vec<u32>,
+    ) -> Option<Start> {
+        let matched = hint.matched as usize;
+        if hint.kind != Some(K::KIND)
+            || hint.key_len as usize != key.len()
+            || matched == 0
+            || matched > key.len()
+            || self.keys.floor(key, matched) != matched
+        {
+            return None;
+        }
+        let guard = ctx.token.guard();
+        let slab = &ctx.tree.slab;
+        if hint.stamp == 0 || slab.get(hint.node, &guard)?.stamp() != hint.stamp {
+            return None;
+        }
+        // The node whose edge holds the match's end: the hinted node, or an ancestor when a
+        // split since the lookup cut its edge at or below that depth. Each step up is at least
+        // one element shallower, so `matched` steps bound the climb.
+        let (mut at, mut parent) = (hint.node, self.meta.get(hint.node as usize)?.parent);
+        let mut edge_start = slab.get(parent, &guard)?.depth_end() as usize;
+        for _ in 0..matched {
+            if edge_start < matched || parent == 0 {
+                break;
+            }
+            at = parent;
+            parent = self.meta.get(at as usize)?.parent;
+            edge_start = slab.get(parent, &guard)?.depth_end() as usize;
+        }
+        let at_node = slab.get(at, &guard)?;
+        let edge_end = at_node.depth_end() as usize;
+        if parent == 0 || edge_start >= matched || edge_end < matched {
+            return None;
+        }
+        // The last matched element against the label: a hint paired with another key of the
+        // same length is caught here (the writer cannot afford to compare the whole prefix).
+        let label = at_node.label_from(edge_start as u32, &guard)?;
+        if label.get(matched - 1 - edge_start) != key.get(matched - 1) {
+            return None;
+        }
+        let start = if matched == edge_end {
+            Start {
+                node: at,
+                depth: edge_end,
+                partial: None,
+            }
+        } else {
+            Start {
+                node: parent,
+                depth: edge_start,
+                partial: Some((at, matched - edge_start)),
+            }
+        };
+        // The path from below the root down to the start node; it must end at this
+        // namespace's root (a node of another namespace's tree is a stale hint).
+        let first = path.len();
+        let mut up = start.node;
+        while up != root {
+            if up == 0 || path.len() - first > matched {
+                return None;
+            }
+            path.push(up);
+            up = self.meta.get(up as usize)?.parent;
+        }
+        path[first..].reverse();
+        debug_assert!(
+            self.spells(ctx, at, &key[..matched]),
+            "a valid hint's node spells the matched prefix"
+        );
+        Some(start)
+    }
+
+    /// Whether the path from the root to `node` spells `prefix` (its end may fall inside
+    /// `node`'s edge): the full check a hint saves, for debug assertions.
+    fn spells(&self, ctx: &WriteCtx<'_, K::E>, node: u32, prefix: &[K::E]) -> bool {
+        let guard = ctx.token.guard();
+        let slab = &ctx.tree.slab;
+        let mut at = node;
+        while !self.root_ns.contains_key(&at) {
+            let parent = self.meta[at as usize].parent;
+            let (Some(shared), Some(up)) = (slab.get(at, &guard), slab.get(parent, &guard)) else {
+                return false;
+            };
+            let (start, end) = (up.depth_end() as usize, shared.depth_end() as usize);
+            let Some(label) = shared.label_from(start as u32, &guard) else {
+                return false;
+            };
+            let end = end.min(prefix.len());
+            if start > end || label.get(..end - start) != prefix.get(start..end) {
+                return false;
+            }
+            at = parent;
+        }
+        true
     }
 
     fn alloc_node<'a>(
@@ -394,22 +635,51 @@ impl<K: Keying> TreeWriter<K> {
     ) {
         self.label_elements += label.len() as u64;
         fresh.init(label, depth_end as u32, meta.mru(), ctx.token);
-        self.meta[fresh.id() as usize] = meta;
+        self.stamp(ctx, fresh.id());
+        self.set_meta(fresh.id(), meta);
     }
 
+    /// Stores a new node's metadata. A new node usually starts without tenants: it then takes
+    /// over the slot's previous tenant list allocation (emptied when that node was retired), so
+    /// the churn of nodes does not allocate one list per node.
+    fn set_meta(&mut self, node: u32, mut meta: Meta) {
+        let slot = &mut self.meta[node as usize];
+        if meta.tenants.capacity() == 0 {
+            meta.tenants = std::mem::take(&mut slot.tenants);
+            meta.tenants.clear();
+        }
+        *slot = meta;
+    }
+
+    /// Gives a node just initialized its incarnation stamp (before any table publishes it).
+    fn stamp(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
+        self.last_stamp += 1;
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(node, &guard) {
+            shared.set_stamp(self.last_stamp, ctx.token);
+        }
+    }
+
+    /// A new leaf for `worker`, published with it as its one tenant (its entry is made when
+    /// the insert touches its path), so the touch need not publish the tenant list again.
     fn new_leaf(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
         parent: u32,
         rest: &[K::E],
         depth: usize,
+        worker: WorkerId,
     ) -> Result<u32, IndexError> {
         let fresh = self.alloc_node(ctx)?;
         let model = self.meta[parent as usize].model;
+        let mut mru = [0; MRU_LEN];
+        mru[0] = worker.0;
         let meta = Meta {
             parent,
             units: self.keys.units(rest),
             model,
+            mru,
+            mru_len: 1,
             ..Meta::default()
         };
         self.init_node(ctx, &fresh, rest.to_vec(), depth + rest.len(), meta);
@@ -435,29 +705,63 @@ impl<K: Keying> TreeWriter<K> {
         let Some(shared) = ctx.tree.slab.get(node, &guard) else {
             return;
         };
-        self.table_entries -= shared.children(&guard).len() as u64;
-        self.table_entries += entries.len() as u64;
+        self.table_slots -= shared.children_slots(ctx.token) as u64;
         let old = shared.publish_children(entries, ctx.token);
+        self.table_slots += shared.children_slots(ctx.token) as u64;
         self.retired.table(ctx.domain, old);
     }
 
     fn child_table(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Vec<ChildEntry> {
-        self.with_children(ctx, node, <[ChildEntry]>::to_vec)
+        let mut table = Vec::new();
+        self.children_into(ctx, node, &mut table);
+        table
     }
 
-    /// Calls `f` with `node`'s current children: the batch's pending table, else the published.
-    fn with_children<R>(
-        &self,
-        ctx: &WriteCtx<'_, K::E>,
-        node: u32,
-        f: impl FnOnce(&[ChildEntry]) -> R,
-    ) -> R {
+    /// Appends `node`'s current children to `out`: the batch's pending table, else the
+    /// published one.
+    fn children_into(&self, ctx: &WriteCtx<'_, K::E>, node: u32, out: &mut Vec<ChildEntry>) {
         if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
-            return f(pending);
+            out.extend_from_slice(pending);
+            return;
         }
         let guard = ctx.token.guard();
-        let published = ctx.tree.slab.get(node, &guard).map(|n| n.children(&guard));
-        f(published.unwrap_or(&[]))
+        if let Some(shared) = ctx.tree.slab.get(node, &guard) {
+            out.extend(shared.children(&guard).iter());
+        }
+    }
+
+    /// `node`'s current number of children (pending or published).
+    fn children_len(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> usize {
+        if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
+            return pending.len();
+        }
+        let guard = ctx.token.guard();
+        let shared = ctx.tree.slab.get(node, &guard);
+        shared.map_or(0, |shared| shared.children(&guard).len())
+    }
+
+    /// Whether `node` currently has no children (pending or published).
+    fn is_leaf(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> bool {
+        if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
+            return pending.is_empty();
+        }
+        let guard = ctx.token.guard();
+        let shared = ctx.tree.slab.get(node, &guard);
+        shared.is_none_or(|shared| shared.children(&guard).is_empty())
+    }
+
+    /// `node`'s current table in the reused scratch buffer, to be edited and published with
+    /// `publish_scratch`.
+    fn scratch_table(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Vec<ChildEntry> {
+        let mut table = std::mem::take(&mut self.scratch);
+        table.clear();
+        self.children_into(ctx, node, &mut table);
+        table
+    }
+
+    fn publish_scratch(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32, table: Vec<ChildEntry>) {
+        self.publish_children(ctx, node, &table);
+        self.scratch = table;
     }
 
     /// Opens a batch: child-table changes collect per node and are published once, at
@@ -465,7 +769,7 @@ impl<K: Keying> TreeWriter<K> {
     /// Readers meanwhile keep the old tables, whose nodes stay readable (nothing is reclaimed
     /// before the batch ends).
     fn begin_batch(&mut self) {
-        self.batch.get_or_insert_with(HashMap::new);
+        self.batch.get_or_insert_with(IdMap::default);
     }
 
     fn end_batch(&mut self, ctx: &WriteCtx<'_, K::E>) {
@@ -481,19 +785,39 @@ impl<K: Keying> TreeWriter<K> {
         }
     }
 
+    /// Adds a child: appended in place into the published table's spare capacity when it has
+    /// room, else the table is rebuilt (sorted, with new spare capacity) and republished.
     fn add_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, key: u64, child: u32) {
-        let mut table = self.child_table(ctx, parent);
-        let at = table.partition_point(|entry| entry.key <= key);
-        table.insert(at, ChildEntry { key, node: child });
-        self.publish_children(ctx, parent, &table);
+        let entry = ChildEntry { key, node: child };
+        if let Some(pending) = self.batch.as_mut().and_then(|batch| batch.get_mut(&parent)) {
+            pending.push(entry);
+            return;
+        }
+        let guard = ctx.token.guard();
+        let appended = ctx.tree.slab.get(parent, &guard);
+        if appended.is_some_and(|shared| shared.append_child(entry, ctx.token)) {
+            return;
+        }
+        let mut table = self.scratch_table(ctx, parent);
+        table.push(entry);
+        self.publish_scratch(ctx, parent, table);
     }
 
+    /// Swaps child `old` for `new`, which spells the same edge (a split or merge below
+    /// `parent`): in place in the published table (readers may follow either), or in the
+    /// batch's pending table.
     fn replace_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, old: u32, new: u32) {
-        let mut table = self.child_table(ctx, parent);
-        for entry in table.iter_mut().filter(|entry| entry.node == old) {
-            entry.node = new;
+        if let Some(pending) = self.batch.as_mut().and_then(|batch| batch.get_mut(&parent)) {
+            for entry in pending.iter_mut().filter(|entry| entry.node == old) {
+                entry.node = new;
+            }
+            return;
         }
-        self.publish_children(ctx, parent, &table);
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(parent, &guard) {
+            let replaced = shared.replace_child(old, new, ctx.token);
+            debug_assert!(replaced, "node {old} is a child of {parent}");
+        }
     }
 
     fn remove_child(&mut self, ctx: &WriteCtx<'_, K::E>, parent: u32, child: u32) {
@@ -507,9 +831,9 @@ impl<K: Keying> TreeWriter<K> {
                 return;
             }
         }
-        let mut table = self.child_table(ctx, parent);
+        let mut table = self.scratch_table(ctx, parent);
         table.retain(|entry| entry.node != child);
-        self.publish_children(ctx, parent, &table);
+        self.publish_scratch(ctx, parent, table);
     }
 
     /// The published table of `node` when the batch holds none for it yet.
@@ -574,7 +898,8 @@ impl<K: Keying> TreeWriter<K> {
             let end = shared.label_end() - (label.len() - common) as u32;
             let tenants = &mru[..usize::from(mru_len)];
             upper.init_taking_label(shared, end, (depth + common) as u32, tenants, ctx.token);
-            self.meta[upper.id() as usize] = meta;
+            self.stamp(ctx, upper.id());
+            self.set_meta(upper.id(), meta);
             fresh_lower.id()
         };
         let entry = ChildEntry {
@@ -582,7 +907,10 @@ impl<K: Keying> TreeWriter<K> {
             node: lower,
         };
         upper.init_children(&[entry], ctx.token);
-        self.table_entries += 1;
+        let guard = ctx.token.guard();
+        if let Some(shared) = ctx.tree.slab.get(upper.id(), &guard) {
+            self.table_slots += shared.children_slots(ctx.token) as u64;
+        }
         self.clone_entries_above(lower, upper.id());
         let lower_meta = &mut self.meta[lower as usize];
         lower_meta.parent = upper.id();
@@ -616,7 +944,7 @@ impl<K: Keying> TreeWriter<K> {
         for (_, id) in &self.meta[lower.id() as usize].tenants {
             self.entries.get_mut(*id).node = lower.id();
         }
-        for below in child.children(&guard) {
+        for below in child.children(&guard).iter() {
             self.meta[below.node as usize].parent = lower.id();
         }
     }
@@ -779,23 +1107,28 @@ impl<K: Keying> TreeWriter<K> {
         let guard = ctx.token.guard();
         if let Some(shared) = ctx.tree.slab.get(node, &guard) {
             self.label_elements -= u64::from(shared.owned_label_capacity());
+            // Hints naming this node are stale from now on.
+            shared.set_stamp(0, ctx.token);
         }
         self.retired.node(ctx.domain, node);
-        self.meta[node as usize] = Meta::default();
+        // Keeps the tenant list's allocation for the slot's next node (see `set_meta`).
+        let mut tenants = std::mem::take(&mut self.meta[node as usize].tenants);
+        tenants.clear();
+        self.meta[node as usize] = Meta {
+            tenants,
+            ..Meta::default()
+        };
         self.nodes_live -= 1;
     }
 
     /// Removes a node left without tenants (hence without children) and tidies its parent.
     fn remove_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
-        debug_assert!(
-            self.with_children(ctx, node, <[ChildEntry]>::is_empty),
-            "a node without tenants is a leaf"
-        );
+        debug_assert!(self.is_leaf(ctx, node), "a node without tenants is a leaf");
         let parent = self.meta[node as usize].parent;
         self.remove_child(ctx, parent, node);
         self.retire_node(ctx, node);
         if self.root_ns.contains_key(&parent) {
-            if self.with_children(ctx, parent, <[ChildEntry]>::is_empty) {
+            if self.is_leaf(ctx, parent) {
                 self.remove_namespace(ctx, parent);
             }
         } else {
@@ -809,11 +1142,12 @@ impl<K: Keying> TreeWriter<K> {
         if self.root_ns.contains_key(&node) {
             return;
         }
-        let only = self.with_children(ctx, node, |table| match table {
-            [only] => Some(*only),
-            _ => None,
-        });
-        let Some(only) = only else { return };
+        if self.children_len(ctx, node) != 1 {
+            return;
+        }
+        let Some(&only) = self.child_table(ctx, node).first() else {
+            return;
+        };
         let tenants = self.meta[node as usize].tenants.len();
         if self.meta[only.node as usize].tenants.len() == tenants {
             self.merge(ctx, node, only.node);
@@ -857,11 +1191,11 @@ impl<K: Keying> TreeWriter<K> {
         for (_, id) in std::mem::take(&mut self.meta[lower as usize].tenants) {
             self.drop_entry(id);
         }
-        for child in children {
+        for child in children.iter() {
             self.meta[child.node as usize].parent = heir;
         }
         self.replace_child(ctx, parent, upper, heir);
-        self.table_entries -= up.children(&guard).len() as u64;
+        self.table_slots -= up.children_slots(ctx.token) as u64;
         self.retired
             .table(ctx.domain, up.retire_children_in_place(ctx.token));
         self.retire_node(ctx, upper);
@@ -881,7 +1215,7 @@ impl<K: Keying> TreeWriter<K> {
             lru: List::default(),
             units: 0,
             entries: 0,
-            worker_entries: HashMap::new(),
+            worker_entries: IdMap::default(),
         });
         self.model_slots.insert(model, slot);
         Ok(slot)
@@ -993,6 +1327,11 @@ impl<K: Keying> TreeWriter<K> {
             .reclaim(domain, &tree.slab, token, &mut self.free_ids)
     }
 
+    /// How inserts used their hints so far.
+    pub fn hint_counts(&self) -> HintCounts {
+        self.hints
+    }
+
     /// Items waiting for a grace period.
     pub fn pending_reclaim(&self) -> usize {
         self.retired.len()
@@ -1036,7 +1375,7 @@ impl<K: Keying> TreeWriter<K> {
             nodes: self.nodes_live,
             slab_bytes: segments * segment_nodes * std::mem::size_of::<Node<K::E>>() as u64,
             label_bytes: self.label_elements * element,
-            table_bytes: (self.table_entries + self.nodes_live) * 16,
+            table_bytes: self.table_slots * 16,
             writer_bytes: writer as u64,
             pending_reclaim: self.retired.len() as u64,
         }

@@ -16,7 +16,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::recent::{KeyData, RecentDispatches};
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use super::{PolicyConfig, PolicyMetrics, RouteRequest, Router, WorkerRing, WorkerStatus};
-use crate::index::{IndexReader, Namespace, TreeMatch, MODELS_MAX};
+use crate::index::{IndexReader, LookupHint, Namespace, TreeMatch, MODELS_MAX};
 use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingInput, RoutingKey};
 use crate::workers::WorkerId;
 
@@ -29,6 +29,9 @@ pub struct RecordKey {
     pub key: KeyData,
     /// The model's name, sent the first time this core sees the model (for gauge labels).
     pub model_name: Option<Box<str>>,
+    /// Where this core's lookup of the key ended: the control core's insert starts there
+    /// while the hint is still valid (it checks), instead of comparing the prefix again.
+    pub hint: LookupHint,
 }
 
 /// The model half of a namespace: a hash of the model id.
@@ -44,6 +47,8 @@ pub struct CoreRouting {
     input: RoutingInput,
     namespace: Namespace,
     tree: Option<TreeMatch>,
+    /// The index lookup's hint for the prepared request's record (never the recent map's).
+    hint: LookupHint,
     recent: RecentDispatches,
     statuses: Vec<WorkerStatus>,
     ring: WorkerRing,
@@ -66,6 +71,7 @@ impl CoreRouting {
             input: RoutingInput::new(),
             namespace: Namespace::default(),
             tree: None,
+            hint: LookupHint::default(),
             recent: RecentDispatches::default(),
             statuses: Vec::new(),
             ring: WorkerRing::default(),
@@ -89,20 +95,27 @@ impl CoreRouting {
             partition: self.input.namespace().0,
         };
         self.tree = None;
+        self.hint = LookupHint::default();
         let key = self.input.key();
         if !self.router.uses_index() || key.is_empty() {
             return Ok(());
         }
-        let mut tree = match (&self.reader, key) {
-            (Some(reader), RoutingKey::Text(text)) => reader.lookup_text(self.namespace, text),
-            (Some(reader), RoutingKey::Tokens(tokens)) => {
-                reader.lookup_tokens(self.namespace, tokens)
+        let (mut tree, hint) = match (&self.reader, key) {
+            (Some(reader), RoutingKey::Text(text)) => {
+                reader.lookup_text_hinted(self.namespace, text)
             }
-            (None, _) => TreeMatch {
-                request_len: request_len(key),
-                ..TreeMatch::default()
-            },
+            (Some(reader), RoutingKey::Tokens(tokens)) => {
+                reader.lookup_tokens_hinted(self.namespace, tokens)
+            }
+            (None, _) => {
+                let miss = TreeMatch {
+                    request_len: request_len(key),
+                    ..TreeMatch::default()
+                };
+                (miss, LookupHint::default())
+            }
         };
+        self.hint = hint;
         let config = &self.router.config().cache_aware;
         // Only a miss can be a burst of a new prefix the index has not learned yet.
         if tree.ratio() <= config.cache_threshold {
@@ -177,6 +190,7 @@ impl CoreRouting {
             namespace: self.namespace,
             key: KeyData::of(self.input.key()),
             model_name,
+            hint: self.hint,
         })
     }
 
@@ -347,12 +361,13 @@ mod index_tests {
             });
             let worker = routing.choose(workers).unwrap();
             let record = routing.dispatch_record(worker, now_ms).unwrap();
+            let ns = record.namespace;
             match &record.key {
                 KeyData::Text(text) => writer
-                    .insert_text(record.namespace, text, worker, now_ms)
+                    .insert_text_hinted(ns, text, worker, now_ms, &record.hint)
                     .unwrap(),
                 KeyData::Tokens(tokens) => writer
-                    .insert_tokens(record.namespace, tokens, worker, now_ms)
+                    .insert_tokens_hinted(ns, tokens, worker, now_ms, &record.hint)
                     .unwrap(),
             }
             chosen.push(worker);
