@@ -258,6 +258,13 @@ impl WorkerSignals {
         self.load.load_full()
     }
 
+    /// The last load report for one routing decision: unlike `load`, it writes no shared
+    /// reference count (arc-swap's per-thread debt slots), so data cores reading every worker's
+    /// report per request do not bounce its cache line between them.
+    pub fn peek_load(&self) -> arc_swap::Guard<Option<Arc<LoadReport>>> {
+        self.load.load()
+    }
+
     /// Which load report is published: changes with every `set_load` and `reset`.
     pub fn load_generation(&self) -> u32 {
         self.load_generation.load(Ordering::Acquire)
