@@ -163,13 +163,19 @@ fn malformed_json_is_400_before_routing() {
     assert_eq!(branch(&gateway, "expected_wait_fallback"), 0.0);
 }
 
-fn in_flight_total(gateway: &Gateway) -> f64 {
+/// A per-worker gauge summed over workers.
+fn gauge_total(gateway: &Gateway, name: &str) -> f64 {
+    let prefix = format!("{name}{{");
     gateway
         .metrics()
         .lines()
-        .filter(|l| l.starts_with("smg_worker_requests_active{"))
+        .filter(|l| l.starts_with(&prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+fn in_flight_total(gateway: &Gateway) -> f64 {
+    gauge_total(gateway, "smg_worker_requests_active")
 }
 
 fn cancel_streams(count: usize) {
@@ -194,6 +200,12 @@ fn cancel_streams(count: usize) {
     }
     let drained = wait_until(Duration::from_secs(10), || in_flight_total(&gateway) == 0.0);
     assert!(drained, "in-flight credits leaked: {}", gateway.metrics());
+    for tokens in [
+        "kvgate_worker_queued_prompt_tokens",
+        "kvgate_worker_resident_prompt_tokens",
+    ] {
+        assert_eq!(gauge_total(&gateway, tokens), 0.0, "{}", gateway.metrics());
+    }
 }
 
 #[test]
@@ -208,12 +220,7 @@ fn ten_thousand_cancelled_streams_leak_no_in_flight_credit() {
 }
 
 fn credited_prompt_tokens(gateway: &Gateway) -> f64 {
-    gateway
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with("kvgate_worker_queued_prompt_tokens{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    gauge_total(gateway, "kvgate_worker_queued_prompt_tokens")
 }
 
 #[test]

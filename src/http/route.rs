@@ -139,7 +139,10 @@ impl Router {
                     && input.models.allows(w.id)
                     && !tried.contains(w.id),
                 in_flight: view.table.inflight(w.id),
-                load: signals.peek_load().as_deref().map(LoadReport::to_policy_load),
+                load: signals
+                    .peek_load()
+                    .as_deref()
+                    .map(LoadReport::to_policy_load),
                 credited_tokens: view.table.queued_tokens(w.id, generation),
                 resident_tokens: view.table.resident_tokens(w.id, generation),
                 drained_tokens: view.table.drained_tokens(w.id, generation),
