@@ -213,29 +213,24 @@ impl HttpClient {
     /// Reads the first chunk of a chunked response and returns the head's status; the rest
     /// is left unread (for client-disconnect tests).
     pub fn read_head_and_first_chunk(&mut self) -> u16 {
-        let started = Instant::now();
-        while !self.buf.windows(4).any(|w| w == b"\r\n\r\n") || self.buf.len() < 40 {
-            assert!(started.elapsed() < TIMEOUT, "no first chunk");
-            assert!(self.fill() > 0, "closed before the first chunk");
-        }
-        let text = String::from_utf8_lossy(&self.buf);
-        text.split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
+        self.read_until(|buf| buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() >= 40)
     }
 
     /// Reads until `needle` (e.g. `b"data:"`, the first SSE event) arrived after the head;
     /// returns the head's status and leaves the rest unread.
     pub fn read_until_body_contains(&mut self, needle: &[u8]) -> u16 {
-        let started = Instant::now();
-        let body_has_needle = |buf: &[u8]| {
+        self.read_until(|buf| {
             let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n");
             head_end.is_some_and(|end| buf[end..].windows(needle.len()).any(|w| w == needle))
-        };
-        while !body_has_needle(&self.buf) {
-            assert!(started.elapsed() < TIMEOUT, "no {needle:?} in the body");
-            assert!(self.fill() > 0, "closed before {needle:?}");
+        })
+    }
+
+    /// Reads until `done(buffer)`; returns the status of the head at the buffer's start.
+    fn read_until(&mut self, done: impl Fn(&[u8]) -> bool) -> u16 {
+        let started = Instant::now();
+        while !done(&self.buf) {
+            assert!(started.elapsed() < TIMEOUT, "response incomplete after {TIMEOUT:?}");
+            assert!(self.fill() > 0, "connection closed early");
         }
         let text = String::from_utf8_lossy(&self.buf);
         text.split(' ')
