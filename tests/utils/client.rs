@@ -229,7 +229,10 @@ impl HttpClient {
     fn read_until(&mut self, done: impl Fn(&[u8]) -> bool) -> u16 {
         let started = Instant::now();
         while !done(&self.buf) {
-            assert!(started.elapsed() < TIMEOUT, "response incomplete after {TIMEOUT:?}");
+            assert!(
+                started.elapsed() < TIMEOUT,
+                "response incomplete after {TIMEOUT:?}"
+            );
             assert!(self.fill() > 0, "connection closed early");
         }
         let text = String::from_utf8_lossy(&self.buf);
