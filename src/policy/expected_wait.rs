@@ -6,13 +6,14 @@
 //! requests of it whose first token came back since the report, plus the prompts every data core
 //! sent it since the report with no first token back yet (the report is up to
 //! `--load-monitor-interval` old). KV: the reported usage plus the prompts sent since that are
-//! still running. When no eligible worker reports load, the score is the in-flight request count.
+//! still running. A worker without a report is scored with the reporting workers' mean KV usage
+//! and no queue; when no eligible worker reports load, the score is the in-flight request count.
 //! Equal scores go to fewer requests in flight, then uniformly at random (reservoir sampling),
 //! never by slot order.
 
 use fastrand::Rng;
 
-use super::{CacheAwareConfig, WorkerStatus};
+use super::{CacheAwareConfig, WorkerLoad, WorkerStatus};
 
 /// Throughput assumed for a worker that reports 0 (idle) when no eligible worker reports a
 /// positive one: one engine's decode rate, order of magnitude. Only ratios between workers
@@ -36,6 +37,10 @@ pub struct Fleet {
     /// The throughput every worker's queued work is divided by: the mean of the positive
     /// reports, or [`THROUGHPUT_FALLBACK_TOKENS_PER_S`] when none is positive.
     throughput: f64,
+    /// What a worker without a report is scored with: the reporting workers' mean KV usage and
+    /// capacity (no queue). Neither a penalty nor a bonus: a worker whose first poll failed must
+    /// not look emptier than every engine that answered, and draw every miss until it answers.
+    unreported: WorkerLoad,
     /// True when at least one eligible worker reports load: score in seconds, else in requests.
     scores_reports: bool,
 }
@@ -46,11 +51,15 @@ impl Fleet {
         let (mut eligible, mut in_flight_sum) = (0u32, 0u64);
         let (mut throughput_sum, mut throughput_count) = (0.0f64, 0u32);
         let mut kv_usage_range: Option<(f64, f64)> = None;
+        let (mut reports, mut usage_sum, mut capacity_sum) = (0u32, 0.0f64, 0u64);
         for worker in workers.iter().filter(|w| w.eligible) {
             eligible += 1;
             in_flight_sum += u64::from(worker.in_flight);
             let Some(load) = worker.load else { continue };
             let usage = load.token_usage;
+            reports += 1;
+            usage_sum += usage;
+            capacity_sum = capacity_sum.saturating_add(load.kv_capacity_tokens);
             kv_usage_range = Some(match kv_usage_range {
                 None => (usage, usage),
                 Some((hi, lo)) => (hi.max(usage), lo.min(usage)),
@@ -65,6 +74,11 @@ impl Fleet {
         } else {
             throughput_sum / f64::from(throughput_count)
         };
+        let unreported = WorkerLoad {
+            token_usage: usage_sum / f64::from(reports.max(1)),
+            kv_capacity_tokens: capacity_sum / u64::from(reports.max(1)),
+            ..WorkerLoad::default()
+        };
         Fleet {
             eligible,
             in_flight_mean: if eligible == 0 {
@@ -74,6 +88,7 @@ impl Fleet {
             },
             kv_usage_range,
             throughput,
+            unreported,
             scores_reports: kv_usage_range.is_some(),
         }
     }
@@ -104,8 +119,7 @@ impl Fleet {
         if !self.scores_reports {
             return f64::from(worker.in_flight);
         }
-        // A worker without a report is never penalized for it: no backlog, no KV usage.
-        let load = worker.load.unwrap_or_default();
+        let load = worker.load.unwrap_or(self.unreported);
         // The report's queue less what is known to have left it since, plus what was sent since.
         let reported_queue = load
             .waiting_uncached_tokens

@@ -500,6 +500,21 @@ fn expected_wait_uses_token_work_and_kv_usage() {
 }
 
 #[test]
+fn a_worker_without_a_report_is_scored_as_the_fleet_mean_not_as_empty() {
+    // Its first poll failed while it took traffic: it must not draw every miss until it answers.
+    let mut workers = vec![reporting(0.4, 0); 3];
+    workers.push(WorkerStatus {
+        eligible: true,
+        in_flight: 12,
+        ..WorkerStatus::default()
+    });
+    for seed in 0..20 {
+        let picked = least_load(&workers, &mut Rng::with_seed(seed));
+        assert_ne!(picked, Some(WorkerId(3)), "seed {seed}");
+    }
+}
+
+#[test]
 fn a_worker_without_a_report_is_not_penalized() {
     let workers = vec![reporting(0.5, 4000), idle(1)[0]];
     assert_eq!(
