@@ -129,27 +129,31 @@ impl Router {
         view: WorkerView<'_>,
         tried: &TriedWorkers,
     ) -> Option<WorkerId> {
-        let workers = view.roster.workers.iter().map(|w| {
-            let signals = view.table.signals(w.id);
+        let workers = view
+            .roster
+            .workers
+            .iter()
+            .map(|w| (w.id, w.spec.url.as_str()));
+        let status_of = |id: WorkerId| {
+            let signals = view.table.signals(id);
             // Generation before report: a report published in between is read with the older
             // generation's credits, an overestimate that lasts one request.
             let generation = signals.load_generation();
-            let status = WorkerStatus {
-                eligible: view.table.is_eligible(w.id)
-                    && input.models.allows(w.id)
-                    && !tried.contains(w.id),
-                in_flight: view.table.inflight(w.id),
+            WorkerStatus {
+                eligible: view.table.is_eligible(id)
+                    && input.models.allows(id)
+                    && !tried.contains(id),
+                in_flight: view.table.inflight(id),
                 load: signals
                     .peek_load()
                     .as_deref()
                     .map(LoadReport::to_policy_load),
-                credited_tokens: view.table.queued_tokens(w.id, generation),
-                resident_tokens: view.table.resident_tokens(w.id, generation),
-                drained_tokens: view.table.drained_tokens(w.id, generation),
-            };
-            (w.id, w.spec.url.as_str(), status)
-        });
-        self.routing.choose(workers)
+                credited_tokens: view.table.queued_tokens(id, generation),
+                resident_tokens: view.table.resident_tokens(id, generation),
+                drained_tokens: view.table.drained_tokens(id, generation),
+            }
+        };
+        self.routing.choose(workers, status_of)
     }
 
     /// The prompt tokens the prepared request credits to its worker (`WorkerTable::credit`).

@@ -135,17 +135,22 @@ impl CoreRouting {
         self.input.model()
     }
 
-    /// Runs the policy over `workers`: `(id, url, status)` of every active worker, where a
-    /// worker already tried comes with `eligible: false` and `credited_tokens` holds the prompt
-    /// tokens every core sent it since its last load report that have no first token back yet.
-    /// The caller credits the chosen worker with [`CoreRouting::request_tokens`].
+    /// Runs the policy over `workers`, `(id, url)` of every active worker, with `status_of`
+    /// giving each one's status once per decision: a worker already tried comes with
+    /// `eligible: false`, and `credited_tokens` holds the prompt tokens every core sent it since
+    /// its last load report that have no first token back yet. The caller credits the chosen
+    /// worker with [`CoreRouting::request_tokens`].
     pub fn choose<'w>(
         &mut self,
-        workers: impl Iterator<Item = (WorkerId, &'w str, WorkerStatus)> + Clone,
+        workers: impl Iterator<Item = (WorkerId, &'w str)> + Clone,
+        mut status_of: impl FnMut(WorkerId) -> WorkerStatus,
     ) -> Option<WorkerId> {
-        self.refresh_ring(workers.clone().map(|(id, url, _)| (id, url)));
+        // The ring check walks the list twice more: statuses (atomics summed over cores, the
+        // load report) are read only in the loop below.
+        self.refresh_ring(workers.clone());
         self.statuses.clear();
-        for (id, _, status) in workers {
+        for (id, _) in workers {
+            let status = status_of(id);
             let slot = id.index();
             if self.statuses.len() <= slot {
                 self.statuses.resize(slot + 1, WorkerStatus::default());
@@ -268,15 +273,16 @@ mod tests {
                     10,
                 )
                 .unwrap();
-            let workers = urls.iter().enumerate().map(|(slot, url)| {
-                let status = WorkerStatus {
-                    eligible: true,
-                    in_flight: in_flight[slot],
-                    ..WorkerStatus::default()
-                };
-                (WorkerId(slot as u16), url.as_str(), status)
-            });
-            let worker = routing.choose(workers).unwrap();
+            let workers = urls
+                .iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
+            let status_of = |id: WorkerId| WorkerStatus {
+                eligible: true,
+                in_flight: in_flight[id.index()],
+                ..WorkerStatus::default()
+            };
+            let worker = routing.choose(workers, status_of).unwrap();
             in_flight[worker.index()] += 1;
             let record = routing.dispatch_record(worker, 10).unwrap();
             assert_eq!(record.namespace.model, model_hash("m"));
@@ -307,11 +313,11 @@ mod tests {
                 0,
             )
             .unwrap();
-        let status = WorkerStatus {
+        let status_of = |_| WorkerStatus {
             eligible: true,
             ..WorkerStatus::default()
         };
-        let worker = routing.choose(std::iter::once((WorkerId(0), "http://w0", status)));
+        let worker = routing.choose(std::iter::once((WorkerId(0), "http://w0")), status_of);
         assert_eq!(worker, Some(WorkerId(0)));
         assert_eq!(routing.dispatch_record(WorkerId(0), 0), None);
     }
@@ -352,14 +358,15 @@ mod index_tests {
                     now_ms,
                 )
                 .unwrap();
-            let workers = urls.iter().enumerate().map(|(slot, url)| {
-                let status = WorkerStatus {
-                    eligible: true,
-                    ..WorkerStatus::default()
-                };
-                (WorkerId(slot as u16), *url, status)
-            });
-            let worker = routing.choose(workers).unwrap();
+            let workers = urls
+                .iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), *url));
+            let status_of = |_| WorkerStatus {
+                eligible: true,
+                ..WorkerStatus::default()
+            };
+            let worker = routing.choose(workers, status_of).unwrap();
             let record = routing.dispatch_record(worker, now_ms).unwrap();
             let ns = record.namespace;
             match &record.key {
