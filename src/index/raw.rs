@@ -605,16 +605,7 @@ impl<E: Element> FreshNode<'_, E> {
     pub fn init(&self, label: Vec<E>, depth_end: u32, tenants: &[u16], writer: &WriterToken) {
         let len = label.len() as u32;
         let ptr = Box::into_raw(label.into_boxed_slice()).cast::<E>();
-        let old = self.node.label_ptr.swap(ptr, Ordering::Relaxed);
-        debug_assert!(old.is_null(), "a fresh node has no label");
-        self.node.label_len.store(len, Ordering::Relaxed);
-        self.node.label_end.store(len, Ordering::Relaxed);
-        self.node.label_owned.store(true, Ordering::Relaxed);
-        self.node.depth_end.store(depth_end, Ordering::Relaxed);
-        self.node
-            .children
-            .store(std::ptr::null_mut(), Ordering::Relaxed);
-        self.node.set_tenants(tenants, writer);
+        self.install((ptr, len, len), depth_end, tenants, writer);
     }
 
     /// Writes the node's depth and a label that is a prefix of `donor`'s allocation, ending at
@@ -635,12 +626,22 @@ impl<E: Element> FreshNode<'_, E> {
         donor.label_owned.store(false, Ordering::Relaxed);
         let ptr = donor.label_ptr.load(Ordering::Relaxed);
         let len = donor.label_len.load(Ordering::Relaxed);
+        self.install((ptr, len, label_end.min(len)), depth_end, tenants, writer);
+    }
+
+    /// Writes an owned label allocation `(ptr, len, label_end)`, the depth, no children and the
+    /// tenants of a fresh node.
+    fn install(
+        &self,
+        (ptr, len, label_end): (*mut E, u32, u32),
+        depth_end: u32,
+        tenants: &[u16],
+        writer: &WriterToken,
+    ) {
         let old = self.node.label_ptr.swap(ptr, Ordering::Relaxed);
         debug_assert!(old.is_null(), "a fresh node has no label");
         self.node.label_len.store(len, Ordering::Relaxed);
-        self.node
-            .label_end
-            .store(label_end.min(len), Ordering::Relaxed);
+        self.node.label_end.store(label_end, Ordering::Relaxed);
         self.node.label_owned.store(true, Ordering::Relaxed);
         self.node.depth_end.store(depth_end, Ordering::Relaxed);
         self.node
