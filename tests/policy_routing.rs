@@ -163,21 +163,6 @@ fn malformed_json_is_400_before_routing() {
     assert_eq!(branch(&gateway, "expected_wait_fallback"), 0.0);
 }
 
-/// A per-worker gauge summed over workers.
-fn gauge_total(gateway: &Gateway, name: &str) -> f64 {
-    let prefix = format!("{name}{{");
-    gateway
-        .metrics()
-        .lines()
-        .filter(|l| l.starts_with(&prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn in_flight_total(gateway: &Gateway) -> f64 {
-    gauge_total(gateway, "smg_worker_requests_active")
-}
-
 fn cancel_streams(count: usize) {
     let fleet = SimFleet::start(2, &[]);
     let gateway = Gateway::start(&fleet.urls(), &[]);
@@ -198,13 +183,15 @@ fn cancel_streams(count: usize) {
         assert_eq!(client.read_head_and_first_chunk(), 200);
         client.close();
     }
-    let drained = wait_until(Duration::from_secs(10), || in_flight_total(&gateway) == 0.0);
+    let drained = wait_until(Duration::from_secs(10), || {
+        gateway.metric_sum("smg_worker_requests_active") == 0.0
+    });
     assert!(drained, "in-flight credits leaked: {}", gateway.metrics());
     for tokens in [
         "kvgate_worker_queued_prompt_tokens",
         "kvgate_worker_resident_prompt_tokens",
     ] {
-        assert_eq!(gauge_total(&gateway, tokens), 0.0, "{}", gateway.metrics());
+        assert_eq!(gateway.metric_sum(tokens), 0.0, "{}", gateway.metrics());
     }
 }
 
@@ -217,10 +204,6 @@ fn cancelled_streams_leak_no_in_flight_credit() {
 #[ignore = "long: 10,000 cancelled streams (run with --ignored)"]
 fn ten_thousand_cancelled_streams_leak_no_in_flight_credit() {
     cancel_streams(10_000);
-}
-
-fn credited_prompt_tokens(gateway: &Gateway) -> f64 {
-    gauge_total(gateway, "kvgate_worker_queued_prompt_tokens")
 }
 
 #[test]
@@ -243,20 +226,27 @@ fn prompt_tokens_are_queued_work_until_the_first_token_then_the_request_still_co
     client.send_raw(head.as_bytes());
     client.send_raw(body.as_bytes());
     let queued = wait_until(Duration::from_millis(500), || {
-        credited_prompt_tokens(&gateway) >= 400.0
+        gateway.metric_sum("kvgate_worker_queued_prompt_tokens") >= 400.0
     });
     assert!(queued, "no queued work credited: {}", gateway.metrics());
     assert_eq!(client.read_until_body_contains(b"data:"), 200);
     // The prefill is done: its tokens leave the queue, the request stays in flight (decoding).
     assert_eq!(
-        credited_prompt_tokens(&gateway),
+        gateway.metric_sum("kvgate_worker_queued_prompt_tokens"),
         0.0,
         "{}",
         gateway.metrics()
     );
-    assert_eq!(in_flight_total(&gateway), 1.0, "{}", gateway.metrics());
+    assert_eq!(
+        gateway.metric_sum("smg_worker_requests_active"),
+        1.0,
+        "{}",
+        gateway.metrics()
+    );
     client.close();
-    let drained = wait_until(Duration::from_secs(10), || in_flight_total(&gateway) == 0.0);
+    let drained = wait_until(Duration::from_secs(10), || {
+        gateway.metric_sum("smg_worker_requests_active") == 0.0
+    });
     assert!(drained, "in-flight credits leaked: {}", gateway.metrics());
 }
 

@@ -260,4 +260,14 @@ impl Gateway {
             .find_map(|value| value.trim().parse().ok())
             .unwrap_or(0.0)
     }
+
+    /// The sum of every series of the family `name` in `/metrics`, whatever its labels.
+    pub fn metric_sum(&self, name: &str) -> f64 {
+        let (labelled, bare) = (format!("{name}{{"), format!("{name} "));
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(&labelled) || l.starts_with(&bare))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
 }
