@@ -166,6 +166,7 @@ fn fleet(rng: &mut Rng) -> Vec<WorkerStatus> {
             credited_tokens: rng.u64(0..4_000),
             resident_tokens: rng.u64(0..40_000),
             drained_tokens: rng.u64(0..2_000),
+            recent_placements: rng.f64() * 100.0,
         })
         .collect()
 }
@@ -208,6 +209,7 @@ fn bench_decide(c: &mut Criterion) {
                             Some(black_box(&tree)),
                             &workers,
                             &config,
+                            tokens as u64,
                             &mut decision_rng,
                         );
                         black_box(d)
@@ -222,12 +224,19 @@ fn bench_decide(c: &mut Criterion) {
                             Some(black_box(&tree)),
                             &workers,
                             &config,
+                            tokens as u64,
                             &mut decision_rng,
                         ))
                     })
                 },
             );
-            let d = cache_aware::select(Some(&tree), &workers, &config, &mut decision_rng);
+            let d = cache_aware::select(
+                Some(&tree),
+                &workers,
+                &config,
+                tokens as u64,
+                &mut decision_rng,
+            );
             checksum += d.map_or(0, |d| u64::from(d.worker.0) + 1);
         }
     }
@@ -283,6 +292,7 @@ fn bench_decide_logging(c: &mut Criterion) {
                 Some(black_box(&tree)),
                 &workers,
                 &cache_aware_config,
+                8192,
                 &mut decision_rng,
             ))
         })

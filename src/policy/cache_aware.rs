@@ -10,7 +10,8 @@ use crate::index::{TreeMatch, MATCH_TENANTS_MAX};
 use crate::workers::WorkerId;
 
 /// Routes one request. `tree` is the lookup result in the request's index (string or token tree
-/// under its model and partition), `None` when the request has no key to look up. Returns `None`
+/// under its model and partition), `None` when the request has no key to look up;
+/// `request_tokens` its prompt tokens (the dispatch credit; estimated for text). Returns `None`
 /// only when no worker is eligible (the gateway answers 503). Step 7 (record) is the caller's:
 /// it inserts the request's key for `Decision::worker` whatever the branch, so a spill target or a
 /// KV-pressure pick becomes an additional holder.
@@ -18,6 +19,7 @@ pub fn select(
     tree: Option<&TreeMatch>,
     workers: &[WorkerStatus],
     config: &CacheAwareConfig,
+    request_tokens: u64,
     rng: &mut Rng,
 ) -> Option<Decision> {
     // 1. Eligible workers; their mean in-flight count is the spill gate's baseline.
@@ -45,8 +47,9 @@ pub fn select(
     };
     let match_ratio = tree.ratio();
     if match_ratio <= config.cache_threshold {
-        // 6. Cache miss: lowest expected wait.
-        let slot = fleet.lowest_wait(workers, all_slots, rng)?;
+        // 6. Cache miss: lowest expected wait, preferring the worker whose prefixes draw the
+        //    least traffic among those about as quick (it will hold this new prefix too).
+        let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
         return Some(decide(Branch::ExpectedWaitFallback, slot, match_ratio));
     }
     let mut candidates = Candidates::eligible_tenants(tree, workers);

@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::placements::Placements;
 use super::recent::{KeyData, RecentDispatches};
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
-use super::{PolicyConfig, PolicyMetrics, RouteRequest, Router, WorkerRing, WorkerStatus};
+use super::{Branch, PolicyConfig, PolicyMetrics, RouteRequest, Router, WorkerRing, WorkerStatus};
 use crate::index::{IndexReader, LookupHint, Namespace, TreeMatch, MODELS_MAX};
 use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingInput, RoutingKey};
 use crate::workers::WorkerId;
@@ -50,6 +51,10 @@ pub struct CoreRouting {
     /// The index lookup's hint for the prepared request's record (never the recent map's).
     hint: LookupHint,
     recent: RecentDispatches,
+    /// This core's decayed counts of new prefixes placed per worker (cache_aware's misses).
+    placements: Placements,
+    /// The gateway tick of the prepared request.
+    now_ms: u64,
     statuses: Vec<WorkerStatus>,
     ring: WorkerRing,
     ring_members: Vec<(WorkerId, String)>,
@@ -73,6 +78,8 @@ impl CoreRouting {
             tree: None,
             hint: LookupHint::default(),
             recent: RecentDispatches::default(),
+            placements: Placements::default(),
+            now_ms: 0,
             statuses: Vec::new(),
             ring: WorkerRing::default(),
             ring_members: Vec::new(),
@@ -90,6 +97,7 @@ impl CoreRouting {
         now_ms: u64,
     ) -> Result<(), RequestError> {
         extract(endpoint, body, headers, &mut self.input)?;
+        self.now_ms = now_ms;
         self.namespace = Namespace {
             model: model_hash(self.input.model()),
             partition: self.input.namespace().0,
@@ -150,7 +158,10 @@ impl CoreRouting {
         self.refresh_ring(workers.clone());
         self.statuses.clear();
         for (id, _) in workers {
-            let status = status_of(id);
+            let status = WorkerStatus {
+                recent_placements: self.placements.of(id, self.now_ms),
+                ..status_of(id)
+            };
             let slot = id.index();
             if self.statuses.len() <= slot {
                 self.statuses.resize(slot + 1, WorkerStatus::default());
@@ -163,16 +174,20 @@ impl CoreRouting {
             workers: &self.statuses,
             ring: &self.ring,
         };
-        Some(self.router.route(&request)?.worker)
+        let route = self.router.route(&request)?;
+        if route
+            .cache_aware
+            .is_some_and(|d| d.branch == Branch::ExpectedWaitFallback)
+        {
+            self.placements.add(route.worker, self.now_ms);
+        }
+        Some(route.worker)
     }
 
     /// The prompt tokens a dispatch of the prepared request credits to its worker: token IDs
     /// counted, text estimated at [`PREFIX_HASH_CHARS_PER_TOKEN`] characters per token.
     pub fn request_tokens(&self) -> u64 {
-        match self.input.key() {
-            RoutingKey::Tokens(tokens) => tokens.len() as u64,
-            RoutingKey::Text(text) => (text.len() / PREFIX_HASH_CHARS_PER_TOKEN) as u64,
-        }
+        prompt_tokens(self.input.key())
     }
 
     /// The index key of the prepared request (cache_aware only: other policies do not build the
@@ -229,11 +244,29 @@ impl CoreRouting {
         if same {
             return;
         }
+        // A slot whose URL changed (or that left) is another worker now, holding none of ours.
+        for (id, url) in &self.ring_members {
+            if !workers
+                .clone()
+                .any(|(now_id, now_url)| now_id == *id && now_url == url)
+            {
+                self.placements.forget(*id);
+            }
+        }
         self.ring_members = workers
             .clone()
             .map(|(id, url)| (id, url.to_owned()))
             .collect();
         self.ring = WorkerRing::new(workers);
+    }
+}
+
+/// The prompt tokens of a routing key: token IDs counted, text estimated at
+/// [`PREFIX_HASH_CHARS_PER_TOKEN`] bytes per token.
+pub(super) fn prompt_tokens(key: RoutingKey<'_>) -> u64 {
+    match key {
+        RoutingKey::Tokens(tokens) => tokens.len() as u64,
+        RoutingKey::Text(text) => (text.len() / PREFIX_HASH_CHARS_PER_TOKEN) as u64,
     }
 }
 
@@ -296,6 +329,35 @@ mod tests {
         assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
         assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 1);
         assert_eq!(metrics.branch_count(Branch::TreeMatch), 9);
+    }
+
+    #[test]
+    fn new_prefixes_spread_by_how_many_each_worker_was_given() {
+        // Idle workers, no load reports, no in-flight feedback: only this core's placement
+        // counts tell them apart, so 16 unrelated prompts land two on each of 8 workers.
+        let (mut routing, metrics) = routing();
+        let urls: Vec<String> = (0..8).map(|i| format!("http://w{i}")).collect();
+        let mut counts = [0u32; 8];
+        for i in 0..16u8 {
+            let prompt = char::from(b'a' + i).to_string().repeat(40);
+            let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
+            let headers = RoutingHeaders::default();
+            routing
+                .prepare(Endpoint::Completions, headers, body.as_bytes(), 10)
+                .unwrap();
+            let workers = urls
+                .iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
+            let status_of = |_| WorkerStatus {
+                eligible: true,
+                ..WorkerStatus::default()
+            };
+            let worker = routing.choose(workers, status_of).unwrap();
+            counts[worker.index()] += 1;
+        }
+        assert_eq!(counts, [2; 8]);
+        assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 16);
     }
 
     #[test]

@@ -170,6 +170,65 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Step 6's pick for a cache miss of `request_tokens` prompt tokens: the worker that takes a
+    /// new prefix also takes the requests that will share it, so among the eligible workers that
+    /// would start this request about as soon as the least-waiting one (less than half this
+    /// request's own work later), the one given the fewest new prefixes lately
+    /// (`WorkerStatus::recent_placements`); then fewer in flight, then uniformly at random.
+    ///
+    /// Without it a group of requests stays wherever its first request happened to find an idle
+    /// engine, and engines that drew more or more popular first requests stay busier for as long
+    /// as those prefixes are cached (the spill gate opens only far above the mean).
+    ///
+    /// A burst of misses does not pile onto the least-dispatched worker: each dispatch credits
+    /// its worker with the request's tokens at once, which moves it out of the window (half a
+    /// request) for the next miss. `None` when no worker is eligible.
+    pub fn lowest_wait_for_new_prefix(
+        &self,
+        workers: &[WorkerStatus],
+        request_tokens: u64,
+        rng: &mut Rng,
+    ) -> Option<usize> {
+        let eligible = || workers.iter().enumerate().filter(|(_, w)| w.eligible);
+        let least = eligible()
+            .map(|(_, worker)| self.expected_wait(worker))
+            .fold(f64::INFINITY, f64::min);
+        if !least.is_finite() {
+            return None;
+        }
+        // Half this request's own work in the scorer's unit: seconds, or one request in flight.
+        let slack = if self.scores_reports {
+            0.5 * request_tokens as f64 / self.throughput
+        } else {
+            0.5
+        };
+        let mut best: Option<(usize, (f64, u32))> = None;
+        let mut ties = 0u32;
+        for (slot, worker) in eligible() {
+            let wait = self.expected_wait(worker);
+            if wait > least && wait >= least + slack {
+                continue;
+            }
+            let score = (worker.recent_placements, worker.in_flight);
+            match best {
+                Some((_, best_score)) if score > best_score => {}
+                Some((_, best_score)) if score == best_score => {
+                    ties += 1;
+                    if rng.u32(..ties) == 0 {
+                        best = Some((slot, score));
+                    }
+                }
+                _ => {
+                    best = Some((slot, score));
+                    ties = 1;
+                }
+            }
+        }
+        best.map(|(slot, _)| slot)
+    }
+}
+
 /// KV penalty in seconds for a usage between 0 and 1.
 fn kv_penalty_s(usage: f64) -> f64 {
     let usage = if usage.is_finite() {

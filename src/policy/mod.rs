@@ -18,6 +18,7 @@ mod data_core;
 mod expected_wait;
 mod hashing;
 mod metrics;
+mod placements;
 mod recent;
 mod router;
 mod simple;
@@ -29,6 +30,7 @@ pub use data_core::{model_hash, CoreRouting, RecordKey};
 pub use expected_wait::{Fleet, SpillGate};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
+pub use placements::{Placements, PLACEMENT_HALF_LIFE_MS};
 pub use recent::{KeyData, RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
 pub use router::{IndexKind, Route, RouteRequest, Router, LOG_TARGET};
 pub use simple::{
@@ -73,6 +75,11 @@ pub struct WorkerStatus {
     /// Prompt tokens of requests dispatched before the last load report whose first token came
     /// back after it: the part of the report's queue known to have drained.
     pub drained_tokens: u64,
+    /// New prefixes (cache misses) this data core placed on the worker lately, each weighing
+    /// less as it ages ([`PLACEMENT_HALF_LIFE_MS`]): the traffic those prefixes will draw. A
+    /// cache miss prefers the worker given the fewest among those that would start it about as
+    /// soon.
+    pub recent_placements: f64,
 }
 
 /// Which step of the decision flow chose the worker.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use fastrand::Rng;
 
+use super::data_core::prompt_tokens;
 use super::{
     cache_aware, simple, Decision, PolicyConfig, PolicyKind, PolicyMetrics, WorkerRing,
     WorkerStatus,
@@ -135,7 +136,9 @@ impl Router {
 
     fn route_cache_aware(&mut self, request: &RouteRequest<'_>) -> Option<Route> {
         let config = &self.config.cache_aware;
-        let decision = cache_aware::select(request.tree, request.workers, config, &mut self.rng)?;
+        let tokens = prompt_tokens(request.input.key());
+        let decision =
+            cache_aware::select(request.tree, request.workers, config, tokens, &mut self.rng)?;
         self.metrics.record(&decision);
         tracing::debug!(
             target: LOG_TARGET,

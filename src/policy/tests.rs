@@ -72,7 +72,8 @@ fn decide(
     config: &CacheAwareConfig,
     seed: u64,
 ) -> Decision {
-    select(tree, workers, config, &mut Rng::with_seed(seed)).expect("an eligible worker")
+    let tokens = tree.map_or(0, |t| u64::from(t.request_len));
+    select(tree, workers, config, tokens, &mut Rng::with_seed(seed)).expect("an eligible worker")
 }
 
 /// How often each worker is chosen over `runs` seeds.
@@ -92,10 +93,10 @@ fn step1_no_eligible_worker_is_no_decision() {
     workers.iter_mut().for_each(|w| w.eligible = false);
     let tree = matched(10, 10, &[0]);
     assert_eq!(
-        select(Some(&tree), &workers, &cfg(), &mut Rng::with_seed(1)),
+        select(Some(&tree), &workers, &cfg(), 10, &mut Rng::with_seed(1)),
         None
     );
-    assert_eq!(select(None, &[], &cfg(), &mut Rng::with_seed(1)), None);
+    assert_eq!(select(None, &[], &cfg(), 0, &mut Rng::with_seed(1)), None);
 }
 
 #[test]
@@ -339,6 +340,50 @@ fn step6_a_miss_goes_to_the_lowest_expected_wait_ties_at_random() {
     );
 }
 
+#[test]
+fn step6_a_miss_goes_to_the_quickest_worker_given_the_fewest_new_prefixes() {
+    // Equal waits: the worker given the fewest new prefixes lately takes this one.
+    let mut workers: Vec<WorkerStatus> = (0..4).map(|_| reporting(0.1, 0)).collect();
+    for (worker, recent) in workers.iter_mut().zip([50.0, 10.0, 30.0, 20.0]) {
+        worker.recent_placements = recent;
+    }
+    let tree = matched(0, 1000, &[]);
+    for seed in 0..50 {
+        let d = decide(Some(&tree), &workers, &cfg(), seed);
+        assert_eq!(
+            (d.branch, d.worker),
+            (Branch::ExpectedWaitFallback, WorkerId(1))
+        );
+    }
+    // Less than half this request's work (500 tokens) behind the quickest: still preferred.
+    workers[1].load = reporting(0.1, 499).load;
+    assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(1));
+    // Half a request or more behind: the quickest of the rest, by the same rule.
+    workers[1].load = reporting(0.1, 500).load;
+    assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(3));
+    // The placement counts never pick a worker that is not eligible.
+    workers[3].eligible = false;
+    assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(2));
+}
+
+#[test]
+fn step6_a_burst_of_new_prefixes_spreads_despite_uneven_placement_counts() {
+    // Each dispatch credits its worker with the request's tokens (as the gateway does), which
+    // moves it out of the window: 16 distinct misses land two on each of 8 workers.
+    let mut workers: Vec<WorkerStatus> = (0..8).map(|_| reporting(0.1, 0)).collect();
+    for (i, worker) in workers.iter_mut().enumerate() {
+        worker.recent_placements = (i * 7 % 8) as f64;
+    }
+    let tree = matched(0, 2048, &[]);
+    let mut counts = [0u32; 8];
+    for seed in 0..16 {
+        let d = decide(Some(&tree), &workers, &cfg(), seed);
+        counts[d.worker.index()] += 1;
+        workers[d.worker.index()].credited_tokens += 2048;
+    }
+    assert_eq!(counts, [2; 8]);
+}
+
 // ---- Step 7 and the data path's loop: record, credit, replicate ----
 
 /// A minimal stand-in for the index and the data path: one prompt family, tenants most recent
@@ -356,7 +401,7 @@ impl Burst {
             64,
             &self.tenants,
         );
-        let d = select(Some(&tree), &self.workers, &cfg(), rng).expect("eligible");
+        let d = select(Some(&tree), &self.workers, &cfg(), 64, rng).expect("eligible");
         let worker = &mut self.workers[d.worker.index()];
         worker.in_flight += 1;
         worker.credited_tokens += 64;
