@@ -27,7 +27,7 @@ pub use args::{
     CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyArgsError, PolicyConfig, PolicyKind,
 };
 pub use data_core::{model_hash, CoreRouting, RecordKey};
-pub use expected_wait::{Fleet, SpillGate};
+pub use expected_wait::{Fleet, SpillGate, NEW_PREFIX_WAIT_SLACK};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
 pub use placements::{Placements, PLACEMENT_HALF_LIFE_MS};

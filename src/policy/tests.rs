@@ -355,14 +355,21 @@ fn step6_a_miss_goes_to_the_quickest_worker_given_the_fewest_new_prefixes() {
             (Branch::ExpectedWaitFallback, WorkerId(1))
         );
     }
-    // Less than half this request's work (500 tokens) behind the quickest: still preferred.
-    workers[1].load = reporting(0.1, 499).load;
+    // Less than an eighth of this request's work (125 tokens) behind the quickest: still
+    // preferred.
+    workers[1].load = reporting(0.1, 124).load;
     assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(1));
-    // Half a request or more behind: the quickest of the rest, by the same rule.
-    workers[1].load = reporting(0.1, 500).load;
+    // That far or more behind: the quickest of the rest, by the same rule.
+    workers[1].load = reporting(0.1, 125).load;
     assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(3));
     // The placement counts never pick a worker that is not eligible.
     workers[3].eligible = false;
+    assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(2));
+    // Nor one with more requests in flight than both the least-waiting worker and the mean
+    // (busier decoding); at or below the mean it still may.
+    workers[2].in_flight = 1;
+    assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(0));
+    workers[1].in_flight = 3;
     assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(2));
 }
 
