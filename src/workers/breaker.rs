@@ -225,8 +225,10 @@ pub struct WorkerSignals {
     overloaded: AtomicBool,
     draining: AtomicBool,
     load: ArcSwapOption<LoadReport>,
-    /// Bumped after every `set_load` and `reset`: dispatch credits taken under an older
-    /// generation are already in (or older than) the published report.
+    /// Bumped after every report published by `set_load`, and by `reset`: dispatch credits
+    /// taken under an older generation are already in (or older than) the published report. A
+    /// failed poll (`set_load(None)`) does not bump it: no report counted those dispatches, so
+    /// their credits still stand for the work the worker has.
     load_generation: AtomicU32,
 }
 
@@ -265,7 +267,8 @@ impl WorkerSignals {
         self.load.load()
     }
 
-    /// Which load report is published: changes with every `set_load` and `reset`.
+    /// Which load report is published: changes with every report `set_load` publishes and with
+    /// `reset`, not when a failed poll withdraws the report.
     pub fn load_generation(&self) -> u32 {
         self.load_generation.load(Ordering::Acquire)
     }
@@ -284,8 +287,11 @@ impl WorkerSignals {
     pub fn set_load(&self, report: Option<LoadReport>, overload: &OverloadConfig) {
         self.overloaded
             .store(overload.is_overloaded(report.as_ref()), Ordering::Release);
+        let reported = report.is_some();
         self.load.store(report.map(Arc::new));
-        self.load_generation.fetch_add(1, Ordering::Release);
+        if reported {
+            self.load_generation.fetch_add(1, Ordering::Release);
+        }
     }
 
     /// Back to a fresh slot (closed, not overloaded, not draining, no load). Control core only,

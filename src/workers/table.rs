@@ -389,6 +389,26 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_poll_keeps_the_credits_no_report_counted() {
+        let table = table(1, 1);
+        let signals = table.signals(WorkerId(0));
+        let generation = || signals.load_generation();
+        let queued = || table.queued_tokens(WorkerId(0), generation());
+        let report = crate::workers::load::LoadReport::default();
+        signals.set_load(Some(report.clone()), &Default::default());
+        let credit = table.credit(0, WorkerId(0), 300);
+        // The poll fails: the report is withdrawn, but nothing counted the 300 tokens since.
+        signals.set_load(None, &Default::default());
+        assert!(signals.load().is_none());
+        assert_eq!(queued(), 300);
+        // The next report counts them: the credit voids.
+        signals.set_load(Some(report), &Default::default());
+        assert_eq!(queued(), 0);
+        drop(credit);
+        assert_eq!(table.inflight(WorkerId(0)), 0);
+    }
+
+    #[test]
     fn roster_holds_exact_urls_and_header_lines() {
         let table = table(1, 2);
         let roster = table.roster();
