@@ -6,7 +6,8 @@
 //!   criterion prints the cost per KB.
 //! - `decide/*`: extraction plus `cache_aware::select` (16 workers with load reports, a prefix
 //!   match on 4 tenants) for 1k / 8k / 32k-token prompts, text (chat) and token (`/generate`)
-//!   bodies. The index lookup is the index's own benchmark and is not included.
+//!   bodies; `select_only_*` the decision alone, `select_miss_*` the same request as a cache miss
+//!   (step 6's placement over all 16 workers). The index lookup is the index's own benchmark.
 //! - `decide_logging/*`: the data core's whole decision (`Router::route`: select, the branch
 //!   counters and the `Cache-aware selection` debug line) with no subscriber, with the production
 //!   filter `info` (the debug line off), and with `smg::policies::cache_aware=debug` writing to a
@@ -230,14 +231,36 @@ fn bench_decide(c: &mut Criterion) {
                     })
                 },
             );
-            let d = cache_aware::select(
-                Some(&tree),
-                &workers,
-                &config,
-                tokens as u64,
-                &mut decision_rng,
+            // The same request as a cache miss: step 6's placement over the whole fleet.
+            let miss = TreeMatch {
+                matched_len: 0,
+                tenants_len: 0,
+                ..tree
+            };
+            group.bench_function(
+                BenchmarkId::new(format!("select_miss_{name}"), tokens),
+                |b| {
+                    b.iter(|| {
+                        black_box(cache_aware::select(
+                            Some(black_box(&miss)),
+                            &workers,
+                            &config,
+                            tokens as u64,
+                            &mut decision_rng,
+                        ))
+                    })
+                },
             );
-            checksum += d.map_or(0, |d| u64::from(d.worker.0) + 1);
+            for tree in [&tree, &miss] {
+                let d = cache_aware::select(
+                    Some(tree),
+                    &workers,
+                    &config,
+                    tokens as u64,
+                    &mut decision_rng,
+                );
+                checksum += d.map_or(0, |d| u64::from(d.worker.0) + 1);
+            }
         }
     }
     group.finish();

@@ -9,7 +9,8 @@
 //! still running. A worker without a report is scored with the reporting workers' mean KV usage
 //! and no queue; when no eligible worker reports load, the score is the in-flight request count.
 //! Equal scores go to fewer requests in flight, then uniformly at random (reservoir sampling),
-//! never by slot order.
+//! never by slot order. A cache miss may go a little later to a worker given fewer new prefixes
+//! ([`Fleet::lowest_wait_for_new_prefix`]), since the requests sharing its prefix will follow it.
 
 use fastrand::Rng;
 
