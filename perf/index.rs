@@ -314,6 +314,19 @@ pub enum Record {
     Text,
 }
 
+impl Record {
+    /// The eviction budget that keeps the recorded tree at its size: the token tree's tokens,
+    /// or the string tree's characters. (One budget evicts both trees, so token records also
+    /// shrink a larger string tree: text records are measured first.)
+    pub fn budget(self, fixture: &Fixture) -> u64 {
+        let (tokens, chars) = fixture.units();
+        match self {
+            Record::Tokens | Record::LookupThenTokens => tokens,
+            Record::Text => chars,
+        }
+    }
+}
+
 /// Turns generated ahead of one timed chunk (bounds the memory of pre-generated prompts).
 const RECORD_CHUNK: usize = 256;
 
@@ -457,7 +470,10 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     let cold: Vec<Vec<u32>> = (0..COLD_QUERIES).map(|_| fixture.next_turn()).collect();
     let (cold_lookups, _) = time_token_lookups_over(&fixture, &cold, COLD_QUERIES);
     drop(cold);
-    let budget = fixture.units().0;
+    // Text records first: the token records' eviction would shrink the string tree.
+    let text_budget = Record::Text.budget(&fixture);
+    let text_insert = time_records(&mut fixture, sizes.inserts / 4, Record::Text, text_budget);
+    let budget = Record::Tokens.budget(&fixture);
     let insert = time_records(&mut fixture, sizes.inserts, Record::Tokens, budget);
     let both = time_records(
         &mut fixture,
@@ -465,7 +481,6 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         Record::LookupThenTokens,
         budget,
     );
-    let text_insert = time_records(&mut fixture, sizes.inserts / 4, Record::Text, budget);
     let (busy_ns, busy_records) = time_lookups_while_writing(&mut fixture, sizes.lookups);
     let (bytes_token, bytes_char) = bytes_per_unit(&fixture);
     drop(fixture);
@@ -524,7 +539,7 @@ pub fn profile_loop(kind: &str, records: usize) -> String {
     };
     let with_text = record == Record::Text;
     let mut fixture = Fixture::build(prompt, sizes.workers[0], sizes.tree_units, 2, with_text);
-    let budget = fixture.units().0;
+    let budget = record.budget(&fixture);
     let samples = time_records(&mut fixture, records, record, budget);
     format!(
         "{kind}: {:.0} ns per record (median of batches)",
@@ -544,7 +559,6 @@ pub fn for_each_case(sizes: &Sizes, run: &mut dyn FnMut(&str, String, Body<'_>))
             let tree_units = sizes.tree_units.max(16 * prompt as u64);
             let seed = prompt as u64 ^ u64::from(workers);
             let fixture = std::cell::RefCell::new(Fixture::new(prompt, workers, tree_units, seed));
-            let budget = fixture.borrow().units().0;
             let group = format!("index/{prompt}tok/{workers}w");
             run(
                 &group,
@@ -567,12 +581,14 @@ pub fn for_each_case(sizes: &Sizes, run: &mut dyn FnMut(&str, String, Body<'_>))
                     cpu_now().saturating_sub(started)
                 }),
             );
+            // Text first: the token records' eviction would shrink the string tree.
             let records = [
+                ("record_text", Record::Text),
                 ("record_tokens", Record::Tokens),
                 ("lookup_plus_record_tokens", Record::LookupThenTokens),
-                ("record_text", Record::Text),
             ];
             for (name, record) in records {
+                let budget = record.budget(&fixture.borrow());
                 run(
                     &group,
                     format!("{name}/{prompt}"),
