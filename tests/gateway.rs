@@ -350,7 +350,11 @@ fn stale_pooled_connections_are_retried_on_a_fresh_one() {
         "each request reached the worker once"
     );
     assert_eq!(origin.accepted_connections(), 10);
-    assert!(gateway.metric("kvgate_upstream_retries_total") >= 1.0);
+    let stale = gateway.metric("kvgate_upstream_stale_connections_total");
+    assert!(stale >= 1.0, "{stale}");
+    assert_eq!(gateway.metric("kvgate_upstream_retries_total"), stale);
+    // No request failed: a stale pooled socket is not a worker error.
+    assert_eq!(gateway.metric("kvgate_upstream_closed_errors_total"), 0.0);
 }
 
 #[test]

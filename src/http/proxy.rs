@@ -158,7 +158,14 @@ pub async fn proxy_request(
                 return Ok(forwarded.forwarded);
             }
             Err(failure) => {
-                note_failure(core, worker, &failure);
+                // A pooled socket the worker had closed is not the worker failing a request:
+                // counted apart, retried on a fresh connection (after an engine restart every
+                // pooled connection to it fails once this way).
+                if failure.on_reused_connection && failure.error.may_retry() {
+                    core.metrics().incr(Counter::UpstreamStaleConnections);
+                } else {
+                    note_failure(core, worker, &failure);
+                }
                 if !failure.error.may_retry() {
                     return Err(failure.error);
                 }

@@ -36,6 +36,9 @@ pub enum Counter {
     UpstreamTimeouts,
     /// Upstream attempts retried after a refused or reset connection.
     UpstreamRetries,
+    /// Pooled worker connections found closed before any response byte (an engine restarted,
+    /// or closed an idle connection): retried on a fresh connection, not counted as errors.
+    UpstreamStaleConnections,
     /// Clients that went away before their response was complete.
     DownstreamAborts,
     /// Dispatch records dropped because a data core's queue to the control core was full.
@@ -53,7 +56,7 @@ impl Counter {
 }
 
 /// Name and help of each `Counter`, in variant order.
-const COUNTER_DEFS: [(&str, &str); 12] = [
+const COUNTER_DEFS: [(&str, &str); 13] = [
     (
         "kvgate_downstream_connections_accepted_total",
         "Client connections accepted.",
@@ -85,6 +88,10 @@ const COUNTER_DEFS: [(&str, &str); 12] = [
     (
         "kvgate_upstream_retries_total",
         "Upstream attempts retried.",
+    ),
+    (
+        "kvgate_upstream_stale_connections_total",
+        "Pooled worker connections found closed before the response began (retried on a fresh connection).",
     ),
     (
         "kvgate_downstream_aborts_total",
