@@ -47,8 +47,8 @@ pub fn select(
     };
     let match_ratio = tree.ratio();
     if match_ratio <= config.cache_threshold {
-        // 6. Cache miss: lowest expected wait, preferring the worker whose prefixes draw the
-        //    least traffic among those about as quick (it will hold this new prefix too).
+        // 6. Cache miss: lowest expected wait, or about as quick and given fewer new prefixes
+        //    lately (the requests that will share this one follow it).
         let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
         return Some(decide(Branch::ExpectedWaitFallback, slot, match_ratio));
     }

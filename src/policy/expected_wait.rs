@@ -151,41 +151,23 @@ impl Fleet {
         slots: impl Iterator<Item = usize>,
         rng: &mut Rng,
     ) -> Option<usize> {
-        let mut best: Option<(usize, (f64, u32))> = None;
-        let mut ties = 0u32;
+        let mut pick = LowestPick::default();
         for slot in slots {
             let Some(worker) = workers.get(slot).filter(|w| w.eligible) else {
                 continue;
             };
-            let score = (self.expected_wait(worker), worker.in_flight);
-            match best {
-                Some((_, best_score)) if score > best_score => {}
-                Some((_, best_score)) if score == best_score => {
-                    // Reservoir sampling: the k-th tie replaces the pick with probability 1/k.
-                    ties += 1;
-                    if rng.u32(..ties) == 0 {
-                        best = Some((slot, score));
-                    }
-                }
-                _ => {
-                    best = Some((slot, score));
-                    ties = 1;
-                }
-            }
+            pick.offer(slot, (self.expected_wait(worker), worker.in_flight), rng);
         }
-        best.map(|(slot, _)| slot)
+        pick.slot()
     }
-}
 
-impl Fleet {
     /// Step 6's pick for a cache miss of `request_tokens` prompt tokens. The worker that takes a
     /// new prefix also takes the requests that will share it, so the pick may trade a little
     /// wait for balance: it starts from the worker [`Fleet::lowest_wait`] would pick, and any
     /// eligible worker with no more requests in flight than that one or than the fleet mean,
     /// that would start this request less than [`NEW_PREFIX_WAIT_SLACK`] of its own work later,
-    /// may take it instead; among those, the one
-    /// given the fewest new prefixes lately (`WorkerStatus::recent_placements`), then the lower
-    /// wait, then uniformly at random.
+    /// may take it instead. Among those: the one given the fewest new prefixes lately
+    /// (`WorkerStatus::recent_placements`), then the lower wait, then uniformly at random.
     ///
     /// Without it a group of requests stays wherever its first request happened to find an idle
     /// engine, and engines that drew more first requests stay busier for as long as those
@@ -214,32 +196,56 @@ impl Fleet {
         } else {
             NEW_PREFIX_WAIT_SLACK
         };
-        let mut best: Option<(usize, (f64, f64))> = None;
-        let mut ties = 0u32;
+        let mut pick = LowestPick::default();
         for (slot, worker) in eligible() {
             let wait = self.expected_wait(worker);
             let later = wait > least_wait && wait >= least_wait + slack;
             let busier = worker.in_flight > least_in_flight
                 && f64::from(worker.in_flight) > self.in_flight_mean;
-            if later || busier {
-                continue;
-            }
-            let score = (worker.recent_placements, wait);
-            match best {
-                Some((_, best_score)) if score > best_score => {}
-                Some((_, best_score)) if score == best_score => {
-                    ties += 1;
-                    if rng.u32(..ties) == 0 {
-                        best = Some((slot, score));
-                    }
-                }
-                _ => {
-                    best = Some((slot, score));
-                    ties = 1;
-                }
+            if !later && !busier {
+                pick.offer(slot, (worker.recent_placements, wait), rng);
             }
         }
-        best.map(|(slot, _)| slot)
+        pick.slot()
+    }
+}
+
+/// The slot with the lowest score offered, equal scores uniformly at random.
+#[derive(Debug)]
+struct LowestPick<S> {
+    best: Option<(usize, S)>,
+    ties: u32,
+}
+
+impl<S> Default for LowestPick<S> {
+    fn default() -> Self {
+        LowestPick {
+            best: None,
+            ties: 0,
+        }
+    }
+}
+
+impl<S: PartialOrd + Copy> LowestPick<S> {
+    fn offer(&mut self, slot: usize, score: S, rng: &mut Rng) {
+        match self.best {
+            Some((_, best)) if score > best => {}
+            Some((_, best)) if score == best => {
+                // Reservoir sampling: the k-th tie replaces the pick with probability 1/k.
+                self.ties += 1;
+                if rng.u32(..self.ties) == 0 {
+                    self.best = Some((slot, score));
+                }
+            }
+            _ => {
+                self.best = Some((slot, score));
+                self.ties = 1;
+            }
+        }
+    }
+
+    fn slot(&self) -> Option<usize> {
+        self.best.map(|(slot, _)| slot)
     }
 }
 

@@ -30,7 +30,7 @@ pub use data_core::{model_hash, CoreRouting, RecordKey};
 pub use expected_wait::{Fleet, SpillGate, NEW_PREFIX_WAIT_SLACK};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
-pub use placements::{Placements, PLACEMENT_HALF_LIFE_MS};
+pub use placements::PLACEMENT_HALF_LIFE_MS;
 pub use recent::{KeyData, RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
 pub use router::{IndexKind, Route, RouteRequest, Router, LOG_TARGET};
 pub use simple::{

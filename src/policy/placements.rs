@@ -19,7 +19,7 @@ use crate::workers::WorkerId;
 pub const PLACEMENT_HALF_LIFE_MS: u64 = 60_000;
 
 #[derive(Clone, Copy, Debug, Default)]
-struct Rate {
+struct Decayed {
     /// Decayed placement count as of `at_ms`.
     count: f64,
     at_ms: u64,
@@ -28,39 +28,39 @@ struct Rate {
 /// Decayed placement counts, one per worker slot.
 #[derive(Debug, Default)]
 pub struct Placements {
-    rates: Vec<Rate>,
+    counts: Vec<Decayed>,
 }
 
-fn decayed(rate: Rate, now_ms: u64) -> f64 {
-    let age = now_ms.saturating_sub(rate.at_ms) as f64;
-    rate.count * (-age / PLACEMENT_HALF_LIFE_MS as f64).exp2()
+fn decayed(count: Decayed, now_ms: u64) -> f64 {
+    let age = now_ms.saturating_sub(count.at_ms) as f64;
+    count.count * (-age / PLACEMENT_HALF_LIFE_MS as f64).exp2()
 }
 
 impl Placements {
     /// Counts one new prefix placed on `worker` at `now_ms`.
     pub fn add(&mut self, worker: WorkerId, now_ms: u64) {
         let slot = worker.index();
-        if self.rates.len() <= slot {
-            self.rates.resize(slot + 1, Rate::default());
+        if self.counts.len() <= slot {
+            self.counts.resize(slot + 1, Decayed::default());
         }
-        let rate = &mut self.rates[slot];
-        *rate = Rate {
-            count: decayed(*rate, now_ms) + 1.0,
-            at_ms: now_ms.max(rate.at_ms),
+        let entry = &mut self.counts[slot];
+        *entry = Decayed {
+            count: decayed(*entry, now_ms) + 1.0,
+            at_ms: now_ms.max(entry.at_ms),
         };
     }
 
     /// The decayed count of `worker` at `now_ms` (0 for a worker never given a prefix).
     pub fn of(&self, worker: WorkerId, now_ms: u64) -> f64 {
-        self.rates
+        self.counts
             .get(worker.index())
-            .map_or(0.0, |rate| decayed(*rate, now_ms))
+            .map_or(0.0, |entry| decayed(*entry, now_ms))
     }
 
     /// Forgets `worker` (its slot was reused by a new worker).
     pub fn forget(&mut self, worker: WorkerId) {
-        if let Some(rate) = self.rates.get_mut(worker.index()) {
-            *rate = Rate::default();
+        if let Some(entry) = self.counts.get_mut(worker.index()) {
+            *entry = Decayed::default();
         }
     }
 }
@@ -71,21 +71,25 @@ mod tests {
 
     #[test]
     fn counts_decay_by_half_per_half_life() {
-        let mut rates = Placements::default();
+        let mut placements = Placements::default();
         let (a, b) = (WorkerId(0), WorkerId(3));
         for _ in 0..4 {
-            rates.add(a, 1_000);
+            placements.add(a, 1_000);
         }
-        rates.add(b, 1_000);
-        assert_eq!(rates.of(a, 1_000), 4.0);
-        assert!((rates.of(a, 1_000 + PLACEMENT_HALF_LIFE_MS) - 2.0).abs() < 1e-9);
-        assert!((rates.of(b, 1_000 + 2 * PLACEMENT_HALF_LIFE_MS) - 0.25).abs() < 1e-9);
-        assert_eq!(rates.of(WorkerId(2), 5_000), 0.0, "never given a prefix");
-        assert_eq!(rates.of(WorkerId(9), 5_000), 0.0, "beyond the slots");
+        placements.add(b, 1_000);
+        assert_eq!(placements.of(a, 1_000), 4.0);
+        assert!((placements.of(a, 1_000 + PLACEMENT_HALF_LIFE_MS) - 2.0).abs() < 1e-9);
+        assert!((placements.of(b, 1_000 + 2 * PLACEMENT_HALF_LIFE_MS) - 0.25).abs() < 1e-9);
+        assert_eq!(
+            placements.of(WorkerId(2), 5_000),
+            0.0,
+            "never given a prefix"
+        );
+        assert_eq!(placements.of(WorkerId(9), 5_000), 0.0, "beyond the slots");
         // A later dispatch decays the old count first.
-        rates.add(b, 1_000 + PLACEMENT_HALF_LIFE_MS);
-        assert!((rates.of(b, 1_000 + PLACEMENT_HALF_LIFE_MS) - 1.5).abs() < 1e-9);
-        rates.forget(a);
-        assert_eq!(rates.of(a, 1_000), 0.0);
+        placements.add(b, 1_000 + PLACEMENT_HALF_LIFE_MS);
+        assert!((placements.of(b, 1_000 + PLACEMENT_HALF_LIFE_MS) - 1.5).abs() < 1e-9);
+        placements.forget(a);
+        assert_eq!(placements.of(a, 1_000), 0.0);
     }
 }
