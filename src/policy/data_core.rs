@@ -157,11 +157,16 @@ impl CoreRouting {
         // load report) are read only in the loop below.
         self.refresh_ring(workers.clone());
         self.statuses.clear();
+        // Only a cache miss reads the placement counts (one `exp2` per worker to decay them).
+        let config = &self.router.config().cache_aware;
+        let miss = self
+            .tree
+            .is_some_and(|tree| tree.ratio() <= config.cache_threshold);
         for (id, _) in workers {
-            let status = WorkerStatus {
-                recent_placements: self.placements.of(id, self.now_ms),
-                ..status_of(id)
-            };
+            let mut status = status_of(id);
+            if miss {
+                status.recent_placements = self.placements.of(id, self.now_ms);
+            }
             let slot = id.index();
             if self.statuses.len() <= slot {
                 self.statuses.resize(slot + 1, WorkerStatus::default());
