@@ -167,7 +167,7 @@ fn fleet(rng: &mut Rng) -> Vec<WorkerStatus> {
             credited_tokens: rng.u64(0..4_000),
             resident_tokens: rng.u64(0..40_000),
             drained_tokens: rng.u64(0..2_000),
-            recent_placements: rng.f64() * 100.0,
+            placed_tokens: rng.f64() * 100.0,
         })
         .collect()
 }

@@ -152,7 +152,7 @@ impl Router {
                 resident_tokens: view.table.resident_tokens(id, generation),
                 drained_tokens: view.table.drained_tokens(id, generation),
                 // This core's own count: `CoreRouting::choose` fills it in.
-                recent_placements: 0.0,
+                placed_tokens: 0.0,
             }
         };
         self.routing.choose(workers, status_of)

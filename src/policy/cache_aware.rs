@@ -47,7 +47,7 @@ pub fn select(
     };
     let match_ratio = tree.ratio();
     if match_ratio <= config.cache_threshold {
-        // 6. Cache miss: lowest expected wait, or about as quick and given fewer new prefixes
+        // 6. Cache miss: lowest expected wait, or about as quick and given less new prefix
         //    lately (the requests that will share this one follow it).
         let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
         return Some(decide(Branch::ExpectedWaitFallback, slot, match_ratio));

@@ -51,7 +51,7 @@ pub struct CoreRouting {
     /// The index lookup's hint for the prepared request's record (never the recent map's).
     hint: LookupHint,
     recent: RecentDispatches,
-    /// This core's decayed counts of new prefixes placed per worker (cache_aware's misses).
+    /// This core's decayed prompt tokens of new prefixes per worker (cache_aware's misses).
     placements: Placements,
     /// The gateway tick of the prepared request.
     now_ms: u64,
@@ -157,7 +157,7 @@ impl CoreRouting {
         // load report) are read only in the loop below.
         self.refresh_ring(workers.clone());
         self.statuses.clear();
-        // Only a cache miss reads the placement counts (one `exp2` per worker to decay them).
+        // Only a cache miss reads the placed tokens (one `exp2` per worker to decay them).
         let config = &self.router.config().cache_aware;
         let miss = self
             .tree
@@ -165,7 +165,7 @@ impl CoreRouting {
         for (id, _) in workers {
             let mut status = status_of(id);
             if miss {
-                status.recent_placements = self.placements.of(id, self.now_ms);
+                status.placed_tokens = self.placements.of(id, self.now_ms);
             }
             let slot = id.index();
             if self.statuses.len() <= slot {
@@ -184,7 +184,8 @@ impl CoreRouting {
             .cache_aware
             .is_some_and(|d| d.branch == Branch::ExpectedWaitFallback)
         {
-            self.placements.add(route.worker, self.now_ms);
+            let tokens = prompt_tokens(self.input.key());
+            self.placements.add(route.worker, self.now_ms, tokens);
         }
         Some(route.worker)
     }
@@ -337,9 +338,9 @@ mod tests {
     }
 
     #[test]
-    fn new_prefixes_spread_by_how_many_each_worker_was_given() {
-        // Idle workers, no load reports, no in-flight feedback: only this core's placement
-        // counts tell them apart, so 16 unrelated prompts land two on each of 8 workers.
+    fn new_prefixes_spread_by_how_much_each_worker_was_given() {
+        // Idle workers, no load reports, no in-flight feedback: only this core's placed tokens
+        // tell them apart, so 16 unrelated prompts of one length land two on each of 8 workers.
         let (mut routing, metrics) = routing();
         let urls: Vec<String> = (0..8).map(|i| format!("http://w{i}")).collect();
         let mut counts = [0u32; 8];
@@ -363,6 +364,36 @@ mod tests {
         }
         assert_eq!(counts, [2; 8]);
         assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 16);
+    }
+
+    #[test]
+    fn a_long_new_prompt_weighs_more_than_several_short_ones() {
+        let (mut routing, _) = routing();
+        let urls = ["http://a", "http://b"];
+        let mut place = |letter: char, len: usize| {
+            let body = format!(
+                r#"{{"model":"m","prompt":"{}"}}"#,
+                letter.to_string().repeat(len)
+            );
+            let headers = RoutingHeaders::default();
+            routing
+                .prepare(Endpoint::Completions, headers, body.as_bytes(), 10)
+                .unwrap();
+            let workers = urls
+                .iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), *url));
+            let status_of = |_| WorkerStatus {
+                eligible: true,
+                ..WorkerStatus::default()
+            };
+            routing.choose(workers, status_of).unwrap()
+        };
+        // 100 tokens (4 characters each) on one worker, then three prompts of 10 tokens: all
+        // three go to the other worker, still given fewer tokens after two of them.
+        let long = place('a', 400);
+        let short: Vec<WorkerId> = ['b', 'c', 'd'].iter().map(|c| place(*c, 40)).collect();
+        assert!(short.iter().all(|w| *w != long), "{long:?} {short:?}");
     }
 
     #[test]

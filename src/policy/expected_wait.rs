@@ -9,7 +9,7 @@
 //! still running. A worker without a report is scored with the reporting workers' mean KV usage
 //! and no queue; when no eligible worker reports load, the score is the in-flight request count.
 //! Equal scores go to fewer requests in flight, then uniformly at random (reservoir sampling),
-//! never by slot order. A cache miss may go a little later to a worker given fewer new prefixes
+//! never by slot order. A cache miss may go a little later to a worker given less new prefix
 //! ([`Fleet::lowest_wait_for_new_prefix`]), since the requests sharing its prefix will follow it.
 
 use fastrand::Rng;
@@ -24,7 +24,7 @@ pub const THROUGHPUT_FALLBACK_TOKENS_PER_S: f64 = 1_000.0;
 /// The KV penalty at half usage, in seconds; it grows as `u^2 / (1 - u)`, steeply near full.
 pub const KV_PENALTY_SCALE_S: f64 = 1.0;
 /// How much later than the least-waiting worker a cache miss may start, as a share of its own
-/// prefill work, to go to the worker given the fewest new prefixes: at most an eighth of its
+/// prefill work, to go to the worker given the least new prefix: at most an eighth of its
 /// own prefill time added to its first token, for placement that evens out the traffic its
 /// prefix will draw (half was measured too: Mooncake at six times its load lost TTFT and
 /// balance). Below 1, so a dispatch (credited with its whole work) leaves the window.
@@ -166,8 +166,8 @@ impl Fleet {
     /// wait for balance: it starts from the worker [`Fleet::lowest_wait`] would pick, and any
     /// eligible worker with no more requests in flight than that one or than the fleet mean,
     /// that would start this request less than [`NEW_PREFIX_WAIT_SLACK`] of its own work later,
-    /// may take it instead. Among those: the one given the fewest new prefixes lately
-    /// (`WorkerStatus::recent_placements`), then the lower wait, then uniformly at random.
+    /// may take it instead. Among those: the one given the fewest new-prefix tokens lately
+    /// (`WorkerStatus::placed_tokens`), then the lower wait, then uniformly at random.
     ///
     /// Without it a group of requests stays wherever its first request happened to find an idle
     /// engine, and engines that drew more first requests stay busier for as long as those
@@ -203,7 +203,7 @@ impl Fleet {
             let busier = worker.in_flight > least_in_flight
                 && f64::from(worker.in_flight) > self.in_flight_mean;
             if !later && !busier {
-                pick.offer(slot, (worker.recent_placements, wait), rng);
+                pick.offer(slot, (worker.placed_tokens, wait), rng);
             }
         }
         pick.slot()

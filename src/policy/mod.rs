@@ -75,11 +75,11 @@ pub struct WorkerStatus {
     /// Prompt tokens of requests dispatched before the last load report whose first token came
     /// back after it: the part of the report's queue known to have drained.
     pub drained_tokens: u64,
-    /// New prefixes (cache misses) this data core placed on the worker lately, each weighing
-    /// less as it ages ([`PLACEMENT_HALF_LIFE_MS`]): the traffic those prefixes will draw. A
-    /// cache miss prefers the worker given the fewest among those that would start it about as
-    /// soon.
-    pub recent_placements: f64,
+    /// Prompt tokens of the new prefixes (cache misses) this data core placed on the worker
+    /// lately, each weighing less as it ages ([`PLACEMENT_HALF_LIFE_MS`]): the work those
+    /// prefixes will draw. A cache miss prefers the worker given the least among those that would
+    /// start it about as soon. Filled for cache misses only (0 otherwise).
+    pub placed_tokens: f64,
 }
 
 /// Which step of the decision flow chose the worker.

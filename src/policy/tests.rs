@@ -341,11 +341,11 @@ fn step6_a_miss_goes_to_the_lowest_expected_wait_ties_at_random() {
 }
 
 #[test]
-fn step6_a_miss_goes_to_the_quickest_worker_given_the_fewest_new_prefixes() {
-    // Equal waits: the worker given the fewest new prefixes lately takes this one.
+fn step6_a_miss_goes_to_the_quickest_worker_given_the_least_new_prefix() {
+    // Equal waits: the worker given the fewest new-prefix tokens lately takes this one.
     let mut workers: Vec<WorkerStatus> = (0..4).map(|_| reporting(0.1, 0)).collect();
     for (worker, recent) in workers.iter_mut().zip([50.0, 10.0, 30.0, 20.0]) {
-        worker.recent_placements = recent;
+        worker.placed_tokens = recent;
     }
     let tree = matched(0, 1000, &[]);
     for seed in 0..50 {
@@ -362,7 +362,7 @@ fn step6_a_miss_goes_to_the_quickest_worker_given_the_fewest_new_prefixes() {
     // That far or more behind: the quickest of the rest, by the same rule.
     workers[1].load = reporting(0.1, 125).load;
     assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(3));
-    // The placement counts never pick a worker that is not eligible.
+    // The placed tokens never pick a worker that is not eligible.
     workers[3].eligible = false;
     assert_eq!(decide(Some(&tree), &workers, &cfg(), 1).worker, WorkerId(2));
     // Nor one with more requests in flight than both the least-waiting worker and the mean
@@ -374,12 +374,12 @@ fn step6_a_miss_goes_to_the_quickest_worker_given_the_fewest_new_prefixes() {
 }
 
 #[test]
-fn step6_a_burst_of_new_prefixes_spreads_despite_uneven_placement_counts() {
+fn step6_a_burst_of_new_prefixes_spreads_despite_uneven_placed_tokens() {
     // Each dispatch credits its worker with the request's tokens (as the gateway does), which
     // moves it out of the window: 16 distinct misses land two on each of 8 workers.
     let mut workers: Vec<WorkerStatus> = (0..8).map(|_| reporting(0.1, 0)).collect();
     for (i, worker) in workers.iter_mut().enumerate() {
-        worker.recent_placements = (i * 7 % 8) as f64;
+        worker.placed_tokens = (i * 7 % 8) as f64;
     }
     let tree = matched(0, 2048, &[]);
     let mut counts = [0u32; 8];
