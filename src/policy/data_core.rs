@@ -295,6 +295,24 @@ mod tests {
         (CoreRouting::new(config, 5, None, metrics.clone()), metrics)
     }
 
+    /// Prepares a completion of `prompt` and routes it over idle workers named by `urls`.
+    fn route_idle(routing: &mut CoreRouting, urls: &[&str], prompt: &str) -> WorkerId {
+        let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
+        let headers = RoutingHeaders::default();
+        routing
+            .prepare(Endpoint::Completions, headers, body.as_bytes(), 10)
+            .unwrap();
+        let workers = urls
+            .iter()
+            .enumerate()
+            .map(|(slot, url)| (WorkerId(slot as u16), *url));
+        let status_of = |_| WorkerStatus {
+            eligible: true,
+            ..WorkerStatus::default()
+        };
+        routing.choose(workers, status_of).unwrap()
+    }
+
     #[test]
     fn a_burst_of_a_new_prefix_follows_the_first_dispatch_before_the_index_learns_it() {
         let (mut routing, metrics) = routing();
@@ -343,24 +361,11 @@ mod tests {
         // tell them apart, so 16 unrelated prompts of one length land two on each of 8 workers.
         let (mut routing, metrics) = routing();
         let urls: Vec<String> = (0..8).map(|i| format!("http://w{i}")).collect();
+        let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         let mut counts = [0u32; 8];
         for i in 0..16u8 {
             let prompt = char::from(b'a' + i).to_string().repeat(40);
-            let body = format!(r#"{{"model":"m","prompt":"{prompt}"}}"#);
-            let headers = RoutingHeaders::default();
-            routing
-                .prepare(Endpoint::Completions, headers, body.as_bytes(), 10)
-                .unwrap();
-            let workers = urls
-                .iter()
-                .enumerate()
-                .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
-            let status_of = |_| WorkerStatus {
-                eligible: true,
-                ..WorkerStatus::default()
-            };
-            let worker = routing.choose(workers, status_of).unwrap();
-            counts[worker.index()] += 1;
+            counts[route_idle(&mut routing, &urls, &prompt).index()] += 1;
         }
         assert_eq!(counts, [2; 8]);
         assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 16);
@@ -370,29 +375,13 @@ mod tests {
     fn a_long_new_prompt_weighs_more_than_several_short_ones() {
         let (mut routing, _) = routing();
         let urls = ["http://a", "http://b"];
-        let mut place = |letter: char, len: usize| {
-            let body = format!(
-                r#"{{"model":"m","prompt":"{}"}}"#,
-                letter.to_string().repeat(len)
-            );
-            let headers = RoutingHeaders::default();
-            routing
-                .prepare(Endpoint::Completions, headers, body.as_bytes(), 10)
-                .unwrap();
-            let workers = urls
-                .iter()
-                .enumerate()
-                .map(|(slot, url)| (WorkerId(slot as u16), *url));
-            let status_of = |_| WorkerStatus {
-                eligible: true,
-                ..WorkerStatus::default()
-            };
-            routing.choose(workers, status_of).unwrap()
-        };
         // 100 tokens (4 characters each) on one worker, then three prompts of 10 tokens: all
         // three go to the other worker, still given fewer tokens after two of them.
-        let long = place('a', 400);
-        let short: Vec<WorkerId> = ['b', 'c', 'd'].iter().map(|c| place(*c, 40)).collect();
+        let long = route_idle(&mut routing, &urls, &"a".repeat(400));
+        let short: Vec<WorkerId> = ["b", "c", "d"]
+            .iter()
+            .map(|letter| route_idle(&mut routing, &urls, &letter.repeat(40)))
+            .collect();
         assert!(short.iter().all(|w| *w != long), "{long:?} {short:?}");
     }
 
