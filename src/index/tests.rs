@@ -238,20 +238,6 @@ fn errors_are_typed() {
     assert_eq!(index.reader().err(), Some(IndexError::ReadersExhausted));
 }
 
-/// Both indexes answer every query the same way (matched length and tenants).
-fn same_answers(hinted: &IndexWriter, plain: &IndexWriter, queries: &[Vec<u32>]) {
-    for query in queries {
-        for ns in [NS, OTHER_NS] {
-            assert_eq!(
-                hinted.lookup_tokens(ns, query),
-                plain.lookup_tokens(ns, query),
-                "{ns:?} {query:?}"
-            );
-        }
-    }
-    assert_eq!(hinted.gauges(), plain.gauges());
-}
-
 const OTHER_NS: Namespace = Namespace {
     model: 1,
     partition: 5,
@@ -263,51 +249,70 @@ fn key(prefix: std::ops::Range<u32>, tail: u32, tail_len: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Inserts `key` for `worker` into both indexes, into `hinted` with `hint`.
-fn insert_both(
-    hinted: &mut IndexWriter,
-    plain: &mut IndexWriter,
-    ns: Namespace,
-    key: &[u32],
-    worker: u16,
-    hint: &LookupHint,
-) {
-    let tick = hinted.hint_counts().followed + hinted.hint_counts().stale + 100;
-    hinted
-        .insert_tokens_hinted(ns, key, WorkerId(worker), tick, hint)
-        .expect("hinted insert");
-    plain
-        .insert_tokens(ns, key, WorkerId(worker), tick)
-        .expect("plain insert");
+/// Two indexes fed the same records, one with the lookup hints under test, one without: a hint
+/// followed (or rejected) must build the same tree as a walk from the root.
+struct Twins {
+    hinted: IndexWriter,
+    plain: IndexWriter,
+}
+
+impl Twins {
+    /// Both indexes (pages of 4 tokens) holding `stored` for worker 1.
+    fn holding(stored: &[u32]) -> Twins {
+        let mut twins = Twins {
+            hinted: writer(4),
+            plain: writer(4),
+        };
+        twins.insert(NS, stored, 1, &LookupHint::default());
+        twins
+    }
+
+    /// Inserts `key` for `worker` into both indexes, into `hinted` with `hint`.
+    fn insert(&mut self, ns: Namespace, key: &[u32], worker: u16, hint: &LookupHint) {
+        let counts = self.hinted.hint_counts();
+        let tick = counts.followed + counts.stale + 100;
+        self.hinted
+            .insert_tokens_hinted(ns, key, WorkerId(worker), tick, hint)
+            .expect("hinted insert");
+        self.plain
+            .insert_tokens(ns, key, WorkerId(worker), tick)
+            .expect("plain insert");
+    }
+
+    /// Both indexes answer every query the same way (matched length and tenants).
+    fn same_answers(&self, queries: &[Vec<u32>]) {
+        for query in queries {
+            for ns in [NS, OTHER_NS] {
+                assert_eq!(
+                    self.hinted.lookup_tokens(ns, query),
+                    self.plain.lookup_tokens(ns, query),
+                    "{ns:?} {query:?}"
+                );
+            }
+        }
+        assert_eq!(self.hinted.gauges(), self.plain.gauges());
+    }
 }
 
 #[test]
 fn a_fresh_hint_is_followed_and_builds_the_same_tree() {
-    let (mut hinted, mut plain) = (writer(4), writer(4));
     let stored = key(0..32, 1, 8);
-    insert_both(
-        &mut hinted,
-        &mut plain,
-        NS,
-        &stored,
-        1,
-        &LookupHint::default(),
-    );
-    let reader = hinted.reader().expect("reader");
+    let mut twins = Twins::holding(&stored);
+    let reader = twins.hinted.reader().expect("reader");
     // Ends inside the stored edge, at its end, and past it.
     let turns = [key(0..16, 2, 8), stored.clone(), key(0..40, 3, 8)];
     for (worker, turn) in turns.iter().enumerate() {
         let (_, hint) = reader.lookup_tokens_hinted(NS, turn);
-        insert_both(&mut hinted, &mut plain, NS, turn, worker as u16 + 2, &hint);
+        twins.insert(NS, turn, worker as u16 + 2, &hint);
     }
     assert_eq!(
-        hinted.hint_counts(),
+        twins.hinted.hint_counts(),
         HintCounts {
             followed: 3,
             stale: 0
         }
     );
-    same_answers(&hinted, &plain, &turns);
+    twins.same_answers(&turns);
     let mut text = writer(4);
     text.insert_text(NS, "shared prefix, then a", WorkerId(1), 1)
         .expect("insert");
@@ -327,84 +332,55 @@ fn a_fresh_hint_is_followed_and_builds_the_same_tree() {
 
 #[test]
 fn a_split_above_the_hinted_end_is_followed_up_the_parents() {
-    let (mut hinted, mut plain) = (writer(4), writer(4));
     let stored = key(0..32, 1, 0);
-    insert_both(
-        &mut hinted,
-        &mut plain,
-        NS,
-        &stored,
-        1,
-        &LookupHint::default(),
-    );
+    let mut twins = Twins::holding(&stored);
     let turn = key(0..16, 2, 8);
-    let (_, hint) = hinted.lookup_tokens_hinted(NS, &turn);
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &turn);
     // Cut the stored edge exactly where the lookup ended, then at 8 above it: the hinted node
     // keeps its id as the lower half both times.
     for cut in [16, 8] {
         let other = key(0..cut, 3 + cut, 4);
-        insert_both(
-            &mut hinted,
-            &mut plain,
-            NS,
-            &other,
-            2,
-            &LookupHint::default(),
-        );
+        twins.insert(NS, &other, 2, &LookupHint::default());
     }
-    insert_both(&mut hinted, &mut plain, NS, &turn, 3, &hint);
-    assert_eq!(hinted.hint_counts().followed, 1);
-    same_answers(&hinted, &plain, &[turn, stored, key(0..8, 11, 4)]);
+    twins.insert(NS, &turn, 3, &hint);
+    assert_eq!(twins.hinted.hint_counts().followed, 1);
+    twins.same_answers(&[turn, stored, key(0..8, 11, 4)]);
 }
 
 #[test]
 fn stale_hints_walk_from_the_root() {
-    let (mut hinted, mut plain) = (writer(4), writer(4));
     let stored = key(0..32, 1, 0);
     let turn = key(0..16, 2, 8);
-    insert_both(
-        &mut hinted,
-        &mut plain,
-        NS,
-        &stored,
-        1,
-        &LookupHint::default(),
-    );
-    let (_, hint) = hinted.lookup_tokens_hinted(NS, &turn);
-    for index in [&mut hinted, &mut plain] {
+    let mut twins = Twins::holding(&stored);
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &turn);
+    for index in [&mut twins.hinted, &mut twins.plain] {
         index
             .insert_text(NS, "abcd", WorkerId(1), 1)
             .expect("text insert");
     }
-    let (_, text_hint) = hinted
+    let (_, text_hint) = twins
+        .hinted
         .reader()
         .expect("reader")
         .lookup_text_hinted(NS, "abcd");
     // Another namespace's tree, another kind's hint, another key length.
-    insert_both(&mut hinted, &mut plain, OTHER_NS, &turn, 2, &hint);
-    insert_both(&mut hinted, &mut plain, NS, &turn[..12], 2, &hint);
-    insert_both(&mut hinted, &mut plain, NS, &turn, 2, &text_hint);
+    twins.insert(OTHER_NS, &turn, 2, &hint);
+    twins.insert(NS, &turn[..12], 2, &hint);
+    twins.insert(NS, &turn, 2, &text_hint);
     // The hinted node merged away: purge the turn's worker and the split point goes.
-    hinted.remove_worker(WorkerId(2));
-    plain.remove_worker(WorkerId(2));
-    insert_both(&mut hinted, &mut plain, NS, &turn, 3, &hint);
+    twins.hinted.remove_worker(WorkerId(2));
+    twins.plain.remove_worker(WorkerId(2));
+    twins.insert(NS, &turn, 3, &hint);
     // Evicted, reclaimed and its slot reused by other keys.
-    let (_, hint) = hinted.lookup_tokens_hinted(NS, &turn);
-    hinted.evict(0);
-    plain.evict(0);
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &turn);
+    twins.hinted.evict(0);
+    twins.plain.evict(0);
     for other in 0..4 {
         let filler = key(100..108, 50 + other, 4);
-        insert_both(
-            &mut hinted,
-            &mut plain,
-            NS,
-            &filler,
-            4,
-            &LookupHint::default(),
-        );
+        twins.insert(NS, &filler, 4, &LookupHint::default());
     }
-    insert_both(&mut hinted, &mut plain, NS, &turn, 5, &hint);
-    let counts = hinted.hint_counts();
+    twins.insert(NS, &turn, 5, &hint);
+    let counts = twins.hinted.hint_counts();
     assert_eq!((counts.followed, counts.stale), (0, 5), "{counts:?}");
-    same_answers(&hinted, &plain, &[turn, stored, key(100..108, 51, 4)]);
+    twins.same_answers(&[turn, stored, key(100..108, 51, 4)]);
 }
