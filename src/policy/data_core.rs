@@ -289,18 +289,17 @@ mod tests {
     use super::*;
     use crate::policy::{Branch, PolicyArgs};
 
-    fn routing() -> (CoreRouting, Arc<PolicyMetrics>) {
-        let config = PolicyArgs::default().validate().unwrap();
-        let metrics = Arc::new(PolicyMetrics::default());
-        (CoreRouting::new(config, 5, None, metrics.clone()), metrics)
-    }
-
-    /// Prepares a completion of `prompt` and routes it over idle workers named by `urls`.
-    fn route_idle(routing: &mut CoreRouting, urls: &[&str], prompt: &str) -> WorkerId {
-        let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
+    /// Prepares `body` at `now_ms` and routes it over idle workers named by `urls`.
+    pub(super) fn prepare_and_route_idle(
+        routing: &mut CoreRouting,
+        urls: &[&str],
+        endpoint: Endpoint,
+        body: &str,
+        now_ms: u64,
+    ) -> WorkerId {
         let headers = RoutingHeaders::default();
         routing
-            .prepare(Endpoint::Completions, headers, body.as_bytes(), 10)
+            .prepare(endpoint, headers, body.as_bytes(), now_ms)
             .unwrap();
         let workers = urls
             .iter()
@@ -311,6 +310,18 @@ mod tests {
             ..WorkerStatus::default()
         };
         routing.choose(workers, status_of).unwrap()
+    }
+
+    fn routing() -> (CoreRouting, Arc<PolicyMetrics>) {
+        let config = PolicyArgs::default().validate().unwrap();
+        let metrics = Arc::new(PolicyMetrics::default());
+        (CoreRouting::new(config, 5, None, metrics.clone()), metrics)
+    }
+
+    /// Prepares a completion of `prompt` and routes it over idle workers named by `urls`.
+    fn route_idle(routing: &mut CoreRouting, urls: &[&str], prompt: &str) -> WorkerId {
+        let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
+        prepare_and_route_idle(routing, urls, Endpoint::Completions, &body, 10)
     }
 
     #[test]
@@ -412,6 +423,7 @@ mod tests {
 
 #[cfg(test)]
 mod index_tests {
+    use super::tests::prepare_and_route_idle;
     use super::*;
     use crate::index::{IndexConfig, IndexWriter};
     use crate::policy::{Branch, PolicyArgs};
@@ -437,23 +449,8 @@ mod index_tests {
                 ]
             })
             .to_string();
-            routing
-                .prepare(
-                    Endpoint::ChatCompletions,
-                    RoutingHeaders::default(),
-                    body.as_bytes(),
-                    now_ms,
-                )
-                .unwrap();
-            let workers = urls
-                .iter()
-                .enumerate()
-                .map(|(slot, url)| (WorkerId(slot as u16), *url));
-            let status_of = |_| WorkerStatus {
-                eligible: true,
-                ..WorkerStatus::default()
-            };
-            let worker = routing.choose(workers, status_of).unwrap();
+            let endpoint = Endpoint::ChatCompletions;
+            let worker = prepare_and_route_idle(&mut routing, &urls, endpoint, &body, now_ms);
             let record = routing.dispatch_record(worker, now_ms).unwrap();
             let ns = record.namespace;
             match &record.key {
