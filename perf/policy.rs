@@ -217,40 +217,25 @@ fn bench_decide(c: &mut Criterion) {
                     })
                 },
             );
-            group.bench_function(
-                BenchmarkId::new(format!("select_only_{name}"), tokens),
-                |b| {
-                    b.iter(|| {
-                        black_box(cache_aware::select(
-                            Some(black_box(&tree)),
-                            &workers,
-                            &config,
-                            tokens as u64,
-                            &mut decision_rng,
-                        ))
-                    })
-                },
-            );
             // The same request as a cache miss: step 6's placement over the whole fleet.
             let miss = TreeMatch {
                 matched_len: 0,
                 tenants_len: 0,
                 ..tree
             };
-            group.bench_function(
-                BenchmarkId::new(format!("select_miss_{name}"), tokens),
-                |b| {
+            for (kind, tree) in [("select_only", &tree), ("select_miss", &miss)] {
+                group.bench_function(BenchmarkId::new(format!("{kind}_{name}"), tokens), |b| {
                     b.iter(|| {
                         black_box(cache_aware::select(
-                            Some(black_box(&miss)),
+                            Some(black_box(tree)),
                             &workers,
                             &config,
                             tokens as u64,
                             &mut decision_rng,
                         ))
                     })
-                },
-            );
+                });
+            }
             for tree in [&tree, &miss] {
                 let d = cache_aware::select(
                     Some(tree),
