@@ -7,6 +7,7 @@
 
 pub mod config;
 pub mod control;
+pub mod copy;
 pub mod http;
 pub mod index;
 pub mod limits;
