@@ -4,9 +4,12 @@
 //! length, request length and tenant set of lookups, and the per-model gauges, must be identical.
 //! Inserts carry lookup hints (a data core's lookup of the same key) taken right before, or
 //! earlier in the sequence (stale: the tree changed since), or from another namespace or tree
-//! kind; a stale hint must never change the tree an insert builds.
+//! kind; a stale hint must never change the tree an insert builds. Half the inserts pass the key
+//! in a shared buffer (as the control core does with a dispatch record's key), which new leaves
+//! may keep; the test drops its reference right after the insert.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use kvgate::index::{
     Evicted, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TreeKind, TreeMatch,
@@ -56,6 +59,9 @@ enum Op {
         worker: u16,
         key: Vec<u32>,
         hint: HintFrom,
+        /// Inserted from a shared buffer (a dispatch record's key, which new leaves may keep
+        /// and which the caller drops right after), else from a borrowed slice.
+        shared: bool,
     },
     Lookup {
         kind: TreeKind,
@@ -243,8 +249,36 @@ fn kind_strategy() -> impl Strategy<Value = TreeKind> {
     prop_oneof![Just(TreeKind::Text), Just(TreeKind::Tokens)]
 }
 
-fn key_strategy() -> impl Strategy<Value = Vec<u32>> {
-    prop::collection::vec(0u32..3, 0..10)
+fn key_strategy() -> BoxedStrategy<Vec<u32>> {
+    prop::collection::vec(0u32..3, 0..10).boxed()
+}
+
+/// Elements of the long keys' shared bases.
+const LONG_BASE_LEN: usize = 160;
+
+/// One of three fixed sequences the long keys start with.
+fn long_base(base: usize) -> Vec<u32> {
+    (0..LONG_BASE_LEN)
+        .map(|i| ((i * 7 + base * 13) ^ (i >> 3)) as u32 % 3)
+        .collect()
+}
+
+/// Keys sharing long prefixes: a base cut anywhere plus a short tail of their own. Splits then
+/// leave long edges on both sides, and one-child chains of long edges stay unmerged (the index
+/// merges them only when short, or when their labels adjoin in one buffer).
+fn long_key_strategy() -> BoxedStrategy<Vec<u32>> {
+    (
+        0..3usize,
+        0..=LONG_BASE_LEN,
+        prop::collection::vec(0u32..3, 0..4),
+    )
+        .prop_map(|(base, len, tail)| {
+            let mut key = long_base(base);
+            key.truncate(len);
+            key.extend(tail);
+            key
+        })
+        .boxed()
 }
 
 fn hint_strategy() -> impl Strategy<Value = HintFrom> {
@@ -257,14 +291,21 @@ fn hint_strategy() -> impl Strategy<Value = HintFrom> {
     ]
 }
 
-fn op_strategy() -> impl Strategy<Value = Op> {
+/// Operations over keys from `keys`, with eviction budgets below `budget_max` units.
+fn op_strategy(
+    keys: fn() -> BoxedStrategy<Vec<u32>>,
+    budget_max: u64,
+) -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (kind_strategy(), 0..NAMESPACES.len(), 0..WORKERS, key_strategy(), hint_strategy())
-            .prop_map(|(kind, ns, worker, key, hint)| Op::Insert { kind, ns, worker, key, hint }),
-        3 => (kind_strategy(), 0..NAMESPACES.len(), key_strategy())
+        6 => (kind_strategy(), 0..NAMESPACES.len(), 0..WORKERS, keys(), hint_strategy(),
+            any::<bool>())
+            .prop_map(|(kind, ns, worker, key, hint, shared)| {
+                Op::Insert { kind, ns, worker, key, hint, shared }
+            }),
+        3 => (kind_strategy(), 0..NAMESPACES.len(), keys())
             .prop_map(|(kind, ns, query)| Op::Lookup { kind, ns, query }),
         1 => (0..WORKERS).prop_map(|worker| Op::RemoveWorker { worker }),
-        1 => (0u64..40).prop_map(|budget| Op::Evict { budget }),
+        1 => (0..budget_max).prop_map(|budget| Op::Evict { budget }),
     ]
 }
 
@@ -398,16 +439,25 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 worker,
                 key,
                 hint,
+                shared,
             } => {
                 let hint = hint_for(&mut reader, &mut bank, hint, kind, ns, &key);
                 let (namespace, worker_id) = (NAMESPACES[ns], WorkerId(worker));
-                let result = match kind {
-                    TreeKind::Text => {
+                let result = match (kind, shared) {
+                    (TreeKind::Text, false) => {
                         let text = text_of(&key);
                         index.insert_text_hinted(namespace, &text, worker_id, tick, &hint)
                     }
-                    TreeKind::Tokens => {
+                    (TreeKind::Text, true) => {
+                        let text: Arc<str> = Arc::from(text_of(&key));
+                        index.insert_text_shared(namespace, &text, worker_id, tick, &hint)
+                    }
+                    (TreeKind::Tokens, false) => {
                         index.insert_tokens_hinted(namespace, &key, worker_id, tick, &hint)
+                    }
+                    (TreeKind::Tokens, true) => {
+                        let tokens: Arc<[u32]> = Arc::from(key.as_slice());
+                        index.insert_tokens_shared(namespace, &tokens, worker_id, tick, &hint)
                     }
                 };
                 prop_assert!(result.is_ok());
@@ -462,7 +512,24 @@ proptest! {
     })]
 
     #[test]
-    fn index_matches_the_reference_model(ops in prop::collection::vec(op_strategy(), 1..60)) {
+    fn index_matches_the_reference_model(
+        ops in prop::collection::vec(op_strategy(key_strategy, 40), 1..60)
+    ) {
+        run(ops)?;
+    }
+}
+
+proptest! {
+    // Longer keys cost more per case: half as many.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(24),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn index_matches_the_reference_model_with_long_shared_prefixes(
+        ops in prop::collection::vec(op_strategy(long_key_strategy, 800), 1..60)
+    ) {
         run(ops)?;
     }
 }
@@ -477,6 +544,7 @@ fn splits_merges_and_eviction_on_a_fixed_sequence() {
             worker: 1,
             key: a.clone(),
             hint: HintFrom::Nothing,
+            shared: false,
         },
         Op::Insert {
             kind: TreeKind::Text,
@@ -484,6 +552,7 @@ fn splits_merges_and_eviction_on_a_fixed_sequence() {
             worker: 2,
             key: a[..3].to_vec(),
             hint: HintFrom::Fresh,
+            shared: true,
         },
         Op::Insert {
             kind: TreeKind::Text,
@@ -491,6 +560,7 @@ fn splits_merges_and_eviction_on_a_fixed_sequence() {
             worker: 3,
             key: vec![0, 0, 2],
             hint: HintFrom::Fresh,
+            shared: false,
         },
         Op::Insert {
             kind: TreeKind::Tokens,
@@ -498,6 +568,7 @@ fn splits_merges_and_eviction_on_a_fixed_sequence() {
             worker: 1,
             key: a.clone(),
             hint: HintFrom::Nothing,
+            shared: true,
         },
         Op::Insert {
             kind: TreeKind::Tokens,
@@ -505,6 +576,7 @@ fn splits_merges_and_eviction_on_a_fixed_sequence() {
             worker: 4,
             key: a.clone(),
             hint: HintFrom::OtherNamespace,
+            shared: false,
         },
         Op::Evict { budget: 5 },
         Op::RemoveWorker { worker: 2 },

@@ -5,6 +5,8 @@
 //! their lookups of inserted keys to the writer (as data cores do through dispatch records),
 //! which inserts those keys with them while the tree churns: hints arrive stale, and a stale
 //! hint followed would build a tree whose answers the readers reject.
+//! Half the inserts pass the key in a shared buffer (a dispatch record's), which new leaves may
+//! keep after the caller dropped its own reference.
 //!
 //! `stress_short` runs in the normal pass (seconds); `stress_long` is `#[ignore]`d. Set
 //! `INDEX_STRESS_SEED` to replay a seed; a failure prints its seed.
@@ -242,17 +244,23 @@ fn churn(
                 return;
             };
             let worker = WorkerId(Universe::workers(k)[rng.usize(..3)]);
-            let key = &universe.tokens[k][..len];
-            let inserted = index.insert_tokens_hinted(ns, key, worker, tick, &hint);
+            // The control core's insert: the record's key buffer, which a new leaf may keep.
+            let key: Arc<[u32]> = Arc::from(&universe.tokens[k][..len]);
+            let inserted = index.insert_tokens_shared(ns, &key, worker, tick, &hint);
             assert!(inserted.is_ok(), "hinted insert: {inserted:?}");
         }
         0..=79 => {
             let len = rng.usize(0..=universe.tokens[k].len());
-            let inserted = if rng.bool() {
-                index.insert_tokens(ns, &universe.tokens[k][..len], worker, tick)
-            } else {
-                let text: String = universe.texts[k].chars().take(len).collect();
-                index.insert_text(ns, &text, worker, tick)
+            let text = || -> String { universe.texts[k].chars().take(len).collect() };
+            let none = LookupHint::default();
+            let inserted = match rng.u32(0..4) {
+                0 => index.insert_tokens(ns, &universe.tokens[k][..len], worker, tick),
+                1 => {
+                    let key: Arc<[u32]> = Arc::from(&universe.tokens[k][..len]);
+                    index.insert_tokens_shared(ns, &key, worker, tick, &none)
+                }
+                2 => index.insert_text(ns, &text(), worker, tick),
+                _ => index.insert_text_shared(ns, &Arc::from(text()), worker, tick, &none),
             };
             assert!(inserted.is_ok(), "insert: {inserted:?}");
         }

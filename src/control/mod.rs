@@ -179,11 +179,12 @@ impl IndexUpkeep {
         let (ns, worker, tick) = (key.namespace, record.worker, record.tick);
         // The data core's lookup hint lets the insert skip the prefix it already matched.
         let hint = &key.hint;
+        // A new leaf keeps a reference to the record's key buffer rather than a copy of it.
         let inserted = match &key.key {
-            KeyData::Text(text) => self.writer.insert_text_hinted(ns, text, worker, tick, hint),
+            KeyData::Text(text) => self.writer.insert_text_shared(ns, text, worker, tick, hint),
             KeyData::Tokens(tokens) => self
                 .writer
-                .insert_tokens_hinted(ns, tokens, worker, tick, hint),
+                .insert_tokens_shared(ns, tokens, worker, tick, hint),
         };
         if let Err(e) = inserted {
             tracing::debug!("dispatch record dropped by the index: {e}");

@@ -31,7 +31,7 @@ use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
 pub use tree::{
     HintCounts, KindGauges, KindMemory, LookupHint, KEY_ELEMENTS_MAX, MODELS_MAX, NAMESPACES_MAX,
 };
-use tree::{SharedTree, TreeWriter, WriteCtx};
+use tree::{Key, SharedTree, TreeWriter, WriteCtx};
 
 /// The most tenants a lookup returns (the spec's "up to eight tenants of the deepest matched node").
 pub const MATCH_TENANTS_MAX: usize = 8;
@@ -258,14 +258,39 @@ impl IndexWriter {
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
+        let key = Key::borrowed(text.as_bytes());
+        self.insert_text_key(ns, key, worker, tick, hint)
+    }
+
+    /// `insert_text_hinted` of a text held in a shared buffer (the dispatch record's key): a
+    /// new leaf keeps a reference to it instead of copying its part, while that part is at
+    /// least a quarter of the text.
+    pub fn insert_text_shared(
+        &mut self,
+        ns: Namespace,
+        text: &Arc<str>,
+        worker: WorkerId,
+        tick: u64,
+        hint: &LookupHint,
+    ) -> Result<(), IndexError> {
+        let bytes: Arc<[u8]> = Arc::from(Arc::clone(text));
+        self.insert_text_key(ns, Key::shared(&bytes), worker, tick, hint)
+    }
+
+    fn insert_text_key(
+        &mut self,
+        ns: Namespace,
+        key: Key<'_, u8>,
+        worker: WorkerId,
+        tick: u64,
+        hint: &LookupHint,
+    ) -> Result<(), IndexError> {
         let ctx = WriteCtx {
             tree: &self.shared.text,
             domain: &self.shared.domain,
             token: &self.token,
         };
-        let inserted = self
-            .text
-            .insert(&ctx, ns, text.as_bytes(), worker, tick, hint);
+        let inserted = self.text.insert(&ctx, ns, key, worker, tick, hint);
         self.reclaim_when_many_retired();
         inserted
     }
@@ -291,12 +316,36 @@ impl IndexWriter {
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
+        self.insert_tokens_key(ns, Key::borrowed(tokens), worker, tick, hint)
+    }
+
+    /// `insert_tokens_hinted` of tokens held in a shared buffer (the dispatch record's key);
+    /// see `insert_text_shared`.
+    pub fn insert_tokens_shared(
+        &mut self,
+        ns: Namespace,
+        tokens: &Arc<[u32]>,
+        worker: WorkerId,
+        tick: u64,
+        hint: &LookupHint,
+    ) -> Result<(), IndexError> {
+        self.insert_tokens_key(ns, Key::shared(tokens), worker, tick, hint)
+    }
+
+    fn insert_tokens_key(
+        &mut self,
+        ns: Namespace,
+        key: Key<'_, u32>,
+        worker: WorkerId,
+        tick: u64,
+        hint: &LookupHint,
+    ) -> Result<(), IndexError> {
         let ctx = WriteCtx {
             tree: &self.shared.tokens,
             domain: &self.shared.domain,
             token: &self.token,
         };
-        let inserted = self.tokens.insert(&ctx, ns, tokens, worker, tick, hint);
+        let inserted = self.tokens.insert(&ctx, ns, key, worker, tick, hint);
         self.reclaim_when_many_retired();
         inserted
     }
@@ -547,6 +596,17 @@ impl ReadGuard<'_> {
     pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
         lookup_tokens(self.shared, &self.guard, ns, tokens).0
     }
+}
+
+/// A dispatch record's token key: a shared copy of the request's tokens, which the index may
+/// keep as label storage (`IndexWriter::insert_tokens_shared`) instead of copying again.
+pub fn token_key(tokens: &[u32]) -> Arc<[u32]> {
+    raw::buffer_of(tokens)
+}
+
+/// A dispatch record's text key; see `token_key`.
+pub fn text_key(text: &str) -> Arc<str> {
+    raw::text_buffer(text)
 }
 
 fn saturating_u32(value: u64) -> u32 {

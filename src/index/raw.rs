@@ -18,15 +18,17 @@
 //!    reader has not announced one since it was created, so a reference borrowed from a guard
 //!    stays valid for the guard's lifetime.
 //! 4. A node's label is written only through a `FreshNode` (a slot no reader can reach: never
-//!    published, or reclaimed after a grace period), and cleared only when reclaimed. Each label
-//!    allocation is owned (freed) by exactly one node; a split may move the ownership from a
-//!    node being retired to the new node that replaces the top of its edge.
+//!    published, or reclaimed after a grace period), and cleared only when reclaimed. A label is
+//!    a window of a reference-counted buffer (`Arc<[E]>`), and every node holding a label holds
+//!    one strong count of its buffer, released when the node is cleared: nodes split from one
+//!    edge share its buffer, and a leaf may keep the dispatch record's own key buffer.
 //! 5. Segments of the slab are freed only when the slab is dropped (no reader or writer left).
 #![allow(unsafe_code)]
 
 use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
 
@@ -273,13 +275,13 @@ impl<'g> Children<'g> {
 #[repr(C, align(64))]
 pub struct Node<E: Element> {
     children: AtomicPtr<TableSlot>,
+    /// The first element of the label's buffer (from `Arc::into_raw`), null for none.
     label_ptr: AtomicPtr<E>,
+    /// Elements in the buffer.
     label_len: AtomicU32,
-    /// Where this node's label ends inside its allocation (a split may hand the allocation to
-    /// the new upper node, whose label ends before the allocation does).
+    /// Where this node's label ends inside its buffer (the label is the `depth_end - parent
+    /// depth` elements before it: nodes sharing a buffer see different windows of it).
     label_end: AtomicU32,
-    /// Whether this node frees the allocation when reclaimed (writer-side bookkeeping).
-    label_owned: AtomicBool,
     /// Depth in elements at the end of this node's edge; fixed for the node's lifetime.
     depth_end: AtomicU32,
     mru_version: AtomicU32,
@@ -301,7 +303,6 @@ impl<E: Element> Default for Node<E> {
             label_ptr: AtomicPtr::new(std::ptr::null_mut()),
             label_len: AtomicU32::new(0),
             label_end: AtomicU32::new(0),
-            label_owned: AtomicBool::new(false),
             depth_end: AtomicU32::new(0),
             mru_version: AtomicU32::new(0),
             mru: [AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)],
@@ -411,23 +412,21 @@ impl<E: Element> Node<E> {
             return None;
         }
         // SAFETY: `ptr`, `len` and `end` were written together through a `FreshNode`, before
-        // the node was published (invariant 4), and describe one live boxed slice of `len`
-        // elements, freed only after a grace period the guard excludes (invariant 3) by the one
-        // node that owns it. `end - wanted .. end` is in bounds (checked above).
+        // the node was published (invariant 4), and describe a live buffer of `len` elements in
+        // which this node holds a strong count, released only when the node is cleared after a
+        // grace period the guard excludes (invariant 3). `end - wanted .. end` is in bounds
+        // (checked above).
         unsafe { Some(std::slice::from_raw_parts(ptr.add(end - wanted), wanted)) }
     }
 
-    /// Elements in the label allocation this node owns, 0 when it owns none (the accounting
-    /// of label memory).
-    pub fn owned_label_capacity(&self) -> u32 {
-        if self.label_owned.load(Ordering::Relaxed) {
-            self.label_len.load(Ordering::Relaxed)
-        } else {
-            0
-        }
+    /// The label's buffer as (address, elements): nodes with the same address share one
+    /// buffer (the writer's accounting of label memory, and its test for contiguous labels).
+    pub fn label_buffer(&self) -> (usize, u32) {
+        let ptr = self.label_ptr.load(Ordering::Relaxed);
+        (ptr as usize, self.label_len.load(Ordering::Relaxed))
     }
 
-    /// Where the label ends inside its allocation.
+    /// Where the label ends inside its buffer.
     pub fn label_end(&self) -> u32 {
         self.label_end.load(Ordering::Relaxed)
     }
@@ -588,6 +587,33 @@ impl RetiredTable {
     }
 }
 
+/// A new label buffer holding a copy of `elements`, copied in pieces (`crate::copy`: one
+/// `memcpy` of a whole long key can take twenty times longer).
+pub fn buffer_of<E: Element>(elements: &[E]) -> Arc<[E]> {
+    let mut buffer = Arc::<[E]>::new_uninit_slice(elements.len());
+    let Some(slots) = Arc::get_mut(&mut buffer) else {
+        return Arc::from(elements);
+    };
+    let piece = crate::copy::piece_len::<E>();
+    for (slots, part) in slots.chunks_mut(piece).zip(elements.chunks(piece)) {
+        for (slot, element) in slots.iter_mut().zip(part) {
+            slot.write(*element);
+        }
+    }
+    // SAFETY: the buffer has `elements.len()` slots, and the pieces of `slots` and `elements`
+    // (the same lengths, cut at the same points) wrote every one of them.
+    unsafe { buffer.assume_init() }
+}
+
+/// A new shared string holding a copy of `text`, copied in pieces (`buffer_of`).
+pub fn text_buffer(text: &str) -> Arc<str> {
+    let bytes = buffer_of(text.as_bytes());
+    // SAFETY: the bytes are a copy of a `str`, so valid UTF-8, and `str` has the layout of
+    // `[u8]`: the pointer `Arc::into_raw` gives for the one is the other's (as std's own
+    // `From<&str> for Arc<str>` converts).
+    unsafe { Arc::from_raw(Arc::into_raw(bytes) as *const str) }
+}
+
 /// A node slot no reader can reach: freshly allocated or reclaimed after a grace period.
 #[derive(Debug)]
 pub struct FreshNode<'s, E: Element> {
@@ -601,17 +627,25 @@ impl<E: Element> FreshNode<'_, E> {
         self.id
     }
 
-    /// Writes the node's label and depth. Nothing is published until a parent table names it.
-    pub fn init(&self, label: Vec<E>, depth_end: u32, tenants: &[u16], writer: &WriterToken) {
-        let len = label.len() as u32;
-        let ptr = Box::into_raw(label.into_boxed_slice()).cast::<E>();
-        self.install((ptr, len, len), depth_end, tenants, writer);
+    /// Writes the node's label (the `label_end` elements of `buffer` up to there, seen
+    /// from its parent's depth), its depth and its tenants; the node keeps `buffer`'s count.
+    /// Nothing is published until a parent table names the node.
+    pub fn init(
+        &self,
+        buffer: Arc<[E]>,
+        label_end: u32,
+        depth_end: u32,
+        tenants: &[u16],
+        writer: &WriterToken,
+    ) {
+        let len = buffer.len() as u32;
+        let ptr = Arc::into_raw(buffer).cast::<E>().cast_mut();
+        self.install((ptr, len, label_end.min(len)), depth_end, tenants, writer);
     }
 
-    /// Writes the node's depth and a label that is a prefix of `donor`'s allocation, ending at
-    /// `label_end`; the allocation's ownership moves here. `donor` is being retired: it keeps
-    /// reading the same memory until reclaimed but no longer frees it.
-    pub fn init_taking_label(
+    /// Writes a label that is a window of `donor`'s buffer, ending at `label_end`, taking one
+    /// more count of that buffer. `donor` is a live node (the writer's view).
+    pub fn init_sharing(
         &self,
         donor: &Node<E>,
         label_end: u32,
@@ -619,18 +653,19 @@ impl<E: Element> FreshNode<'_, E> {
         tenants: &[u16],
         writer: &WriterToken,
     ) {
-        debug_assert!(
-            donor.label_owned.load(Ordering::Relaxed),
-            "the donor owns its label"
-        );
-        donor.label_owned.store(false, Ordering::Relaxed);
         let ptr = donor.label_ptr.load(Ordering::Relaxed);
         let len = donor.label_len.load(Ordering::Relaxed);
+        debug_assert!(!ptr.is_null(), "the donor holds a label buffer");
+        // SAFETY: a live node's non-null `ptr`/`len` come from `Arc::into_raw` of an
+        // `Arc<[E]>` of `len` elements (`init`), in which the donor holds a count that only
+        // `Slab::clear` releases, and the writer (holding the token) has not cleared it: the
+        // buffer is alive, so taking one more count is sound. This node releases it in `clear`.
+        unsafe { Arc::increment_strong_count(std::ptr::slice_from_raw_parts(ptr, len as usize)) };
         self.install((ptr, len, label_end.min(len)), depth_end, tenants, writer);
     }
 
-    /// Writes an owned label allocation `(ptr, len, label_end)`, the depth, no children and the
-    /// tenants of a fresh node.
+    /// Writes a label buffer `(ptr, len, label_end)` whose count this node holds, the depth,
+    /// no children and the tenants of a fresh node.
     fn install(
         &self,
         (ptr, len, label_end): (*mut E, u32, u32),
@@ -638,11 +673,13 @@ impl<E: Element> FreshNode<'_, E> {
         tenants: &[u16],
         writer: &WriterToken,
     ) {
-        let old = self.node.label_ptr.swap(ptr, Ordering::Relaxed);
-        debug_assert!(old.is_null(), "a fresh node has no label");
+        debug_assert!(
+            self.node.label_ptr.load(Ordering::Relaxed).is_null(),
+            "a fresh node has no label"
+        );
+        self.node.label_ptr.store(ptr, Ordering::Relaxed);
         self.node.label_len.store(len, Ordering::Relaxed);
         self.node.label_end.store(label_end, Ordering::Relaxed);
-        self.node.label_owned.store(true, Ordering::Relaxed);
         self.node.depth_end.store(depth_end, Ordering::Relaxed);
         self.node
             .children
@@ -704,24 +741,34 @@ impl<E: Element> Slab<E> {
         Some(FreshNode { id, node })
     }
 
-    /// Clears a reclaimed node: frees its label, forgets its child table (owned elsewhere or
-    /// retired separately) and its tenants.
+    /// Clears a reclaimed node: releases its label buffer, forgets its child table (owned
+    /// elsewhere or retired separately) and its tenants.
     ///
     /// # Safety
     /// A grace period has passed since the node was unpublished, and it is cleared once.
     unsafe fn clear(&self, id: u32) {
         let Some(node) = self.node(id) else { return };
         node.children.store(std::ptr::null_mut(), Ordering::Relaxed);
-        let ptr = node.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
-        let len = node.label_len.swap(0, Ordering::Relaxed) as usize;
         node.label_end.store(0, Ordering::Relaxed);
-        let owned = node.label_owned.swap(false, Ordering::Relaxed);
-        if owned && !ptr.is_null() {
-            // SAFETY: `ptr`/`len` come from one `Box<[E]>` made in `FreshNode::init`, owned by
-            // exactly one node (ownership moves in `init_taking_label`), this one; per the
-            // caller no reader can reach it any more, and it is freed once (the pointer and the
-            // ownership are swapped out above).
-            unsafe { drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len))) };
+        // SAFETY: forwarded from the caller: no reader can reach the node, and its count is
+        // released once (the pointer is swapped out).
+        unsafe { node.release_label() };
+    }
+}
+
+impl<E: Element> Node<E> {
+    /// Releases the node's count of its label buffer (freeing the buffer with its last count).
+    ///
+    /// # Safety
+    /// No reader can reach this node's label any more.
+    unsafe fn release_label(&self) {
+        let ptr = self.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
+        let len = self.label_len.swap(0, Ordering::Relaxed) as usize;
+        if !ptr.is_null() {
+            // SAFETY: a non-null `ptr`/`len` came from `Arc::into_raw` of an `Arc<[E]>` of
+            // `len` elements in which this node holds one count (`init`, `init_sharing`),
+            // swapped out above so it is released once; per the caller nothing reads it.
+            unsafe { drop(Arc::from_raw(std::ptr::slice_from_raw_parts(ptr, len))) };
         }
     }
 }
@@ -734,19 +781,15 @@ impl<E: Element> Drop for Slab<E> {
                 continue;
             }
             // SAFETY: `&mut self`: no reader or writer is left. Every node still holding a
-            // table owns it and labels are freed by their one owner (retired nodes were cleared
-            // by `RetireList::drain_all` before the slab is dropped), so each allocation is
-            // freed once; then the segment itself.
+            // table owns it, and every node still holding a label holds one count of its
+            // buffer (retired nodes were cleared by `RetireList::drain_all` before the slab is
+            // dropped), so each table is freed and each count released once; then the segment.
             unsafe {
                 let nodes = std::slice::from_raw_parts(base, SEGMENT_NODES);
                 for node in nodes {
                     let table = node.children.swap(std::ptr::null_mut(), Ordering::Relaxed);
                     RetiredTable(table).free();
-                    let ptr = node.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
-                    let len = node.label_len.load(Ordering::Relaxed) as usize;
-                    if node.label_owned.load(Ordering::Relaxed) && !ptr.is_null() {
-                        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, len)));
-                    }
+                    node.release_label();
                 }
                 drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                     base,
@@ -996,6 +1039,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn buffers_hold_copies_of_long_keys() {
+        let tokens: Vec<u32> = (0..10_000).collect();
+        assert_eq!(&buffer_of(&tokens)[..], &tokens[..]);
+        assert!(buffer_of::<u32>(&[]).is_empty());
+        let text = "préfixe partagé, ".repeat(500);
+        assert_eq!(&*text_buffer(&text), text.as_str());
+    }
+
+    #[test]
     fn mru_round_trips() {
         let ids = [3u16, 1, 1023, 7, 0, 9];
         let (out, len) = unpack_mru(pack_mru(&ids));
@@ -1010,7 +1062,7 @@ mod tests {
         let mut writer = domain.take_writer().expect("writer");
         let slab: Slab<u32> = Slab::default();
         let node = slab.fresh(1, &writer).expect("fresh");
-        node.init(vec![7], 1, &[], &writer);
+        node.init(Arc::from([7]), 1, 1, &[], &writer);
         let parent = slab.node(1).expect("node");
         let entry = |key: u64, node: u32| ChildEntry { key, node };
         assert!(!parent.append_child(entry(1, 2), &writer), "no table yet");
@@ -1064,7 +1116,7 @@ mod tests {
         let _online = domain.guard(&slot);
         let mut list = RetireList::default();
         let node = slab.fresh(5, &writer).expect("fresh");
-        node.init(vec![1, 2, 3], 3, &[], &writer);
+        node.init(Arc::from([1, 2, 3]), 3, 3, &[], &writer);
         list.node(&domain, 5);
         let mut ids = Vec::new();
         assert_eq!(

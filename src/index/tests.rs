@@ -384,3 +384,81 @@ fn stale_hints_walk_from_the_root() {
     assert_eq!((counts.followed, counts.stale), (0, 5), "{counts:?}");
     twins.same_answers(&[turn, stored, key(100..108, 51, 4)]);
 }
+
+/// `len` characters of a sequence chosen by `seed` (sequences of different seeds differ from
+/// their first character).
+fn long_text(seed: u8, len: usize) -> String {
+    (0..len)
+        .map(|i| char::from(b'a' + ((i * 7 + usize::from(seed) * 5) % 26) as u8))
+        .collect()
+}
+
+#[test]
+fn split_halves_share_their_label_buffer_and_merge_back_without_a_copy() {
+    let mut index = writer(16);
+    let (head, tail_a, tail_b) = (long_text(0, 300), long_text(1, 200), long_text(2, 200));
+    let a = format!("{head}{tail_a}");
+    index.insert_text(NS, &a, WorkerId(1), 1).expect("insert");
+    let one_label = index.memory().string.label_bytes;
+    // Same worker, same head: the split's halves keep the first label's buffer.
+    index
+        .insert_text(NS, &format!("{head}{tail_b}"), WorkerId(1), 2)
+        .expect("insert");
+    assert_eq!(index.memory().string.nodes, 4, "root, head, two tails");
+    assert_eq!(
+        index.memory().string.label_bytes,
+        one_label + 200,
+        "only the new tail was copied"
+    );
+    // The second tail is the oldest leaf once the first is touched again; evicting it leaves
+    // the head with one child whose label continues the head's in the same buffer: merged.
+    index.insert_text(NS, &a, WorkerId(1), 3).expect("insert");
+    index.evict(500);
+    assert_eq!(index.memory().string.nodes, 2, "root and the merged prompt");
+    assert_eq!(index.memory().string.label_bytes, one_label);
+    let found = index.lookup_text(NS, &a);
+    assert_eq!(
+        (found.matched_len, found.tenants()),
+        (500, &[WorkerId(1)][..])
+    );
+    assert_eq!(
+        index
+            .lookup_text(NS, &format!("{head}{tail_b}"))
+            .matched_len,
+        300
+    );
+}
+
+#[test]
+fn long_one_child_chains_stay_unmerged_unless_their_labels_adjoin() {
+    let mut index = writer(16);
+    let (head, tail_a, tail_b) = (long_text(3, 300), long_text(4, 200), long_text(5, 200));
+    let (a, b) = (format!("{head}{tail_a}"), format!("{head}{tail_b}"));
+    index.insert_text(NS, &a, WorkerId(1), 1).expect("insert");
+    index.insert_text(NS, &b, WorkerId(1), 2).expect("insert");
+    // Evicting the first tail leaves the head (300 characters, the first buffer) over the second
+    // tail (200, a buffer of its own): merging would copy 500 characters to save one node.
+    index.evict(500);
+    assert_eq!(index.memory().string.nodes, 3, "root, head, second tail");
+    let found = index.lookup_text(NS, &b);
+    assert_eq!(
+        (found.matched_len, found.tenants()),
+        (500, &[WorkerId(1)][..])
+    );
+    assert_eq!(index.lookup_text(NS, &a).matched_len, 300);
+    assert_eq!(index.gauges()[0].string.units, 500);
+    // Short edges still merge: a 10-character tail under the same head.
+    let mut short = writer(16);
+    let (c, d) = (
+        format!("{head}{}", long_text(6, 10)),
+        format!("{head}{}", long_text(7, 10)),
+    );
+    for (tick, text) in [(1, &c), (2, &d), (3, &c)] {
+        short
+            .insert_text(NS, text, WorkerId(1), tick)
+            .expect("insert");
+    }
+    short.evict(310);
+    assert_eq!(short.memory().string.nodes, 2, "root and the merged prompt");
+    assert_eq!(short.lookup_text(NS, &c).matched_len, 310);
+}

@@ -15,12 +15,13 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use super::entries::{Chain, Entries, Entry, List, NIL};
 use super::keys::{common_prefix, Keying};
 use super::raw::{
-    ChildEntry, Domain, Element, FreshNode, Guard, Node, NsTable, NsTablePtr, RetireList, Slab,
-    WriterToken, MRU_LEN, NODES_MAX,
+    buffer_of, ChildEntry, Domain, Element, FreshNode, Guard, Node, NsTable, NsTablePtr,
+    RetireList, Slab, WriterToken, MRU_LEN, NODES_MAX,
 };
 use super::{Evicted, IndexError, Namespace, TreeKind};
 use crate::workers::{WorkerId, WORKERS_MAX};
@@ -35,6 +36,84 @@ pub const NAMESPACES_MAX: usize = 1 << 22;
 pub const MODELS_MAX: usize = 1 << 16;
 /// Slots of the first namespace table; it doubles (rebuilt off to the side) at half load.
 const NS_CAPACITY_MIN: usize = 64;
+/// How many times longer than its own label a node's label buffer may be. Nodes split from one
+/// edge share its buffer, and a new leaf keeps the dispatch record's key buffer, instead of
+/// copying: the copies into cold memory were most of an insert. A label shorter than a quarter
+/// of the buffer gets a buffer of its own, so a buffer lives only while a node uses at least a
+/// quarter of it: label memory stays within 4x the labels' own size (16 bytes per token) in
+/// the worst case, whatever the pattern of splits.
+const LABEL_BUFFER_SHARE_MAX: usize = 4;
+
+/// Whether a label of `label_len` elements may keep a buffer of `buffer_len` elements.
+fn may_keep_buffer(label_len: usize, buffer_len: usize) -> bool {
+    label_len.saturating_mul(LABEL_BUFFER_SHARE_MAX) >= buffer_len
+}
+
+/// Whether a new leaf of `leaf_len` elements keeps the record's key buffer of `key_len` rather
+/// than a copy of its part: only when that part is at least half the key. A kept key is not
+/// recycled for the next request's key, so the data core's next copy lands in cold memory;
+/// for a leaf of a quarter of an 8k-token key that cost more than the leaf's copy saved, and
+/// the kept buffers, four times the leaves, spread the tree over more memory (measured in
+/// `perf/results-index.md`).
+fn leaf_keeps_key(leaf_len: usize, key_len: usize) -> bool {
+    leaf_len.saturating_mul(2) >= key_len
+}
+
+/// Units on both edges above which a one-child node and its child stay unmerged (unless their
+/// labels adjoin in one buffer): a merge copies both labels, tens of KB for long prompts, to
+/// save one node of about 200 bytes (slot, metadata, entries, table), which is at most about
+/// 3 bytes per unit at this length. Shorter chains merge, so splits at small offsets never
+/// pile up nodes.
+const MERGE_UNITS_MIN: u64 = 64;
+
+/// A key to insert: its elements, and the buffer holding them from its first element when the
+/// caller has one to share (a dispatch record's key), which a new leaf may then keep.
+#[derive(Clone, Copy, Debug)]
+pub struct Key<'k, E: Element> {
+    elements: &'k [E],
+    buffer: Option<&'k Arc<[E]>>,
+}
+
+impl<'k, E: Element> Key<'k, E> {
+    /// A borrowed key: labels copy what they keep of it.
+    pub fn borrowed(elements: &'k [E]) -> Self {
+        Self {
+            elements,
+            buffer: None,
+        }
+    }
+
+    /// A key in a shared buffer, which new leaves may keep instead of copying.
+    pub fn shared(buffer: &'k Arc<[E]>) -> Self {
+        Self {
+            elements: buffer,
+            buffer: Some(buffer),
+        }
+    }
+
+    /// The first `len` elements of the key (still starting at the buffer's start).
+    fn prefix(self, len: usize) -> Self {
+        Self {
+            elements: &self.elements[..len],
+            ..self
+        }
+    }
+}
+
+/// Where a new node's label comes from.
+enum LabelSource<'a, E: Element> {
+    /// A buffer of its own (or a record's key buffer); the label ends at that element of it.
+    Buffer(Arc<[E]>, usize),
+    /// A window of a live node's buffer, ending at that element of it.
+    Share(&'a Node<E>, usize),
+}
+
+impl<E: Element> LabelSource<'_, E> {
+    /// A new buffer holding a copy of `label`.
+    fn copy(label: &[E]) -> Self {
+        LabelSource::Buffer(buffer_of(label), label.len())
+    }
+}
 
 /// Hashes the writer's small integer keys (worker ids, node ids) with one multiply. These maps
 /// are keyed by ids the gateway assigns, never by client input, so SipHash's resistance to
@@ -324,10 +403,14 @@ pub struct TreeWriter<K: Keying> {
     hints: HintCounts,
     nodes_live: u64,
     label_elements: u64,
+    /// Live nodes per label buffer (by address), so a shared buffer counts once.
+    buffer_users: IdMap<usize, u32>,
     /// Slots (header included) of every live child table allocation.
     table_slots: u64,
     /// Child tables changed during an eviction or purge pass, published when it ends.
     batch: Option<IdMap<u32, Vec<ChildEntry>>>,
+    /// The last batch's map, emptied, kept for the next (its table is not rebuilt each pass).
+    spare_batch: IdMap<u32, Vec<ChildEntry>>,
     /// Where a changed child table is built before it is published (reused, not allocated).
     scratch: Vec<ChildEntry>,
 }
@@ -355,8 +438,10 @@ impl<K: Keying> TreeWriter<K> {
             hints: HintCounts::default(),
             nodes_live: 0,
             label_elements: 0,
+            buffer_users: IdMap::default(),
             table_slots: 0,
             batch: None,
+            spare_batch: IdMap::default(),
             scratch: Vec::new(),
         }
     }
@@ -367,7 +452,7 @@ impl<K: Keying> TreeWriter<K> {
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
         ns: Namespace,
-        key: &[K::E],
+        key: Key<'_, K::E>,
         worker: WorkerId,
         tick: u64,
         hint: &LookupHint,
@@ -375,9 +460,9 @@ impl<K: Keying> TreeWriter<K> {
         if worker.index() >= WORKERS_MAX {
             return Err(IndexError::WorkerOutOfRange(worker));
         }
-        let capped = &key[..self.keys.floor(key, KEY_ELEMENTS_MAX)];
-        let key = self.keys.trim(capped);
-        if key.is_empty() {
+        let capped = key.prefix(self.keys.floor(key.elements, KEY_ELEMENTS_MAX));
+        let key = capped.prefix(self.keys.trim(capped.elements).len());
+        if key.elements.is_empty() {
             return Ok(());
         }
         self.last_tick = self.last_tick.max(tick);
@@ -385,7 +470,7 @@ impl<K: Keying> TreeWriter<K> {
         let root = self.root_for(ctx, ns)?;
         let mut path = std::mem::take(&mut self.path);
         path.clear();
-        let start = match self.resume_at(ctx, root, key, hint, &mut path) {
+        let start = match self.resume_at(ctx, root, key.elements, hint, &mut path) {
             Some(start) => {
                 self.hints.followed += 1;
                 start
@@ -413,14 +498,14 @@ impl<K: Keying> TreeWriter<K> {
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
         start: Start,
-        key: &[K::E],
+        key: Key<'_, K::E>,
         worker: WorkerId,
         path: &mut Vec<u32>,
     ) -> Result<(), IndexError> {
         let guard = ctx.token.guard();
         let (mut node, mut depth, mut partial) = (start.node, start.depth, start.partial);
-        while let Some(edge_key) = self.keys.edge_key(&key[depth..]) {
-            let rest = &key[depth..];
+        while let Some(edge_key) = self.keys.edge_key(&key.elements[depth..]) {
+            let rest = &key.elements[depth..];
             let found = match partial.take() {
                 Some((child, known)) => {
                     let found = self.continue_child(ctx, &guard, child, rest, depth, known);
@@ -430,7 +515,7 @@ impl<K: Keying> TreeWriter<K> {
             };
             match found {
                 None => {
-                    let leaf = self.new_leaf(ctx, node, rest, depth, worker)?;
+                    let leaf = self.new_leaf(ctx, node, key, depth, worker)?;
                     self.add_child(ctx, node, edge_key, leaf);
                     path.push(leaf);
                     return Ok(());
@@ -629,14 +714,47 @@ impl<K: Keying> TreeWriter<K> {
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
         fresh: &FreshNode<'_, K::E>,
-        label: Vec<K::E>,
+        label: LabelSource<'_, K::E>,
         depth_end: usize,
         meta: Meta,
     ) {
-        self.label_elements += label.len() as u64;
-        fresh.init(label, depth_end as u32, meta.mru(), ctx.token);
+        let (depth_end, tenants) = (depth_end as u32, meta.mru());
+        match label {
+            LabelSource::Buffer(buffer, end) => {
+                fresh.init(buffer, end as u32, depth_end, tenants, ctx.token);
+            }
+            LabelSource::Share(donor, end) => {
+                fresh.init_sharing(donor, end as u32, depth_end, tenants, ctx.token);
+            }
+        }
         self.stamp(ctx, fresh.id());
         self.set_meta(fresh.id(), meta);
+        let guard = ctx.token.guard();
+        if let Some(node) = ctx.tree.slab.get(fresh.id(), &guard) {
+            self.hold_buffer(node.label_buffer());
+        }
+    }
+
+    /// Counts one more live node on a label buffer (its elements count once, however many
+    /// nodes share it).
+    fn hold_buffer(&mut self, (address, len): (usize, u32)) {
+        let users = self.buffer_users.entry(address).or_insert(0);
+        *users += 1;
+        if *users == 1 {
+            self.label_elements += u64::from(len);
+        }
+    }
+
+    /// Counts one live node fewer on a label buffer.
+    fn release_buffer(&mut self, (address, len): (usize, u32)) {
+        let Some(users) = self.buffer_users.get_mut(&address) else {
+            return;
+        };
+        *users -= 1;
+        if *users == 0 {
+            self.buffer_users.remove(&address);
+            self.label_elements -= u64::from(len);
+        }
     }
 
     /// Stores a new node's metadata. A new node usually starts without tenants: it then takes
@@ -666,10 +784,17 @@ impl<K: Keying> TreeWriter<K> {
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
         parent: u32,
-        rest: &[K::E],
+        key: Key<'_, K::E>,
         depth: usize,
         worker: WorkerId,
     ) -> Result<u32, IndexError> {
+        let rest = &key.elements[depth..];
+        let label = match key.buffer {
+            Some(buffer) if leaf_keeps_key(rest.len(), buffer.len()) => {
+                LabelSource::Buffer(Arc::clone(buffer), key.elements.len())
+            }
+            _ => LabelSource::copy(rest),
+        };
         let fresh = self.alloc_node(ctx)?;
         let model = self.meta[parent as usize].model;
         let mut mru = [0; MRU_LEN];
@@ -682,7 +807,7 @@ impl<K: Keying> TreeWriter<K> {
             mru_len: 1,
             ..Meta::default()
         };
-        self.init_node(ctx, &fresh, rest.to_vec(), depth + rest.len(), meta);
+        self.init_node(ctx, &fresh, label, depth + rest.len(), meta);
         Ok(fresh.id())
     }
 
@@ -730,6 +855,22 @@ impl<K: Keying> TreeWriter<K> {
         }
     }
 
+    /// `node`'s first current child (pending or published).
+    fn first_child(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> Option<ChildEntry> {
+        if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
+            return pending.first().copied();
+        }
+        let guard = ctx.token.guard();
+        let first = ctx
+            .tree
+            .slab
+            .get(node, &guard)?
+            .children(&guard)
+            .iter()
+            .next();
+        first
+    }
+
     /// `node`'s current number of children (pending or published).
     fn children_len(&self, ctx: &WriteCtx<'_, K::E>, node: u32) -> usize {
         if let Some(pending) = self.batch.as_ref().and_then(|batch| batch.get(&node)) {
@@ -769,13 +910,19 @@ impl<K: Keying> TreeWriter<K> {
     /// Readers meanwhile keep the old tables, whose nodes stay readable (nothing is reclaimed
     /// before the batch ends).
     fn begin_batch(&mut self) {
-        self.batch.get_or_insert_with(IdMap::default);
+        if self.batch.is_none() {
+            self.batch = Some(std::mem::take(&mut self.spare_batch));
+        }
     }
 
     fn end_batch(&mut self, ctx: &WriteCtx<'_, K::E>) {
-        for (node, entries) in self.batch.take().unwrap_or_default() {
+        let Some(mut batch) = self.batch.take() else {
+            return;
+        };
+        for (node, entries) in batch.drain() {
             self.publish_children_now(ctx, node, &entries);
         }
+        self.spare_batch = batch;
     }
 
     /// Publishes `node`'s pending table now (before a merge hands its table over).
@@ -850,9 +997,10 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     /// Splits `child` (under `parent`, whose edge starts at `depth`) after `common` elements
-    /// and returns the new upper node. Copies the shorter side of the label: the prefix into a
-    /// new upper node (the child keeps its id), or the suffix into a new lower node that
-    /// replaces the child while the upper node takes over the child's label allocation.
+    /// and returns the new upper node. Both halves keep the child's label buffer (no copy)
+    /// while each is long enough to (`may_keep_buffer`); a half too short gets a copy. The
+    /// lower half is the child itself (its label shrinks from the front as its parent's depth
+    /// grows), unless it must copy: then a new lower node replaces the child.
     fn split(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
@@ -881,8 +1029,9 @@ impl<K: Keying> TreeWriter<K> {
             mru,
             mru_len,
         };
-        let lower = if common * 2 <= label.len() {
-            self.init_node(ctx, &upper, label[..common].to_vec(), depth + common, meta);
+        let buffer_len = shared.label_buffer().1 as usize;
+        let lower_len = label.len() - common;
+        let lower = if may_keep_buffer(lower_len, buffer_len) {
             child
         } else {
             let Ok(fresh_lower) = self.alloc_node(ctx) else {
@@ -895,13 +1044,14 @@ impl<K: Keying> TreeWriter<K> {
                 units: upper_units,
             };
             self.split_moving_label(ctx, shared, label, &fresh_lower, split);
-            let end = shared.label_end() - (label.len() - common) as u32;
-            let tenants = &mru[..usize::from(mru_len)];
-            upper.init_taking_label(shared, end, (depth + common) as u32, tenants, ctx.token);
-            self.stamp(ctx, upper.id());
-            self.set_meta(upper.id(), meta);
             fresh_lower.id()
         };
+        let upper_label = if may_keep_buffer(common, buffer_len) {
+            LabelSource::Share(shared, shared.label_end() as usize - lower_len)
+        } else {
+            LabelSource::copy(&label[..common])
+        };
+        self.init_node(ctx, &upper, upper_label, depth + common, meta);
         let entry = ChildEntry {
             key: lower_key,
             node: lower,
@@ -924,8 +1074,8 @@ impl<K: Keying> TreeWriter<K> {
         Ok(upper.id())
     }
 
-    /// The lower half of a split that copies the suffix: `lower` replaces `child` (its tenants,
-    /// entries and subtree move over), so the upper node can take the child's label allocation.
+    /// The lower half of a split whose suffix is too short to keep the child's buffer: `lower`
+    /// takes a copy of it and replaces `child` (its tenants, entries and subtree move over).
     fn split_moving_label(
         &mut self,
         ctx: &WriteCtx<'_, K::E>,
@@ -938,7 +1088,7 @@ impl<K: Keying> TreeWriter<K> {
         let child_id = split.child;
         let mut moved = std::mem::take(&mut self.meta[child_id as usize]);
         moved.units -= split.units;
-        let suffix = label[split.common..].to_vec();
+        let suffix = LabelSource::copy(&label[split.common..]);
         self.init_node(ctx, lower, suffix, child.depth_end() as usize, moved);
         child.lend_children_to(lower, ctx.token);
         for (_, id) in &self.meta[lower.id() as usize].tenants {
@@ -1106,7 +1256,7 @@ impl<K: Keying> TreeWriter<K> {
     fn retire_node(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
         let guard = ctx.token.guard();
         if let Some(shared) = ctx.tree.slab.get(node, &guard) {
-            self.label_elements -= u64::from(shared.owned_label_capacity());
+            self.release_buffer(shared.label_buffer());
             // Hints naming this node are stale from now on.
             shared.set_stamp(0, ctx.token);
         }
@@ -1137,7 +1287,9 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     /// Merges `node` with its only child when both have the same tenants (nothing would tell
-    /// them apart), so churn never leaves chains of one-child nodes behind.
+    /// them apart), so churn never leaves chains of short one-child nodes behind. Two long
+    /// edges (`MERGE_UNITS_MIN`) stay apart unless their labels lie side by side in one buffer:
+    /// their merge would copy both labels to save one node.
     fn try_merge(&mut self, ctx: &WriteCtx<'_, K::E>, node: u32) {
         if self.root_ns.contains_key(&node) {
             return;
@@ -1145,16 +1297,40 @@ impl<K: Keying> TreeWriter<K> {
         if self.children_len(ctx, node) != 1 {
             return;
         }
-        let Some(&only) = self.child_table(ctx, node).first() else {
+        let Some(only) = self.first_child(ctx, node) else {
             return;
         };
-        let tenants = self.meta[node as usize].tenants.len();
-        if self.meta[only.node as usize].tenants.len() == tenants {
-            self.merge(ctx, node, only.node);
+        let (upper, lower) = (&self.meta[node as usize], &self.meta[only.node as usize]);
+        if lower.tenants.len() != upper.tenants.len() {
+            return;
+        }
+        let long = upper.units.min(lower.units) >= MERGE_UNITS_MIN;
+        let adjoin = self.labels_adjoin(ctx, node, only.node);
+        if adjoin || !long {
+            self.merge(ctx, node, only.node, adjoin);
         }
     }
 
-    fn merge(&mut self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32) {
+    /// Whether `lower`'s label continues `upper`'s in the same buffer (a merge then copies
+    /// nothing).
+    fn labels_adjoin(&self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32) -> bool {
+        let guard = ctx.token.guard();
+        let (Some(up), Some(low)) = (
+            ctx.tree.slab.get(upper, &guard),
+            ctx.tree.slab.get(lower, &guard),
+        ) else {
+            return false;
+        };
+        let Some(low_label) = low.label_from(up.depth_end(), &guard) else {
+            return false;
+        };
+        up.label_buffer().0 == low.label_buffer().0
+            && up.label_end() as usize + low_label.len() == low.label_end() as usize
+    }
+
+    /// Replaces `upper` and its only child `lower` by one node (the heir); `adjoin`: their
+    /// labels lie side by side in one buffer, which the heir then keeps instead of a copy.
+    fn merge(&mut self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32, adjoin: bool) {
         // The heir takes the lower node's published table, and the upper one is retired in
         // place: both must be current.
         self.flush_pending(ctx, upper);
@@ -1179,7 +1355,11 @@ impl<K: Keying> TreeWriter<K> {
             return;
         };
         let heir = fresh.id();
-        let label = [up_label, low_label].concat();
+        let label = if adjoin {
+            LabelSource::Share(low, low.label_end() as usize)
+        } else {
+            LabelSource::copy(&[up_label, low_label].concat())
+        };
         let mut meta = std::mem::take(&mut self.meta[upper as usize]);
         meta.units += self.meta[lower as usize].units;
         let children = low.children(&guard);
@@ -1237,7 +1417,7 @@ impl<K: Keying> TreeWriter<K> {
         self.init_node(
             ctx,
             &fresh,
-            Vec::new(),
+            LabelSource::copy(&[]),
             0,
             Meta {
                 model,

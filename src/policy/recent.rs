@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::index::{count_chars, Namespace, TreeMatch, MATCH_TENANTS_MAX};
+use crate::index::{self, count_chars, Namespace, TreeMatch, MATCH_TENANTS_MAX};
 use crate::request::RoutingKey;
 use crate::workers::WorkerId;
 
@@ -28,11 +28,11 @@ pub enum KeyData {
 }
 
 impl KeyData {
-    /// Copies a routing key.
+    /// Copies a routing key (into a buffer the index may keep: `index::token_key`).
     pub fn of(key: RoutingKey<'_>) -> KeyData {
         match key {
-            RoutingKey::Text(text) => KeyData::Text(Arc::from(text)),
-            RoutingKey::Tokens(tokens) => KeyData::Tokens(Arc::from(tokens)),
+            RoutingKey::Text(text) => KeyData::Text(index::text_key(text)),
+            RoutingKey::Tokens(tokens) => KeyData::Tokens(index::token_key(tokens)),
         }
     }
 }
