@@ -17,10 +17,10 @@
 //! first three quarters of a stored prompt and ends with a new tail.
 
 use std::hint::black_box;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use kvgate::index::{IndexConfig, IndexReader, IndexWriter, Namespace};
+use kvgate::index::{IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace};
 use kvgate::workers::WorkerId;
 
 /// Shared system prompts per tree.
@@ -382,6 +382,112 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
     }
 }
 
+/// What one measured dispatch does besides its insert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dispatch {
+    /// The data core's lookup first, whose hint the record carries to the insert.
+    Hinted,
+    /// No lookup: the insert walks from the root (a stale hint's cost, the writer's worst case).
+    Unhinted,
+}
+
+/// Per-dispatch figures, in ns, one entry per dispatch.
+#[derive(Clone, Debug, Default)]
+pub struct DispatchSamples {
+    /// The data core's lookup (with its quiescent state).
+    pub lookup: Vec<f64>,
+    /// The data core's copy of the key into the record (`index::token_key`).
+    pub key: Vec<f64>,
+    /// The control core's insert of the record (and dropping it).
+    pub insert: Vec<f64>,
+    /// Lookup plus insert of the same dispatch.
+    pub lookup_plus_insert: Vec<f64>,
+    /// Lookup, key copy and insert of the same dispatch.
+    pub whole: Vec<f64>,
+    /// ns of all the eviction and reclamation passes between chunks of dispatches.
+    pub upkeep_ns: f64,
+}
+
+impl DispatchSamples {
+    /// Records per second the writer sustains with its upkeep: every insert plus the eviction
+    /// and reclamation that keep the tree at its budget, over the whole run (a mean, not a
+    /// median: upkeep comes in passes).
+    pub fn writer_records_per_s(&self) -> f64 {
+        let busy_ns: f64 = self.insert.iter().sum::<f64>() + self.upkeep_ns;
+        self.insert.len() as f64 * 1e9 / busy_ns
+    }
+}
+
+/// The median of per-operation figures.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// `count` dispatches of new turns, each step of each dispatch timed on its own, as the gateway
+/// runs them: the next turn is generated and written into a reused buffer, as extraction leaves
+/// it on a data core (not timed); the data core looks it up (`Dispatch::Hinted`) and copies the
+/// key into the record (`index::token_key`); the control core inserts the record with the
+/// lookup's hint and drops it. Every `RECORD_CHUNK` dispatches the tree is evicted back to
+/// `budget` and reclaimed (not timed), as the control core's upkeep does.
+///
+/// Wall-clock time around each step (a monotonic clock read costs about 30 ns here, included):
+/// per-step timing leaves out the turn's generation, and the median over dispatches is robust
+/// to the rare preemption inside a step of a few µs. `time_records` instead times batches of
+/// turns generated 256 at a time beforehand, which leaves each query cold in memory where a
+/// data core has just written it.
+pub fn time_dispatches(
+    fixture: &mut Fixture,
+    count: usize,
+    dispatch: Dispatch,
+    budget: u64,
+) -> DispatchSamples {
+    let mut samples = DispatchSamples::default();
+    let mut input: Vec<u32> = Vec::new();
+    let ns_between = |from: Instant, to: Instant| to.duration_since(from).as_nanos() as f64;
+    for done in 1..=count {
+        let turn = fixture.next_turn();
+        input.clear();
+        kvgate::copy::extend_from_slice(&mut input, &turn);
+        drop(turn);
+        fixture.tick += 1;
+        let (tick, worker) = (fixture.tick, WorkerId(fixture.rng.u16(..fixture.workers)));
+        let started = Instant::now();
+        let hint = match dispatch {
+            Dispatch::Hinted => {
+                let (found, hint) = fixture.reader.lookup_tokens_hinted(NS, black_box(&input));
+                black_box(found);
+                hint
+            }
+            Dispatch::Unhinted => LookupHint::default(),
+        };
+        fixture.reader.quiesce();
+        let looked_up = Instant::now();
+        let key = kvgate::index::token_key(&input);
+        let keyed = Instant::now();
+        let inserted = fixture
+            .index
+            .insert_tokens_shared(NS, &key, worker, tick, &hint);
+        drop(key);
+        let recorded = Instant::now();
+        black_box(inserted.is_ok());
+        let (lookup, insert) = (ns_between(started, looked_up), ns_between(keyed, recorded));
+        samples.lookup.push(lookup);
+        samples.key.push(ns_between(looked_up, keyed));
+        samples.insert.push(insert);
+        samples.lookup_plus_insert.push(lookup + insert);
+        samples.whole.push(ns_between(started, recorded));
+        if done % RECORD_CHUNK == 0 {
+            let started = Instant::now();
+            fixture.index.evict(budget);
+            fixture.index.reclaim();
+            samples.upkeep_ns += ns_between(started, Instant::now());
+        }
+    }
+    samples
+}
+
 /// Lookups on a reader thread while the writer records continuously on this one: the median
 /// ns per lookup with the writer busy, and the writer's records per second (from its median).
 pub fn time_lookups_while_writing(fixture: &mut Fixture, lookups: usize) -> (f64, f64) {
@@ -481,21 +587,35 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         Record::LookupThenTokens,
         budget,
     );
+    let dispatches = time_dispatches(&mut fixture, sizes.inserts, Dispatch::Hinted, budget);
     let (busy_ns, busy_records) = time_lookups_while_writing(&mut fixture, sizes.lookups);
     let (bytes_token, bytes_char) = bytes_per_unit(&fixture);
     drop(fixture);
     let mut small = Fixture::build(1024, sizes.workers[0], sizes.tree_units, 2, false);
     let small_budget = small.units().0;
     let small_insert = time_records(&mut small, sizes.inserts * 4, Record::Tokens, small_budget);
+    let small_hinted = time_dispatches(
+        &mut small,
+        sizes.inserts * 4,
+        Dispatch::Hinted,
+        small_budget,
+    );
+    let small_unhinted = time_dispatches(
+        &mut small,
+        sizes.inserts * 4,
+        Dispatch::Unhinted,
+        small_budget,
+    );
     drop(small);
     let (evict_s, evict_entries, evict_units, evict_held) =
         time_evict_half(sizes.evict_tree_units, 1024, 3);
-    let inserts_per_s = 1e9 / small_insert.p50_ns();
+    let lookup_plus_record = median(&dispatches.lookup_plus_insert);
+    let inserts_per_s = 1e9 / median(&small_hinted.insert);
     serde_json::json!({
         "prompt_tokens": prompt,
         "workers": sizes.workers[0],
         "tree_tokens": budget,
-        "note": "thread CPU time; ns figures are medians over batches of 16, *_min_ns the fastest batch",
+        "note": "lookup_plus_record_*, dispatch_*, writer_inserts_per_s and writer_inserts_unhinted_per_s: medians over dispatches of each step timed on its own (time_dispatches); the rest (and *_pregenerated*): thread CPU time, medians over batches of 16 of turns generated beforehand, *_min_ns the fastest batch",
         "lookup_8k_tokens_ns": token.p50_ns(),
         "lookup_8k_tokens_min_ns": token.min_ns(),
         "lookup_8k_tokens_cold_ns": cold_lookups.p50_ns(),
@@ -504,13 +624,23 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "chained_xxh3_page_hashes_8k_tokens_ns": hash_ns,
         "record_8k_tokens_ns": insert.p50_ns(),
         "record_8k_tokens_min_ns": insert.min_ns(),
-        "lookup_plus_record_8k_tokens_ns": both.p50_ns(),
-        "lookup_plus_record_8k_tokens_min_ns": both.min_ns(),
+        "lookup_plus_record_8k_tokens_ns": lookup_plus_record,
+        "dispatch_lookup_8k_tokens_ns": median(&dispatches.lookup),
+        "dispatch_record_key_8k_tokens_ns": median(&dispatches.key),
+        "dispatch_insert_8k_tokens_ns": median(&dispatches.insert),
+        "dispatch_whole_8k_tokens_ns": median(&dispatches.whole),
+        "lookup_plus_record_8k_tokens_pregenerated_ns": both.p50_ns(),
+        "lookup_plus_record_8k_tokens_pregenerated_min_ns": both.min_ns(),
         "record_32k_chars_ns": text_insert.p50_ns(),
         "lookup_8k_tokens_writer_busy_ns": busy_ns,
         "writer_records_8k_per_s_during_lookups": busy_records,
         "writer_inserts_per_s": inserts_per_s,
-        "writer_inserts_per_s_best": 1e9 / small_insert.min_ns(),
+        "writer_inserts_unhinted_per_s": 1e9 / median(&small_unhinted.insert),
+        "writer_records_per_s_with_upkeep": small_hinted.writer_records_per_s(),
+        "writer_records_unhinted_per_s_with_upkeep": small_unhinted.writer_records_per_s(),
+        "writer_records_8k_per_s_with_upkeep": dispatches.writer_records_per_s(),
+        "writer_inserts_pregenerated_per_s": 1e9 / small_insert.p50_ns(),
+        "writer_inserts_pregenerated_per_s_best": 1e9 / small_insert.min_ns(),
         "writer_inserts_prompt_tokens": 1024,
         "evict_tree_tokens": evict_held,
         "evict_tokens_evicted": evict_units,
@@ -518,7 +648,7 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "evict_half_entries": evict_entries,
         "bytes_per_token": bytes_token,
         "bytes_per_char": bytes_char,
-        "ratio_lookup_plus_record_8k_to_3us": both.p50_ns() / 3000.0,
+        "ratio_lookup_plus_record_8k_to_3us": lookup_plus_record / 3000.0,
         "ratio_lookup_32k_chars_to_5us": text.p50_ns() / 5000.0,
         "ratio_inserts_per_s_to_1m": inserts_per_s / 1e6,
         "ratio_bytes_per_token_to_16": bytes_token / 16.0,
@@ -526,25 +656,47 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     })
 }
 
-/// Records one measurement of the quick set many times, for `perf record`:
-/// `-- --profile record|lookup-record|text|insert-1k [RECORDS]`; returns its median ns per record.
+/// Records one measurement of the quick set many times, for `perf record` or callgrind:
+/// `-- --profile record|lookup-record|text|insert-1k|dispatch-8k|dispatch-1k [RECORDS]`;
+/// returns its median ns per record. The `dispatch-*` kinds run `time_dispatches` (hinted),
+/// whose steps callgrind can single out with `--toggle-collect='*time_dispatches*'`.
 pub fn profile_loop(kind: &str, records: usize) -> String {
     let sizes = Sizes::quick();
     let (prompt, record) = match kind {
-        "record" => (sizes.prompt_tokens[0], Record::Tokens),
-        "lookup-record" => (sizes.prompt_tokens[0], Record::LookupThenTokens),
-        "text" => (sizes.prompt_tokens[0], Record::Text),
-        "insert-1k" => (1024, Record::Tokens),
-        _ => return format!("unknown profile {kind:?}: record|lookup-record|text|insert-1k"),
+        "record" => (sizes.prompt_tokens[0], Some(Record::Tokens)),
+        "lookup-record" => (sizes.prompt_tokens[0], Some(Record::LookupThenTokens)),
+        "text" => (sizes.prompt_tokens[0], Some(Record::Text)),
+        "insert-1k" => (1024, Some(Record::Tokens)),
+        "dispatch-8k" => (sizes.prompt_tokens[0], None),
+        "dispatch-1k" => (1024, None),
+        _ => {
+            return format!(
+            "unknown profile {kind:?}: record|lookup-record|text|insert-1k|dispatch-8k|dispatch-1k"
+        )
+        }
     };
-    let with_text = record == Record::Text;
+    let with_text = record == Some(Record::Text);
     let mut fixture = Fixture::build(prompt, sizes.workers[0], sizes.tree_units, 2, with_text);
-    let budget = record.budget(&fixture);
-    let samples = time_records(&mut fixture, records, record, budget);
-    format!(
-        "{kind}: {:.0} ns per record (median of batches)",
-        samples.p50_ns()
-    )
+    let budget = record.unwrap_or(Record::Tokens).budget(&fixture);
+    match record {
+        Some(record) => {
+            let samples = time_records(&mut fixture, records, record, budget);
+            format!(
+                "{kind}: {:.0} ns per record (median of batches)",
+                samples.p50_ns()
+            )
+        }
+        None => {
+            let samples = time_dispatches(&mut fixture, records, Dispatch::Hinted, budget);
+            format!(
+                "{kind}: lookup {:.0} ns, key {:.0} ns, insert {:.0} ns (medians); {:.0} records/s with upkeep",
+                median(&samples.lookup),
+                median(&samples.key),
+                median(&samples.insert),
+                samples.writer_records_per_s()
+            )
+        }
+    }
 }
 
 /// One benchmark body: runs `iters` iterations and returns the time they took (the shape of
