@@ -14,6 +14,8 @@
 # requests wrk completed): a cost figure that other load on the machine disturbs far less.
 #
 # Usage: scripts/bench-proxy.sh [ROUNDS]   (default 3 rounds = A B A B A B)
+#        BENCH_BODY=36k scripts/bench-proxy.sh   (36 KB bodies sharing one system prompt)
+#        KVGATE_BIN=path/to/kvgate scripts/bench-proxy.sh   (another build, e.g. a baseline)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-3}"
@@ -27,6 +29,7 @@ if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
 fi
 cargo build --release -q -p kvgate --bin kvgate
+KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
 cargo build --release -q -p bench-harness --bin sim-engine
 
 WORK="$(mktemp -d)"
@@ -38,7 +41,7 @@ trap cleanup EXIT
 SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; METRICS_PORT=21099
 "${LOADGEN[@]}" target/release/sim-engine --engines 1 --base-port "$SIM_PORT" --instant --threads 1 >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
-"${PROXY[@]}" target/release/kvgate --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
+"${PROXY[@]}" "$KVGATE_BIN" --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
   --prometheus-port "$METRICS_PORT" --data-cores 1 --log-level warn \
   --worker-urls "http://127.0.0.1:$SIM_PORT" >"$WORK/kvgate.log" 2>&1 &
 PIDS+=($!)
@@ -71,13 +74,19 @@ EOF
 PIDS+=($!)
 KVGATE_PID="${PIDS[1]}"; NGINX_PID="${PIDS[2]}"
 
-# Several distinct small chat bodies (~250 B), cycled per request.
-cat >"$WORK/chat.lua" <<'EOF'
+# Several distinct chat bodies, cycled per request: small (~250 B), or with BENCH_BODY=36k a
+# shared system prompt of about 36 KB (~9k words) before each distinct question.
+SYSTEM_WORDS=0; [ "${BENCH_BODY:-small}" = 36k ] && SYSTEM_WORDS=3600
+echo "local system_words = $SYSTEM_WORDS" >"$WORK/chat.lua"
+cat >>"$WORK/chat.lua" <<'EOF'
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
+local words = {}
+for i = 1, system_words do words[i] = "keeper" .. (i % 997) end
+local system = "You are a helpful assistant. " .. table.concat(words, " ")
 local bodies = {}
 for i = 1, 16 do
-  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', i)
+  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"%s"},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', system, i)
 end
 local n = 0
 request = function()
@@ -119,7 +128,7 @@ run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req"
   echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us"
 }
 
-echo "# wrk -t1 -c$CONNECTIONS -d$DURATION --latency, small chat bodies, sim-engine --instant, pin=$PIN"
+echo "# wrk -t1 -c$CONNECTIONS -d$DURATION --latency, ${BENCH_BODY:-small} chat bodies, sim-engine --instant, pin=$PIN"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# system req/s p50 p99 non2xx cpu_us_per_req"
 RESULTS=()

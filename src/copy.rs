@@ -30,6 +30,23 @@ pub fn extend_from_slice<T: Copy>(out: &mut Vec<T>, src: &[T]) {
     }
 }
 
+/// `out.push_str(text)`, copied in pieces (cut at character boundaries).
+pub fn push_str(out: &mut String, text: &str) {
+    out.reserve(text.len());
+    let mut rest = text;
+    while rest.len() > PIECE_BYTES {
+        // A boundary at most 3 bytes before the piece's end (UTF-8 characters are 1-4 bytes).
+        let mut cut = PIECE_BYTES;
+        while !rest.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let (piece, after) = rest.split_at(cut);
+        out.push_str(piece);
+        rest = after;
+    }
+    out.push_str(rest);
+}
+
 /// `dst.copy_from_slice(src)`, copied in pieces; the slices have the same length.
 pub fn copy_from_slice<T: Copy>(dst: &mut [T], src: &[T]) {
     assert_eq!(dst.len(), src.len(), "copy between slices of one length");
@@ -56,5 +73,16 @@ mod tests {
         assert_eq!(piece_len::<u8>(), PIECE_BYTES);
         assert_eq!(piece_len::<u32>(), PIECE_BYTES / 4);
         assert_eq!(piece_len::<[u8; 4096]>(), 1);
+    }
+
+    #[test]
+    fn text_pieces_cut_at_character_boundaries() {
+        let text = "aé€😀".repeat(1000);
+        let mut out = String::from(">");
+        push_str(&mut out, &text);
+        assert_eq!(&out[1..], text);
+        let mut short = String::new();
+        push_str(&mut short, "é");
+        assert_eq!(short, "é");
     }
 }

@@ -30,6 +30,7 @@ use super::pool::UpstreamConn;
 use super::route::{RouteInput, TriedWorkers, WorkerView};
 use super::server::{DataCore, Downstream, Request};
 use crate::control::DispatchRecord;
+use crate::copy;
 use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_READ_BYTES};
 use crate::metrics::Counter;
 use crate::policy::RecordKey;
@@ -371,7 +372,7 @@ async fn forward(
         authority,
         input.body.len(),
     );
-    up.write_buf.extend_from_slice(input.body);
+    copy::extend_from_slice(&mut up.write_buf, input.body);
     let (result, buf) = up
         .socket
         .write_all(std::mem::take(&mut up.write_buf), deadline)
@@ -475,7 +476,7 @@ impl BodyTracker {
                 decoder
                     .feed(input, |data| {
                         if dechunk {
-                            decoded.extend_from_slice(data)
+                            copy::extend_from_slice(decoded, data)
                         }
                     })
                     .map_err(|_| ProxyError::upstream(ErrorKind::UpstreamMalformed, "chunked body"))
@@ -551,7 +552,7 @@ async fn stream_back(
     }
     let consumed = tracker.advance(available, client.write_buf)?;
     if !tracker.dechunk {
-        client.write_buf.extend_from_slice(&available[..consumed]);
+        copy::extend_from_slice(client.write_buf, &available[..consumed]);
     }
     let mut leftover = consumed < available.len();
     let ended = |complete: bool, reusable: bool| {

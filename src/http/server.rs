@@ -21,6 +21,7 @@ use super::pool::UpstreamPool;
 use super::proxy;
 use super::route::Router;
 use crate::config::Config;
+use crate::copy;
 use crate::limits::{
     DOWNSTREAM_WRITE_TIMEOUT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX,
 };
@@ -388,7 +389,7 @@ async fn read_chunked_body(
             read_buf, body_buf, ..
         } = &mut *down;
         let consumed = decoder
-            .feed(&read_buf[fed..], |data| body_buf.extend_from_slice(data))
+            .feed(&read_buf[fed..], |data| copy::extend_from_slice(body_buf, data))
             .map_err(|e| {
                 let kind = match e {
                     ChunkError::Malformed => ErrorKind::MalformedRequest,

@@ -61,7 +61,7 @@ fn push_text(buf: &mut String, piece: &str) {
     if !buf.is_empty() {
         buf.push(' ');
     }
-    buf.push_str(piece);
+    crate::copy::push_str(buf, piece);
 }
 
 /// Visitor methods that accept a value of the named JSON types (and `null`) and ignore it.
