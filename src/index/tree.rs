@@ -389,6 +389,9 @@ pub struct TreeWriter<K: Keying> {
     next_id: u32,
     retired: RetireList,
     namespaces: HashMap<Namespace, u32>,
+    /// The namespace of the last insert and its root: most records in a row share one, and
+    /// the map's SipHash (namespaces come from client fields) costs more than the compare.
+    last_root: Option<(Namespace, u32)>,
     root_ns: IdMap<u32, Namespace>,
     ns_slots_used: usize,
     ns_capacity: usize,
@@ -425,6 +428,7 @@ impl<K: Keying> TreeWriter<K> {
             next_id: 1,
             retired: RetireList::default(),
             namespaces: HashMap::new(),
+            last_root: None,
             root_ns: IdMap::default(),
             ns_slots_used: 0,
             ns_capacity: NS_CAPACITY_MIN,
@@ -1103,7 +1107,9 @@ impl<K: Keying> TreeWriter<K> {
     /// after the lower entry in both recency lists (so the ancestor stays the more recent).
     fn clone_entries_above(&mut self, lower: u32, upper: u32) {
         let model = self.meta[lower as usize].model;
-        let mut tenants = Vec::with_capacity(self.meta[lower as usize].tenants.len());
+        // The upper node's list allocation (kept from its slot's last node by `set_meta`).
+        let mut tenants = std::mem::take(&mut self.meta[upper as usize].tenants);
+        tenants.clear();
         for i in 0..self.meta[lower as usize].tenants.len() {
             let (worker, below) = self.meta[lower as usize].tenants[i];
             let tick = self.entries.get(below).tick;
@@ -1402,8 +1408,14 @@ impl<K: Keying> TreeWriter<K> {
     }
 
     fn root_for(&mut self, ctx: &WriteCtx<'_, K::E>, ns: Namespace) -> Result<u32, IndexError> {
-        if let Some(root) = self.namespaces.get(&ns) {
-            return Ok(*root);
+        if let Some((last, root)) = self.last_root {
+            if last == ns {
+                return Ok(root);
+            }
+        }
+        if let Some(&root) = self.namespaces.get(&ns) {
+            self.last_root = Some((ns, root));
+            return Ok(root);
         }
         if self.namespaces.len() >= NAMESPACES_MAX {
             return Err(IndexError::NamespacesExhausted);
@@ -1454,6 +1466,7 @@ impl<K: Keying> TreeWriter<K> {
         let Some(ns) = self.root_ns.remove(&root) else {
             return;
         };
+        self.last_root = None;
         self.namespaces.remove(&ns);
         let guard = ctx.token.guard();
         let table = ctx.tree.namespaces.load(&guard);
