@@ -9,8 +9,11 @@
 //! `tests/index_perf.rs` runs the same code with tiny parameters in the normal test pass, so it
 //! cannot rot.
 //!
-//! Every figure is the running thread's CPU time (`cpu_now`), not wall time: the machine's two
+//! Batch figures are the running thread's CPU time (`cpu_now`), not wall time: the machine's two
 //! cores are shared by several builds, and wall time would mostly measure waiting for a core.
+//! Dispatch figures (`time_dispatches`: lookup plus record, the writer's insert rate) time each
+//! step of a dispatch on its own with the monotonic clock (reading the thread's CPU clock costs
+//! 0.6 us here), and take medians over dispatches, which a rare preemption does not move.
 //!
 //! Workload: every prompt starts with one of 16 shared system prompts (a quarter of its length);
 //! the tree is filled with such prompts for random workers; a query (a "next turn") repeats the
