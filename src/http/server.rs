@@ -389,7 +389,9 @@ async fn read_chunked_body(
             read_buf, body_buf, ..
         } = &mut *down;
         let consumed = decoder
-            .feed(&read_buf[fed..], |data| copy::extend_from_slice(body_buf, data))
+            .feed(&read_buf[fed..], |data| {
+                copy::extend_from_slice(body_buf, data)
+            })
             .map_err(|e| {
                 let kind = match e {
                     ChunkError::Malformed => ErrorKind::MalformedRequest,
