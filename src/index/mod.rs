@@ -10,8 +10,8 @@
 //! - Errors ([`IndexError`]) are capacity limits the writer reports; the control core counts
 //!   them and drops the record (routing stays correct, only affinity is lost).
 //!
-//! Layout: `raw` holds every `unsafe` block (reclamation, slab, published tables), `tree` the
-//! walk and the copy-on-write writer, `entries` the writer's recency lists, `keys` the unit
+//! Layout: `raw` holds every `unsafe` block (reclamation, slab, published tables, shared label
+//! buffers), `tree` the walk and the copy-on-write writer, `entries` the writer's recency lists, `keys` the unit
 //! rules (characters, pages).
 
 #![deny(unsafe_code)]

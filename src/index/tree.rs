@@ -6,9 +6,14 @@
 //! so a reader always sees either the old or the new path, never a torn one: a new child is
 //! appended into its parent's table and the table's length published (or the table rebuilt and
 //! its pointer published, copy-on-write, when it has no room), a split or merge swaps one child
-//! id for a node spelling the same edge. A split keeps the lower node (its label allocation still
+//! id for a node spelling the same edge. A split keeps the lower node (its label buffer still
 //! holds the split-off part, so a reader arriving through the old child still compares the right
 //! elements).
+//!
+//! Labels are windows of shared buffers (`LabelSource`): a split's halves keep the edge's
+//! buffer, a merge of halves that still adjoin keeps it too, and a new leaf may keep the
+//! dispatch record's key buffer; a label shorter than a quarter of its buffer gets a copy
+//! (`LABEL_BUFFER_SHARE_MAX`), which bounds the memory a buffer can pin.
 //!
 //! An insert may start from a reader's `LookupHint` instead of the root; see `LookupHint` for
 //! when the writer trusts it.
