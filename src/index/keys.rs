@@ -226,7 +226,9 @@ mod tests {
         assert_eq!(common_prefix(&a, &b), 70);
         assert_eq!(common_prefix(&a[..10], &b), 10);
         let long: Vec<u32> = (0..5000).collect();
-        for at in [0, 31, 32, 255, 256, 257, 511, 1000, 2047, 2048, 2049, 2303, 4096, 4999] {
+        for at in [
+            0, 31, 32, 255, 256, 257, 511, 1000, 2047, 2048, 2049, 2303, 4096, 4999,
+        ] {
             let mut other = long.clone();
             other[at] = u32::MAX;
             assert_eq!(common_prefix(&long, &other), at);

@@ -27,7 +27,9 @@
 
 use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::Arc;
 
 use crossbeam_utils::CachePadded;
@@ -277,8 +279,9 @@ pub struct Node<E: Element> {
     children: AtomicPtr<TableSlot>,
     /// The first element of the label's buffer (from `Arc::into_raw`), null for none.
     label_ptr: AtomicPtr<E>,
-    /// Elements in the buffer.
-    label_len: AtomicU32,
+    /// Elements in the buffer (a `usize`: dropping the count rebuilds the `Arc` from it, so it
+    /// must be exact for any buffer a caller hands in).
+    label_len: AtomicUsize,
     /// Where this node's label ends inside its buffer (the label is the `depth_end - parent
     /// depth` elements before it: nodes sharing a buffer see different windows of it).
     label_end: AtomicU32,
@@ -301,7 +304,7 @@ impl<E: Element> Default for Node<E> {
         Self {
             children: AtomicPtr::new(std::ptr::null_mut()),
             label_ptr: AtomicPtr::new(std::ptr::null_mut()),
-            label_len: AtomicU32::new(0),
+            label_len: AtomicUsize::new(0),
             label_end: AtomicU32::new(0),
             depth_end: AtomicU32::new(0),
             mru_version: AtomicU32::new(0),
@@ -402,7 +405,7 @@ impl<E: Element> Node<E> {
     /// `None` when the node does not span that depth (only possible for a corrupted tree).
     pub fn label_from<'g>(&'g self, depth_from: u32, _guard: &'g Guard<'_>) -> Option<&'g [E]> {
         let ptr = self.label_ptr.load(Ordering::Acquire);
-        let len = self.label_len.load(Ordering::Relaxed) as usize;
+        let len = self.label_len.load(Ordering::Relaxed);
         let end = self.label_end.load(Ordering::Relaxed) as usize;
         let wanted = self
             .depth_end
@@ -421,7 +424,7 @@ impl<E: Element> Node<E> {
 
     /// The label's buffer as (address, elements): nodes with the same address share one
     /// buffer (the writer's accounting of label memory, and its test for contiguous labels).
-    pub fn label_buffer(&self) -> (usize, u32) {
+    pub fn label_buffer(&self) -> (usize, usize) {
         let ptr = self.label_ptr.load(Ordering::Relaxed);
         (ptr as usize, self.label_len.load(Ordering::Relaxed))
     }
@@ -638,9 +641,9 @@ impl<E: Element> FreshNode<'_, E> {
         tenants: &[u16],
         writer: &WriterToken,
     ) {
-        let len = buffer.len() as u32;
+        let len = buffer.len();
         let ptr = Arc::into_raw(buffer).cast::<E>().cast_mut();
-        self.install((ptr, len, label_end.min(len)), depth_end, tenants, writer);
+        self.install((ptr, len, label_end), depth_end, tenants, writer);
     }
 
     /// Writes a label that is a window of `donor`'s buffer, ending at `label_end`, taking one
@@ -660,15 +663,16 @@ impl<E: Element> FreshNode<'_, E> {
         // `Arc<[E]>` of `len` elements (`init`), in which the donor holds a count that only
         // `Slab::clear` releases, and the writer (holding the token) has not cleared it: the
         // buffer is alive, so taking one more count is sound. This node releases it in `clear`.
-        unsafe { Arc::increment_strong_count(std::ptr::slice_from_raw_parts(ptr, len as usize)) };
-        self.install((ptr, len, label_end.min(len)), depth_end, tenants, writer);
+        unsafe { Arc::increment_strong_count(std::ptr::slice_from_raw_parts(ptr, len)) };
+        self.install((ptr, len, label_end), depth_end, tenants, writer);
     }
 
     /// Writes a label buffer `(ptr, len, label_end)` whose count this node holds, the depth,
-    /// no children and the tenants of a fresh node.
+    /// no children and the tenants of a fresh node. A `label_end` past the buffer is cut to its
+    /// length (`label_from` then finds the label too short: a corrupt tree, never unsound).
     fn install(
         &self,
-        (ptr, len, label_end): (*mut E, u32, u32),
+        (ptr, len, label_end): (*mut E, usize, u32),
         depth_end: u32,
         tenants: &[u16],
         writer: &WriterToken,
@@ -679,6 +683,7 @@ impl<E: Element> FreshNode<'_, E> {
         );
         self.node.label_ptr.store(ptr, Ordering::Relaxed);
         self.node.label_len.store(len, Ordering::Relaxed);
+        let label_end = u32::try_from(len).map_or(label_end, |len| label_end.min(len));
         self.node.label_end.store(label_end, Ordering::Relaxed);
         self.node.depth_end.store(depth_end, Ordering::Relaxed);
         self.node
@@ -763,7 +768,7 @@ impl<E: Element> Node<E> {
     /// No reader can reach this node's label any more.
     unsafe fn release_label(&self) {
         let ptr = self.label_ptr.swap(std::ptr::null_mut(), Ordering::Relaxed);
-        let len = self.label_len.swap(0, Ordering::Relaxed) as usize;
+        let len = self.label_len.swap(0, Ordering::Relaxed);
         if !ptr.is_null() {
             // SAFETY: a non-null `ptr`/`len` came from `Arc::into_raw` of an `Arc<[E]>` of
             // `len` elements in which this node holds one count (`init`, `init_sharing`),

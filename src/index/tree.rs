@@ -746,23 +746,23 @@ impl<K: Keying> TreeWriter<K> {
 
     /// Counts one more live node on a label buffer (its elements count once, however many
     /// nodes share it).
-    fn hold_buffer(&mut self, (address, len): (usize, u32)) {
+    fn hold_buffer(&mut self, (address, len): (usize, usize)) {
         let users = self.buffer_users.entry(address).or_insert(0);
         *users += 1;
         if *users == 1 {
-            self.label_elements += u64::from(len);
+            self.label_elements += len as u64;
         }
     }
 
     /// Counts one live node fewer on a label buffer.
-    fn release_buffer(&mut self, (address, len): (usize, u32)) {
+    fn release_buffer(&mut self, (address, len): (usize, usize)) {
         let Some(users) = self.buffer_users.get_mut(&address) else {
             return;
         };
         *users -= 1;
         if *users == 0 {
             self.buffer_users.remove(&address);
-            self.label_elements -= u64::from(len);
+            self.label_elements -= len as u64;
         }
     }
 
@@ -1038,7 +1038,7 @@ impl<K: Keying> TreeWriter<K> {
             mru,
             mru_len,
         };
-        let buffer_len = shared.label_buffer().1 as usize;
+        let buffer_len = shared.label_buffer().1;
         let lower_len = label.len() - common;
         let lower = if may_keep_buffer(lower_len, buffer_len) {
             child
