@@ -11,8 +11,8 @@
 //!   them and drops the record (routing stays correct, only affinity is lost).
 //!
 //! Layout: `raw` holds every `unsafe` block (reclamation, slab, published tables, shared label
-//! buffers), `tree` the walk and the copy-on-write writer, `entries` the writer's recency lists, `keys` the unit
-//! rules (characters, pages).
+//! buffers), `tree` the walk and the copy-on-write writer, `entries` the writer's recency
+//! lists, `keys` the unit rules (characters, pages).
 
 #![deny(unsafe_code)]
 
@@ -263,8 +263,8 @@ impl IndexWriter {
     }
 
     /// `insert_text_hinted` of a text held in a shared buffer (the dispatch record's key): a
-    /// new leaf keeps a reference to it instead of copying its part, while that part is at
-    /// least a quarter of the text.
+    /// new leaf that is at least half of the text keeps a reference to it instead of a copy of
+    /// its part.
     pub fn insert_text_shared(
         &mut self,
         ns: Namespace,
