@@ -47,15 +47,6 @@ pub fn push_str(out: &mut String, text: &str) {
     out.push_str(rest);
 }
 
-/// `dst.copy_from_slice(src)`, copied in pieces; the slices have the same length.
-pub fn copy_from_slice<T: Copy>(dst: &mut [T], src: &[T]) {
-    assert_eq!(dst.len(), src.len(), "copy between slices of one length");
-    let len = piece_len::<T>();
-    for (to, from) in dst.chunks_mut(len).zip(src.chunks(len)) {
-        to.copy_from_slice(from);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,9 +58,6 @@ mod tests {
         extend_from_slice(&mut out, &src);
         assert_eq!(out.len(), 5001);
         assert_eq!(&out[1..], &src[..]);
-        let mut dst = vec![0u32; 5000];
-        copy_from_slice(&mut dst, &src);
-        assert_eq!(dst, src);
         assert_eq!(piece_len::<u8>(), PIECE_BYTES);
         assert_eq!(piece_len::<u32>(), PIECE_BYTES / 4);
         assert_eq!(piece_len::<[u8; 4096]>(), 1);
