@@ -256,11 +256,16 @@ impl Samples {
     }
 
     fn quantile_ns(&self, q: f64) -> f64 {
-        let mut sorted = self.per_item_ns.clone();
-        sorted.sort_by(f64::total_cmp);
-        let at = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-        sorted.get(at).copied().unwrap_or(f64::NAN)
+        quantile(&self.per_item_ns, q)
     }
+}
+
+/// The `q` quantile of `values` (the nearest rank), NaN for none.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted.get(at).copied().unwrap_or(f64::NAN)
 }
 
 /// Token lookups cycling through the fixture's queries (a working set that stays in cache);
@@ -423,9 +428,7 @@ impl DispatchSamples {
 
 /// The median of per-operation figures.
 pub fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+    quantile(values, 0.5)
 }
 
 /// `count` dispatches of new turns, each step of each dispatch timed on its own, as the gateway
