@@ -621,7 +621,7 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "prompt_tokens": prompt,
         "workers": sizes.workers[0],
         "tree_tokens": budget,
-        "note": "lookup_plus_record_*, dispatch_*, writer_inserts_per_s and writer_inserts_unhinted_per_s: medians over dispatches of each step timed on its own (time_dispatches); the rest (and *_pregenerated*): thread CPU time, medians over batches of 16 of turns generated beforehand, *_min_ns the fastest batch",
+        "note": "each figure: the median over `rounds` runs of the quick set on fresh fixtures (rounds_* lists each run's value of the targets' figures); within a run, lookup_plus_record_*, dispatch_*, writer_inserts_per_s and writer_inserts_unhinted_per_s: medians over dispatches of each step timed on its own (time_dispatches); the rest (and *_pregenerated*): thread CPU time, medians over batches of 16 of turns generated beforehand, *_min_ns the fastest batch",
         "lookup_8k_tokens_ns": token.p50_ns(),
         "lookup_8k_tokens_min_ns": token.min_ns(),
         "lookup_8k_tokens_cold_ns": cold_lookups.p50_ns(),
@@ -660,6 +660,59 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "ratio_bytes_per_token_to_16": bytes_token / 16.0,
         "checksum": token_sum + text_sum,
     })
+}
+
+/// Rounds of the quick set `--quick` runs by default: one round is half a second, and the
+/// host's other tenants move a round's figures by up to 40% between seconds (they share its L3
+/// and memory bandwidth), so one round says little about the build.
+pub const QUICK_ROUNDS: usize = 7;
+
+/// The figures whose every round `quick_rounds` also lists (the targets' own figures).
+const TARGET_FIGURES: [&str; 4] = [
+    "lookup_plus_record_8k_tokens_ns",
+    "writer_inserts_per_s",
+    "lookup_32k_chars_ns",
+    "bytes_per_token",
+];
+
+/// `rounds` runs of the quick set, each on a fresh fixture, merged by `merge_rounds`.
+pub fn quick_rounds(sizes: &Sizes, rounds: usize) -> serde_json::Value {
+    let reports: Vec<serde_json::Value> = (0..rounds.max(1)).map(|_| quick_report(sizes)).collect();
+    merge_rounds(&reports)
+}
+
+/// One report of several rounds: each figure is the median over the rounds (whole numbers stay
+/// whole), text fields are the first round's, and `rounds_<figure>` lists every round's value of
+/// the targets' figures, in order, so their spread is in the report.
+pub fn merge_rounds(reports: &[serde_json::Value]) -> serde_json::Value {
+    let Some(serde_json::Value::Object(first)) = reports.first() else {
+        return serde_json::Value::Null;
+    };
+    let mut merged = serde_json::Map::new();
+    for (name, value) in first {
+        let values: Vec<&serde_json::Value> = reports.iter().filter_map(|r| r.get(name)).collect();
+        let merged_value = if values.iter().all(|v| v.is_u64()) {
+            let mut whole: Vec<u64> = values.iter().filter_map(|v| v.as_u64()).collect();
+            whole.sort_unstable();
+            serde_json::json!(whole[(whole.len() - 1) / 2])
+        } else if values.iter().all(|v| v.is_number()) {
+            let figures: Vec<f64> = values.iter().filter_map(|v| v.as_f64()).collect();
+            serde_json::json!(median(&figures))
+        } else {
+            value.clone()
+        };
+        merged.insert(name.clone(), merged_value);
+    }
+    for name in TARGET_FIGURES {
+        let each: Vec<serde_json::Value> = reports
+            .iter()
+            .filter_map(|r| r.get(name))
+            .cloned()
+            .collect();
+        merged.insert(format!("rounds_{name}"), serde_json::Value::Array(each));
+    }
+    merged.insert("rounds".into(), serde_json::json!(reports.len()));
+    serde_json::Value::Object(merged)
 }
 
 /// Records one measurement of the quick set many times, for `perf record` or callgrind:
@@ -801,7 +854,12 @@ fn main() {
         return;
     }
     if args.iter().any(|arg| arg == "--quick") {
-        println!("{}", quick_report(&Sizes::quick()));
+        let rounds = args
+            .iter()
+            .position(|arg| arg == "--rounds")
+            .and_then(|at| args.get(at + 1)?.parse().ok())
+            .unwrap_or(QUICK_ROUNDS);
+        println!("{}", quick_rounds(&Sizes::quick(), rounds));
         return;
     }
     let mut criterion = Criterion::default().configure_from_args();
@@ -810,7 +868,7 @@ fn main() {
     if args.iter().any(|arg| arg == "--bench") {
         let (evict_s, entries, units, held) = time_evict_half(sizes.evict_tree_units, 1024, 3);
         println!("evict_half: {units} of {held} tokens, {entries} entries in {evict_s:.3} s");
-        println!("{}", quick_report(&Sizes::quick()));
+        println!("{}", quick_rounds(&Sizes::quick(), QUICK_ROUNDS));
     }
     criterion.final_summary();
 }

@@ -40,3 +40,30 @@ fn every_criterion_body_runs_with_tiny_sizes() {
     });
     assert_eq!(cases.len(), 5, "{cases:?}");
 }
+
+#[test]
+fn rounds_merge_into_medians_and_keep_each_rounds_target_figures() {
+    let round = |lookup: f64, inserts: f64, checksum: u64| {
+        serde_json::json!({
+            "note": "text",
+            "lookup_plus_record_8k_tokens_ns": lookup,
+            "writer_inserts_per_s": inserts,
+            "checksum": checksum,
+        })
+    };
+    let rounds = [
+        round(3100.0, 0.9e6, 7),
+        round(2500.0, 1.4e6, 9),
+        round(2800.0, 1.1e6, 8),
+    ];
+    let merged = bench::merge_rounds(&rounds);
+    assert_eq!(merged["lookup_plus_record_8k_tokens_ns"], 2800.0);
+    assert_eq!(merged["writer_inserts_per_s"], 1.1e6);
+    assert_eq!(merged["checksum"].as_u64(), Some(8));
+    assert_eq!(merged["note"], "text");
+    assert_eq!(merged["rounds"], 3);
+    assert_eq!(
+        merged["rounds_lookup_plus_record_8k_tokens_ns"],
+        serde_json::json!([3100.0, 2500.0, 2800.0])
+    );
+}
