@@ -663,8 +663,8 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
 }
 
 /// Rounds of the quick set `--quick` runs by default: one round is half a second, and the
-/// host's other tenants move a round's figures by up to 40% between seconds (they share its L3
-/// and memory bandwidth), so one round says little about the build.
+/// host's other tenants (sharing its caches and memory bandwidth) move one round's figures by up
+/// to 2x between seconds, so one round says little about the build.
 pub const QUICK_ROUNDS: usize = 7;
 
 /// The figures whose every round `quick_rounds` also lists (the targets' own figures).
