@@ -809,6 +809,20 @@ pub fn for_each_case(sizes: &Sizes, run: &mut dyn FnMut(&str, String, Body<'_>))
                     }),
                 );
             }
+            // The quick set's lookup plus record: each dispatch's lookup and the hinted insert of
+            // its record, timed apart from the turn's generation and the eviction between chunks.
+            let budget = Record::Tokens.budget(&fixture.borrow());
+            run(
+                &group,
+                format!("dispatch_lookup_plus_insert/{prompt}"),
+                Box::new(|iters| {
+                    let mut fixture = fixture.borrow_mut();
+                    let dispatches =
+                        time_dispatches(&mut fixture, iters as usize, Dispatch::Hinted, budget);
+                    let ns: f64 = dispatches.lookup_plus_insert.iter().sum();
+                    Duration::from_nanos(ns as u64)
+                }),
+            );
         }
     }
 }
