@@ -691,15 +691,14 @@ pub fn merge_rounds(reports: &[serde_json::Value]) -> serde_json::Value {
     let mut merged = serde_json::Map::new();
     for (name, value) in first {
         let values: Vec<&serde_json::Value> = reports.iter().filter_map(|r| r.get(name)).collect();
-        let merged_value = if values.iter().all(|v| v.is_u64()) {
-            let mut whole: Vec<u64> = values.iter().filter_map(|v| v.as_u64()).collect();
-            whole.sort_unstable();
-            serde_json::json!(whole[(whole.len() - 1) / 2])
-        } else if values.iter().all(|v| v.is_number()) {
-            let figures: Vec<f64> = values.iter().filter_map(|v| v.as_f64()).collect();
-            serde_json::json!(median(&figures))
-        } else {
+        let figures: Vec<f64> = values.iter().filter_map(|v| v.as_f64()).collect();
+        let merged_value = if figures.len() < values.len() {
             value.clone()
+        } else if values.iter().all(|v| v.is_u64()) {
+            // Counts and checksums, far below 2^53: exact through f64.
+            serde_json::json!(median(&figures) as u64)
+        } else {
+            serde_json::json!(median(&figures))
         };
         merged.insert(name.clone(), merged_value);
     }
