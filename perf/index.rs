@@ -23,7 +23,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use kvgate::index::{IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace};
+use kvgate::index::{
+    token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, PackedTokens,
+};
 use kvgate::workers::WorkerId;
 
 /// Shared system prompts per tree.
@@ -96,7 +98,7 @@ pub struct Fixture {
     /// One reader handle.
     pub reader: IndexReader,
     /// Token queries.
-    pub token_queries: Vec<Vec<u32>>,
+    pub token_queries: Vec<PackedTokens>,
     /// Text queries (the same prompts, `CHARS_PER_TOKEN` characters per token).
     pub text_queries: Vec<String>,
     rng: fastrand::Rng,
@@ -162,7 +164,7 @@ impl Fixture {
         for _ in 0..QUERIES {
             let query = fixture.next_turn();
             fixture.text_queries.push(text_of(&query));
-            fixture.token_queries.push(query);
+            fixture.token_queries.push(PackedTokens::of(&query));
         }
         fixture
     }
@@ -197,7 +199,7 @@ impl Fixture {
         query.clear();
         kvgate::copy::extend_from_slice(query, &base[..keep]);
         let rng = &mut self.rng;
-        query.extend((keep..base.len()).map(|_| rng.u32(..1 << 31)));
+        query.extend((keep..base.len()).map(|_| rng.u32(..VOCABULARY)));
     }
 
     /// Records `prompt` for a random worker in the token tree (and the string tree).
@@ -215,8 +217,11 @@ impl Fixture {
     }
 }
 
+/// Token ids drawn from a vocabulary as large as the largest in use (Gemma's 256k).
+const VOCABULARY: u32 = 1 << 18;
+
 fn random_tokens(rng: &mut fastrand::Rng, len: usize) -> Vec<u32> {
-    (0..len).map(|_| rng.u32(..1 << 31)).collect()
+    (0..len).map(|_| rng.u32(..VOCABULARY)).collect()
 }
 
 /// Items timed together: one clock read per batch keeps the clock's cost out of the figure,
@@ -287,7 +292,7 @@ pub fn time_token_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
 /// Token lookups cycling through `queries`; also a checksum of matches.
 pub fn time_token_lookups_over(
     fixture: &Fixture,
-    queries: &[Vec<u32>],
+    queries: &[PackedTokens],
     lookups: usize,
 ) -> (Samples, u64) {
     let mut checksum = 0u64;
@@ -364,9 +369,12 @@ pub fn time_records(fixture: &mut Fixture, count: usize, record: Record, budget:
 
 fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, samples: &mut Samples) {
     let turns: Vec<Vec<u32>> = (0..count).map(|_| fixture.next_turn()).collect();
-    let texts: Vec<String> = match record {
-        Record::Text => turns.iter().map(|turn| text_of(turn)).collect(),
-        _ => Vec::new(),
+    let (texts, keys): (Vec<String>, Vec<PackedTokens>) = match record {
+        Record::Text => (turns.iter().map(|turn| text_of(turn)).collect(), Vec::new()),
+        _ => (
+            Vec::new(),
+            turns.iter().map(|turn| PackedTokens::of(turn)).collect(),
+        ),
     };
     let workers: Vec<WorkerId> = (0..count)
         .map(|_| WorkerId(fixture.rng.u16(..fixture.workers)))
@@ -379,18 +387,24 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
         let started = cpu_now();
         for &i in batch {
             fixture.tick += 1;
-            let (tick, turn) = (fixture.tick, &turns[i]);
+            let tick = fixture.tick;
             let inserted = match record {
-                Record::Tokens => fixture.index.insert_tokens(NS, turn, workers[i], tick),
+                Record::Tokens => {
+                    let none = LookupHint::default();
+                    let worker = workers[i];
+                    fixture
+                        .index
+                        .insert_tokens_hinted(NS, &keys[i], worker, tick, &none)
+                }
                 Record::LookupThenTokens => {
                     // The data core's lookup, whose hint its dispatch record carries.
-                    let (found, hint) = fixture.reader.lookup_tokens_hinted(NS, turn);
+                    let (found, hint) = fixture.reader.lookup_tokens_hinted(NS, &keys[i]);
                     black_box(found);
                     fixture.reader.quiesce();
                     let worker = workers[i];
                     fixture
                         .index
-                        .insert_tokens_hinted(NS, turn, worker, tick, &hint)
+                        .insert_tokens_hinted(NS, &keys[i], worker, tick, &hint)
                 }
                 Record::Text => fixture.index.insert_text(NS, &texts[i], workers[i], tick),
             };
@@ -414,6 +428,9 @@ pub enum Dispatch {
 pub struct DispatchSamples {
     /// The data core's lookup (with its quiescent state).
     pub lookup: Vec<f64>,
+    /// The data core's packing of the request's token ids (`PackedTokens::pack`, part of
+    /// extracting the routing input).
+    pub pack: Vec<f64>,
     /// The data core's copy of the key into the record (`index::token_key`).
     pub key: Vec<f64>,
     /// The control core's insert of the record (and dropping it).
@@ -460,13 +477,16 @@ pub fn time_dispatches(
     budget: u64,
 ) -> DispatchSamples {
     let mut samples = DispatchSamples::default();
-    let mut input: Vec<u32> = Vec::new();
+    let (mut ids, mut input): (Vec<u32>, PackedTokens) = Default::default();
     let ns_between = |from: Instant, to: Instant| to.duration_since(from).as_nanos() as f64;
     for done in 1..=count {
-        fixture.next_turn_into(&mut input);
+        fixture.next_turn_into(&mut ids);
         fixture.tick += 1;
         let (tick, worker) = (fixture.tick, WorkerId(fixture.rng.u16(..fixture.workers)));
+        let packing = Instant::now();
+        input.pack(black_box(&ids));
         let started = Instant::now();
+        samples.pack.push(ns_between(packing, started));
         let hint = match dispatch {
             Dispatch::Hinted => {
                 let (found, hint) = fixture.reader.lookup_tokens_hinted(NS, black_box(&input));
@@ -477,7 +497,7 @@ pub fn time_dispatches(
         };
         fixture.reader.quiesce();
         let looked_up = Instant::now();
-        let key = kvgate::index::token_key(&input);
+        let key = token_key(&input);
         let keyed = Instant::now();
         let inserted = fixture
             .index
@@ -550,17 +570,16 @@ pub fn time_evict_half(units: u64, prompt_tokens: usize, seed: u64) -> (f64, u64
 /// Mean ns to compute the chained xxh3 page hashes of each token query (the first step of the
 /// hash-keyed token-tree design of DESIGN.md section 3), for comparison with a whole lookup.
 pub fn time_chained_page_hashes(fixture: &Fixture, queries: usize) -> f64 {
-    let mut page_bytes = [0u8; BLOCK_SIZE as usize * 4];
     let mut checksum = 0u64;
     let started = cpu_now();
     for i in 0..queries {
         let query = &fixture.token_queries[i % fixture.token_queries.len()];
         let mut hash = 0u64;
-        for page in query.chunks_exact(BLOCK_SIZE as usize) {
-            for (bytes, token) in page_bytes.chunks_exact_mut(4).zip(page) {
-                bytes.copy_from_slice(&token.to_le_bytes());
-            }
-            hash = xxhash_rust::xxh3::xxh3_64_with_seed(black_box(&page_bytes), hash);
+        for page in query
+            .bytes()
+            .chunks_exact(BLOCK_SIZE as usize * kvgate::index::TOKEN_BYTES)
+        {
+            hash = xxhash_rust::xxh3::xxh3_64_with_seed(black_box(page), hash);
         }
         checksum ^= hash;
     }
@@ -586,7 +605,9 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     let (text, text_sum) = time_text_lookups(&fixture, sizes.lookups / 4);
     let hash_ns = time_chained_page_hashes(&fixture, sizes.lookups / 4);
     // Distinct next turns whose queries and paths do not fit in the caches (32 MiB at 8k).
-    let cold: Vec<Vec<u32>> = (0..COLD_QUERIES).map(|_| fixture.next_turn()).collect();
+    let cold: Vec<PackedTokens> = (0..COLD_QUERIES)
+        .map(|_| PackedTokens::of(&fixture.next_turn()))
+        .collect();
     let (cold_lookups, _) = time_token_lookups_over(&fixture, &cold, COLD_QUERIES);
     drop(cold);
     // Text records first: the token records' eviction would shrink the string tree.
@@ -624,7 +645,7 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         time_evict_half(sizes.evict_tree_units, 1024, 3);
     let lookup_plus_record = median(&dispatches.lookup_plus_insert);
     let inserts_per_s = 1e9 / median(&small_hinted.insert);
-    serde_json::json!({
+    let mut report = serde_json::json!({
         "prompt_tokens": prompt,
         "workers": sizes.workers[0],
         "tree_tokens": budget,
@@ -666,7 +687,10 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "ratio_inserts_per_s_to_1m": inserts_per_s / 1e6,
         "ratio_bytes_per_token_to_16": bytes_token / 16.0,
         "checksum": token_sum + text_sum,
-    })
+    });
+    // Apart: one more field in the literal passes `json!`'s recursion limit.
+    report["dispatch_pack_8k_tokens_ns"] = median(&dispatches.pack).into();
+    report
 }
 
 /// Rounds of the quick set `--quick` runs by default: one round is half a second, and the

@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use kvgate::index::{IndexConfig, IndexWriter, LookupHint, Namespace};
+use kvgate::index::{token_key, IndexConfig, IndexWriter, LookupHint, Namespace, PackedTokens};
 use kvgate::workers::WorkerId;
 
 struct Counting;
@@ -95,7 +95,8 @@ fn churn_of_ten_budgets_stays_within_budget_and_memory_bound() {
         if steps % 2 == 0 {
             // The control core's inserts: the record's key buffers, which new leaves may keep
             // (the record is dropped right after).
-            let (tokens, text): (Arc<[u32]>, Arc<str>) = (Arc::from(&prompt[..]), Arc::from(text));
+            let (tokens, text): (_, Arc<str>) =
+                (token_key(&PackedTokens::of(&prompt)), Arc::from(text));
             let none = LookupHint::default();
             index
                 .insert_tokens_shared(at, &tokens, worker, steps, &none)
@@ -117,7 +118,10 @@ fn churn_of_ten_budgets_stays_within_budget_and_memory_bound() {
             reader.quiesce();
             index.reclaim();
             assert!(
-                reader.lookup_tokens(at, &prompt).matched_len > 0,
+                reader
+                    .lookup_tokens(at, &PackedTokens::of(&prompt))
+                    .matched_len
+                    > 0,
                 "the last prompt matches"
             );
         }
@@ -184,10 +188,13 @@ fn lookups_and_quiesce_do_not_allocate() {
             .expect("text");
     }
     let mut reader = index.reader().expect("reader");
+    // A data core packs each request's ids into one buffer it reuses.
+    let mut packed = PackedTokens::of(&tokens);
     let before = THREAD_ALLOCS.with(Cell::get);
     let mut matched = 0u64;
-    for _ in 0..100 {
-        matched += u64::from(reader.lookup_tokens(ns, &tokens).matched_len);
+    for round in 0..100 {
+        packed.pack(&tokens[..tokens.len() - round]);
+        matched += u64::from(reader.lookup_tokens(ns, &packed).matched_len);
         matched += u64::from(reader.lookup_text(ns, &text).matched_len);
         matched += u64::from(reader.lookup_text(Namespace::default(), &text).matched_len);
         reader.quiesce();

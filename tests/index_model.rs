@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kvgate::index::{
-    Evicted, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TreeKind, TreeMatch,
+    token_key, Evicted, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, PackedTokens,
+    TreeKind, TreeMatch,
 };
 use kvgate::workers::WorkerId;
 use proptest::prelude::*;
@@ -83,6 +84,19 @@ fn text_of(key: &[u32]) -> String {
     key.iter()
         .map(|i| ALPHABET[*i as usize % ALPHABET.len()])
         .collect()
+}
+
+/// The token id of a key element: three bytes (as the tree packs ids), the first two the same
+/// for every element, so keys differ only in each token's last byte and a match must never end
+/// inside a token.
+fn token_id(element: u32) -> u32 {
+    element << 16 | 0x0b0a
+}
+
+/// A key's token ids, packed as a data core packs a request's.
+fn packed(key: &[u32]) -> PackedTokens {
+    let ids: Vec<u32> = key.iter().map(|element| token_id(*element)).collect();
+    PackedTokens::of(&ids)
 }
 
 /// A key as the tree stores it: UTF-8 bytes, or tokens cut to whole pages.
@@ -221,7 +235,10 @@ impl Model {
             .held
             .get_mut(&at)
             .ok_or_else(|| TestCaseError::fail("evicted from a worker holding nothing"))?;
-        let key = &report.key;
+        let key = &match report.kind {
+            TreeKind::Tokens => report.key.iter().map(|id| id >> 16).collect(),
+            TreeKind::Text => report.key.clone(),
+        };
         prop_assert!(report.kept_len < key.len());
         let whole = keys.keys().any(|held| held.starts_with(key));
         prop_assert!(whole, "the worker held the whole evicted node: {report:?}");
@@ -322,7 +339,7 @@ fn lookup_hint(
 ) -> LookupHint {
     let (_, hint) = match kind {
         TreeKind::Text => reader.lookup_text_hinted(NAMESPACES[ns], &text_of(key)),
-        TreeKind::Tokens => reader.lookup_tokens_hinted(NAMESPACES[ns], key),
+        TreeKind::Tokens => reader.lookup_tokens_hinted(NAMESPACES[ns], &packed(key)),
     };
     reader.quiesce();
     bank.entry((kind, key.to_vec())).or_default().push(hint);
@@ -359,7 +376,7 @@ fn hint_for(
 fn lookup(index: &IndexWriter, kind: TreeKind, ns: usize, key: &[u32]) -> TreeMatch {
     match kind {
         TreeKind::Text => index.lookup_text(NAMESPACES[ns], &text_of(key)),
-        TreeKind::Tokens => index.lookup_tokens(NAMESPACES[ns], key),
+        TreeKind::Tokens => index.lookup_tokens(NAMESPACES[ns], &packed(key)),
     }
 }
 
@@ -453,10 +470,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         index.insert_text_shared(namespace, &text, worker_id, tick, &hint)
                     }
                     (TreeKind::Tokens, false) => {
-                        index.insert_tokens_hinted(namespace, &key, worker_id, tick, &hint)
+                        index.insert_tokens_hinted(namespace, &packed(&key), worker_id, tick, &hint)
                     }
                     (TreeKind::Tokens, true) => {
-                        let tokens: Arc<[u32]> = Arc::from(key.as_slice());
+                        let tokens = token_key(&packed(&key));
                         index.insert_tokens_shared(namespace, &tokens, worker_id, tick, &hint)
                     }
                 };

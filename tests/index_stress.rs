@@ -16,7 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
-use kvgate::index::{IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TreeMatch};
+use kvgate::index::{
+    token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, PackedTokens,
+    TreeMatch,
+};
 use kvgate::workers::WorkerId;
 
 const BLOCK_SIZE: usize = 4;
@@ -191,7 +194,7 @@ fn reader_loop(
         for _ in 0..32 {
             let ns = NAMESPACES[rng.usize(..NAMESPACES.len())];
             let (tokens, key) = query_tokens(&universe, &mut rng);
-            let (found, hint) = reader.lookup_tokens_hinted(ns, &tokens);
+            let (found, hint) = reader.lookup_tokens_hinted(ns, &PackedTokens::of(&tokens));
             universe.check_tokens(&tokens, &found)?;
             if let Some(k) = key {
                 let len = tokens.len();
@@ -220,7 +223,8 @@ fn stalled_reader(
     let started = Instant::now();
     while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_millis(300) {
         let (tokens, _) = query_tokens(&universe, &mut rng);
-        universe.check_tokens(&tokens, &guard.lookup_tokens(NAMESPACES[0], &tokens))?;
+        let found = guard.lookup_tokens(NAMESPACES[0], &PackedTokens::of(&tokens));
+        universe.check_tokens(&tokens, &found)?;
         lookups += 1;
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -245,7 +249,7 @@ fn churn(
             };
             let worker = WorkerId(Universe::workers(k)[rng.usize(..3)]);
             // The control core's insert: the record's key buffer, which a new leaf may keep.
-            let key: Arc<[u32]> = Arc::from(&universe.tokens[k][..len]);
+            let key = token_key(&PackedTokens::of(&universe.tokens[k][..len]));
             let inserted = index.insert_tokens_shared(ns, &key, worker, tick, &hint);
             assert!(inserted.is_ok(), "hinted insert: {inserted:?}");
         }
@@ -256,7 +260,7 @@ fn churn(
             let inserted = match rng.u32(0..4) {
                 0 => index.insert_tokens(ns, &universe.tokens[k][..len], worker, tick),
                 1 => {
-                    let key: Arc<[u32]> = Arc::from(&universe.tokens[k][..len]);
+                    let key = token_key(&PackedTokens::of(&universe.tokens[k][..len]));
                     index.insert_tokens_shared(ns, &key, worker, tick, &none)
                 }
                 2 => index.insert_text(ns, &text(), worker, tick),

@@ -1,5 +1,6 @@
-//! How a key is cut into units: characters of UTF-8 text (`TextKeys`), or whole pages of
-//! `--block-size` tokens (`PageKeys`). Edges split and matches end only at unit boundaries, and
+//! How a key is stored and cut into units: characters of UTF-8 text (`TextKeys`), or whole
+//! pages of `--block-size` tokens (`PageKeys`), each token id packed into three bytes
+//! (`PackedTokens`). Edges split and matches end only at unit boundaries, and
 //! budgets count units.
 
 use super::raw::Element;
@@ -19,6 +20,10 @@ pub trait Keying: Clone + std::fmt::Debug + Send + 'static {
     fn floor(&self, key: &[Self::E], pos: usize) -> usize;
     /// Units in `segment` (a whole number of units).
     fn units(&self, segment: &[Self::E]) -> u64;
+    /// Stored elements as reports show keys (`Evicted`): bytes of text, or token ids.
+    fn report(&self, elements: &[Self::E]) -> Vec<u32>;
+    /// A length in stored elements, in the reports' elements.
+    fn report_len(&self, elements: usize) -> usize;
 }
 
 /// UTF-8 text: a unit is one character.
@@ -81,6 +86,14 @@ impl Keying for TextKeys {
     fn units(&self, segment: &[u8]) -> u64 {
         count_chars(segment)
     }
+
+    fn report(&self, elements: &[u8]) -> Vec<u32> {
+        elements.iter().map(|byte| u32::from(*byte)).collect()
+    }
+
+    fn report_len(&self, elements: usize) -> usize {
+        elements
+    }
 }
 
 /// The page hash's lane seeds and multiplier (odd 64-bit constants with well-mixed bits).
@@ -92,34 +105,138 @@ const EDGE_KEY_SEEDS: [u64; 4] = [
 ];
 const EDGE_KEY_PRIME: u64 = 0xff51_afd7_ed55_8ccd;
 
-/// Token ids: a unit is a page of `block_size` tokens.
+/// Bytes of one token id in the token tree: three, little-endian. Every tokenizer vocabulary
+/// is far below 2^24 ids (the largest in use hold about 256k), so a quarter of each stored and
+/// compared token would be zeros: the lookup and the insert move 25% fewer bytes through a
+/// cache that misses on nearly every label (measured in `perf/results-index.md`).
+pub const TOKEN_BYTES: usize = 3;
+/// The largest token id the token tree stores. A request's key ends before its first id above
+/// it (`PackedTokens::pack`), which no real model produces.
+pub const TOKEN_ID_MAX: u32 = (1 << 24) - 1;
+
+/// A request's token ids as the token tree stores and compares them (`TOKEN_BYTES` each),
+/// packed once per request into a buffer reused across requests.
+#[derive(Clone, Debug, Default)]
+pub struct PackedTokens {
+    /// Packed ids in `bytes[..len]`; the rest is room left by longer keys (kept initialised, so
+    /// packing never zero-fills it again).
+    bytes: Vec<u8>,
+    len: usize,
+    tokens: usize,
+}
+
+impl PackedTokens {
+    /// `tokens`, packed.
+    pub fn of(tokens: &[u32]) -> Self {
+        let mut packed = Self::default();
+        packed.pack(tokens);
+        packed
+    }
+
+    /// Replaces the contents with `tokens`, packed up to the first id above `TOKEN_ID_MAX`
+    /// (the key ends there; the request keeps its full length). Eight ids at a time, as three
+    /// 64-bit words, with one check of all eight.
+    pub fn pack(&mut self, tokens: &[u32]) {
+        self.tokens = tokens.len();
+        let room = tokens.len() * TOKEN_BYTES;
+        if self.bytes.len() < room {
+            self.bytes.resize(room, 0);
+        }
+        let mut octets = tokens.chunks_exact(8);
+        let mut len = 0;
+        let packed = self.bytes.chunks_exact_mut(8 * TOKEN_BYTES);
+        for (out, ids) in packed.zip(octets.by_ref()) {
+            if ids.iter().fold(0, |all, id| all | id) > TOKEN_ID_MAX {
+                break;
+            }
+            let [a, b, c, d, e, f, g, h] = [0, 1, 2, 3, 4, 5, 6, 7].map(|i| u64::from(ids[i]));
+            let words = [
+                a | b << 24 | c << 48,
+                c >> 16 | d << 8 | e << 32 | f << 56,
+                f >> 8 | g << 16 | h << 40,
+            ];
+            for (bytes, word) in out.chunks_exact_mut(8).zip(words) {
+                bytes.copy_from_slice(&word.to_le_bytes());
+            }
+            len += 8 * TOKEN_BYTES;
+        }
+        self.len = len;
+        let packed_ids = len / TOKEN_BYTES;
+        self.push_each(&tokens[packed_ids..]);
+    }
+
+    /// Packs `tokens` (room reserved) one by one, stopping at the first id that does not fit.
+    fn push_each(&mut self, tokens: &[u32]) {
+        for token in tokens {
+            if *token > TOKEN_ID_MAX {
+                return;
+            }
+            let at = self.len;
+            self.bytes[at..at + TOKEN_BYTES].copy_from_slice(&token.to_le_bytes()[..TOKEN_BYTES]);
+            self.len += TOKEN_BYTES;
+        }
+    }
+
+    /// The packed key.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+
+    /// Tokens in the request (those past an id that does not fit included).
+    pub fn request_tokens(&self) -> usize {
+        self.tokens
+    }
+}
+
+/// The token ids of packed bytes (reports: evictions).
+pub fn unpack_tokens(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(TOKEN_BYTES)
+        .map(|id| u32::from(id[0]) | u32::from(id[1]) << 8 | u32::from(id[2]) << 16)
+        .collect()
+}
+
+/// Token ids, packed (`PackedTokens`): a unit is a page of `block_size` tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct PageKeys {
     /// Tokens per page (`--block-size`), at least 1.
     pub block_size: usize,
 }
 
+impl PageKeys {
+    fn page_bytes(&self) -> usize {
+        self.block_size * TOKEN_BYTES
+    }
+}
+
 impl Keying for PageKeys {
-    type E = u32;
+    type E = u8;
     const KIND: TreeKind = TreeKind::Tokens;
 
-    fn trim<'k>(&self, key: &'k [u32]) -> &'k [u32] {
-        &key[..key.len() - key.len() % self.block_size]
+    fn trim<'k>(&self, key: &'k [u8]) -> &'k [u8] {
+        &key[..key.len() - key.len() % self.page_bytes()]
     }
 
-    fn edge_key(&self, rest: &[u32]) -> Option<u64> {
-        let page = rest.get(..self.block_size)?;
-        // Two tokens per word into four independent lanes: a page of 16 tokens is two
-        // multiplies deep instead of sixteen (every walk step and insert hashes a page).
+    fn edge_key(&self, rest: &[u8]) -> Option<u64> {
+        let page = rest.get(..self.page_bytes())?;
+        // Eight bytes per word into four independent lanes: a page of 16 tokens (48 bytes)
+        // is two multiplies deep instead of six (every walk step and insert hashes a page).
         let mut lanes = EDGE_KEY_SEEDS;
-        let mut words = page.chunks_exact(2);
-        for (i, pair) in words.by_ref().enumerate() {
-            let word = u64::from(pair[0]) | (u64::from(pair[1]) << 32);
+        let mut words = page.chunks_exact(8);
+        for (i, word) in words.by_ref().enumerate() {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(word);
             let lane = &mut lanes[i % 4];
-            *lane = (*lane ^ word).wrapping_mul(EDGE_KEY_PRIME).rotate_left(29);
+            *lane = (*lane ^ u64::from_le_bytes(bytes))
+                .wrapping_mul(EDGE_KEY_PRIME)
+                .rotate_left(29);
         }
-        if let [last] = words.remainder() {
-            lanes[0] = (lanes[0] ^ u64::from(*last) ^ (1 << 63)).wrapping_mul(EDGE_KEY_PRIME);
+        let tail = words.remainder();
+        if !tail.is_empty() {
+            let mut bytes = [0u8; 8];
+            bytes[..tail.len()].copy_from_slice(tail);
+            lanes[0] =
+                (lanes[0] ^ u64::from_le_bytes(bytes) ^ (1 << 63)).wrapping_mul(EDGE_KEY_PRIME);
         }
         let folded = lanes.iter().fold(page.len() as u64, |acc, lane| {
             (acc ^ lane).wrapping_mul(EDGE_KEY_PRIME).rotate_left(31)
@@ -127,13 +244,21 @@ impl Keying for PageKeys {
         Some(folded)
     }
 
-    fn floor(&self, key: &[u32], pos: usize) -> usize {
+    fn floor(&self, key: &[u8], pos: usize) -> usize {
         let pos = pos.min(key.len());
-        pos - pos % self.block_size
+        pos - pos % self.page_bytes()
     }
 
-    fn units(&self, segment: &[u32]) -> u64 {
-        segment.len() as u64
+    fn units(&self, segment: &[u8]) -> u64 {
+        (segment.len() / TOKEN_BYTES) as u64
+    }
+
+    fn report(&self, elements: &[u8]) -> Vec<u32> {
+        unpack_tokens(elements)
+    }
+
+    fn report_len(&self, elements: usize) -> usize {
+        elements / TOKEN_BYTES
     }
 }
 
@@ -189,33 +314,76 @@ mod tests {
         }
     }
 
+    fn packed(tokens: &[u32]) -> Vec<u8> {
+        PackedTokens::of(tokens).bytes().to_vec()
+    }
+
     #[test]
     fn pages_are_whole() {
         let keys = PageKeys { block_size: 4 };
-        assert_eq!(keys.trim(&[1, 2, 3, 4, 5, 6]), &[1, 2, 3, 4]);
-        assert_eq!(keys.edge_key(&[1, 2, 3]), None);
-        assert_ne!(keys.edge_key(&[1, 2, 3, 4]), keys.edge_key(&[1, 2, 3, 5]));
-        assert_eq!(keys.floor(&[0; 9], 7), 4);
-        assert_eq!(keys.floor(&[0; 6], 99), 4);
-        // Every token of a page counts, in order, for any page size.
+        let six = packed(&[1, 2, 3, 4, 5, 6]);
+        assert_eq!(keys.trim(&six), &packed(&[1, 2, 3, 4])[..]);
+        assert_eq!(keys.edge_key(&packed(&[1, 2, 3])), None);
+        assert_ne!(
+            keys.edge_key(&packed(&[1, 2, 3, 4])),
+            keys.edge_key(&packed(&[1, 2, 3, 5]))
+        );
+        assert_eq!(
+            keys.floor(&packed(&[0; 9]), 7 * TOKEN_BYTES + 1),
+            4 * TOKEN_BYTES
+        );
+        assert_eq!(keys.floor(&packed(&[0; 6]), 99), 4 * TOKEN_BYTES);
+        assert_eq!(keys.units(&six), 6);
+        // Every byte of every token of a page counts, in order, for any page size.
         for block_size in [1, 3, 16] {
             let keys = PageKeys { block_size };
-            let page: Vec<u32> = (1..=block_size as u32).collect();
+            let page: Vec<u32> = (1..=block_size as u32).map(|t| t * 0x01_0101).collect();
             for at in 0..block_size {
-                let mut other = page.clone();
-                other[at] += 1;
-                assert_ne!(
-                    keys.edge_key(&page),
-                    keys.edge_key(&other),
-                    "{block_size} {at}"
-                );
+                for shift in [0, 8, 16] {
+                    let mut other = page.clone();
+                    other[at] ^= 1 << shift;
+                    assert_ne!(
+                        keys.edge_key(&packed(&page)),
+                        keys.edge_key(&packed(&other)),
+                        "{block_size} {at} {shift}"
+                    );
+                }
             }
             let mut swapped = page.clone();
             swapped.reverse();
             if block_size > 1 {
-                assert_ne!(keys.edge_key(&page), keys.edge_key(&swapped));
+                assert_ne!(
+                    keys.edge_key(&packed(&page)),
+                    keys.edge_key(&packed(&swapped))
+                );
             }
         }
+    }
+
+    #[test]
+    fn packing_keeps_every_id_that_fits_and_ends_before_one_that_does_not() {
+        for len in [0, 1, 3, 4, 5, 8, 13, 1000] {
+            let tokens: Vec<u32> = (0..len as u32)
+                .map(|i| i.wrapping_mul(0x9e37_79b9) & TOKEN_ID_MAX)
+                .collect();
+            let key = PackedTokens::of(&tokens);
+            assert_eq!(key.bytes().len(), len * TOKEN_BYTES);
+            assert_eq!(unpack_tokens(key.bytes()), tokens, "{len}");
+            assert_eq!(key.request_tokens(), len);
+            // An id above TOKEN_ID_MAX anywhere (in a group of four or in the tail) ends the
+            // key just before it.
+            for at in (0..len).step_by(3) {
+                let mut odd = tokens.clone();
+                odd[at] = TOKEN_ID_MAX + 1 + at as u32;
+                let key = PackedTokens::of(&odd);
+                assert_eq!(unpack_tokens(key.bytes()), &tokens[..at], "{len} {at}");
+                assert_eq!(key.request_tokens(), len);
+            }
+        }
+        // The buffer is reused: a shorter key leaves nothing of a longer one.
+        let mut key = PackedTokens::of(&[7; 100]);
+        key.pack(&[1, 2]);
+        assert_eq!(unpack_tokens(key.bytes()), [1, 2]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The prefix index: string tree (characters), token tree (whole pages of `--block-size`
-//! tokens), keyed by model and partition namespace. Data cores read it lock-free; only the control
-//! core writes it.
+//! tokens, each id stored in three bytes: [`PackedTokens`]), keyed by model and partition
+//! namespace. Data cores read it lock-free; only the control core writes it.
 //!
 //! - [`IndexWriter`] (one, on the control core): `insert_text`, `insert_tokens`, `remove_worker`,
 //!   `evict`, `reclaim`, `gauges`. It is the only owner of the trees' bookkeeping.
@@ -24,7 +24,7 @@ mod tree;
 use std::sync::{Arc, Mutex};
 
 use crate::workers::WorkerId;
-pub use keys::count_chars;
+pub use keys::{count_chars, unpack_tokens, PackedTokens, TOKEN_BYTES, TOKEN_ID_MAX};
 use keys::{PageKeys, TextKeys};
 pub use raw::READERS_MAX;
 use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
@@ -127,7 +127,7 @@ pub struct Evicted {
     pub namespace: Namespace,
     /// The worker whose entry went.
     pub worker: WorkerId,
-    /// The full key of the evicted node (bytes of text, or tokens), from the root.
+    /// The full key of the evicted node (bytes of text, or token ids), from the root.
     pub key: Vec<u32>,
     /// Elements of `key` the worker still holds (the node's parent depth).
     pub kept_len: usize,
@@ -179,7 +179,7 @@ pub struct IndexMemory {
 struct Shared {
     domain: Domain,
     text: SharedTree<u8>,
-    tokens: SharedTree<u32>,
+    tokens: SharedTree<u8>,
     block_size: usize,
     orphans: Mutex<Vec<(RetireList, RetireList)>>,
 }
@@ -295,7 +295,8 @@ impl IndexWriter {
         inserted
     }
 
-    /// Records that `worker` was sent `tokens` (whole pages only) in namespace `ns` at `tick`.
+    /// Records that `worker` was sent `tokens` (whole pages only) in namespace `ns` at `tick`
+    /// (packs them first; a dispatch record's key is packed on the data core).
     pub fn insert_tokens(
         &mut self,
         ns: Namespace,
@@ -303,7 +304,8 @@ impl IndexWriter {
         worker: WorkerId,
         tick: u64,
     ) -> Result<(), IndexError> {
-        self.insert_tokens_hinted(ns, tokens, worker, tick, &LookupHint::default())
+        let packed = PackedTokens::of(tokens);
+        self.insert_tokens_hinted(ns, &packed, worker, tick, &LookupHint::default())
     }
 
     /// `insert_tokens` of a key a reader looked up (`lookup_tokens_hinted`); see
@@ -311,12 +313,12 @@ impl IndexWriter {
     pub fn insert_tokens_hinted(
         &mut self,
         ns: Namespace,
-        tokens: &[u32],
+        tokens: &PackedTokens,
         worker: WorkerId,
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
-        self.insert_tokens_key(ns, Key::borrowed(tokens), worker, tick, hint)
+        self.insert_tokens_key(ns, Key::borrowed(tokens.bytes()), worker, tick, hint)
     }
 
     /// `insert_tokens_hinted` of tokens held in a shared buffer (the dispatch record's key);
@@ -324,18 +326,18 @@ impl IndexWriter {
     pub fn insert_tokens_shared(
         &mut self,
         ns: Namespace,
-        tokens: &Arc<[u32]>,
+        tokens: &TokenKey,
         worker: WorkerId,
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
-        self.insert_tokens_key(ns, Key::shared(tokens), worker, tick, hint)
+        self.insert_tokens_key(ns, Key::shared(&tokens.0), worker, tick, hint)
     }
 
     fn insert_tokens_key(
         &mut self,
         ns: Namespace,
-        key: Key<'_, u32>,
+        key: Key<'_, u8>,
         worker: WorkerId,
         tick: u64,
         hint: &LookupHint,
@@ -469,12 +471,16 @@ impl IndexWriter {
     }
 
     /// A token lookup on the writer's own view.
-    pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &PackedTokens) -> TreeMatch {
         lookup_tokens(&self.shared, &self.token.guard(), ns, tokens).0
     }
 
     /// `lookup_tokens` with the hint for an insert of the same key (tests).
-    pub fn lookup_tokens_hinted(&self, ns: Namespace, tokens: &[u32]) -> (TreeMatch, LookupHint) {
+    pub fn lookup_tokens_hinted(
+        &self,
+        ns: Namespace,
+        tokens: &PackedTokens,
+    ) -> (TreeMatch, LookupHint) {
         lookup_tokens(&self.shared, &self.token.guard(), ns, tokens)
     }
 }
@@ -535,7 +541,7 @@ impl IndexReader {
     }
 
     /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
-    pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &PackedTokens) -> TreeMatch {
         self.guard().lookup_tokens(ns, tokens)
     }
 
@@ -547,7 +553,11 @@ impl IndexReader {
     }
 
     /// `lookup_tokens`, with the hint for `IndexWriter::insert_tokens_hinted`.
-    pub fn lookup_tokens_hinted(&self, ns: Namespace, tokens: &[u32]) -> (TreeMatch, LookupHint) {
+    pub fn lookup_tokens_hinted(
+        &self,
+        ns: Namespace,
+        tokens: &PackedTokens,
+    ) -> (TreeMatch, LookupHint) {
         let guard = self.guard();
         lookup_tokens(guard.shared, &guard.guard, ns, tokens)
     }
@@ -593,15 +603,26 @@ impl ReadGuard<'_> {
     }
 
     /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
-    pub fn lookup_tokens(&self, ns: Namespace, tokens: &[u32]) -> TreeMatch {
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &PackedTokens) -> TreeMatch {
         lookup_tokens(self.shared, &self.guard, ns, tokens).0
     }
 }
 
-/// A dispatch record's token key: a shared copy of the request's tokens, which the index may
-/// keep as label storage (`IndexWriter::insert_tokens_shared`) instead of copying again.
-pub fn token_key(tokens: &[u32]) -> Arc<[u32]> {
-    raw::buffer_of(tokens)
+/// A dispatch record's token key: a shared copy of the request's packed tokens, which the index
+/// may keep as label storage (`IndexWriter::insert_tokens_shared`) instead of copying again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenKey(Arc<[u8]>);
+
+impl TokenKey {
+    /// The packed tokens (`TOKEN_BYTES` per token).
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The dispatch record's key of `tokens`.
+pub fn token_key(tokens: &PackedTokens) -> TokenKey {
+    TokenKey(raw::buffer_of(tokens.bytes()))
 }
 
 /// A dispatch record's text key; see `token_key`.
@@ -652,17 +673,19 @@ fn lookup_tokens(
     shared: &Shared,
     guard: &Guard<'_>,
     ns: Namespace,
-    tokens: &[u32],
+    tokens: &PackedTokens,
 ) -> (TreeMatch, LookupHint) {
     let keys = PageKeys {
         block_size: shared.block_size,
     };
-    let capped = &tokens[..tokens.len().min(KEY_ELEMENTS_MAX)];
+    let bytes = tokens.bytes();
+    let capped = &bytes[..keys::Keying::floor(&keys, bytes, KEY_ELEMENTS_MAX)];
     let key = keys::Keying::trim(&keys, capped);
     let walk = shared.tokens.walk(&keys, guard, ns, key);
     let hint = walk.hint(TreeKind::Tokens, key.len());
+    let matched = walk.matched / TOKEN_BYTES;
     (
-        tree_match(&walk, walk.matched as u64, tokens.len() as u64),
+        tree_match(&walk, matched as u64, tokens.request_tokens() as u64),
         hint,
     )
 }

@@ -51,21 +51,11 @@ pub const NODES_MAX: u32 = (SEGMENTS_MAX * SEGMENT_NODES) as u32;
 /// A reader slot's value while its reader holds no reference into the index.
 const OFFLINE: u64 = u64::MAX;
 
-/// An element of an edge label: a byte of UTF-8 text, or a token id.
-pub trait Element: Copy + Eq + Default + Send + Sync + std::fmt::Debug + 'static {
-    /// The element as a `u32` (for reports that cover both kinds).
-    fn widen(self) -> u32;
-}
-impl Element for u8 {
-    fn widen(self) -> u32 {
-        u32::from(self)
-    }
-}
-impl Element for u32 {
-    fn widen(self) -> u32 {
-        self
-    }
-}
+/// An element of an edge label: a byte of UTF-8 text, or of packed token ids.
+pub trait Element: Copy + Eq + Default + Send + Sync + std::fmt::Debug + 'static {}
+impl Element for u8 {}
+#[cfg(test)]
+impl Element for u32 {}
 
 /// The reclamation domain: a global epoch and one padded slot per reader.
 #[derive(Debug)]
@@ -296,7 +286,7 @@ pub struct Node<E: Element> {
 }
 
 // Nodes are one cache line each (the slab's segment size assumes it).
-const _: () = assert!(std::mem::size_of::<Node<u32>>() == 64);
+const _: () = assert!(std::mem::size_of::<Node<u8>>() == 64);
 const _: () = assert!(std::mem::size_of::<Node<u8>>() == 64);
 
 impl<E: Element> Default for Node<E> {

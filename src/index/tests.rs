@@ -12,6 +12,10 @@ fn writer(block_size: u32) -> IndexWriter {
     IndexWriter::new(IndexConfig { block_size }).expect("index")
 }
 
+fn packed(tokens: &[u32]) -> PackedTokens {
+    PackedTokens::of(tokens)
+}
+
 #[test]
 fn text_match_reports_chars_and_the_deepest_node_tenants() {
     let mut index = writer(16);
@@ -70,10 +74,10 @@ fn token_matches_count_whole_pages_only() {
         .expect("insert");
     let mut query = prompt.clone();
     query[6] = 99;
-    let found = index.lookup_tokens(NS, &query);
+    let found = index.lookup_tokens(NS, &packed(&query));
     assert_eq!((found.matched_len, found.request_len), (4, 10));
     assert_eq!(found.tenants(), &[WorkerId(0)]);
-    let short = index.lookup_tokens(NS, &prompt[..3]);
+    let short = index.lookup_tokens(NS, &packed(&prompt[..3]));
     assert_eq!(
         (short.matched_len, short.tenants_len),
         (0, 0),
@@ -93,8 +97,11 @@ fn token_matches_count_whole_pages_only() {
     index
         .insert_tokens(NS, &sibling, WorkerId(2), 3)
         .expect("insert");
-    assert_eq!(index.lookup_tokens(NS, &sibling).tenants(), &[WorkerId(2)]);
-    assert_eq!(index.lookup_tokens(NS, &prompt).matched_len, 8);
+    assert_eq!(
+        index.lookup_tokens(NS, &packed(&sibling)).tenants(),
+        &[WorkerId(2)]
+    );
+    assert_eq!(index.lookup_tokens(NS, &packed(&prompt)).matched_len, 8);
 }
 
 #[test]
@@ -272,7 +279,7 @@ impl Twins {
         let counts = self.hinted.hint_counts();
         let tick = counts.followed + counts.stale + 100;
         self.hinted
-            .insert_tokens_hinted(ns, key, WorkerId(worker), tick, hint)
+            .insert_tokens_hinted(ns, &packed(key), WorkerId(worker), tick, hint)
             .expect("hinted insert");
         self.plain
             .insert_tokens(ns, key, WorkerId(worker), tick)
@@ -284,8 +291,8 @@ impl Twins {
         for query in queries {
             for ns in [NS, OTHER_NS] {
                 assert_eq!(
-                    self.hinted.lookup_tokens(ns, query),
-                    self.plain.lookup_tokens(ns, query),
+                    self.hinted.lookup_tokens(ns, &packed(query)),
+                    self.plain.lookup_tokens(ns, &packed(query)),
                     "{ns:?} {query:?}"
                 );
             }
@@ -302,7 +309,7 @@ fn a_fresh_hint_is_followed_and_builds_the_same_tree() {
     // Ends inside the stored edge, at its end, and past it.
     let turns = [key(0..16, 2, 8), stored.clone(), key(0..40, 3, 8)];
     for (worker, turn) in turns.iter().enumerate() {
-        let (_, hint) = reader.lookup_tokens_hinted(NS, turn);
+        let (_, hint) = reader.lookup_tokens_hinted(NS, &packed(turn));
         twins.insert(NS, turn, worker as u16 + 2, &hint);
     }
     assert_eq!(
@@ -335,7 +342,7 @@ fn a_split_above_the_hinted_end_is_followed_up_the_parents() {
     let stored = key(0..32, 1, 0);
     let mut twins = Twins::holding(&stored);
     let turn = key(0..16, 2, 8);
-    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &turn);
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &packed(&turn));
     // Cut the stored edge exactly where the lookup ended, then at 8 above it: the hinted node
     // keeps its id as the lower half both times.
     for cut in [16, 8] {
@@ -352,7 +359,7 @@ fn stale_hints_walk_from_the_root() {
     let stored = key(0..32, 1, 0);
     let turn = key(0..16, 2, 8);
     let mut twins = Twins::holding(&stored);
-    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &turn);
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &packed(&turn));
     for index in [&mut twins.hinted, &mut twins.plain] {
         index
             .insert_text(NS, "abcd", WorkerId(1), 1)
@@ -372,7 +379,7 @@ fn stale_hints_walk_from_the_root() {
     twins.plain.remove_worker(WorkerId(2));
     twins.insert(NS, &turn, 3, &hint);
     // Evicted, reclaimed and its slot reused by other keys.
-    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &turn);
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &packed(&turn));
     twins.hinted.evict(0);
     twins.plain.evict(0);
     for other in 0..4 {
@@ -461,4 +468,24 @@ fn long_one_child_chains_stay_unmerged_unless_their_labels_adjoin() {
     short.evict(310);
     assert_eq!(short.memory().string.nodes, 2, "root and the merged prompt");
     assert_eq!(short.lookup_text(NS, &c).matched_len, 310);
+}
+
+#[test]
+fn a_token_id_past_the_packed_range_ends_the_key_before_it() {
+    let mut index = writer(4);
+    let mut prompt: Vec<u32> = (0..16).map(|i| i * 0x01_0101).collect();
+    prompt[9] = TOKEN_ID_MAX + 1;
+    index
+        .insert_tokens(NS, &prompt, WorkerId(3), 1)
+        .expect("insert");
+    // Pages [0, 4) and [4, 8) are whole before the id at 9; the request keeps all 16 tokens.
+    let found = index.lookup_tokens(NS, &packed(&prompt));
+    assert_eq!((found.matched_len, found.request_len), (8, 16));
+    assert_eq!(found.tenants(), &[WorkerId(3)]);
+    let gauges = index.gauges();
+    assert_eq!(gauges[0].token.units, 8, "only the packed prefix is held");
+    // A prompt that differs only past the odd id matches just as far.
+    let mut other = prompt.clone();
+    other[12] = 7;
+    assert_eq!(index.lookup_tokens(NS, &packed(&other)).matched_len, 8);
 }

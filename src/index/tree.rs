@@ -1597,11 +1597,12 @@ impl<K: Keying> TreeWriter<K> {
         }
         let namespace = self.root_ns.get(&at).copied().unwrap_or_default();
         let kept_len = labels.iter().skip(1).map(|label| label.len()).sum();
-        let key = labels
+        let elements: Vec<K::E> = labels
             .iter()
             .rev()
-            .flat_map(|label| label.iter().map(|e| e.widen()))
+            .flat_map(|label| label.iter().copied())
             .collect();
+        let (key, kept_len) = (self.keys.report(&elements), self.keys.report_len(kept_len));
         Evicted {
             kind: K::KIND,
             namespace,

@@ -14,10 +14,10 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::placements::Placements;
-use super::recent::{KeyData, RecentDispatches};
+use super::recent::{IndexKey, KeyData, RecentDispatches};
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use super::{Branch, PolicyConfig, PolicyMetrics, RouteRequest, Router, WorkerRing, WorkerStatus};
-use crate::index::{IndexReader, LookupHint, Namespace, TreeMatch, MODELS_MAX};
+use crate::index::{IndexReader, LookupHint, Namespace, PackedTokens, TreeMatch, MODELS_MAX};
 use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingInput, RoutingKey};
 use crate::workers::WorkerId;
 
@@ -46,6 +46,8 @@ pub struct CoreRouting {
     router: Router,
     reader: Option<IndexReader>,
     input: RoutingInput,
+    /// The prepared request's token ids packed for the index (when its key is tokens).
+    packed: PackedTokens,
     namespace: Namespace,
     tree: Option<TreeMatch>,
     /// The index lookup's hint for the prepared request's record (never the recent map's).
@@ -74,6 +76,7 @@ impl CoreRouting {
             router: Router::new(config, seed, metrics),
             reader,
             input: RoutingInput::new(),
+            packed: PackedTokens::default(),
             namespace: Namespace::default(),
             tree: None,
             hint: LookupHint::default(),
@@ -104,20 +107,25 @@ impl CoreRouting {
         };
         self.tree = None;
         self.hint = LookupHint::default();
-        let key = self.input.key();
-        if !self.router.uses_index() || key.is_empty() {
+        let routing_key = self.input.key();
+        if !self.router.uses_index() || routing_key.is_empty() {
             return Ok(());
         }
-        let (mut tree, hint) = match (&self.reader, key) {
-            (Some(reader), RoutingKey::Text(text)) => {
-                reader.lookup_text_hinted(self.namespace, text)
+        let key = match routing_key {
+            RoutingKey::Text(text) => IndexKey::Text(text),
+            RoutingKey::Tokens(tokens) => {
+                self.packed.pack(tokens);
+                IndexKey::Tokens(&self.packed)
             }
-            (Some(reader), RoutingKey::Tokens(tokens)) => {
+        };
+        let (mut tree, hint) = match (&self.reader, key) {
+            (Some(reader), IndexKey::Text(text)) => reader.lookup_text_hinted(self.namespace, text),
+            (Some(reader), IndexKey::Tokens(tokens)) => {
                 reader.lookup_tokens_hinted(self.namespace, tokens)
             }
             (None, _) => {
                 let miss = TreeMatch {
-                    request_len: request_len(key),
+                    request_len: request_len(routing_key),
                     ..TreeMatch::default()
                 };
                 (miss, LookupHint::default())
@@ -214,10 +222,18 @@ impl CoreRouting {
         };
         Some(RecordKey {
             namespace: self.namespace,
-            key: KeyData::of(self.input.key()),
+            key: KeyData::of(self.index_key()),
             model_name,
             hint: self.hint,
         })
+    }
+
+    /// The prepared request's key as `prepare` looked it up.
+    fn index_key(&self) -> IndexKey<'_> {
+        match self.input.key() {
+            RoutingKey::Text(text) => IndexKey::Text(text),
+            RoutingKey::Tokens(_) => IndexKey::Tokens(&self.packed),
+        }
     }
 
     /// Remembers that `key` went to `worker`, for bursts before the index learns it.
@@ -458,7 +474,7 @@ mod index_tests {
                     .insert_text_hinted(ns, text, worker, now_ms, &record.hint)
                     .unwrap(),
                 KeyData::Tokens(tokens) => writer
-                    .insert_tokens_hinted(ns, tokens, worker, now_ms, &record.hint)
+                    .insert_tokens_shared(ns, tokens, worker, now_ms, &record.hint)
                     .unwrap(),
             }
             chosen.push(worker);

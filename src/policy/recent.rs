@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
-use crate::index::{self, count_chars, Namespace, TreeMatch, MATCH_TENANTS_MAX};
-use crate::request::RoutingKey;
+use crate::index::{
+    self, count_chars, Namespace, PackedTokens, TokenKey, TreeMatch, MATCH_TENANTS_MAX, TOKEN_BYTES,
+};
 use crate::workers::WorkerId;
 
 /// Entries kept per core: a burst of distinct new prefixes larger than this within the window
@@ -23,18 +24,27 @@ pub const RECENT_DISPATCH_WINDOW_MS: u64 = 100;
 pub enum KeyData {
     /// A text key (string tree).
     Text(Arc<str>),
-    /// A token key (token tree).
-    Tokens(Arc<[u32]>),
+    /// A token key (token tree), packed.
+    Tokens(TokenKey),
 }
 
 impl KeyData {
-    /// Copies a routing key (into a buffer the index may keep: `index::token_key`).
-    pub fn of(key: RoutingKey<'_>) -> KeyData {
+    /// Copies a request's key (into a buffer the index may keep: `index::token_key`).
+    pub fn of(key: IndexKey<'_>) -> KeyData {
         match key {
-            RoutingKey::Text(text) => KeyData::Text(index::text_key(text)),
-            RoutingKey::Tokens(tokens) => KeyData::Tokens(index::token_key(tokens)),
+            IndexKey::Text(text) => KeyData::Text(index::text_key(text)),
+            IndexKey::Tokens(tokens) => KeyData::Tokens(index::token_key(tokens)),
         }
     }
+}
+
+/// A request's key as the index compares it: its text, or its token ids packed.
+#[derive(Clone, Copy, Debug)]
+pub enum IndexKey<'a> {
+    /// Text (string tree).
+    Text(&'a str),
+    /// Token ids (token tree).
+    Tokens(&'a PackedTokens),
 }
 
 #[derive(Clone, Debug)]
@@ -75,7 +85,7 @@ impl RecentDispatches {
         &self,
         tree: &mut TreeMatch,
         namespace: Namespace,
-        key: RoutingKey<'_>,
+        key: IndexKey<'_>,
         now_ms: u64,
         block_size: u32,
     ) {
@@ -106,17 +116,17 @@ impl RecentDispatches {
 
 /// The common prefix of a remembered key and a request key in the tree's units: characters for
 /// text, whole pages for tokens. `None` when the kinds differ (text never matches tokens).
-fn common_prefix_units(remembered: &KeyData, key: RoutingKey<'_>, block_size: u32) -> Option<u32> {
+fn common_prefix_units(remembered: &KeyData, key: IndexKey<'_>, block_size: u32) -> Option<u32> {
     let units = match (remembered, key) {
-        (KeyData::Text(old), RoutingKey::Text(new)) => {
+        (KeyData::Text(old), IndexKey::Text(new)) => {
             let mut bytes = common_len(old.as_bytes(), new.as_bytes());
             while !new.is_char_boundary(bytes) {
                 bytes -= 1;
             }
             count_chars(&new.as_bytes()[..bytes])
         }
-        (KeyData::Tokens(old), RoutingKey::Tokens(new)) => {
-            let tokens = common_len(old, new) as u64;
+        (KeyData::Tokens(old), IndexKey::Tokens(new)) => {
+            let tokens = (common_len(old.bytes(), new.bytes()) / TOKEN_BYTES) as u64;
             let page = u64::from(block_size.max(1));
             tokens / page * page
         }
@@ -167,11 +177,12 @@ mod tests {
         let mut recent = RecentDispatches::default();
         recent.push(
             NS,
-            KeyData::of(RoutingKey::Text("shared prefix one")),
+            KeyData::of(IndexKey::Text("shared prefix one")),
             WorkerId(3),
             1000,
         );
-        let key = RoutingKey::Text("shared prefix two");
+        let key = IndexKey::Text("shared prefix two");
+        let short = PackedTokens::of(&[1, 2, 3]);
         let mut tree = miss(17);
         recent.merge_into(&mut tree, NS, key, 1050, 16);
         assert_eq!((tree.matched_len, tree.tenants()), (14, &[WorkerId(3)][..]));
@@ -186,7 +197,7 @@ mod tests {
                 1050,
                 key,
             ),
-            (NS, 1050, RoutingKey::Tokens(&[1, 2, 3])),
+            (NS, 1050, IndexKey::Tokens(&short)),
         ] {
             let mut tree = miss(17);
             recent.merge_into(&mut tree, ns, k, now, 16);
@@ -198,11 +209,13 @@ mod tests {
     fn tokens_match_in_whole_pages_and_never_shorten_a_tree_match() {
         let mut recent = RecentDispatches::default();
         let old: Vec<u32> = (0..40).collect();
-        recent.push(NS, KeyData::of(RoutingKey::Tokens(&old)), WorkerId(1), 0);
+        let old = PackedTokens::of(&old);
+        recent.push(NS, KeyData::of(IndexKey::Tokens(&old)), WorkerId(1), 0);
         let mut new: Vec<u32> = (0..35).collect();
         new.push(999);
+        let new = PackedTokens::of(&new);
         let mut tree = miss(36);
-        recent.merge_into(&mut tree, NS, RoutingKey::Tokens(&new), 10, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Tokens(&new), 10, 16);
         assert_eq!((tree.matched_len, tree.tenants()), (32, &[WorkerId(1)][..]));
         let mut longer = TreeMatch {
             matched_len: 48,
@@ -211,7 +224,7 @@ mod tests {
             ..TreeMatch::default()
         };
         longer.tenants[0] = WorkerId(5);
-        recent.merge_into(&mut longer, NS, RoutingKey::Tokens(&new), 10, 16);
+        recent.merge_into(&mut longer, NS, IndexKey::Tokens(&new), 10, 16);
         assert_eq!(
             (longer.matched_len, longer.tenants()),
             (48, &[WorkerId(5)][..])
@@ -236,12 +249,12 @@ mod tests {
         let mut recent = RecentDispatches::default();
         recent.push(
             NS,
-            KeyData::of(RoutingKey::Text("héllo wörld")),
+            KeyData::of(IndexKey::Text("héllo wörld")),
             WorkerId(2),
             0,
         );
         let mut tree = miss(11);
-        recent.merge_into(&mut tree, NS, RoutingKey::Text("héllo wörst"), 0, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Text("héllo wörst"), 0, 16);
         assert_eq!(tree.matched_len, 9);
     }
 
@@ -251,19 +264,19 @@ mod tests {
         for i in 0..(RECENT_DISPATCHES_MAX as u16 + 4) {
             recent.push(
                 NS,
-                KeyData::of(RoutingKey::Text(&format!("key {i}"))),
+                KeyData::of(IndexKey::Text(&format!("key {i}"))),
                 WorkerId(i),
                 0,
             );
         }
         let mut tree = miss(5);
-        recent.merge_into(&mut tree, NS, RoutingKey::Text("key 0"), 0, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Text("key 0"), 0, 16);
         assert!(
             !tree.tenants().contains(&WorkerId(0)),
             "the oldest entry was overwritten"
         );
         let mut tree = miss(6);
-        recent.merge_into(&mut tree, NS, RoutingKey::Text("key 19"), 0, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Text("key 19"), 0, 16);
         assert!(tree.tenants().contains(&WorkerId(19)));
     }
 }
