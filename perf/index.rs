@@ -460,10 +460,11 @@ pub fn median(values: &[f64]) -> f64 {
 
 /// `count` dispatches of new turns, each step of each dispatch timed on its own, as the gateway
 /// runs them: the next turn is generated and written into a reused buffer, as extraction leaves
-/// it on a data core (not timed); the data core looks it up (`Dispatch::Hinted`) and copies the
-/// key into the record (`index::token_key`); the control core inserts the record with the
-/// lookup's hint and drops it. Every `RECORD_CHUNK` dispatches the tree is evicted back to
-/// `budget` and reclaimed, as the control core's upkeep does (timed apart: `upkeep_ns`).
+/// it on a data core (not timed); the data core packs the ids (`PackedTokens::pack`, timed
+/// apart as `pack`), looks them up (`Dispatch::Hinted`) and copies the key into the record
+/// (`index::token_key`); the control core inserts the record with the lookup's hint and drops
+/// it. Every `RECORD_CHUNK` dispatches the tree is evicted back to `budget` and reclaimed, as
+/// the control core's upkeep does (timed apart: `upkeep_ns`).
 ///
 /// Wall-clock time around each step (a monotonic clock read costs about 30 ns here, included):
 /// per-step timing leaves out the turn's generation, and the median over dispatches is robust

@@ -287,7 +287,6 @@ pub struct Node<E: Element> {
 
 // Nodes are one cache line each (the slab's segment size assumes it).
 const _: () = assert!(std::mem::size_of::<Node<u8>>() == 64);
-const _: () = assert!(std::mem::size_of::<Node<u8>>() == 64);
 
 impl<E: Element> Default for Node<E> {
     fn default() -> Self {
