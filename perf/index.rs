@@ -137,7 +137,7 @@ impl Fixture {
         let mut rng = fastrand::Rng::with_seed(seed);
         let system_len = prompt_tokens / 4;
         let systems = (0..SYSTEMS)
-            .map(|_| random_tokens(&mut rng, system_len))
+            .map(|_| random_tokens(&mut rng, system_len).collect())
             .collect();
         let index = IndexWriter::new(IndexConfig {
             block_size: BLOCK_SIZE,
@@ -198,8 +198,7 @@ impl Fixture {
         let keep = base.len() * 3 / 4;
         query.clear();
         kvgate::copy::extend_from_slice(query, &base[..keep]);
-        let rng = &mut self.rng;
-        query.extend((keep..base.len()).map(|_| rng.u32(..VOCABULARY)));
+        query.extend(random_tokens(&mut self.rng, base.len() - keep));
     }
 
     /// Records `prompt` for a random worker in the token tree (and the string tree).
@@ -220,8 +219,8 @@ impl Fixture {
 /// Token ids drawn from a vocabulary as large as the largest in use (Gemma's 256k).
 const VOCABULARY: u32 = 1 << 18;
 
-fn random_tokens(rng: &mut fastrand::Rng, len: usize) -> Vec<u32> {
-    (0..len).map(|_| rng.u32(..VOCABULARY)).collect()
+fn random_tokens(rng: &mut fastrand::Rng, len: usize) -> impl Iterator<Item = u32> + '_ {
+    (0..len).map(|_| rng.u32(..VOCABULARY))
 }
 
 /// Items timed together: one clock read per batch keeps the clock's cost out of the figure,

@@ -678,9 +678,9 @@ fn lookup_tokens(
     let keys = PageKeys {
         block_size: shared.block_size,
     };
+    // Capped and cut to whole pages in one step (the floor of a page boundary).
     let bytes = tokens.bytes();
-    let capped = &bytes[..keys::Keying::floor(&keys, bytes, KEY_ELEMENTS_MAX)];
-    let key = keys::Keying::trim(&keys, capped);
+    let key = &bytes[..keys::Keying::floor(&keys, bytes, KEY_ELEMENTS_MAX)];
     let walk = shared.tokens.walk(&keys, guard, ns, key);
     let hint = walk.hint(TreeKind::Tokens, key.len());
     let matched = walk.matched / TOKEN_BYTES;

@@ -111,13 +111,10 @@ impl CoreRouting {
         if !self.router.uses_index() || routing_key.is_empty() {
             return Ok(());
         }
-        let key = match routing_key {
-            RoutingKey::Text(text) => IndexKey::Text(text),
-            RoutingKey::Tokens(tokens) => {
-                self.packed.pack(tokens);
-                IndexKey::Tokens(&self.packed)
-            }
-        };
+        if let RoutingKey::Tokens(tokens) = routing_key {
+            self.packed.pack(tokens);
+        }
+        let key = self.index_key();
         let (mut tree, hint) = match (&self.reader, key) {
             (Some(reader), IndexKey::Text(text)) => reader.lookup_text_hinted(self.namespace, text),
             (Some(reader), IndexKey::Tokens(tokens)) => {
@@ -131,7 +128,6 @@ impl CoreRouting {
                 (miss, LookupHint::default())
             }
         };
-        self.hint = hint;
         let config = &self.router.config().cache_aware;
         // Only a miss can be a burst of a new prefix the index has not learned yet.
         if tree.ratio() <= config.cache_threshold {
@@ -139,6 +135,7 @@ impl CoreRouting {
             self.recent
                 .merge_into(&mut tree, self.namespace, key, now_ms, block_size);
         }
+        self.hint = hint;
         self.tree = Some(tree);
         if let Some(reader) = &mut self.reader {
             reader.quiesce();
@@ -228,7 +225,7 @@ impl CoreRouting {
         })
     }
 
-    /// The prepared request's key as `prepare` looked it up.
+    /// The prepared request's key as the index compares it (its ids as `prepare` packed them).
     fn index_key(&self) -> IndexKey<'_> {
         match self.input.key() {
             RoutingKey::Text(text) => IndexKey::Text(text),
