@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use kvgate::index::{
-    token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, PackedTokens,
+    token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TokenPages,
 };
 use kvgate::workers::WorkerId;
 
@@ -98,7 +98,7 @@ pub struct Fixture {
     /// One reader handle.
     pub reader: IndexReader,
     /// Token queries.
-    pub token_queries: Vec<PackedTokens>,
+    pub token_queries: Vec<TokenPages>,
     /// Text queries (the same prompts, `CHARS_PER_TOKEN` characters per token).
     pub text_queries: Vec<String>,
     rng: fastrand::Rng,
@@ -164,7 +164,9 @@ impl Fixture {
         for _ in 0..QUERIES {
             let query = fixture.next_turn();
             fixture.text_queries.push(text_of(&query));
-            fixture.token_queries.push(PackedTokens::of(&query));
+            fixture
+                .token_queries
+                .push(TokenPages::of(&query, BLOCK_SIZE as usize));
         }
         fixture
     }
@@ -291,7 +293,7 @@ pub fn time_token_lookups(fixture: &Fixture, lookups: usize) -> (Samples, u64) {
 /// Token lookups cycling through `queries`; also a checksum of matches.
 pub fn time_token_lookups_over(
     fixture: &Fixture,
-    queries: &[PackedTokens],
+    queries: &[TokenPages],
     lookups: usize,
 ) -> (Samples, u64) {
     let mut checksum = 0u64;
@@ -368,11 +370,14 @@ pub fn time_records(fixture: &mut Fixture, count: usize, record: Record, budget:
 
 fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, samples: &mut Samples) {
     let turns: Vec<Vec<u32>> = (0..count).map(|_| fixture.next_turn()).collect();
-    let (texts, keys): (Vec<String>, Vec<PackedTokens>) = match record {
+    let (texts, keys): (Vec<String>, Vec<TokenPages>) = match record {
         Record::Text => (turns.iter().map(|turn| text_of(turn)).collect(), Vec::new()),
         _ => (
             Vec::new(),
-            turns.iter().map(|turn| PackedTokens::of(turn)).collect(),
+            turns
+                .iter()
+                .map(|turn| TokenPages::of(turn, BLOCK_SIZE as usize))
+                .collect(),
         ),
     };
     let workers: Vec<WorkerId> = (0..count)
@@ -427,9 +432,9 @@ pub enum Dispatch {
 pub struct DispatchSamples {
     /// The data core's lookup (with its quiescent state).
     pub lookup: Vec<f64>,
-    /// The data core's packing of the request's token ids (`PackedTokens::pack`, part of
-    /// extracting the routing input).
-    pub pack: Vec<f64>,
+    /// The data core's hashing of the request's pages (`TokenPages::hash`, part of extracting
+    /// the routing input).
+    pub hash: Vec<f64>,
     /// The data core's copy of the key into the record (`index::token_key`).
     pub key: Vec<f64>,
     /// The control core's insert of the record (and dropping it).
@@ -459,8 +464,8 @@ pub fn median(values: &[f64]) -> f64 {
 
 /// `count` dispatches of new turns, each step of each dispatch timed on its own, as the gateway
 /// runs them: the next turn is generated and written into a reused buffer, as extraction leaves
-/// it on a data core (not timed); the data core packs the ids (`PackedTokens::pack`, timed
-/// apart as `pack`), looks them up (`Dispatch::Hinted`) and copies the key into the record
+/// it on a data core (not timed); the data core hashes its pages (`TokenPages::hash`, timed
+/// apart as `hash`), looks them up (`Dispatch::Hinted`) and copies the key into the record
 /// (`index::token_key`); the control core inserts the record with the lookup's hint and drops
 /// it. Every `RECORD_CHUNK` dispatches the tree is evicted back to `budget` and reclaimed, as
 /// the control core's upkeep does (timed apart: `upkeep_ns`).
@@ -477,16 +482,16 @@ pub fn time_dispatches(
     budget: u64,
 ) -> DispatchSamples {
     let mut samples = DispatchSamples::default();
-    let (mut ids, mut input): (Vec<u32>, PackedTokens) = Default::default();
+    let (mut ids, mut input): (Vec<u32>, TokenPages) = Default::default();
     let ns_between = |from: Instant, to: Instant| to.duration_since(from).as_nanos() as f64;
     for done in 1..=count {
         fixture.next_turn_into(&mut ids);
         fixture.tick += 1;
         let (tick, worker) = (fixture.tick, WorkerId(fixture.rng.u16(..fixture.workers)));
-        let packing = Instant::now();
-        input.pack(black_box(&ids));
+        let hashing = Instant::now();
+        input.hash(black_box(&ids), BLOCK_SIZE as usize);
         let started = Instant::now();
-        samples.pack.push(ns_between(packing, started));
+        samples.hash.push(ns_between(hashing, started));
         let hint = match dispatch {
             Dispatch::Hinted => {
                 let (found, hint) = fixture.reader.lookup_tokens_hinted(NS, black_box(&input));
@@ -567,26 +572,6 @@ pub fn time_evict_half(units: u64, prompt_tokens: usize, seed: u64) -> (f64, u64
     )
 }
 
-/// Mean ns to compute the chained xxh3 page hashes of each token query (the first step of the
-/// hash-keyed token-tree design of DESIGN.md section 3), for comparison with a whole lookup.
-pub fn time_chained_page_hashes(fixture: &Fixture, queries: usize) -> f64 {
-    let mut checksum = 0u64;
-    let started = cpu_now();
-    for i in 0..queries {
-        let query = &fixture.token_queries[i % fixture.token_queries.len()];
-        let mut hash = 0u64;
-        for page in query
-            .bytes()
-            .chunks_exact(BLOCK_SIZE as usize * kvgate::index::TOKEN_BYTES)
-        {
-            hash = xxhash_rust::xxh3::xxh3_64_with_seed(black_box(page), hash);
-        }
-        checksum ^= hash;
-    }
-    black_box(checksum);
-    cpu_now().saturating_sub(started).as_nanos() as f64 / queries as f64
-}
-
 /// Bytes per indexed unit (counted in the index's arenas), token tree and string tree.
 pub fn bytes_per_unit(fixture: &Fixture) -> (f64, f64) {
     let memory = fixture.index.memory();
@@ -603,10 +588,9 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
     let mut fixture = Fixture::new(prompt, sizes.workers[0], sizes.tree_units, 1);
     let (token, token_sum) = time_token_lookups(&fixture, sizes.lookups);
     let (text, text_sum) = time_text_lookups(&fixture, sizes.lookups / 4);
-    let hash_ns = time_chained_page_hashes(&fixture, sizes.lookups / 4);
     // Distinct next turns whose queries and paths do not fit in the caches (32 MiB at 8k).
-    let cold: Vec<PackedTokens> = (0..COLD_QUERIES)
-        .map(|_| PackedTokens::of(&fixture.next_turn()))
+    let cold: Vec<TokenPages> = (0..COLD_QUERIES)
+        .map(|_| TokenPages::of(&fixture.next_turn(), BLOCK_SIZE as usize))
         .collect();
     let (cold_lookups, _) = time_token_lookups_over(&fixture, &cold, COLD_QUERIES);
     drop(cold);
@@ -655,7 +639,6 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "lookup_8k_tokens_cold_ns": cold_lookups.p50_ns(),
         "lookup_32k_chars_ns": text.p50_ns(),
         "lookup_32k_chars_min_ns": text.min_ns(),
-        "chained_xxh3_page_hashes_8k_tokens_ns": hash_ns,
         "record_8k_tokens_ns": insert.p50_ns(),
         "record_8k_tokens_min_ns": insert.min_ns(),
         "lookup_plus_record_8k_tokens_ns": lookup_plus_record,
@@ -689,7 +672,7 @@ pub fn quick_report(sizes: &Sizes) -> serde_json::Value {
         "checksum": token_sum + text_sum,
     });
     // Apart: one more field in the literal passes `json!`'s recursion limit.
-    report["dispatch_pack_8k_tokens_ns"] = median(&dispatches.pack).into();
+    report["dispatch_hash_8k_tokens_ns"] = median(&dispatches.hash).into();
     report
 }
 

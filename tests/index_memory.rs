@@ -9,7 +9,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use kvgate::index::{token_key, IndexConfig, IndexWriter, LookupHint, Namespace, PackedTokens};
+use kvgate::index::{token_key, IndexConfig, IndexWriter, LookupHint, Namespace, TokenPages};
 use kvgate::workers::WorkerId;
 
 struct Counting;
@@ -96,7 +96,7 @@ fn churn_of_ten_budgets_stays_within_budget_and_memory_bound() {
             // The control core's inserts: the record's key buffers, which new leaves may keep
             // (the record is dropped right after).
             let (tokens, text): (_, Arc<str>) =
-                (token_key(&PackedTokens::of(&prompt)), Arc::from(text));
+                (token_key(&TokenPages::of(&prompt, 16)), Arc::from(text));
             let none = LookupHint::default();
             index
                 .insert_tokens_shared(at, &tokens, worker, steps, &none)
@@ -119,7 +119,7 @@ fn churn_of_ten_budgets_stays_within_budget_and_memory_bound() {
             index.reclaim();
             assert!(
                 reader
-                    .lookup_tokens(at, &PackedTokens::of(&prompt))
+                    .lookup_tokens(at, &TokenPages::of(&prompt, 16))
                     .matched_len
                     > 0,
                 "the last prompt matches"
@@ -188,13 +188,13 @@ fn lookups_and_quiesce_do_not_allocate() {
             .expect("text");
     }
     let mut reader = index.reader().expect("reader");
-    // A data core packs each request's ids into one buffer it reuses.
-    let mut packed = PackedTokens::of(&tokens);
+    // A data core hashes each request's pages into one buffer it reuses.
+    let mut pages = TokenPages::of(&tokens, 4);
     let before = THREAD_ALLOCS.with(Cell::get);
     let mut matched = 0u64;
     for round in 0..100 {
-        packed.pack(&tokens[..tokens.len() - round]);
-        matched += u64::from(reader.lookup_tokens(ns, &packed).matched_len);
+        pages.hash(&tokens[..tokens.len() - round], 4);
+        matched += u64::from(reader.lookup_tokens(ns, &pages).matched_len);
         matched += u64::from(reader.lookup_text(ns, &text).matched_len);
         matched += u64::from(reader.lookup_text(Namespace::default(), &text).matched_len);
         reader.quiesce();

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kvgate::index::{
-    token_key, Evicted, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, PackedTokens,
+    token_key, Evicted, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TokenPages,
     TreeKind, TreeMatch,
 };
 use kvgate::workers::WorkerId;
@@ -86,17 +86,16 @@ fn text_of(key: &[u32]) -> String {
         .collect()
 }
 
-/// The token id of a key element: three bytes (as the tree packs ids), the first two the same
-/// for every element, so keys differ only in each token's last byte and a match must never end
-/// inside a token.
+/// The token id of a key element: the low bits the same for every element, so keys differ only
+/// in the top two bits of their ids (every bit of an id must count).
 fn token_id(element: u32) -> u32 {
-    element << 16 | 0x0b0a
+    element << 30 | 0x0b0a
 }
 
-/// A key's token ids, packed as a data core packs a request's.
-fn packed(key: &[u32]) -> PackedTokens {
+/// A key's page hashes, as a data core hashes a request's token ids.
+fn pages(key: &[u32]) -> TokenPages {
     let ids: Vec<u32> = key.iter().map(|element| token_id(*element)).collect();
-    PackedTokens::of(&ids)
+    TokenPages::of(&ids, BLOCK_SIZE)
 }
 
 /// A key as the tree stores it: UTF-8 bytes, or tokens cut to whole pages.
@@ -235,16 +234,31 @@ impl Model {
             .held
             .get_mut(&at)
             .ok_or_else(|| TestCaseError::fail("evicted from a worker holding nothing"))?;
-        let key = &match report.kind {
-            TreeKind::Tokens => report.key.iter().map(|id| id >> 16).collect(),
-            TreeKind::Text => report.key.clone(),
+        // A token report names pages by their hashes: the held key they are a prefix of gives
+        // its elements.
+        let (key, kept_len) = match report.kind {
+            TreeKind::Text => {
+                let bytes = report.key.iter().map(|byte| *byte as u32).collect();
+                (bytes, report.kept_len)
+            }
+            TreeKind::Tokens => {
+                let held = keys
+                    .keys()
+                    .find(|held| pages(held).pages().starts_with(&report.key))
+                    .ok_or_else(|| {
+                        TestCaseError::fail(format!("evicted pages no held key has: {report:?}"))
+                    })?;
+                let elements = held[..report.key.len() * BLOCK_SIZE].to_vec();
+                (elements, report.kept_len * BLOCK_SIZE)
+            }
         };
-        prop_assert!(report.kept_len < key.len());
+        let key: &Vec<u32> = &key;
+        prop_assert!(kept_len < key.len());
         let whole = keys.keys().any(|held| held.starts_with(key));
         prop_assert!(whole, "the worker held the whole evicted node: {report:?}");
         let touching: Vec<Vec<u32>> = keys
             .keys()
-            .filter(|held| floor(report.kind, held, common(held, key)) > report.kept_len)
+            .filter(|held| floor(report.kind, held, common(held, key)) > kept_len)
             .cloned()
             .collect();
         for held in &touching {
@@ -253,8 +267,8 @@ impl Model {
                 "evicted a node that was not a leaf for its worker: {report:?}"
             );
             let tick = keys.remove(held).unwrap_or_default();
-            if report.kept_len > 0 {
-                let kept = keys.entry(key[..report.kept_len].to_vec()).or_default();
+            if kept_len > 0 {
+                let kept = keys.entry(key[..kept_len].to_vec()).or_default();
                 *kept = (*kept).max(tick);
             }
         }
@@ -339,7 +353,7 @@ fn lookup_hint(
 ) -> LookupHint {
     let (_, hint) = match kind {
         TreeKind::Text => reader.lookup_text_hinted(NAMESPACES[ns], &text_of(key)),
-        TreeKind::Tokens => reader.lookup_tokens_hinted(NAMESPACES[ns], &packed(key)),
+        TreeKind::Tokens => reader.lookup_tokens_hinted(NAMESPACES[ns], &pages(key)),
     };
     reader.quiesce();
     bank.entry((kind, key.to_vec())).or_default().push(hint);
@@ -376,7 +390,7 @@ fn hint_for(
 fn lookup(index: &IndexWriter, kind: TreeKind, ns: usize, key: &[u32]) -> TreeMatch {
     match kind {
         TreeKind::Text => index.lookup_text(NAMESPACES[ns], &text_of(key)),
-        TreeKind::Tokens => index.lookup_tokens(NAMESPACES[ns], &packed(key)),
+        TreeKind::Tokens => index.lookup_tokens(NAMESPACES[ns], &pages(key)),
     }
 }
 
@@ -470,10 +484,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         index.insert_text_shared(namespace, &text, worker_id, tick, &hint)
                     }
                     (TreeKind::Tokens, false) => {
-                        index.insert_tokens_hinted(namespace, &packed(&key), worker_id, tick, &hint)
+                        index.insert_tokens_hinted(namespace, &pages(&key), worker_id, tick, &hint)
                     }
                     (TreeKind::Tokens, true) => {
-                        let tokens = token_key(&packed(&key));
+                        let tokens = token_key(&pages(&key));
                         index.insert_tokens_shared(namespace, &tokens, worker_id, tick, &hint)
                     }
                 };

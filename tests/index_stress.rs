@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
 use kvgate::index::{
-    token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, PackedTokens,
-    TreeMatch,
+    token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TokenPages, TreeMatch,
 };
 use kvgate::workers::WorkerId;
 
@@ -194,7 +193,8 @@ fn reader_loop(
         for _ in 0..32 {
             let ns = NAMESPACES[rng.usize(..NAMESPACES.len())];
             let (tokens, key) = query_tokens(&universe, &mut rng);
-            let (found, hint) = reader.lookup_tokens_hinted(ns, &PackedTokens::of(&tokens));
+            let (found, hint) =
+                reader.lookup_tokens_hinted(ns, &TokenPages::of(&tokens, BLOCK_SIZE));
             universe.check_tokens(&tokens, &found)?;
             if let Some(k) = key {
                 let len = tokens.len();
@@ -223,7 +223,7 @@ fn stalled_reader(
     let started = Instant::now();
     while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_millis(300) {
         let (tokens, _) = query_tokens(&universe, &mut rng);
-        let found = guard.lookup_tokens(NAMESPACES[0], &PackedTokens::of(&tokens));
+        let found = guard.lookup_tokens(NAMESPACES[0], &TokenPages::of(&tokens, BLOCK_SIZE));
         universe.check_tokens(&tokens, &found)?;
         lookups += 1;
         std::thread::sleep(Duration::from_millis(1));
@@ -249,7 +249,7 @@ fn churn(
             };
             let worker = WorkerId(Universe::workers(k)[rng.usize(..3)]);
             // The control core's insert: the record's key buffer, which a new leaf may keep.
-            let key = token_key(&PackedTokens::of(&universe.tokens[k][..len]));
+            let key = token_key(&TokenPages::of(&universe.tokens[k][..len], BLOCK_SIZE));
             let inserted = index.insert_tokens_shared(ns, &key, worker, tick, &hint);
             assert!(inserted.is_ok(), "hinted insert: {inserted:?}");
         }
@@ -260,7 +260,7 @@ fn churn(
             let inserted = match rng.u32(0..4) {
                 0 => index.insert_tokens(ns, &universe.tokens[k][..len], worker, tick),
                 1 => {
-                    let key = token_key(&PackedTokens::of(&universe.tokens[k][..len]));
+                    let key = token_key(&TokenPages::of(&universe.tokens[k][..len], BLOCK_SIZE));
                     index.insert_tokens_shared(ns, &key, worker, tick, &none)
                 }
                 2 => index.insert_text(ns, &text(), worker, tick),

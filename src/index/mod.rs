@@ -1,5 +1,5 @@
 //! The prefix index: string tree (characters), token tree (whole pages of `--block-size`
-//! tokens, each id stored in three bytes: [`PackedTokens`]), keyed by model and partition
+//! tokens, each page stored as one 64-bit hash of its ids: [`TokenPages`]), keyed by model and partition
 //! namespace. Data cores read it lock-free; only the control core writes it.
 //!
 //! - [`IndexWriter`] (one, on the control core): `insert_text`, `insert_tokens`, `remove_worker`,
@@ -24,7 +24,7 @@ mod tree;
 use std::sync::{Arc, Mutex};
 
 use crate::workers::WorkerId;
-pub use keys::{count_chars, unpack_tokens, PackedTokens, TOKEN_BYTES, TOKEN_ID_MAX};
+pub use keys::{count_chars, page_hash, TokenPages};
 use keys::{PageKeys, TextKeys};
 pub use raw::READERS_MAX;
 use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
@@ -113,6 +113,9 @@ pub enum IndexError {
     /// `--block-size` 0.
     #[error("the token tree needs a block size of at least 1")]
     BlockSizeZero,
+    /// Token pages hashed with another block size than the index's.
+    #[error("token pages hashed {0} per page, not the index's block size")]
+    BlockSizeMismatch(usize),
     /// The writer of this index was already taken.
     #[error("the index already has its writer")]
     WriterTaken,
@@ -127,8 +130,8 @@ pub struct Evicted {
     pub namespace: Namespace,
     /// The worker whose entry went.
     pub worker: WorkerId,
-    /// The full key of the evicted node (bytes of text, or token ids), from the root.
-    pub key: Vec<u32>,
+    /// The full key of the evicted node (bytes of text, or page hashes), from the root.
+    pub key: Vec<u64>,
     /// Elements of `key` the worker still holds (the node's parent depth).
     pub kept_len: usize,
 }
@@ -179,7 +182,7 @@ pub struct IndexMemory {
 struct Shared {
     domain: Domain,
     text: SharedTree<u8>,
-    tokens: SharedTree<u8>,
+    tokens: SharedTree<u64>,
     block_size: usize,
     orphans: Mutex<Vec<(RetireList, RetireList)>>,
 }
@@ -235,6 +238,11 @@ impl IndexWriter {
     /// A new reader handle with its own epoch slot (one per data core).
     pub fn reader(&self) -> Result<IndexReader, IndexError> {
         IndexReader::register(&self.shared)
+    }
+
+    /// Tokens per page of the token tree (`--block-size`): the block size of its `TokenPages`.
+    pub fn block_size(&self) -> usize {
+        self.shared.block_size
     }
 
     /// Records that `worker` was sent `text` in namespace `ns` at `tick`.
@@ -296,7 +304,7 @@ impl IndexWriter {
     }
 
     /// Records that `worker` was sent `tokens` (whole pages only) in namespace `ns` at `tick`
-    /// (packs them first; a dispatch record's key is packed on the data core).
+    /// (hashes their pages first; a dispatch record's key is hashed on the data core).
     pub fn insert_tokens(
         &mut self,
         ns: Namespace,
@@ -304,8 +312,8 @@ impl IndexWriter {
         worker: WorkerId,
         tick: u64,
     ) -> Result<(), IndexError> {
-        let packed = PackedTokens::of(tokens);
-        self.insert_tokens_hinted(ns, &packed, worker, tick, &LookupHint::default())
+        let pages = TokenPages::of(tokens, self.shared.block_size);
+        self.insert_tokens_hinted(ns, &pages, worker, tick, &LookupHint::default())
     }
 
     /// `insert_tokens` of a key a reader looked up (`lookup_tokens_hinted`); see
@@ -313,12 +321,15 @@ impl IndexWriter {
     pub fn insert_tokens_hinted(
         &mut self,
         ns: Namespace,
-        tokens: &PackedTokens,
+        tokens: &TokenPages,
         worker: WorkerId,
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
-        self.insert_tokens_key(ns, Key::borrowed(tokens.bytes()), worker, tick, hint)
+        if tokens.block_size() != self.shared.block_size {
+            return Err(IndexError::BlockSizeMismatch(tokens.block_size()));
+        }
+        self.insert_tokens_key(ns, Key::borrowed(tokens.pages()), worker, tick, hint)
     }
 
     /// `insert_tokens_hinted` of tokens held in a shared buffer (the dispatch record's key);
@@ -331,13 +342,16 @@ impl IndexWriter {
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
-        self.insert_tokens_key(ns, Key::shared(&tokens.0), worker, tick, hint)
+        if tokens.block_size != self.shared.block_size {
+            return Err(IndexError::BlockSizeMismatch(tokens.block_size));
+        }
+        self.insert_tokens_key(ns, Key::shared(&tokens.pages), worker, tick, hint)
     }
 
     fn insert_tokens_key(
         &mut self,
         ns: Namespace,
-        key: Key<'_, u8>,
+        key: Key<'_, u64>,
         worker: WorkerId,
         tick: u64,
         hint: &LookupHint,
@@ -471,7 +485,7 @@ impl IndexWriter {
     }
 
     /// A token lookup on the writer's own view.
-    pub fn lookup_tokens(&self, ns: Namespace, tokens: &PackedTokens) -> TreeMatch {
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &TokenPages) -> TreeMatch {
         lookup_tokens(&self.shared, &self.token.guard(), ns, tokens).0
     }
 
@@ -479,7 +493,7 @@ impl IndexWriter {
     pub fn lookup_tokens_hinted(
         &self,
         ns: Namespace,
-        tokens: &PackedTokens,
+        tokens: &TokenPages,
     ) -> (TreeMatch, LookupHint) {
         lookup_tokens(&self.shared, &self.token.guard(), ns, tokens)
     }
@@ -541,7 +555,7 @@ impl IndexReader {
     }
 
     /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
-    pub fn lookup_tokens(&self, ns: Namespace, tokens: &PackedTokens) -> TreeMatch {
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &TokenPages) -> TreeMatch {
         self.guard().lookup_tokens(ns, tokens)
     }
 
@@ -556,10 +570,15 @@ impl IndexReader {
     pub fn lookup_tokens_hinted(
         &self,
         ns: Namespace,
-        tokens: &PackedTokens,
+        tokens: &TokenPages,
     ) -> (TreeMatch, LookupHint) {
         let guard = self.guard();
         lookup_tokens(guard.shared, &guard.guard, ns, tokens)
+    }
+
+    /// Tokens per page of the token tree: the block size to hash a request's `TokenPages` with.
+    pub fn block_size(&self) -> usize {
+        self.shared.block_size
     }
 
     /// Announces that this core holds no index reference (once per event-loop turn): one load
@@ -603,26 +622,32 @@ impl ReadGuard<'_> {
     }
 
     /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
-    pub fn lookup_tokens(&self, ns: Namespace, tokens: &PackedTokens) -> TreeMatch {
+    pub fn lookup_tokens(&self, ns: Namespace, tokens: &TokenPages) -> TreeMatch {
         lookup_tokens(self.shared, &self.guard, ns, tokens).0
     }
 }
 
-/// A dispatch record's token key: a shared copy of the request's packed tokens, which the index
+/// A dispatch record's token key: a shared copy of the request's page hashes, which the index
 /// may keep as label storage (`IndexWriter::insert_tokens_shared`) instead of copying again.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenKey(Arc<[u8]>);
+pub struct TokenKey {
+    pages: Arc<[u64]>,
+    block_size: usize,
+}
 
 impl TokenKey {
-    /// The packed tokens (`TOKEN_BYTES` per token).
-    pub fn bytes(&self) -> &[u8] {
-        &self.0
+    /// The page hashes.
+    pub fn pages(&self) -> &[u64] {
+        &self.pages
     }
 }
 
 /// The dispatch record's key of `tokens`.
-pub fn token_key(tokens: &PackedTokens) -> TokenKey {
-    TokenKey(raw::buffer_of(tokens.bytes()))
+pub fn token_key(tokens: &TokenPages) -> TokenKey {
+    TokenKey {
+        pages: raw::buffer_of(tokens.pages()),
+        block_size: tokens.block_size(),
+    }
 }
 
 /// A dispatch record's text key; see `token_key`.
@@ -673,19 +698,23 @@ fn lookup_tokens(
     shared: &Shared,
     guard: &Guard<'_>,
     ns: Namespace,
-    tokens: &PackedTokens,
+    tokens: &TokenPages,
 ) -> (TreeMatch, LookupHint) {
     let keys = PageKeys {
         block_size: shared.block_size,
     };
-    // Capped and cut to whole pages in one step (the floor of a page boundary).
-    let bytes = tokens.bytes();
-    let key = &bytes[..keys::Keying::floor(&keys, bytes, KEY_ELEMENTS_MAX)];
+    // Pages hashed with another block size match nothing (a caller's mistake: the data core
+    // hashes with `IndexReader::block_size`).
+    let pages = match tokens.block_size() == shared.block_size {
+        true => tokens.pages(),
+        false => &[],
+    };
+    let key = &pages[..keys::Keying::floor(&keys, pages, KEY_ELEMENTS_MAX)];
     let walk = shared.tokens.walk(&keys, guard, ns, key);
     let hint = walk.hint(TreeKind::Tokens, key.len());
-    let matched = walk.matched / TOKEN_BYTES;
+    let matched = keys::Keying::units(&keys, &key[..walk.matched]);
     (
-        tree_match(&walk, matched as u64, tokens.request_tokens() as u64),
+        tree_match(&walk, matched, tokens.request_tokens() as u64),
         hint,
     )
 }

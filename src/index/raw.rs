@@ -54,6 +54,7 @@ const OFFLINE: u64 = u64::MAX;
 /// An element of an edge label: a byte of UTF-8 text, or of packed token ids.
 pub trait Element: Copy + Eq + Default + Send + Sync + std::fmt::Debug + 'static {}
 impl Element for u8 {}
+impl Element for u64 {}
 #[cfg(test)]
 impl Element for u32 {}
 

@@ -12,8 +12,9 @@ fn writer(block_size: u32) -> IndexWriter {
     IndexWriter::new(IndexConfig { block_size }).expect("index")
 }
 
-fn packed(tokens: &[u32]) -> PackedTokens {
-    PackedTokens::of(tokens)
+/// The page hashes of `tokens` for the token tests' indexes, whose block size is 4.
+fn pages(tokens: &[u32]) -> TokenPages {
+    TokenPages::of(tokens, 4)
 }
 
 #[test]
@@ -74,10 +75,10 @@ fn token_matches_count_whole_pages_only() {
         .expect("insert");
     let mut query = prompt.clone();
     query[6] = 99;
-    let found = index.lookup_tokens(NS, &packed(&query));
+    let found = index.lookup_tokens(NS, &pages(&query));
     assert_eq!((found.matched_len, found.request_len), (4, 10));
     assert_eq!(found.tenants(), &[WorkerId(0)]);
-    let short = index.lookup_tokens(NS, &packed(&prompt[..3]));
+    let short = index.lookup_tokens(NS, &pages(&prompt[..3]));
     assert_eq!(
         (short.matched_len, short.tenants_len),
         (0, 0),
@@ -98,10 +99,10 @@ fn token_matches_count_whole_pages_only() {
         .insert_tokens(NS, &sibling, WorkerId(2), 3)
         .expect("insert");
     assert_eq!(
-        index.lookup_tokens(NS, &packed(&sibling)).tenants(),
+        index.lookup_tokens(NS, &pages(&sibling)).tenants(),
         &[WorkerId(2)]
     );
-    assert_eq!(index.lookup_tokens(NS, &packed(&prompt)).matched_len, 8);
+    assert_eq!(index.lookup_tokens(NS, &pages(&prompt)).matched_len, 8);
 }
 
 #[test]
@@ -279,7 +280,7 @@ impl Twins {
         let counts = self.hinted.hint_counts();
         let tick = counts.followed + counts.stale + 100;
         self.hinted
-            .insert_tokens_hinted(ns, &packed(key), WorkerId(worker), tick, hint)
+            .insert_tokens_hinted(ns, &pages(key), WorkerId(worker), tick, hint)
             .expect("hinted insert");
         self.plain
             .insert_tokens(ns, key, WorkerId(worker), tick)
@@ -291,8 +292,8 @@ impl Twins {
         for query in queries {
             for ns in [NS, OTHER_NS] {
                 assert_eq!(
-                    self.hinted.lookup_tokens(ns, &packed(query)),
-                    self.plain.lookup_tokens(ns, &packed(query)),
+                    self.hinted.lookup_tokens(ns, &pages(query)),
+                    self.plain.lookup_tokens(ns, &pages(query)),
                     "{ns:?} {query:?}"
                 );
             }
@@ -309,7 +310,7 @@ fn a_fresh_hint_is_followed_and_builds_the_same_tree() {
     // Ends inside the stored edge, at its end, and past it.
     let turns = [key(0..16, 2, 8), stored.clone(), key(0..40, 3, 8)];
     for (worker, turn) in turns.iter().enumerate() {
-        let (_, hint) = reader.lookup_tokens_hinted(NS, &packed(turn));
+        let (_, hint) = reader.lookup_tokens_hinted(NS, &pages(turn));
         twins.insert(NS, turn, worker as u16 + 2, &hint);
     }
     assert_eq!(
@@ -342,7 +343,7 @@ fn a_split_above_the_hinted_end_is_followed_up_the_parents() {
     let stored = key(0..32, 1, 0);
     let mut twins = Twins::holding(&stored);
     let turn = key(0..16, 2, 8);
-    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &packed(&turn));
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &pages(&turn));
     // Cut the stored edge exactly where the lookup ended, then at 8 above it: the hinted node
     // keeps its id as the lower half both times.
     for cut in [16, 8] {
@@ -359,7 +360,7 @@ fn stale_hints_walk_from_the_root() {
     let stored = key(0..32, 1, 0);
     let turn = key(0..16, 2, 8);
     let mut twins = Twins::holding(&stored);
-    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &packed(&turn));
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &pages(&turn));
     for index in [&mut twins.hinted, &mut twins.plain] {
         index
             .insert_text(NS, "abcd", WorkerId(1), 1)
@@ -379,7 +380,7 @@ fn stale_hints_walk_from_the_root() {
     twins.plain.remove_worker(WorkerId(2));
     twins.insert(NS, &turn, 3, &hint);
     // Evicted, reclaimed and its slot reused by other keys.
-    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &packed(&turn));
+    let (_, hint) = twins.hinted.lookup_tokens_hinted(NS, &pages(&turn));
     twins.hinted.evict(0);
     twins.plain.evict(0);
     for other in 0..4 {
@@ -471,21 +472,26 @@ fn long_one_child_chains_stay_unmerged_unless_their_labels_adjoin() {
 }
 
 #[test]
-fn a_token_id_past_the_packed_range_ends_the_key_before_it() {
+fn every_bit_of_a_token_id_counts_and_pages_of_another_block_size_match_nothing() {
     let mut index = writer(4);
-    let mut prompt: Vec<u32> = (0..16).map(|i| i * 0x01_0101).collect();
-    prompt[9] = TOKEN_ID_MAX + 1;
+    let prompt: Vec<u32> = (0..16).map(|i| i << 24 | 0x00ab_cdef).collect();
     index
         .insert_tokens(NS, &prompt, WorkerId(3), 1)
         .expect("insert");
-    // Pages [0, 4) and [4, 8) are whole before the id at 9; the request keeps all 16 tokens.
-    let found = index.lookup_tokens(NS, &packed(&prompt));
-    assert_eq!((found.matched_len, found.request_len), (8, 16));
+    let found = index.lookup_tokens(NS, &pages(&prompt));
+    assert_eq!((found.matched_len, found.request_len), (16, 16));
     assert_eq!(found.tenants(), &[WorkerId(3)]);
-    let gauges = index.gauges();
-    assert_eq!(gauges[0].token.units, 8, "only the packed prefix is held");
-    // A prompt that differs only past the odd id matches just as far.
+    // Ids that differ only in their top byte part at that page.
     let mut other = prompt.clone();
-    other[12] = 7;
-    assert_eq!(index.lookup_tokens(NS, &packed(&other)).matched_len, 8);
+    other[9] ^= 1 << 31;
+    assert_eq!(index.lookup_tokens(NS, &pages(&other)).matched_len, 8);
+    // Pages hashed with another block size are refused by the writer and match nothing.
+    let eight = TokenPages::of(&prompt, 8);
+    assert_eq!(index.lookup_tokens(NS, &eight).matched_len, 0);
+    let none = LookupHint::default();
+    assert_eq!(
+        index.insert_tokens_hinted(NS, &eight, WorkerId(1), 2, &none),
+        Err(IndexError::BlockSizeMismatch(8))
+    );
+    assert_eq!(index.gauges()[0].token.units, 16);
 }

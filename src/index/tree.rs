@@ -1602,12 +1602,11 @@ impl<K: Keying> TreeWriter<K> {
             .rev()
             .flat_map(|label| label.iter().copied())
             .collect();
-        let (key, kept_len) = (self.keys.report(&elements), self.keys.report_len(kept_len));
         Evicted {
             kind: K::KIND,
             namespace,
             worker,
-            key,
+            key: self.keys.report(&elements),
             kept_len,
         }
     }

@@ -17,7 +17,7 @@ use super::placements::Placements;
 use super::recent::{IndexKey, KeyData, RecentDispatches};
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use super::{Branch, PolicyConfig, PolicyMetrics, RouteRequest, Router, WorkerRing, WorkerStatus};
-use crate::index::{IndexReader, LookupHint, Namespace, PackedTokens, TreeMatch, MODELS_MAX};
+use crate::index::{IndexReader, LookupHint, Namespace, TokenPages, TreeMatch, MODELS_MAX};
 use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingInput, RoutingKey};
 use crate::workers::WorkerId;
 
@@ -46,8 +46,8 @@ pub struct CoreRouting {
     router: Router,
     reader: Option<IndexReader>,
     input: RoutingInput,
-    /// The prepared request's token ids packed for the index (when its key is tokens).
-    packed: PackedTokens,
+    /// The prepared request's page hashes for the index (when its key is tokens).
+    pages: TokenPages,
     namespace: Namespace,
     tree: Option<TreeMatch>,
     /// The index lookup's hint for the prepared request's record (never the recent map's).
@@ -76,7 +76,7 @@ impl CoreRouting {
             router: Router::new(config, seed, metrics),
             reader,
             input: RoutingInput::new(),
-            packed: PackedTokens::default(),
+            pages: TokenPages::default(),
             namespace: Namespace::default(),
             tree: None,
             hint: LookupHint::default(),
@@ -112,7 +112,9 @@ impl CoreRouting {
             return Ok(());
         }
         if let RoutingKey::Tokens(tokens) = routing_key {
-            self.packed.pack(tokens);
+            // The index's block size: both come from `--block-size`.
+            let block_size = self.router.config().cache_aware.block_size as usize;
+            self.pages.hash(tokens, block_size);
         }
         let key = self.index_key();
         let (mut tree, hint) = match (&self.reader, key) {
@@ -225,11 +227,11 @@ impl CoreRouting {
         })
     }
 
-    /// The prepared request's key as the index compares it (its ids as `prepare` packed them).
+    /// The prepared request's key as the index compares it (its ids as `prepare` hashed them).
     fn index_key(&self) -> IndexKey<'_> {
         match self.input.key() {
             RoutingKey::Text(text) => IndexKey::Text(text),
-            RoutingKey::Tokens(_) => IndexKey::Tokens(&self.packed),
+            RoutingKey::Tokens(_) => IndexKey::Tokens(&self.pages),
         }
     }
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::index::{
-    self, count_chars, Namespace, PackedTokens, TokenKey, TreeMatch, MATCH_TENANTS_MAX, TOKEN_BYTES,
+    self, count_chars, Namespace, TokenKey, TokenPages, TreeMatch, MATCH_TENANTS_MAX,
 };
 use crate::workers::WorkerId;
 
@@ -24,7 +24,7 @@ pub const RECENT_DISPATCH_WINDOW_MS: u64 = 100;
 pub enum KeyData {
     /// A text key (string tree).
     Text(Arc<str>),
-    /// A token key (token tree), packed.
+    /// A token key (token tree): page hashes.
     Tokens(TokenKey),
 }
 
@@ -38,13 +38,13 @@ impl KeyData {
     }
 }
 
-/// A request's key as the index compares it: its text, or its token ids packed.
+/// A request's key as the index compares it: its text, or its token ids' page hashes.
 #[derive(Clone, Copy, Debug)]
 pub enum IndexKey<'a> {
     /// Text (string tree).
     Text(&'a str),
-    /// Token ids (token tree).
-    Tokens(&'a PackedTokens),
+    /// Page hashes of token ids (token tree).
+    Tokens(&'a TokenPages),
 }
 
 #[derive(Clone, Debug)]
@@ -126,9 +126,7 @@ fn common_prefix_units(remembered: &KeyData, key: IndexKey<'_>, block_size: u32)
             count_chars(&new.as_bytes()[..bytes])
         }
         (KeyData::Tokens(old), IndexKey::Tokens(new)) => {
-            let tokens = (common_len(old.bytes(), new.bytes()) / TOKEN_BYTES) as u64;
-            let page = u64::from(block_size.max(1));
-            tokens / page * page
+            common_len(old.pages(), new.pages()) as u64 * u64::from(block_size)
         }
         _ => return None,
     };
@@ -182,7 +180,7 @@ mod tests {
             1000,
         );
         let key = IndexKey::Text("shared prefix two");
-        let short = PackedTokens::of(&[1, 2, 3]);
+        let short = TokenPages::of(&[1, 2, 3], 1);
         let mut tree = miss(17);
         recent.merge_into(&mut tree, NS, key, 1050, 16);
         assert_eq!((tree.matched_len, tree.tenants()), (14, &[WorkerId(3)][..]));
@@ -209,11 +207,11 @@ mod tests {
     fn tokens_match_in_whole_pages_and_never_shorten_a_tree_match() {
         let mut recent = RecentDispatches::default();
         let old: Vec<u32> = (0..40).collect();
-        let old = PackedTokens::of(&old);
+        let old = TokenPages::of(&old, 16);
         recent.push(NS, KeyData::of(IndexKey::Tokens(&old)), WorkerId(1), 0);
         let mut new: Vec<u32> = (0..35).collect();
         new.push(999);
-        let new = PackedTokens::of(&new);
+        let new = TokenPages::of(&new, 16);
         let mut tree = miss(36);
         recent.merge_into(&mut tree, NS, IndexKey::Tokens(&new), 10, 16);
         assert_eq!((tree.matched_len, tree.tenants()), (32, &[WorkerId(1)][..]));
