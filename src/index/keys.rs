@@ -134,11 +134,11 @@ pub fn page_hash(page: &[u32]) -> u64 {
 /// requests. A trailing partial page gets no hash (a match counts whole pages only).
 ///
 /// The tree stores and compares these hashes, not the ids: an 8k-token prompt is 512 words
-/// (4 KiB at a block size of 16) instead of 32 KiB of ids, which is what the lookup, the record's
-/// copy and the insert move through caches that miss on nearly every label (measured in
-/// `perf/results-index.md`). Two different pages that hash alike would match: about 2^-64 per
-/// comparison for real prompts, and one crafted to collide changes only where its own request is
-/// routed, never what an engine computes.
+/// (4 KiB at a block size of 16) instead of 24 KiB of ids at three bytes each, and that is what
+/// the lookup, the record's copy and the insert move through caches that miss on nearly every
+/// label (measured in `perf/results-index.md`). Two different pages that hash alike would
+/// match: about 2^-64 per comparison for real prompts; a page crafted to collide changes only
+/// routing (which worker holds what), never what an engine computes.
 #[derive(Clone, Debug, Default)]
 pub struct TokenPages {
     pages: Vec<u64>,
