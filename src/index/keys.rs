@@ -215,10 +215,10 @@ impl Keying for PageKeys {
 }
 
 /// Length of the common prefix of `a` and `b`. Long prefixes are the common case (a next turn
-/// repeats thousands of tokens), so equal spans are skipped a large block at a time: one
-/// `memcmp` call per 8 KiB of tokens (the call, not the comparison, dominated with small blocks:
-/// 24 calls for an 8k-token match at 1 KiB), then the block that differs is narrowed down in
-/// smaller blocks and finally element by element.
+/// repeats thousands of characters or pages), so equal spans are skipped a large block at a
+/// time: one `memcmp` call per 2,048 elements (the call, not the comparison, dominated with small
+/// blocks: 24 calls for a 24 KiB match at 1 KiB), then the block that differs is narrowed down
+/// in smaller blocks and finally element by element.
 pub fn common_prefix<E: Element>(a: &[E], b: &[E]) -> usize {
     const SPANS: [usize; 3] = [2048, 256, 32];
     let len = a.len().min(b.len());

@@ -1,6 +1,6 @@
 //! The prefix index: string tree (characters), token tree (whole pages of `--block-size`
-//! tokens, each page stored as one 64-bit hash of its ids: [`TokenPages`]), keyed by model and partition
-//! namespace. Data cores read it lock-free; only the control core writes it.
+//! tokens, each page stored as one 64-bit hash of its ids: [`TokenPages`]), keyed by model and
+//! partition namespace. Data cores read it lock-free; only the control core writes it.
 //!
 //! - [`IndexWriter`] (one, on the control core): `insert_text`, `insert_tokens`, `remove_worker`,
 //!   `evict`, `reclaim`, `gauges`. It is the only owner of the trees' bookkeeping.
@@ -114,7 +114,7 @@ pub enum IndexError {
     #[error("the token tree needs a block size of at least 1")]
     BlockSizeZero,
     /// Token pages hashed with another block size than the index's.
-    #[error("token pages hashed {0} per page, not the index's block size")]
+    #[error("token pages of {0} ids each, not the index's block size")]
     BlockSizeMismatch(usize),
     /// The writer of this index was already taken.
     #[error("the index already has its writer")]
@@ -704,10 +704,11 @@ fn lookup_tokens(
         block_size: shared.block_size,
     };
     // Pages hashed with another block size match nothing (a caller's mistake: the data core
-    // hashes with `IndexReader::block_size`).
-    let pages = match tokens.block_size() == shared.block_size {
-        true => tokens.pages(),
-        false => &[],
+    // hashes with `--block-size`, as the index was built).
+    let pages = if tokens.block_size() == shared.block_size {
+        tokens.pages()
+    } else {
+        &[]
     };
     let key = &pages[..keys::Keying::floor(&keys, pages, KEY_ELEMENTS_MAX)];
     let walk = shared.tokens.walk(&keys, guard, ns, key);

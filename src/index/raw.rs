@@ -51,7 +51,7 @@ pub const NODES_MAX: u32 = (SEGMENTS_MAX * SEGMENT_NODES) as u32;
 /// A reader slot's value while its reader holds no reference into the index.
 const OFFLINE: u64 = u64::MAX;
 
-/// An element of an edge label: a byte of UTF-8 text, or of packed token ids.
+/// An element of an edge label: a byte of UTF-8 text, or a page hash of token ids.
 pub trait Element: Copy + Eq + Default + Send + Sync + std::fmt::Debug + 'static {}
 impl Element for u8 {}
 impl Element for u64 {}
@@ -288,6 +288,7 @@ pub struct Node<E: Element> {
 
 // Nodes are one cache line each (the slab's segment size assumes it).
 const _: () = assert!(std::mem::size_of::<Node<u8>>() == 64);
+const _: () = assert!(std::mem::size_of::<Node<u64>>() == 64);
 
 impl<E: Element> Default for Node<E> {
     fn default() -> Self {

@@ -65,8 +65,8 @@ fn leaf_keeps_key(leaf_len: usize, key_len: usize) -> bool {
 }
 
 /// Units on both edges above which a one-child node and its child stay unmerged (unless their
-/// labels adjoin in one buffer): a merge copies both labels, tens of KB for long prompts, to
-/// save one node of about 200 bytes (slot, metadata, entries, table), which is at most about
+/// labels adjoin in one buffer): a merge copies both labels, tens of KB for long text prompts,
+/// to save one node of about 200 bytes (slot, metadata, entries, table), which is at most about
 /// 3 bytes per unit at this length. Shorter chains merge, so splits at small offsets never
 /// pile up nodes.
 const MERGE_UNITS_MIN: u64 = 64;
