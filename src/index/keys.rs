@@ -12,8 +12,6 @@ pub trait Keying: Clone + std::fmt::Debug + Send + 'static {
     type E: Element;
     /// Which tree kind these rules cut keys for.
     const KIND: TreeKind;
-    /// The key with any trailing partial unit removed.
-    fn trim<'k>(&self, key: &'k [Self::E]) -> &'k [Self::E];
     /// The edge key of the first unit of `rest`, `None` when `rest` holds no whole unit.
     fn edge_key(&self, rest: &[Self::E]) -> Option<u64>;
     /// The largest unit boundary of `key` at or below `pos`.
@@ -52,10 +50,6 @@ pub fn count_chars(bytes: &[u8]) -> u64 {
 impl Keying for TextKeys {
     type E = u8;
     const KIND: TreeKind = TreeKind::Text;
-
-    fn trim<'k>(&self, key: &'k [u8]) -> &'k [u8] {
-        key
-    }
 
     fn edge_key(&self, rest: &[u8]) -> Option<u64> {
         let first = *rest.first()?;
@@ -192,10 +186,6 @@ pub struct PageKeys {
 impl Keying for PageKeys {
     type E = u64;
     const KIND: TreeKind = TreeKind::Tokens;
-
-    fn trim<'k>(&self, key: &'k [u64]) -> &'k [u64] {
-        key
-    }
 
     fn edge_key(&self, rest: &[u64]) -> Option<u64> {
         rest.first().copied()

@@ -469,8 +469,8 @@ impl<K: Keying> TreeWriter<K> {
         if worker.index() >= WORKERS_MAX {
             return Err(IndexError::WorkerOutOfRange(worker));
         }
-        let capped = key.prefix(self.keys.floor(key.elements, KEY_ELEMENTS_MAX));
-        let key = capped.prefix(self.keys.trim(capped.elements).len());
+        // Every key is whole units (characters, or page hashes): capping is the only cut.
+        let key = key.prefix(self.keys.floor(key.elements, KEY_ELEMENTS_MAX));
         if key.elements.is_empty() {
             return Ok(());
         }
