@@ -326,10 +326,8 @@ impl IndexWriter {
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
-        if tokens.block_size() != self.shared.block_size {
-            return Err(IndexError::BlockSizeMismatch(tokens.block_size()));
-        }
-        self.insert_tokens_key(ns, Key::borrowed(tokens.pages()), worker, tick, hint)
+        let key = Key::borrowed(tokens.pages());
+        self.insert_tokens_key(ns, key, tokens.block_size(), worker, tick, hint)
     }
 
     /// `insert_tokens_hinted` of tokens held in a shared buffer (the dispatch record's key);
@@ -342,20 +340,23 @@ impl IndexWriter {
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
-        if tokens.block_size != self.shared.block_size {
-            return Err(IndexError::BlockSizeMismatch(tokens.block_size));
-        }
-        self.insert_tokens_key(ns, Key::shared(&tokens.pages), worker, tick, hint)
+        let key = Key::shared(&tokens.pages);
+        self.insert_tokens_key(ns, key, tokens.block_size, worker, tick, hint)
     }
 
+    /// Inserts page hashes computed with `block_size` ids per page (refused unless the index's).
     fn insert_tokens_key(
         &mut self,
         ns: Namespace,
         key: Key<'_, u64>,
+        block_size: usize,
         worker: WorkerId,
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
+        if block_size != self.shared.block_size {
+            return Err(IndexError::BlockSizeMismatch(block_size));
+        }
         let ctx = WriteCtx {
             tree: &self.shared.tokens,
             domain: &self.shared.domain,
