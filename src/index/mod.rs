@@ -24,7 +24,7 @@ mod tree;
 use std::sync::{Arc, Mutex};
 
 use crate::workers::WorkerId;
-pub use keys::{count_chars, page_hash, TokenPages};
+pub use keys::{common_prefix, count_chars, page_hash, TokenPages};
 use keys::{PageKeys, TextKeys};
 pub use raw::READERS_MAX;
 use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};

@@ -133,9 +133,8 @@ impl CoreRouting {
         let config = &self.router.config().cache_aware;
         // Only a miss can be a burst of a new prefix the index has not learned yet.
         if tree.ratio() <= config.cache_threshold {
-            let block_size = config.block_size;
             self.recent
-                .merge_into(&mut tree, self.namespace, key, now_ms, block_size);
+                .merge_into(&mut tree, self.namespace, key, now_ms);
         }
         self.hint = hint;
         self.tree = Some(tree);

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::index::{
-    self, count_chars, Namespace, TokenKey, TokenPages, TreeMatch, MATCH_TENANTS_MAX,
+    self, common_prefix, count_chars, Namespace, TokenKey, TokenPages, TreeMatch, MATCH_TENANTS_MAX,
 };
 use crate::workers::WorkerId;
 
@@ -87,7 +87,6 @@ impl RecentDispatches {
         namespace: Namespace,
         key: IndexKey<'_>,
         now_ms: u64,
-        block_size: u32,
     ) {
         for entry in &self.entries {
             if entry.namespace != namespace
@@ -95,7 +94,7 @@ impl RecentDispatches {
             {
                 continue;
             }
-            let Some(matched) = common_prefix_units(&entry.key, key, block_size) else {
+            let Some(matched) = common_prefix_units(&entry.key, key) else {
                 continue;
             };
             if matched == 0 || matched < tree.matched_len {
@@ -116,42 +115,21 @@ impl RecentDispatches {
 
 /// The common prefix of a remembered key and a request key in the tree's units: characters for
 /// text, whole pages for tokens. `None` when the kinds differ (text never matches tokens).
-fn common_prefix_units(remembered: &KeyData, key: IndexKey<'_>, block_size: u32) -> Option<u32> {
+fn common_prefix_units(remembered: &KeyData, key: IndexKey<'_>) -> Option<u32> {
     let units = match (remembered, key) {
         (KeyData::Text(old), IndexKey::Text(new)) => {
-            let mut bytes = common_len(old.as_bytes(), new.as_bytes());
+            let mut bytes = common_prefix(old.as_bytes(), new.as_bytes());
             while !new.is_char_boundary(bytes) {
                 bytes -= 1;
             }
             count_chars(&new.as_bytes()[..bytes])
         }
         (KeyData::Tokens(old), IndexKey::Tokens(new)) => {
-            common_len(old.pages(), new.pages()) as u64 * u64::from(block_size)
+            (common_prefix(old.pages(), new.pages()) * new.block_size()) as u64
         }
         _ => return None,
     };
     Some(u32::try_from(units).unwrap_or(u32::MAX))
-}
-
-/// Elements compared per block by [`common_len`]: slice equality on a block compiles to
-/// `memcmp`, many times faster than an element loop on long prompts.
-const COMMON_LEN_BLOCK: usize = 256;
-
-/// The length of the common prefix of `a` and `b`.
-fn common_len<T: PartialEq>(a: &[T], b: &[T]) -> usize {
-    let len = a.len().min(b.len());
-    let mut start = 0;
-    while start + COMMON_LEN_BLOCK <= len
-        && a[start..start + COMMON_LEN_BLOCK] == b[start..start + COMMON_LEN_BLOCK]
-    {
-        start += COMMON_LEN_BLOCK;
-    }
-    start
-        + a[start..len]
-            .iter()
-            .zip(&b[start..len])
-            .take_while(|(x, y)| x == y)
-            .count()
 }
 
 #[cfg(test)]
@@ -182,7 +160,7 @@ mod tests {
         let key = IndexKey::Text("shared prefix two");
         let short = TokenPages::of(&[1, 2, 3], 1);
         let mut tree = miss(17);
-        recent.merge_into(&mut tree, NS, key, 1050, 16);
+        recent.merge_into(&mut tree, NS, key, 1050);
         assert_eq!((tree.matched_len, tree.tenants()), (14, &[WorkerId(3)][..]));
         // Too old, another namespace, or another key kind: no effect.
         for (ns, now, k) in [
@@ -198,7 +176,7 @@ mod tests {
             (NS, 1050, IndexKey::Tokens(&short)),
         ] {
             let mut tree = miss(17);
-            recent.merge_into(&mut tree, ns, k, now, 16);
+            recent.merge_into(&mut tree, ns, k, now);
             assert_eq!(tree.tenants_len, 0);
         }
     }
@@ -213,7 +191,7 @@ mod tests {
         new.push(999);
         let new = TokenPages::of(&new, 16);
         let mut tree = miss(36);
-        recent.merge_into(&mut tree, NS, IndexKey::Tokens(&new), 10, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Tokens(&new), 10);
         assert_eq!((tree.matched_len, tree.tenants()), (32, &[WorkerId(1)][..]));
         let mut longer = TreeMatch {
             matched_len: 48,
@@ -222,24 +200,11 @@ mod tests {
             ..TreeMatch::default()
         };
         longer.tenants[0] = WorkerId(5);
-        recent.merge_into(&mut longer, NS, IndexKey::Tokens(&new), 10, 16);
+        recent.merge_into(&mut longer, NS, IndexKey::Tokens(&new), 10);
         assert_eq!(
             (longer.matched_len, longer.tenants()),
             (48, &[WorkerId(5)][..])
         );
-    }
-
-    #[test]
-    fn common_len_matches_an_element_loop_across_block_edges() {
-        let a: Vec<u32> = (0..1000).collect();
-        for cut in [0, 1, 255, 256, 257, 511, 512, 999, 1000] {
-            let mut b = a.clone();
-            if cut < b.len() {
-                b[cut] = u32::MAX;
-            }
-            assert_eq!(common_len(&a, &b), cut);
-            assert_eq!(common_len(&a[..cut], &a), cut);
-        }
     }
 
     #[test]
@@ -252,7 +217,7 @@ mod tests {
             0,
         );
         let mut tree = miss(11);
-        recent.merge_into(&mut tree, NS, IndexKey::Text("héllo wörst"), 0, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Text("héllo wörst"), 0);
         assert_eq!(tree.matched_len, 9);
     }
 
@@ -268,13 +233,13 @@ mod tests {
             );
         }
         let mut tree = miss(5);
-        recent.merge_into(&mut tree, NS, IndexKey::Text("key 0"), 0, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Text("key 0"), 0);
         assert!(
             !tree.tenants().contains(&WorkerId(0)),
             "the oldest entry was overwritten"
         );
         let mut tree = miss(6);
-        recent.merge_into(&mut tree, NS, IndexKey::Text("key 19"), 0, 16);
+        recent.merge_into(&mut tree, NS, IndexKey::Text("key 19"), 0);
         assert!(tree.tenants().contains(&WorkerId(19)));
     }
 }
