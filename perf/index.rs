@@ -23,10 +23,10 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use kvgate::ids::WorkerId;
 use kvgate::index::{
     token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TokenPages,
 };
-use kvgate::workers::WorkerId;
 
 /// Shared system prompts per tree.
 const SYSTEMS: usize = 16;

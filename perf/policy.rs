@@ -8,30 +8,65 @@
 //!   match on 4 tenants) for 1k / 8k / 32k-token prompts, text (chat) and token (`/generate`)
 //!   bodies; `select_only_*` the decision alone, `select_miss_*` the same request as a cache miss
 //!   (step 6's placement over all 16 workers). The index lookup is the index's own benchmark.
-//! - `decide_logging/*`: the data core's whole decision (`Router::route`: select, the branch
-//!   counters and the `Cache-aware selection` debug line) with no subscriber, with the production
-//!   filter `info` (the debug line off), and with `smg::policies::cache_aware=debug` writing to a
-//!   sink, next to `select` alone: what the decision log costs when it is off, and when it is on.
+//! - `decide_logging/*`: the data core's whole decision (`Router::choose`: the worker statuses,
+//!   select, the branch counters and the `Cache-aware selection` debug line) with no subscriber,
+//!   with the production filter `info` (the debug line off), and with
+//!   `smg::policies::cache_aware=debug` writing to a sink, next to `select` alone: what the
+//!   decision log costs when it is off, and when it is on.
 //!
 //! Run: `cargo bench -p kvgate --bench policy`. Inputs are built outside the timed loops from
 //! fixed seeds; each run prints a checksum of its results so a broken bench cannot pass silently.
+//! `tests/policy_perf.rs` runs every benchmark once with tiny prompts in the normal test pass.
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{BenchmarkId, Criterion, Throughput};
 use fastrand::Rng;
-use kvgate::index::TreeMatch;
+use kvgate::ids::WorkerId;
+use kvgate::index::{Namespace, TreeMatch};
 use kvgate::policy::{
-    cache_aware, CacheAwareConfig, PolicyArgs, PolicyMetrics, RouteRequest, Router, WorkerLoad,
-    WorkerRing, WorkerStatus,
+    cache_aware, CacheAwareConfig, IndexKey, IndexLookup, Lookup, PolicyArgs, PolicyMetrics,
+    Prepared, Router, WorkerLoad, WorkerStatus,
 };
 use kvgate::request::{extract, Endpoint, RoutingHeaders, RoutingInput, RoutingKey};
-use kvgate::workers::WorkerId;
 
-/// Prompt sizes in tokens (one word = one token, as in sim-engine).
-const PROMPT_TOKENS: [usize; 3] = [1024, 8192, 32768];
 /// Workers in the decision snapshot.
 const WORKERS: usize = 16;
+
+/// The prompt sizes the benchmarks run, in tokens (one word = one token, as in sim-engine).
+pub struct Sizes {
+    /// Every `extract/*` and `decide/*` benchmark runs once per size.
+    pub prompt_tokens: Vec<usize>,
+    /// The prompt of `decide_logging/*`.
+    pub logging_prompt_tokens: usize,
+}
+
+impl Sizes {
+    /// The sizes `cargo bench` measures.
+    pub fn full() -> Sizes {
+        Sizes {
+            prompt_tokens: vec![1024, 8192, 32768],
+            logging_prompt_tokens: 8192,
+        }
+    }
+
+    /// Tiny sizes for the smoke run of the test pass.
+    pub fn tiny() -> Sizes {
+        Sizes {
+            prompt_tokens: vec![16],
+            logging_prompt_tokens: 16,
+        }
+    }
+}
+
+/// Every benchmark of this file over `sizes`; returns the checksums they print.
+pub fn run_all(c: &mut Criterion, sizes: &Sizes) -> [u64; 3] {
+    [
+        bench_extract(c, sizes),
+        bench_decide(c, sizes),
+        bench_decide_logging(c, sizes),
+    ]
+}
 
 fn words(count: usize, rng: &mut Rng) -> String {
     let mut text = String::with_capacity(count * 7);
@@ -73,12 +108,12 @@ fn generate_body(tokens: usize, rng: &mut Rng) -> Vec<u8> {
     .unwrap_or_default()
 }
 
-fn bench_extract(c: &mut Criterion) {
+fn bench_extract(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(42);
     let mut group = c.benchmark_group("extract");
     let mut input = RoutingInput::new();
-    let mut checksum = 0usize;
-    for tokens in PROMPT_TOKENS {
+    let mut checksum = 0u64;
+    for &tokens in &sizes.prompt_tokens {
         let body = chat_body(tokens, &mut rng);
         group.throughput(Throughput::Bytes(body.len() as u64));
         group.bench_with_input(
@@ -138,10 +173,11 @@ fn bench_extract(c: &mut Criterion) {
                 })
             },
         );
-        checksum += key_len(&input);
+        checksum += key_len(&input) as u64;
     }
     group.finish();
     println!("extract checksum: {checksum}");
+    checksum
 }
 
 fn key_len(input: &RoutingInput) -> usize {
@@ -172,7 +208,7 @@ fn fleet(rng: &mut Rng) -> Vec<WorkerStatus> {
         .collect()
 }
 
-fn bench_decide(c: &mut Criterion) {
+fn bench_decide(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(7);
     let workers = fleet(&mut rng);
     let config = CacheAwareConfig::default();
@@ -180,7 +216,7 @@ fn bench_decide(c: &mut Criterion) {
     let mut input = RoutingInput::new();
     let mut decision_rng = Rng::with_seed(1);
     let mut checksum = 0u64;
-    for tokens in PROMPT_TOKENS {
+    for &tokens in &sizes.prompt_tokens {
         let bodies = [
             (
                 "chat",
@@ -250,6 +286,7 @@ fn bench_decide(c: &mut Criterion) {
     }
     group.finish();
     println!("decide checksum: {checksum}");
+    checksum
 }
 
 /// A lookup result for the body: 80% matched, held by 4 of the 16 workers.
@@ -268,29 +305,52 @@ fn tree_match(body: &[u8], endpoint: Endpoint, input: &mut RoutingInput) -> Tree
     tree
 }
 
-/// `Router::route` for one 8k-token chat request under three logging set-ups, and `select` alone.
-fn bench_decide_logging(c: &mut Criterion) {
+/// An index mode that answers every lookup with one fixed match (the benchmark's lookup result).
+#[derive(Debug)]
+struct FixedLookup(TreeMatch);
+
+impl IndexLookup for FixedLookup {
+    fn lookup(&self, _: Namespace, _: IndexKey<'_>) -> Lookup {
+        Lookup {
+            matched: self.0,
+            ..Lookup::default()
+        }
+    }
+
+    fn quiesce(&mut self) {}
+}
+
+/// `Router::choose` for one chat request under three logging set-ups, and `select` alone.
+fn bench_decide_logging(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(11);
     let workers = fleet(&mut rng);
     let urls: Vec<String> = (0..WORKERS).map(|i| format!("http://w{i}:8000")).collect();
-    let ring = WorkerRing::new(
-        urls.iter()
-            .enumerate()
-            .map(|(i, url)| (WorkerId(i as u16), url.as_str())),
-    );
-    let body = chat_body(8192, &mut rng);
+    let tokens = sizes.logging_prompt_tokens;
+    let body = chat_body(tokens, &mut rng);
     let mut input = RoutingInput::new();
     let tree = tree_match(&body, Endpoint::ChatCompletions, &mut input);
     let config = PolicyArgs::default()
         .validate()
         .expect("default policy config");
-    let mut router = Router::new(config, 1, std::sync::Arc::new(PolicyMetrics::default()));
-    let request = RouteRequest {
-        input: &input,
-        tree: Some(&tree),
-        workers: &workers,
-        ring: &ring,
+    let metrics = std::sync::Arc::new(PolicyMetrics::default());
+    let index: Box<dyn IndexLookup> = Box::new(FixedLookup(tree));
+    let mut router = Router::new(config, 1, Some(index), metrics);
+    let mut prepared = Prepared::default();
+    router
+        .prepare(
+            &mut prepared,
+            Endpoint::ChatCompletions,
+            RoutingHeaders::default(),
+            &body,
+            0,
+        )
+        .expect("a valid body");
+    let active = || {
+        urls.iter()
+            .enumerate()
+            .map(|(i, url)| (WorkerId(i as u16), url.as_str()))
     };
+    let status_of = |id: WorkerId| workers[id.index()];
     let cache_aware_config = CacheAwareConfig::default();
     let mut decision_rng = Rng::with_seed(1);
     let mut group = c.benchmark_group("decide_logging");
@@ -300,14 +360,16 @@ fn bench_decide_logging(c: &mut Criterion) {
                 Some(black_box(&tree)),
                 &workers,
                 &cache_aware_config,
-                8192,
+                tokens as u64,
                 &mut decision_rng,
             ))
         })
     });
-    group.bench_function("route_no_subscriber", |b| {
-        b.iter(|| black_box(router.route(black_box(&request))))
-    });
+    let checksum = router
+        .choose(&prepared, active(), status_of)
+        .map_or(0, |w| u64::from(w.0) + 1);
+    let mut choose = || router.choose(black_box(&prepared), active(), status_of);
+    group.bench_function("route_no_subscriber", |b| b.iter(|| black_box(choose())));
     let subscriber = |filter: &str| {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
@@ -315,17 +377,20 @@ fn bench_decide_logging(c: &mut Criterion) {
             .finish()
     };
     tracing::subscriber::with_default(subscriber("info"), || {
-        group.bench_function("route_filter_info", |b| {
-            b.iter(|| black_box(router.route(black_box(&request))))
-        });
+        group.bench_function("route_filter_info", |b| b.iter(|| black_box(choose())));
     });
     tracing::subscriber::with_default(subscriber("info,smg::policies::cache_aware=debug"), || {
         group.bench_function("route_filter_debug_to_sink", |b| {
-            b.iter(|| black_box(router.route(black_box(&request))))
+            b.iter(|| black_box(choose()))
         });
     });
     group.finish();
+    println!("decide_logging checksum: {checksum}");
+    checksum
 }
 
-criterion_group!(benches, bench_extract, bench_decide, bench_decide_logging);
-criterion_main!(benches);
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    run_all(&mut criterion, &Sizes::full());
+    criterion.final_summary();
+}

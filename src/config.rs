@@ -1,18 +1,20 @@
 //! The command line (SMG's flag names and defaults) and the validated configuration built from it.
 //!
 //! `Cli` is the clap type and stays a plain mirror of the flags; `Config::from_cli` checks every
-//! value and returns a `ConfigError` naming the flag at fault, which `main` prints as one
+//! value and returns a `FlagError` naming the flag at fault, which `main` prints as one
 //! `Error: ...` line before exiting non-zero. Nothing downstream of `Config` re-validates.
+//! Host names (`--host`, `--prometheus-host`, `--worker-urls`) are resolved here, once, at start.
 
-use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::limits;
+use crate::error::FlagError;
+use crate::limits::{self, WORKERS_MAX};
 use crate::policy::{PolicyArgs, PolicyConfig};
-use crate::workers::WORKERS_MAX;
+use crate::workers::settings::{WorkerArgs, WorkerSettings};
+use crate::workers::spec::WorkerSpec;
 
 /// The routing policy (`--policy`): SMG's names, `cache_aware` by default. Its flags and their
 /// validation live in `policy::PolicyArgs`, flattened into `Cli`.
@@ -95,19 +97,7 @@ pub struct Cli {
     pub client_idle_timeout_ms: u64,
     /// Health checks, circuit breaker, retries, overload protection, load monitoring, admin key.
     #[command(flatten)]
-    pub worker_args: crate::workers::admin::WorkerArgs,
-}
-
-/// One upstream worker as configured: the URL exactly as given (it is the routed-worker header
-/// value), its resolved socket address and the `Host` header value to send it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerSpec {
-    /// The URL exactly as given in `--worker-urls`.
-    pub url: String,
-    /// The resolved address we connect to.
-    pub addr: SocketAddr,
-    /// `host:port` as written in the URL, for the upstream `Host` header.
-    pub authority: String,
+    pub worker_args: WorkerArgs,
 }
 
 /// The validated configuration every other module reads.
@@ -134,36 +124,12 @@ pub struct Config {
     /// Time an idle keep-alive client connection is kept.
     pub client_idle_timeout: Duration,
     /// Health, breaker, retry, overload, load-monitoring and admin settings.
-    pub worker_policy: crate::workers::admin::WorkerConfig,
-}
-
-/// A flag value that failed validation.
-#[derive(Debug, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The flag at fault, with its dashes.
-    pub flag: &'static str,
-    /// What is wrong with its value.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid value for {}: {}", self.flag, self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn config_error(flag: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        flag,
-        message: message.into(),
-    }
+    pub worker_settings: WorkerSettings,
 }
 
 impl Config {
     /// Checks every flag and builds the configuration.
-    pub fn from_cli(cli: &Cli) -> Result<Config, ConfigError> {
+    pub fn from_cli(cli: &Cli) -> Result<Config, FlagError> {
         let listen_addr = resolve("--host", &cli.host, cli.port)?;
         let prometheus_addr = resolve(
             "--prometheus-host",
@@ -175,13 +141,14 @@ impl Config {
                 "{} workers given, at most {WORKERS_MAX}",
                 cli.worker_urls.len()
             );
-            return Err(config_error("--worker-urls", message));
+            return Err(FlagError::new("--worker-urls", message));
         }
         let mut workers: Vec<WorkerSpec> = Vec::with_capacity(cli.worker_urls.len());
         for url in &cli.worker_urls {
-            let spec = parse_worker_url(url)?;
+            let spec = WorkerSpec::resolve(url)
+                .map_err(|e| FlagError::new("--worker-urls", e.to_string()))?;
             if workers.iter().any(|w| w.url == spec.url) {
-                return Err(config_error(
+                return Err(FlagError::new(
                     "--worker-urls",
                     format!("{url} is given twice"),
                 ));
@@ -191,41 +158,35 @@ impl Config {
         let max_payload_bytes = usize::try_from(cli.max_payload_size).unwrap_or(usize::MAX);
         if max_payload_bytes == 0 || max_payload_bytes > limits::PAYLOAD_BYTES_MAX {
             let message = format!("must be 1..={} bytes", limits::PAYLOAD_BYTES_MAX);
-            return Err(config_error("--max-payload-size", message));
+            return Err(FlagError::new("--max-payload-size", message));
         }
         if cli.request_timeout_secs == 0
             || cli.request_timeout_secs > limits::REQUEST_TIMEOUT_SECS_MAX
         {
             let message = format!("must be 1..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
-            return Err(config_error("--request-timeout-secs", message));
+            return Err(FlagError::new("--request-timeout-secs", message));
         }
         let data_cores = match cli.data_cores {
             None => data_cores_default(),
             Some(n) if (1..=limits::DATA_CORES_MAX).contains(&n) => n,
             Some(_) => {
                 let message = format!("must be 1..={}", limits::DATA_CORES_MAX);
-                return Err(config_error("--data-cores", message));
+                return Err(FlagError::new("--data-cores", message));
             }
         };
         let header_read_timeout =
             timeout_ms("--header-read-timeout-ms", cli.header_read_timeout_ms)?;
         let client_idle_timeout =
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
-        let workers_config = cli
-            .worker_args
-            .validate()
-            .map_err(|e| config_error(e.flag, e.reason))?;
+        let worker_settings = cli.worker_args.validate()?;
         Ok(Config {
             header_read_timeout,
             client_idle_timeout,
-            worker_policy: workers_config,
+            worker_settings,
             listen_addr,
             prometheus_addr,
             workers,
-            policy: cli
-                .policy
-                .validate()
-                .map_err(|e| config_error(e.flag, e.reason))?,
+            policy: cli.policy.validate()?,
             log_level: cli.log_level,
             max_payload_bytes,
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
@@ -234,10 +195,10 @@ impl Config {
     }
 }
 
-fn timeout_ms(flag: &'static str, ms: u64) -> Result<Duration, ConfigError> {
+fn timeout_ms(flag: &'static str, ms: u64) -> Result<Duration, FlagError> {
     let max_ms = limits::REQUEST_TIMEOUT_SECS_MAX * 1000;
     if ms == 0 || ms > max_ms {
-        return Err(config_error(flag, format!("must be 1..={max_ms} ms")));
+        return Err(FlagError::new(flag, format!("must be 1..={max_ms} ms")));
     }
     Ok(Duration::from_millis(ms))
 }
@@ -248,45 +209,13 @@ fn data_cores_default() -> usize {
     cores.saturating_sub(1).clamp(1, limits::DATA_CORES_MAX)
 }
 
-fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
+fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
     let mut addrs = (host, port)
         .to_socket_addrs()
-        .map_err(|e| config_error(flag, format!("cannot resolve {host:?}: {e}")))?;
+        .map_err(|e| FlagError::new(flag, format!("cannot resolve {host:?}: {e}")))?;
     addrs
         .next()
-        .ok_or_else(|| config_error(flag, format!("{host:?} resolves to no address")))
-}
-
-/// Parses `http://host:port[/]` (port defaults to 80). Paths, queries and `https` are refused:
-/// the gateway appends the request path itself and speaks plain HTTP/1.1 upstream.
-pub fn parse_worker_url(url: &str) -> Result<WorkerSpec, ConfigError> {
-    const FLAG: &str = "--worker-urls";
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| config_error(FLAG, format!("{url} must start with http://")))?;
-    let authority = rest.strip_suffix('/').unwrap_or(rest);
-    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
-        return Err(config_error(
-            FLAG,
-            format!("{url} must be http://host:port"),
-        ));
-    }
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) if !host.ends_with(']') || host.starts_with('[') => {
-            let port = port
-                .parse::<u16>()
-                .map_err(|_| config_error(FLAG, format!("{url} has a bad port")))?;
-            (host, port)
-        }
-        _ => (authority, 80),
-    };
-    let host_bare = host.trim_start_matches('[').trim_end_matches(']');
-    let addr = resolve(FLAG, host_bare, port)?;
-    Ok(WorkerSpec {
-        url: url.to_string(),
-        addr,
-        authority: authority.to_string(),
-    })
+        .ok_or_else(|| FlagError::new(flag, format!("{host:?} resolves to no address")))
 }
 
 #[cfg(test)]
@@ -294,9 +223,9 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
-    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+    fn parse(args: &[&str]) -> Result<Config, FlagError> {
         let cli = Cli::try_parse_from(std::iter::once("kvgate").chain(args.iter().copied()))
-            .map_err(|e| config_error("clap", e.to_string()))?;
+            .map_err(|e| FlagError::new("clap", e.to_string()))?;
         Config::from_cli(&cli)
     }
 

@@ -2,18 +2,29 @@
 //! to hold their prompt prefix in KV cache (SMG's `cache_aware` policy), unless that engine is much
 //! busier than the rest of the fleet.
 //!
-//! The map of the crate follows `DESIGN.md` section 5: one concept per module.
+//! The modules form layers; each imports only from the layers below it (`tests/layers.rs`
+//! checks this, and `ARCHITECTURE.md` is the map):
+//!
+//! 1. leaves: `limits`, `ids`, `error`, `copy`;
+//! 2. the domain, free of I/O: `config`, `request`, `index`, `policy`, `workers`, `metrics`;
+//! 3. `shared`: the state published between threads and the messages on their channels;
+//! 4. the planes: `net` (HTTP/1.1 on sockets, for both), the data plane `http` and the control
+//!    plane `control`, which never import each other;
+//! 5. `runtime`: threads, pinning, listeners and shutdown, imported by `main.rs` alone.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
 pub mod control;
 pub mod copy;
+pub mod error;
 pub mod http;
+pub mod ids;
 pub mod index;
 pub mod limits;
-pub mod mesh;
 pub mod metrics;
+pub mod net;
 pub mod policy;
 pub mod request;
 pub mod runtime;
+pub mod shared;
 pub mod workers;

@@ -1,12 +1,16 @@
 //! Every named maximum of the gateway (queues, buffers, pools, headers), each with the reason for
 //! its value, and compile-time checks of how they relate.
 //!
-//! Flag-controlled bounds (`--max-payload-size`, `--request-timeout-secs`, `--data-cores`) have
-//! their defaults and hard ceilings here too, so `config.rs` validates against one source.
+//! Flag-controlled bounds (`--max-payload-size`, `--request-timeout-secs`, `--data-cores`,
+//! `--retry-max-retries`) have their defaults and hard ceilings here too, so validation checks
+//! against one source. A limit used by one module only stays in that module; every limit that
+//! crosses a module boundary is here.
 
 use std::time::Duration;
 
-use crate::workers::WORKERS_MAX;
+/// The most workers one gateway routes to. Worker ids, index tenant sets and the per-core
+/// counter rows of the worker table are sized by it.
+pub const WORKERS_MAX: usize = 1024;
 
 /// Header slots handed to `httparse` per message. Real clients and engines send fewer than 30;
 /// 64 leaves room for tracing and auth headers without letting a client make us scan thousands.
@@ -73,9 +77,15 @@ pub const UPSTREAM_IDLE_PER_WORKER_MAX: usize = 256;
 /// means we almost never write a request into a socket the engine is closing.
 pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
-/// Attempts per request (first try plus retries) on refused or reset upstream connections. SMG
-/// retries up to 5 times with backoff; without backoff three distinct workers is plenty.
-pub const UPSTREAM_ATTEMPTS_MAX: usize = 3;
+/// The most retries `--retry-max-retries` accepts (SMG's default is 5): beyond this a request
+/// would outlive any sensible client timeout at the default backoff. The list of workers a
+/// request tried holds `RETRIES_MAX + 1` entries, one per attempt.
+pub const RETRIES_MAX: usize = 32;
+
+/// Extra attempts a request may make because a pooled upstream connection turned out to be
+/// closed before any response byte (the worker is fine; the socket was stale). Counted apart
+/// from `--retry-max-retries`: after an engine restart every pooled connection to it fails once.
+pub const STALE_CONNECTION_RETRIES_MAX: usize = 3;
 
 /// Data cores one gateway runs. Per-core counter arrays are sized by it.
 pub const DATA_CORES_MAX: usize = 256;
@@ -93,11 +103,60 @@ pub const CONTROL_TURN: Duration = Duration::from_millis(10);
 /// Twice the budget keeps memory bounded while leaving the timer in charge at ordinary rates.
 pub const TREE_OVER_BUDGET_FACTOR: u64 = 2;
 
-/// How often the control core refreshes each worker's `/v1/models` list.
+/// How often the control core asks each worker for its `/v1/models` list (the model catalog and
+/// the gateway's own `/v1/models` answer follow it).
 pub const MODELS_REFRESH_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Bytes of a worker's `/v1/models` answer we accept.
-pub const MODELS_BODY_BYTES_MAX: usize = 1024 * 1024;
+/// Bytes of a worker's `/v1/models` answer or health answer we read: both are small JSON
+/// documents; a larger one is not an engine's.
+pub const PROBE_BODY_BYTES_MAX: usize = 1024 * 1024;
+
+/// Bytes of a worker's load report we read (`/v1/loads` JSON, or a Prometheus `/metrics` page:
+/// a busy vLLM server's, histograms included, is a few hundred KiB; anything beyond this is not
+/// a load report).
+pub const LOAD_BODY_BYTES_MAX: usize = 4 << 20;
+
+/// How long one load poll may take (`/v1/loads` or `/metrics`): SMG's 5 s, not a flag there.
+pub const LOAD_POLL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most models one worker may list in `/v1/models`: engines serve one model plus a few LoRA
+/// adapters; a bound keeps a malformed answer from growing the model catalog without limit.
+pub const MODELS_PER_WORKER_MAX: usize = 256;
+
+/// The longest model id kept (Hugging Face ids are well under this).
+pub const MODEL_ID_BYTES_MAX: usize = 512;
+
+/// Attempt outcomes one data core may queue for the circuit breakers between two control-core
+/// turns. A turn is 10 ms; at 100k attempts/s per core that is 1,000 records, so 16k leaves a
+/// wide margin (a full queue drops the outcome and counts it: a breaker reacts a little later).
+pub const ATTEMPT_QUEUE_CAPACITY: usize = 16 << 10;
+
+/// Admin calls queued for the control core at once: admin calls are rare and human-paced; more
+/// in flight is abuse, answered 503.
+pub const ADMIN_QUEUE_CAPACITY: usize = 64;
+
+/// The largest admin request body read: `{"url": ...}` is tiny; anything bigger is abuse (413).
+pub const ADMIN_BODY_BYTES_MAX: usize = 16 << 10;
+
+/// How long a data core waits for the control core's answer to an admin call. `POST /workers`
+/// probes the new worker (health and models, each bounded by `--health-check-timeout-secs`, at
+/// most 5 s by default); this leaves room for both plus a slow turn.
+pub const ADMIN_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a data core looks for the control core's answer to an admin call.
+pub const ADMIN_REPLY_POLL: Duration = Duration::from_millis(2);
+
+/// How long a removed worker may drain its in-flight requests before it is purged anyway. A
+/// long generation can outlive any drain (SMG's default request timeout is 1800 s), and an
+/// operator removing a worker wants it gone well before that.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most tenants an index lookup returns: the spec's "up to eight tenants of the deepest
+/// matched node". Candidate groups of the decision flow are fixed arrays of this size.
+pub const MATCH_TENANTS_MAX: usize = 8;
+
+/// The most models the index keeps trees for (and data cores announce by name for gauge labels).
+pub const MODELS_MAX: usize = 1 << 16;
 
 /// How often an idle data core checks the shutdown flag.
 pub const SHUTDOWN_POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -116,9 +175,17 @@ const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= PAYLOAD_BYTES_MAX);
 const _: () = assert!(REQUEST_TIMEOUT_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
-const _: () = assert!(UPSTREAM_ATTEMPTS_MAX >= 1);
-// The retry loop remembers tried workers in a small inline list.
-const _: () = assert!(UPSTREAM_ATTEMPTS_MAX <= 8);
+// The retry loop remembers every worker a request tried in an inline list of RETRIES_MAX + 1.
+const _: () = assert!(RETRIES_MAX >= 5 && RETRIES_MAX <= 64);
+const _: () = assert!(STALE_CONNECTION_RETRIES_MAX >= 1);
+// Every dispatch record comes with at least one attempt outcome, queued in the same turn.
+const _: () = assert!(ATTEMPT_QUEUE_CAPACITY >= DISPATCH_QUEUE_CAPACITY);
+const _: () = assert!(ADMIN_BODY_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
+const _: () = assert!(ADMIN_REPLY_POLL.as_millis() * 100 <= ADMIN_REPLY_TIMEOUT.as_millis());
+const _: () = assert!(PROBE_BODY_BYTES_MAX <= LOAD_BODY_BYTES_MAX);
+const _: () = assert!(MODEL_ID_BYTES_MAX * MODELS_PER_WORKER_MAX <= PROBE_BODY_BYTES_MAX);
+// A lookup's tenant count is a u8.
+const _: () = assert!(MATCH_TENANTS_MAX <= u8::MAX as usize);
 const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 5);
 const _: () = assert!(CONTROL_TURN.as_millis() < SHUTDOWN_POLL_INTERVAL.as_millis() * 10);
 const _: () = assert!(DISPATCH_QUEUE_CAPACITY.is_power_of_two());

@@ -9,8 +9,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
+use kvgate::ids::WorkerId;
 use kvgate::index::{token_key, IndexConfig, IndexWriter, LookupHint, Namespace, TokenPages};
-use kvgate::workers::WorkerId;
 
 struct Counting;
 

@@ -11,11 +11,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use kvgate::ids::WorkerId;
 use kvgate::index::{
     token_key, Evicted, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TokenPages,
     TreeKind, TreeMatch,
 };
-use kvgate::workers::WorkerId;
 use proptest::prelude::*;
 
 const BLOCK_SIZE: usize = 2;

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_queue::ArrayQueue;
+use kvgate::ids::WorkerId;
 use kvgate::index::{
     token_key, IndexConfig, IndexReader, IndexWriter, LookupHint, Namespace, TokenPages, TreeMatch,
 };
-use kvgate::workers::WorkerId;
 
 const BLOCK_SIZE: usize = 4;
 const FAMILIES: usize = 6;

@@ -1,18 +1,16 @@
-//! The HTTP/1.1 data path: codec (on `httparse`), body limits, the upstream keep-alive pool,
-//! the request driver and response streaming.
+//! The data plane: what a data core does with a client connection, from the first byte of a
+//! request to the last byte of its response. Everything here runs on a data core's monoio
+//! runtime and never blocks; shared state is read lock-free, and whatever the control core must
+//! know is pushed onto the core's own bounded queues.
 //!
-//! - `codec`: sans-I/O parsing and head writing; `error`: the one error type and its responses.
-//! - `io`: the owned-buffer socket with deadlines; `pool`: per-core upstream keep-alive pools.
-//! - `server`: the client connection loop (parse, classify, local answers).
-//! - `endpoint`: the classify phase; `route`: the policy seam; `proxy`: the phase driver.
-//! - `client`: a small one-shot HTTP client for the control core (`/v1/models`, health, loads).
+//! - `core`: [`core::DataCore`], one data core's state (its router, upstream pool, counters).
+//! - `server`: the client connection loop: read a request (parse, limits, timeouts), classify
+//!   it, answer it locally (health, models) or hand it on; errors become JSON answers.
+//! - `proxy`: the request driver of routed endpoints, the phases and the one retry loop.
+//! - `pool`: the upstream keep-alive pool. `admin`: the admin API's handler.
 
-pub mod client;
-pub mod codec;
-pub mod endpoint;
-pub mod error;
-pub mod io;
+pub mod admin;
+pub mod core;
 pub mod pool;
 pub mod proxy;
-pub mod route;
 pub mod server;

@@ -8,9 +8,9 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use super::io::Socket;
+use crate::ids::WorkerId;
 use crate::limits::{UPSTREAM_IDLE_PER_WORKER_MAX, UPSTREAM_IDLE_TIMEOUT, UPSTREAM_READ_BYTES};
-use crate::workers::WorkerId;
+use crate::net::socket::Socket;
 
 /// An upstream connection with its buffers.
 #[derive(Debug)]

@@ -1,50 +1,57 @@
-//! The request driver for routed endpoints. `proxy_request` owns the branching and the capped
+//! The request driver for routed endpoints. `proxy_request` owns the branching and the one
 //! retry loop; each phase is a plain function it calls, in this order:
 //!
-//! 1. **validate and extract** (`extract_routing_input`): one pass reads the routing input; a
-//!    routed body must be a JSON object (400 otherwise).
-//! 2. **route** (`route::Router::route`): the policy seam picks a worker from the published view.
+//! 1. **prepare** (`Router::prepare`, once): the routing input read from the body (a routed body
+//!    must be a JSON object, 400 otherwise) and, for cache_aware, the index lookup, kept in the
+//!    connection's [`Prepared`] value; then the requested model's workers (404 when none).
+//! 2. **select** (`Router::select`, once per attempt): the spec's decision flow over the
+//!    published worker view, never a worker this request already tried.
 //! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
 //!    ends, however it ends, and its prompt tokens as queued work until the first body byte.
 //! 4. **connect or reuse** (`connect_or_reuse`): a pooled keep-alive connection or a new one.
 //! 5. **forward** (`forward`): the head (hop-by-hop headers dropped) and the complete body.
-//! 6. **stream back** (`stream_back`): the response head, then the body as it arrives, written
+//! 6. **record** (`record_dispatch`, as soon as the worker has the request): spec step 7, a
+//!    dispatch record with the index key for the control core.
+//! 7. **stream back** (`stream_back`): the response head, then the body as it arrives, written
 //!    through without buffering; chunked framing is tracked so the connection can be pooled.
-//! 7. **record** (`record_dispatch`, as soon as the request is forwarded): a `DispatchRecord`
-//!    with the index key to the control core.
 //!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
-//! retryable (refused, reset, stale pooled socket) are tried again on another worker, up to
-//! `UPSTREAM_ATTEMPTS_MAX` attempts. After the first byte, a failure can only close both
-//! connections: the outcome then says `keep_alive: false`.
+//! retryable (refused, reset, stale pooled socket, a retryable status) are tried again on
+//! another worker, up to the first attempt plus `--retry-max-retries`, with the retry settings'
+//! backoff in between. A stale pooled socket is retried on a fresh connection apart from those;
+//! a request gives up after finding `STALE_CONNECTION_RETRIES_MAX` of them. After the first byte, a failure can only close
+//! both connections: the answer then closes the connection.
 
 use std::time::Instant;
 
-use super::codec::{
-    self, ChunkedDecoder, DownstreamFraming, Framing, Method, RequestHead, ResponseHead,
-};
-use super::endpoint::Endpoint;
-use super::error::{ErrorKind, ProxyError, Retry, Side};
-use super::io::Socket;
+use super::core::DataCore;
 use super::pool::UpstreamConn;
-use super::route::{RouteInput, TriedWorkers, WorkerView};
-use super::server::{DataCore, Downstream, Request};
-use crate::control::DispatchRecord;
+use super::server::{Answered, Downstream, Request};
 use crate::copy;
-use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, UPSTREAM_ATTEMPTS_MAX, UPSTREAM_READ_BYTES};
+use crate::error::{ErrorKind, ProxyError, Retry, Side};
+use crate::ids::WorkerId;
+use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES};
 use crate::metrics::Counter;
-use crate::policy::RecordKey;
-use crate::workers::breaker::{is_retryable_status, AttemptOutcome, RetryPolicy, RETRIES_MAX};
+use crate::net::codec::{
+    self, ChunkedDecoder, Connection, DownstreamFraming, Framing, RequestHead, ResponseHead,
+};
+use crate::net::socket::Socket;
+use crate::policy::{Prepared, WorkerView};
+use crate::request::{
+    Endpoint, Method, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
+    TARGET_WORKER_HEADER,
+};
+use crate::workers::breaker::AttemptOutcome;
+use crate::workers::retry::{is_retryable_status, RetryConfig, TriedWorkers};
 use crate::workers::table::{InflightCredit, WorkerEntry};
-use crate::workers::WorkerId;
 
-/// The result of a proxied request whose response (or part of it) reached the client.
-#[derive(Debug, Clone, Copy)]
-pub struct Forwarded {
-    /// The worker's status.
-    pub status: u16,
-    /// Whether the client connection can serve another request.
-    pub keep_alive: bool,
+/// The request as forwarded to a worker: its head and complete body, in the client's buffers.
+#[derive(Clone, Copy)]
+struct Outgoing<'a> {
+    head: &'a RequestHead,
+    /// The buffer the head's spans index.
+    head_buf: &'a [u8],
+    body: &'a [u8],
 }
 
 /// The client half of a connection, split from its read buffer (which holds the request).
@@ -52,7 +59,16 @@ struct ClientSide<'a> {
     socket: &'a mut Socket,
     write_buf: &'a mut Vec<u8>,
     version_minor: u8,
-    keep_alive: bool,
+    connection: Connection,
+}
+
+/// What an attempt does with a retryable status (408, 429, 5xx) from the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RetryableStatus {
+    /// Another attempt is allowed: do not forward it, try again.
+    Retry,
+    /// This is the last attempt: forward it to the client.
+    Forward,
 }
 
 /// A failed attempt, before any response byte reached the client.
@@ -81,11 +97,16 @@ impl AttemptFailure {
             _ => None,
         }
     }
+
+    /// A pooled socket the worker had closed: not the worker failing a request.
+    fn is_stale_connection(&self) -> bool {
+        self.on_reused_connection && self.error.may_retry()
+    }
 }
 
 /// A forwarded response and what it means for the worker's circuit.
 struct AttemptDone {
-    forwarded: Forwarded,
+    answered: Answered,
     outcome: Option<AttemptOutcome>,
 }
 
@@ -95,186 +116,170 @@ pub async fn proxy_request(
     down: &mut Downstream,
     request: &Request,
     endpoint: Endpoint,
-) -> Result<Forwarded, ProxyError> {
+) -> Result<Answered, ProxyError> {
     let Downstream {
         socket,
         read_buf,
         write_buf,
         body_buf,
+        prepared,
     } = down;
-    let body = request.body(read_buf, body_buf);
-    extract_routing_input(core, endpoint, &request.head, read_buf, body)?;
-    let catalog = core.shared.workers.catalog.load();
-    let models = {
-        let router = core.router.borrow();
-        catalog.workers_for(Some(router.model()))
-    }
-    .map_err(|_| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
-    let record = core.router.borrow_mut().record_key();
-    let input = RouteInput {
-        endpoint,
+    let outgoing = Outgoing {
         head: &request.head,
         head_buf: read_buf,
-        body,
-        models,
-        record,
+        body: request.body(read_buf, body_buf),
     };
+    prepare(core, prepared, endpoint, outgoing)?;
+    let catalog = core.shared.catalog.load();
+    let models = catalog
+        .workers_for(prepared.model())
+        .ok_or_else(|| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
     let mut client = ClientSide {
         socket,
         write_buf,
         version_minor: request.head.version_minor,
-        keep_alive: request.head.keep_alive,
+        connection: request.head.connection,
     };
     let deadline = Instant::now() + core.shared.config.request_timeout;
-    let retry = &core.shared.config.worker_policy.retry;
-    let attempts_max = attempts_allowed(retry);
+    let retry = &core.shared.config.worker_settings.retry;
+    let attempts_max = retry.attempts_allowed();
     let (mut attempts, mut stale_retries) = (0usize, 0usize);
     let mut tried = TriedWorkers::default();
     let mut last_error = None;
-    while attempts < attempts_max && stale_retries < UPSTREAM_ATTEMPTS_MAX {
+    while attempts < attempts_max && stale_retries < STALE_CONNECTION_RETRIES_MAX {
         let roster = core.shared.table.roster();
         let view = WorkerView {
             roster: &roster,
             table: &core.shared.table,
+            models,
         };
-        let picked = pick_worker(core, &input, view, &mut tried, attempts);
+        let picked = select_worker(core, prepared, view, &mut tried);
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
-        // Read before any await: the router's input is this request's only until then.
-        let tokens = core.router.borrow().request_tokens();
-        let mut credit = core.shared.table.credit(core.index, worker.id, tokens);
-        let retry_status = attempts + 1 < attempts_max;
+        let mut credit =
+            core.shared
+                .table
+                .credit(core.core_id, worker.id, prepared.request_tokens());
+        let on_status = if attempts + 1 < attempts_max {
+            RetryableStatus::Retry
+        } else {
+            RetryableStatus::Forward
+        };
         let attempted = attempt(
             core,
             &mut client,
-            &input,
+            (outgoing, prepared),
             (worker, &mut credit),
             deadline,
-            retry_status,
+            on_status,
         );
-        match attempted.await {
-            Ok(forwarded) => {
-                record_outcome(core, worker, forwarded.outcome);
-                return Ok(forwarded.forwarded);
+        let failure = match attempted.await {
+            Ok(done) => {
+                report_outcome(core, worker.id, done.outcome);
+                return Ok(done.answered);
             }
-            Err(failure) => {
-                // A pooled socket the worker had closed is not the worker failing a request:
-                // counted apart, retried on a fresh connection (after an engine restart every
-                // pooled connection to it fails once this way).
-                if failure.on_reused_connection && failure.error.may_retry() {
-                    core.metrics().incr(Counter::UpstreamStaleConnections);
-                } else {
-                    note_failure(core, worker, &failure);
-                }
-                if !failure.error.may_retry() {
-                    return Err(failure.error);
-                }
-                if failure.on_reused_connection {
-                    // Its siblings in the pool are most likely stale too (engine restart).
-                    core.pool.borrow_mut().clear_worker(worker.id);
-                    stale_retries += 1;
-                } else {
-                    attempts += 1;
-                    tried.insert(worker.id);
-                    backoff(core, retry, attempts - 1, deadline).await;
-                }
-                core.metrics().incr(Counter::UpstreamRetries);
-                last_error = Some(failure.error);
-            }
+            Err(failure) => failure,
+        };
+        // A stale pooled socket is counted apart and retried on a fresh connection: after an
+        // engine restart every pooled connection to it fails once this way.
+        if failure.is_stale_connection() {
+            core.metrics().incr(Counter::UpstreamStaleConnections);
+        } else {
+            note_failure(core, worker.id, &failure);
         }
+        if !failure.error.may_retry() {
+            return Err(failure.error);
+        }
+        if failure.on_reused_connection {
+            // Its siblings in the pool are most likely stale too (engine restart).
+            core.pool.borrow_mut().clear_worker(worker.id);
+            stale_retries += 1;
+        } else {
+            attempts += 1;
+            tried.insert(worker.id);
+            backoff(retry, attempts - 1, deadline).await;
+        }
+        core.metrics().incr(Counter::UpstreamRetries);
+        last_error = Some(failure.error);
     }
     Err(last_error
         .unwrap_or_else(|| ProxyError::new(ErrorKind::NoHealthyWorker, Side::Internal, "route")))
 }
 
-/// The validate-and-extract phase: one pass over the body reads the routing input (model, key,
-/// partition) without building a document; a body that is not a JSON object is a 400.
-fn extract_routing_input(
+/// The prepare phase: one pass over the body reads the routing input (model, key, partition)
+/// without building a document, and the router looks it up; a body that is not a JSON object
+/// is a 400.
+fn prepare(
     core: &DataCore,
+    prepared: &mut Prepared,
     endpoint: Endpoint,
-    head: &RequestHead,
-    head_buf: &[u8],
-    body: &[u8],
+    outgoing: Outgoing<'_>,
 ) -> Result<(), ProxyError> {
+    let header = |name| outgoing.head.headers.get(outgoing.head_buf, name);
+    let headers = RoutingHeaders {
+        mode: RoutingMode::Regular,
+        routing_tokens: header(ROUTING_TOKENS_HEADER),
+        routing_key: header(ROUTING_KEY_HEADER),
+        target_worker: header(TARGET_WORKER_HEADER),
+    };
     let now_ms = core.shared.tick_now();
-    let prepared = core
-        .router
+    core.router
         .borrow_mut()
-        .prepare(endpoint, head, head_buf, body, now_ms);
-    prepared.map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
+        .prepare(prepared, endpoint, headers, outgoing.body, now_ms)
+        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
 }
 
-/// Attempts one request may make: the first plus `--retry-max-retries` (1 with
-/// `--disable-retries`). Stale pooled connections are retried apart from these.
-fn attempts_allowed(retry: &RetryPolicy) -> usize {
-    if retry.disabled {
-        1
-    } else {
-        1 + retry.max_retries.min(RETRIES_MAX) as usize
+/// The select phase of one attempt: a worker this request has not tried, else (every eligible
+/// worker was tried) any eligible one: a retry in place beats giving up early.
+fn select_worker(
+    core: &DataCore,
+    prepared: &Prepared,
+    view: WorkerView<'_>,
+    tried: &mut TriedWorkers,
+) -> Option<WorkerId> {
+    let mut router = core.router.borrow_mut();
+    let picked = router.select(prepared, view, tried);
+    if picked.is_some() || tried.is_empty() {
+        return picked;
     }
+    tried.clear();
+    router.select(prepared, view, tried)
 }
 
 /// Reports a failed attempt to the worker's circuit breaker and the error counters.
-fn note_failure(core: &DataCore, worker: &WorkerEntry, failure: &AttemptFailure) {
-    record_outcome(core, worker, failure.breaker_outcome());
+fn note_failure(core: &DataCore, worker: WorkerId, failure: &AttemptFailure) {
+    report_outcome(core, worker, failure.breaker_outcome());
     if failure.status.is_none() {
         count_error(core, failure.error.kind);
     }
 }
 
-/// The route phase of one attempt: a worker not tried yet, else, on a retry, any eligible one
-/// (every eligible worker was tried: retry in place rather than give up early).
-fn pick_worker(
-    core: &DataCore,
-    input: &RouteInput<'_>,
-    view: WorkerView<'_>,
-    tried: &mut TriedWorkers,
-    attempts: usize,
-) -> Option<WorkerId> {
-    if attempts > 0 {
-        // The attempts awaited: another request on this core may have prepared since. Prepare
-        // this one again so the policy reads its own routing input (the body parsed before).
-        let _ = extract_routing_input(core, input.endpoint, input.head, input.head_buf, input.body);
-    }
-    let picked = core.router.borrow_mut().route(input, view, tried);
-    if picked.is_some() || attempts == 0 {
-        return picked;
-    }
-    *tried = TriedWorkers::default();
-    core.router.borrow_mut().route(input, view, tried)
-}
-
-/// Waits the retry policy's backoff before retry `retry_index`, never past the deadline.
-async fn backoff(core: &DataCore, retry: &RetryPolicy, retry_index: usize, deadline: Instant) {
-    let _ = core;
+/// Waits the retry settings' backoff before retry `retry_index`, never past the deadline.
+async fn backoff(retry: &RetryConfig, retry_index: usize, deadline: Instant) {
     let index = u32::try_from(retry_index).unwrap_or(u32::MAX);
     let wait = retry.backoff(index, fastrand::f64());
-    let left = deadline.saturating_duration_since(Instant::now());
-    let wait = wait.min(left);
+    let wait = wait.min(deadline.saturating_duration_since(Instant::now()));
     if !wait.is_zero() {
         monoio::time::sleep(wait).await;
     }
 }
 
-/// Tells the control core what the attempt means for the worker's circuit breaker.
-fn record_outcome(core: &DataCore, worker: &WorkerEntry, outcome: Option<AttemptOutcome>) {
+/// Tells the control core what an attempt means for the worker's circuit breaker.
+fn report_outcome(core: &DataCore, worker: WorkerId, outcome: Option<AttemptOutcome>) {
     if let Some(outcome) = outcome {
-        core.shared
-            .workers
-            .record_attempt(core.index, worker.id, outcome);
+        core.report_attempt(worker, outcome);
     }
 }
 
-/// One upstream attempt: connect or reuse, forward, stream back, pool the connection. With
-/// `retry_status`, a retryable status (408, 429, 5xx) is not forwarded but returned as a failure.
+/// One upstream attempt: connect or reuse, forward, record, stream back, pool the connection.
 async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
-    input: &RouteInput<'_>,
+    (outgoing, prepared): (Outgoing<'_>, &Prepared),
     (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     deadline: Instant,
-    retry_status: bool,
+    on_status: RetryableStatus,
 ) -> Result<AttemptDone, AttemptFailure> {
     let fail = |error, on_reused_connection| AttemptFailure {
         error,
@@ -285,12 +290,12 @@ async fn attempt(
         .await
         .map_err(|e| fail(e, false))?;
     let reused = up.reused;
-    forward(&mut up, input, &worker.spec.authority, deadline)
+    forward(&mut up, outgoing, &worker.spec.authority, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
     // The worker has the request: the index learns it now, not when the response ends.
-    record_dispatch(core, worker, input.record.as_ref());
-    let method = input.head.method;
+    record_dispatch(core, prepared, worker.id);
+    let method = outgoing.head.method;
     let streamed = stream_back(
         core,
         &mut up,
@@ -298,7 +303,7 @@ async fn attempt(
         (worker, credit),
         method,
         deadline,
-        retry_status,
+        on_status,
     )
     .await
     .map_err(|e| fail(e, reused))?;
@@ -320,7 +325,7 @@ async fn attempt(
     // The head's outcome was recorded when it arrived; a body cut short adds a failure.
     let outcome = streamed.upstream_failed.then_some(AttemptOutcome::Failure);
     Ok(AttemptDone {
-        forwarded: streamed.forwarded,
+        answered: streamed.answered,
         outcome,
     })
 }
@@ -360,19 +365,19 @@ fn upstream_io_error(error: std::io::Error, context: &'static str) -> ProxyError
 /// The forward phase: the rebuilt head and the complete body in one write.
 async fn forward(
     up: &mut UpstreamConn,
-    input: &RouteInput<'_>,
+    outgoing: Outgoing<'_>,
     authority: &str,
     deadline: Instant,
 ) -> Result<(), ProxyError> {
     up.write_buf.clear();
     codec::write_upstream_request_head(
         &mut up.write_buf,
-        input.head,
-        input.head_buf,
+        outgoing.head,
+        outgoing.head_buf,
         authority,
-        input.body.len(),
+        outgoing.body.len(),
     );
-    copy::extend_from_slice(&mut up.write_buf, input.body);
+    copy::extend_from_slice(&mut up.write_buf, outgoing.body);
     let (result, buf) = up
         .socket
         .write_all(std::mem::take(&mut up.write_buf), deadline)
@@ -488,7 +493,7 @@ impl BodyTracker {
 
 /// What streaming a response produced.
 struct Streamed {
-    forwarded: Forwarded,
+    answered: Answered,
     upstream_reusable: bool,
     /// The worker failed mid-body (closed, reset, timed out or sent garbage).
     upstream_failed: bool,
@@ -510,10 +515,10 @@ async fn stream_back(
     (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     method: Method,
     deadline: Instant,
-    retry_status: bool,
+    on_status: RetryableStatus,
 ) -> Result<StreamEnd, ProxyError> {
     let head = read_response_head(up, method, deadline).await?;
-    if retry_status && is_retryable_status(head.status) {
+    if on_status == RetryableStatus::Retry && is_retryable_status(head.status) {
         return Ok(StreamEnd::RetryableStatus(head.status));
     }
     // The breaker hears the answer now, not when a long stream ends: otherwise successes would
@@ -523,17 +528,15 @@ async fn stream_back(
     } else {
         AttemptOutcome::Success
     };
-    core.shared
-        .workers
-        .record_attempt(core.index, worker.id, head_outcome);
+    core.report_attempt(worker.id, head_outcome);
     let event_stream = head
         .headers
         .get(&up.read_buf, "content-type")
         .is_some_and(|v| v.starts_with(b"text/event-stream"));
     let framing = DownstreamFraming::choose(head.framing, client.version_minor);
-    let keep_alive = client.keep_alive
-        && framing != DownstreamFraming::UntilClose
-        && !core.shared.is_shutting_down();
+    let connection = client.connection.and(Connection::keep_if(
+        framing != DownstreamFraming::UntilClose && !core.shared.is_shutting_down(),
+    ));
     let mut tracker = BodyTracker::new(head.framing, framing);
     client.write_buf.clear();
     codec::write_downstream_response_head(
@@ -542,7 +545,7 @@ async fn stream_back(
         &up.read_buf,
         &worker.routed_header_line,
         framing,
-        keep_alive,
+        connection,
     );
     let available = &up.read_buf[head.head_len..];
     // The first body byte is the first token (or, unstreamed, the whole answer): the prompt is
@@ -557,9 +560,9 @@ async fn stream_back(
     let mut leftover = consumed < available.len();
     let ended = |complete: bool, reusable: bool| {
         StreamEnd::Done(Streamed {
-            forwarded: Forwarded {
+            answered: Answered {
                 status: head.status,
-                keep_alive: keep_alive && complete,
+                connection: connection.and(Connection::keep_if(complete)),
             },
             upstream_reusable: reusable,
             upstream_failed: false,
@@ -612,7 +615,7 @@ async fn stream_back(
     }
     Ok(ended(
         true,
-        head.keep_alive && !leftover && tracker.is_done(),
+        head.connection.is_kept() && !leftover && tracker.is_done(),
     ))
 }
 
@@ -620,9 +623,9 @@ impl StreamEnd {
     /// The worker failed mid-body: the client connection closes, the breaker hears a failure.
     fn upstream_failed(status: u16) -> StreamEnd {
         StreamEnd::Done(Streamed {
-            forwarded: Forwarded {
+            answered: Answered {
                 status,
-                keep_alive: false,
+                connection: Connection::Close,
             },
             upstream_reusable: false,
             upstream_failed: true,
@@ -685,22 +688,12 @@ async fn write_client_from(
     result.is_ok()
 }
 
-/// The record phase: tell the control core where this request went.
-fn record_dispatch(core: &DataCore, worker: &WorkerEntry, key: Option<&RecordKey>) {
+/// The record phase (spec step 7): the index learns where this request went.
+fn record_dispatch(core: &DataCore, prepared: &Prepared, worker: WorkerId) {
     let tick = core.shared.tick_now();
-    if let Some(key) = key {
-        core.router.borrow_mut().remember(key, worker.id, tick);
-    }
-    let record = DispatchRecord {
-        worker: worker.id,
-        tick,
-        key: key.cloned(),
-    };
-    if core.shared.dispatch_queues[core.index]
-        .push(record)
-        .is_err()
-    {
-        core.metrics().incr(Counter::DispatchRecordsDropped);
+    let record = core.router.borrow_mut().record(prepared, worker, tick);
+    if let Some(key) = record {
+        core.send_dispatch_record(worker, tick, key);
     }
 }
 

@@ -7,64 +7,32 @@
 //! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
 //! keep-or-close decision; a client that is gone gets nothing.
 
-use std::cell::{Cell, RefCell};
 use std::ops::Range;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::Instant;
 
-use super::codec::{self, ChunkError, ChunkedDecoder, Framing, Method, RequestHead};
-use super::endpoint::{Endpoint, Handling};
-use super::error::{write_error_body, ErrorKind, ProxyError};
-use super::io::{read_spare, Socket};
-use super::pool::UpstreamPool;
-use super::proxy;
-use super::route::Router;
+use super::core::DataCore;
+use super::{admin, proxy};
 use crate::config::Config;
 use crate::copy;
+use crate::error::{write_error_body, ErrorKind, ProxyError};
 use crate::limits::{
     DOWNSTREAM_WRITE_TIMEOUT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX,
 };
-use crate::metrics::CoreMetrics;
-use crate::runtime::Shared;
+use crate::metrics::Counter;
+use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
+use crate::net::socket::{read_spare, Socket};
+use crate::policy::Prepared;
+use crate::request::{Endpoint, Handling, Method};
+use crate::workers::admin::route_admin;
 
-/// One data core's state: shared read-only state plus what only this core touches.
-#[derive(Debug)]
-pub struct DataCore {
-    /// This core's index (its slot in per-core arrays).
-    pub index: usize,
-    /// State shared with the control core.
-    pub shared: Arc<Shared>,
-    /// Idle upstream connections.
-    pub pool: RefCell<UpstreamPool>,
-    /// The policy state.
-    pub router: RefCell<Router>,
-    /// Requests being served (for graceful shutdown).
-    pub requests_in_flight: Cell<usize>,
-}
-
-impl DataCore {
-    /// A data core with an empty pool.
-    pub fn new(index: usize, shared: Arc<Shared>) -> Self {
-        let router = Router::new(
-            shared.config.policy.clone(),
-            index as u64,
-            shared.take_index_reader(index),
-            shared.policy_metrics[index].clone(),
-        );
-        DataCore {
-            index,
-            shared,
-            pool: RefCell::new(UpstreamPool::new()),
-            router: RefCell::new(router),
-            requests_in_flight: Cell::new(0),
-        }
-    }
-
-    /// This core's counters.
-    pub fn metrics(&self) -> &CoreMetrics {
-        self.shared.metrics.core(self.index)
-    }
+/// How a request was answered: the status (for metrics) and what becomes of the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answered {
+    /// The status the client got (or would have got, when it was gone).
+    pub status: u16,
+    /// Whether the connection serves another request.
+    pub connection: Connection,
 }
 
 /// A client connection and its buffers.
@@ -78,6 +46,8 @@ pub struct Downstream {
     pub write_buf: Vec<u8>,
     /// A de-chunked request body.
     pub body_buf: Vec<u8>,
+    /// The request prepared for routing (reused from one request to the next).
+    pub prepared: Prepared,
 }
 
 /// Where a request's complete body lies.
@@ -111,32 +81,32 @@ impl Request {
 
 /// Serves one client connection until it closes, errs or the gateway shuts down.
 pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
-    core.metrics()
-        .incr(crate::metrics::Counter::DownstreamConnectionsAccepted);
+    core.metrics().incr(Counter::DownstreamConnectionsAccepted);
     let mut down = Downstream {
         socket,
         read_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
         write_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
         body_buf: Vec::new(),
+        prepared: Prepared::default(),
     };
     loop {
         let request = match read_request(&mut down, &core.shared.config).await {
             Ok(Some(request)) => request,
             Ok(None) => return,
             Err(error) => {
-                let status = answer_error(&mut down, error.kind, false).await;
+                let answered = answer_error(&mut down, error.kind, Connection::Close).await;
                 core.metrics()
-                    .record_request(Method::Other, Endpoint::Unknown, status);
+                    .record_request(Method::Other, Endpoint::Unknown, answered.status);
                 return;
             }
         };
         core.requests_in_flight
             .set(core.requests_in_flight.get() + 1);
-        let keep_alive = handle_request(&core, &mut down, &request).await;
+        let connection = handle_request(&core, &mut down, &request).await;
         core.requests_in_flight
             .set(core.requests_in_flight.get() - 1);
         finish_request(&mut down, request.end);
-        if !keep_alive || core.shared.is_shutting_down() {
+        if !connection.is_kept() || core.shared.is_shutting_down() {
             return;
         }
     }
@@ -151,43 +121,36 @@ fn finish_request(down: &mut Downstream, end: usize) {
     if down.body_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
         down.body_buf = Vec::new();
     }
+    down.prepared.shed_large_buffers();
 }
 
-/// The classify phase and dispatch; returns whether the connection stays open.
-async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Request) -> bool {
+/// The classify phase and dispatch; returns what becomes of the connection.
+async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Request) -> Connection {
     let endpoint = Endpoint::of_path(request.head.path(&down.read_buf));
     let method = request.head.method;
-    let keep_alive = request.head.keep_alive;
+    let connection = request.head.connection;
     if endpoint == Endpoint::Unknown {
         let path = std::str::from_utf8(request.head.path(&down.read_buf)).unwrap_or("");
         let method_text = request.head.method_text(&down.read_buf);
-        if let Some(route) = crate::workers::admin::route_admin(method_text, path) {
-            let (status, keep) =
-                crate::workers::admin::serve::serve_admin(core, down, request, route).await;
-            core.metrics().record_request(method, endpoint, status);
-            return keep;
+        if let Some(route) = route_admin(method_text, path) {
+            let answered = admin::serve_admin(core, down, request, route).await;
+            core.metrics()
+                .record_request(method, endpoint, answered.status);
+            return answered.connection;
         }
     }
-    let (status, keep) = match endpoint.handling(method) {
+    let answered = match endpoint.handling(method) {
         Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint).await {
-            Ok(done) => (done.status, done.keep_alive),
-            Err(error) => {
-                let status = answer_error(down, error.kind, keep_alive).await;
-                (status, keep_alive && error.kind.keeps_connection())
-            }
+            Ok(answered) => answered,
+            Err(error) => answer_error(down, error.kind, connection).await,
         },
-        Handling::Local => answer_local(core, down, endpoint, method, keep_alive).await,
-        Handling::WrongMethod => (
-            answer_error(down, ErrorKind::MethodNotAllowed, keep_alive).await,
-            keep_alive,
-        ),
-        Handling::NotFound => (
-            answer_error(down, ErrorKind::NotFound, keep_alive).await,
-            keep_alive,
-        ),
+        Handling::Local => answer_local(core, down, endpoint, method, connection).await,
+        Handling::WrongMethod => answer_error(down, ErrorKind::MethodNotAllowed, connection).await,
+        Handling::NotFound => answer_error(down, ErrorKind::NotFound, connection).await,
     };
-    core.metrics().record_request(method, endpoint, status);
-    keep
+    core.metrics()
+        .record_request(method, endpoint, answered.status);
+    answered.connection
 }
 
 /// Answers `/health`, `/liveness`, `/readiness` and `/v1/models`.
@@ -196,15 +159,15 @@ async fn answer_local(
     down: &mut Downstream,
     endpoint: Endpoint,
     method: Method,
-    keep_alive: bool,
-) -> (u16, bool) {
-    let models;
+    connection: Connection,
+) -> Answered {
+    let catalog;
     let (status, body): (u16, &[u8]) = match endpoint {
         Endpoint::Models => {
-            models = core.shared.models_body.load();
-            (200, models.as_slice())
+            catalog = core.shared.catalog.load();
+            (200, catalog.models_body())
         }
-        Endpoint::Readiness if !core.shared.has_healthy_worker() => (
+        Endpoint::Readiness if !core.shared.table.has_eligible_worker() => (
             503,
             br#"{"status":"not ready","reason":"no healthy worker"}"#,
         ),
@@ -217,33 +180,45 @@ async fn answer_local(
         status,
         "application/json",
         body,
-        keep_alive,
+        connection,
     );
     if method == Method::Head {
         down.write_buf.truncate(down.write_buf.len() - body.len());
     }
-    let ok = write_to_client(down).await;
-    (status, keep_alive && ok)
+    let written = write_to_client(down).await;
+    Answered {
+        status,
+        connection: connection.and(Connection::keep_if(written)),
+    }
 }
 
-/// Writes the JSON error answer for `kind` (unless the client is gone); returns the status.
-pub async fn answer_error(down: &mut Downstream, kind: ErrorKind, keep_alive: bool) -> u16 {
+/// Writes the JSON error answer for `kind` (unless the client is gone): the connection stays
+/// as the request asked only when `kind` allows it.
+pub async fn answer_error(
+    down: &mut Downstream,
+    kind: ErrorKind,
+    connection: Connection,
+) -> Answered {
+    let connection = connection.and(Connection::keep_if(kind.keeps_connection()));
+    let answered = Answered {
+        status: kind.status(),
+        connection,
+    };
     if !kind.answers_client() {
-        return kind.status();
+        return answered;
     }
     let mut body = Vec::with_capacity(128);
     write_error_body(&mut body, kind);
     down.write_buf.clear();
-    let keep = keep_alive && kind.keeps_connection();
     codec::write_local_response(
         &mut down.write_buf,
         kind.status(),
         "application/json",
         &body,
-        keep,
+        connection,
     );
     write_to_client(down).await;
-    kind.status()
+    answered
 }
 
 /// Writes `down.write_buf`; returns whether it all went out.
@@ -257,6 +232,16 @@ pub async fn write_to_client(down: &mut Downstream) -> bool {
     result.is_ok()
 }
 
+/// Where in the request stream a read happens: between requests the client may close (a clean
+/// end), within one it may not (its request is cut short).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadPhase {
+    /// Nothing of the next request has arrived yet.
+    BetweenRequests,
+    /// Part of a request has arrived.
+    WithinRequest,
+}
+
 /// Why reading from the client stopped.
 enum ReadEnd {
     /// Bytes arrived.
@@ -265,12 +250,12 @@ enum ReadEnd {
     Closed,
 }
 
-/// Reads more client bytes into `read_buf`, mapping failures to the error kind for a request
-/// that is `partial` (some of it already read) or not.
+/// Reads more client bytes into `read_buf`, mapping failures to the error kind that fits the
+/// phase of the request stream.
 async fn read_client(
     down: &mut Downstream,
     deadline: Instant,
-    partial: bool,
+    phase: ReadPhase,
 ) -> Result<ReadEnd, ProxyError> {
     let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
     let (result, buf) = down
@@ -280,7 +265,7 @@ async fn read_client(
     down.read_buf = buf;
     match result {
         Ok(n) if n > 0 => Ok(ReadEnd::Data),
-        _ if !partial => Ok(ReadEnd::Closed),
+        _ if phase == ReadPhase::BetweenRequests => Ok(ReadEnd::Closed),
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
             Err(ProxyError::downstream(ErrorKind::RequestTimeout, "read request").because(e))
         }
@@ -312,8 +297,8 @@ pub async fn read_request(
             send_continue_if_expected(down, &head, end).await?;
             while down.read_buf.len() < end {
                 let deadline = Instant::now() + config.header_read_timeout;
-                // A partial read never ends cleanly: EOF is an error here.
-                read_client(down, deadline, true).await?;
+                // A partial request never ends cleanly: EOF is an error here.
+                read_client(down, deadline, ReadPhase::WithinRequest).await?;
             }
             Ok(Some(Request {
                 head,
@@ -341,13 +326,15 @@ async fn read_request_head(
                 return Ok(Some(head));
             }
         }
-        let partial = !down.read_buf.is_empty();
-        let deadline = if partial {
-            *head_deadline.get_or_insert_with(|| Instant::now() + config.header_read_timeout)
+        let (phase, deadline) = if down.read_buf.is_empty() {
+            let idle_deadline = Instant::now() + config.client_idle_timeout;
+            (ReadPhase::BetweenRequests, idle_deadline)
         } else {
-            Instant::now() + config.client_idle_timeout
+            let head_deadline =
+                *head_deadline.get_or_insert_with(|| Instant::now() + config.header_read_timeout);
+            (ReadPhase::WithinRequest, head_deadline)
         };
-        if let ReadEnd::Closed = read_client(down, deadline, partial).await? {
+        if let ReadEnd::Closed = read_client(down, deadline, phase).await? {
             return Ok(None);
         }
     }
@@ -414,6 +401,6 @@ async fn read_chunked_body(
             });
         }
         let deadline = Instant::now() + config.header_read_timeout;
-        read_client(down, deadline, true).await?;
+        read_client(down, deadline, ReadPhase::WithinRequest).await?;
     }
 }

@@ -5,7 +5,7 @@
 //! path deepest node first, so for every worker an ancestor's entry is always more recent than
 //! any descendant's. The oldest entry of a list is therefore always a leaf for its worker.
 
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
 
 /// "No entry": the end of a list.
 pub const NIL: u32 = u32::MAX;

@@ -174,6 +174,11 @@ impl TokenPages {
     pub fn block_size(&self) -> usize {
         self.block_size
     }
+
+    /// Bytes of buffer kept for the next `hash`.
+    pub fn retained_bytes(&self) -> usize {
+        self.pages.capacity() * std::mem::size_of::<u64>()
+    }
 }
 
 /// Page hashes of token ids ([`TokenPages`]): a unit is one hash, a page of `block_size` tokens.

@@ -23,18 +23,16 @@ mod tree;
 
 use std::sync::{Arc, Mutex};
 
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
+use crate::limits::{MATCH_TENANTS_MAX, MODELS_MAX};
 pub use keys::{common_prefix, count_chars, page_hash, TokenPages};
 use keys::{PageKeys, TextKeys};
 pub use raw::READERS_MAX;
 use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
-pub use tree::{
-    HintCounts, KindGauges, KindMemory, LookupHint, KEY_ELEMENTS_MAX, MODELS_MAX, NAMESPACES_MAX,
-};
+pub use tree::{HintCounts, KindGauges, KindMemory, LookupHint, KEY_ELEMENTS_MAX, NAMESPACES_MAX};
 use tree::{Key, SharedTree, TreeWriter, WriteCtx};
 
-/// The most tenants a lookup returns (the spec's "up to eight tenants of the deepest matched node").
-pub const MATCH_TENANTS_MAX: usize = 8;
+// A lookup returns the tenants a node keeps in most-recently-used order.
 const _: () = assert!(MATCH_TENANTS_MAX == raw::MRU_LEN);
 
 /// Retired items after which an insert reclaims on its own (the control core also calls

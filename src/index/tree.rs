@@ -29,7 +29,8 @@ use super::raw::{
     RetireList, Slab, WriterToken, MRU_LEN, NODES_MAX,
 };
 use super::{Evicted, IndexError, Namespace, TreeKind};
-use crate::workers::{WorkerId, WORKERS_MAX};
+use crate::ids::WorkerId;
+use crate::limits::{MODELS_MAX, WORKERS_MAX};
 
 /// The most elements of a key the index keeps: 64 Mi, above any accepted request body, so a
 /// longer key is only a corrupt caller; it is cut to this length.
@@ -37,8 +38,8 @@ pub const KEY_ELEMENTS_MAX: usize = 1 << 26;
 /// The most live namespaces per tree kind: each holds at least one unit of budget, so a budget
 /// of `--max-tree-size` per model keeps far fewer; the bound stops a table rebuild loop.
 pub const NAMESPACES_MAX: usize = 1 << 22;
-/// The most distinct models per tree kind (each keeps a small recency-list header forever).
-pub const MODELS_MAX: usize = 1 << 16;
+// Each model keeps a small recency-list header forever; its namespaces share the table.
+const _: () = assert!(MODELS_MAX <= NAMESPACES_MAX);
 /// Slots of the first namespace table; it doubles (rebuilt off to the side) at half load.
 const NS_CAPACITY_MIN: usize = 64;
 /// How many times longer than its own label a node's label buffer may be. Nodes split from one

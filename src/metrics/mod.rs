@@ -12,9 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
-use crate::http::codec::Method;
-use crate::http::endpoint::Endpoint;
 use crate::limits::STATUS_CODES_COUNTED;
+use crate::request::{Endpoint, Method};
 
 /// A plain counter, summed over cores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +42,11 @@ pub enum Counter {
     DownstreamAborts,
     /// Dispatch records dropped because a data core's queue to the control core was full.
     DispatchRecordsDropped,
-    /// Dispatch records the control core applied.
+    /// Dispatch records (index inserts) the control core applied.
     DispatchRecordsApplied,
+    /// Attempt outcomes dropped because a data core's queue to the control core was full (a
+    /// circuit breaker then reacts a little later).
+    AttemptRecordsDropped,
     /// Responses cut short because the worker failed after bytes reached the client (these
     /// cannot be retried; streaming clients get an SSE error event when the framing allows).
     UpstreamResponsesCut,
@@ -56,7 +58,7 @@ impl Counter {
 }
 
 /// Name and help of each `Counter`, in variant order.
-const COUNTER_DEFS: [(&str, &str); 13] = [
+const COUNTER_DEFS: [(&str, &str); 14] = [
     (
         "kvgate_downstream_connections_accepted_total",
         "Client connections accepted.",
@@ -103,7 +105,11 @@ const COUNTER_DEFS: [(&str, &str); 13] = [
     ),
     (
         "kvgate_dispatch_records_applied_total",
-        "Dispatch records applied by the control core.",
+        "Dispatch records (index inserts) applied by the control core.",
+    ),
+    (
+        "kvgate_attempt_records_dropped_total",
+        "Attempt outcomes for the circuit breakers dropped on a full queue.",
     ),
     (
         "kvgate_upstream_responses_cut_total",
@@ -196,9 +202,9 @@ impl Metrics {
         }
     }
 
-    /// The counters of data core `index`.
-    pub fn core(&self, index: usize) -> &CoreMetrics {
-        &self.cores[index]
+    /// The counters of data core `core_id`.
+    pub fn core(&self, core_id: usize) -> &CoreMetrics {
+        &self.cores[core_id]
     }
 
     /// The control core's counters.

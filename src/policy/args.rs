@@ -1,8 +1,10 @@
 //! The policy flags with SMG's names and defaults ([`PolicyArgs`], flattened into the gateway's
 //! command line) and their validation per the spec's "Tuning Knobs" into a [`PolicyConfig`].
-//! A bad value is a [`PolicyArgsError`] naming the flag.
+//! A bad value is a [`FlagError`] naming the flag.
 
 use std::time::Duration;
+
+use crate::error::FlagError;
 
 /// `--policy`: which routing policy the gateway runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -122,21 +124,8 @@ impl Default for PolicyArgs {
     }
 }
 
-/// A flag value outside its valid range.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("invalid value for {flag}: {reason}")]
-pub struct PolicyArgsError {
-    /// The flag, with its leading dashes (`--cache-threshold`).
-    pub flag: &'static str,
-    /// Why the value is refused.
-    pub reason: String,
-}
-
-fn refuse(flag: &'static str, reason: impl Into<String>) -> PolicyArgsError {
-    PolicyArgsError {
-        flag,
-        reason: reason.into(),
-    }
+fn refuse(flag: &'static str, reason: impl Into<String>) -> FlagError {
+    FlagError::new(flag, reason)
 }
 
 /// The cache_aware knobs one decision reads.
@@ -194,7 +183,7 @@ pub struct PolicyConfig {
 
 impl PolicyArgs {
     /// Checks every value against "Tuning Knobs" and builds the config.
-    pub fn validate(&self) -> Result<PolicyConfig, PolicyArgsError> {
+    pub fn validate(&self) -> Result<PolicyConfig, FlagError> {
         let cache_threshold = unit_interval("--cache-threshold", self.cache_threshold)?;
         if !(self.balance_rel_threshold.is_finite() && self.balance_rel_threshold > 0.0) {
             return Err(refuse(
@@ -244,7 +233,7 @@ impl PolicyArgs {
         })
     }
 
-    fn validate_boundaries(&self) -> Result<(), PolicyArgsError> {
+    fn validate_boundaries(&self) -> Result<(), FlagError> {
         let bounds = &self.cache_boundaries;
         if bounds.first() == Some(&0) {
             return Err(refuse("--cache-boundaries", "positions must be positive"));
@@ -272,7 +261,7 @@ impl PolicyArgs {
     }
 }
 
-fn unit_interval(flag: &'static str, value: f64) -> Result<f64, PolicyArgsError> {
+fn unit_interval(flag: &'static str, value: f64) -> Result<f64, FlagError> {
     if (0.0..=1.0).contains(&value) {
         Ok(value)
     } else {
@@ -280,7 +269,7 @@ fn unit_interval(flag: &'static str, value: f64) -> Result<f64, PolicyArgsError>
     }
 }
 
-fn non_negative(flag: &'static str, value: f64) -> Result<f64, PolicyArgsError> {
+fn non_negative(flag: &'static str, value: f64) -> Result<f64, FlagError> {
     if value.is_finite() && value >= 0.0 {
         Ok(value)
     } else {
@@ -289,7 +278,7 @@ fn non_negative(flag: &'static str, value: f64) -> Result<f64, PolicyArgsError> 
 }
 
 /// A token-usage threshold: above 0; 1.0 or more disables the check (`None`).
-fn usage_threshold(flag: &'static str, value: Option<f64>) -> Result<Option<f64>, PolicyArgsError> {
+fn usage_threshold(flag: &'static str, value: Option<f64>) -> Result<Option<f64>, FlagError> {
     match value {
         None => Ok(None),
         Some(v) if v.is_nan() || v <= 0.0 => Err(refuse(flag, format!("{v} must be above 0"))),
@@ -301,7 +290,7 @@ fn usage_threshold(flag: &'static str, value: Option<f64>) -> Result<Option<f64>
 fn positive<T: PartialOrd + Default + std::fmt::Display + Copy>(
     flag: &'static str,
     value: T,
-) -> Result<T, PolicyArgsError> {
+) -> Result<T, FlagError> {
     if value > T::default() {
         Ok(value)
     } else {

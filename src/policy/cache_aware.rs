@@ -6,8 +6,9 @@
 use fastrand::Rng;
 
 use super::{Branch, CacheAwareConfig, Decision, Fleet, SpillGate, WorkerStatus};
-use crate::index::{TreeMatch, MATCH_TENANTS_MAX};
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
+use crate::index::TreeMatch;
+use crate::limits::MATCH_TENANTS_MAX;
 
 /// Routes one request. `tree` is the lookup result in the request's index (string or token tree
 /// under its model and partition), `None` when the request has no key to look up;

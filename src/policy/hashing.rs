@@ -4,7 +4,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
 
 /// Ring points per worker: enough that 2–16 workers get shares within a few percent of equal,
 /// few enough that a 1,024-worker ring stays under 2 MiB.

@@ -1,43 +1,46 @@
-//! Routing policies: the `cache_aware` decision flow, the expected-wait scorer, and the simpler
-//! policies (`random`, `round_robin`, `power_of_two`, `least_load`, `prefix_hash`,
-//! `consistent_hashing`).
+//! Routing policies: the per-core routing pipeline, the `cache_aware` decision flow, the
+//! expected-wait scorer, and the simpler policies (`random`, `round_robin`, `power_of_two`,
+//! `least_load`, `prefix_hash`, `consistent_hashing`).
 //!
-//! Key types: [`PolicyArgs`] (SMG's flags, validated into a [`PolicyConfig`]), [`WorkerStatus`] (what
-//! a decision knows about one worker slot), [`cache_aware::select`] (the spec's decision flow as one
-//! pure function), [`Router`] (one per data core: dispatches to the configured policy, counts each
-//! decision in its [`PolicyMetrics`] and logs it), [`CoreRouting`] (a data core's routing state
-//! around the router: extraction buffers, index lookup, the recent-dispatch map of
-//! [`RecentDispatches`], per-core dispatch credits, and the [`RecordKey`] the control core inserts).
-//! Nothing here does I/O or awaits; a decision on the common path does not allocate. Errors: only flag validation fails ([`PolicyArgsError`], the
-//! binary prints it and exits non-zero); a decision with no eligible worker is `None` (the gateway
-//! answers 503).
+//! Key types: [`Router`] (one per data core: prepare a request, select a worker per attempt,
+//! record the dispatch; the spec's steps read top to bottom there), [`Prepared`] (one request
+//! prepared once: routing input, namespace, page hashes, index lookup), [`IndexLookup`] (the
+//! seam to the index modes), [`cache_aware::select`] (the decision flow as one pure function),
+//! [`WorkerStatus`] (what a decision knows about one worker), [`RecordKey`] (what the index
+//! learns from a dispatch), [`PolicyArgs`] (SMG's flags, validated into a [`PolicyConfig`]).
+//! Nothing here does I/O or awaits; a decision on the common path does not allocate. Errors:
+//! flag validation fails with a `FlagError`; a body that is not a JSON object is a
+//! `RequestError` (400); a decision with no eligible worker is `None` (503).
 
 mod args;
 pub mod cache_aware;
-mod data_core;
 mod expected_wait;
 mod hashing;
+mod lookup;
 mod metrics;
 mod placements;
+mod prepared;
 mod recent;
+mod record;
 mod router;
 mod simple;
 
-pub use args::{
-    CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyArgsError, PolicyConfig, PolicyKind,
-};
-pub use data_core::{model_hash, CoreRouting, RecordKey};
+pub use args::{CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyConfig, PolicyKind};
 pub use expected_wait::{Fleet, SpillGate, NEW_PREFIX_WAIT_SLACK};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
+pub use lookup::{IndexLookup, Trees};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
 pub use placements::PLACEMENT_HALF_LIFE_MS;
-pub use recent::{KeyData, RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
-pub use router::{IndexKind, Route, RouteRequest, Router, LOG_TARGET};
+pub use prepared::{IndexKey, Lookup, Prepared};
+pub use recent::{RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
+pub use record::{model_hash, KeyData, RecordKey};
+pub use router::{Router, WorkerView, LOG_TARGET};
 pub use simple::{
     consistent_hashing, least_load, power_of_two, prefix_hash, prefix_hash_key, random, round_robin,
 };
 
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
+use crate::workers::load::LoadReport;
 
 /// The last load report of a worker (SGLang `/v1/loads` or engine metrics), as the policy reads it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -54,6 +57,21 @@ pub struct WorkerLoad {
     pub gen_throughput: f64,
     /// KV-cache capacity in tokens (0: not reported).
     pub kv_capacity_tokens: u64,
+}
+
+impl From<&LoadReport> for WorkerLoad {
+    /// The report as the policy reads it. Fields the engine did not report read as zero (never
+    /// as pressure): no signal is never a penalty.
+    fn from(report: &LoadReport) -> WorkerLoad {
+        WorkerLoad {
+            running: u32::try_from(report.running_requests).unwrap_or(u32::MAX),
+            waiting: u32::try_from(report.waiting_requests).unwrap_or(u32::MAX),
+            waiting_uncached_tokens: report.waiting_uncached_tokens.unwrap_or(0),
+            token_usage: report.token_usage.unwrap_or(0.0),
+            gen_throughput: report.gen_throughput_tps.unwrap_or(0.0),
+            kv_capacity_tokens: report.max_total_tokens.unwrap_or(0),
+        }
+    }
 }
 
 /// What a decision knows about one worker slot. A slice of these is indexed by `WorkerId`:

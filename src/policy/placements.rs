@@ -17,7 +17,7 @@
 //! Per core and unshared: every core sees a sample of the same arrivals (the listener spreads
 //! connections), so no counter crosses cores, and a core's own burst counts at once.
 
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
 
 /// The age at which a placement weighs half: about how long a prefix stays useful in an engine's
 /// cache under churn, so old placements (likely evicted since) stop weighing.

@@ -5,12 +5,11 @@
 //! into the index's answer, never replacing a longer tree match. The caller consults it only on
 //! an index miss (the burst case), so a warm index never pays for the comparisons.
 
-use std::sync::Arc;
-
-use crate::index::{
-    self, common_prefix, count_chars, Namespace, TokenKey, TokenPages, TreeMatch, MATCH_TENANTS_MAX,
-};
-use crate::workers::WorkerId;
+use super::prepared::IndexKey;
+use super::record::KeyData;
+use crate::ids::WorkerId;
+use crate::index::{common_prefix, count_chars, Namespace, TreeMatch};
+use crate::limits::MATCH_TENANTS_MAX;
 
 /// Entries kept per core: a burst of distinct new prefixes larger than this within the window
 /// loses the oldest, which only costs affinity, never correctness.
@@ -18,34 +17,6 @@ pub const RECENT_DISPATCHES_MAX: usize = 16;
 /// How long an entry stands in for the index: ten control-core turns (10 ms each), far longer
 /// than the insert normally takes, short enough that the map never outlives an eviction.
 pub const RECENT_DISPATCH_WINDOW_MS: u64 = 100;
-
-/// A dispatched routing key, shared by the dispatch record and the recent map (one copy).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum KeyData {
-    /// A text key (string tree).
-    Text(Arc<str>),
-    /// A token key (token tree): page hashes.
-    Tokens(TokenKey),
-}
-
-impl KeyData {
-    /// Copies a request's key (into a buffer the index may keep: `index::token_key`).
-    pub fn of(key: IndexKey<'_>) -> KeyData {
-        match key {
-            IndexKey::Text(text) => KeyData::Text(index::text_key(text)),
-            IndexKey::Tokens(tokens) => KeyData::Tokens(index::token_key(tokens)),
-        }
-    }
-}
-
-/// A request's key as the index compares it: its text, or its token ids' page hashes.
-#[derive(Clone, Copy, Debug)]
-pub enum IndexKey<'a> {
-    /// Text (string tree).
-    Text(&'a str),
-    /// Page hashes of token ids (token tree).
-    Tokens(&'a TokenPages),
-}
 
 #[derive(Clone, Debug)]
 struct Entry {
@@ -135,6 +106,7 @@ fn common_prefix_units(remembered: &KeyData, key: IndexKey<'_>) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::TokenPages;
 
     const NS: Namespace = Namespace {
         model: 1,

@@ -1,91 +1,100 @@
-//! [`Router`]: one per data core. Runs the configured policy over a decision snapshot, counts
-//! cache_aware decisions in the core's [`PolicyMetrics`] and logs each one as `Cache-aware
-//! selection` under the target `smg::policies::cache_aware`, so SMG's filter
-//! `RUST_LOG=info,smg::policies::cache_aware=debug` works unchanged. With that level off the log
-//! costs one relaxed load of the callsite's interest.
+//! [`Router`]: one per data core, the routing pipeline of the spec in three calls, in the order
+//! a request meets them. Nothing here does I/O or awaits; the request driver (`http::proxy`)
+//! calls them around its own phases (connect, forward, stream back).
+//!
+//! 1. [`Router::prepare`], once per request: extract the routing input (model, token IDs or
+//!    text, partition namespace) from the body and headers ("How the Prefix Index Works"), hash
+//!    token IDs into pages, and (cache_aware) look the key up in the index mode
+//!    ([`IndexLookup`]), merging this core's recent dispatches on a miss. The result is a
+//!    [`Prepared`] value the caller keeps for the request's lifetime.
+//! 2. [`Router::select`], once per attempt: steps 1-6 of the decision flow. It reads each
+//!    worker's published state into a [`WorkerStatus`] (eligibility, in-flight count, load
+//!    report, dispatch credits; a worker this request already tried is not eligible) and runs
+//!    the configured policy: `cache_aware::select` for cache_aware, `simple` for the others.
+//!    cache_aware decisions are counted in [`PolicyMetrics`] and logged as `Cache-aware
+//!    selection` under SMG's target, so `RUST_LOG=info,smg::policies::cache_aware=debug` works
+//!    unchanged.
+//! 3. [`Router::record`], once the worker has the request: step 7, the [`RecordKey`] the control
+//!    core inserts, also remembered in this core's recent-dispatch map for bursts.
 
 use std::sync::Arc;
 
 use fastrand::Rng;
 
-use super::data_core::prompt_tokens;
+use super::lookup::IndexLookup;
+use super::placements::Placements;
+use super::prepared::{prompt_tokens, Lookup, Prepared};
+use super::recent::RecentDispatches;
+use super::record::{model_hash, KeyData, RecordKey};
 use super::{
-    cache_aware, simple, Decision, PolicyConfig, PolicyKind, PolicyMetrics, WorkerRing,
-    WorkerStatus,
+    cache_aware, simple, Branch, Decision, PolicyConfig, PolicyKind, PolicyMetrics, WorkerLoad,
+    WorkerRing, WorkerStatus,
 };
-use crate::index::TreeMatch;
-use crate::request::{RoutingInput, RoutingKey};
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
+use crate::index::{count_chars, Namespace, TreeMatch};
+use crate::limits::MODELS_MAX;
+use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingKey};
+use crate::workers::catalog::ModelWorkers;
+use crate::workers::retry::TriedWorkers;
+use crate::workers::table::{Roster, WorkerTable};
 
 /// The tracing target of decision logs (SMG's module path).
 pub const LOG_TARGET: &str = "smg::policies::cache_aware";
 
-/// Which tree a cache_aware request was looked up in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IndexKind {
-    /// The string tree (text requests).
-    String,
-    /// The token tree (requests with token IDs).
-    Token,
+/// The published worker state one selection reads.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkerView<'a> {
+    /// The active workers.
+    pub roster: &'a Roster,
+    /// Their health, signals, in-flight counts and credits.
+    pub table: &'a WorkerTable,
+    /// The workers that serve the request's model.
+    pub models: ModelWorkers<'a>,
 }
 
-impl IndexKind {
-    /// The tree a routing key is looked up in.
-    pub fn of(key: RoutingKey<'_>) -> IndexKind {
-        match key {
-            RoutingKey::Tokens(_) => IndexKind::Token,
-            RoutingKey::Text(_) => IndexKind::String,
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            IndexKind::String => "string",
-            IndexKind::Token => "token",
-        }
-    }
-}
-
-/// Everything one decision reads.
-#[derive(Clone, Copy, Debug)]
-pub struct RouteRequest<'a> {
-    /// The request's routing input.
-    pub input: &'a RoutingInput,
-    /// The lookup in the request's tree (cache_aware only); `None` when the key is empty.
-    pub tree: Option<&'a TreeMatch>,
-    /// Worker slots, indexed by `WorkerId`.
-    pub workers: &'a [WorkerStatus],
-    /// The hash ring and worker URLs.
-    pub ring: &'a WorkerRing,
-}
-
-/// The worker chosen for a request.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Route {
-    /// Where to forward.
-    pub worker: WorkerId,
-    /// The cache_aware decision, when that policy chose: the caller then records the request's
-    /// key for `worker` in the index (spec step 7).
-    pub cache_aware: Option<Decision>,
-}
-
-/// A data core's policy state: configuration, RNG, round-robin cursor and counters.
+/// A data core's routing state: the policy, its RNG and counters, the index mode it reads, and
+/// what it remembers of its own dispatches. One per core, never shared.
 #[derive(Debug)]
 pub struct Router {
     config: PolicyConfig,
     rng: Rng,
     round_robin_cursor: usize,
     metrics: Arc<PolicyMetrics>,
+    /// The index mode this core reads (cache_aware; `None` for the other policies, or when the
+    /// index could not start: cache_aware then routes every request as a miss).
+    index: Option<Box<dyn IndexLookup>>,
+    recent: RecentDispatches,
+    /// Decayed prompt tokens of the new prefixes this core placed per worker (cache misses).
+    placements: Placements,
+    /// Worker statuses of the current selection, indexed by `WorkerId` (reused).
+    statuses: Vec<WorkerStatus>,
+    ring: WorkerRing,
+    ring_members: Vec<(WorkerId, String)>,
+    /// Models whose name this core already sent the control core.
+    announced_models: Vec<u64>,
 }
 
 impl Router {
-    /// A router for one core. `seed` makes its random choices reproducible.
-    pub fn new(config: PolicyConfig, seed: u64, metrics: Arc<PolicyMetrics>) -> Router {
+    /// A router for one core. `seed` makes its random choices reproducible; `index` is the mode
+    /// it looks requests up in; `metrics` are this core's decision counters.
+    pub fn new(
+        config: PolicyConfig,
+        seed: u64,
+        index: Option<Box<dyn IndexLookup>>,
+        metrics: Arc<PolicyMetrics>,
+    ) -> Router {
         Router {
             config,
             rng: Rng::with_seed(seed),
             round_robin_cursor: 0,
             metrics,
+            index,
+            recent: RecentDispatches::default(),
+            placements: Placements::default(),
+            statuses: Vec::new(),
+            ring: WorkerRing::default(),
+            ring_members: Vec::new(),
+            announced_models: Vec::new(),
         }
     }
 
@@ -94,29 +103,166 @@ impl Router {
         &self.config
     }
 
-    /// True when the policy reads the prefix index (the caller looks the request up first).
-    pub fn uses_index(&self) -> bool {
+    /// Whether the policy reads the prefix index (and the index learns from its dispatches).
+    fn uses_index(&self) -> bool {
         self.config.kind == PolicyKind::CacheAware
     }
 
-    /// Picks a worker; `None` when no worker is eligible.
-    pub fn route(&mut self, request: &RouteRequest<'_>) -> Option<Route> {
-        let workers = request.workers;
-        let plain = |worker| Route {
-            worker,
-            cache_aware: None,
+    /// Prepares a request (see the module documentation): `now_ms` is the gateway tick. A body
+    /// that is not a JSON object is a [`RequestError`] (400).
+    pub fn prepare(
+        &mut self,
+        prepared: &mut Prepared,
+        endpoint: Endpoint,
+        headers: RoutingHeaders<'_>,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<(), RequestError> {
+        extract(endpoint, body, headers, &mut prepared.input)?;
+        prepared.now_ms = now_ms;
+        prepared.namespace = Namespace {
+            model: model_hash(prepared.input.model()),
+            partition: prepared.input.namespace().0,
         };
-        let rng = &mut self.rng;
-        match self.config.kind {
-            PolicyKind::CacheAware => self.route_cache_aware(request),
-            PolicyKind::Random => simple::random(workers, rng).map(plain),
-            PolicyKind::RoundRobin => {
-                simple::round_robin(workers, &mut self.round_robin_cursor).map(plain)
+        prepared.lookup = None;
+        let routing_key = prepared.input.key();
+        if !self.uses_index() || routing_key.is_empty() {
+            return Ok(());
+        }
+        if let RoutingKey::Tokens(tokens) = routing_key {
+            // The index's block size: both come from `--block-size`.
+            let block_size = self.config.cache_aware.block_size as usize;
+            prepared.pages.hash(tokens, block_size);
+        }
+        let key = prepared.index_key();
+        let mut lookup = match &self.index {
+            Some(index) => index.lookup(prepared.namespace, key),
+            None => Lookup {
+                matched: TreeMatch {
+                    request_len: request_len(routing_key),
+                    ..TreeMatch::default()
+                },
+                ..Lookup::default()
+            },
+        };
+        // Only a miss can be a burst of a new prefix the index has not learned yet.
+        if lookup.matched.ratio() <= self.config.cache_aware.cache_threshold {
+            let matched = &mut lookup.matched;
+            self.recent
+                .merge_into(matched, prepared.namespace, key, now_ms);
+        }
+        prepared.lookup = Some(lookup);
+        if let Some(index) = &mut self.index {
+            index.quiesce();
+        }
+        Ok(())
+    }
+
+    /// Steps 1-6: picks a worker for `prepared` from the published `workers`, never one in
+    /// `tried`; `None` when no worker is eligible (the gateway answers 503). The caller credits
+    /// the chosen worker with [`Prepared::request_tokens`].
+    pub fn select(
+        &mut self,
+        prepared: &Prepared,
+        workers: WorkerView<'_>,
+        tried: &TriedWorkers,
+    ) -> Option<WorkerId> {
+        let (roster, table, models) = (workers.roster, workers.table, workers.models);
+        let active = roster.workers.iter().map(|w| (w.id, w.spec.url.as_str()));
+        let status_of = |id: WorkerId| {
+            let signals = table.signals(id);
+            // Generation before report: a report published in between is read with the older
+            // generation's credits, an overestimate that lasts one request.
+            let generation = signals.load_generation();
+            WorkerStatus {
+                eligible: table.is_eligible(id) && models.allows(id) && !tried.contains(id),
+                in_flight: table.inflight(id),
+                load: signals.peek_load().as_deref().map(WorkerLoad::from),
+                credited_tokens: table.queued_tokens(id, generation),
+                resident_tokens: table.resident_tokens(id, generation),
+                drained_tokens: table.drained_tokens(id, generation),
+                // This core's own count, filled in by `choose` for cache misses.
+                placed_tokens: 0.0,
             }
-            PolicyKind::PowerOfTwo => simple::power_of_two(workers, rng).map(plain),
-            PolicyKind::LeastLoad => simple::least_load(workers, rng).map(plain),
+        };
+        self.choose(prepared, active, status_of)
+    }
+
+    /// Steps 1-6 over any worker set: `workers` gives `(id, url)` of every active worker and
+    /// `status_of` each one's status, read once per decision. [`Router::select`] calls it with
+    /// the published table; tests and benchmarks call it with statuses of their own.
+    pub fn choose<'w>(
+        &mut self,
+        prepared: &Prepared,
+        workers: impl Iterator<Item = (WorkerId, &'w str)> + Clone,
+        mut status_of: impl FnMut(WorkerId) -> WorkerStatus,
+    ) -> Option<WorkerId> {
+        self.refresh_ring(workers.clone());
+        // Only a cache miss reads the placed tokens (one `exp2` per worker to decay them).
+        let miss = self.is_miss(prepared);
+        self.statuses.clear();
+        for (id, _) in workers {
+            let mut status = status_of(id);
+            if miss {
+                status.placed_tokens = self.placements.of(id, prepared.now_ms);
+            }
+            let slot = id.index();
+            if self.statuses.len() <= slot {
+                self.statuses.resize(slot + 1, WorkerStatus::default());
+            }
+            self.statuses[slot] = status;
+        }
+        let decision = match self.config.kind {
+            PolicyKind::CacheAware => self.decide_cache_aware(prepared)?,
+            _ => return self.decide_simple(prepared),
+        };
+        if decision.branch == Branch::ExpectedWaitFallback {
+            let tokens = prepared.request_tokens();
+            self.placements
+                .add(decision.worker, prepared.now_ms, tokens);
+        }
+        Some(decision.worker)
+    }
+
+    /// Whether the prepared request is a cache miss (at or below `--cache-threshold`).
+    fn is_miss(&self, prepared: &Prepared) -> bool {
+        let threshold = self.config.cache_aware.cache_threshold;
+        prepared
+            .lookup
+            .is_some_and(|lookup| lookup.matched.ratio() <= threshold)
+    }
+
+    /// cache_aware: the decision flow, counted and logged.
+    fn decide_cache_aware(&mut self, prepared: &Prepared) -> Option<Decision> {
+        let config = &self.config.cache_aware;
+        let key = prepared.input.key();
+        let matched = prepared.lookup.as_ref().map(|lookup| &lookup.matched);
+        let tokens = prompt_tokens(key);
+        let decision = cache_aware::select(matched, &self.statuses, config, tokens, &mut self.rng)?;
+        self.metrics.record(&decision);
+        tracing::debug!(
+            target: LOG_TARGET,
+            index = index_label(key),
+            branch = decision.branch.label(),
+            worker = self.ring.url(decision.worker),
+            model_id = prepared.input.model(),
+            matched_ratio = decision.match_ratio,
+            threshold = config.cache_threshold,
+            "Cache-aware selection"
+        );
+        Some(decision)
+    }
+
+    /// The policies other than cache_aware.
+    fn decide_simple(&mut self, prepared: &Prepared) -> Option<WorkerId> {
+        let (workers, rng, input) = (&self.statuses, &mut self.rng, &prepared.input);
+        match self.config.kind {
+            PolicyKind::Random => simple::random(workers, rng),
+            PolicyKind::RoundRobin => simple::round_robin(workers, &mut self.round_robin_cursor),
+            PolicyKind::PowerOfTwo => simple::power_of_two(workers, rng),
+            // cache_aware decides in `decide_cache_aware`; its scorer is least_load's.
+            PolicyKind::LeastLoad | PolicyKind::CacheAware => simple::least_load(workers, rng),
             PolicyKind::PrefixHash => {
-                let input = request.input;
                 let key = simple::prefix_hash_key(
                     input.key(),
                     input.namespace(),
@@ -124,35 +270,422 @@ impl Router {
                     &self.config.cache_boundaries,
                 );
                 let factor = self.config.prefix_hash_load_factor;
-                simple::prefix_hash(key, request.ring, workers, factor, rng).map(plain)
+                simple::prefix_hash(key, &self.ring, workers, factor, rng)
             }
             PolicyKind::ConsistentHashing => {
-                let input = request.input;
                 let (target, key) = (input.target_worker(), input.routing_key_hash());
-                simple::consistent_hashing(target, key, request.ring, workers, rng).map(plain)
+                simple::consistent_hashing(target, key, &self.ring, workers, rng)
             }
         }
     }
 
-    fn route_cache_aware(&mut self, request: &RouteRequest<'_>) -> Option<Route> {
-        let config = &self.config.cache_aware;
-        let tokens = prompt_tokens(request.input.key());
-        let decision =
-            cache_aware::select(request.tree, request.workers, config, tokens, &mut self.rng)?;
-        self.metrics.record(&decision);
-        tracing::debug!(
-            target: LOG_TARGET,
-            index = IndexKind::of(request.input.key()).label(),
-            branch = decision.branch.label(),
-            worker = request.ring.url(decision.worker),
-            model_id = request.input.model(),
-            matched_ratio = decision.match_ratio,
-            threshold = config.cache_threshold,
-            "Cache-aware selection"
-        );
-        Some(Route {
-            worker: decision.worker,
-            cache_aware: Some(decision),
-        })
+    /// Step 7: the record the control core inserts for `worker`, which now has the request
+    /// (cache_aware with a non-empty key only: other policies do not build the index). It is
+    /// remembered in this core's recent-dispatch map too, for bursts the index has not learned.
+    pub fn record(
+        &mut self,
+        prepared: &Prepared,
+        worker: WorkerId,
+        tick_ms: u64,
+    ) -> Option<RecordKey> {
+        let lookup = prepared.lookup.as_ref()?;
+        let namespace = prepared.namespace;
+        let model = namespace.model;
+        let model_name = if self.announced_models.contains(&model)
+            || self.announced_models.len() >= MODELS_MAX
+        {
+            None
+        } else {
+            self.announced_models.push(model);
+            Some(Box::from(prepared.input.model()))
+        };
+        let record = RecordKey {
+            namespace,
+            key: KeyData::of(prepared.index_key()),
+            model_name,
+            hint: lookup.hint,
+        };
+        self.recent
+            .push(namespace, record.key.clone(), worker, tick_ms);
+        Some(record)
+    }
+
+    /// Marks this core quiescent for index reclamation (call when idle, e.g. once a second).
+    pub fn quiesce(&mut self) {
+        if let Some(index) = &mut self.index {
+            index.quiesce();
+        }
+    }
+
+    /// Rebuilds the hash ring when the worker set changed (compared by id and URL).
+    fn refresh_ring<'w>(&mut self, workers: impl Iterator<Item = (WorkerId, &'w str)> + Clone) {
+        let same = workers.clone().count() == self.ring_members.len()
+            && workers
+                .clone()
+                .zip(&self.ring_members)
+                .all(|((id, url), (old_id, old_url))| id == *old_id && url == old_url);
+        if same {
+            return;
+        }
+        // A slot whose URL changed (or that left) is another worker now, holding none of ours.
+        for (id, url) in &self.ring_members {
+            if !workers
+                .clone()
+                .any(|(now_id, now_url)| now_id == *id && now_url == url)
+            {
+                self.placements.forget(*id);
+            }
+        }
+        self.ring_members = workers
+            .clone()
+            .map(|(id, url)| (id, url.to_owned()))
+            .collect();
+        self.ring = WorkerRing::new(workers);
+    }
+}
+
+/// The tree a routing key is looked up in, as the decision log names it.
+fn index_label(key: RoutingKey<'_>) -> &'static str {
+    match key {
+        RoutingKey::Tokens(_) => "token",
+        RoutingKey::Text(_) => "string",
+    }
+}
+
+/// A key's length in its tree's units: characters, or tokens.
+fn request_len(key: RoutingKey<'_>) -> u32 {
+    let len = match key {
+        RoutingKey::Text(text) => count_chars(text.as_bytes()),
+        RoutingKey::Tokens(tokens) => tokens.len() as u64,
+    };
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::PolicyArgs;
+
+    /// Prepares `body` at `now_ms` into `prepared` and routes it over idle workers named by
+    /// `urls`.
+    pub(super) fn prepare_and_route_idle(
+        router: &mut Router,
+        prepared: &mut Prepared,
+        urls: &[&str],
+        (endpoint, body): (Endpoint, &str),
+        now_ms: u64,
+    ) -> WorkerId {
+        let headers = RoutingHeaders::default();
+        router
+            .prepare(prepared, endpoint, headers, body.as_bytes(), now_ms)
+            .unwrap();
+        let workers = urls
+            .iter()
+            .enumerate()
+            .map(|(slot, url)| (WorkerId(slot as u16), *url));
+        let status_of = |_| WorkerStatus {
+            eligible: true,
+            ..WorkerStatus::default()
+        };
+        router.choose(prepared, workers, status_of).unwrap()
+    }
+
+    fn router() -> (Router, Arc<PolicyMetrics>) {
+        let config = PolicyArgs::default().validate().unwrap();
+        let metrics = Arc::new(PolicyMetrics::default());
+        (Router::new(config, 5, None, metrics.clone()), metrics)
+    }
+
+    /// Prepares a completion of `prompt` and routes it over idle workers named by `urls`.
+    fn route_idle(router: &mut Router, urls: &[&str], prompt: &str) -> WorkerId {
+        let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
+        let mut prepared = Prepared::default();
+        let request = (Endpoint::Completions, body.as_str());
+        prepare_and_route_idle(router, &mut prepared, urls, request, 10)
+    }
+
+    #[test]
+    fn a_burst_of_a_new_prefix_follows_the_first_dispatch_before_the_index_learns_it() {
+        let (mut router, metrics) = router();
+        let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}")).collect();
+        let mut in_flight = [0u32; 4];
+        let mut chosen = Vec::new();
+        for i in 0..10 {
+            let body =
+                format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
+            let mut prepared = Prepared::default();
+            router
+                .prepare(
+                    &mut prepared,
+                    Endpoint::Completions,
+                    RoutingHeaders::default(),
+                    body.as_bytes(),
+                    10,
+                )
+                .unwrap();
+            let workers = urls
+                .iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
+            let status_of = |id: WorkerId| WorkerStatus {
+                eligible: true,
+                in_flight: in_flight[id.index()],
+                ..WorkerStatus::default()
+            };
+            let worker = router.choose(&prepared, workers, status_of).unwrap();
+            in_flight[worker.index()] += 1;
+            let record = router.record(&prepared, worker, 10).unwrap();
+            assert_eq!(record.namespace.model, model_hash("m"));
+            assert_eq!(
+                record.model_name.is_some(),
+                i == 0,
+                "the model name is sent once"
+            );
+            chosen.push(worker);
+        }
+        assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
+        assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 1);
+        assert_eq!(metrics.branch_count(Branch::TreeMatch), 9);
+    }
+
+    #[test]
+    fn new_prefixes_spread_by_how_much_each_worker_was_given() {
+        // Idle workers, no load reports, no in-flight feedback: only this core's placed tokens
+        // tell them apart, so 16 unrelated prompts of one length land two on each of 8 workers.
+        let (mut router, metrics) = router();
+        let urls: Vec<String> = (0..8).map(|i| format!("http://w{i}")).collect();
+        let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let mut counts = [0u32; 8];
+        for i in 0..16u8 {
+            let prompt = char::from(b'a' + i).to_string().repeat(40);
+            counts[route_idle(&mut router, &urls, &prompt).index()] += 1;
+        }
+        assert_eq!(counts, [2; 8]);
+        assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 16);
+    }
+
+    #[test]
+    fn a_long_new_prompt_weighs_more_than_several_short_ones() {
+        let (mut router, _) = router();
+        let urls = ["http://a", "http://b"];
+        // 100 tokens (4 characters each) on one worker, then three prompts of 10 tokens: all
+        // three go to the other worker, still given fewer tokens after two of them.
+        let long = route_idle(&mut router, &urls, &"a".repeat(400));
+        let short: Vec<WorkerId> = ["b", "c", "d"]
+            .iter()
+            .map(|letter| route_idle(&mut router, &urls, &letter.repeat(40)))
+            .collect();
+        assert!(short.iter().all(|w| *w != long), "{long:?} {short:?}");
+    }
+
+    #[test]
+    fn other_policies_send_no_index_records() {
+        let args = PolicyArgs {
+            policy: crate::policy::PolicyKind::RoundRobin,
+            ..PolicyArgs::default()
+        };
+        let mut router = Router::new(args.validate().unwrap(), 1, None, Arc::default());
+        let mut prepared = Prepared::default();
+        router
+            .prepare(
+                &mut prepared,
+                Endpoint::Completions,
+                RoutingHeaders::default(),
+                br#"{"prompt":"p"}"#,
+                0,
+            )
+            .unwrap();
+        let status_of = |_| WorkerStatus {
+            eligible: true,
+            ..WorkerStatus::default()
+        };
+        let only = std::iter::once((WorkerId(0), "http://w0"));
+        let worker = router.choose(&prepared, only, status_of);
+        assert_eq!(worker, Some(WorkerId(0)));
+        assert_eq!(router.record(&prepared, WorkerId(0), 0), None);
+    }
+}
+
+#[cfg(test)]
+mod index_tests {
+    use super::tests::prepare_and_route_idle;
+    use super::*;
+    use crate::index::{IndexConfig, IndexWriter};
+    use crate::policy::{PolicyArgs, Trees};
+
+    /// Dispatch records applied to a real index make the next request of the family match.
+    #[test]
+    fn records_inserted_into_the_index_make_the_family_match() {
+        let mut writer = IndexWriter::new(IndexConfig { block_size: 16 }).unwrap();
+        let reader = writer.reader().unwrap();
+        let config = PolicyArgs::default().validate().unwrap();
+        let metrics = Arc::new(PolicyMetrics::default());
+        let trees: Box<dyn IndexLookup> = Box::new(Trees::new(reader));
+        let mut router = Router::new(config, 3, Some(trees), metrics.clone());
+        let system: Vec<String> = (0..2048).map(|i| format!("w{i}x")).collect();
+        let system = system.join(" ");
+        let urls = ["http://a", "http://b", "http://c"];
+        let mut chosen = Vec::new();
+        for (i, now_ms) in [(0, 0u64), (1, 1_000), (2, 2_000), (3, 3_000)] {
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": format!("question number {i}")}
+                ]
+            })
+            .to_string();
+            let mut prepared = Prepared::default();
+            let request = (Endpoint::ChatCompletions, body.as_str());
+            let worker = prepare_and_route_idle(&mut router, &mut prepared, &urls, request, now_ms);
+            let record = router.record(&prepared, worker, now_ms).unwrap();
+            let ns = record.namespace;
+            match &record.key {
+                KeyData::Text(text) => writer
+                    .insert_text_hinted(ns, text, worker, now_ms, &record.hint)
+                    .unwrap(),
+                KeyData::Tokens(tokens) => writer
+                    .insert_tokens_shared(ns, tokens, worker, now_ms, &record.hint)
+                    .unwrap(),
+            }
+            chosen.push(worker);
+        }
+        // Seconds apart: the recent-dispatch map has expired, only the index can match.
+        assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
+        assert_eq!(metrics.branch_count(Branch::TreeMatch), 3);
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    //! Selection over the published worker table (`Router::select`): what a data core reads.
+    use super::*;
+    use crate::policy::PolicyArgs;
+    use crate::workers::load::LoadReport;
+    use crate::workers::spec::WorkerSpec;
+    use crate::workers::table::Health;
+
+    fn router(kind: PolicyKind, seed: u64) -> Router {
+        let args = PolicyArgs {
+            policy: kind,
+            ..PolicyArgs::default()
+        };
+        let config = args.validate().unwrap();
+        Router::new(config, seed, None, Arc::new(PolicyMetrics::default()))
+    }
+
+    fn table(cores: usize, n: usize, base_port: usize) -> WorkerTable {
+        let specs: Vec<_> = (0..n)
+            .map(|i| WorkerSpec::resolve(&format!("http://127.0.0.1:{}", base_port + i)).unwrap())
+            .collect();
+        WorkerTable::new(cores, &specs)
+    }
+
+    /// Prepares a `/generate` request with `body` and selects a worker not in `tried`.
+    fn pick(
+        router: &mut Router,
+        table: &WorkerTable,
+        tried: &TriedWorkers,
+        body: &[u8],
+    ) -> (Option<WorkerId>, Prepared) {
+        let mut prepared = Prepared::default();
+        let headers = RoutingHeaders::default();
+        router
+            .prepare(&mut prepared, Endpoint::Generate, headers, body, 0)
+            .unwrap();
+        let roster = table.roster();
+        let view = WorkerView {
+            roster: &roster,
+            table,
+            models: ModelWorkers::Any,
+        };
+        (router.select(&prepared, view, tried), prepared)
+    }
+
+    #[test]
+    fn round_robin_cycles_and_skips_unhealthy() {
+        let table = table(1, 3, 41000);
+        let mut router = router(PolicyKind::RoundRobin, 0);
+        let none = TriedWorkers::default();
+        let mut picks = || pick(&mut router, &table, &none, b"{}").0.unwrap().0;
+        let first: Vec<u16> = (0..6).map(|_| picks()).collect();
+        assert_eq!(first, [0, 1, 2, 0, 1, 2]);
+        table.set_health(WorkerId(1), Health::Unhealthy);
+        let picks: Vec<u16> = (0..4)
+            .map(|_| pick(&mut router, &table, &none, b"{}").0.unwrap().0)
+            .collect();
+        assert!(!picks.contains(&1), "{picks:?}");
+    }
+
+    #[test]
+    fn tried_workers_are_excluded_until_none_is_left() {
+        let table = table(1, 2, 41100);
+        let mut router = router(PolicyKind::Random, 7);
+        let mut tried = TriedWorkers::default();
+        let first = pick(&mut router, &table, &tried, b"{}").0.unwrap();
+        tried.insert(first);
+        let second = pick(&mut router, &table, &tried, b"{}").0.unwrap();
+        assert_ne!(first, second);
+        tried.insert(second);
+        assert_eq!(pick(&mut router, &table, &tried, b"{}").0, None);
+        let empty = WorkerTable::new(1, &[]);
+        let none = TriedWorkers::default();
+        assert_eq!(pick(&mut router, &empty, &none, b"{}").0, None);
+    }
+
+    #[test]
+    fn the_requested_model_restricts_the_workers() {
+        let table = table(1, 3, 41200);
+        let mut router = router(PolicyKind::Random, 3);
+        let mut prepared = Prepared::default();
+        let headers = RoutingHeaders::default();
+        router
+            .prepare(&mut prepared, Endpoint::Generate, headers, b"{}", 0)
+            .unwrap();
+        let roster = table.roster();
+        let serving = [WorkerId(2)];
+        let view = WorkerView {
+            roster: &roster,
+            table: &table,
+            models: ModelWorkers::Only {
+                serving: &serving,
+                wildcard: &[],
+            },
+        };
+        for _ in 0..20 {
+            let tried = TriedWorkers::default();
+            assert_eq!(router.select(&prepared, view, &tried), Some(WorkerId(2)));
+        }
+    }
+
+    #[test]
+    fn a_dispatch_on_one_core_is_credited_to_the_decisions_of_the_others() {
+        let table = table(2, 2, 42000);
+        for id in [WorkerId(0), WorkerId(1)] {
+            let report = LoadReport {
+                gen_throughput_tps: Some(1000.0),
+                ..LoadReport::default()
+            };
+            table
+                .signals(id)
+                .set_load(Some(report), &Default::default());
+        }
+        let ids: Vec<String> = (0..4096).map(|i| i.to_string()).collect();
+        let body = format!(r#"{{"input_ids":[{}]}}"#, ids.join(","));
+        let none = TriedWorkers::default();
+        for seed in 0..16 {
+            let (mut core0, mut core1) = (
+                router(PolicyKind::LeastLoad, seed),
+                router(PolicyKind::LeastLoad, seed + 100),
+            );
+            let (first, prepared) = pick(&mut core0, &table, &none, body.as_bytes());
+            let first = first.unwrap();
+            assert_eq!(prepared.request_tokens(), 4096);
+            let in_flight = table.credit(0, first, prepared.request_tokens());
+            // Core 1 never sent anything, yet sees core 0's 4,096 tokens in flight.
+            let second = pick(&mut core1, &table, &none, body.as_bytes()).0.unwrap();
+            assert_ne!(first, second, "seed {seed}");
+            drop(in_flight);
+        }
     }
 }

@@ -7,8 +7,8 @@ use fastrand::Rng;
 use xxhash_rust::xxh3::Xxh3;
 
 use super::{Fleet, WorkerRing, WorkerStatus};
+use crate::ids::WorkerId;
 use crate::request::{PartitionNamespace, RoutingKey};
-use crate::workers::WorkerId;
 
 /// prefix_hash on text: characters hashed per configured token (a common chars-per-token figure
 /// for English BPE vocabularies), so `--prefix-token-count` means about the same for text.

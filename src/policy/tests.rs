@@ -9,11 +9,11 @@ use fastrand::Rng;
 
 use super::cache_aware::select;
 use super::*;
-use crate::index::{TreeMatch, MATCH_TENANTS_MAX};
-use crate::request::{
-    extract, Endpoint, PartitionNamespace, RoutingHeaders, RoutingInput, RoutingKey,
-};
-use crate::workers::WorkerId;
+use crate::ids::WorkerId;
+use crate::index::TreeMatch;
+use crate::limits::MATCH_TENANTS_MAX;
+use crate::request::{Endpoint, PartitionNamespace, RoutingHeaders, RoutingKey};
+use crate::workers::load::parse_v1_loads;
 
 fn idle(n: usize) -> Vec<WorkerStatus> {
     vec![
@@ -724,7 +724,7 @@ struct Cli {
     policy: PolicyArgs,
 }
 
-fn parse(args: &[&str]) -> Result<PolicyConfig, PolicyArgsError> {
+fn parse(args: &[&str]) -> Result<PolicyConfig, crate::error::FlagError> {
     let argv = std::iter::once("kvgate").chain(args.iter().copied());
     Cli::try_parse_from(argv)
         .expect("clap parses")
@@ -877,6 +877,21 @@ fn metrics_count_tree_decisions_and_render_prometheus_text() {
     assert!((sum - 1.65).abs() < 1e-9, "{text}");
 }
 
+/// An index mode that answers every lookup with one fixed match.
+#[derive(Debug)]
+struct FixedLookup(TreeMatch);
+
+impl IndexLookup for FixedLookup {
+    fn lookup(&self, _: crate::index::Namespace, _: IndexKey<'_>) -> Lookup {
+        Lookup {
+            matched: self.0,
+            ..Lookup::default()
+        }
+    }
+
+    fn quiesce(&mut self) {}
+}
+
 /// A `Write` that appends into a shared buffer, for capturing log output.
 #[derive(Clone, Default)]
 struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
@@ -904,28 +919,27 @@ fn route_logged(filter: &str) -> String {
         .finish();
     let metrics = Arc::new(PolicyMetrics::default());
     let config = parse(&[]).expect("defaults");
-    let mut router = Router::new(config, 9, metrics.clone());
-    let mut input = RoutingInput::new();
-    extract(
-        Endpoint::Completions,
-        br#"{"model":"m1","prompt":"hello"}"#,
-        RoutingHeaders::default(),
-        &mut input,
-    )
-    .expect("valid");
-    let workers = idle(2);
-    let ring = ring(2);
-    let tree = matched(5, 5, &[1]);
-    let request = RouteRequest {
-        input: &input,
-        tree: Some(&tree),
-        workers: &workers,
-        ring: &ring,
+    let index: Box<dyn IndexLookup> = Box::new(FixedLookup(matched(5, 5, &[1])));
+    let mut router = Router::new(config, 9, Some(index), metrics.clone());
+    let mut prepared = Prepared::default();
+    router
+        .prepare(
+            &mut prepared,
+            Endpoint::Completions,
+            RoutingHeaders::default(),
+            br#"{"model":"m1","prompt":"hello"}"#,
+            0,
+        )
+        .expect("valid");
+    let urls = ["http://127.0.0.1:31000", "http://127.0.0.1:31001"];
+    let workers = (0..2).map(|i| (WorkerId(i as u16), urls[i]));
+    let idle = |_| WorkerStatus {
+        eligible: true,
+        ..WorkerStatus::default()
     };
     tracing::subscriber::with_default(subscriber, || {
-        let route = router.route(&request).expect("routed");
-        assert_eq!(route.worker, WorkerId(1));
-        assert_eq!(route.cache_aware.map(|d| d.branch), Some(Branch::TreeMatch));
+        let worker = router.choose(&prepared, workers, idle).expect("routed");
+        assert_eq!(worker, WorkerId(1));
     });
     assert_eq!(metrics.branch_count(Branch::TreeMatch), 1);
     let bytes = captured.0.lock().map(|b| b.clone()).unwrap_or_default();
@@ -947,4 +961,24 @@ fn each_decision_logs_a_cache_aware_selection_line_under_smg_filter() {
         assert!(log.contains(field), "missing {field} in {log}");
     }
     assert_eq!(route_logged("info"), "", "off at info");
+}
+
+#[test]
+fn a_load_report_reads_unknown_fields_as_zero() {
+    let report =
+        parse_v1_loads(br#"{"loads":[{"num_running_reqs":3,"num_waiting_reqs":5}]}"#).unwrap();
+    let load = WorkerLoad::from(&report);
+    assert_eq!(
+        (load.running, load.waiting, load.waiting_uncached_tokens),
+        (3, 5, 0)
+    );
+    assert_eq!((load.token_usage, load.gen_throughput), (0.0, 0.0));
+    let full = parse_v1_loads(
+        br#"{"loads":[{"num_running_reqs":1,"num_waiting_reqs":2,"num_waiting_uncached_tokens":150,"gen_throughput":40.0,"token_usage":0.25,"max_total_num_tokens":1000}]}"#,
+    )
+    .unwrap();
+    let load = WorkerLoad::from(&full);
+    assert_eq!(load.waiting_uncached_tokens, 150);
+    assert!((load.gen_throughput - 40.0).abs() < 1e-9);
+    assert_eq!(load.kv_capacity_tokens, 1000);
 }

@@ -1,7 +1,7 @@
 //! Endpoint classification and extraction of the routing input (model, token IDs or text, cache
 //! partition namespace) from a request head and body.
 //!
-//! Key types: [`Endpoint`] (which routed API a path is), [`RoutingInput`] (a reusable, per-connection
+//! Key types: [`Endpoint`] and [`Method`] (what a request targets), [`RoutingInput`] (a reusable, per-connection
 //! buffer that [`extract`] fills; it keeps its capacity so the steady state does not allocate) and
 //! [`RoutingKey`] (what the policy looks up: token IDs or text, never both).
 //!
@@ -12,9 +12,11 @@
 //! unexpected type are ignored: the engine, not the router, rejects them.
 
 mod body;
+mod endpoint;
 mod header;
 mod partition;
 
+pub use endpoint::{Endpoint, Handling, Method};
 pub use header::{parse_routing_tokens, ROUTING_TOKENS_BYTES_MAX, ROUTING_TOKENS_IDS_MAX};
 pub use partition::{PartitionFields, PartitionNamespace};
 
@@ -24,44 +26,6 @@ pub const ROUTING_TOKENS_HEADER: &str = "x-smg-routing-tokens";
 pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
 /// The header naming the exact worker URL for `--policy consistent_hashing`.
 pub const TARGET_WORKER_HEADER: &str = "x-smg-target-worker";
-
-/// A routed API endpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
-    /// SGLang native `POST /generate` (`text` or `input_ids`).
-    Generate,
-    /// OpenAI `POST /v1/chat/completions` (`messages`).
-    ChatCompletions,
-    /// OpenAI `POST /v1/completions` (`prompt`).
-    Completions,
-    /// Anthropic `POST /v1/messages` (`system`, `messages`).
-    Messages,
-}
-
-impl Endpoint {
-    /// Classifies a request path (the query string, if any, is ignored). `None` for every path
-    /// that is not a routed inference endpoint.
-    pub fn classify(path: &str) -> Option<Endpoint> {
-        let path = path.split_once('?').map_or(path, |(p, _)| p);
-        match path {
-            "/generate" => Some(Endpoint::Generate),
-            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
-            "/v1/completions" => Some(Endpoint::Completions),
-            "/v1/messages" => Some(Endpoint::Messages),
-            _ => None,
-        }
-    }
-
-    /// The path as SMG names it, for logs and metrics labels.
-    pub fn path(self) -> &'static str {
-        match self {
-            Endpoint::Generate => "/generate",
-            Endpoint::ChatCompletions => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-            Endpoint::Messages => "/v1/messages",
-        }
-    }
-}
 
 /// Whether the gateway runs in regular mode or prefill-decode disaggregated (PD) mode. The
 /// `x-smg-routing-tokens` hint applies in regular mode only.
@@ -203,6 +167,15 @@ impl RoutingInput {
     /// The `x-smg-target-worker` header value, if present and non-empty.
     pub fn target_worker(&self) -> Option<&str> {
         (!self.target_worker.is_empty()).then_some(self.target_worker.as_str())
+    }
+
+    /// Bytes of buffer kept for the next extraction.
+    pub fn retained_bytes(&self) -> usize {
+        self.model.capacity()
+            + self.text.capacity()
+            + self.tokens.capacity() * std::mem::size_of::<u32>()
+            + self.target_worker.capacity()
+            + self.system.capacity()
     }
 
     fn clear(&mut self) {

@@ -1,166 +1,34 @@
-//! Core pinning, the per-core monoio runtimes, SO_REUSEPORT listeners and shutdown.
+//! The program: core pinning, the per-core monoio runtimes, SO_REUSEPORT listeners and shutdown.
+//! Imported by `main.rs` alone.
 //!
 //! `run` binds one `SO_REUSEPORT` listener per data core (so the kernel spreads connections
-//! and cores never share an accept queue), starts the control core (`kvgate-control`) and the
-//! data cores (`kvgate-data-N`), each a pinned thread with its own monoio `FusionDriver`
+//! and cores never share an accept queue), builds the shared state and the index (its writer
+//! for the control core, one reader per data core), starts the control core (`kvgate-control`)
+//! and the data cores (`kvgate-data-N`), each a pinned thread with its own monoio `FusionDriver`
 //! runtime (io_uring when the kernel allows it, epoll otherwise; detected and logged at start),
 //! then waits for SIGINT or SIGTERM. Shutdown: data cores stop accepting, let in-flight requests
-//! finish for up to `SHUTDOWN_DRAIN_TIMEOUT`, and exit. `Shared` is everything the threads
-//! share: config, worker table, published models, dispatch queues, metrics, shutdown flag.
-//! Start-up failures come back as a `StartError` whose text names the flag to fix.
+//! finish for up to `SHUTDOWN_DRAIN_TIMEOUT`, and exit. Start-up failures come back as a
+//! `StartError` whose text names the flag to fix.
 
 pub mod signals;
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-use crossbeam_queue::ArrayQueue;
 use monoio::net::TcpListener;
 
 use crate::config::{Config, PolicyKind};
-use crate::control::{ControlCore, DispatchRecord};
-use crate::http::io::Socket;
-use crate::http::server::{serve_connection, DataCore};
-use crate::index::{IndexConfig, IndexReader, IndexWriter, ModelGauges};
-use crate::limits::{
-    DISPATCH_QUEUE_CAPACITY, SHUTDOWN_DRAIN_TIMEOUT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
-};
-use crate::metrics::Metrics;
-use crate::policy::PolicyMetrics;
-use crate::workers::table::WorkerTable;
-use crate::workers::WorkerId;
-
-/// State shared by the control core (its only writer) and the data cores (readers).
-#[derive(Debug)]
-pub struct Shared {
-    /// The validated configuration.
-    pub config: Config,
-    /// Workers, health and in-flight credits.
-    pub table: WorkerTable,
-    /// The gateway's `/v1/models` answer, rebuilt by the control core.
-    pub models_body: ArcSwap<Vec<u8>>,
-    /// One dispatch-record queue per data core, drained by the control core.
-    pub dispatch_queues: Box<[ArrayQueue<DispatchRecord>]>,
-    /// Per-core counters.
-    pub metrics: Metrics,
-    /// Per-core cache_aware decision counters (`smg_cache_aware_*`).
-    pub policy_metrics: Box<[Arc<PolicyMetrics>]>,
-    /// The index writer, taken by the control core at start.
-    index_writer: Mutex<Option<IndexWriter>>,
-    /// One index reader per data core, each taken by its core at start.
-    index_readers: Mutex<Vec<Option<IndexReader>>>,
-    /// Tree gauges by model name, published by the control core after each eviction cycle.
-    pub tree_gauges: ArcSwap<Vec<(String, ModelGauges)>>,
-    /// Attempt outcomes, admin calls and the model catalog (`workers::admin::shared`).
-    pub workers: crate::workers::admin::shared::WorkerShared,
-    shutdown: AtomicBool,
-    started: Instant,
-}
-
-impl Shared {
-    /// Shared state for `config`, with its workers in the table.
-    pub fn new(config: Config) -> Self {
-        let cores = config.data_cores;
-        let (index_writer, index_readers) = build_index(&config);
-        Shared {
-            policy_metrics: (0..cores).map(|_| Arc::default()).collect(),
-            index_writer: Mutex::new(index_writer),
-            index_readers: Mutex::new(index_readers),
-            tree_gauges: ArcSwap::from_pointee(Vec::new()),
-            table: WorkerTable::new(cores, &config.workers),
-            models_body: ArcSwap::from_pointee(br#"{"object":"list","data":[]}"#.to_vec()),
-            dispatch_queues: (0..cores)
-                .map(|_| ArrayQueue::new(DISPATCH_QUEUE_CAPACITY))
-                .collect(),
-            metrics: Metrics::new(cores),
-            workers: crate::workers::admin::shared::WorkerShared::new(cores),
-            shutdown: AtomicBool::new(false),
-            started: Instant::now(),
-            config,
-        }
-    }
-
-    /// The index writer (the control core takes it once, at start).
-    pub fn take_index_writer(&self) -> Option<IndexWriter> {
-        self.index_writer.lock().ok()?.take()
-    }
-
-    /// Data core `core`'s index reader (taken once, at start).
-    pub fn take_index_reader(&self, core: usize) -> Option<IndexReader> {
-        self.index_readers.lock().ok()?.get_mut(core)?.take()
-    }
-
-    /// Whether shutdown has begun.
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutdown.load(Ordering::Relaxed)
-    }
-
-    /// Starts shutdown.
-    pub fn begin_shutdown(&self) {
-        self.shutdown.store(true, Ordering::Relaxed);
-    }
-
-    /// Milliseconds since the gateway started: the tick of dispatch records.
-    pub fn tick_now(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
-
-    /// Whether any active worker is healthy.
-    pub fn has_healthy_worker(&self) -> bool {
-        self.table
-            .roster()
-            .workers
-            .iter()
-            .any(|w| self.table.is_eligible(w.id))
-    }
-
-    /// Counters plus per-worker gauges, in the Prometheus text format.
-    pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write as _;
-        self.metrics.render(out);
-        crate::policy::render_prometheus(self.policy_metrics.iter().map(|m| &**m), out);
-        crate::control::render_tree_gauges(&self.tree_gauges.load(), out);
-        out.push_str("# HELP smg_worker_requests_active Requests in flight per worker\n");
-        out.push_str("# TYPE smg_worker_requests_active gauge\n");
-        for worker in &self.table.roster().workers {
-            let active = self.table.inflight(worker.id);
-            let url = &worker.spec.url;
-            let _ = writeln!(
-                out,
-                "smg_worker_requests_active{{worker=\"{url}\"}} {active}"
-            );
-        }
-        let credits = [
-            (
-                "kvgate_worker_queued_prompt_tokens",
-                "Prompt tokens sent to the worker since its last load report with no first token \
-                 back yet (the expected-wait scorer's queued work)",
-                WorkerTable::queued_tokens as fn(&WorkerTable, WorkerId, u32) -> u64,
-            ),
-            (
-                "kvgate_worker_resident_prompt_tokens",
-                "Prompt tokens sent to the worker since its last load report whose requests have \
-                 not ended (added to its reported KV usage)",
-                WorkerTable::resident_tokens,
-            ),
-        ];
-        for (name, help, tokens_of) in credits {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for worker in &self.table.roster().workers {
-                let generation = self.table.signals(worker.id).load_generation();
-                let tokens = tokens_of(&self.table, worker.id, generation);
-                let url = &worker.spec.url;
-                let _ = writeln!(out, "{name}{{worker=\"{url}\"}} {tokens}");
-            }
-        }
-        crate::workers::admin::driver::render_worker_gauges(self, out);
-    }
-}
+use crate::control::ControlCore;
+use crate::http::core::DataCore;
+use crate::http::server::serve_connection;
+use crate::index::{IndexConfig, IndexReader, IndexWriter};
+use crate::limits::{SHUTDOWN_DRAIN_TIMEOUT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES};
+use crate::net::socket::Socket;
+use crate::policy::{IndexLookup, Router, Trees};
+use crate::shared::Shared;
 
 /// The index (cache_aware only): the writer and one reader per data core. Without it (another
 /// policy, or the index refused to start) routing runs without affinity.
@@ -211,23 +79,32 @@ fn build_runtime() -> std::io::Result<CoreRuntime> {
         .build()
 }
 
+/// Whether a listener shares its port with the other data cores' listeners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PortSharing {
+    /// `SO_REUSEPORT`: one listener per data core, the kernel spreads connections.
+    PerDataCore,
+    /// The port is this listener's alone.
+    Exclusive,
+}
+
 /// Binds one `SO_REUSEPORT` listener per data core on `addr` (port 0 picks one port for all).
 fn bind_data_listeners(addr: SocketAddr, count: usize) -> std::io::Result<Vec<StdTcpListener>> {
     let mut listeners = Vec::with_capacity(count);
     let mut bound = addr;
     for _ in 0..count {
-        let listener = bind_listener(bound, true)?;
+        let listener = bind_listener(bound, PortSharing::PerDataCore)?;
         bound = listener.local_addr()?;
         listeners.push(listener);
     }
     Ok(listeners)
 }
 
-fn bind_listener(addr: SocketAddr, reuse_port: bool) -> std::io::Result<StdTcpListener> {
+fn bind_listener(addr: SocketAddr, sharing: PortSharing) -> std::io::Result<StdTcpListener> {
     use socket2::{Domain, Protocol, Socket as RawSocket, Type};
     let socket = RawSocket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
-    socket.set_reuse_port(reuse_port)?;
+    socket.set_reuse_port(sharing == PortSharing::PerDataCore)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(1024)?;
@@ -244,22 +121,30 @@ pub fn run(config: Config) -> Result<(), StartError> {
             config.listen_addr
         ))
     })?;
-    let metrics_listener = bind_listener(config.prometheus_addr, false).map_err(|e| {
-        let addr = config.prometheus_addr;
-        StartError(format!(
-            "cannot listen on {addr} (--prometheus-host/--prometheus-port): {e}"
-        ))
-    })?;
+    let metrics_listener =
+        bind_listener(config.prometheus_addr, PortSharing::Exclusive).map_err(|e| {
+            let addr = config.prometheus_addr;
+            StartError(format!(
+                "cannot listen on {addr} (--prometheus-host/--prometheus-port): {e}"
+            ))
+        })?;
     let listen_addr = listeners[0].local_addr().unwrap_or(config.listen_addr);
     let driver = if monoio::utils::detect_uring() {
         "io_uring"
     } else {
         "epoll (io_uring refused)"
     };
+    let (index_writer, index_readers) = build_index(&config);
     let shared = Arc::new(Shared::new(config));
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
-    let threads = spawn_cores(&shared, listeners, metrics_listener, &ready_tx, &done_tx)?;
+    let cores = CoreParts {
+        listeners,
+        metrics_listener,
+        index_writer,
+        index_readers,
+    };
+    let threads = spawn_cores(&shared, cores, &ready_tx, &done_tx)?;
     for _ in 0..threads {
         match ready_rx.recv() {
             Ok(Ok(())) => {}
@@ -287,11 +172,18 @@ pub fn run(config: Config) -> Result<(), StartError> {
     Ok(())
 }
 
+/// What each core thread takes with it: its listener and its end of the index.
+struct CoreParts {
+    listeners: Vec<StdTcpListener>,
+    metrics_listener: StdTcpListener,
+    index_writer: Option<IndexWriter>,
+    index_readers: Vec<Option<IndexReader>>,
+}
+
 /// Starts the control core and the data cores; returns how many threads were started.
 fn spawn_cores(
     shared: &Arc<Shared>,
-    listeners: Vec<StdTcpListener>,
-    metrics_listener: StdTcpListener,
+    parts: CoreParts,
     ready: &mpsc::Sender<Result<(), String>>,
     done: &mpsc::Sender<()>,
 ) -> Result<usize, StartError> {
@@ -303,21 +195,36 @@ fn spawn_cores(
     };
     let (shared_c, ready_c, done_c) = (shared.clone(), ready.clone(), done.clone());
     let pin_c = pin.clone();
+    let (metrics_listener, writer) = (parts.metrics_listener, parts.index_writer);
     spawn_named("kvgate-control".into(), move || {
         pin_c(0);
-        run_control_core(shared_c, metrics_listener, ready_c);
+        run_control_core(
+            ControlCore::new(shared_c, writer),
+            metrics_listener,
+            ready_c,
+        );
         let _ = done_c.send(());
     })?;
-    for (index, listener) in listeners.into_iter().enumerate() {
+    let data_cores = parts.listeners.into_iter().zip(parts.index_readers);
+    for (core_id, (listener, reader)) in data_cores.enumerate() {
         let (shared_d, ready_d, done_d) = (shared.clone(), ready.clone(), done.clone());
         let pin_d = pin.clone();
-        spawn_named(format!("kvgate-data-{index}"), move || {
-            pin_d(index + 1);
-            run_data_core(index, shared_d, listener, ready_d);
+        spawn_named(format!("kvgate-data-{core_id}"), move || {
+            pin_d(core_id + 1);
+            let core = data_core(core_id, shared_d, reader);
+            run_data_core(core, listener, ready_d);
             let _ = done_d.send(());
         })?;
     }
     Ok(shared.config.data_cores + 1)
+}
+
+/// Data core `core_id`'s state: its router reads the index through `reader`.
+fn data_core(core_id: usize, shared: Arc<Shared>, reader: Option<IndexReader>) -> DataCore {
+    let index = reader.map(|reader| Box::new(Trees::new(reader)) as Box<dyn IndexLookup>);
+    let metrics = shared.policy_metrics[core_id].clone();
+    let router = Router::new(shared.config.policy.clone(), core_id as u64, index, metrics);
+    DataCore::new(core_id, shared, router)
 }
 
 fn spawn_named(name: String, body: impl FnOnce() + Send + 'static) -> Result<(), StartError> {
@@ -329,7 +236,7 @@ fn spawn_named(name: String, body: impl FnOnce() + Send + 'static) -> Result<(),
 }
 
 fn run_control_core(
-    shared: Arc<Shared>,
+    control: ControlCore,
     metrics_listener: StdTcpListener,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
@@ -341,19 +248,19 @@ fn run_control_core(
         }
     };
     let _ = ready.send(Ok(()));
-    runtime.block_on(ControlCore::new(shared).run(metrics_listener));
+    runtime.block_on(control.run(metrics_listener));
 }
 
 fn run_data_core(
-    index: usize,
-    shared: Arc<Shared>,
+    core: DataCore,
     listener: StdTcpListener,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
+    let core_id = core.core_id;
     let mut runtime = match build_runtime() {
         Ok(runtime) => runtime,
         Err(e) => {
-            let _ = ready.send(Err(format!("data core {index} runtime: {e}")));
+            let _ = ready.send(Err(format!("data core {core_id} runtime: {e}")));
             return;
         }
     };
@@ -361,12 +268,12 @@ fn run_data_core(
         let listener = match TcpListener::from_std(listener) {
             Ok(listener) => listener,
             Err(e) => {
-                let _ = ready.send(Err(format!("data core {index} listener: {e}")));
+                let _ = ready.send(Err(format!("data core {core_id} listener: {e}")));
                 return;
             }
         };
         let _ = ready.send(Ok(()));
-        let core = Rc::new(DataCore::new(index, shared));
+        let core = Rc::new(core);
         monoio::spawn(sweep_pool_forever(core.clone()));
         accept_until_shutdown(&listener, &core).await;
         drain_requests(&core).await;

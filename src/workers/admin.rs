@@ -1,46 +1,25 @@
-//! The admin API: `GET/POST /workers`, `DELETE /workers/{id}`, guarded by `--admin-api-key`,
-//! plus model discovery (`/v1/models` of each worker) and the worker flags ([`args`]).
+//! The admin API's rules: `GET/POST /workers` and `DELETE /workers/{id}`, guarded by
+//! `--admin-api-key`, and the drain of a removed worker.
 //!
-//! Owns the pure logic the control core serves on the main port: [`route_admin`] (which admin
-//! endpoint a request is), [`check_auth`] (bearer token, 401 otherwise), [`parse_add_worker`]
-//! (`{"url": "http://host:port"}`, validated before the health probe), [`WorkerRef`] (a worker
-//! named by dense id or by URL), [`render_worker_list`] (the `GET /workers` JSON),
-//! [`DrainClock`] (how long a removed worker may drain before it is purged), [`parse_models`] and
-//! [`ModelCatalog`] (which workers serve which model; an unknown model is a 404). Every failure
-//! is an [`AdminError`] that knows its HTTP status and renders SMG's JSON error body.
+//! Owns the pure logic behind the endpoints: [`route_admin`] (which admin endpoint a request
+//! is), [`check_auth`] (bearer token, 401 otherwise), [`parse_add_worker`] (`{"url":
+//! "http://host:port"}`, validated before the health probe), [`WorkerRef`] (a worker named by
+//! dense id or by URL), [`render_worker_list`] (the `GET /workers` JSON of [`WorkerReport`]s) and
+//! [`DrainClock`] (how long a removed worker may drain before it is purged). The data plane's
+//! handler (`http::admin`) authenticates and hands calls to the control core, which serves them
+//! (`control::workers`). Every failure is an [`AdminError`] that knows its HTTP status and renders
+//! SMG's JSON error body.
 
-pub mod args;
-pub mod driver;
-pub mod serve;
-pub mod shared;
-
-use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use super::breaker::{render_cb_state, BreakerState};
-use super::health::probe::HttpUrl;
-use super::load::{render_engine_gauges, LoadReport};
-use super::WorkerId;
-
-pub use args::{ArgError, WorkerArgs, WorkerConfig};
-
-/// The largest admin request body read: `{"url": ...}` is tiny; anything bigger is abuse.
-pub const ADMIN_BODY_BYTES_MAX: usize = 16 << 10;
-
-/// The most models one worker may list in `/v1/models`: engines serve one model plus a few
-/// LoRA adapters; a bound keeps a malformed answer from growing the catalog without limit.
-pub const MODELS_PER_WORKER_MAX: usize = 256;
-
-/// The longest model id kept (HF ids are well under this).
-pub const MODEL_ID_BYTES_MAX: usize = 512;
-
-/// How long a removed worker may drain its in-flight requests before it is purged anyway. A
-/// long generation can outlive any drain; SMG's default request timeout is 1800 s, and an
-/// operator removing a worker wants it gone well before that.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+use super::breaker::BreakerState;
+use super::catalog::ListedModel;
+use super::load::LoadReport;
+use super::spec::WorkerUrl;
+use crate::ids::WorkerId;
+use crate::limits::ADMIN_BODY_BYTES_MAX;
 
 /// An admin request that cannot be served, with its status.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +33,7 @@ pub struct AdminError {
 }
 
 impl AdminError {
-    pub(crate) fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
         AdminError {
             status,
             kind,
@@ -133,7 +112,7 @@ fn parse_worker_ref(name: &str) -> Result<WorkerRef, AdminError> {
             .map_err(|_| bad());
     }
     let url = percent_decode(name).ok_or_else(bad)?;
-    HttpUrl::parse(&url).map_err(|_| bad())?;
+    WorkerUrl::parse(&url).map_err(|_| bad())?;
     Ok(WorkerRef::Url(url))
 }
 
@@ -207,14 +186,14 @@ pub fn parse_add_worker(body: &[u8]) -> Result<String, AdminError> {
             format!("expected {{\"url\": \"http://host:port\"}}: {e}"),
         )
     })?;
-    HttpUrl::parse(&parsed.url)
+    WorkerUrl::parse(&parsed.url)
         .map_err(|e| AdminError::new(400, "invalid_request_error", e.to_string()))?;
     Ok(parsed.url.trim_end_matches('/').to_string())
 }
 
-/// One worker as the admin API and the metrics endpoint see it.
+/// One worker as `GET /workers` reports it.
 #[derive(Debug, Clone)]
-pub struct WorkerView<'a> {
+pub struct WorkerReport<'a> {
     /// Dense id.
     pub id: WorkerId,
     /// URL as registered.
@@ -228,13 +207,13 @@ pub struct WorkerView<'a> {
     /// Requests in flight, summed over data cores.
     pub in_flight: u64,
     /// Models from `/v1/models`; `None` when discovery has not succeeded.
-    pub models: Option<&'a [String]>,
+    pub models: Option<&'a [ListedModel]>,
     /// The last load report, if any.
     pub load: Option<&'a LoadReport>,
 }
 
 /// The `GET /workers` body: `{"workers":[{id,url,healthy,circuit_breaker,...}],"total":n}`.
-pub fn render_worker_list(workers: &[WorkerView<'_>]) -> String {
+pub fn render_worker_list(workers: &[WorkerReport<'_>]) -> String {
     let list: Vec<serde_json::Value> = workers
         .iter()
         .map(|w| {
@@ -245,7 +224,7 @@ pub fn render_worker_list(workers: &[WorkerView<'_>]) -> String {
                 "circuit_breaker": w.breaker.as_str(),
                 "draining": w.draining,
                 "in_flight": w.in_flight,
-                "models": w.models,
+                "models": w.models.map(|m| m.iter().map(|m| m.id.as_str()).collect::<Vec<_>>()),
                 "load": w.load.map(|r| serde_json::json!({
                     "running_requests": r.running_requests,
                     "waiting_requests": r.waiting_requests,
@@ -257,23 +236,6 @@ pub fn render_worker_list(workers: &[WorkerView<'_>]) -> String {
         })
         .collect();
     serde_json::json!({"workers": list, "total": workers.len()}).to_string()
-}
-
-/// Append every per-worker gauge this module family owns (`smg_engine_*`, `smg_worker_cb_state`)
-/// to a Prometheus text page.
-pub fn render_worker_metrics(out: &mut String, workers: &[WorkerView<'_>]) {
-    render_engine_gauges(out, workers.iter().map(|w| (w.url, w.load)));
-    render_cb_state(out, workers.iter().map(|w| (w.url, w.breaker)));
-    out.push_str("# HELP smg_worker_health Worker health-check verdict (1 healthy)\n");
-    out.push_str("# TYPE smg_worker_health gauge\n");
-    for w in workers {
-        let _ = writeln!(
-            out,
-            "smg_worker_health{{worker=\"{}\"}} {}",
-            super::load::escape_label(w.url),
-            u8::from(w.healthy)
-        );
-    }
 }
 
 /// Where a draining worker stands.
@@ -305,186 +267,6 @@ impl DrainClock {
         } else {
             DrainStep::Wait
         }
-    }
-}
-
-#[derive(Deserialize)]
-struct ModelsBody {
-    data: Vec<ModelEntry>,
-}
-
-#[derive(Deserialize)]
-struct ModelEntry {
-    id: String,
-}
-
-/// Parse an OpenAI-style `/v1/models` body (`{"data":[{"id":...}]}`) into model ids.
-pub fn parse_models(body: &[u8]) -> Result<Vec<String>, AdminError> {
-    let malformed =
-        |m: String| AdminError::new(502, "upstream_error", format!("malformed /v1/models: {m}"));
-    let parsed: ModelsBody = serde_json::from_slice(body).map_err(|e| malformed(e.to_string()))?;
-    if parsed.data.len() > MODELS_PER_WORKER_MAX {
-        return Err(malformed(format!("{} models listed", parsed.data.len())));
-    }
-    let mut ids: Vec<String> = Vec::with_capacity(parsed.data.len());
-    for entry in parsed.data {
-        if entry.id.is_empty() || entry.id.len() > MODEL_ID_BYTES_MAX {
-            return Err(malformed("empty or oversized model id".to_string()));
-        }
-        if !ids.contains(&entry.id) {
-            ids.push(entry.id);
-        }
-    }
-    Ok(ids)
-}
-
-/// Which workers serve which model, built by the control core from discovery results and
-/// published as an immutable snapshot. Workers whose models are unknown (discovery failed or
-/// not yet run) serve every model: no signal is never a penalty.
-#[derive(Debug, Clone, Default)]
-pub struct ModelCatalog {
-    by_model: HashMap<String, Vec<WorkerId>>,
-    wildcard: Vec<WorkerId>,
-}
-
-/// The workers a request for a model may go to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModelWorkers<'a> {
-    /// No restriction: every eligible worker.
-    Any,
-    /// Only the workers serving the model, plus those whose models are unknown.
-    Only {
-        /// Workers that list the model.
-        serving: &'a [WorkerId],
-        /// Workers whose model list is unknown (they serve anything).
-        wildcard: &'a [WorkerId],
-    },
-}
-
-impl ModelWorkers<'_> {
-    /// Whether worker `id` may serve the request.
-    pub fn allows(&self, id: WorkerId) -> bool {
-        match self {
-            ModelWorkers::Any => true,
-            ModelWorkers::Only { serving, wildcard } => {
-                serving.contains(&id) || wildcard.contains(&id)
-            }
-        }
-    }
-}
-
-/// The `model` field of a routed request body, validating the whole body as JSON on the way
-/// (a single pass, no document built). `Ok(None)`: no `model` field, or not an object.
-pub fn request_model(body: &[u8]) -> Result<Option<String>, serde_json::Error> {
-    serde_json::from_slice::<ModelField>(body).map(|m| m.0)
-}
-
-/// Deserializes any JSON value, keeping only a top-level string `model` field.
-struct ModelField(Option<String>);
-
-impl<'de> Deserialize<'de> for ModelField {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(ModelFieldVisitor)
-    }
-}
-
-struct ModelFieldVisitor;
-
-impl<'de> serde::de::Visitor<'de> for ModelFieldVisitor {
-    type Value = ModelField;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ModelField, A::Error> {
-        let mut model = None;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            if key == "model" && model.is_none() {
-                model = map.next_value::<Option<String>>()?;
-            } else {
-                map.next_value::<serde::de::IgnoredAny>()?;
-            }
-        }
-        Ok(ModelField(model))
-    }
-
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ModelField, A::Error> {
-        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-        Ok(ModelField(None))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<ModelField, E> {
-        Ok(ModelField(None))
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<ModelField, E> {
-        Ok(ModelField(None))
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<ModelField, E> {
-        Ok(ModelField(None))
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<ModelField, E> {
-        Ok(ModelField(None))
-    }
-    fn visit_str<E>(self, _: &str) -> Result<ModelField, E> {
-        Ok(ModelField(None))
-    }
-    fn visit_unit<E>(self) -> Result<ModelField, E> {
-        Ok(ModelField(None))
-    }
-}
-
-impl ModelCatalog {
-    /// Build from each worker's discovery result.
-    pub fn build<'a>(workers: impl Iterator<Item = (WorkerId, Option<&'a [String]>)>) -> Self {
-        let mut catalog = ModelCatalog::default();
-        for (id, models) in workers {
-            match models {
-                None => catalog.wildcard.push(id),
-                Some(models) => {
-                    for m in models {
-                        catalog.by_model.entry(m.clone()).or_default().push(id);
-                    }
-                }
-            }
-        }
-        catalog
-    }
-
-    /// Workers that serve every model.
-    pub fn wildcard(&self) -> &[WorkerId] {
-        &self.wildcard
-    }
-
-    /// Resolve a request's model. A request without a model, or a catalog where no worker
-    /// listed models, is unrestricted. An unknown model with no wildcard worker is a 404.
-    pub fn workers_for(&self, model: Option<&str>) -> Result<ModelWorkers<'_>, AdminError> {
-        let Some(model) = model.filter(|m| !m.is_empty()) else {
-            return Ok(ModelWorkers::Any);
-        };
-        if self.by_model.is_empty() {
-            return Ok(ModelWorkers::Any);
-        }
-        let wildcard = &self.wildcard[..];
-        match self.by_model.get(model) {
-            Some(serving) => Ok(ModelWorkers::Only { serving, wildcard }),
-            None if !wildcard.is_empty() => Ok(ModelWorkers::Only {
-                serving: &[],
-                wildcard,
-            }),
-            None => Err(AdminError::new(
-                404,
-                "model_not_found",
-                format!("model {model:?} is not served by any worker (see GET /v1/models)"),
-            )),
-        }
-    }
-
-    /// Every model id served, sorted (for the gateway's own `/v1/models`).
-    pub fn models(&self) -> Vec<&str> {
-        let mut ids: Vec<&str> = self.by_model.keys().map(String::as_str).collect();
-        ids.sort_unstable();
-        ids
     }
 }
 
@@ -581,7 +363,7 @@ mod tests {
         );
         for bad in [
             &br#"{"url":"ftp://x:1"}"#[..],
-            br#"{"url":"http://x"}"#,
+            br#"{"url":"http://x:"}"#,
             br#"{"url":"http://x:1/path"}"#,
             br#"{"url":3}"#,
             br#"{}"#,
@@ -601,14 +383,14 @@ mod tests {
     }
 
     #[test]
-    fn worker_list_and_metrics_render() {
-        let models = vec!["m".to_string()];
+    fn worker_list_renders() {
+        let models = crate::workers::catalog::parse_models(br#"{"data":[{"id":"m"}]}"#).unwrap();
         let load = LoadReport {
             running_requests: 2,
             waiting_requests: 1,
             ..LoadReport::default()
         };
-        let views = [WorkerView {
+        let views = [WorkerReport {
             id: WorkerId(4),
             url: "http://127.0.0.1:9",
             healthy: false,
@@ -625,11 +407,6 @@ mod tests {
         assert_eq!(v["workers"][0]["in_flight"], 3);
         assert_eq!(v["workers"][0]["models"][0], "m");
         assert_eq!(v["workers"][0]["load"]["waiting_requests"], 1);
-        let mut page = String::new();
-        render_worker_metrics(&mut page, &views);
-        assert!(page.contains("smg_worker_cb_state{worker=\"http://127.0.0.1:9\"} 1\n"));
-        assert!(page.contains("smg_engine_running_requests{worker=\"http://127.0.0.1:9\"} 2\n"));
-        assert!(page.contains("smg_worker_health{worker=\"http://127.0.0.1:9\"} 0\n"));
     }
 
     #[test]
@@ -639,74 +416,5 @@ mod tests {
         assert_eq!(d.step(2, t0 + Duration::from_secs(1)), DrainStep::Wait);
         assert_eq!(d.step(0, t0 + Duration::from_secs(1)), DrainStep::Purge);
         assert_eq!(d.step(2, t0 + Duration::from_secs(30)), DrainStep::Purge);
-    }
-
-    #[test]
-    fn models_parse_and_reject_malformed() {
-        let ids = parse_models(
-            br#"{"object":"list","data":[{"id":"a","object":"model"},{"id":"b"},{"id":"a"}]}"#,
-        )
-        .unwrap();
-        assert_eq!(ids, vec!["a", "b"]);
-        for bad in [
-            &b"{}"[..],
-            br#"{"data":[{"id":""}]}"#,
-            br#"{"data":[{"name":"x"}]}"#,
-            b"[]",
-        ] {
-            assert_eq!(parse_models(bad).unwrap_err().status, 502);
-        }
-        let many: Vec<String> = (0..=MODELS_PER_WORKER_MAX)
-            .map(|i| format!(r#"{{"id":"m{i}"}}"#))
-            .collect();
-        assert!(parse_models(format!(r#"{{"data":[{}]}}"#, many.join(",")).as_bytes()).is_err());
-    }
-
-    #[test]
-    fn request_model_reads_only_the_top_level_field_and_validates_json() {
-        assert_eq!(
-            request_model(br#"{"model":"m","messages":[{"model":"x"}]}"#).unwrap(),
-            Some("m".into())
-        );
-        assert_eq!(
-            request_model(br#"{"messages":[],"model":null}"#).unwrap(),
-            None
-        );
-        assert_eq!(request_model(br#"{"prompt":"hi"}"#).unwrap(), None);
-        assert_eq!(request_model(br#"[1,{"model":"x"}]"#).unwrap(), None);
-        assert_eq!(request_model(b"3").unwrap(), None);
-        assert!(request_model(br#"{"model":"m""#).is_err());
-        assert!(request_model(br#"{"model":3}"#).is_err());
-        assert!(request_model(b"not json").is_err());
-        assert!(request_model(br#"{"a":1} trailing"#).is_err());
-    }
-
-    #[test]
-    fn catalog_routes_by_model() {
-        let a = ["llama".to_string()];
-        let b = ["llama".to_string(), "qwen".to_string()];
-        let catalog = ModelCatalog::build(
-            [(WorkerId(0), Some(&a[..])), (WorkerId(1), Some(&b[..]))].into_iter(),
-        );
-        assert_eq!(catalog.workers_for(None), Ok(ModelWorkers::Any));
-        assert_eq!(catalog.workers_for(Some("")), Ok(ModelWorkers::Any));
-        let llama = catalog.workers_for(Some("llama")).unwrap();
-        assert!(llama.allows(WorkerId(0)) && llama.allows(WorkerId(1)));
-        assert!(!llama.allows(WorkerId(2)));
-        let qwen = catalog.workers_for(Some("qwen")).unwrap();
-        assert!(!qwen.allows(WorkerId(0)) && qwen.allows(WorkerId(1)));
-        let e = catalog.workers_for(Some("gpt")).unwrap_err();
-        assert_eq!(e.status, 404);
-        assert!(e.message.contains("gpt"));
-        assert_eq!(catalog.models(), vec!["llama", "qwen"]);
-        // A worker with unknown models keeps every model routable.
-        let with_wild =
-            ModelCatalog::build([(WorkerId(0), Some(&a[..])), (WorkerId(2), None)].into_iter());
-        let gpt = with_wild.workers_for(Some("gpt")).unwrap();
-        assert!(gpt.allows(WorkerId(2)) && !gpt.allows(WorkerId(0)));
-        assert_eq!(with_wild.wildcard(), &[WorkerId(2)]);
-        // Nobody listed models: no restriction.
-        let empty = ModelCatalog::build([(WorkerId(0), None)].into_iter());
-        assert_eq!(empty.workers_for(Some("gpt")), Ok(ModelWorkers::Any));
     }
 }

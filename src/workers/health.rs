@@ -3,13 +3,8 @@
 //! Owns [`HealthConfig`] (from `--health-check-*` and `--health-failure-threshold` /
 //! `--health-success-threshold`), [`HealthTracker`] (one worker's state machine: healthy until
 //! `failure_threshold` consecutive failed probes, unhealthy until `success_threshold` consecutive
-//! good ones), and the blocking probe client in [`probe`] the control core's helper threads use
-//! for `/health`, `/v1/loads`, `/metrics` and `/v1/models`. The tracker is pure: it is fed probe
-//! outcomes and returns the transition, so the control core can publish the new state in the
-//! worker table and log it.
-
-pub mod monitor;
-pub mod probe;
+//! good ones) and [`ProbeOutcome`]. The tracker is pure: the control core feeds it probe outcomes
+//! (`control::probes`) and publishes the transition it returns in the worker table.
 
 use std::time::Duration;
 

@@ -2,18 +2,15 @@
 //!
 //! Owns [`LoadReport`] (one worker's load, aggregated over its data-parallel ranks), the two
 //! parsers that build it ([`parse_v1_loads`], [`parse_prometheus`]), the per-worker memory of
-//! which endpoint answers ([`LoadEndpoint`]), and the Prometheus rendering of the
-//! `smg_engine_*` gauges ([`render_engine_gauges`]). Parsing never panics: malformed input is a
+//! which endpoint answers ([`LoadEndpoint`]), and worker overload protection
+//! ([`OverloadConfig`], `--worker-overload-*`: a report over a limit takes the worker out of
+//! routing). Parsing never panics: malformed input is a
 //! typed [`LoadParseError`], and the control core then keeps the worker *without* a signal — a
 //! worker without a signal is never penalized for it (the policy treats it as unknown, not busy).
 
-use std::fmt::Write as _;
-
 use serde::Deserialize;
 
-/// The largest load response body the control core reads. A `/metrics` page of a busy vLLM
-/// server with histograms is a few hundred KiB; anything beyond this is not a load report.
-pub const LOAD_BODY_BYTES_MAX: usize = 4 << 20;
+use crate::limits::LOAD_BODY_BYTES_MAX;
 
 /// The most data-parallel ranks one report may list. SGLang's largest DP deployments use 64
 /// ranks per server; a bound keeps a malformed report from costing unbounded work.
@@ -46,28 +43,13 @@ pub struct LoadReport {
     pub dp_ranks: u32,
 }
 
-impl LoadReport {
-    /// The report as the routing policy reads it. Fields the engine did not report read as zero
-    /// (never as pressure): no signal is never a penalty.
-    pub fn to_policy_load(&self) -> crate::policy::WorkerLoad {
-        crate::policy::WorkerLoad {
-            running: u32::try_from(self.running_requests).unwrap_or(u32::MAX),
-            waiting: u32::try_from(self.waiting_requests).unwrap_or(u32::MAX),
-            waiting_uncached_tokens: self.waiting_uncached_tokens.unwrap_or(0),
-            token_usage: self.token_usage.unwrap_or(0.0),
-            gen_throughput: self.gen_throughput_tps.unwrap_or(0.0),
-            kv_capacity_tokens: self.max_total_tokens.unwrap_or(0),
-        }
-    }
-}
-
 /// Why a load response was not turned into a report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadParseError {
     /// The body is not the expected JSON shape.
     #[error("malformed /v1/loads body: {0}")]
     Json(String),
-    /// The body is larger than [`LOAD_BODY_BYTES_MAX`].
+    /// The body is larger than `limits::LOAD_BODY_BYTES_MAX`.
     #[error("load body of {0} bytes is over the limit")]
     TooLarge(usize),
     /// More ranks than [`DP_RANKS_MAX`].
@@ -409,62 +391,26 @@ fn prom_sample(signal: PromSignal, value: f64) -> RankSample {
     s
 }
 
-/// Append the `smg_engine_*` gauges, one series per worker (label `worker`, the URL as given),
-/// in Prometheus text format. Workers without a report are left out: no signal is not zero load.
-pub fn render_engine_gauges<'a>(
-    out: &mut String,
-    workers: impl Iterator<Item = (&'a str, Option<&'a LoadReport>)> + Clone,
-) {
-    type Getter = fn(&LoadReport) -> Option<f64>;
-    const GAUGES: [(&str, &str, Getter); 5] = [
-        (
-            "smg_engine_running_requests",
-            "Requests the engine reports running",
-            |r| Some(r.running_requests as f64),
-        ),
-        (
-            "smg_engine_waiting_requests",
-            "Requests the engine reports queued",
-            |r| Some(r.waiting_requests as f64),
-        ),
-        (
-            "smg_engine_token_usage",
-            "KV-cache token usage the engine reports (0-1)",
-            |r| r.token_usage,
-        ),
-        (
-            "smg_engine_gen_throughput",
-            "Generation throughput the engine reports (tokens/s)",
-            |r| r.gen_throughput_tps,
-        ),
-        (
-            "smg_engine_cache_hit_rate",
-            "Prefix-cache hit rate the engine reports (0-1)",
-            |r| r.cache_hit_rate,
-        ),
-    ];
-    for (name, help, get) in GAUGES {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for (url, report) in workers.clone() {
-            if let Some(value) = report.and_then(get) {
-                let _ = writeln!(out, "{name}{{worker=\"{}\"}} {value}", escape_label(url));
-            }
-        }
-    }
+/// Worker overload protection (`--worker-overload-token-usage`,
+/// `--worker-overload-waiting-requests`); unset limits are off (SMG's default).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OverloadConfig {
+    /// Exclude a worker whose reported KV usage is above this fraction.
+    pub token_usage: Option<f64>,
+    /// Exclude a worker whose reported queue is longer than this.
+    pub waiting_requests: Option<u64>,
 }
 
-/// Escape a Prometheus label value (backslash, double quote, newline).
-pub fn escape_label(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
+impl OverloadConfig {
+    /// Whether the worker is over a limit. A worker without a report, or without the field a
+    /// limit reads, is never excluded: no signal is never a penalty.
+    pub fn is_overloaded(&self, report: Option<&LoadReport>) -> bool {
+        let Some(r) = report else { return false };
+        let usage_over =
+            matches!((self.token_usage, r.token_usage), (Some(limit), Some(u)) if u > limit);
+        let queue_over = matches!(self.waiting_requests, Some(limit) if r.waiting_requests > limit);
+        usage_over || queue_over
     }
-    out
 }
 
 #[cfg(test)]
@@ -667,39 +613,24 @@ mod tests {
     }
 
     #[test]
-    fn gauges_render_per_worker_and_skip_workers_without_signal() {
-        let report = parse_v1_loads(TWO_RANKS.as_bytes()).unwrap();
-        let workers = [
-            ("http://127.0.0.1:1", Some(&report)),
-            ("http://127.0.0.1:2", None),
-        ];
-        let mut out = String::new();
-        render_engine_gauges(&mut out, workers.iter().copied());
-        assert!(out.contains("# TYPE smg_engine_running_requests gauge"));
-        assert!(out.contains("smg_engine_running_requests{worker=\"http://127.0.0.1:1\"} 4\n"));
-        assert!(out.contains("smg_engine_waiting_requests{worker=\"http://127.0.0.1:1\"} 2\n"));
-        assert!(out.contains("smg_engine_gen_throughput{worker=\"http://127.0.0.1:1\"} 40\n"));
-        assert!(out.contains("smg_engine_cache_hit_rate{worker=\"http://127.0.0.1:1\"} 0.5\n"));
-        assert!(out.contains("smg_engine_token_usage{worker=\"http://127.0.0.1:1\"} 0.3"));
-        assert!(!out.contains("127.0.0.1:2"));
-    }
-
-    #[test]
-    fn policy_view_reads_unknown_fields_as_zero() {
-        let r =
-            parse_v1_loads(br#"{"loads":[{"num_running_reqs":3,"num_waiting_reqs":5}]}"#).unwrap();
-        let l = r.to_policy_load();
-        assert_eq!((l.running, l.waiting, l.waiting_uncached_tokens), (3, 5, 0));
-        assert_eq!((l.token_usage, l.gen_throughput), (0.0, 0.0));
-        let full = parse_v1_loads(TWO_RANKS.as_bytes())
-            .unwrap()
-            .to_policy_load();
-        assert_eq!(full.waiting_uncached_tokens, 150);
-        assert!((full.gen_throughput - 40.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    fn overload_predicate() {
+        let c = OverloadConfig {
+            token_usage: Some(0.9),
+            waiting_requests: Some(10),
+        };
+        let mut r = LoadReport {
+            token_usage: Some(0.5),
+            waiting_requests: 3,
+            ..LoadReport::default()
+        };
+        assert!(!c.is_overloaded(Some(&r)));
+        r.token_usage = Some(0.95);
+        assert!(c.is_overloaded(Some(&r)));
+        r.token_usage = None;
+        assert!(!c.is_overloaded(Some(&r)));
+        r.waiting_requests = 11;
+        assert!(c.is_overloaded(Some(&r)));
+        assert!(!c.is_overloaded(None));
+        assert!(!OverloadConfig::default().is_overloaded(Some(&r)));
     }
 }

@@ -1,23 +1,21 @@
-//! The worker table: dense worker ids, per-worker health, circuit breaker, load reports and
-//! in-flight credits, published by the control core and read lock-free by the data cores.
-
-/// A dense worker id: the index of the worker's slot in the worker table. Ids are reused only
-/// after every index has been purged of the worker that held them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct WorkerId(pub u16);
-
-impl WorkerId {
-    /// The slot index of this worker.
-    pub fn index(self) -> usize {
-        usize::from(self.0)
-    }
-}
-
-/// The most workers one gateway routes to. Index tenant sets and per-core counters are sized by it.
-pub const WORKERS_MAX: usize = 1024;
+//! Workers as the domain sees them, free of I/O: the published worker table and its signals,
+//! and the rules the control core applies to what it observes.
+//!
+//! - `spec`: the one worker-URL parser and [`spec::WorkerSpec`].
+//! - `table`: the worker table data cores read lock-free (roster, health, in-flight and token
+//!   credits); `signals`: a slot's circuit, overload, drain and load signals.
+//! - `breaker`: the circuit breaker; `health`: health-check thresholds; `load`: load reports and
+//!   overload protection; `retry`: retry settings and the tried-worker list.
+//! - `catalog`: which workers serve which model; `admin`: the admin API's rules.
+//! - `settings`: the worker flags and their validation.
 
 pub mod admin;
 pub mod breaker;
+pub mod catalog;
 pub mod health;
 pub mod load;
+pub mod retry;
+pub mod settings;
+pub mod signals;
+pub mod spec;
 pub mod table;

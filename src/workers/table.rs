@@ -21,9 +21,10 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
-use super::breaker::WorkerSignals;
-use super::{WorkerId, WORKERS_MAX};
-use crate::config::WorkerSpec;
+use super::signals::WorkerSignals;
+use super::spec::WorkerSpec;
+use crate::ids::WorkerId;
+use crate::limits::WORKERS_MAX;
 
 /// Whether a worker may receive traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,7 +40,7 @@ pub enum Health {
 #[derive(Debug)]
 pub struct WorkerSlot {
     health: AtomicU8,
-    /// Circuit state, overload, draining and the last load report (`workers::breaker`).
+    /// Circuit state, overload, draining and the last load report (`workers::signals`).
     signals: WorkerSignals,
 }
 
@@ -219,6 +220,11 @@ impl WorkerTable {
         self.is_healthy(id) && self.slots[id.index()].signals.allows_traffic()
     }
 
+    /// Whether any active worker is eligible (the gateway's readiness).
+    pub fn has_eligible_worker(&self) -> bool {
+        self.roster().workers.iter().any(|w| self.is_eligible(w.id))
+    }
+
     /// The breaker, overload, drain and load signals of `id` (written by the control core only).
     pub fn signals(&self, id: WorkerId) -> &WorkerSignals {
         &self.slots[id.index()].signals
@@ -319,11 +325,10 @@ impl Drop for InflightCredit<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::parse_worker_url;
 
     fn table(cores: usize, n: usize) -> WorkerTable {
         let specs: Vec<_> = (0..n)
-            .map(|i| parse_worker_url(&format!("http://127.0.0.1:{}", 40000 + i)).unwrap())
+            .map(|i| WorkerSpec::resolve(&format!("http://127.0.0.1:{}", 40000 + i)).unwrap())
             .collect();
         WorkerTable::new(cores, &specs)
     }

@@ -7,8 +7,9 @@
 
 use std::ops::Range;
 
-use super::error::{ErrorKind, ProxyError};
+use crate::error::{ErrorKind, ProxyError};
 use crate::limits::{CHUNK_LINE_BYTES_MAX, CHUNK_TRAILER_BYTES_MAX, HEADERS_MAX, HEADER_BYTES_MAX};
+use crate::request::Method;
 
 /// A header's name and value as offsets into the buffer its head was parsed from.
 #[derive(Clone, Copy, Debug, Default)]
@@ -65,17 +66,34 @@ pub enum Framing {
     UntilClose,
 }
 
-/// The request methods the gateway distinguishes.
+/// What becomes of a connection after a message: kept for the next one, or closed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Method {
-    /// `GET`
-    Get,
-    /// `POST`
-    Post,
-    /// `HEAD`
-    Head,
-    /// Anything else (answered 404/405, never proxied).
-    Other,
+pub enum Connection {
+    /// The connection serves another message.
+    KeepAlive,
+    /// The connection closes after this message (`connection: close` is sent).
+    Close,
+}
+
+impl Connection {
+    /// `KeepAlive` when `keep` holds.
+    pub fn keep_if(keep: bool) -> Connection {
+        if keep {
+            Connection::KeepAlive
+        } else {
+            Connection::Close
+        }
+    }
+
+    /// Whether the connection serves another message.
+    pub fn is_kept(self) -> bool {
+        self == Connection::KeepAlive
+    }
+
+    /// Kept only if both sides keep it.
+    pub fn and(self, other: Connection) -> Connection {
+        Connection::keep_if(self.is_kept() && other.is_kept())
+    }
 }
 
 /// A parsed request head.
@@ -94,7 +112,7 @@ pub struct RequestHead {
     /// How the body is delimited.
     pub framing: Framing,
     /// Whether the client wants the connection kept after this request.
-    pub keep_alive: bool,
+    pub connection: Connection,
     /// Whether the client sent `Expect: 100-continue`.
     pub expect_continue: bool,
     /// Bytes of the head, including the final CRLF.
@@ -135,7 +153,7 @@ pub struct ResponseHead {
     /// How the body is delimited (already accounting for status codes without bodies).
     pub framing: Framing,
     /// Whether the worker keeps the connection open after this response.
-    pub keep_alive: bool,
+    pub connection: Connection,
     /// Bytes of the head, including the final CRLF.
     pub head_len: usize,
 }
@@ -278,12 +296,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
     let target_start = offset_in(buf, path.as_bytes());
     let target_end = (target_start + path.len()).min(buf.len());
     Ok(Some(RequestHead {
-        method: match method {
-            "GET" => Method::Get,
-            "POST" => Method::Post,
-            "HEAD" => Method::Head,
-            _ => Method::Other,
-        },
+        method: Method::of_token(method),
         method_span: method_start..method_start + method.len(),
         target: target_start..target_end,
         version_minor,
@@ -291,7 +304,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
         framing,
         // HTTP/1.0 clients are served one request per connection: keeping them would need an
         // explicit `Connection: keep-alive` in every answer, for clients nobody uses any more.
-        keep_alive: version_minor == 1 && !f.conn_close,
+        connection: Connection::keep_if(version_minor == 1 && !f.conn_close),
         expect_continue: f.expect_continue && version_minor == 1,
         head_len,
     }))
@@ -350,7 +363,7 @@ pub fn parse_response_head(
         reason: reason_start..reason_start + reason.len(),
         headers,
         framing,
-        keep_alive,
+        connection: Connection::keep_if(keep_alive),
         head_len,
     }))
 }
@@ -449,7 +462,7 @@ pub fn write_downstream_response_head(
     buf: &[u8],
     routed_header_line: &[u8],
     framing: DownstreamFraming,
-    keep_alive: bool,
+    connection: Connection,
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
     write_status_code(out, head.status);
@@ -468,7 +481,7 @@ pub fn write_downstream_response_head(
         }
         DownstreamFraming::Empty | DownstreamFraming::UntilClose => {}
     }
-    if !keep_alive {
+    if connection == Connection::Close {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
@@ -480,7 +493,7 @@ pub fn write_local_response(
     status: u16,
     content_type: &str,
     body: &[u8],
-    keep_alive: bool,
+    connection: Connection,
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
     write_status_code(out, status);
@@ -490,7 +503,7 @@ pub fn write_local_response(
     out.extend_from_slice(content_type.as_bytes());
     out.extend_from_slice(b"\r\n");
     write_content_length(out, body.len() as u64);
-    if !keep_alive {
+    if connection == Connection::Close {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");

@@ -2,18 +2,19 @@
 //! monitoring, admin key) with SMG's names and defaults, and their validation.
 //!
 //! Owns [`WorkerArgs`] (a clap `Args` struct the gateway flattens into its command line) and
-//! [`WorkerConfig`] (the validated settings the control core and data cores use). A bad value is
-//! an [`ArgError`] naming the flag, so `kvgate` exits with one clear line.
+//! [`WorkerSettings`] (the validated settings the control core and data cores use). A bad value
+//! is a [`FlagError`] naming the flag, so `kvgate` exits with one clear line.
 
 use std::time::Duration;
 
 use clap::Args;
 
-use crate::workers::breaker::{BreakerConfig, OverloadConfig, RetryPolicy, RETRIES_MAX};
-use crate::workers::health::HealthConfig;
-
-/// How long a load poll may take (`/v1/loads` or `/metrics`). SMG uses 5 s; not a flag there.
-pub const LOAD_POLL_TIMEOUT: Duration = Duration::from_secs(5);
+use super::breaker::BreakerConfig;
+use super::health::HealthConfig;
+use super::load::OverloadConfig;
+use super::retry::RetryConfig;
+use crate::error::FlagError;
+use crate::limits::{LOAD_POLL_TIMEOUT, RETRIES_MAX};
 
 /// The longest interval or timeout accepted, in seconds (one day): beyond it a typo, not intent.
 pub const INTERVAL_SECS_MAX: u64 = 86_400;
@@ -142,24 +143,11 @@ fn unreachable_defaults() -> WorkerArgs {
     }
 }
 
-/// A flag value that cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid value for {flag}: {reason}")]
-pub struct ArgError {
-    /// The flag, with its dashes.
-    pub flag: &'static str,
-    /// What is wrong with its value.
-    pub reason: String,
+fn bad(flag: &'static str, reason: impl Into<String>) -> FlagError {
+    FlagError::new(flag, reason)
 }
 
-fn bad(flag: &'static str, reason: impl Into<String>) -> ArgError {
-    ArgError {
-        flag,
-        reason: reason.into(),
-    }
-}
-
-fn secs_in_range(flag: &'static str, v: u64) -> Result<Duration, ArgError> {
+fn secs_in_range(flag: &'static str, v: u64) -> Result<Duration, FlagError> {
     if v == 0 || v > INTERVAL_SECS_MAX {
         return Err(bad(
             flag,
@@ -169,7 +157,7 @@ fn secs_in_range(flag: &'static str, v: u64) -> Result<Duration, ArgError> {
     Ok(Duration::from_secs(v))
 }
 
-fn threshold(flag: &'static str, v: u32) -> Result<u32, ArgError> {
+fn threshold(flag: &'static str, v: u32) -> Result<u32, FlagError> {
     if v == 0 || v > THRESHOLD_MAX {
         return Err(bad(
             flag,
@@ -181,13 +169,13 @@ fn threshold(flag: &'static str, v: u32) -> Result<u32, ArgError> {
 
 /// The validated worker settings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct WorkerConfig {
+pub struct WorkerSettings {
     /// Health checks.
     pub health: HealthConfig,
     /// Circuit breaker.
     pub breaker: BreakerConfig,
     /// Retries.
-    pub retry: RetryPolicy,
+    pub retry: RetryConfig,
     /// Overload protection.
     pub overload: OverloadConfig,
     /// Time between load polls.
@@ -200,8 +188,8 @@ pub struct WorkerConfig {
 
 impl WorkerArgs {
     /// Check every value and build the settings.
-    pub fn validate(&self) -> Result<WorkerConfig, ArgError> {
-        Ok(WorkerConfig {
+    pub fn validate(&self) -> Result<WorkerSettings, FlagError> {
+        Ok(WorkerSettings {
             health: self.validate_health()?,
             breaker: self.validate_breaker()?,
             retry: self.validate_retry()?,
@@ -217,7 +205,7 @@ impl WorkerArgs {
         })
     }
 
-    fn validate_health(&self) -> Result<HealthConfig, ArgError> {
+    fn validate_health(&self) -> Result<HealthConfig, FlagError> {
         let endpoint = &self.health_check_endpoint;
         let endpoint_ok = endpoint.starts_with('/')
             && endpoint.len() <= 1024
@@ -250,7 +238,7 @@ impl WorkerArgs {
         })
     }
 
-    fn validate_breaker(&self) -> Result<BreakerConfig, ArgError> {
+    fn validate_breaker(&self) -> Result<BreakerConfig, FlagError> {
         Ok(BreakerConfig {
             failure_threshold: threshold("--cb-failure-threshold", self.cb_failure_threshold)?,
             success_threshold: threshold("--cb-success-threshold", self.cb_success_threshold)?,
@@ -260,8 +248,8 @@ impl WorkerArgs {
         })
     }
 
-    fn validate_retry(&self) -> Result<RetryPolicy, ArgError> {
-        if self.retry_max_retries > RETRIES_MAX {
+    fn validate_retry(&self) -> Result<RetryConfig, FlagError> {
+        if self.retry_max_retries as usize > RETRIES_MAX {
             return Err(bad(
                 "--retry-max-retries",
                 format!(
@@ -301,7 +289,7 @@ impl WorkerArgs {
                 format!("{j} must be between 0 and 1"),
             ));
         }
-        Ok(RetryPolicy {
+        Ok(RetryConfig {
             max_retries: self.retry_max_retries,
             initial_backoff: Duration::from_millis(self.retry_initial_backoff_ms),
             max_backoff: Duration::from_millis(self.retry_max_backoff_ms),
@@ -311,7 +299,7 @@ impl WorkerArgs {
         })
     }
 
-    fn validate_overload(&self) -> Result<OverloadConfig, ArgError> {
+    fn validate_overload(&self) -> Result<OverloadConfig, FlagError> {
         if let Some(u) = self.worker_overload_token_usage {
             if !u.is_finite() || u <= 0.0 || u > 1.0 {
                 return Err(bad(
@@ -354,7 +342,7 @@ mod tests {
         let c = WorkerArgs::default().validate().unwrap();
         assert_eq!(c.health, HealthConfig::default());
         assert_eq!(c.breaker, BreakerConfig::default());
-        assert_eq!(c.retry, RetryPolicy::default());
+        assert_eq!(c.retry, RetryConfig::default());
         assert_eq!(c.overload, OverloadConfig::default());
         assert_eq!(c.load_interval, Duration::from_secs(10));
         assert_eq!(c.load_timeout, Duration::from_secs(5));

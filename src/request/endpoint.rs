@@ -1,8 +1,32 @@
 //! The classify phase: which endpoint a request targets and whether the gateway answers it
 //! itself (`health`, `models`) or routes it to a worker. Unknown paths become 404, a known path
-//! with the wrong method 405.
+//! with the wrong method 405. The one [`Endpoint`] of the gateway: routing input extraction,
+//! metrics labels and the data plane's dispatch all name endpoints with it.
 
-use super::codec::Method;
+/// The request methods the gateway distinguishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// `GET`
+    Get,
+    /// `POST`
+    Post,
+    /// `HEAD`
+    Head,
+    /// Anything else (answered 404/405, never proxied).
+    Other,
+}
+
+impl Method {
+    /// The method of a request line's method token.
+    pub fn of_token(token: &str) -> Method {
+        match token {
+            "GET" => Method::Get,
+            "POST" => Method::Post,
+            "HEAD" => Method::Head,
+            _ => Method::Other,
+        }
+    }
+}
 
 /// The endpoints the gateway knows. The discriminant indexes per-endpoint metric arrays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,15 +112,20 @@ impl Endpoint {
         }
     }
 
-    /// How a request with `method` to this endpoint is handled.
-    pub fn handling(self, method: Method) -> Handling {
-        let routed = matches!(
+    /// Whether requests to this endpoint are routed to a worker (the inference APIs).
+    pub fn is_routed(self) -> bool {
+        matches!(
             self,
             Endpoint::Generate
                 | Endpoint::ChatCompletions
                 | Endpoint::Completions
                 | Endpoint::Messages
-        );
+        )
+    }
+
+    /// How a request with `method` to this endpoint is handled.
+    pub fn handling(self, method: Method) -> Handling {
+        let routed = self.is_routed();
         match (self, method) {
             (Endpoint::Unknown, _) => Handling::NotFound,
             (_, Method::Post) if routed => Handling::Proxy,
@@ -133,6 +162,9 @@ mod tests {
         assert_eq!(Endpoint::Unknown.handling(Method::Post), Handling::NotFound);
         for (i, e) in Endpoint::ALL.iter().enumerate() {
             assert_eq!(*e as usize, i);
+            assert_eq!(Endpoint::of_path(e.label().as_bytes()), *e);
         }
+        assert_eq!(Method::of_token("POST"), Method::Post);
+        assert_eq!(Method::of_token("post"), Method::Other);
     }
 }

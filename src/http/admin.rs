@@ -1,54 +1,51 @@
-//! The data-core side of the admin API on the main port: authenticate, hand the call to the
-//! control core (the only writer of worker state), wait for its answer without blocking the
-//! core, and write it back.
+//! The data plane's handler of the admin API on the main port: authenticate, hand the call to
+//! the control core (the only writer of worker state), wait for its answer without blocking the
+//! core, and write it back. The rules (routes, authentication, bodies) are `workers::admin`'s;
+//! the control core serves the calls in `control::workers`.
 //!
 //! Owns [`serve_admin`]. Errors are JSON bodies with their status (401 without the bearer token,
 //! 503 when the admin queue is full, 504 when the control core does not answer in time).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::shared::{AdminReply, AdminRequest};
-use super::{check_auth, AdminError, AdminRoute};
-use crate::http::codec;
-use crate::http::server::{write_to_client, DataCore, Downstream, Request};
+use super::core::DataCore;
+use super::server::{write_to_client, Answered, Downstream, Request};
+use crate::limits::{ADMIN_REPLY_POLL, ADMIN_REPLY_TIMEOUT};
+use crate::net::codec::{self, Connection};
+use crate::shared::{AdminReply, AdminRequest};
+use crate::workers::admin::{check_auth, AdminError, AdminRoute};
 
-/// How long a data core waits for the control core's answer. `POST /workers` probes the new
-/// worker (health and models, each bounded by `--health-check-timeout-secs`, at most 5 s by
-/// default); this leaves room for both plus a slow turn.
-pub const ADMIN_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How often the data core looks for the answer: admin calls are rare and human-paced.
-const ADMIN_REPLY_POLL: Duration = Duration::from_millis(2);
-
-/// Serve one admin request; returns the status and whether the connection stays open.
+/// Serves one admin request.
 pub async fn serve_admin(
     core: &DataCore,
     down: &mut Downstream,
     request: &Request,
     route: Result<AdminRoute, AdminError>,
-) -> (u16, bool) {
-    let keep_alive = request.head.keep_alive;
+) -> Answered {
+    let connection = request.head.connection;
     let authorization = request.head.headers.get(&down.read_buf, "authorization");
-    let api_key = core.shared.config.worker_policy.admin_api_key.as_deref();
-    let answer = match check_auth(api_key, authorization).and(route) {
+    let api_key = core.shared.config.worker_settings.admin_api_key.as_deref();
+    let (status, body) = match check_auth(api_key, authorization).and(route) {
         Err(e) => (e.status, e.to_json()),
         Ok(route) => {
             let body = request.body(&down.read_buf, &down.body_buf).to_vec();
             ask_control_core(core, route, body).await
         }
     };
-    let (status, body) = answer;
     down.write_buf.clear();
     codec::write_local_response(
         &mut down.write_buf,
         status,
         "application/json",
         body.as_bytes(),
-        keep_alive,
+        connection,
     );
     let written = write_to_client(down).await;
-    (status, keep_alive && written)
+    Answered {
+        status,
+        connection: connection.and(Connection::keep_if(written)),
+    }
 }
 
 async fn ask_control_core(core: &DataCore, route: AdminRoute, body: Vec<u8>) -> (u16, String) {
@@ -58,7 +55,7 @@ async fn ask_control_core(core: &DataCore, route: AdminRoute, body: Vec<u8>) -> 
         body,
         reply: reply.clone(),
     };
-    if core.shared.workers.admin.push(request).is_err() {
+    if core.shared.admin_queue.push(request).is_err() {
         let e = AdminError::new(503, "service_unavailable", "too many admin calls in flight");
         return (e.status, e.to_json());
     }

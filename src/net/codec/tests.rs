@@ -26,7 +26,7 @@ fn request_head_parses_in_any_split() {
         assert_eq!(head.path(CHAT), b"/v1/chat/completions");
         assert_eq!(head.target(CHAT), b"/v1/chat/completions?x=1");
         assert_eq!(head.framing, Framing::Length(2));
-        assert!(head.keep_alive);
+        assert!(head.connection.is_kept());
         assert_eq!(&CHAT[head.head_len..], b"{}");
     }
 }
@@ -92,18 +92,18 @@ fn connection_semantics_follow_the_version() {
     let h10 = parse_request_head(b"GET / HTTP/1.0\r\n\r\n")
         .unwrap()
         .unwrap();
-    assert!(!h10.keep_alive);
+    assert!(!h10.connection.is_kept());
     let h10ka = parse_request_head(b"GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
         .unwrap()
         .unwrap();
     assert!(
-        !h10ka.keep_alive,
+        !h10ka.connection.is_kept(),
         "HTTP/1.0 is served one request per connection"
     );
     let close = parse_request_head(b"GET / HTTP/1.1\r\nConnection: Close\r\n\r\n")
         .unwrap()
         .unwrap();
-    assert!(!close.keep_alive);
+    assert!(!close.connection.is_kept());
     let expect =
         parse_request_head(b"POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
             .unwrap()
@@ -196,7 +196,7 @@ fn response_framing_is_derived_from_status_and_headers() {
             String::from_utf8_lossy(input)
         );
         assert_eq!(
-            head.keep_alive,
+            head.connection.is_kept(),
             *keep,
             "{:?}",
             String::from_utf8_lossy(input)
@@ -223,7 +223,7 @@ fn downstream_head_adds_routed_worker_and_framing() {
         input,
         b"x-smg-routed-worker-id: http://w:1\r\n",
         framing,
-        true,
+        Connection::KeepAlive,
     );
     let text = String::from_utf8(out).unwrap();
     assert_eq!(
@@ -331,7 +331,7 @@ mod never_panics {
             if let Ok(Some(head)) = parse_response_head(&response, Method::Post) {
                 let mut out = Vec::new();
                 let framing = DownstreamFraming::choose(head.framing, 1);
-                write_downstream_response_head(&mut out, &head, &response, b"x: y\r\n", framing, true);
+                write_downstream_response_head(&mut out, &head, &response, b"x: y\r\n", framing, Connection::KeepAlive);
             }
         }
 

@@ -68,7 +68,16 @@ impl Socket {
 
     /// Connects to `addr`, giving up after `UPSTREAM_CONNECT_TIMEOUT`.
     pub async fn connect(addr: SocketAddr) -> io::Result<Self> {
-        match monoio::time::timeout(UPSTREAM_CONNECT_TIMEOUT, TcpStream::connect_addr(addr)).await {
+        Self::connect_before(addr, Instant::now() + UPSTREAM_CONNECT_TIMEOUT).await
+    }
+
+    /// Connects to `addr`, giving up at `deadline` or after `UPSTREAM_CONNECT_TIMEOUT`, whichever
+    /// comes first.
+    pub async fn connect_before(addr: SocketAddr, deadline: Instant) -> io::Result<Self> {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .min(UPSTREAM_CONNECT_TIMEOUT);
+        match monoio::time::timeout(left, TcpStream::connect_addr(addr)).await {
             Ok(stream) => Ok(Socket::new(stream?)),
             Err(_) => Err(timed_out()),
         }

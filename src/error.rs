@@ -1,8 +1,12 @@
-//! The one error type of the data path: `ProxyError` carries its kind, the side at fault
-//! (downstream client, upstream worker, or the gateway itself), whether a retry on another
-//! upstream attempt is allowed, and the cause. Each `ErrorKind` knows its HTTP status, its
-//! OpenAI-style error type and whether the client connection can be kept after answering it, so
-//! turning an error into a response is one table lookup (`ErrorKind::status` and friends).
+//! The gateway's two error types, leaves every layer may use.
+//!
+//! - [`ProxyError`], the one error of anything that speaks HTTP to a client or a worker: its kind,
+//!   the side at fault (downstream client, upstream worker, or the gateway itself), whether a
+//!   retry on another upstream attempt is allowed, and the cause. Each [`ErrorKind`] knows its
+//!   HTTP status, its OpenAI-style error type and whether the client connection can be kept after
+//!   answering it, so turning an error into a response is one table lookup.
+//! - [`FlagError`], the one error of flag validation: it names the flag and says what is wrong
+//!   with its value; `main` prints it as one `Error: ...` line and exits non-zero.
 
 use std::fmt;
 use std::io;
@@ -231,6 +235,27 @@ impl<T> OrProxyErr<T> for io::Result<T> {
         context: &'static str,
     ) -> Result<T, ProxyError> {
         self.map_err(|e| ProxyError::new(kind, side, context).because(e))
+    }
+}
+
+/// A flag value that cannot be used: every validation (`config`, the policy flags, the worker
+/// flags) reports it this way, so the text always reads `invalid value for --flag: reason`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value for {flag}: {reason}")]
+pub struct FlagError {
+    /// The flag, with its leading dashes (`--cache-threshold`).
+    pub flag: &'static str,
+    /// What is wrong with its value.
+    pub reason: String,
+}
+
+impl FlagError {
+    /// Refuses `flag`'s value for `reason`.
+    pub fn new(flag: &'static str, reason: impl Into<String>) -> Self {
+        FlagError {
+            flag,
+            reason: reason.into(),
+        }
     }
 }
 

@@ -1,30 +1,26 @@
-//! What the control core runs per worker: health probes, load polls, model discovery, the
-//! circuit breaker and the drain of removed workers.
+//! The control core's private per-worker state: health-check verdicts, circuit breakers, load
+//! reports, discovered models, the drain of removed workers, and the probe schedule.
 //!
-//! Owns [`WorkerMonitor`], the control core's private per-worker state (never shared: data cores
-//! see only what the control core publishes from the [`Change`]s it returns), [`ProbeJob`] /
-//! [`ProbeResult`] and [`run_probe_jobs`], which performs one round of blocking probes in parallel
-//! on a bounded set of helper threads so that a hanging worker costs one thread its timeout and
-//! never delays the others. Time is passed in, so every schedule is testable without sleeping.
+//! Owns [`WorkerMonitor`] (never shared: data cores see only what the control core publishes
+//! from the [`Change`]s it returns), [`ProbeJob`] and [`ProbeResult`] (what a probe round asks and
+//! finds; `control::probes` runs them). Pure and clock-injected: every schedule is testable
+//! without sleeping or sockets.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::probe::{self, HttpUrl, ProbeError, ProbeResponse};
-use super::{HealthTracker, HealthTransition, ProbeOutcome};
-use crate::workers::admin::{parse_models, DrainClock, DrainStep, WorkerConfig, DRAIN_TIMEOUT};
+use crate::error::ProxyError;
+use crate::ids::WorkerId;
+use crate::limits::{DRAIN_TIMEOUT, MODELS_REFRESH_INTERVAL};
+use crate::net::client::ClientResponse;
+use crate::workers::admin::{DrainClock, DrainStep};
 use crate::workers::breaker::{AttemptOutcome, BreakerState, CircuitBreaker};
-use crate::workers::load::{parse_load_body, LoadEndpoint, LoadReport, LOAD_BODY_BYTES_MAX};
-use crate::workers::WorkerId;
-
-/// The most probe threads one round uses: enough that a fleet of slow workers is probed in a
-/// few timeouts, few enough that a round never floods the 2-core box with threads.
-pub const PROBE_THREADS_MAX: usize = 32;
-
-/// The largest health or models body read (both are small JSON documents).
-const SMALL_BODY_BYTES_MAX: usize = 256 << 10;
+use crate::workers::catalog::{parse_models, ListedModel};
+use crate::workers::health::{HealthTracker, HealthTransition, ProbeOutcome};
+use crate::workers::load::{parse_load_body, LoadEndpoint, LoadReport};
+use crate::workers::settings::WorkerSettings;
+use crate::workers::spec::WorkerSpec;
 
 /// What a probe asks a worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +40,9 @@ pub struct ProbeJob {
     /// The worker.
     pub id: WorkerId,
     /// Where it listens.
-    pub addr: HttpUrl,
+    pub addr: SocketAddr,
+    /// Its `Host` header value.
+    pub authority: String,
     /// What to ask.
     pub kind: ProbeKind,
     /// The path (health endpoint, load endpoint or `/v1/models`).
@@ -54,128 +52,14 @@ pub struct ProbeJob {
 }
 
 /// One probe's result.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ProbeResult {
     /// The worker.
     pub id: WorkerId,
     /// What was asked; for loads, the endpoint that finally answered.
     pub kind: ProbeKind,
     /// The answer.
-    pub response: Result<ProbeResponse, ProbeError>,
-}
-
-/// Run one job (blocking).
-pub fn run_probe_job(job: &ProbeJob) -> ProbeResult {
-    let cap = match job.kind {
-        ProbeKind::Load(_) => LOAD_BODY_BYTES_MAX,
-        _ => SMALL_BODY_BYTES_MAX,
-    };
-    let started = Instant::now();
-    let mut response = probe::get(&job.addr, &job.path, job.timeout, cap);
-    let mut kind = job.kind.clone();
-    if let (ProbeKind::Load(endpoint), Ok(r)) = (&job.kind, &response) {
-        let next = endpoint.after_status(r.status);
-        if next != *endpoint {
-            let left = job.timeout.saturating_sub(started.elapsed());
-            response = probe::get(&job.addr, next.path(), left, cap);
-            kind = ProbeKind::Load(next);
-        }
-    }
-    ProbeResult {
-        id: job.id,
-        kind,
-        response,
-    }
-}
-
-/// Run every job in parallel on at most [`PROBE_THREADS_MAX`] scoped threads (blocking; call it
-/// from a helper thread, never from a data core). Results come back in job order.
-pub fn run_probe_jobs(jobs: &[ProbeJob]) -> Vec<ProbeResult> {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(usize, ProbeResult)>> = Mutex::new(Vec::with_capacity(jobs.len()));
-    let threads = jobs.len().min(PROBE_THREADS_MAX);
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(job) = jobs.get(i) else { break };
-                let result = run_probe_job(job);
-                if let Ok(mut all) = results.lock() {
-                    all.push((i, result));
-                }
-            });
-        }
-    });
-    let mut all = results
-        .into_inner()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    all.sort_by_key(|(i, _)| *i);
-    all.into_iter().map(|(_, r)| r).collect()
-}
-
-/// The helper thread that runs probe rounds for the control core, so the control core's event
-/// loop never blocks on a worker. One round at a time: a round still running when the next is due
-/// delays that round instead of piling threads up.
-#[derive(Debug)]
-pub struct ProbeThread {
-    jobs: Option<std::sync::mpsc::Sender<Vec<ProbeJob>>>,
-    results: std::sync::mpsc::Receiver<Vec<ProbeResult>>,
-    round_running: bool,
-    handle: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ProbeThread {
-    /// Start the thread (`kvgate-probe`).
-    pub fn spawn() -> std::io::Result<Self> {
-        let (jobs_tx, jobs_rx) = std::sync::mpsc::channel::<Vec<ProbeJob>>();
-        let (results_tx, results_rx) = std::sync::mpsc::channel();
-        let handle = std::thread::Builder::new()
-            .name("kvgate-probe".into())
-            .spawn(move || {
-                while let Ok(jobs) = jobs_rx.recv() {
-                    if results_tx.send(run_probe_jobs(&jobs)).is_err() {
-                        break;
-                    }
-                }
-            })?;
-        Ok(ProbeThread {
-            jobs: Some(jobs_tx),
-            results: results_rx,
-            round_running: false,
-            handle: Some(handle),
-        })
-    }
-
-    /// Whether a round is running.
-    pub fn is_busy(&self) -> bool {
-        self.round_running
-    }
-
-    /// Start a round (ignored when empty or when one is running; returns whether it started).
-    pub fn submit(&mut self, jobs: Vec<ProbeJob>) -> bool {
-        if self.round_running || jobs.is_empty() {
-            return false;
-        }
-        let sent = self.jobs.as_ref().is_some_and(|tx| tx.send(jobs).is_ok());
-        self.round_running = sent;
-        sent
-    }
-
-    /// The finished round's results, if it finished (never blocks).
-    pub fn try_results(&mut self) -> Option<Vec<ProbeResult>> {
-        let results = self.results.try_recv().ok()?;
-        self.round_running = false;
-        Some(results)
-    }
-}
-
-impl Drop for ProbeThread {
-    fn drop(&mut self) {
-        // Closing the job channel ends the thread after its current round (bounded by the probe
-        // timeouts); joining is skipped so shutdown never waits on a hanging worker.
-        self.jobs = None;
-        drop(self.handle.take());
-    }
+    pub response: Result<ClientResponse, ProxyError>,
 }
 
 /// A state change for the control core to publish in the worker table (and log).
@@ -196,44 +80,48 @@ pub enum Change {
 /// The control core's private state for one worker.
 #[derive(Debug)]
 struct Watched {
-    addr: HttpUrl,
+    addr: SocketAddr,
+    authority: String,
     health: HealthTracker,
     breaker: CircuitBreaker,
     load_endpoint: LoadEndpoint,
     load: Option<LoadReport>,
-    models: Option<Vec<String>>,
+    models: Option<Vec<ListedModel>>,
     drain: Option<DrainClock>,
 }
 
 /// Per-worker health, breaker, load and drain state, and the probe schedule.
 #[derive(Debug)]
 pub struct WorkerMonitor {
-    config: WorkerConfig,
+    config: WorkerSettings,
     workers: BTreeMap<WorkerId, Watched>,
     health_due: Instant,
     load_due: Instant,
+    models_due: Instant,
 }
 
 impl WorkerMonitor {
     /// A monitor whose first probe rounds are due at `now`.
-    pub fn new(config: WorkerConfig, now: Instant) -> Self {
+    pub fn new(config: WorkerSettings, now: Instant) -> Self {
         WorkerMonitor {
             config,
             workers: BTreeMap::new(),
             health_due: now,
             load_due: now,
+            models_due: now,
         }
     }
 
     /// The settings.
-    pub fn config(&self) -> &WorkerConfig {
+    pub fn config(&self) -> &WorkerSettings {
         &self.config
     }
 
     /// Start watching a worker (admitted healthy, circuit closed, no load signal yet).
-    pub fn add(&mut self, id: WorkerId, addr: HttpUrl) {
+    pub fn add(&mut self, id: WorkerId, spec: &WorkerSpec) {
         let watched = Watched {
-            addr,
+            addr: spec.addr,
+            authority: spec.authority.clone(),
             health: HealthTracker::new_healthy(),
             breaker: CircuitBreaker::new(),
             load_endpoint: LoadEndpoint::default(),
@@ -268,19 +156,19 @@ impl WorkerMonitor {
     }
 
     /// The discovered models of `id` (`None`: unknown).
-    pub fn models(&self, id: WorkerId) -> Option<&[String]> {
+    pub fn models(&self, id: WorkerId) -> Option<&[ListedModel]> {
         self.workers.get(&id)?.models.as_deref()
     }
 
     /// Set the models of `id` (from the admission probe).
-    pub fn set_models(&mut self, id: WorkerId, models: Vec<String>) {
+    pub fn set_models(&mut self, id: WorkerId, models: Vec<ListedModel>) {
         if let Some(w) = self.workers.get_mut(&id) {
             w.models = Some(models);
         }
     }
 
     /// Every watched worker's discovered models, for the model catalog.
-    pub fn all_models(&self) -> impl Iterator<Item = (WorkerId, Option<&[String]>)> + '_ {
+    pub fn all_models(&self) -> impl Iterator<Item = (WorkerId, Option<&[ListedModel]>)> + '_ {
         self.workers
             .iter()
             .filter(|(_, w)| w.drain.is_none())
@@ -298,16 +186,21 @@ impl WorkerMonitor {
         let mut jobs = Vec::new();
         let health_due = now >= self.health_due;
         let load_due = now >= self.load_due;
+        let models_due = now >= self.models_due;
         if health_due {
             self.health_due = now + self.config.health.interval;
         }
         if load_due {
             self.load_due = now + self.config.load_interval;
         }
+        if models_due {
+            self.models_due = now + MODELS_REFRESH_INTERVAL;
+        }
         for (id, w) in self.workers.iter().filter(|(_, w)| w.drain.is_none()) {
             let job = |kind: ProbeKind, path: &str, timeout: Duration| ProbeJob {
                 id: *id,
-                addr: w.addr.clone(),
+                addr: w.addr,
+                authority: w.authority.clone(),
                 kind,
                 path: path.to_string(),
                 timeout,
@@ -319,7 +212,7 @@ impl WorkerMonitor {
                     self.config.health.timeout,
                 ));
             }
-            if health_due || (load_due && w.models.is_none()) {
+            if models_due {
                 jobs.push(job(
                     ProbeKind::Models,
                     "/v1/models",
@@ -340,7 +233,7 @@ impl WorkerMonitor {
 
     /// The earliest time a probe round is due.
     pub fn next_due(&self) -> Instant {
-        self.health_due.min(self.load_due)
+        self.health_due.min(self.load_due).min(self.models_due)
     }
 
     /// Apply probe results; returns what to publish.
@@ -433,11 +326,10 @@ impl WorkerMonitor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workers::admin::WorkerArgs;
-    use std::io::{Read, Write};
-    use std::net::TcpListener;
+    use crate::error::ErrorKind;
+    use crate::workers::settings::WorkerArgs;
 
-    fn config() -> WorkerConfig {
+    fn config() -> WorkerSettings {
         let mut c = WorkerArgs::default().validate().unwrap();
         c.health.failure_threshold = 2;
         c.health.success_threshold = 1;
@@ -446,24 +338,25 @@ mod tests {
         c
     }
 
-    fn addr(port: u16) -> HttpUrl {
-        HttpUrl {
-            host: "127.0.0.1".into(),
-            port,
-        }
+    fn spec(port: u16) -> WorkerSpec {
+        WorkerSpec::resolve(&format!("http://127.0.0.1:{port}")).unwrap()
     }
 
-    fn ok(status: u16, body: &str) -> Result<ProbeResponse, ProbeError> {
-        Ok(ProbeResponse {
+    fn ok(status: u16, body: &str) -> Result<ClientResponse, ProxyError> {
+        Ok(ClientResponse {
             status,
             body: body.as_bytes().to_vec(),
         })
     }
 
+    fn timed_out() -> Result<ClientResponse, ProxyError> {
+        Err(ProxyError::upstream(ErrorKind::UpstreamTimeout, "probe"))
+    }
+
     fn result(
         id: u16,
         kind: ProbeKind,
-        response: Result<ProbeResponse, ProbeError>,
+        response: Result<ClientResponse, ProxyError>,
     ) -> ProbeResult {
         ProbeResult {
             id: WorkerId(id),
@@ -476,7 +369,7 @@ mod tests {
     fn schedule_emits_health_models_and_load_jobs() {
         let t0 = Instant::now();
         let mut m = WorkerMonitor::new(config(), t0);
-        m.add(WorkerId(0), addr(1));
+        m.add(WorkerId(0), &spec(1));
         let jobs = m.due_probes(t0);
         let kinds: Vec<_> = jobs
             .iter()
@@ -507,7 +400,7 @@ mod tests {
         c.health.disabled = true;
         let t0 = Instant::now();
         let mut m = WorkerMonitor::new(c, t0);
-        m.add(WorkerId(0), addr(1));
+        m.add(WorkerId(0), &spec(1));
         assert!(m.due_probes(t0).iter().all(|j| j.kind != ProbeKind::Health));
     }
 
@@ -515,8 +408,8 @@ mod tests {
     fn health_results_flip_after_thresholds() {
         let t0 = Instant::now();
         let mut m = WorkerMonitor::new(config(), t0);
-        m.add(WorkerId(0), addr(1));
-        let fail = || vec![result(0, ProbeKind::Health, Err(ProbeError::Timeout))];
+        m.add(WorkerId(0), &spec(1));
+        let fail = || vec![result(0, ProbeKind::Health, timed_out())];
         assert!(m.apply(fail()).is_empty());
         assert_eq!(m.apply(fail()), vec![Change::Health(WorkerId(0), false)]);
         assert_eq!(
@@ -530,7 +423,7 @@ mod tests {
     fn load_results_publish_only_changes_and_remember_the_endpoint() {
         let t0 = Instant::now();
         let mut m = WorkerMonitor::new(config(), t0);
-        m.add(WorkerId(0), addr(1));
+        m.add(WorkerId(0), &spec(1));
         let metrics = ProbeKind::Load(LoadEndpoint::Metrics);
         let changes = m.apply(vec![result(
             0,
@@ -553,7 +446,7 @@ mod tests {
             .any(|j| j.kind == metrics && j.path == "/metrics"));
         // A failed poll drops the signal (published as None), it does not invent zero load.
         assert_eq!(
-            m.apply(vec![result(0, metrics, Err(ProbeError::Timeout))]),
+            m.apply(vec![result(0, metrics, timed_out())]),
             vec![Change::Load(WorkerId(0), None)]
         );
         assert_eq!(m.load(WorkerId(0)), None);
@@ -563,7 +456,7 @@ mod tests {
     fn models_are_kept_when_discovery_fails() {
         let t0 = Instant::now();
         let mut m = WorkerMonitor::new(config(), t0);
-        m.add(WorkerId(0), addr(1));
+        m.add(WorkerId(0), &spec(1));
         let body = r#"{"data":[{"id":"m1"}]}"#;
         assert_eq!(
             m.apply(vec![result(0, ProbeKind::Models, ok(200, body))]),
@@ -572,14 +465,20 @@ mod tests {
         assert!(m
             .apply(vec![result(0, ProbeKind::Models, ok(500, ""))])
             .is_empty());
-        assert_eq!(m.models(WorkerId(0)), Some(&["m1".to_string()][..]));
+        let ids: Vec<&str> = m
+            .models(WorkerId(0))
+            .unwrap()
+            .iter()
+            .map(|m| m.id.as_str())
+            .collect();
+        assert_eq!(ids, ["m1"]);
     }
 
     #[test]
     fn breaker_opens_and_reaches_half_open_on_tick() {
         let t0 = Instant::now();
         let mut m = WorkerMonitor::new(config(), t0);
-        m.add(WorkerId(3), addr(1));
+        m.add(WorkerId(3), &spec(1));
         assert_eq!(
             m.record_attempt(WorkerId(3), AttemptOutcome::Failure, t0),
             None
@@ -603,8 +502,8 @@ mod tests {
     fn drain_purges_when_in_flight_reaches_zero_and_stops_probes() {
         let t0 = Instant::now();
         let mut m = WorkerMonitor::new(config(), t0);
-        m.add(WorkerId(1), addr(1));
-        m.add(WorkerId(2), addr(2));
+        m.add(WorkerId(1), &spec(1));
+        m.add(WorkerId(2), &spec(2));
         assert!(m.start_drain(WorkerId(1), t0));
         assert!(!m.start_drain(WorkerId(7), t0));
         assert!(m.is_draining(WorkerId(1)));
@@ -620,119 +519,5 @@ mod tests {
             m.tick(t0 + DRAIN_TIMEOUT, |_| 5),
             vec![Change::Purge(WorkerId(2))]
         );
-    }
-
-    /// A tiny loopback server answering each path with a canned (status, body); `/hang` never
-    /// answers. Serves until the test process exits.
-    fn serve(routes: &'static [(&'static str, u16, &'static str)]) -> u16 {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                std::thread::spawn(move || {
-                    let mut s = stream;
-                    let mut buf = [0u8; 2048];
-                    let n = s.read(&mut buf).unwrap_or(0);
-                    let head = String::from_utf8_lossy(&buf[..n]).to_string();
-                    let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
-                    if path == "/hang" {
-                        std::thread::sleep(Duration::from_secs(5));
-                        return;
-                    }
-                    let (status, body) = routes
-                        .iter()
-                        .find(|r| r.0 == path)
-                        .map_or((404, ""), |r| (r.1, r.2));
-                    let reply = format!(
-                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = s.write_all(reply.as_bytes());
-                });
-            }
-        });
-        port
-    }
-
-    #[test]
-    fn load_probe_falls_back_to_metrics_within_the_job() {
-        let port = serve(&[("/metrics", 200, "vllm:num_requests_waiting 4\n")]);
-        let job = ProbeJob {
-            id: WorkerId(0),
-            addr: addr(port),
-            kind: ProbeKind::Load(LoadEndpoint::V1Loads),
-            path: "/v1/loads".into(),
-            timeout: Duration::from_secs(2),
-        };
-        let r = run_probe_job(&job);
-        assert_eq!(r.kind, ProbeKind::Load(LoadEndpoint::Metrics));
-        let t0 = Instant::now();
-        let mut m = WorkerMonitor::new(config(), t0);
-        m.add(WorkerId(0), addr(port));
-        let changes = m.apply(vec![r]);
-        assert!(matches!(&changes[..], [Change::Load(_, Some(l))] if l.waiting_requests == 4));
-    }
-
-    #[test]
-    fn probe_thread_runs_one_round_at_a_time() {
-        let port = serve(&[("/health", 200, "ok")]);
-        let mut thread = ProbeThread::spawn().unwrap();
-        let job = ProbeJob {
-            id: WorkerId(1),
-            addr: addr(port),
-            kind: ProbeKind::Health,
-            path: "/health".into(),
-            timeout: Duration::from_secs(2),
-        };
-        assert!(!thread.submit(Vec::new()));
-        assert!(thread.submit(vec![job.clone()]));
-        assert!(thread.is_busy());
-        assert!(!thread.submit(vec![job]));
-        let deadline = Instant::now() + Duration::from_secs(3);
-        let results = loop {
-            if let Some(r) = thread.try_results() {
-                break r;
-            }
-            assert!(Instant::now() < deadline, "probe round did not finish");
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        assert!(!thread.is_busy());
-        assert_eq!(results[0].response.as_ref().map(|r| r.status), Ok(200));
-    }
-
-    #[test]
-    fn a_hanging_worker_does_not_delay_the_others_probes() {
-        let port = serve(&[("/health", 200, "ok")]);
-        let timeout = Duration::from_millis(300);
-        let mut jobs: Vec<ProbeJob> = (0..4)
-            .map(|i| ProbeJob {
-                id: WorkerId(i),
-                addr: addr(port),
-                kind: ProbeKind::Health,
-                path: "/hang".into(),
-                timeout,
-            })
-            .collect();
-        jobs.push(ProbeJob {
-            id: WorkerId(9),
-            addr: addr(port),
-            kind: ProbeKind::Health,
-            path: "/health".into(),
-            timeout,
-        });
-        let started = Instant::now();
-        let results = run_probe_jobs(&jobs);
-        // All five ran concurrently: the round takes about one timeout, not five.
-        assert!(
-            started.elapsed() < Duration::from_millis(1200),
-            "{:?}",
-            started.elapsed()
-        );
-        assert_eq!(results.len(), 5);
-        assert!(results[..4]
-            .iter()
-            .all(|r| r.response == Err(ProbeError::Timeout)));
-        assert_eq!(results[4].id, WorkerId(9));
-        assert_eq!(results[4].response.as_ref().map(|r| r.status), Ok(200));
     }
 }

@@ -1,0 +1,293 @@
+//! The Prometheus exposition: the whole `/metrics` page, and the small server on
+//! `--prometheus-host:--prometheus-port` that answers it from the control core.
+//!
+//! Owns [`render`] (every family, in one place, read from the published state: the per-core
+//! counters, the cache_aware decision counters, the tree gauges, and the per-worker gauges) and
+//! [`serve_metrics`]. Names follow SMG (`smg_*`) where SMG has the metric, `kvgate_*` where it
+//! does not. Label values are escaped. A scrape never blocks a data core: it reads atomics and
+//! published snapshots.
+
+use std::fmt::Write as _;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use monoio::net::TcpListener;
+
+use crate::ids::WorkerId;
+use crate::index::ModelGauges;
+use crate::limits::{HEADER_READ_TIMEOUT, READ_BUF_BYTES_INITIAL};
+use crate::net::codec::{self, Connection};
+use crate::net::socket::Socket;
+use crate::request::Method;
+use crate::shared::Shared;
+use crate::workers::breaker::BreakerState;
+use crate::workers::load::LoadReport;
+use crate::workers::table::WorkerTable;
+
+/// The whole `/metrics` page.
+pub fn render(shared: &Shared, out: &mut String) {
+    shared.metrics.render(out);
+    crate::policy::render_prometheus(shared.policy_metrics.iter().map(|m| &**m), out);
+    render_tree_gauges(&shared.tree_gauges.load(), out);
+    render_worker_gauges(&shared.table, out);
+}
+
+/// `smg_cache_tree_chars`, `smg_cache_tree_tokens` and `smg_cache_tree_tenants` per model.
+pub fn render_tree_gauges(gauges: &[(String, ModelGauges)], out: &mut String) {
+    type Family = (&'static str, &'static str, fn(&ModelGauges) -> u64);
+    let families: [Family; 3] = [
+        (
+            "smg_cache_tree_chars",
+            "Characters in the string tree",
+            |g| g.string.units,
+        ),
+        ("smg_cache_tree_tokens", "Tokens in the token tree", |g| {
+            g.token.units
+        }),
+        (
+            "smg_cache_tree_tenants",
+            "Workers holding entries in the trees",
+            |g| g.string.tenants.max(g.token.tenants),
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (model, g) in gauges {
+            let model = escape_label(model);
+            let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(g));
+        }
+    }
+}
+
+/// Every per-worker gauge, one series per active worker (label `worker`, the URL as given).
+pub fn render_worker_gauges(table: &WorkerTable, out: &mut String) {
+    let roster = table.roster();
+    let workers: Vec<(WorkerId, String)> = roster
+        .workers
+        .iter()
+        .map(|w| (w.id, escape_label(&w.spec.url)))
+        .collect();
+    type Family = (
+        &'static str,
+        &'static str,
+        fn(&WorkerTable, WorkerId) -> u64,
+    );
+    let families: [Family; 4] = [
+        (
+            "smg_worker_requests_active",
+            "Requests in flight per worker",
+            |table, id| u64::from(table.inflight(id)),
+        ),
+        (
+            "kvgate_worker_queued_prompt_tokens",
+            "Prompt tokens sent to the worker since its last load report with no first token \
+             back yet (the expected-wait scorer's queued work)",
+            |table, id| table.queued_tokens(id, table.signals(id).load_generation()),
+        ),
+        (
+            "kvgate_worker_resident_prompt_tokens",
+            "Prompt tokens sent to the worker since its last load report whose requests have \
+             not ended (added to its reported KV usage)",
+            |table, id| table.resident_tokens(id, table.signals(id).load_generation()),
+        ),
+        (
+            "smg_worker_health",
+            "Worker health-check verdict (1 healthy)",
+            |table, id| u64::from(table.is_healthy(id)),
+        ),
+    ];
+    for (name, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (id, url) in &workers {
+            let _ = writeln!(out, "{name}{{worker=\"{url}\"}} {}", value(table, *id));
+        }
+    }
+    let name = "smg_worker_cb_state";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Circuit breaker state (0 closed, 1 open, 2 half-open)\n# TYPE {name} gauge"
+    );
+    for (id, url) in &workers {
+        let state: BreakerState = table.signals(*id).breaker_state();
+        let _ = writeln!(out, "{name}{{worker=\"{url}\"}} {}", state as u8);
+    }
+    let loads: Vec<_> = workers
+        .iter()
+        .map(|(id, _)| table.signals(*id).load())
+        .collect();
+    let reports = workers
+        .iter()
+        .zip(&loads)
+        .map(|((_, url), load)| (url.as_str(), load.as_deref()));
+    render_engine_gauges(out, reports);
+}
+
+/// The `smg_engine_*` gauges from the workers' last load reports. Workers without a report are
+/// left out: no signal is not zero load. `workers` gives escaped label values.
+fn render_engine_gauges<'a>(
+    out: &mut String,
+    workers: impl Iterator<Item = (&'a str, Option<&'a LoadReport>)> + Clone,
+) {
+    type Getter = fn(&LoadReport) -> Option<f64>;
+    const GAUGES: [(&str, &str, Getter); 5] = [
+        (
+            "smg_engine_running_requests",
+            "Requests the engine reports running",
+            |r| Some(r.running_requests as f64),
+        ),
+        (
+            "smg_engine_waiting_requests",
+            "Requests the engine reports queued",
+            |r| Some(r.waiting_requests as f64),
+        ),
+        (
+            "smg_engine_token_usage",
+            "KV-cache token usage the engine reports (0-1)",
+            |r| r.token_usage,
+        ),
+        (
+            "smg_engine_gen_throughput",
+            "Generation throughput the engine reports (tokens/s)",
+            |r| r.gen_throughput_tps,
+        ),
+        (
+            "smg_engine_cache_hit_rate",
+            "Prefix-cache hit rate the engine reports (0-1)",
+            |r| r.cache_hit_rate,
+        ),
+    ];
+    for (name, help, get) in GAUGES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (url, report) in workers.clone() {
+            if let Some(value) = report.and_then(get) {
+                let _ = writeln!(out, "{name}{{worker=\"{url}\"}} {value}");
+            }
+        }
+    }
+}
+
+/// Escapes a Prometheus label value (backslash, double quote, newline).
+pub fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Serves the metrics port until the process exits: `GET /metrics`, anything else 404.
+pub async fn serve_metrics(listener: Rc<TcpListener>, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                monoio::spawn(answer_scrape(Socket::new(stream), shared.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("metrics accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// Answers one request on the metrics port, then closes.
+async fn answer_scrape(mut socket: Socket, shared: Arc<Shared>) {
+    let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+    let mut buf = Vec::with_capacity(READ_BUF_BYTES_INITIAL);
+    let head = loop {
+        match codec::parse_request_head(&buf) {
+            Ok(Some(head)) => break head,
+            Ok(None) => {}
+            Err(_) => return,
+        }
+        let (result, b) = socket
+            .read_more(buf, READ_BUF_BYTES_INITIAL, deadline)
+            .await;
+        buf = b;
+        if !matches!(result, Ok(n) if n > 0) {
+            return;
+        }
+    };
+    let mut out = Vec::new();
+    if head.method == Method::Get && head.path(&buf) == b"/metrics" {
+        let mut text = String::with_capacity(16 * 1024);
+        render(&shared, &mut text);
+        let content_type = "text/plain; version=0.0.4";
+        codec::write_local_response(
+            &mut out,
+            200,
+            content_type,
+            text.as_bytes(),
+            Connection::Close,
+        );
+    } else {
+        let body = b"not found\n";
+        codec::write_local_response(&mut out, 404, "text/plain", body, Connection::Close);
+    }
+    let _ = socket.write_all(out, deadline).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workers::load::parse_v1_loads;
+    use crate::workers::spec::WorkerSpec;
+    use crate::workers::table::Health;
+
+    #[test]
+    fn worker_gauges_render_per_worker_and_skip_loads_without_signal() {
+        let specs: Vec<_> = (1..=2)
+            .map(|i| WorkerSpec::resolve(&format!("http://127.0.0.1:{i}")).unwrap())
+            .collect();
+        let table = WorkerTable::new(1, &specs);
+        let report = parse_v1_loads(
+            br#"{"loads":[{"num_running_reqs":4,"num_waiting_reqs":2,"gen_throughput":40,"cache_hit_rate":0.5,"token_usage":0.3}]}"#,
+        )
+        .unwrap();
+        table
+            .signals(WorkerId(0))
+            .set_load(Some(report), &Default::default());
+        table.signals(WorkerId(0)).set_breaker(BreakerState::Open);
+        table.set_health(WorkerId(1), Health::Unhealthy);
+        let credit = table.credit(0, WorkerId(1), 7);
+        let mut out = String::new();
+        render_worker_gauges(&table, &mut out);
+        for line in [
+            "# TYPE smg_engine_running_requests gauge",
+            "smg_engine_running_requests{worker=\"http://127.0.0.1:1\"} 4",
+            "smg_engine_waiting_requests{worker=\"http://127.0.0.1:1\"} 2",
+            "smg_engine_gen_throughput{worker=\"http://127.0.0.1:1\"} 40",
+            "smg_engine_cache_hit_rate{worker=\"http://127.0.0.1:1\"} 0.5",
+            "smg_engine_token_usage{worker=\"http://127.0.0.1:1\"} 0.3",
+            "smg_worker_cb_state{worker=\"http://127.0.0.1:1\"} 1",
+            "smg_worker_cb_state{worker=\"http://127.0.0.1:2\"} 0",
+            "smg_worker_health{worker=\"http://127.0.0.1:1\"} 1",
+            "smg_worker_health{worker=\"http://127.0.0.1:2\"} 0",
+            "smg_worker_requests_active{worker=\"http://127.0.0.1:2\"} 1",
+            "kvgate_worker_queued_prompt_tokens{worker=\"http://127.0.0.1:2\"} 7",
+            "kvgate_worker_resident_prompt_tokens{worker=\"http://127.0.0.1:2\"} 7",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+        }
+        assert!(!out.contains("smg_engine_running_requests{worker=\"http://127.0.0.1:2\"}"));
+        drop(credit);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        let gauges = vec![("m\"1".to_string(), ModelGauges::default())];
+        let mut out = String::new();
+        render_tree_gauges(&gauges, &mut out);
+        assert!(
+            out.contains("smg_cache_tree_chars{model=\"m\\\"1\"} 0\n"),
+            "{out}"
+        );
+    }
+}

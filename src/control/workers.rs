@@ -1,0 +1,343 @@
+//! Worker lifecycle on the control core: one [`WorkerDriver::turn`] per control-core turn drains
+//! the data cores' attempt outcomes into the circuit breakers, runs due probe rounds, publishes
+//! health, circuit, load and overload in the worker table, republishes the model catalog when a
+//! worker's models change, serves admin calls, and drains then purges removed workers.
+//!
+//! Owns [`WorkerDriver`]. It never blocks: probes and the admission probe of `POST /workers` run
+//! as tasks on the control core's runtime, and a later turn picks up their results. A purge
+//! returns the worker's id from `turn` so the control core removes it from every index before
+//! the slot can be reused.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::monitor::{Change, WorkerMonitor};
+use super::probes::{probe_new_worker, ProbeRound};
+use crate::ids::WorkerId;
+use crate::limits::WORKERS_MAX;
+use crate::shared::{AdminReply, AdminRequest, Shared};
+use crate::workers::admin::{
+    parse_add_worker, render_worker_list, AdminError, AdminRoute, WorkerRef, WorkerReport,
+};
+use crate::workers::breaker::BreakerState;
+use crate::workers::catalog::{ListedModel, ModelCatalog};
+use crate::workers::spec::WorkerSpec;
+use crate::workers::table::{Health, Roster, WorkerEntry};
+
+/// The admission probe's verdict: the worker's models (`None`: unknown), or why it is refused.
+type Admission = Result<Option<Vec<ListedModel>>, String>;
+
+/// A `POST /workers` waiting for its admission probe.
+struct PendingAdd {
+    spec: WorkerSpec,
+    reply: Arc<AdminReply>,
+    probed: mpsc::Receiver<Admission>,
+}
+
+/// The control core's worker management.
+pub struct WorkerDriver {
+    monitor: WorkerMonitor,
+    probes: ProbeRound,
+    pending_adds: Vec<PendingAdd>,
+}
+
+impl std::fmt::Debug for WorkerDriver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerDriver")
+            .field("monitor", &self.monitor)
+            .field("pending_adds", &self.pending_adds.len())
+            .finish()
+    }
+}
+
+impl WorkerDriver {
+    /// A driver watching the configured workers.
+    pub fn new(shared: &Shared) -> Self {
+        let mut monitor = WorkerMonitor::new(shared.config.worker_settings.clone(), Instant::now());
+        for w in &shared.table.roster().workers {
+            monitor.add(w.id, &w.spec);
+        }
+        WorkerDriver {
+            monitor,
+            probes: ProbeRound::default(),
+            pending_adds: Vec::new(),
+        }
+    }
+
+    /// One turn (on the control core's runtime); returns the workers purged in it (remove them
+    /// from every index).
+    pub fn turn(&mut self, shared: &Shared) -> Vec<WorkerId> {
+        let now = Instant::now();
+        let mut changes = Vec::new();
+        for queue in shared.attempt_queues.iter() {
+            while let Some(record) = queue.pop() {
+                changes.extend(
+                    self.monitor
+                        .record_attempt(record.worker, record.outcome, now),
+                );
+            }
+        }
+        if let Some(results) = self.probes.try_results() {
+            changes.extend(self.monitor.apply(results));
+        }
+        if !self.probes.is_busy() && now >= self.monitor.next_due() {
+            self.probes.submit(self.monitor.due_probes(now));
+        }
+        changes.extend(
+            self.monitor
+                .tick(now, |id| u64::from(shared.table.inflight(id))),
+        );
+        while let Some(request) = shared.admin_queue.pop() {
+            self.serve_admin(shared, request, now);
+        }
+        self.finish_adds(shared);
+        self.publish(shared, changes)
+    }
+
+    /// Publishes changes in the worker table; returns the purged workers.
+    fn publish(&mut self, shared: &Shared, changes: Vec<Change>) -> Vec<WorkerId> {
+        let mut purged = Vec::new();
+        let mut models_changed = false;
+        for change in changes {
+            match change {
+                Change::Health(id, healthy) => {
+                    tracing::info!(worker = %url_of(shared, id), healthy, "worker health changed");
+                    let health = if healthy {
+                        Health::Healthy
+                    } else {
+                        Health::Unhealthy
+                    };
+                    shared.table.set_health(id, health);
+                }
+                Change::Breaker(id, state) => {
+                    tracing::info!(worker = %url_of(shared, id), state = state.as_str(), "circuit breaker state changed");
+                    shared.table.signals(id).set_breaker(state);
+                }
+                Change::Load(id, report) => {
+                    let overload = &self.monitor.config().overload;
+                    shared.table.signals(id).set_load(report, overload);
+                }
+                Change::Models(_) => models_changed = true,
+                Change::Purge(id) => {
+                    tracing::info!(worker = %url_of(shared, id), "worker drained and removed");
+                    remove_from_roster(shared, id);
+                    shared.table.signals(id).reset();
+                    shared.table.set_health(id, Health::Healthy);
+                    models_changed = true;
+                    purged.push(id);
+                }
+            }
+        }
+        if models_changed {
+            self.publish_catalog(shared);
+        }
+        purged
+    }
+
+    fn publish_catalog(&self, shared: &Shared) {
+        let catalog = ModelCatalog::build(self.monitor.all_models());
+        shared.catalog.store(Arc::new(catalog));
+    }
+
+    fn serve_admin(&mut self, shared: &Shared, request: AdminRequest, now: Instant) {
+        let answer = match request.route {
+            AdminRoute::ListWorkers => Ok((200, self.list_workers(shared))),
+            AdminRoute::RemoveWorker(worker) => self.remove_worker(shared, &worker, now),
+            AdminRoute::AddWorker => match self.start_add(shared, &request.body, request.reply) {
+                Ok(pending) => {
+                    self.pending_adds.push(pending);
+                    return;
+                }
+                Err((e, reply)) => {
+                    reply.set(e.status, e.to_json());
+                    return;
+                }
+            },
+        };
+        match answer {
+            Ok((status, body)) => request.reply.set(status, body),
+            Err(e) => request.reply.set(e.status, e.to_json()),
+        }
+    }
+
+    fn list_workers(&self, shared: &Shared) -> String {
+        let roster = shared.table.roster();
+        let reports: Vec<WorkerReport<'_>> = roster
+            .workers
+            .iter()
+            .map(|w| self.report(shared, w))
+            .collect();
+        render_worker_list(&reports)
+    }
+
+    /// One worker as `GET /workers` shows it: the monitor's view where it has one.
+    fn report<'a>(&'a self, shared: &Shared, w: &'a WorkerEntry) -> WorkerReport<'a> {
+        let (healthy, breaker) = self
+            .monitor
+            .status(w.id)
+            .unwrap_or((shared.table.is_healthy(w.id), BreakerState::Closed));
+        WorkerReport {
+            id: w.id,
+            url: &w.spec.url,
+            healthy,
+            breaker,
+            draining: shared.table.signals(w.id).is_draining(),
+            in_flight: u64::from(shared.table.inflight(w.id)),
+            models: self.monitor.models(w.id),
+            load: self.monitor.load(w.id),
+        }
+    }
+
+    fn remove_worker(
+        &mut self,
+        shared: &Shared,
+        worker: &WorkerRef,
+        now: Instant,
+    ) -> Result<(u16, String), AdminError> {
+        let roster = shared.table.roster();
+        let entry = roster.workers.iter().find(|w| match worker {
+            WorkerRef::Id(id) => w.id == *id,
+            WorkerRef::Url(url) => w.spec.normalized_url() == url.trim_end_matches('/'),
+        });
+        let Some(entry) = entry else {
+            return Err(AdminError::new(404, "not_found", "no such worker"));
+        };
+        shared.table.signals(entry.id).start_draining();
+        self.monitor.start_drain(entry.id, now);
+        tracing::info!(worker = %entry.spec.url, id = entry.id.0, "admin: worker removal requested; draining");
+        let body = serde_json::json!({
+            "status": "draining", "id": entry.id.0, "url": entry.spec.url,
+            "in_flight": shared.table.inflight(entry.id),
+        });
+        Ok((202, body.to_string()))
+    }
+
+    /// Validates a `POST /workers` and starts its admission probe; on refusal, the error comes
+    /// back with the reply it is for.
+    fn start_add(
+        &self,
+        shared: &Shared,
+        body: &[u8],
+        reply: Arc<AdminReply>,
+    ) -> Result<PendingAdd, (AdminError, Arc<AdminReply>)> {
+        let refuse = |e| (e, reply.clone());
+        let url = parse_add_worker(body).map_err(refuse)?;
+        let roster = shared.table.roster();
+        if roster
+            .workers
+            .iter()
+            .any(|w| w.spec.normalized_url() == url)
+        {
+            let e = AdminError::new(
+                409,
+                "conflict",
+                format!("worker {url} is already registered"),
+            );
+            return Err(refuse(e));
+        }
+        // A host name is resolved here, on the control core: admin calls are rare.
+        let spec = WorkerSpec::resolve(&url)
+            .map_err(|e| refuse(AdminError::new(400, "invalid_request_error", e.to_string())))?;
+        let health = self.monitor.config().health.clone();
+        let (tx, probed) = mpsc::channel();
+        let probed_spec = spec.clone();
+        monoio::spawn(async move {
+            let _ = tx.send(probe_new_worker(probed_spec, health).await);
+        });
+        Ok(PendingAdd {
+            spec,
+            reply,
+            probed,
+        })
+    }
+
+    fn finish_adds(&mut self, shared: &Shared) {
+        let mut still_pending = Vec::new();
+        for pending in std::mem::take(&mut self.pending_adds) {
+            let answer = match pending.probed.try_recv() {
+                Err(mpsc::TryRecvError::Empty) => {
+                    still_pending.push(pending);
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Disconnected) => Err(AdminError::new(
+                    500,
+                    "internal_error",
+                    "the admission probe ended without an answer",
+                )),
+                Ok(Err(reason)) => Err(AdminError::new(
+                    503,
+                    "worker_unhealthy",
+                    format!("worker {} not added: {reason}", pending.spec.url),
+                )),
+                Ok(Ok(models)) => self.register_worker(shared, &pending.spec, models),
+            };
+            match answer {
+                Ok(id) => {
+                    tracing::info!(worker = %pending.spec.url, id = id.0, "admin: worker added");
+                    let body =
+                        serde_json::json!({"status": "added", "id": id.0, "url": pending.spec.url});
+                    pending.reply.set(201, body.to_string());
+                }
+                Err(e) => pending.reply.set(e.status, e.to_json()),
+            }
+        }
+        self.pending_adds = still_pending;
+    }
+
+    /// Puts an admitted worker in a free slot and publishes it with the model catalog.
+    fn register_worker(
+        &mut self,
+        shared: &Shared,
+        spec: &WorkerSpec,
+        models: Option<Vec<ListedModel>>,
+    ) -> Result<WorkerId, AdminError> {
+        let roster = shared.table.roster();
+        let monitor = &self.monitor;
+        let taken = |id: u16| {
+            roster.workers.iter().any(|w| w.id.0 == id) || monitor.status(WorkerId(id)).is_some()
+        };
+        let Some(free) = (0..WORKERS_MAX as u16).find(|id| !taken(*id)) else {
+            return Err(AdminError::new(
+                507,
+                "capacity",
+                format!("at most {WORKERS_MAX} workers"),
+            ));
+        };
+        let id = WorkerId(free);
+        shared.table.signals(id).reset();
+        shared.table.set_health(id, Health::Healthy);
+        self.monitor.add(id, spec);
+        if let Some(models) = models {
+            self.monitor.set_models(id, models);
+        }
+        let mut workers: Vec<WorkerEntry> = roster
+            .workers
+            .iter()
+            .map(|w| WorkerEntry::new(w.id, w.spec.clone()))
+            .collect();
+        workers.push(WorkerEntry::new(id, spec.clone()));
+        shared.table.publish(Roster { workers });
+        self.publish_catalog(shared);
+        Ok(id)
+    }
+}
+
+fn remove_from_roster(shared: &Shared, id: WorkerId) {
+    let roster = shared.table.roster();
+    let workers = roster
+        .workers
+        .iter()
+        .filter(|w| w.id != id)
+        .map(|w| WorkerEntry::new(w.id, w.spec.clone()))
+        .collect();
+    shared.table.publish(Roster { workers });
+}
+
+fn url_of(shared: &Shared, id: WorkerId) -> String {
+    shared
+        .table
+        .roster()
+        .get(id)
+        .map_or_else(|| format!("#{}", id.0), |w| w.spec.url.clone())
+}

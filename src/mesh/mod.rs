@@ -1,1 +1,0 @@
-//! Gateway-to-gateway synchronization of tree inserts (`--enable-mesh`). Not built yet.

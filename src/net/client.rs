@@ -1,0 +1,249 @@
+//! A one-shot HTTP/1.1 `GET` for the control core's requests to workers (health checks, load
+//! polls, model discovery, the admin API's admission probe): one connection per request, closed
+//! after it, the whole body buffered up to a cap, everything within one deadline. It speaks
+//! through the same codec and socket as the proxy. Not for the data path, which pools.
+//!
+//! Failures are `ProxyError`s on the upstream side: `UpstreamConnect` (refused, unreachable),
+//! `UpstreamTimeout` (the deadline passed), `UpstreamClosed` (closed early) and
+//! `UpstreamMalformed` (not HTTP/1.x, or a body over the cap).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::codec::{self, ChunkedDecoder, Framing, ResponseHead};
+use super::socket::Socket;
+use crate::error::{ErrorKind, ProxyError};
+use crate::limits::UPSTREAM_READ_BYTES;
+use crate::request::Method;
+
+/// A complete response.
+#[derive(Debug)]
+pub struct ClientResponse {
+    /// The status code.
+    pub status: u16,
+    /// The de-chunked body.
+    pub body: Vec<u8>,
+}
+
+fn closed(context: &'static str) -> ProxyError {
+    ProxyError::upstream(ErrorKind::UpstreamClosed, context)
+}
+
+fn too_large() -> ProxyError {
+    ProxyError::upstream(ErrorKind::UpstreamMalformed, "response body over its cap")
+}
+
+fn io_error(e: std::io::Error, context: &'static str) -> ProxyError {
+    let kind = if e.kind() == std::io::ErrorKind::TimedOut {
+        ErrorKind::UpstreamTimeout
+    } else {
+        ErrorKind::UpstreamClosed
+    };
+    ProxyError::upstream(kind, context).because(e)
+}
+
+/// `GET path` on the worker at `addr` (`authority` is its `Host`), within `timeout`, reading a
+/// body of at most `body_max` bytes.
+pub async fn get(
+    addr: SocketAddr,
+    authority: &str,
+    path: &str,
+    timeout: Duration,
+    body_max: usize,
+) -> Result<ClientResponse, ProxyError> {
+    let deadline = Instant::now() + timeout;
+    let mut socket = Socket::connect_before(addr, deadline)
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::TimedOut => io_error(e, "connect"),
+            _ => ProxyError::upstream(ErrorKind::UpstreamConnect, "connect").because(e),
+        })?;
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nhost: {authority}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n\r\n"
+    );
+    let (result, _) = socket.write_all(request.into_bytes(), deadline).await;
+    result.map_err(|e| io_error(e, "write request"))?;
+    let mut buf = Vec::with_capacity(UPSTREAM_READ_BYTES);
+    let head = loop {
+        if let Some(head) = codec::parse_response_head(&buf, Method::Get)? {
+            break head;
+        }
+        let (result, b) = socket.read_more(buf, UPSTREAM_READ_BYTES, deadline).await;
+        buf = b;
+        if result.map_err(|e| io_error(e, "read response head"))? == 0 {
+            return Err(closed("read response head"));
+        }
+    };
+    if matches!(head.framing, Framing::Length(n) if n > body_max as u64) {
+        return Err(too_large());
+    }
+    let body = read_body(&mut socket, buf, &head, deadline, body_max).await?;
+    Ok(ClientResponse {
+        status: head.status,
+        body,
+    })
+}
+
+/// Reads and de-chunks the body that follows `head` (whose bytes start `buf`).
+async fn read_body(
+    socket: &mut Socket,
+    mut buf: Vec<u8>,
+    head: &ResponseHead,
+    deadline: Instant,
+    body_max: usize,
+) -> Result<Vec<u8>, ProxyError> {
+    let mut body = Vec::new();
+    let mut decoder = ChunkedDecoder::new();
+    let mut fed = head.head_len;
+    loop {
+        let fresh = &buf[fed..];
+        let done = match head.framing {
+            Framing::Empty => true,
+            Framing::Length(n) => {
+                let take = (n as usize).saturating_sub(body.len()).min(fresh.len());
+                body.extend_from_slice(&fresh[..take]);
+                body.len() as u64 >= n
+            }
+            Framing::Chunked => {
+                decoder
+                    .feed(fresh, |d| body.extend_from_slice(d))
+                    .map_err(|_| {
+                        ProxyError::upstream(ErrorKind::UpstreamMalformed, "chunked body")
+                    })?;
+                decoder.is_done()
+            }
+            Framing::UntilClose => {
+                body.extend_from_slice(fresh);
+                false
+            }
+        };
+        if body.len() > body_max {
+            return Err(too_large());
+        }
+        if done {
+            return Ok(body);
+        }
+        // Only the unread tail is kept: a long body never sits twice in memory.
+        buf.clear();
+        fed = 0;
+        let (result, b) = socket.read_more(buf, UPSTREAM_READ_BYTES, deadline).await;
+        buf = b;
+        match result.map_err(|e| io_error(e, "read response body"))? {
+            0 if head.framing == Framing::UntilClose => return Ok(body),
+            0 => return Err(closed("read response body")),
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// Serves one canned response, in parts `delay` apart, on a fresh port; returns its address.
+    fn serve_once(parts: Vec<&'static [u8]>, delay: Duration) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = listener.accept() {
+                let mut request = [0u8; 1024];
+                let _ = s.read(&mut request);
+                for part in parts {
+                    std::thread::sleep(delay);
+                    let _ = s.write_all(part);
+                }
+            }
+        });
+        addr
+    }
+
+    fn fetch(
+        addr: SocketAddr,
+        timeout: Duration,
+        body_max: usize,
+    ) -> Result<ClientResponse, ProxyError> {
+        let mut runtime = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        runtime.block_on(get(addr, "worker", "/health", timeout, body_max))
+    }
+
+    const SECOND: Duration = Duration::from_secs(1);
+    const SOON: Duration = Duration::from_millis(5);
+
+    #[test]
+    fn bodies_are_read_whatever_their_framing() {
+        let length = serve_once(
+            vec![
+                b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello",
+                b" world",
+            ],
+            SOON,
+        );
+        let r = fetch(length, SECOND, 1024).unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"hello world"[..]));
+        let chunked = serve_once(
+            vec![
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+                b"lo\r\n6;ext=1\r\n world\r\n0\r\n\r\n",
+            ],
+            SOON,
+        );
+        assert_eq!(fetch(chunked, SECOND, 1024).unwrap().body, b"hello world");
+        let until_close = serve_once(vec![b"HTTP/1.1 503 Busy\r\n\r\ndown"], Duration::ZERO);
+        let r = fetch(until_close, SECOND, 1024).unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (503, &b"down"[..]));
+    }
+
+    #[test]
+    fn failures_are_typed() {
+        let kind = |r: Result<ClientResponse, ProxyError>| r.map(|r| r.status).unwrap_err().kind;
+        let over_cap = serve_once(
+            vec![b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"],
+            SOON,
+        );
+        assert_eq!(
+            kind(fetch(over_cap, SECOND, 10)),
+            ErrorKind::UpstreamMalformed
+        );
+        let chunked_over_cap = serve_once(
+            vec![b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n20\r\n0123456789abcdef0123456789abcdef\r\n0\r\n\r\n"],
+            SOON,
+        );
+        assert_eq!(
+            kind(fetch(chunked_over_cap, SECOND, 10)),
+            ErrorKind::UpstreamMalformed
+        );
+        let garbage = serve_once(vec![b"SSH-2.0-OpenSSH\r\n\r\n"], SOON);
+        assert_eq!(
+            kind(fetch(garbage, SECOND, 10)),
+            ErrorKind::UpstreamMalformed
+        );
+        let short = serve_once(
+            vec![b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"],
+            SOON,
+        );
+        assert_eq!(kind(fetch(short, SECOND, 100)), ErrorKind::UpstreamClosed);
+        let refused = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        assert_eq!(kind(fetch(refused, SECOND, 10)), ErrorKind::UpstreamConnect);
+    }
+
+    #[test]
+    fn a_hanging_worker_times_out_by_the_deadline() {
+        let hanging = serve_once(vec![b"HTTP/1.1 200 OK\r\n"], Duration::from_secs(3));
+        let started = Instant::now();
+        let result = fetch(hanging, Duration::from_millis(200), 10);
+        assert_eq!(result.unwrap_err().kind, ErrorKind::UpstreamTimeout);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! HTTP/1.1 over sockets, the I/O both planes share: the data plane (`http`) proxies with it,
+//! the control plane (`control`) probes workers and serves `/metrics` with it. Nothing here knows
+//! about routing or workers.
+//!
+//! - `socket`: the owned-buffer socket every connection goes through, with deadlines that cancel
+//!   the kernel operation and give the buffer back.
+//! - `codec`: the one HTTP/1.1 codec, sans I/O: head parsing, body framing, the chunked decoder,
+//!   head writers.
+//! - `client`: a one-shot `GET` on a fresh connection, for the control core's probes.
+
+pub mod client;
+pub mod codec;
+pub mod socket;

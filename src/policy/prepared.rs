@@ -1,0 +1,101 @@
+//! [`Prepared`]: one request prepared for routing, once. The router fills it from the request's
+//! body and routing headers (`Router::prepare`) and every later step reads it: each attempt's
+//! worker selection (a retry selects again from the same value: nothing is parsed twice), the
+//! dispatch credit, and the record the index learns from (spec step 7).
+//!
+//! It holds the routing input (model, token IDs or text, partition, hashing headers), the cache
+//! namespace, the page hashes of token IDs, and the index lookup with its hint. It lives in the
+//! client connection's storage and keeps its buffers' capacity from one request to the next, so
+//! the steady state does not allocate; [`Prepared::shed_large_buffers`] bounds what an idle
+//! connection keeps.
+
+use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
+use crate::index::{LookupHint, Namespace, TokenPages, TreeMatch};
+use crate::limits::READ_BUF_BYTES_RETAINED_MAX;
+use crate::request::{RoutingInput, RoutingKey};
+
+/// A request's key as the index compares it: its text, or its token IDs' page hashes.
+#[derive(Clone, Copy, Debug)]
+pub enum IndexKey<'a> {
+    /// Text (string tree).
+    Text(&'a str),
+    /// Page hashes of token IDs (token tree).
+    Tokens(&'a TokenPages),
+}
+
+/// What the index knows of a prepared request's prefix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lookup {
+    /// How much of the key matched and which workers hold that much (merged with this core's
+    /// recent dispatches on a miss).
+    pub matched: TreeMatch,
+    /// Where the lookup ended, for the control core's insert (never the recent map's).
+    pub hint: LookupHint,
+}
+
+/// One request, prepared for routing. See the module documentation.
+#[derive(Debug, Default)]
+pub struct Prepared {
+    pub(super) input: RoutingInput,
+    pub(super) namespace: Namespace,
+    /// The page hashes of the key's token IDs (empty for text keys).
+    pub(super) pages: TokenPages,
+    /// The index lookup (cache_aware with a non-empty key only).
+    pub(super) lookup: Option<Lookup>,
+    /// The gateway tick at preparation: the clock of the recent-dispatch map and placements.
+    pub(super) now_ms: u64,
+}
+
+impl Prepared {
+    /// The request's `model` field (empty when absent).
+    pub fn model(&self) -> &str {
+        self.input.model()
+    }
+
+    /// The routing input: key, partition, hashing headers.
+    pub fn input(&self) -> &RoutingInput {
+        &self.input
+    }
+
+    /// The request's cache namespace (model and partition).
+    pub fn namespace(&self) -> Namespace {
+        self.namespace
+    }
+
+    /// The index lookup, if the request was looked up.
+    pub fn lookup(&self) -> Option<&Lookup> {
+        self.lookup.as_ref()
+    }
+
+    /// The prompt tokens a dispatch of this request credits to its worker: token IDs counted,
+    /// text estimated at [`PREFIX_HASH_CHARS_PER_TOKEN`] bytes per token.
+    pub fn request_tokens(&self) -> u64 {
+        prompt_tokens(self.input.key())
+    }
+
+    /// The key as the index compares it.
+    pub fn index_key(&self) -> IndexKey<'_> {
+        match self.input.key() {
+            RoutingKey::Text(text) => IndexKey::Text(text),
+            RoutingKey::Tokens(_) => IndexKey::Tokens(&self.pages),
+        }
+    }
+
+    /// Drops buffers that grew past what a connection keeps between requests (the bound of its
+    /// read buffer: one large prompt should not pin memory for the life of the connection).
+    pub fn shed_large_buffers(&mut self) {
+        let retained = self.input.retained_bytes() + self.pages.retained_bytes();
+        if retained > READ_BUF_BYTES_RETAINED_MAX {
+            *self = Prepared::default();
+        }
+    }
+}
+
+/// The prompt tokens of a routing key: token IDs counted, text estimated at
+/// [`PREFIX_HASH_CHARS_PER_TOKEN`] bytes per token.
+pub(super) fn prompt_tokens(key: RoutingKey<'_>) -> u64 {
+    match key {
+        RoutingKey::Tokens(tokens) => tokens.len() as u64,
+        RoutingKey::Text(text) => (text.len() / PREFIX_HASH_CHARS_PER_TOKEN) as u64,
+    }
+}
