@@ -1,11 +1,11 @@
 //! Processes under test: free ports, `ChildProcess` (killed and reaped on drop), `SimFleet`
 //! (with its `/sim` control API) and `Gateway` (with its admin and metrics endpoints). Binaries
-//! are taken from the same target directory as the `kvgate` under test (`scripts/test.sh` builds
-//! all binaries first).
+//! are taken from the target directory of the tests, whichever crate they belong to
+//! (`scripts/test.sh` builds all binaries first).
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -31,13 +31,17 @@ pub fn free_port_block(n: u16) -> u16 {
     panic!("no block of {n} free ports found");
 }
 
-/// A binary of this workspace, next to the `kvgate` under test.
+/// A binary of this workspace. Cargo names to a crate's tests only that crate's own binaries
+/// (`CARGO_BIN_EXE_kvgate` in kvgate, `CARGO_BIN_EXE_sim-engine` in bench-harness, which
+/// includes these fixtures by path), and every binary of the workspace lies beside them.
 pub fn workspace_bin(name: &str) -> PathBuf {
-    let kvgate = PathBuf::from(env!("CARGO_BIN_EXE_kvgate"));
-    let path = kvgate.with_file_name(name);
+    let own_binary = option_env!("CARGO_BIN_EXE_kvgate")
+        .or(option_env!("CARGO_BIN_EXE_sim-engine"))
+        .expect("the fixtures serve the tests of kvgate or bench-harness");
+    let path = Path::new(own_binary).with_file_name(name);
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build -p bench-harness --bin {name}` first",
+        "{} is missing: run `cargo build --workspace --bins` first",
         path.display()
     );
     path
@@ -244,7 +248,7 @@ impl Gateway {
     /// and metrics ports accept connections.
     pub fn start(workers: &[String], args: &[&str]) -> Self {
         let (port, metrics_port) = (free_port(), free_port());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+        let mut command = Command::new(workspace_bin("kvgate"));
         command
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args([
