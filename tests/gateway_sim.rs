@@ -7,17 +7,7 @@ mod utils;
 use std::time::{Duration, Instant};
 
 use utils::process::{Gateway, SimFleet};
-use utils::{wait_until, TIMEOUT};
-
-fn chat(content: &str, max_tokens: u32, stream: bool) -> String {
-    serde_json::json!({
-        "model": "sim-model",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "stream": stream,
-    })
-    .to_string()
-}
+use utils::{chat, wait_until, TIMEOUT};
 
 #[test]
 fn round_robin_spreads_requests_evenly() {

@@ -9,7 +9,7 @@ mod utils;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use utils::client::HttpClient;
+use utils::client::{HttpClient, JSON};
 use utils::process::{Gateway, SimFleet};
 use utils::wait_until;
 
@@ -179,12 +179,12 @@ fn cancel_streams(count: usize) {
             "stream": true,
         });
         let mut client = gateway.client();
-        let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            body.to_string().len()
+        client.send_request(
+            "POST",
+            "/v1/completions",
+            &[JSON],
+            body.to_string().as_bytes(),
         );
-        client.send_raw(head.as_bytes());
-        client.send_raw(body.to_string().as_bytes());
         assert_eq!(client.read_head_and_first_chunk(), 200);
         client.close();
     }
@@ -224,12 +224,7 @@ fn prompt_tokens_are_queued_work_until_the_first_token_then_the_request_still_co
     })
     .to_string();
     let mut client = gateway.client();
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    client.send_raw(head.as_bytes());
-    client.send_raw(body.as_bytes());
+    client.send_request("POST", "/v1/completions", &[JSON], body.as_bytes());
     let queued = wait_until(Duration::from_millis(500), || {
         gateway.metric_sum("kvgate_worker_queued_prompt_tokens") >= 400.0
     });

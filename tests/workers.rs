@@ -5,23 +5,27 @@
 //! Run `cargo build -p kvgate -p bench-harness --bins` first (scripts/test.sh does): the tests
 //! start `target/<profile>/sim-engine` next to the `kvgate` binary under test.
 
-#[path = "workers_support/mod.rs"]
-mod support;
+mod utils;
 
 use std::time::{Duration, Instant};
 
-use support::{chat, wait_until, Gateway, Sim};
+use serde_json::json;
+use utils::process::{Gateway, SimFleet};
+use utils::{chat, wait_until};
+
+/// A short chat body: four tokens to answer.
+fn ask(text: &str) -> String {
+    chat(text, 4, false)
+}
 
 /// A streaming chat body whose answer takes a while (the sim decodes `tokens` tokens).
 fn slow_stream(tokens: u32) -> String {
-    format!(
-        r#"{{"model":"sim-model","stream":true,"max_tokens":{tokens},"messages":[{{"role":"user","content":"tell me a story"}}]}}"#
-    )
+    chat("tell me a story", tokens, true)
 }
 
 #[test]
 fn failing_worker_is_skipped_after_the_thresholds_and_returns_after_recovery() {
-    let sim = Sim::start(2, &["--instant"]);
+    let sim = SimFleet::start(2, &["--instant"]);
     let gw = Gateway::start(
         &sim.urls(),
         &[
@@ -38,30 +42,34 @@ fn failing_worker_is_skipped_after_the_thresholds_and_returns_after_recovery() {
             "1",
         ],
     );
-    sim.set_faults(0, r#"{"unhealthy":true}"#);
+    sim.set_faults(0, json!({"unhealthy": true}));
     assert!(
         wait_until(Duration::from_secs(8), || !gw.worker_healthy(&sim.url(0))),
         "worker 0 was not marked unhealthy: {}",
         gw.workers_json()
     );
     for _ in 0..20 {
-        let r = gw.post("/v1/chat/completions", &chat("hello there"));
+        let r = gw
+            .client()
+            .post_json("/v1/chat/completions", &ask("hello there"));
         assert_eq!(r.status, 200);
         assert_eq!(
             r.routed_worker(),
-            Some(sim.url(1)),
+            Some(sim.url(1).as_str()),
             "an unhealthy worker got traffic"
         );
     }
-    sim.set_faults(0, r#"{"reset":true}"#);
+    sim.set_faults(0, json!({"reset": true}));
     assert!(
         wait_until(Duration::from_secs(8), || gw.worker_healthy(&sim.url(0))),
         "worker 0 did not come back"
     );
     let routed: Vec<_> = (0..10)
         .map(|_| {
-            gw.post("/v1/chat/completions", &chat("hello again"))
+            gw.client()
+                .post_json("/v1/chat/completions", &ask("hello again"))
                 .routed_worker()
+                .map(str::to_string)
         })
         .collect();
     assert!(
@@ -73,7 +81,7 @@ fn failing_worker_is_skipped_after_the_thresholds_and_returns_after_recovery() {
 #[test]
 fn injected_500s_with_retries_lose_no_request_and_without_retries_do() {
     const REQUESTS: usize = 300;
-    let sim = Sim::start(
+    let sim = SimFleet::start(
         3,
         &[
             "--instant",
@@ -92,7 +100,8 @@ fn injected_500s_with_retries_lose_no_request_and_without_retries_do() {
     let gw = Gateway::start(&sim.urls(), &fast_retries);
     let failed = (0..REQUESTS)
         .filter(|i| {
-            gw.post("/generate", &format!(r#"{{"text":"q {i}"}}"#))
+            gw.client()
+                .post_json("/generate", &format!(r#"{{"text":"q {i}"}}"#))
                 .status
                 != 200
         })
@@ -107,7 +116,8 @@ fn injected_500s_with_retries_lose_no_request_and_without_retries_do() {
     let gw = Gateway::start(&sim.urls(), &["--disable-retries"]);
     let failed = (0..REQUESTS)
         .filter(|i| {
-            gw.post("/generate", &format!(r#"{{"text":"q {i}"}}"#))
+            gw.client()
+                .post_json("/generate", &format!(r#"{{"text":"q {i}"}}"#))
                 .status
                 == 500
         })
@@ -117,7 +127,7 @@ fn injected_500s_with_retries_lose_no_request_and_without_retries_do() {
 
 #[test]
 fn circuit_opens_on_failures_and_closes_after_the_timeout() {
-    let sim = Sim::start(2, &["--instant"]);
+    let sim = SimFleet::start(2, &["--instant"]);
     let gw = Gateway::start(
         &sim.urls(),
         &[
@@ -134,9 +144,9 @@ fn circuit_opens_on_failures_and_closes_after_the_timeout() {
             "--disable-health-check",
         ],
     );
-    sim.set_faults(0, r#"{"error_rate":1.0}"#);
+    sim.set_faults(0, json!({"error_rate": 1.0}));
     for _ in 0..8 {
-        gw.post("/generate", r#"{"text":"x"}"#);
+        gw.client().post_json("/generate", r#"{"text":"x"}"#);
     }
     assert!(
         wait_until(Duration::from_secs(3), || gw.breaker_state(&sim.url(0))
@@ -149,14 +159,17 @@ fn circuit_opens_on_failures_and_closes_after_the_timeout() {
         sim.url(0)
     )));
     for _ in 0..6 {
-        let r = gw.post("/generate", r#"{"text":"y"}"#);
-        assert_eq!((r.status, r.routed_worker()), (200, Some(sim.url(1))));
+        let r = gw.client().post_json("/generate", r#"{"text":"y"}"#);
+        assert_eq!(
+            (r.status, r.routed_worker()),
+            (200, Some(sim.url(1).as_str()))
+        );
     }
-    sim.set_faults(0, r#"{"reset":true}"#);
+    sim.set_faults(0, json!({"reset": true}));
     std::thread::sleep(Duration::from_millis(1200));
     // Half-open: trial traffic flows again; one success closes the circuit.
     assert!(wait_until(Duration::from_secs(5), || {
-        gw.post("/generate", r#"{"text":"z"}"#);
+        gw.client().post_json("/generate", r#"{"text":"z"}"#);
         gw.breaker_state(&sim.url(0)) == "closed"
     }));
 }
@@ -164,8 +177,8 @@ fn circuit_opens_on_failures_and_closes_after_the_timeout() {
 #[test]
 fn a_worker_failing_mid_stream_ends_the_stream_with_an_error_event_and_a_killed_worker_gets_no_new_requests(
 ) {
-    let a = Sim::start(1, &[]);
-    let b = Sim::start(1, &[]);
+    let a = SimFleet::start(1, &[]);
+    let b = SimFleet::start(1, &[]);
     let urls = vec![a.url(0), b.url(0)];
     let gw = Gateway::start(
         &urls,
@@ -179,13 +192,15 @@ fn a_worker_failing_mid_stream_ends_the_stream_with_an_error_event_and_a_killed_
             "1",
         ],
     );
-    a.set_faults(0, r#"{"drop_mid_stream":true}"#);
+    a.set_faults(0, json!({"drop_mid_stream": true}));
     let mut saw_error_event = false;
     for _ in 0..4 {
-        let r = gw.post("/v1/chat/completions", &slow_stream(8));
+        let r = gw
+            .client()
+            .post_json_even_if_cut("/v1/chat/completions", &slow_stream(8));
         assert_eq!(r.status, 200);
-        if r.routed_worker() == Some(a.url(0)) {
-            let body = String::from_utf8_lossy(&r.body).to_string();
+        if r.routed_worker() == Some(a.url(0).as_str()) {
+            let body = r.text();
             assert!(
                 body.contains(r#""type":"upstream_error""#),
                 "no error event: {body:?}"
@@ -201,14 +216,19 @@ fn a_worker_failing_mid_stream_ends_the_stream_with_an_error_event_and_a_killed_
     assert!(gw.metric_sum("kvgate_upstream_responses_cut_total") >= 1.0);
     drop(a); // kill worker A
     for _ in 0..10 {
-        let r = gw.post("/v1/chat/completions", &chat("after the kill"));
-        assert_eq!((r.status, r.routed_worker()), (200, Some(b.url(0))));
+        let r = gw
+            .client()
+            .post_json("/v1/chat/completions", &ask("after the kill"));
+        assert_eq!(
+            (r.status, r.routed_worker()),
+            (200, Some(b.url(0).as_str()))
+        );
     }
 }
 
 #[test]
 fn a_hanging_worker_does_not_stall_the_others() {
-    let sim = Sim::start(2, &["--instant"]);
+    let sim = SimFleet::start(2, &["--instant"]);
     let gw = Gateway::start(
         &sim.urls(),
         &[
@@ -225,19 +245,23 @@ fn a_hanging_worker_does_not_stall_the_others() {
             "1",
         ],
     );
-    sim.set_faults(0, r#"{"hang":true}"#);
-    let port = gw.port;
+    sim.set_faults(0, json!({"hang": true}));
     let started = Instant::now();
     let handles: Vec<_> = (0..6)
         .map(|i| {
+            let mut client = gw.client();
             std::thread::spawn(move || {
                 let t0 = Instant::now();
-                let r = support::post(port, "/generate", &format!(r#"{{"text":"h {i}"}}"#));
-                (r.status, r.routed_worker(), t0.elapsed())
+                let r = client.post_json("/generate", &format!(r#"{{"text":"h {i}"}}"#));
+                let worker = r.routed_worker().map(str::to_string);
+                (r.status, worker, t0.elapsed())
             })
         })
         .collect();
-    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("a client thread failed"))
+        .collect();
     for (status, worker, took) in &results {
         if *worker == Some(sim.url(1)) {
             assert_eq!(*status, 200);
@@ -255,17 +279,20 @@ fn a_hanging_worker_does_not_stall_the_others() {
     assert!(wait_until(Duration::from_secs(6), || !gw.worker_healthy(&sim.url(0))));
     for _ in 0..6 {
         let t0 = Instant::now();
-        let r = gw.post("/generate", r#"{"text":"after"}"#);
-        assert_eq!((r.status, r.routed_worker()), (200, Some(sim.url(1))));
+        let r = gw.client().post_json("/generate", r#"{"text":"after"}"#);
+        assert_eq!(
+            (r.status, r.routed_worker()),
+            (200, Some(sim.url(1).as_str()))
+        );
         assert!(t0.elapsed() < Duration::from_secs(1));
     }
-    sim.set_faults(0, r#"{"reset":true}"#);
+    sim.set_faults(0, json!({"reset": true}));
 }
 
 #[test]
 fn load_reports_are_polled_published_and_drive_overload_protection() {
     // One running slot per engine: further requests queue, so engine 0 reports waiting requests.
-    let sim = Sim::start(2, &["--max-running-requests", "1"]);
+    let sim = SimFleet::start(2, &["--max-running-requests", "1"]);
     let gw = Gateway::start(
         &sim.urls(),
         &[
@@ -280,8 +307,10 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
     );
     let before: Vec<_> = (0..4)
         .map(|_| {
-            gw.post("/v1/chat/completions", &chat("spread"))
+            gw.client()
+                .post_json("/v1/chat/completions", &ask("spread"))
                 .routed_worker()
+                .map(str::to_string)
         })
         .collect();
     assert!(
@@ -289,11 +318,12 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
         "engine 0 got no traffic before: {before:?}"
     );
     // Make engine 0 busy directly (not through the gateway): long streams run and queue there.
-    let port0 = sim.port(0);
+    // Their answers do not matter (a stream cut when the fleet stops is no failure).
     let busy: Vec<_> = (0..3)
         .map(|_| {
+            let mut engine0 = sim.client(0);
             std::thread::spawn(move || {
-                support::post(port0, "/v1/chat/completions", &slow_stream(150))
+                engine0.post_json_even_if_cut("/v1/chat/completions", &slow_stream(150))
             })
         })
         .collect();
@@ -307,10 +337,12 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
     );
     // Over --worker-overload-waiting-requests: engine 0 leaves routing while its queue lasts.
     for _ in 0..6 {
-        let r = gw.post("/v1/chat/completions", &chat("while busy"));
+        let r = gw
+            .client()
+            .post_json("/v1/chat/completions", &ask("while busy"));
         assert_eq!(
             r.routed_worker(),
-            Some(sim.url(1)),
+            Some(sim.url(1).as_str()),
             "an overloaded worker got traffic"
         );
     }
@@ -322,8 +354,10 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
     }));
     let after: Vec<_> = (0..4)
         .map(|_| {
-            gw.post("/v1/chat/completions", &chat("idle again"))
+            gw.client()
+                .post_json("/v1/chat/completions", &ask("idle again"))
                 .routed_worker()
+                .map(str::to_string)
         })
         .collect();
     assert!(
@@ -334,17 +368,16 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
 
 #[test]
 fn a_worker_with_a_long_queue_gets_fewer_new_requests_under_cache_aware() {
-    let sim = Sim::start(2, &["--max-running-requests", "1"]);
+    let sim = SimFleet::start(2, &["--max-running-requests", "1"]);
     let gw = Gateway::start(&sim.urls(), &["--load-monitor-interval", "1"]);
     // Queue long prompts on engine 0 directly: its report shows a large uncached backlog.
+    // Their answers do not matter (a stream cut when the fleet stops is no failure).
     let long_prompt = vec!["word"; 3000].join(" ");
-    let port0 = sim.port(0);
     let busy: Vec<_> = (0..4)
         .map(|i| {
-            let body = format!(
-                r#"{{"model":"sim-model","stream":true,"max_tokens":150,"messages":[{{"role":"user","content":"{i} {long_prompt}"}}]}}"#
-            );
-            std::thread::spawn(move || support::post(port0, "/v1/chat/completions", &body))
+            let body = chat(&format!("{i} {long_prompt}"), 150, true);
+            let mut engine0 = sim.client(0);
+            std::thread::spawn(move || engine0.post_json_even_if_cut("/v1/chat/completions", &body))
         })
         .collect();
     let waiting = format!("smg_engine_waiting_requests{{worker=\"{}\"}}", sim.url(0));
@@ -354,11 +387,10 @@ fn a_worker_with_a_long_queue_gets_fewer_new_requests_under_cache_aware() {
     // Distinct prompts (cache misses) go to the lowest expected wait: mostly engine 1.
     let to_busy = (0..10)
         .filter(|i| {
-            let r = gw.post(
-                "/v1/chat/completions",
-                &chat(&format!("fresh question {i}")),
-            );
-            r.routed_worker() == Some(sim.url(0))
+            let r = gw
+                .client()
+                .post_json("/v1/chat/completions", &ask(&format!("fresh question {i}")));
+            r.routed_worker() == Some(sim.url(0).as_str())
         })
         .count();
     assert!(
@@ -370,41 +402,44 @@ fn a_worker_with_a_long_queue_gets_fewer_new_requests_under_cache_aware() {
 
 #[test]
 fn unknown_model_is_404_and_admin_calls_need_the_key() {
-    let sim = Sim::start(1, &["--instant"]);
+    let sim = SimFleet::start(1, &["--instant"]);
     let gw = Gateway::start(&sim.urls(), &["--admin-api-key", "s3cret"]);
     assert!(wait_until(Duration::from_secs(5), || gw
-        .post("/v1/chat/completions", &chat("hi"))
+        .client()
+        .post_json("/v1/chat/completions", &ask("hi"))
         .status
         == 200));
     // Until the first discovery round every model routes (no signal is never a penalty); after
     // it, a model no worker lists is a 404.
     let unknown = r#"{"model":"no-such-model","messages":[]}"#;
     assert!(wait_until(Duration::from_secs(5), || gw
-        .post("/v1/chat/completions", unknown)
+        .client()
+        .post_json("/v1/chat/completions", unknown)
         .status
         == 404));
-    let r = gw.post("/v1/chat/completions", unknown);
+    let r = gw.client().post_json("/v1/chat/completions", unknown);
     assert_eq!(r.status, 404);
-    assert!(String::from_utf8_lossy(&r.body).contains("not served by any worker"));
+    assert!(r.text().contains("not served by any worker"));
     assert_eq!(gw.request("GET", "/workers", "", None).status, 401);
     assert_eq!(gw.request("GET", "/workers", "", Some("wrong")).status, 401);
     let ok = gw.request("GET", "/workers", "", Some("s3cret"));
     assert_eq!(ok.status, 200);
-    assert!(String::from_utf8_lossy(&ok.body).contains(&sim.url(0)));
+    assert!(ok.text().contains(&sim.url(0)));
     let bad = gw.request("POST", "/workers", r#"{"url":"ftp://x"}"#, Some("s3cret"));
     assert_eq!(bad.status, 400);
 }
 
 #[test]
 fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
-    let sim = Sim::start(2, &[]);
+    let sim = SimFleet::start(2, &[]);
     // Identical prompts must reach the re-added worker (cache_aware would stick to one).
     let gw = Gateway::start(&sim.urls(), &["--policy", "round_robin"]);
-    let port = gw.port;
+    // Each stream's status is checked below; a stream cut after its head still answers 200.
     let streams: Vec<_> = (0..4)
         .map(|_| {
+            let mut client = gw.client();
             std::thread::spawn(move || {
-                support::post(port, "/v1/chat/completions", &slow_stream(120))
+                client.post_json_even_if_cut("/v1/chat/completions", &slow_stream(120))
             })
         })
         .collect();
@@ -413,17 +448,19 @@ fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
         .metric_value(&active)
         .is_some_and(|v| v >= 1.0)));
     let r = gw.request("DELETE", "/workers/0", "", None);
-    assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 202, "{}", r.text());
     // Draining: no new request reaches it while its streams finish.
     for _ in 0..4 {
         assert_eq!(
-            gw.post("/generate", r#"{"text":"new"}"#).routed_worker(),
-            Some(sim.url(1))
+            gw.client()
+                .post_json("/generate", r#"{"text":"new"}"#)
+                .routed_worker(),
+            Some(sim.url(1).as_str())
         );
     }
     for s in streams {
         assert_eq!(
-            s.join().unwrap().status,
+            s.join().expect("a streaming client failed").status,
             200,
             "a draining worker's stream was cut"
         );
@@ -438,7 +475,10 @@ fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
     let body = format!(r#"{{"url":"{}"}}"#, sim.url(0));
     assert_eq!(gw.request("POST", "/workers", &body, None).status, 201);
     assert!(wait_until(Duration::from_secs(5), || {
-        gw.post("/generate", r#"{"text":"back"}"#).routed_worker() == Some(sim.url(0))
+        gw.client()
+            .post_json("/generate", r#"{"text":"back"}"#)
+            .routed_worker()
+            == Some(sim.url(0).as_str())
     }));
     let unreachable = r#"{"url":"http://127.0.0.1:1"}"#;
     assert_eq!(
@@ -448,22 +488,19 @@ fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
 }
 
 fn disconnect_mid_stream(count: usize, threads: usize) {
-    let sim = Sim::start(2, &["--speedup", "20"]);
+    let sim = SimFleet::start(2, &["--speedup", "20"]);
     let gw = Gateway::start(&sim.urls(), &[]);
-    let port = gw.port;
     let per_thread = count / threads;
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            std::thread::spawn(move || {
+    // A thread's failure fails the scope, hence the test.
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
                 for _ in 0..per_thread {
-                    support::post_and_hang_up(port, "/v1/chat/completions", &slow_stream(200));
+                    gw.post_and_hang_up("/v1/chat/completions", &slow_stream(200));
                 }
-            })
-        })
-        .collect();
-    for h in handles {
-        h.join().unwrap();
-    }
+            });
+        }
+    });
     let settled = wait_until(Duration::from_secs(10), || {
         gw.metric_sum("smg_worker_requests_active") == 0.0
     });

@@ -9,7 +9,8 @@
 //! `SIM_BENCH_STREAM` (1), `SIM_BENCH_SPEEDUP` (100), `SIM_BENCH_INSTANT` (0; 1 adds `--instant`). A one-second variant runs in the normal
 //! test pass so the benchmark cannot rot.
 
-mod sim_support;
+#[path = "../../tests/utils/mod.rs"]
+mod utils;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use bench_harness::tokenize::synthetic_word;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use sim_support::SimFleet;
+use utils::process::SimFleet;
 
 /// Distinct prompts per connection (their unique tails make cache misses realistic).
 const BODIES_PER_CONNECTION: usize = 16;
@@ -157,7 +158,7 @@ fn run(config: &BenchConfig) -> BenchResult {
                 .collect()
         })
         .collect();
-    let sim_cpu_before = cpu_seconds(fleet.pid());
+    let sim_cpu_before = cpu_seconds(fleet.process.pid());
     let client_cpu_before = cpu_seconds(std::process::id());
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(config.seconds);
@@ -176,7 +177,7 @@ fn run(config: &BenchConfig) -> BenchResult {
         }
     });
     let elapsed = start.elapsed().as_secs_f64();
-    let sim_cpu = cpu_seconds(fleet.pid()) - sim_cpu_before;
+    let sim_cpu = cpu_seconds(fleet.process.pid()) - sim_cpu_before;
     let client_cpu = cpu_seconds(std::process::id()) - client_cpu_before;
     let ok = counters.ok.load(Ordering::Relaxed);
     let failed = counters.failed.load(Ordering::Relaxed);

@@ -1,9 +1,14 @@
-//! Shared integration-test fixtures (reuse them; keep them general):
+//! The integration-test fixtures of the whole workspace (reuse them; keep them general). The
+//! kvgate crate's tests include them as `mod utils;`, bench-harness's tests by path
+//! (`#[path = "../../tests/utils/mod.rs"]`): they use neither crate's library, only
+//! dependencies both crates list (bench-harness has `httparse`, `libc` and `socket2` as
+//! dev-dependencies for them).
 //!
-//! - `process`: free ports, child processes killed on drop, `SimFleet` (a running `sim-engine`)
-//!   and `Gateway` (a running `kvgate`), both on loopback and ready when `start` returns.
+//! - `process`: free ports, child processes killed on drop, `SimFleet` (a running `sim-engine`,
+//!   its fault and stats API) and `Gateway` (a running `kvgate`, its admin API and metrics),
+//!   both on loopback and ready when `start` returns.
 //! - `client`: a tiny blocking HTTP/1.1 client with timeouts that records when each body
-//!   chunk arrived (for streaming assertions).
+//!   chunk arrived (for streaming assertions, down to SSE lines) and can read cut bodies.
 //! - `mock_origin`: a scripted upstream (`MockOrigin`) that counts accepted connections,
 //!   records requests, and can delay, stream slowly, close or reset on demand.
 //!
@@ -29,4 +34,15 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
         std::thread::sleep(Duration::from_millis(20));
     }
     condition()
+}
+
+/// A chat-completions body for the sim's model: one user message of `content`.
+pub fn chat(content: &str, max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+    .to_string()
 }

@@ -1,15 +1,16 @@
 //! Processes under test: free ports, `ChildProcess` (killed and reaped on drop), `SimFleet`
-//! and `Gateway`. Binaries are taken from the same target directory as the `kvgate` under test
+//! (with its `/sim` control API) and `Gateway` (with its admin and metrics endpoints). Binaries
+//! are taken from the target directory of the tests, whichever crate they belong to
 //! (`scripts/test.sh` builds all binaries first).
 
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::client::HttpClient;
+use super::client::{HttpClient, Response, JSON};
 use super::TIMEOUT;
 
 /// A port that was free a moment ago on 127.0.0.1.
@@ -30,13 +31,17 @@ pub fn free_port_block(n: u16) -> u16 {
     panic!("no block of {n} free ports found");
 }
 
-/// A binary of this workspace, next to the `kvgate` under test.
+/// A binary of this workspace. Cargo names to a crate's tests only that crate's own binaries
+/// (`CARGO_BIN_EXE_kvgate` in kvgate, `CARGO_BIN_EXE_sim-engine` in bench-harness, which
+/// includes these fixtures by path), and every binary of the workspace lies beside them.
 pub fn workspace_bin(name: &str) -> PathBuf {
-    let kvgate = PathBuf::from(env!("CARGO_BIN_EXE_kvgate"));
-    let path = kvgate.with_file_name(name);
+    let own_binary = option_env!("CARGO_BIN_EXE_kvgate")
+        .or(option_env!("CARGO_BIN_EXE_sim-engine"))
+        .expect("the fixtures serve the tests of kvgate or bench-harness");
+    let path = Path::new(own_binary).with_file_name(name);
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build -p bench-harness --bin {name}` first",
+        "{} is missing: run `cargo build --workspace --bins` first",
         path.display()
     );
     path
@@ -137,6 +142,23 @@ pub struct SimFleet {
 impl SimFleet {
     /// Starts `engines` engines with extra flags `args`; returns once it printed it is ready.
     pub fn start(engines: u16, args: &[&str]) -> Self {
+        // A block found free can be taken before sim-engine binds it (by another test's
+        // process, or as the ephemeral port of an outgoing connection). sim-engine then exits
+        // at once, so another block is tried.
+        const ATTEMPTS: usize = 5;
+        for _ in 0..ATTEMPTS {
+            if let Some(fleet) = Self::try_start(engines, args) {
+                return fleet;
+            }
+        }
+        panic!(
+            "sim-engine {args:?} exited before it was ready {ATTEMPTS} times \
+             (KVGATE_TEST_LOGS=1 shows its errors)"
+        );
+    }
+
+    /// One start on a fresh block of ports: `None` if sim-engine exited before it was ready.
+    fn try_start(engines: u16, args: &[&str]) -> Option<Self> {
         let base_port = free_port_block(engines);
         let mut command = Command::new(workspace_bin("sim-engine"));
         command
@@ -158,18 +180,28 @@ impl SimFleet {
                 }
             }
         });
-        rx.recv_timeout(TIMEOUT)
-            .expect("sim-engine did not become ready");
-        SimFleet {
-            process,
-            base_port,
-            engines,
+        match rx.recv_timeout(TIMEOUT) {
+            Ok(()) => Some(SimFleet {
+                process,
+                base_port,
+                engines,
+            }),
+            // Its stdout closed: it exited (its ports were taken, or its flags refused).
+            Err(mpsc::RecvTimeoutError::Disconnected) => None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("sim-engine did not become ready within {TIMEOUT:?}")
+            }
         }
+    }
+
+    /// The port of engine `i`.
+    pub fn port(&self, i: u16) -> u16 {
+        self.base_port + i
     }
 
     /// The URL of engine `i`, as given to `--worker-urls`.
     pub fn url(&self, i: u16) -> String {
-        format!("http://127.0.0.1:{}", self.base_port + i)
+        format!("http://127.0.0.1:{}", self.port(i))
     }
 
     /// The URLs of all engines.
@@ -177,10 +209,25 @@ impl SimFleet {
         (0..self.engines).map(|i| self.url(i)).collect()
     }
 
+    /// A new client connection straight to engine `i` (not through a gateway).
+    pub fn client(&self, i: u16) -> HttpClient {
+        HttpClient::connect(([127, 0, 0, 1], self.port(i)).into())
+    }
+
     /// `GET /sim/stats` of engine `i`.
     pub fn stats(&self, i: u16) -> serde_json::Value {
-        let mut client = HttpClient::connect(([127, 0, 0, 1], self.base_port + i).into());
-        client.get("/sim/stats").json()
+        self.client(i).get("/sim/stats").json()
+    }
+
+    /// Changes engine `i`'s injected faults (`POST /sim/faults` with the fields to change).
+    pub fn set_faults(&self, i: u16, patch: serde_json::Value) {
+        let response = self.client(i).post_json("/sim/faults", &patch.to_string());
+        assert_eq!(
+            response.status,
+            200,
+            "sim faults {patch}: {}",
+            response.text()
+        );
     }
 }
 
@@ -201,7 +248,7 @@ impl Gateway {
     /// and metrics ports accept connections.
     pub fn start(workers: &[String], args: &[&str]) -> Self {
         let (port, metrics_port) = (free_port(), free_port());
-        let mut command = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+        let mut command = Command::new(workspace_bin("kvgate"));
         command
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args([
@@ -253,12 +300,16 @@ impl Gateway {
 
     /// The value of an unlabelled or fully labelled series in `/metrics` (0 when absent).
     pub fn metric(&self, series: &str) -> f64 {
-        let text = self.metrics();
-        text.lines()
+        self.metric_value(series).unwrap_or(0.0)
+    }
+
+    /// The value of an unlabelled or fully labelled series in `/metrics`, if it is there.
+    pub fn metric_value(&self, series: &str) -> Option<f64> {
+        self.metrics()
+            .lines()
             .filter_map(|line| line.strip_prefix(series))
             .filter_map(|rest| rest.strip_prefix(' '))
             .find_map(|value| value.trim().parse().ok())
-            .unwrap_or(0.0)
     }
 
     /// The sum of every series of the family `name` in `/metrics`, whatever its labels.
@@ -269,5 +320,55 @@ impl Gateway {
             .filter(|l| l.starts_with(&labelled) || l.starts_with(&bare))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
+    }
+
+    /// `method path` with a JSON body on a new connection, with `Authorization: Bearer <key>`
+    /// when `bearer` is given (the admin API's key).
+    pub fn request(&self, method: &str, path: &str, body: &str, bearer: Option<&str>) -> Response {
+        let authorization = bearer.map(|key| format!("Bearer {key}"));
+        let mut headers = vec![JSON];
+        if let Some(authorization) = &authorization {
+            headers.push(("authorization", authorization));
+        }
+        self.client()
+            .request(method, path, &headers, body.as_bytes())
+    }
+
+    /// The `GET /workers` body as text.
+    pub fn workers_json(&self) -> String {
+        self.request("GET", "/workers", "", None).text()
+    }
+
+    /// Field `field` of the worker `url` in `GET /workers`, if it is listed.
+    fn worker_field(&self, url: &str, field: &str) -> Option<serde_json::Value> {
+        let workers: serde_json::Value = serde_json::from_str(&self.workers_json()).ok()?;
+        workers["workers"]
+            .as_array()?
+            .iter()
+            .find(|w| w["url"] == url)
+            .map(|w| w[field].clone())
+    }
+
+    /// Whether `GET /workers` lists `url` as healthy.
+    pub fn worker_healthy(&self, url: &str) -> bool {
+        self.worker_field(url, "healthy") == Some(serde_json::Value::Bool(true))
+    }
+
+    /// The circuit breaker state `GET /workers` lists for `url` (empty when not listed).
+    pub fn breaker_state(&self, url: &str) -> String {
+        self.worker_field(url, "circuit_breaker")
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// A client that disconnects mid-response: POSTs `body` on a new connection, waits for the
+    /// head and the first bytes of the body (a streamed answer is under way), then hangs up.
+    /// Returns the status of the head.
+    pub fn post_and_hang_up(&self, path: &str, body: &str) -> u16 {
+        let mut client = self.client();
+        client.send_request("POST", path, &[JSON], body.as_bytes());
+        let status = client.read_head_and_first_chunk();
+        client.close();
+        status
     }
 }
