@@ -128,6 +128,58 @@ fn refused_and_reset_workers_are_retried_elsewhere_then_502() {
 }
 
 #[test]
+fn retries_never_return_to_a_failed_worker_while_an_untried_one_is_left() {
+    // Four workers fail every request with a retryable status, one answers; the default
+    // `--retry-max-retries 5` allows six attempts, enough to reach the fifth worker however the
+    // policy orders them, if no attempt goes back to a worker that already failed the request.
+    let failing: Vec<MockOrigin> = (0..4)
+        .map(|_| {
+            MockOrigin::start(|_| Reply::Full {
+                status: 503,
+                body: r#"{"error":"busy"}"#.into(),
+                headers: Vec::new(),
+            })
+        })
+        .collect();
+    let good = ok_origin();
+    let mut urls: Vec<String> = failing.iter().map(MockOrigin::url).collect();
+    urls.push(good.url());
+    let gateway = Gateway::start(
+        &urls,
+        &[
+            "--policy",
+            "random",
+            "--retry-initial-backoff-ms",
+            "1",
+            "--retry-max-backoff-ms",
+            "1",
+            "--disable-circuit-breaker",
+            "--disable-health-check",
+        ],
+    );
+    let mut client = gateway.client();
+    for i in 0..20 {
+        let tag = format!("request {i}\"");
+        let body = format!(r#"{{"messages":[{{"role":"user","content":"request {i}"}}]}}"#);
+        let response = client.post_json("/v1/chat/completions", &body);
+        assert_eq!(response.status, 200, "request {i}: {}", response.text());
+        assert_eq!(response.routed_worker(), Some(good.url().as_str()));
+        for origin in &failing {
+            let attempts = origin
+                .requests()
+                .iter()
+                .filter(|r| String::from_utf8_lossy(&r.body).contains(&tag))
+                .count();
+            assert!(
+                attempts <= 1,
+                "request {i} reached {} {attempts} times",
+                origin.url()
+            );
+        }
+    }
+}
+
+#[test]
 fn chunked_request_bodies_and_100_continue_reach_the_worker_whole() {
     let origin = ok_origin();
     let gateway = Gateway::start(&[origin.url()], &[]);
