@@ -383,7 +383,7 @@ fn time_records_chunk(fixture: &mut Fixture, count: usize, record: Record, sampl
     let workers: Vec<WorkerId> = (0..count)
         .map(|_| WorkerId(fixture.rng.u16(..fixture.workers)))
         .collect();
-    // A data core announces a quiescent state once per event-loop turn (`CoreRouting::prepare`
+    // A data core announces a quiescent state once per event-loop turn (`Router::prepare`
     // right after its lookup); a reader that never did would keep every retired label and table
     // alive, and the records would measure page faults on ever-fresh memory instead.
     fixture.reader.quiesce();

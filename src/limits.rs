@@ -184,6 +184,10 @@ const _: () = assert!(ADMIN_BODY_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(ADMIN_REPLY_POLL.as_millis() * 100 <= ADMIN_REPLY_TIMEOUT.as_millis());
 const _: () = assert!(PROBE_BODY_BYTES_MAX <= LOAD_BODY_BYTES_MAX);
 const _: () = assert!(MODEL_ID_BYTES_MAX * MODELS_PER_WORKER_MAX <= PROBE_BODY_BYTES_MAX);
+// A removed worker is purged well before a default request would time out.
+const _: () = assert!(DRAIN_TIMEOUT.as_secs() < REQUEST_TIMEOUT_SECS_DEFAULT);
+// Model lists are fetched far less often than the control core turns.
+const _: () = assert!(MODELS_REFRESH_INTERVAL.as_millis() >= CONTROL_TURN.as_millis() * 100);
 // A lookup's tenant count is a u8.
 const _: () = assert!(MATCH_TENANTS_MAX <= u8::MAX as usize);
 const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 5);

@@ -434,6 +434,15 @@ async fn read_response_head(
     }
 }
 
+/// What a response body carries, as far as ending it early goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BodyKind {
+    /// Server-sent events: a cut stream can end with an SSE error event.
+    EventStream,
+    /// Anything else: a cut body can only close the connection.
+    Other,
+}
+
 /// How a response body is tracked on its way through: where it ends, and (for HTTP/1.0
 /// clients of a chunked worker) its de-chunked bytes.
 struct BodyTracker {
@@ -533,6 +542,11 @@ async fn stream_back(
         .headers
         .get(&up.read_buf, "content-type")
         .is_some_and(|v| v.starts_with(b"text/event-stream"));
+    let body_kind = if event_stream {
+        BodyKind::EventStream
+    } else {
+        BodyKind::Other
+    };
     let framing = DownstreamFraming::choose(head.framing, client.version_minor);
     let connection = client.connection.and(Connection::keep_if(
         framing != DownstreamFraming::UntilClose && !core.shared.is_shutting_down(),
@@ -590,7 +604,7 @@ async fn stream_back(
                 };
                 count_error(core, kind);
                 core.metrics().incr(Counter::UpstreamResponsesCut);
-                if end_stream_with_error_event(client, &tracker, event_stream, framing) {
+                if end_stream_with_error_event(client, &tracker, body_kind, framing) {
                     write_client(client).await;
                 }
                 return Ok(StreamEnd::upstream_failed(head.status));
@@ -639,12 +653,14 @@ impl StreamEnd {
 fn end_stream_with_error_event(
     client: &mut ClientSide<'_>,
     tracker: &BodyTracker,
-    event_stream: bool,
+    body_kind: BodyKind,
     framing: DownstreamFraming,
 ) -> bool {
     let at_boundary =
         matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
-    let can_tell = event_stream && framing == DownstreamFraming::ChunkedPassthrough && at_boundary;
+    let can_tell = body_kind == BodyKind::EventStream
+        && framing == DownstreamFraming::ChunkedPassthrough
+        && at_boundary;
     if can_tell {
         client.write_buf.clear();
         client

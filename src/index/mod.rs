@@ -34,6 +34,8 @@ use tree::{Key, SharedTree, TreeWriter, WriteCtx};
 
 // A lookup returns the tenants a node keeps in most-recently-used order.
 const _: () = assert!(MATCH_TENANTS_MAX == raw::MRU_LEN);
+// Every data core reads the index through a reader of its own.
+const _: () = assert!(crate::limits::DATA_CORES_MAX <= READERS_MAX);
 
 /// Retired items after which an insert reclaims on its own (the control core also calls
 /// `reclaim` every turn); a bound on memory held by retired tables when nobody calls it.

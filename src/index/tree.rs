@@ -40,6 +40,15 @@ pub const KEY_ELEMENTS_MAX: usize = 1 << 26;
 pub const NAMESPACES_MAX: usize = 1 << 22;
 // Each model keeps a small recency-list header forever; its namespaces share the table.
 const _: () = assert!(MODELS_MAX <= NAMESPACES_MAX);
+/// Where two labels a merge joins lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LabelLayout {
+    /// The lower label continues the upper one in the same buffer: the merge copies nothing.
+    SideBySide,
+    /// Anywhere else: the merge copies both.
+    Apart,
+}
+
 /// Slots of the first namespace table; it doubles (rebuilt off to the side) at half load.
 const NS_CAPACITY_MIN: usize = 64;
 /// How many times longer than its own label a node's label buffer may be. Nodes split from one
@@ -1317,9 +1326,13 @@ impl<K: Keying> TreeWriter<K> {
             return;
         }
         let long = upper.units.min(lower.units) >= MERGE_UNITS_MIN;
-        let adjoin = self.labels_adjoin(ctx, node, only.node);
-        if adjoin || !long {
-            self.merge(ctx, node, only.node, adjoin);
+        let layout = if self.labels_adjoin(ctx, node, only.node) {
+            LabelLayout::SideBySide
+        } else {
+            LabelLayout::Apart
+        };
+        if layout == LabelLayout::SideBySide || !long {
+            self.merge(ctx, node, only.node, layout);
         }
     }
 
@@ -1340,9 +1353,9 @@ impl<K: Keying> TreeWriter<K> {
             && up.label_end() as usize + low_label.len() == low.label_end() as usize
     }
 
-    /// Replaces `upper` and its only child `lower` by one node (the heir); `adjoin`: their
-    /// labels lie side by side in one buffer, which the heir then keeps instead of a copy.
-    fn merge(&mut self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32, adjoin: bool) {
+    /// Replaces `upper` and its only child `lower` by one node (the heir); when their labels
+    /// lie side by side in one buffer, the heir keeps that buffer instead of a copy.
+    fn merge(&mut self, ctx: &WriteCtx<'_, K::E>, upper: u32, lower: u32, layout: LabelLayout) {
         // The heir takes the lower node's published table, and the upper one is retired in
         // place: both must be current.
         self.flush_pending(ctx, upper);
@@ -1367,7 +1380,7 @@ impl<K: Keying> TreeWriter<K> {
             return;
         };
         let heir = fresh.id();
-        let label = if adjoin {
+        let label = if layout == LabelLayout::SideBySide {
             LabelSource::Share(low, low.label_end() as usize)
         } else {
             LabelSource::copy(&[up_label, low_label].concat())

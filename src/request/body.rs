@@ -17,19 +17,27 @@ use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqA
 
 use super::{Endpoint, PartitionFields, PartitionNamespace, RequestError, RoutingInput};
 
-/// Reads `body` into `input` and returns the request's partition namespace. `collect_key` is false
-/// when a routing-tokens header already supplied the key: text and `input_ids` are then skipped.
+/// Whether the body's key fields (text, `input_ids`) are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum KeyFields {
+    /// Read them: the body supplies the routing key.
+    Read,
+    /// Skip them: a routing-tokens header already supplied the key.
+    Skip,
+}
+
+/// Reads `body` into `input` and returns the request's partition namespace.
 pub(super) fn read(
     endpoint: Endpoint,
     body: &[u8],
-    collect_key: bool,
+    key_fields: KeyFields,
     input: &mut RoutingInput,
 ) -> Result<PartitionNamespace, RequestError> {
     let mut partition = RawPartition::default();
     let mut de = serde_json::Deserializer::from_slice(body);
     let seed = BodySeed {
         endpoint,
-        collect_key,
+        collect_key: key_fields == KeyFields::Read,
         input,
         partition: &mut partition,
     };

@@ -208,7 +208,12 @@ pub fn extract(
     if !header_tokens {
         input.tokens.clear();
     }
-    let partition = body::read(endpoint, body, !header_tokens, input)?;
+    let key_fields = if header_tokens {
+        body::KeyFields::Skip
+    } else {
+        body::KeyFields::Read
+    };
+    let partition = body::read(endpoint, body, key_fields, input)?;
     input.namespace = partition;
     input.source = Some(if header_tokens {
         KeySource::TokensHeader

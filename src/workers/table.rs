@@ -127,11 +127,11 @@ impl TokenCredits {
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Adds `tokens` to core `core`'s entry for `id`. Only core `core` writes its row, so a plain
+    /// Adds `tokens` to data core `core_id`'s entry for `id`. Only that core writes its row, so a plain
     /// load and store suffice; an entry of an older generation restarts from zero.
-    fn add(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
+    fn add(&self, core_id: usize, id: WorkerId, generation: u32, tokens: u64) {
         let tag = credit_tag(generation);
-        let entry = &self.by_core[core][id.index()];
+        let entry = &self.by_core[core_id][id.index()];
         let old = entry.load(Ordering::Relaxed);
         let held = if old >> CREDIT_TOKEN_BITS == tag {
             old & CREDIT_TOKENS_MAX
@@ -144,9 +144,9 @@ impl TokenCredits {
 
     /// Takes back `tokens` added under `generation`, if that generation is still the entry's
     /// (a newer report voided them already otherwise).
-    fn release(&self, core: usize, id: WorkerId, generation: u32, tokens: u64) {
+    fn release(&self, core_id: usize, id: WorkerId, generation: u32, tokens: u64) {
         let tag = credit_tag(generation);
-        let entry = &self.by_core[core][id.index()];
+        let entry = &self.by_core[core_id][id.index()];
         let old = entry.load(Ordering::Relaxed);
         if old >> CREDIT_TOKEN_BITS == tag {
             let left = (old & CREDIT_TOKENS_MAX).saturating_sub(tokens);
@@ -239,18 +239,18 @@ impl WorkerTable {
         sum.fold(0u32, u32::wrapping_add)
     }
 
-    /// Credits one in-flight request of `tokens` prompt tokens to `id` from data core `core`.
+    /// Credits one in-flight request of `tokens` prompt tokens to `id` from data core `core_id`.
     /// The tokens count as queued prefill work until `InflightCredit::prefill_done` (the
     /// response's first body byte) and as resident KV-cache tokens until the guard drops (the
     /// request ended, however it ended); a newer load report voids both, since it counts them.
-    pub fn credit(&self, core: usize, id: WorkerId, tokens: u64) -> InflightCredit<'_> {
-        self.inflight_by_core[core][id.index()].fetch_add(1, Ordering::Relaxed);
+    pub fn credit(&self, core_id: usize, id: WorkerId, tokens: u64) -> InflightCredit<'_> {
+        self.inflight_by_core[core_id][id.index()].fetch_add(1, Ordering::Relaxed);
         let generation = self.signals(id).load_generation();
-        self.queued_tokens.add(core, id, generation, tokens);
-        self.resident_tokens.add(core, id, generation, tokens);
+        self.queued_tokens.add(core_id, id, generation, tokens);
+        self.resident_tokens.add(core_id, id, generation, tokens);
         InflightCredit {
             table: self,
-            core,
+            core_id,
             id,
             generation,
             queued: tokens,
@@ -282,7 +282,7 @@ impl WorkerTable {
 #[derive(Debug)]
 pub struct InflightCredit<'a> {
     table: &'a WorkerTable,
-    core: usize,
+    core_id: usize,
     id: WorkerId,
     generation: u32,
     /// Prompt tokens still credited as queued work (0 once the prefill is done).
@@ -298,14 +298,14 @@ impl InflightCredit<'_> {
     pub fn prefill_done(&mut self) {
         if self.queued > 0 {
             let tokens = std::mem::take(&mut self.queued);
-            let (core, id, generation) = (self.core, self.id, self.generation);
+            let (core_id, id, generation) = (self.core_id, self.id, self.generation);
             let now = self.table.signals(id).load_generation();
             if now == generation {
                 self.table
                     .queued_tokens
-                    .release(core, id, generation, tokens);
+                    .release(core_id, id, generation, tokens);
             } else {
-                self.table.drained_tokens.add(core, id, now, tokens);
+                self.table.drained_tokens.add(core_id, id, now, tokens);
             }
         }
     }
@@ -314,11 +314,11 @@ impl InflightCredit<'_> {
 impl Drop for InflightCredit<'_> {
     fn drop(&mut self) {
         self.prefill_done();
-        let (core, id, generation) = (self.core, self.id, self.generation);
+        let (core_id, id, generation) = (self.core_id, self.id, self.generation);
         self.table
             .resident_tokens
-            .release(core, id, generation, self.resident);
-        self.table.inflight_by_core[core][id.index()].fetch_sub(1, Ordering::Relaxed);
+            .release(core_id, id, generation, self.resident);
+        self.table.inflight_by_core[core_id][id.index()].fetch_sub(1, Ordering::Relaxed);
     }
 }
 
