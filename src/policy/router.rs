@@ -366,19 +366,29 @@ mod tests {
     use super::*;
     use crate::policy::PolicyArgs;
 
-    /// Prepares `body` at `now_ms` into `prepared` and routes it over idle workers named by
-    /// `urls`.
+    /// `body` for `endpoint`, prepared by `router` at `now_ms` (no routing headers).
+    pub(super) fn prepare(
+        router: &mut Router,
+        endpoint: Endpoint,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Prepared {
+        let mut prepared = Prepared::default();
+        let headers = RoutingHeaders::default();
+        router
+            .prepare(&mut prepared, endpoint, headers, body, now_ms)
+            .expect("a JSON object");
+        prepared
+    }
+
+    /// Prepares `body` at `now_ms` and routes it over idle workers named by `urls`.
     pub(super) fn prepare_and_route_idle(
         router: &mut Router,
-        prepared: &mut Prepared,
         urls: &[&str],
         (endpoint, body): (Endpoint, &str),
         now_ms: u64,
-    ) -> WorkerId {
-        let headers = RoutingHeaders::default();
-        router
-            .prepare(prepared, endpoint, headers, body.as_bytes(), now_ms)
-            .unwrap();
+    ) -> (WorkerId, Prepared) {
+        let prepared = prepare(router, endpoint, body.as_bytes(), now_ms);
         let workers = urls
             .iter()
             .enumerate()
@@ -387,7 +397,8 @@ mod tests {
             eligible: true,
             ..WorkerStatus::default()
         };
-        router.choose(prepared, workers, status_of).unwrap()
+        let worker = router.choose(&prepared, workers, status_of).unwrap();
+        (worker, prepared)
     }
 
     fn router() -> (Router, Arc<PolicyMetrics>) {
@@ -399,9 +410,7 @@ mod tests {
     /// Prepares a completion of `prompt` and routes it over idle workers named by `urls`.
     fn route_idle(router: &mut Router, urls: &[&str], prompt: &str) -> WorkerId {
         let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
-        let mut prepared = Prepared::default();
-        let request = (Endpoint::Completions, body.as_str());
-        prepare_and_route_idle(router, &mut prepared, urls, request, 10)
+        prepare_and_route_idle(router, urls, (Endpoint::Completions, &body), 10).0
     }
 
     #[test]
@@ -413,16 +422,7 @@ mod tests {
         for i in 0..10 {
             let body =
                 format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
-            let mut prepared = Prepared::default();
-            router
-                .prepare(
-                    &mut prepared,
-                    Endpoint::Completions,
-                    RoutingHeaders::default(),
-                    body.as_bytes(),
-                    10,
-                )
-                .unwrap();
+            let prepared = prepare(&mut router, Endpoint::Completions, body.as_bytes(), 10);
             let workers = urls
                 .iter()
                 .enumerate()
@@ -485,16 +485,7 @@ mod tests {
             ..PolicyArgs::default()
         };
         let mut router = Router::new(args.validate().unwrap(), 1, None, Arc::default());
-        let mut prepared = Prepared::default();
-        router
-            .prepare(
-                &mut prepared,
-                Endpoint::Completions,
-                RoutingHeaders::default(),
-                br#"{"prompt":"p"}"#,
-                0,
-            )
-            .unwrap();
+        let prepared = prepare(&mut router, Endpoint::Completions, br#"{"prompt":"p"}"#, 0);
         let status_of = |_| WorkerStatus {
             eligible: true,
             ..WorkerStatus::default()
@@ -535,9 +526,8 @@ mod index_tests {
                 ]
             })
             .to_string();
-            let mut prepared = Prepared::default();
             let request = (Endpoint::ChatCompletions, body.as_str());
-            let worker = prepare_and_route_idle(&mut router, &mut prepared, &urls, request, now_ms);
+            let (worker, prepared) = prepare_and_route_idle(&mut router, &urls, request, now_ms);
             let record = router.record(&prepared, worker, now_ms).unwrap();
             let ns = record.namespace;
             match &record.key {
@@ -588,11 +578,7 @@ mod table_tests {
         tried: &TriedWorkers,
         body: &[u8],
     ) -> (Option<WorkerId>, Prepared) {
-        let mut prepared = Prepared::default();
-        let headers = RoutingHeaders::default();
-        router
-            .prepare(&mut prepared, Endpoint::Generate, headers, body, 0)
-            .unwrap();
+        let prepared = super::tests::prepare(router, Endpoint::Generate, body, 0);
         let roster = table.roster();
         let view = WorkerView {
             roster: &roster,
@@ -637,11 +623,7 @@ mod table_tests {
     fn the_requested_model_restricts_the_workers() {
         let table = table(1, 3, 41200);
         let mut router = router(PolicyKind::Random, 3);
-        let mut prepared = Prepared::default();
-        let headers = RoutingHeaders::default();
-        router
-            .prepare(&mut prepared, Endpoint::Generate, headers, b"{}", 0)
-            .unwrap();
+        let prepared = super::tests::prepare(&mut router, Endpoint::Generate, b"{}", 0);
         let roster = table.roster();
         let serving = [WorkerId(2)];
         let view = WorkerView {
