@@ -310,10 +310,10 @@ fn tree_match(body: &[u8], endpoint: Endpoint, input: &mut RoutingInput) -> Tree
 struct FixedLookup(TreeMatch);
 
 impl IndexLookup for FixedLookup {
-    fn lookup(&self, _: Namespace, _: IndexKey<'_>) -> Lookup {
-        Lookup {
+    fn lookup(&self, _: Namespace, _: IndexKey<'_>, _: u64) -> Lookup {
+        Lookup::Tree {
             matched: self.0,
-            ..Lookup::default()
+            hint: Default::default(),
         }
     }
 

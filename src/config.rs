@@ -125,6 +125,8 @@ pub struct Config {
     pub client_idle_timeout: Duration,
     /// Health, breaker, retry, overload, load-monitoring and admin settings.
     pub worker_settings: WorkerSettings,
+    /// Things to say once in the log at start (flags given that the chosen mode ignores).
+    pub startup_notices: Vec<String>,
 }
 
 impl Config {
@@ -179,10 +181,20 @@ impl Config {
         let client_idle_timeout =
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
         let worker_settings = cli.worker_args.validate()?;
+        let unused = cli.policy.unused_in_hash_mode();
+        let startup_notices = if unused.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!(
+                "--cache-index hash does not use {} (given, and ignored)",
+                unused.join(", ")
+            )]
+        };
         Ok(Config {
             header_read_timeout,
             client_idle_timeout,
             worker_settings,
+            startup_notices,
             listen_addr,
             prometheus_addr,
             workers,

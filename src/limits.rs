@@ -155,6 +155,23 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// matched node". Candidate groups of the decision flow are fixed arrays of this size.
 pub const MATCH_TENANTS_MAX: usize = 8;
 
+/// The most `--cache-boundaries` positions: a request has one head per boundary, looked up and
+/// recorded per request; engines that reuse at fixed positions use a handful (SMG's example: 3).
+pub const CACHE_BOUNDARIES_MAX: usize = 16;
+
+/// Holders one head of the hash index keeps (the spec's "at most three holders"; a fourth
+/// evicts the stalest).
+pub const PLACEMENT_HOLDERS_MAX: usize = 3;
+
+/// Live heads the hash index holds (it is sized for them at start, 48 bytes per head, its pages
+/// committed as they are used). With the default TTL of 180 s and three boundaries that is about
+/// 1,900 new prefixes per second; beyond it new heads wait for the sweep and are counted.
+pub const PLACEMENT_HEADS_MAX: usize = 1 << 20;
+
+/// Slots a hash-index probe looks at before it gives up (a miss for a reader, a dropped head for
+/// the writer). At the table's most (3/4 full) a run longer than this is vanishingly rare.
+pub const PLACEMENT_PROBE_MAX: usize = 64;
+
 /// The most models the index keeps trees for (and data cores announce by name for gauge labels).
 pub const MODELS_MAX: usize = 1 << 16;
 
@@ -188,6 +205,11 @@ const _: () = assert!(MODEL_ID_BYTES_MAX * MODELS_PER_WORKER_MAX <= PROBE_BODY_B
 const _: () = assert!(DRAIN_TIMEOUT.as_secs() < REQUEST_TIMEOUT_SECS_DEFAULT);
 // Model lists are fetched far less often than the control core turns.
 const _: () = assert!(MODELS_REFRESH_INTERVAL.as_millis() >= CONTROL_TURN.as_millis() * 100);
+// A head's holder count and a request's head count are u8s; holders fit a worker id.
+const _: () = assert!(PLACEMENT_HOLDERS_MAX <= u8::MAX as usize && CACHE_BOUNDARIES_MAX <= 255);
+const _: () = assert!(PLACEMENT_PROBE_MAX < PLACEMENT_HEADS_MAX);
+// A head's holders are candidates of the decision flow, like a tree node's tenants.
+const _: () = assert!(PLACEMENT_HOLDERS_MAX <= MATCH_TENANTS_MAX);
 // A lookup's tenant count is a u8.
 const _: () = assert!(MATCH_TENANTS_MAX <= u8::MAX as usize);
 const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 5);

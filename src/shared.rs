@@ -41,6 +41,8 @@ pub struct Shared {
     pub catalog: ArcSwap<ModelCatalog>,
     /// Tree gauges by model name, published by the control core after each eviction cycle.
     pub tree_gauges: ArcSwap<Vec<(String, ModelGauges)>>,
+    /// Live heads of the hash index by model name, published after each sweep.
+    pub placement_gauges: ArcSwap<Vec<(String, u64)>>,
     /// One dispatch-record queue per data core (`core_id`), drained by the control core.
     pub dispatch_queues: Box<[ArrayQueue<DispatchRecord>]>,
     /// One attempt-record queue per data core (`core_id`), drained by the control core.
@@ -63,6 +65,7 @@ impl Shared {
             table: WorkerTable::new(cores, &config.workers),
             catalog: ArcSwap::from_pointee(ModelCatalog::default()),
             tree_gauges: ArcSwap::from_pointee(Vec::new()),
+            placement_gauges: ArcSwap::from_pointee(Vec::new()),
             dispatch_queues: (0..cores)
                 .map(|_| ArrayQueue::new(DISPATCH_QUEUE_CAPACITY))
                 .collect(),

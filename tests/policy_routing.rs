@@ -318,3 +318,78 @@ fn a_tree_far_over_budget_is_evicted_before_the_eviction_interval() {
         "tree holds {chars} characters, budget 2000"
     );
 }
+
+/// The placement gauge of `model`, once it is reported.
+fn placement_entries(gateway: &Gateway, model: &str) -> Option<f64> {
+    gateway.metric_value(&format!("smg_cache_placement_entries{{model=\"{model}\"}}"))
+}
+
+#[test]
+fn hash_mode_keeps_a_conversation_on_one_worker_sweeps_expired_heads_and_purges_removed_workers() {
+    let fleet = SimFleet::start(3, &["--instant"]);
+    let gateway = Gateway::start(
+        &fleet.urls(),
+        &[
+            "--cache-index",
+            "hash",
+            "--cache-boundaries",
+            "64,128",
+            "--cache-ttl-secs",
+            "2",
+            "--eviction-interval",
+            "1",
+        ],
+    );
+    let mut client = gateway.client();
+    let generate = |tokens: u32| {
+        let ids: Vec<u32> = (0..tokens).map(|i| i * 5 + 2).collect();
+        serde_json::json!({"model": "sim-model", "input_ids": ids, "sampling_params": {"max_new_tokens": 1}})
+            .to_string()
+    };
+    // A first turn reaching the 64-token boundary, then its follow-ups reaching 128.
+    let home = routed(&mut client, "/generate", &generate(100));
+    for tokens in [200, 300] {
+        assert_eq!(routed(&mut client, "/generate", &generate(tokens)), home);
+    }
+    // Hash decisions are not counted in the tree's branch counter.
+    assert_eq!(
+        gateway.metric_sum("smg_cache_aware_policy_branch_total"),
+        0.0
+    );
+    // The sweep (every second) publishes the live heads: the 64- and 128-token heads.
+    assert!(
+        wait_until(Duration::from_secs(5), || placement_entries(
+            &gateway,
+            "sim-model"
+        ) == Some(2.0)),
+        "{}",
+        gateway.metrics()
+    );
+    // Untouched for the 2 s TTL, both expire and a later sweep drops them.
+    assert!(
+        wait_until(Duration::from_secs(8), || placement_entries(
+            &gateway,
+            "sim-model"
+        ) == Some(0.0)),
+        "{}",
+        gateway.metrics()
+    );
+    // Expired, the conversation is a new prefix again (placed wherever the least new work went).
+    // Recorded again, then its holder is removed: the holdings go at once.
+    let home = routed(&mut client, "/generate", &generate(200));
+    assert!(wait_until(Duration::from_secs(5), || {
+        placement_entries(&gateway, "sim-model") == Some(2.0)
+    }));
+    let encoded = home.replace(':', "%3A").replace('/', "%2F");
+    let removed = gateway.request("DELETE", &format!("/workers/{encoded}"), "", None);
+    assert_eq!(removed.status, 202, "{}", removed.text());
+    assert!(
+        wait_until(Duration::from_secs(5), || placement_entries(
+            &gateway,
+            "sim-model"
+        ) == Some(0.0)),
+        "{}",
+        gateway.metrics()
+    );
+    assert_ne!(routed(&mut client, "/generate", &generate(200)), home);
+}

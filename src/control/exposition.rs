@@ -30,7 +30,20 @@ pub fn render(shared: &Shared, out: &mut String) {
     shared.metrics.render(out);
     crate::policy::render_prometheus(shared.policy_metrics.iter().map(|m| &**m), out);
     render_tree_gauges(&shared.tree_gauges.load(), out);
+    render_placement_gauges(&shared.placement_gauges.load(), out);
     render_worker_gauges(&shared.table, out);
+}
+
+/// `smg_cache_placement_entries` per model: the hash index's live heads after its last sweep.
+pub fn render_placement_gauges(gauges: &[(String, u64)], out: &mut String) {
+    let name = "smg_cache_placement_entries";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Live heads in the hash index (--cache-index hash), after the last sweep\n# TYPE {name} gauge"
+    );
+    for (model, heads) in gauges {
+        let _ = writeln!(out, "{name}{{model=\"{}\"}} {heads}", escape_label(model));
+    }
 }
 
 /// `smg_cache_tree_chars`, `smg_cache_tree_tokens` and `smg_cache_tree_tenants` per model.

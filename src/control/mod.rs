@@ -20,11 +20,10 @@ use std::sync::Arc;
 
 use monoio::net::TcpListener;
 
-use crate::index::IndexWriter;
 use crate::limits::CONTROL_TURN;
 use crate::metrics::Counter;
 use crate::shared::Shared;
-use index_upkeep::IndexUpkeep;
+use index_upkeep::{IndexUpkeep, IndexWriters};
 use workers::WorkerDriver;
 
 /// The control core's state, owned by its thread.
@@ -37,7 +36,7 @@ pub struct ControlCore {
 
 impl ControlCore {
     /// A control core over `shared`, the only writer of the index `writer` writes.
-    pub fn new(shared: Arc<Shared>, writer: Option<IndexWriter>) -> Self {
+    pub fn new(shared: Arc<Shared>, writer: Option<IndexWriters>) -> Self {
         let index = writer.map(|writer| IndexUpkeep::new(writer, &shared.config.policy));
         ControlCore { shared, index }
     }
@@ -76,7 +75,7 @@ impl ControlCore {
         for queue in self.shared.dispatch_queues.iter() {
             while let Some(record) = queue.pop() {
                 if let Some(index) = &mut self.index {
-                    index.apply_record(record);
+                    index.apply_record(record, &self.shared);
                 }
                 applied += 1;
             }

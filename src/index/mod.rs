@@ -1,6 +1,8 @@
 //! The prefix index: string tree (characters), token tree (whole pages of `--block-size`
 //! tokens, each page stored as one 64-bit hash of its ids: [`TokenPages`]), keyed by model and
-//! partition namespace. Data cores read it lock-free; only the control core writes it.
+//! partition namespace, and the hash index of `--cache-index hash` ([`hash`]: request heads at
+//! fixed token positions, with TTL'd holders). Data cores read them lock-free; only the control
+//! core writes them.
 //!
 //! - [`IndexWriter`] (one, on the control core): `insert_text`, `insert_tokens`, `remove_worker`,
 //!   `evict`, `reclaim`, `gauges`. It is the only owner of the trees' bookkeeping.
@@ -17,6 +19,7 @@
 #![deny(unsafe_code)]
 
 mod entries;
+pub mod hash;
 mod keys;
 mod raw;
 mod tree;

@@ -608,6 +608,37 @@ pub fn text_buffer(text: &str) -> Arc<str> {
     unsafe { Arc::from_raw(Arc::into_raw(bytes) as *const str) }
 }
 
+/// One cache line of eight atomic words: the hash index's table is made of them.
+#[derive(Debug)]
+#[repr(C, align(64))]
+pub struct AtomicLine(pub [AtomicU64; 8]);
+
+/// `len` cache lines of zero words, from the allocator's zeroing path: a large table comes as
+/// fresh zero pages the kernel commits only as they are first written (an idle table costs
+/// address space, not memory).
+pub fn zeroed_lines(len: usize) -> Box<[AtomicLine]> {
+    if len == 0 {
+        return Box::new([]);
+    }
+    let Ok(layout) = std::alloc::Layout::array::<AtomicLine>(len) else {
+        panic!("a table of {len} cache lines overflows the address space");
+    };
+    // SAFETY: the layout has a non-zero size (len > 0, and a line is 64 bytes).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: `ptr` is a fresh allocation of `layout`, which is the layout of `[AtomicLine; len]`
+    // (so the box deallocates it with the same layout), and all-zero bytes are a valid
+    // `AtomicLine` (atomic integers have the bit validity of their integers).
+    unsafe {
+        Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            ptr.cast::<AtomicLine>(),
+            len,
+        ))
+    }
+}
+
 /// A node slot no reader can reach: freshly allocated or reclaimed after a grace period.
 #[derive(Debug)]
 pub struct FreshNode<'s, E: Element> {
@@ -1125,5 +1156,18 @@ mod tests {
         assert_eq!(ids, vec![5]);
         domain.go_offline(&mut slot);
         domain.release_reader(&slot);
+    }
+
+    #[test]
+    fn zeroed_lines_are_aligned_zero_and_writable() {
+        let lines = zeroed_lines(1000);
+        assert_eq!(lines.len(), 1000);
+        assert_eq!(lines.as_ptr() as usize % 64, 0, "one line per cache line");
+        assert!(lines
+            .iter()
+            .all(|line| line.0.iter().all(|w| w.load(Ordering::Relaxed) == 0)));
+        lines[999].0[7].store(7, Ordering::Relaxed);
+        assert_eq!(lines[999].0[7].load(Ordering::Relaxed), 7);
+        assert!(zeroed_lines(0).is_empty());
     }
 }

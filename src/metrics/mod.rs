@@ -47,6 +47,8 @@ pub enum Counter {
     /// Attempt outcomes dropped because a data core's queue to the control core was full (a
     /// circuit breaker then reacts a little later).
     AttemptRecordsDropped,
+    /// Hash-index heads not recorded because the map held its most heads (until the sweep).
+    PlacementHeadsRefused,
     /// Responses cut short because the worker failed after bytes reached the client (these
     /// cannot be retried; streaming clients get an SSE error event when the framing allows).
     UpstreamResponsesCut,
@@ -58,7 +60,7 @@ impl Counter {
 }
 
 /// Name and help of each `Counter`, in variant order.
-const COUNTER_DEFS: [(&str, &str); 14] = [
+const COUNTER_DEFS: [(&str, &str); 15] = [
     (
         "kvgate_downstream_connections_accepted_total",
         "Client connections accepted.",
@@ -110,6 +112,10 @@ const COUNTER_DEFS: [(&str, &str); 14] = [
     (
         "kvgate_attempt_records_dropped_total",
         "Attempt outcomes for the circuit breakers dropped on a full queue.",
+    ),
+    (
+        "kvgate_cache_placement_heads_refused_total",
+        "Hash-index heads not recorded because the map held its most heads.",
     ),
     (
         "kvgate_upstream_responses_cut_total",

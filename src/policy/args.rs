@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::error::FlagError;
+use crate::limits::CACHE_BOUNDARIES_MAX;
 
 /// `--policy`: which routing policy the gateway runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -96,7 +97,8 @@ pub struct PolicyArgs {
     /// Seconds between eviction cycles.
     #[arg(long, alias = "eviction-interval-secs", default_value_t = 120)]
     pub eviction_interval: u64,
-    /// Index kind for cache_aware (only `tree` is implemented; `hash` is refused at start).
+    /// Index kind for cache_aware: the radix trees, or the TTL'd placement map of request heads
+    /// at `--cache-boundaries` (which it requires).
     #[arg(long, value_enum, default_value = "tree")]
     pub cache_index: CacheIndexKind,
     /// Token positions (positive, strictly ascending) for hash mode and prefix_hash.
@@ -236,28 +238,53 @@ impl PolicyArgs {
     fn validate_boundaries(&self) -> Result<(), FlagError> {
         let bounds = &self.cache_boundaries;
         if bounds.first() == Some(&0) {
-            return Err(refuse("--cache-boundaries", "positions must be positive"));
-        }
-        if bounds.windows(2).any(|w| w[0] >= w[1]) {
             return Err(refuse(
                 "--cache-boundaries",
-                "positions must be strictly ascending",
+                "token positions must be positive (got 0)",
+            ));
+        }
+        if let Some(pair) = bounds.windows(2).find(|w| w[0] >= w[1]) {
+            let (a, b) = (pair[0], pair[1]);
+            return Err(refuse(
+                "--cache-boundaries",
+                format!("token positions must be strictly ascending ({a} then {b})"),
+            ));
+        }
+        if bounds.len() > CACHE_BOUNDARIES_MAX {
+            let n = bounds.len();
+            return Err(refuse(
+                "--cache-boundaries",
+                format!("{n} positions given, at most {CACHE_BOUNDARIES_MAX}"),
             ));
         }
         if self.cache_index == CacheIndexKind::Hash && bounds.is_empty() {
             return Err(refuse(
                 "--cache-boundaries",
-                "required with --cache-index hash",
-            ));
-        }
-        if self.cache_index == CacheIndexKind::Hash {
-            // Refused rather than silently routed on the trees: the placement map is not built.
-            return Err(refuse(
-                "--cache-index",
-                "hash is not implemented yet; use tree (the default)",
+                "required with --cache-index hash (e.g. --cache-boundaries 2048,8192,32768)",
             ));
         }
         Ok(())
+    }
+
+    /// The flags given a value other than their default that `--cache-index hash` does not use
+    /// (the spec: "in hash mode ... --cache-threshold, --overlap-decay and
+    /// --selection-temperature are not used"); empty in tree mode.
+    pub fn unused_in_hash_mode(&self) -> Vec<&'static str> {
+        if self.cache_index != CacheIndexKind::Hash {
+            return Vec::new();
+        }
+        let defaults = PolicyArgs::default();
+        let mut unused = Vec::new();
+        if self.cache_threshold != defaults.cache_threshold {
+            unused.push("--cache-threshold");
+        }
+        if self.overlap_decay != defaults.overlap_decay {
+            unused.push("--overlap-decay");
+        }
+        if self.selection_temperature != defaults.selection_temperature {
+            unused.push("--selection-temperature");
+        }
+        unused
     }
 }
 

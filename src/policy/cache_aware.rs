@@ -1,23 +1,43 @@
 //! The `cache_aware` decision flow of the spec ("Routing Algorithm", steps 1–7) as one pure
-//! function over a snapshot: [`select`]. Inputs: the index lookup (already done by the caller),
-//! the worker slots, the knobs and a seeded RNG. No I/O, no `.await`, no allocation: candidate
-//! groups live in fixed arrays of [`MATCH_TENANTS_MAX`] entries.
+//! function over a snapshot: [`select`]. Inputs: what the index knows of the request's prefix
+//! ([`Affinity`]: a tree match, or the hash index's holders), the worker slots, the knobs and a
+//! seeded RNG. No I/O, no `.await`, no allocation: candidate groups live in fixed arrays of
+//! `MATCH_TENANTS_MAX` entries.
 
 use fastrand::Rng;
 
 use super::{Branch, CacheAwareConfig, Decision, Fleet, SpillGate, WorkerStatus};
 use crate::ids::WorkerId;
+use crate::index::hash::HeadMatch;
 use crate::index::TreeMatch;
 use crate::limits::MATCH_TENANTS_MAX;
 
-/// Routes one request. `tree` is the lookup result in the request's index (string or token tree
-/// under its model and partition), `None` when the request has no key to look up;
-/// `request_tokens` its prompt tokens (the dispatch credit; estimated for text). Returns `None`
-/// only when no worker is eligible (the gateway answers 503). Step 7 (record) is the caller's:
-/// it inserts the request's key for `Decision::worker` whatever the branch, so a spill target or a
-/// KV-pressure pick becomes an additional holder.
-pub fn select(
-    tree: Option<&TreeMatch>,
+/// What the index knows of a request's prefix: step 3's input.
+#[derive(Clone, Copy, Debug)]
+pub enum Affinity<'a> {
+    /// Nothing was looked up (the request has no key): load-balanced.
+    None,
+    /// A string- or token-tree match.
+    Tree(&'a TreeMatch),
+    /// The hash index's live holders of each head, deepest first (no head: no token IDs).
+    Heads(&'a HeadMatch),
+    /// Hash mode, token IDs shorter than the smallest boundary: load-balanced.
+    Short,
+}
+
+impl<'a> From<Option<&'a TreeMatch>> for Affinity<'a> {
+    fn from(tree: Option<&'a TreeMatch>) -> Self {
+        tree.map_or(Affinity::None, Affinity::Tree)
+    }
+}
+
+/// Routes one request. `affinity` is what its index knows (looked up by the caller under the
+/// request's model and partition); `request_tokens` its prompt tokens (the dispatch credit;
+/// estimated for text). Returns `None` only when no worker is eligible (the gateway answers
+/// 503). Step 7 (record) is the caller's: it records the request for `Decision::worker` whatever
+/// the branch, so a spill target or a KV-pressure pick becomes an additional holder.
+pub fn select<'a>(
+    affinity: impl Into<Affinity<'a>>,
     workers: &[WorkerStatus],
     config: &CacheAwareConfig,
     request_tokens: u64,
@@ -33,6 +53,7 @@ pub fn select(
         worker: worker_id(slot),
         branch,
         match_ratio,
+        head_tokens: 0,
     };
 
     // 2. KV pressure: skip affinity, lowest expected wait.
@@ -41,35 +62,64 @@ pub fn select(
         return Some(decide(Branch::KvPressure, slot, 0.0));
     }
 
-    // 3. Affinity candidates: the eligible tenants of the matched node, above the threshold.
-    let Some(tree) = tree else {
-        let slot = fleet.lowest_wait(workers, all_slots, rng)?;
-        return Some(decide(Branch::FirstHealthyFallback, slot, 0.0));
+    // 3. Affinity candidates: the eligible tenants of the matched node, above the threshold;
+    //    or the eligible live holders of the deepest head that has any.
+    let (candidates, match_ratio, head_tokens) = match affinity.into() {
+        Affinity::None => {
+            let slot = fleet.lowest_wait(workers, all_slots, rng)?;
+            return Some(decide(Branch::FirstHealthyFallback, slot, 0.0));
+        }
+        Affinity::Short => {
+            let slot = fleet.lowest_wait(workers, all_slots, rng)?;
+            return Some(decide(Branch::ShortRequest, slot, 0.0));
+        }
+        Affinity::Tree(tree) => {
+            let match_ratio = tree.ratio();
+            if match_ratio <= config.cache_threshold {
+                // 6. Cache miss: lowest expected wait, or about as quick and given less new
+                //    prefix lately (the requests that will share this one follow it).
+                let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
+                return Some(decide(Branch::ExpectedWaitFallback, slot, match_ratio));
+            }
+            let mut candidates = Candidates::of(tree.tenants(), workers);
+            // 4. Rank: overlap decay, then the top (or temperature-sampled) score group.
+            candidates.apply_overlap_decay(workers, config, tree.request_len);
+            let group = candidates.score_group(config.selection_temperature, rng);
+            (group, match_ratio, 0)
+        }
+        Affinity::Heads(heads) => {
+            let deepest = heads.hits().iter().find_map(|hit| {
+                let candidates = Candidates::of(hit.holders(), workers);
+                (candidates.len > 0).then_some((candidates, hit.head.tokens))
+            });
+            let Some((candidates, head_tokens)) = deepest else {
+                // 6. No head has a live eligible holder: a miss.
+                let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
+                return Some(decide(Branch::ExpectedWaitFallback, slot, 0.0));
+            };
+            (candidates, 0.0, head_tokens)
+        }
     };
-    let match_ratio = tree.ratio();
-    if match_ratio <= config.cache_threshold {
-        // 6. Cache miss: lowest expected wait, or about as quick and given less new prefix
-        //    lately (the requests that will share this one follow it).
-        let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
-        return Some(decide(Branch::ExpectedWaitFallback, slot, match_ratio));
-    }
-    let mut candidates = Candidates::eligible_tenants(tree, workers);
-
-    // 4. Rank: overlap decay, then the top (or temperature-sampled) score group.
-    candidates.apply_overlap_decay(workers, config, tree.request_len);
-    let group = candidates.score_group(config.selection_temperature, rng);
+    let (hit, spill) = match head_tokens {
+        0 => (Branch::TreeMatch, Branch::Spill),
+        _ => (Branch::HashHit, Branch::HashSpill),
+    };
+    let decide = |branch, slot| Decision {
+        head_tokens,
+        ..decide(branch, slot, match_ratio)
+    };
 
     // 5. Spill gate: the least-waiting candidate that is not hot; else spill to the least-waiting
     //    eligible worker that is not hot; else to the least-waiting eligible worker.
     let gate = SpillGate::new(config, fleet.in_flight_mean);
     let cool = |slot: &usize| !gate.is_hot(&workers[*slot]);
-    if let Some(slot) = fleet.lowest_wait(workers, group.slots().filter(cool), rng) {
-        return Some(decide(Branch::TreeMatch, slot, match_ratio));
+    if let Some(slot) = fleet.lowest_wait(workers, candidates.slots().filter(cool), rng) {
+        return Some(decide(hit, slot));
     }
     let slot = fleet
         .lowest_wait(workers, all_slots.clone().filter(cool), rng)
         .or_else(|| fleet.lowest_wait(workers, all_slots, rng))?;
-    Some(decide(Branch::Spill, slot, match_ratio))
+    Some(decide(spill, slot))
 }
 
 fn worker_id(slot: usize) -> WorkerId {
@@ -86,14 +136,15 @@ struct Candidates {
 }
 
 impl Candidates {
-    /// Every tenant of the matched node holds the matched prefix: all start with score 1.
-    fn eligible_tenants(tree: &TreeMatch, workers: &[WorkerStatus]) -> Candidates {
+    /// The eligible ones of `holders` (every one holds the matched prefix: all start with
+    /// score 1).
+    fn of(holders: &[WorkerId], workers: &[WorkerStatus]) -> Candidates {
         let mut candidates = Candidates {
             slots: [0; MATCH_TENANTS_MAX],
             scores: [1.0; MATCH_TENANTS_MAX],
             len: 0,
         };
-        for tenant in tree.tenants() {
+        for tenant in holders {
             let slot = tenant.index();
             let eligible = workers.get(slot).is_some_and(|w| w.eligible);
             let duplicate = candidates.slots[..candidates.len].contains(&slot);

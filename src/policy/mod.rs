@@ -26,9 +26,10 @@ mod router;
 mod simple;
 
 pub use args::{CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyConfig, PolicyKind};
+pub use cache_aware::Affinity;
 pub use expected_wait::{Fleet, SpillGate, NEW_PREFIX_WAIT_SLACK};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
-pub use lookup::{IndexLookup, Trees};
+pub use lookup::{Heads, IndexLookup, Trees};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
 pub use placements::PLACEMENT_HALF_LIFE_MS;
 pub use prepared::{IndexKey, Lookup, Prepared};
@@ -114,6 +115,12 @@ pub enum Branch {
     FirstHealthyFallback,
     /// KV pressure suspended affinity (step 2). Not counted in the branch counter (spec).
     KvPressure,
+    /// Hash mode: a live holder of the deepest head that has one (step 5, not hot).
+    HashHit,
+    /// Hash mode: every holder was hot; the least-waiting non-hot worker (step 5).
+    HashSpill,
+    /// Hash mode: token IDs shorter than the smallest boundary; the least-waiting worker.
+    ShortRequest,
 }
 
 impl Branch {
@@ -133,6 +140,9 @@ impl Branch {
             Branch::ExpectedWaitFallback => "expected_wait_fallback",
             Branch::FirstHealthyFallback => "first_healthy_fallback",
             Branch::KvPressure => "kv_pressure_expected_wait",
+            Branch::HashHit => "hash_hit",
+            Branch::HashSpill => "hash_spill",
+            Branch::ShortRequest => "short_request",
         }
     }
 }
@@ -144,8 +154,10 @@ pub struct Decision {
     pub worker: WorkerId,
     /// Which step chose it.
     pub branch: Branch,
-    /// Matched length over request length (0 when nothing was looked up).
+    /// Matched length over request length (tree mode; 0 when nothing was looked up).
     pub match_ratio: f64,
+    /// Hash mode: the boundary of the head whose holder was chosen (0 otherwise).
+    pub head_tokens: u32,
 }
 
 #[cfg(test)]

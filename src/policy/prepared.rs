@@ -4,12 +4,14 @@
 //! dispatch credit, and the record the index learns from (spec step 7).
 //!
 //! It holds the routing input (model, token IDs or text, partition, hashing headers), the cache
-//! namespace, the page hashes of token IDs, and the index lookup with its hint. It lives in the
+//! namespace, the page hashes of token IDs (and, in hash mode, the heads they make), and the
+//! index lookup. It lives in the
 //! client connection's storage and keeps its buffers' capacity from one request to the next, so
 //! the steady state does not allocate; [`Prepared::shed_large_buffers`] bounds what an idle
 //! connection keeps.
 
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
+use crate::index::hash::{Head, HeadMatch};
 use crate::index::{LookupHint, Namespace, TokenPages, TreeMatch};
 use crate::limits::READ_BUF_BYTES_RETAINED_MAX;
 use crate::request::{RoutingInput, RoutingKey};
@@ -21,16 +23,31 @@ pub enum IndexKey<'a> {
     Text(&'a str),
     /// Page hashes of token IDs (token tree).
     Tokens(&'a TokenPages),
+    /// The heads of token IDs at each boundary they reach, shallowest first (hash index).
+    Heads(&'a [Head]),
 }
 
 /// What the index knows of a prepared request's prefix.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Lookup {
-    /// How much of the key matched and which workers hold that much (merged with this core's
-    /// recent dispatches on a miss).
-    pub matched: TreeMatch,
-    /// Where the lookup ended, for the control core's insert (never the recent map's).
-    pub hint: LookupHint,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "it lives inline in the connection's Prepared value: boxing the hash index's answer \
+              would allocate on every request"
+)]
+pub enum Lookup {
+    /// The string or token tree.
+    Tree {
+        /// How much of the key matched and which workers hold that much (merged with this
+        /// core's recent dispatches on a miss).
+        matched: TreeMatch,
+        /// Where the lookup ended, for the control core's insert (never the recent map's).
+        hint: LookupHint,
+    },
+    /// The hash index: every head's live holders, deepest first (merged with this core's recent
+    /// dispatches when no head has one). No head at all: the request had no token IDs.
+    Heads(HeadMatch),
+    /// Hash mode, token IDs shorter than the smallest boundary: load-balanced, not recorded.
+    Short,
 }
 
 /// One request, prepared for routing. See the module documentation.
@@ -40,6 +57,8 @@ pub struct Prepared {
     pub(super) namespace: Namespace,
     /// The page hashes of the key's token IDs (empty for text keys).
     pub(super) pages: TokenPages,
+    /// Hash mode: the heads of the token IDs, shallowest first.
+    pub(super) heads: Vec<Head>,
     /// The index lookup (cache_aware with a non-empty key only).
     pub(super) lookup: Option<Lookup>,
     /// The gateway tick at preparation: the clock of the recent-dispatch map and placements.
@@ -73,10 +92,11 @@ impl Prepared {
         prompt_tokens(self.input.key())
     }
 
-    /// The key as the index compares it.
+    /// The key as the index mode compares it.
     pub fn index_key(&self) -> IndexKey<'_> {
         match self.input.key() {
             RoutingKey::Text(text) => IndexKey::Text(text),
+            RoutingKey::Tokens(_) if !self.heads.is_empty() => IndexKey::Heads(&self.heads),
             RoutingKey::Tokens(_) => IndexKey::Tokens(&self.pages),
         }
     }
@@ -84,7 +104,8 @@ impl Prepared {
     /// Drops buffers that grew past what a connection keeps between requests (the bound of its
     /// read buffer: one large prompt should not pin memory for the life of the connection).
     pub fn shed_large_buffers(&mut self) {
-        let retained = self.input.retained_bytes() + self.pages.retained_bytes();
+        let heads = self.heads.capacity() * std::mem::size_of::<Head>();
+        let retained = self.input.retained_bytes() + self.pages.retained_bytes() + heads;
         if retained > READ_BUF_BYTES_RETAINED_MAX {
             *self = Prepared::default();
         }

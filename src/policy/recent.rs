@@ -2,12 +2,14 @@
 //! in the last [`RECENT_DISPATCH_WINDOW_MS`], so a burst of the same new prefix routes to the
 //! same worker before the control core's insert reaches the index. A lookup compares the request
 //! against each live entry (longest common prefix, in the tree's units) and the result is merged
-//! into the index's answer, never replacing a longer tree match. The caller consults it only on
-//! an index miss (the burst case), so a warm index never pays for the comparisons.
+//! into the index's answer, never replacing a longer tree match; in hash mode a recent dispatch
+//! of one of the request's heads makes its worker a holder of that head. The caller consults it
+//! only on an index miss (the burst case), so a warm index never pays for the comparisons.
 
 use super::prepared::IndexKey;
 use super::record::KeyData;
 use crate::ids::WorkerId;
+use crate::index::hash::HeadMatch;
 use crate::index::{common_prefix, count_chars, Namespace, TreeMatch};
 use crate::limits::MATCH_TENANTS_MAX;
 
@@ -79,6 +81,28 @@ impl RecentDispatches {
             if len < MATCH_TENANTS_MAX && !tree.tenants().contains(&entry.worker) {
                 tree.tenants[len] = entry.worker;
                 tree.tenants_len += 1;
+            }
+        }
+    }
+}
+
+impl RecentDispatches {
+    /// Hash mode: adds the worker of each live recent dispatch that recorded one of the
+    /// request's heads as a holder of that head (`heads`, the index's answer, has none).
+    pub fn merge_heads_into(&self, heads: &mut HeadMatch, namespace: Namespace, now_ms: u64) {
+        for entry in &self.entries {
+            let KeyData::Heads(recorded) = &entry.key else {
+                continue;
+            };
+            if entry.namespace != namespace
+                || now_ms.saturating_sub(entry.tick_ms) > RECENT_DISPATCH_WINDOW_MS
+            {
+                continue;
+            }
+            for index in 0..usize::from(heads.len) {
+                if recorded.contains(&heads.hits[index].head.hash) {
+                    heads.add_holder(index, entry.worker);
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
 //! Spec step 7's message: [`RecordKey`], what the index learns from one dispatch ("the tree
-//! learns from every dispatch"). A data core builds it from the prepared request and the worker
+//! learns from every dispatch"; the hash index records the worker at every head). A data core builds it from the prepared request and the worker
 //! that took it; the control core inserts it (`control::index_upkeep`). Its key is one shared
 //! copy ([`KeyData`]) that the recent-dispatch map keeps too, and that a new leaf of the index
 //! may keep instead of copying again.
@@ -18,6 +18,8 @@ pub enum KeyData {
     Text(Arc<str>),
     /// A token key (token tree): page hashes.
     Tokens(TokenKey),
+    /// Heads (hash index): their hashes, shallowest first.
+    Heads(Arc<[u64]>),
 }
 
 impl KeyData {
@@ -26,6 +28,7 @@ impl KeyData {
         match key {
             IndexKey::Text(text) => KeyData::Text(index::text_key(text)),
             IndexKey::Tokens(tokens) => KeyData::Tokens(index::token_key(tokens)),
+            IndexKey::Heads(heads) => KeyData::Heads(heads.iter().map(|h| h.hash).collect()),
         }
     }
 }

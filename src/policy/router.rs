@@ -27,10 +27,11 @@ use super::prepared::{prompt_tokens, Lookup, Prepared};
 use super::recent::RecentDispatches;
 use super::record::{model_hash, KeyData, RecordKey};
 use super::{
-    cache_aware, simple, Branch, Decision, PolicyConfig, PolicyKind, PolicyMetrics, WorkerLoad,
-    WorkerRing, WorkerStatus,
+    cache_aware, simple, Affinity, Branch, CacheIndexKind, Decision, PolicyConfig, PolicyKind,
+    PolicyMetrics, WorkerLoad, WorkerRing, WorkerStatus,
 };
 use crate::ids::WorkerId;
+use crate::index::hash::{request_heads, HeadMatch};
 use crate::index::{count_chars, Namespace, TreeMatch};
 use crate::limits::MODELS_MAX;
 use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingKey};
@@ -125,6 +126,7 @@ impl Router {
             partition: prepared.input.namespace().0,
         };
         prepared.lookup = None;
+        prepared.heads.clear();
         let routing_key = prepared.input.key();
         if !self.uses_index() || routing_key.is_empty() {
             return Ok(());
@@ -134,28 +136,69 @@ impl Router {
             let block_size = self.config.cache_aware.block_size as usize;
             prepared.pages.hash(tokens, block_size);
         }
-        let key = prepared.index_key();
-        let mut lookup = match &self.index {
-            Some(index) => index.lookup(prepared.namespace, key),
-            None => Lookup {
-                matched: TreeMatch {
-                    request_len: request_len(routing_key),
-                    ..TreeMatch::default()
-                },
-                ..Lookup::default()
-            },
+        let lookup = match self.config.cache_index {
+            CacheIndexKind::Tree => self.look_up_tree(prepared),
+            CacheIndexKind::Hash => self.look_up_heads(prepared),
         };
-        // Only a miss can be a burst of a new prefix the index has not learned yet.
-        if lookup.matched.ratio() <= self.config.cache_aware.cache_threshold {
-            let matched = &mut lookup.matched;
-            self.recent
-                .merge_into(matched, prepared.namespace, key, now_ms);
-        }
         prepared.lookup = Some(lookup);
         if let Some(index) = &mut self.index {
             index.quiesce();
         }
         Ok(())
+    }
+
+    /// Tree mode: the string or token tree's match, and on a miss this core's recent dispatches.
+    fn look_up_tree(&self, prepared: &Prepared) -> Lookup {
+        let (namespace, key, now_ms) = (prepared.namespace, prepared.index_key(), prepared.now_ms);
+        let mut lookup = match &self.index {
+            Some(index) => index.lookup(namespace, key, now_ms),
+            None => Lookup::Tree {
+                matched: TreeMatch {
+                    request_len: request_len(prepared.input.key()),
+                    ..TreeMatch::default()
+                },
+                hint: Default::default(),
+            },
+        };
+        // Only a miss can be a burst of a new prefix the index has not learned yet.
+        if let Lookup::Tree { matched, .. } = &mut lookup {
+            if matched.ratio() <= self.config.cache_aware.cache_threshold {
+                self.recent.merge_into(matched, namespace, key, now_ms);
+            }
+        }
+        lookup
+    }
+
+    /// Hash mode: the heads of the request's token IDs at each boundary they reach and their
+    /// live holders (text requests and requests shorter than the smallest boundary have none),
+    /// and when no head has a holder, this core's recent dispatches.
+    fn look_up_heads(&self, prepared: &mut Prepared) -> Lookup {
+        let RoutingKey::Tokens(tokens) = prepared.input.key() else {
+            return Lookup::Heads(HeadMatch::default());
+        };
+        let boundaries = &self.config.cache_boundaries;
+        request_heads(
+            prepared.namespace,
+            tokens,
+            &prepared.pages,
+            boundaries,
+            &mut prepared.heads,
+        );
+        if prepared.heads.is_empty() {
+            return Lookup::Short;
+        }
+        let (namespace, key, now_ms) = (prepared.namespace, prepared.index_key(), prepared.now_ms);
+        let mut lookup = match &self.index {
+            Some(index) => index.lookup(namespace, key, now_ms),
+            None => Lookup::Heads(HeadMatch::of(&prepared.heads)),
+        };
+        // Only heads nobody holds can be a burst of a new prefix the index has not learned yet.
+        if let Lookup::Heads(heads) = &mut lookup {
+            if !heads.has_holder() {
+                self.recent.merge_heads_into(heads, namespace, now_ms);
+            }
+        }
+        lookup
     }
 
     /// Steps 1-6: picks a worker for `prepared` from the published `workers`, never one in
@@ -224,32 +267,57 @@ impl Router {
         Some(decision.worker)
     }
 
-    /// Whether the prepared request is a cache miss (at or below `--cache-threshold`).
+    /// Whether the prepared request is a cache miss: a tree match at or below
+    /// `--cache-threshold`, or heads nobody holds.
     fn is_miss(&self, prepared: &Prepared) -> bool {
-        let threshold = self.config.cache_aware.cache_threshold;
-        prepared
-            .lookup
-            .is_some_and(|lookup| lookup.matched.ratio() <= threshold)
+        match &prepared.lookup {
+            Some(Lookup::Tree { matched, .. }) => {
+                matched.ratio() <= self.config.cache_aware.cache_threshold
+            }
+            Some(Lookup::Heads(heads)) => !heads.has_holder(),
+            Some(Lookup::Short) | None => false,
+        }
     }
 
-    /// cache_aware: the decision flow, counted and logged.
+    /// cache_aware: the decision flow, logged; tree-mode decisions are counted too (the branch
+    /// counter and the match-ratio histogram cover the trees only, as SMG's do).
     fn decide_cache_aware(&mut self, prepared: &Prepared) -> Option<Decision> {
         let config = &self.config.cache_aware;
         let key = prepared.input.key();
-        let matched = prepared.lookup.as_ref().map(|lookup| &lookup.matched);
+        let affinity = match &prepared.lookup {
+            None => Affinity::None,
+            Some(Lookup::Tree { matched, .. }) => Affinity::Tree(matched),
+            Some(Lookup::Heads(heads)) => Affinity::Heads(heads),
+            Some(Lookup::Short) => Affinity::Short,
+        };
         let tokens = prompt_tokens(key);
-        let decision = cache_aware::select(matched, &self.statuses, config, tokens, &mut self.rng)?;
-        self.metrics.record(&decision);
-        tracing::debug!(
-            target: LOG_TARGET,
-            index = index_label(key),
-            branch = decision.branch.label(),
-            worker = self.ring.url(decision.worker),
-            model_id = prepared.input.model(),
-            matched_ratio = decision.match_ratio,
-            threshold = config.cache_threshold,
-            "Cache-aware selection"
-        );
+        let decision =
+            cache_aware::select(affinity, &self.statuses, config, tokens, &mut self.rng)?;
+        let (worker, model_id) = (self.ring.url(decision.worker), prepared.input.model());
+        match self.config.cache_index {
+            CacheIndexKind::Tree => {
+                self.metrics.record(&decision);
+                tracing::debug!(
+                    target: LOG_TARGET,
+                    index = index_label(key),
+                    branch = decision.branch.label(),
+                    worker,
+                    model_id,
+                    matched_ratio = decision.match_ratio,
+                    threshold = config.cache_threshold,
+                    "Cache-aware selection"
+                );
+            }
+            CacheIndexKind::Hash => tracing::debug!(
+                target: LOG_TARGET,
+                index = "hash",
+                branch = decision.branch.label(),
+                level = decision.head_tokens,
+                worker,
+                model_id,
+                "Cache-aware selection"
+            ),
+        }
         Some(decision)
     }
 
@@ -288,7 +356,12 @@ impl Router {
         worker: WorkerId,
         tick_ms: u64,
     ) -> Option<RecordKey> {
-        let lookup = prepared.lookup.as_ref()?;
+        let hint = match prepared.lookup.as_ref()? {
+            Lookup::Tree { hint, .. } => *hint,
+            Lookup::Heads(heads) if heads.len > 0 => Default::default(),
+            // No token IDs, or fewer than the smallest boundary: nothing to record.
+            Lookup::Heads(_) | Lookup::Short => return None,
+        };
         let namespace = prepared.namespace;
         let model = namespace.model;
         let model_name = if self.announced_models.contains(&model)
@@ -303,7 +376,7 @@ impl Router {
             namespace,
             key: KeyData::of(prepared.index_key()),
             model_name,
-            hint: lookup.hint,
+            hint,
         };
         self.recent
             .push(namespace, record.key.clone(), worker, tick_ms);
@@ -537,6 +610,7 @@ mod index_tests {
                 KeyData::Tokens(tokens) => writer
                     .insert_tokens_shared(ns, tokens, worker, now_ms, &record.hint)
                     .unwrap(),
+                KeyData::Heads(_) => panic!("tree mode records no heads"),
             }
             chosen.push(worker);
         }
@@ -669,5 +743,183 @@ mod table_tests {
             assert_ne!(first, second, "seed {seed}");
             drop(in_flight);
         }
+    }
+}
+
+#[cfg(test)]
+mod hash_tests {
+    //! `--cache-index hash` through the router: heads looked up deepest first, holders through
+    //! the spill gate, records applied by the placement map's writer.
+    use super::*;
+    use crate::index::hash::HashIndexWriter;
+    use crate::policy::{Heads, PolicyArgs};
+
+    const URLS: [&str; 4] = ["http://a", "http://b", "http://c", "http://d"];
+
+    fn hash_router(writer: &HashIndexWriter) -> (Router, Arc<PolicyMetrics>) {
+        let args = PolicyArgs {
+            cache_index: CacheIndexKind::Hash,
+            cache_boundaries: vec![64, 128, 256],
+            ..PolicyArgs::default()
+        };
+        let metrics = Arc::new(PolicyMetrics::default());
+        let index: Box<dyn IndexLookup> = Box::new(Heads::new(writer.reader()));
+        let config = args.validate().expect("a valid hash mode");
+        (
+            Router::new(config, 11, Some(index), metrics.clone()),
+            metrics,
+        )
+    }
+
+    fn ids_body(tokens: usize, salt: &str) -> String {
+        let ids: Vec<u32> = (0..tokens as u32).map(|i| i * 3 + 1).collect();
+        serde_json::json!({"input_ids": ids, "extra_key": salt}).to_string()
+    }
+
+    /// Prepares `body` at `now_ms` and chooses among workers with the given in-flight counts
+    /// (`u32::MAX`: not eligible).
+    fn route(
+        router: &mut Router,
+        body: &str,
+        in_flight: [u32; 4],
+        now_ms: u64,
+    ) -> (WorkerId, Prepared) {
+        let prepared = super::tests::prepare(router, Endpoint::Generate, body.as_bytes(), now_ms);
+        let workers = URLS
+            .iter()
+            .enumerate()
+            .map(|(i, url)| (WorkerId(i as u16), *url));
+        let status_of = |id: WorkerId| WorkerStatus {
+            eligible: in_flight[id.index()] != u32::MAX,
+            in_flight: in_flight[id.index()].min(1_000),
+            ..WorkerStatus::default()
+        };
+        let worker = router
+            .choose(&prepared, workers, status_of)
+            .expect("a worker");
+        (worker, prepared)
+    }
+
+    /// Applies the record of a dispatch of `prepared` to `worker`, as the control core does.
+    fn record(
+        router: &mut Router,
+        writer: &mut HashIndexWriter,
+        prepared: &Prepared,
+        worker: WorkerId,
+        tick: u64,
+    ) {
+        let record = router.record(prepared, worker, tick).expect("a record");
+        let KeyData::Heads(heads) = &record.key else {
+            panic!("hash mode records heads, got {:?}", record.key);
+        };
+        writer
+            .record(record.namespace.model, heads, worker, tick)
+            .expect("recorded");
+    }
+
+    #[test]
+    fn a_short_first_turn_and_its_longer_follow_up_land_on_the_same_worker() {
+        let mut writer = HashIndexWriter::new(1024, 180_000);
+        let (mut router, metrics) = hash_router(&writer);
+        let idle = [0; 4];
+        let (first, prepared) = route(&mut router, &ids_body(100, ""), idle, 0);
+        record(&mut router, &mut writer, &prepared, first, 0);
+        // A second later (the recent map has expired): only the index can match. The follow-up
+        // shares the first turn's 64-token head, and reaches two deeper boundaries.
+        let (second, prepared) = route(&mut router, &ids_body(300, ""), idle, 1_000);
+        assert_eq!(second, first);
+        record(&mut router, &mut writer, &prepared, second, 1_000);
+        let found = writer.reader().lookup(&prepared.heads, 1_000);
+        assert!(
+            found.hits().iter().all(|hit| hit.holders() == [first]),
+            "every head recorded"
+        );
+        assert_eq!(
+            metrics.branch_count(Branch::TreeMatch),
+            0,
+            "hash decisions are not counted"
+        );
+        assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 0);
+    }
+
+    #[test]
+    fn the_deepest_head_with_an_eligible_holder_wins_and_its_holders_pass_the_spill_gate() {
+        let mut writer = HashIndexWriter::new(1024, 180_000);
+        let (mut router, _) = hash_router(&writer);
+        let (_, shallow) = route(&mut router, &ids_body(100, ""), [0; 4], 0);
+        record(&mut router, &mut writer, &shallow, WorkerId(1), 0);
+        let (_, deep) = route(&mut router, &ids_body(300, ""), [0; 4], 0);
+        record(&mut router, &mut writer, &deep, WorkerId(2), 0);
+        let later = 1_000;
+        // The 256-token head is held by worker 2 only; the 64-token head by 1 and 2.
+        assert_eq!(
+            route(&mut router, &ids_body(300, ""), [0; 4], later).0,
+            WorkerId(2)
+        );
+        // Worker 2 not eligible: no deeper head has an eligible holder, the 64-token one has 1.
+        let not_two = [0, 0, u32::MAX, 0];
+        assert_eq!(
+            route(&mut router, &ids_body(300, ""), not_two, later).0,
+            WorkerId(1)
+        );
+        // Worker 2 hot (over both margins of the fleet mean): a spill to the least loaded.
+        let hot = [10, 10, 400, 0];
+        assert_eq!(
+            route(&mut router, &ids_body(300, ""), hot, later).0,
+            WorkerId(3)
+        );
+    }
+
+    #[test]
+    fn short_and_untokenized_requests_are_neither_matched_nor_recorded() {
+        let mut writer = HashIndexWriter::new(1024, 180_000);
+        let (mut router, _) = hash_router(&writer);
+        let (worker, short) = route(&mut router, &ids_body(63, ""), [0; 4], 0);
+        assert_eq!(short.lookup, Some(Lookup::Short));
+        assert_eq!(router.record(&short, worker, 0), None);
+        let text = serde_json::json!({"text": "a long prompt ".repeat(50)}).to_string();
+        let (worker, untokenized) = route(&mut router, &text, [0; 4], 0);
+        assert!(matches!(untokenized.lookup, Some(Lookup::Heads(h)) if h.len == 0));
+        assert_eq!(router.record(&untokenized, worker, 0), None);
+        assert_eq!(writer.live_heads(), 0);
+        // A recorded head does not make a short request match.
+        let (first, long) = route(&mut router, &ids_body(64, ""), [0; 4], 0);
+        record(&mut router, &mut writer, &long, first, 0);
+        assert_eq!(
+            route(&mut router, &ids_body(63, ""), [0; 4], 0).1.lookup,
+            Some(Lookup::Short)
+        );
+    }
+
+    #[test]
+    fn partitions_never_match_across_namespaces() {
+        let mut writer = HashIndexWriter::new(1024, 180_000);
+        let (mut router, _) = hash_router(&writer);
+        let (first, prepared) = route(&mut router, &ids_body(128, "tenant-a"), [0; 4], 0);
+        record(&mut router, &mut writer, &prepared, first, 0);
+        let (_, same) = route(&mut router, &ids_body(128, "tenant-a"), [0; 4], 1_000);
+        let (_, other) = route(&mut router, &ids_body(128, "tenant-b"), [0; 4], 1_000);
+        let has_holder =
+            |p: &Prepared| matches!(p.lookup, Some(Lookup::Heads(h)) if h.has_holder());
+        assert!(has_holder(&same));
+        assert!(
+            !has_holder(&other),
+            "another extra_key is another namespace"
+        );
+    }
+
+    #[test]
+    fn a_burst_of_a_new_head_follows_the_first_dispatch_before_the_index_learns_it() {
+        let writer = HashIndexWriter::new(1024, 180_000);
+        let (mut router, _) = hash_router(&writer);
+        let mut in_flight = [0u32; 4];
+        let mut chosen = Vec::new();
+        for _ in 0..6 {
+            let (worker, prepared) = route(&mut router, &ids_body(200, ""), in_flight, 10);
+            router.record(&prepared, worker, 10).expect("a record");
+            in_flight[worker.index()] += 1;
+            chosen.push(worker);
+        }
+        assert!(chosen.iter().all(|w| *w == chosen[0]), "{chosen:?}");
     }
 }

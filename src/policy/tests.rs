@@ -825,9 +825,88 @@ fn bad_values_name_their_flag() {
             "{err}"
         );
     }
-    let hash = parse(&["--cache-index", "hash", "--cache-boundaries", "2048,8192"]);
-    assert_eq!(hash.expect_err("not built yet").flag, "--cache-index");
     assert!(parse(&["--policy", "prefix_hash", "--cache-boundaries", "2048,8192"]).is_ok());
+}
+
+#[test]
+fn hash_mode_flags_are_validated_with_one_line_each() {
+    let hash = parse(&[
+        "--cache-index",
+        "hash",
+        "--cache-boundaries",
+        "2048,8192,32768",
+    ])
+    .expect("a valid hash mode");
+    assert_eq!(hash.cache_index, CacheIndexKind::Hash);
+    assert_eq!(hash.cache_boundaries, [2048, 8192, 32768]);
+    assert_eq!(
+        hash.cache_ttl,
+        std::time::Duration::from_secs(180),
+        "SMG's default"
+    );
+    let many: Vec<String> = (1..=crate::limits::CACHE_BOUNDARIES_MAX as u32 + 1)
+        .map(|i| (i * 64).to_string())
+        .collect();
+    let many = many.join(",");
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--cache-index", "hash"],
+            "invalid value for --cache-boundaries: required with --cache-index hash (e.g. --cache-boundaries 2048,8192,32768)",
+        ),
+        (
+            &["--cache-index", "hash", "--cache-boundaries", "0,16"],
+            "invalid value for --cache-boundaries: token positions must be positive (got 0)",
+        ),
+        (
+            &["--cache-index", "hash", "--cache-boundaries", "2048,1024"],
+            "invalid value for --cache-boundaries: token positions must be strictly ascending (2048 then 1024)",
+        ),
+        (
+            &["--cache-index", "hash", "--cache-boundaries", "16,16"],
+            "invalid value for --cache-boundaries: token positions must be strictly ascending (16 then 16)",
+        ),
+        (
+            &["--cache-index", "hash", "--cache-boundaries", &many],
+            "invalid value for --cache-boundaries: 17 positions given, at most 16",
+        ),
+        (
+            &["--cache-index", "hash", "--cache-boundaries", "64", "--cache-ttl-secs", "0"],
+            "invalid value for --cache-ttl-secs: 0 must be above 0",
+        ),
+    ];
+    for (args, message) in cases {
+        let error = parse(args).expect_err(message);
+        assert_eq!(error.to_string(), message, "{args:?}");
+    }
+    let argv = ["kvgate", "--cache-index", "hash", "--cache-boundaries", "x"];
+    assert!(
+        Cli::try_parse_from(argv).is_err(),
+        "clap refuses a non-number"
+    );
+}
+
+#[test]
+fn flags_hash_mode_ignores_are_named_when_given() {
+    let args = |extra: &[&str]| {
+        let argv = std::iter::once("kvgate").chain(extra.iter().copied());
+        Cli::try_parse_from(argv).expect("clap parses").policy
+    };
+    let ignored = args(&[
+        "--cache-index",
+        "hash",
+        "--cache-boundaries",
+        "64",
+        "--cache-threshold",
+        "0.5",
+        "--selection-temperature",
+        "0.1",
+    ]);
+    assert_eq!(
+        ignored.unused_in_hash_mode(),
+        ["--cache-threshold", "--selection-temperature"]
+    );
+    let tree = args(&["--cache-threshold", "0.5"]);
+    assert!(tree.unused_in_hash_mode().is_empty(), "tree mode uses them");
 }
 
 // ---- Metrics and logs ----
@@ -839,6 +918,7 @@ fn metrics_count_tree_decisions_and_render_prometheus_text() {
         worker: WorkerId(0),
         branch,
         match_ratio,
+        head_tokens: 0,
     };
     core_a.record(&d(Branch::TreeMatch, 1.0));
     core_a.record(&d(Branch::TreeMatch, 0.1));
@@ -882,10 +962,10 @@ fn metrics_count_tree_decisions_and_render_prometheus_text() {
 struct FixedLookup(TreeMatch);
 
 impl IndexLookup for FixedLookup {
-    fn lookup(&self, _: crate::index::Namespace, _: IndexKey<'_>) -> Lookup {
-        Lookup {
+    fn lookup(&self, _: crate::index::Namespace, _: IndexKey<'_>, _: u64) -> Lookup {
+        Lookup::Tree {
             matched: self.0,
-            ..Lookup::default()
+            hint: Default::default(),
         }
     }
 
@@ -961,6 +1041,61 @@ fn each_decision_logs_a_cache_aware_selection_line_under_smg_filter() {
         assert!(log.contains(field), "missing {field} in {log}");
     }
     assert_eq!(route_logged("info"), "", "off at info");
+}
+
+#[test]
+fn hash_decisions_log_their_index_branch_and_level() {
+    use crate::index::hash::HashIndexWriter;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "info,smg::policies::cache_aware=debug",
+        ))
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let config = parse(&["--cache-index", "hash", "--cache-boundaries", "16,32"]).expect("valid");
+    let mut map = HashIndexWriter::new(64, 180_000);
+    let index: Box<dyn IndexLookup> = Box::new(Heads::new(map.reader()));
+    let mut router = Router::new(config, 9, Some(index), Arc::default());
+    let body =
+        br#"{"model":"m1","input_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20]}"#;
+    let mut prepared = Prepared::default();
+    let headers = RoutingHeaders::default();
+    router
+        .prepare(&mut prepared, Endpoint::Generate, headers, body, 0)
+        .expect("valid");
+    let record = router.record(&prepared, WorkerId(1), 0).expect("one head");
+    if let KeyData::Heads(heads) = &record.key {
+        map.record(record.namespace.model, heads, WorkerId(1), 0)
+            .expect("recorded");
+    }
+    router
+        .prepare(&mut prepared, Endpoint::Generate, headers, body, 1_000)
+        .expect("valid");
+    let urls = ["http://127.0.0.1:31000", "http://127.0.0.1:31001"];
+    let workers = (0..2).map(|i| (WorkerId(i as u16), urls[i]));
+    let idle = |_| WorkerStatus {
+        eligible: true,
+        ..WorkerStatus::default()
+    };
+    tracing::subscriber::with_default(subscriber, || {
+        assert_eq!(router.choose(&prepared, workers, idle), Some(WorkerId(1)));
+    });
+    let bytes = captured.0.lock().map(|b| b.clone()).unwrap_or_default();
+    let log = String::from_utf8_lossy(&bytes).into_owned();
+    for field in [
+        "Cache-aware selection",
+        "index=\"hash\"",
+        "branch=\"hash_hit\"",
+        "level=16",
+        "worker=\"http://127.0.0.1:31001\"",
+        "model_id=\"m1\"",
+    ] {
+        assert!(log.contains(field), "missing {field} in {log}");
+    }
+    assert!(!log.contains("matched_ratio"), "{log}");
 }
 
 #[test]

@@ -21,36 +21,53 @@ use std::time::{Duration, Instant};
 use monoio::net::TcpListener;
 
 use crate::config::{Config, PolicyKind};
+use crate::control::index_upkeep::IndexWriters;
 use crate::control::ControlCore;
 use crate::http::core::DataCore;
 use crate::http::server::serve_connection;
-use crate::index::{IndexConfig, IndexReader, IndexWriter};
-use crate::limits::{SHUTDOWN_DRAIN_TIMEOUT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES};
+use crate::index::hash::HashIndexWriter;
+use crate::index::{IndexConfig, IndexWriter};
+use crate::limits::{
+    PLACEMENT_HEADS_MAX, SHUTDOWN_DRAIN_TIMEOUT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
+};
 use crate::net::socket::Socket;
-use crate::policy::{IndexLookup, Router, Trees};
+use crate::policy::{CacheIndexKind, Heads, IndexLookup, Router, Trees};
 use crate::shared::Shared;
 
-/// The index (cache_aware only): the writer and one reader per data core. Without it (another
-/// policy, or the index refused to start) routing runs without affinity.
-fn build_index(config: &Config) -> (Option<IndexWriter>, Vec<Option<IndexReader>>) {
+/// The index of the configured mode (cache_aware only): its writer for the control core and
+/// one reader per data core. Without it (another policy, or the index refused to start) routing
+/// runs without affinity.
+fn build_index(config: &Config) -> (Option<IndexWriters>, Vec<Option<Box<dyn IndexLookup>>>) {
     let cores = config.data_cores;
+    let none = || (0..cores).map(|_| None).collect();
     if config.policy.kind != PolicyKind::CacheAware {
-        return (None, (0..cores).map(|_| None).collect());
+        return (None, none());
+    }
+    if config.policy.cache_index == CacheIndexKind::Hash {
+        let ttl_ms = config.policy.cache_ttl.as_millis() as u64;
+        let writer = HashIndexWriter::new(PLACEMENT_HEADS_MAX, ttl_ms);
+        let readers = (0..cores)
+            .map(|_| Some(Box::new(Heads::new(writer.reader())) as Box<dyn IndexLookup>))
+            .collect();
+        return (Some(IndexWriters::Heads(writer)), readers);
     }
     let index_config = IndexConfig {
         block_size: config.policy.cache_aware.block_size,
     };
     let built = IndexWriter::new(index_config).and_then(|writer| {
         let readers = (0..cores)
-            .map(|_| writer.reader().map(Some))
+            .map(|_| {
+                let reader = writer.reader()?;
+                Ok(Some(Box::new(Trees::new(reader)) as Box<dyn IndexLookup>))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((writer, readers))
     });
     match built {
-        Ok((writer, readers)) => (Some(writer), readers),
+        Ok((writer, readers)) => (Some(IndexWriters::Trees(Box::new(writer))), readers),
         Err(e) => {
             tracing::error!("prefix index unavailable, routing without affinity: {e}");
-            (None, (0..cores).map(|_| None).collect())
+            (None, none())
         }
     }
 }
@@ -158,6 +175,9 @@ pub fn run(config: Config) -> Result<(), StartError> {
         shared.config.policy.kind.name(),
         shared.config.workers.len(),
     );
+    for notice in &shared.config.startup_notices {
+        tracing::warn!("{notice}");
+    }
     let signal = signals.wait();
     tracing::info!("signal {signal} received, shutting down");
     shared.begin_shutdown();
@@ -176,8 +196,8 @@ pub fn run(config: Config) -> Result<(), StartError> {
 struct CoreParts {
     listeners: Vec<StdTcpListener>,
     metrics_listener: StdTcpListener,
-    index_writer: Option<IndexWriter>,
-    index_readers: Vec<Option<IndexReader>>,
+    index_writer: Option<IndexWriters>,
+    index_readers: Vec<Option<Box<dyn IndexLookup>>>,
 }
 
 /// Starts the control core and the data cores; returns how many threads were started.
@@ -219,9 +239,8 @@ fn spawn_cores(
     Ok(shared.config.data_cores + 1)
 }
 
-/// Data core `core_id`'s state: its router reads the index through `reader`.
-fn data_core(core_id: usize, shared: Arc<Shared>, reader: Option<IndexReader>) -> DataCore {
-    let index = reader.map(|reader| Box::new(Trees::new(reader)) as Box<dyn IndexLookup>);
+/// Data core `core_id`'s state: its router reads the index through `index`.
+fn data_core(core_id: usize, shared: Arc<Shared>, index: Option<Box<dyn IndexLookup>>) -> DataCore {
     let metrics = shared.policy_metrics[core_id].clone();
     let router = Router::new(shared.config.policy.clone(), core_id as u64, index, metrics);
     DataCore::new(core_id, shared, router)

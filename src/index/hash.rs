@@ -1,0 +1,588 @@
+//! The hash index (`--cache-index hash`): a TTL'd exact-match placement map of request heads.
+//!
+//! A request's *heads* are the hashes of its first N token IDs at each `--cache-boundaries`
+//! position N its length reaches, under its cache namespace ([`request_heads`]: computed from the
+//! token tree's page hashes where N is a multiple of `--block-size`, so a request is hashed once
+//! whatever the mode). The map keeps, per head, up to [`PLACEMENT_HOLDERS_MAX`] holders: the
+//! workers the gateway sent that head to, each with the tick it was last sent.
+//!
+//! - [`HashIndexReader`] (one per data core, cloned): [`HashIndexReader::lookup`] returns the live
+//!   holders of every head, deepest first. It takes no lock, allocates nothing and writes nothing.
+//! - [`HashIndexWriter`] (one, on the control core): `record` (every dispatch, at each head; a
+//!   fourth holder evicts the stalest), `sweep` (drops expired holders, and heads left without
+//!   one; per-model entry counts for `smg_cache_placement_entries`), `remove_worker`.
+//!
+//! The table is a fixed array of slots with linear probing, sized at start for
+//! `PLACEMENT_HEADS_MAX` live heads (zeroed pages, committed as they are first written). A slot
+//! is four atomic words, two to a cache line: the key, and one word per holder (`worker + 1`
+//! above a 48-bit tick). A reader re-reads the key after the holders: a slot reused for
+//! another head in between reads as a miss. Deleting shifts later entries of a probe run back
+//! (no tombstones); a lookup racing that shift may miss a head: routing then falls back to the
+//! lowest expected wait, never to a wrong holder. Two different heads with equal 64-bit hashes
+//! would share holders (about 2^-64 per pair): a routing guess, never what an engine computes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
+
+use super::raw::{zeroed_lines, AtomicLine};
+use super::{Namespace, TokenPages};
+use crate::ids::WorkerId;
+use crate::limits::{
+    CACHE_BOUNDARIES_MAX, PLACEMENT_HOLDERS_MAX, PLACEMENT_PROBE_MAX, WORKERS_MAX,
+};
+
+/// Table slots per live head allowed: a load of 3/4 keeps probe runs short.
+const SLOTS_PER_HEADS_NUM: usize = 4;
+const SLOTS_PER_HEADS_DEN: usize = 3;
+
+/// Bits of a holder word that carry its tick (ms since the gateway started: 8,900 years).
+const TICK_BITS: u32 = 48;
+const TICK_MASK: u64 = (1 << TICK_BITS) - 1;
+
+/// One head of a request: the boundary it ends at, and its hash under the request's namespace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Head {
+    /// Tokens in the head (the `--cache-boundaries` position).
+    pub tokens: u32,
+    /// The head's key in the map (never 0).
+    pub hash: u64,
+}
+
+/// The heads of a request of `tokens` (page-hashed into `pages`) at each of `boundaries`
+/// (ascending) its length reaches, written into `out` (shallowest first; cleared first). The
+/// page hashes stand for the ids of whole pages; ids past the last whole page of a head are
+/// hashed themselves.
+pub fn request_heads(
+    namespace: Namespace,
+    tokens: &[u32],
+    pages: &TokenPages,
+    boundaries: &[u32],
+    out: &mut Vec<Head>,
+) {
+    out.clear();
+    let block_size = pages.block_size().max(1);
+    let seed = xxh3_64(
+        &[
+            namespace.model.to_le_bytes(),
+            namespace.partition.to_le_bytes(),
+        ]
+        .concat(),
+    );
+    let mut state = Xxh3::with_seed(seed);
+    let mut hashed_pages = 0usize;
+    for &boundary in boundaries.iter().take(CACHE_BOUNDARIES_MAX) {
+        let end = boundary as usize;
+        if end == 0 || end > tokens.len() {
+            break;
+        }
+        let whole_pages = (end / block_size).min(pages.pages().len());
+        update_with_words(&mut state, &pages.pages()[hashed_pages..whole_pages]);
+        hashed_pages = whole_pages;
+        let tail = &tokens[whole_pages * block_size..end];
+        let hash = if tail.is_empty() {
+            state.digest()
+        } else {
+            let mut with_tail = state.clone();
+            for id in tail {
+                with_tail.update(&id.to_le_bytes());
+            }
+            with_tail.digest()
+        };
+        out.push(Head {
+            tokens: boundary,
+            hash: hash.max(1),
+        });
+    }
+}
+
+/// Feeds 64-bit words to `state` in little-endian bytes, a stack buffer at a time.
+fn update_with_words(state: &mut Xxh3, words: &[u64]) {
+    let mut buf = [0u8; 256];
+    for chunk in words.chunks(buf.len() / 8) {
+        for (bytes, word) in buf.chunks_exact_mut(8).zip(chunk) {
+            bytes.copy_from_slice(&word.to_le_bytes());
+        }
+        state.update(&buf[..chunk.len() * 8]);
+    }
+}
+
+/// The live holders of one head, most recently sent first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeadHit {
+    /// The head looked up.
+    pub head: Head,
+    /// Its live holders; `holders_len` are valid.
+    pub holders: [WorkerId; PLACEMENT_HOLDERS_MAX],
+    /// How many of `holders` are valid.
+    pub holders_len: u8,
+}
+
+impl HeadHit {
+    /// The valid holders, most recently sent first.
+    pub fn holders(&self) -> &[WorkerId] {
+        &self.holders[..usize::from(self.holders_len)]
+    }
+}
+
+/// What a lookup found for a request's heads: every head, deepest first, with its live holders.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeadMatch {
+    /// One hit per head, deepest first; `len` are valid.
+    pub hits: [HeadHit; CACHE_BOUNDARIES_MAX],
+    /// How many of `hits` are valid.
+    pub len: u8,
+}
+
+impl HeadMatch {
+    /// `heads` (shallowest first, as [`request_heads`] wrote them) deepest first, no holder yet.
+    pub fn of(heads: &[Head]) -> HeadMatch {
+        let mut found = HeadMatch::default();
+        for head in heads.iter().rev().take(CACHE_BOUNDARIES_MAX) {
+            found.hits[usize::from(found.len)].head = *head;
+            found.len += 1;
+        }
+        found
+    }
+
+    /// Adds `worker` as a holder of the hit at `index`, unless it is one or the hit is full.
+    pub fn add_holder(&mut self, index: usize, worker: WorkerId) {
+        let hit = &mut self.hits[index];
+        let len = usize::from(hit.holders_len);
+        if len < PLACEMENT_HOLDERS_MAX && !hit.holders().contains(&worker) {
+            hit.holders[len] = worker;
+            hit.holders_len += 1;
+        }
+    }
+
+    /// The hits, deepest head first.
+    pub fn hits(&self) -> &[HeadHit] {
+        &self.hits[..usize::from(self.len)]
+    }
+
+    /// Whether any head has a live holder.
+    pub fn has_holder(&self) -> bool {
+        self.hits().iter().any(|hit| hit.holders_len > 0)
+    }
+}
+
+/// Words of a slot: the key, then the holders.
+const SLOT_WORDS: usize = 1 + PLACEMENT_HOLDERS_MAX;
+const SLOTS_PER_LINE: usize = 8 / SLOT_WORDS;
+const _: () = assert!(SLOT_WORDS * SLOTS_PER_LINE == 8, "slots tile a cache line");
+
+/// One slot: a head's key (0: empty) and its holders (0: none), inside a cache line.
+#[derive(Clone, Copy)]
+struct Slot<'t> {
+    words: &'t [AtomicU64],
+}
+
+impl<'t> Slot<'t> {
+    fn key(&self) -> &'t AtomicU64 {
+        &self.words[0]
+    }
+
+    fn holders(&self) -> &'t [AtomicU64] {
+        &self.words[1..]
+    }
+}
+
+/// A holder word: `worker + 1` above the tick.
+fn holder_word(worker: WorkerId, tick_ms: u64) -> u64 {
+    (u64::from(worker.0) + 1) << TICK_BITS | (tick_ms & TICK_MASK)
+}
+
+fn holder_of(word: u64) -> Option<(WorkerId, u64)> {
+    let id = word >> TICK_BITS;
+    let worker = u16::try_from(id.checked_sub(1)?).ok()?;
+    Some((WorkerId(worker), word & TICK_MASK))
+}
+
+/// Whether a holder sent at `tick_ms` is still live at `now_ms`.
+fn is_live(tick_ms: u64, now_ms: u64, ttl_ms: u64) -> bool {
+    now_ms.saturating_sub(tick_ms) <= ttl_ms
+}
+
+/// The slots, shared by the writer and every reader.
+struct Table {
+    lines: Box<[AtomicLine]>,
+    slots: usize,
+}
+
+impl std::fmt::Debug for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Table").field("slots", &self.slots).finish()
+    }
+}
+
+impl Table {
+    /// A zeroed table of at least `slots` slots.
+    fn new(slots: usize) -> Table {
+        let lines = slots.div_ceil(SLOTS_PER_LINE).max(1);
+        Table {
+            lines: zeroed_lines(lines),
+            slots: lines * SLOTS_PER_LINE,
+        }
+    }
+
+    fn slot(&self, slot: usize) -> Slot<'_> {
+        let start = slot % SLOTS_PER_LINE * SLOT_WORDS;
+        Slot {
+            words: &self.lines[slot / SLOTS_PER_LINE].0[start..start + SLOT_WORDS],
+        }
+    }
+
+    /// The slot a key's probe run starts at (multiply-shift: no power-of-two size needed).
+    fn home(&self, key: u64) -> usize {
+        ((u128::from(key) * self.slots as u128) >> 64) as usize
+    }
+
+    fn next(&self, slot: usize) -> usize {
+        if slot + 1 == self.slots {
+            0
+        } else {
+            slot + 1
+        }
+    }
+
+    /// How far `slot` lies past `home` along the (cyclic) probe run.
+    fn distance(&self, home: usize, slot: usize) -> usize {
+        (slot + self.slots - home) % self.slots
+    }
+}
+
+/// A data core's handle on the map.
+#[derive(Clone, Debug)]
+pub struct HashIndexReader {
+    table: Arc<Table>,
+    ttl_ms: u64,
+}
+
+impl HashIndexReader {
+    /// The live holders of each of `heads` (shallowest first, as [`request_heads`] wrote them),
+    /// returned deepest first; a holder sent more than the TTL before `now_ms` is not live.
+    pub fn lookup(&self, heads: &[Head], now_ms: u64) -> HeadMatch {
+        let mut found = HeadMatch::of(heads);
+        for hit in &mut found.hits[..usize::from(found.len)] {
+            if let Some(words) = self.read(hit.head.hash) {
+                let mut live: [(WorkerId, u64); PLACEMENT_HOLDERS_MAX] = Default::default();
+                let mut len = 0;
+                for (worker, tick) in words.iter().filter_map(|w| holder_of(*w)) {
+                    if is_live(tick, now_ms, self.ttl_ms) {
+                        live[len] = (worker, tick);
+                        len += 1;
+                    }
+                }
+                live[..len].sort_unstable_by_key(|(_, tick)| std::cmp::Reverse(*tick));
+                for (i, (worker, _)) in live[..len].iter().enumerate() {
+                    hit.holders[i] = *worker;
+                }
+                hit.holders_len = len as u8;
+            }
+        }
+        found
+    }
+
+    /// The holder words of `key`, if its slot is found and stayed its own while read.
+    fn read(&self, key: u64) -> Option<[u64; PLACEMENT_HOLDERS_MAX]> {
+        let table = &*self.table;
+        let mut slot = table.home(key);
+        for _ in 0..PLACEMENT_PROBE_MAX {
+            let entry = table.slot(slot);
+            match entry.key().load(Ordering::Acquire) {
+                0 => return None,
+                k if k == key => {
+                    let holders = entry.holders();
+                    let words = std::array::from_fn(|i| holders[i].load(Ordering::Relaxed));
+                    // The holders were read before the key is read again: a slot the writer
+                    // emptied or gave to another head meanwhile reads as a miss.
+                    fence(Ordering::Acquire);
+                    return (entry.key().load(Ordering::Relaxed) == key).then_some(words);
+                }
+                _ => slot = table.next(slot),
+            }
+        }
+        None
+    }
+}
+
+/// Why a record did not land.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HashIndexError {
+    /// The most heads are live: new heads wait for the sweep.
+    #[error("the hash index holds its most heads")]
+    Full,
+    /// No free slot within `PLACEMENT_PROBE_MAX` of the head's home.
+    #[error("no free slot near the head's home")]
+    ProbeRunFull,
+    /// A worker id outside the worker table.
+    #[error("worker id {0:?} is outside the worker table")]
+    WorkerOutOfRange(WorkerId),
+}
+
+/// What a sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Expired holders dropped.
+    pub holders_dropped: u64,
+    /// Heads removed (no live holder left).
+    pub heads_removed: u64,
+}
+
+/// The control core's handle: the only writer.
+#[derive(Debug)]
+pub struct HashIndexWriter {
+    table: Arc<Table>,
+    ttl_ms: u64,
+    /// The most live heads (the table has a third more slots).
+    heads_max: usize,
+    /// The model of each occupied slot (an index into `models`), moved with its entry.
+    slot_model: Box<[u32]>,
+    /// Model hashes by index, with their live heads.
+    models: Vec<(u64, u64)>,
+    /// Index in `models` by model hash.
+    model_indexes: HashMap<u64, u32>,
+    live_heads: usize,
+}
+
+impl HashIndexWriter {
+    /// An empty map for `heads_max` live heads (`limits::PLACEMENT_HEADS_MAX` in the gateway)
+    /// whose holders live `ttl_ms` after they were last sent.
+    pub fn new(heads_max: usize, ttl_ms: u64) -> Self {
+        let table = Table::new(heads_max * SLOTS_PER_HEADS_NUM / SLOTS_PER_HEADS_DEN + 1);
+        let slots = table.slots;
+        HashIndexWriter {
+            table: Arc::new(table),
+            ttl_ms,
+            heads_max,
+            slot_model: vec![0; slots].into_boxed_slice(),
+            models: Vec::new(),
+            model_indexes: HashMap::new(),
+            live_heads: 0,
+        }
+    }
+
+    /// A reader for a data core.
+    pub fn reader(&self) -> HashIndexReader {
+        HashIndexReader {
+            table: self.table.clone(),
+            ttl_ms: self.ttl_ms,
+        }
+    }
+
+    /// Heads with at least one holder.
+    pub fn live_heads(&self) -> usize {
+        self.live_heads
+    }
+
+    /// Bytes the map holds at most: its slots and the writer's per-slot model index (the pages
+    /// not written yet are not committed, so the resident part can be less).
+    pub fn memory_bytes(&self) -> usize {
+        let table = self.table.lines.len() * std::mem::size_of::<AtomicLine>();
+        table
+            + self.slot_model.len() * std::mem::size_of::<u32>()
+            + self.models.capacity() * std::mem::size_of::<(u64, u64)>()
+    }
+
+    /// Records that `worker` was sent `heads` of a request of `model` at `tick_ms`: it becomes
+    /// (or stays, refreshed) a holder of each; a head holding three others drops the stalest.
+    /// Expired holders met on the way are dropped. Heads that find no slot are skipped and the
+    /// first error says why.
+    pub fn record(
+        &mut self,
+        model: u64,
+        heads: &[u64],
+        worker: WorkerId,
+        tick_ms: u64,
+    ) -> Result<(), HashIndexError> {
+        if worker.index() >= WORKERS_MAX {
+            return Err(HashIndexError::WorkerOutOfRange(worker));
+        }
+        let mut first_error = None;
+        for &key in heads.iter().take(CACHE_BOUNDARIES_MAX) {
+            let key = key.max(1);
+            if let Err(e) = self.record_head(model, key, worker, tick_ms) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn record_head(
+        &mut self,
+        model: u64,
+        key: u64,
+        worker: WorkerId,
+        tick_ms: u64,
+    ) -> Result<(), HashIndexError> {
+        let table = self.table.clone();
+        let mut slot = table.home(key);
+        for _ in 0..PLACEMENT_PROBE_MAX {
+            let entry = table.slot(slot);
+            match entry.key().load(Ordering::Relaxed) {
+                k if k == key => {
+                    self.add_holder(slot, worker, tick_ms);
+                    return Ok(());
+                }
+                0 => {
+                    if self.live_heads >= self.heads_max {
+                        return Err(HashIndexError::Full);
+                    }
+                    // Holders before the key: a reader that sees the key sees them too.
+                    let holders = entry.holders();
+                    holders[0].store(holder_word(worker, tick_ms), Ordering::Relaxed);
+                    for holder in &holders[1..] {
+                        holder.store(0, Ordering::Relaxed);
+                    }
+                    entry.key().store(key, Ordering::Release);
+                    self.slot_model[slot] = self.model_index(model);
+                    self.models[self.slot_model[slot] as usize].1 += 1;
+                    self.live_heads += 1;
+                    return Ok(());
+                }
+                _ => slot = table.next(slot),
+            }
+        }
+        Err(HashIndexError::ProbeRunFull)
+    }
+
+    /// Makes `worker` a holder of the head in `slot` at `tick_ms`: refreshed if it is one, else
+    /// in a free or expired place, else in the stalest holder's place.
+    fn add_holder(&mut self, slot: usize, worker: WorkerId, tick_ms: u64) {
+        let table = self.table.clone();
+        let holders = table.slot(slot).holders();
+        let words: [u64; PLACEMENT_HOLDERS_MAX] =
+            std::array::from_fn(|i| holders[i].load(Ordering::Relaxed));
+        let place = words
+            .iter()
+            .position(|w| holder_of(*w).is_some_and(|(id, _)| id == worker))
+            .or_else(|| {
+                words.iter().position(|w| match holder_of(*w) {
+                    None => true,
+                    Some((_, tick)) => !is_live(tick, tick_ms, self.ttl_ms),
+                })
+            })
+            .unwrap_or_else(|| {
+                let tick = |i: usize| holder_of(words[i]).map_or(0, |(_, t)| t);
+                (0..PLACEMENT_HOLDERS_MAX)
+                    .min_by_key(|&i| tick(i))
+                    .unwrap_or(0)
+            });
+        // Records from different data cores may arrive out of order: a refresh keeps the newer.
+        let tick = match holder_of(words[place]) {
+            Some((id, old)) if id == worker => tick_ms.max(old),
+            _ => tick_ms,
+        };
+        holders[place].store(holder_word(worker, tick), Ordering::Release);
+    }
+
+    fn model_index(&mut self, model: u64) -> u32 {
+        let next = self.models.len() as u32;
+        let index = *self.model_indexes.entry(model).or_insert(next);
+        if index == next {
+            self.models.push((model, 0));
+        }
+        index
+    }
+
+    /// Drops holders expired at `now_ms`, and heads left without one.
+    pub fn sweep(&mut self, now_ms: u64) -> SweepStats {
+        let ttl_ms = self.ttl_ms;
+        self.retain_holders(|_, tick| is_live(tick, now_ms, ttl_ms))
+    }
+
+    /// Drops every holding of `worker` (it was removed from the gateway); returns the heads it
+    /// held.
+    pub fn remove_worker(&mut self, worker: WorkerId) -> u64 {
+        self.retain_holders(|id, _| id != worker).holders_dropped
+    }
+
+    /// Keeps the holders `keep` accepts; removes heads left without one.
+    fn retain_holders(&mut self, keep: impl Fn(WorkerId, u64) -> bool) -> SweepStats {
+        let mut stats = SweepStats::default();
+        let table = self.table.clone();
+        let mut slot = 0;
+        while slot < table.slots {
+            let entry = table.slot(slot);
+            if entry.key().load(Ordering::Relaxed) == 0 {
+                slot += 1;
+                continue;
+            }
+            let mut any_live = false;
+            for holder in entry.holders() {
+                let word = holder.load(Ordering::Relaxed);
+                match holder_of(word) {
+                    Some((id, tick)) if !keep(id, tick) => {
+                        holder.store(0, Ordering::Release);
+                        stats.holders_dropped += 1;
+                    }
+                    Some(_) => any_live = true,
+                    None => {}
+                }
+            }
+            if any_live {
+                slot += 1;
+            } else {
+                // The slot is refilled by the shift when a later entry moves back into it:
+                // look at it again.
+                self.remove_slot(slot);
+                stats.heads_removed += 1;
+                if table.slot(slot).key().load(Ordering::Relaxed) == 0 {
+                    slot += 1;
+                }
+            }
+        }
+        stats
+    }
+
+    /// Empties `slot` and shifts the rest of its probe run back (no tombstones).
+    fn remove_slot(&mut self, slot: usize) {
+        let table = self.table.clone();
+        let model = self.slot_model[slot] as usize;
+        self.models[model].1 -= 1;
+        self.live_heads -= 1;
+        let mut hole = slot;
+        table.slot(hole).key().store(0, Ordering::Release);
+        let mut next = table.next(hole);
+        for _ in 0..table.slots {
+            let key = table.slot(next).key().load(Ordering::Relaxed);
+            if key == 0 {
+                break;
+            }
+            // An entry may move back into the hole only if the hole lies on its probe run
+            // (between its home and where it sits, cyclically).
+            let home = table.home(key);
+            if table.distance(home, hole) < table.distance(home, next) {
+                self.move_entry(next, hole);
+                hole = next;
+            }
+            next = table.next(next);
+        }
+    }
+
+    /// Copies the entry in `from` to the empty `to` (holders, then key), then empties `from`.
+    fn move_entry(&mut self, from: usize, to: usize) {
+        let (source, target) = (self.table.slot(from), self.table.slot(to));
+        for (dst, src) in target.holders().iter().zip(source.holders()) {
+            dst.store(src.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+        let key = source.key().load(Ordering::Relaxed);
+        target.key().store(key, Ordering::Release);
+        source.key().store(0, Ordering::Release);
+        for holder in source.holders() {
+            holder.store(0, Ordering::Relaxed);
+        }
+        self.slot_model[to] = self.slot_model[from];
+    }
+
+    /// Live heads per model hash (`smg_cache_placement_entries`), for every model recorded
+    /// since start (0 once its heads expired, as SMG reports it).
+    pub fn gauges(&self) -> Vec<(u64, u64)> {
+        self.models.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;
