@@ -54,7 +54,9 @@ pub struct ReplayArgs {
 pub struct CompareArgs {
     #[command(flatten)]
     pub workload: WorkloadArgs,
-    /// Policies to compare, comma-separated (kvgate --policy names).
+    /// Policies to compare, comma-separated: kvgate --policy names, `cache_aware:hash`
+    /// (cache_aware with --cache-index hash; its --cache-boundaries go in --gateway-args), and
+    /// `direct` (no gateway).
     #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.

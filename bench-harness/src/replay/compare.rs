@@ -34,6 +34,18 @@ pub const KNOWN_POLICIES: [&str; 7] = [
 /// is the baseline the others' added latency is measured against.
 pub const DIRECT: &str = "direct";
 
+/// cache_aware on the hash index (`--policy cache_aware --cache-index hash`; give the gateway its
+/// `--cache-boundaries` with `--gateway-args`, which also set `prefix_hash`'s depth).
+pub const CACHE_AWARE_HASH: &str = "cache_aware:hash";
+
+/// The gateway flags that run one entry of `--policies`.
+fn policy_flags(policy: &str) -> Vec<&str> {
+    match policy {
+        CACHE_AWARE_HASH => vec!["--policy", "cache_aware", "--cache-index", "hash"],
+        _ => vec!["--policy", policy],
+    }
+}
+
 /// How long a fleet or gateway may take to start answering.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -69,9 +81,10 @@ pub fn validate_policies(policies: &[String]) -> Result<(), String> {
         ));
     }
     for policy in policies {
-        if policy != DIRECT && !KNOWN_POLICIES.contains(&policy.as_str()) {
+        let pseudo = [DIRECT, CACHE_AWARE_HASH].contains(&policy.as_str());
+        if !pseudo && !KNOWN_POLICIES.contains(&policy.as_str()) {
             return Err(format!(
-                "--policies: unknown policy {policy:?} (known: {}, and {DIRECT})",
+                "--policies: unknown policy {policy:?} (known: {}, and {DIRECT}, {CACHE_AWARE_HASH})",
                 KNOWN_POLICIES.join(", ")
             ));
         }
@@ -200,7 +213,9 @@ async fn start_engines(
     let (engines, base) = (options.engines.to_string(), base_port.to_string());
     sim.args(["--engines", &engines, "--base-port", &base]);
     sim.args(&options.sim_args);
-    let log = options.log_dir.join(format!("{policy}-sim-engine.log"));
+    let log = options
+        .log_dir
+        .join(format!("{}-sim-engine.log", policy.replace(':', "-")));
     fleet.start("sim-engine", sim, &log)?;
     for i in 0..options.engines {
         let addr = SocketAddr::from(([127, 0, 0, 1], base_port + i));
@@ -224,14 +239,8 @@ async fn start_gateway(
     let metrics_port = free_port_range(1)?;
     let mut gateway = Command::new(&options.kvgate);
     let (port_text, metrics_text) = (port.to_string(), metrics_port.to_string());
-    gateway.args([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port_text,
-        "--policy",
-        policy,
-    ]);
+    gateway.args(["--host", "127.0.0.1", "--port", &port_text]);
+    gateway.args(policy_flags(policy));
     gateway.args([
         "--prometheus-host",
         "127.0.0.1",
@@ -240,7 +249,9 @@ async fn start_gateway(
     ]);
     gateway.arg("--worker-urls").args(workers);
     gateway.args(&options.gateway_args);
-    let log = options.log_dir.join(format!("{policy}-kvgate.log"));
+    let log = options
+        .log_dir
+        .join(format!("{}-kvgate.log", policy.replace(':', "-")));
     let pid = fleet.start("kvgate", gateway, &log)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     fleet.wait_until_answering(addr, stop).await?;
@@ -373,4 +384,22 @@ fn tail(log: &Path) -> String {
         .find(|&i| text.is_char_boundary(i))
         .unwrap_or(text.len());
     text[start..].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hash_variant_runs_cache_aware_on_the_hash_index() {
+        let policies = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert!(validate_policies(&policies(&["round_robin", CACHE_AWARE_HASH, DIRECT])).is_ok());
+        let unknown = validate_policies(&policies(&["cache_aware:trie"])).unwrap_err();
+        assert!(unknown.contains("cache_aware:hash"), "{unknown}");
+        assert_eq!(
+            policy_flags(CACHE_AWARE_HASH),
+            ["--policy", "cache_aware", "--cache-index", "hash"]
+        );
+        assert_eq!(policy_flags("prefix_hash"), ["--policy", "prefix_hash"]);
+    }
 }
