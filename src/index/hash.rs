@@ -64,13 +64,10 @@ pub fn request_heads(
 ) {
     out.clear();
     let block_size = pages.block_size().max(1);
-    let seed = xxh3_64(
-        &[
-            namespace.model.to_le_bytes(),
-            namespace.partition.to_le_bytes(),
-        ]
-        .concat(),
-    );
+    let mut namespace_bytes = [0u8; 16];
+    namespace_bytes[..8].copy_from_slice(&namespace.model.to_le_bytes());
+    namespace_bytes[8..].copy_from_slice(&namespace.partition.to_le_bytes());
+    let seed = xxh3_64(&namespace_bytes);
     let mut state = Xxh3::with_seed(seed);
     let mut hashed_pages = 0usize;
     for &boundary in boundaries.iter().take(CACHE_BOUNDARIES_MAX) {
