@@ -172,6 +172,15 @@ pub const PLACEMENT_HEADS_MAX: usize = 1 << 20;
 /// the writer). At the table's most (3/4 full) a run longer than this is vanishingly rare.
 pub const PLACEMENT_PROBE_MAX: usize = 64;
 
+/// Workers that may publish KV events to one gateway: the KV-event index keeps a block's holders
+/// as one 64-bit word, so a lookup intersects holder sets with one `and` per block.
+pub const KV_EVENT_WORKERS_MAX: usize = 64;
+
+/// Distinct blocks the KV-event index holds (sized at start, 20 bytes of table per block, its
+/// pages committed as first written): 16M blocks of 16 tokens are 256M tokens of engine cache,
+/// a fleet of 64 engines with 4M tokens each. Stores beyond are refused and counted.
+pub const KV_BLOCKS_MAX: usize = 1 << 24;
+
 /// The most models the index keeps trees for (and data cores announce by name for gauge labels).
 pub const MODELS_MAX: usize = 1 << 16;
 
@@ -210,6 +219,9 @@ const _: () = assert!(PLACEMENT_HOLDERS_MAX <= u8::MAX as usize && CACHE_BOUNDAR
 const _: () = assert!(PLACEMENT_PROBE_MAX < PLACEMENT_HEADS_MAX);
 // A head's holders are candidates of the decision flow, like a tree node's tenants.
 const _: () = assert!(PLACEMENT_HOLDERS_MAX <= MATCH_TENANTS_MAX);
+// KV-event holders are one bit each in a u64 word.
+const _: () = assert!(KV_EVENT_WORKERS_MAX == u64::BITS as usize);
+const _: () = assert!(KV_EVENT_WORKERS_MAX <= WORKERS_MAX);
 // A lookup's tenant count is a u8.
 const _: () = assert!(MATCH_TENANTS_MAX <= u8::MAX as usize);
 const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 5);

@@ -22,17 +22,15 @@
 //! would share holders (about 2^-64 per pair): a routing guess, never what an engine computes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
-use super::raw::{zeroed_lines, AtomicLine};
+use super::slots::{Probe, SlotTable};
 use super::{Namespace, TokenPages};
 use crate::ids::WorkerId;
-use crate::limits::{
-    CACHE_BOUNDARIES_MAX, PLACEMENT_HOLDERS_MAX, PLACEMENT_PROBE_MAX, WORKERS_MAX,
-};
+use crate::limits::{CACHE_BOUNDARIES_MAX, PLACEMENT_HOLDERS_MAX, WORKERS_MAX};
 
 /// Table slots per live head allowed: a load of 3/4 keeps probe runs short.
 const SLOTS_PER_HEADS_NUM: usize = 4;
@@ -165,27 +163,6 @@ impl HeadMatch {
     }
 }
 
-/// Words of a slot: the key, then the holders.
-const SLOT_WORDS: usize = 1 + PLACEMENT_HOLDERS_MAX;
-const SLOTS_PER_LINE: usize = 8 / SLOT_WORDS;
-const _: () = assert!(SLOT_WORDS * SLOTS_PER_LINE == 8, "slots tile a cache line");
-
-/// One slot: a head's key (0: empty) and its holders (0: none), inside a cache line.
-#[derive(Clone, Copy)]
-struct Slot<'t> {
-    words: &'t [AtomicU64],
-}
-
-impl<'t> Slot<'t> {
-    fn key(&self) -> &'t AtomicU64 {
-        &self.words[0]
-    }
-
-    fn holders(&self) -> &'t [AtomicU64] {
-        &self.words[1..]
-    }
-}
-
 /// A holder word: `worker + 1` above the tick.
 fn holder_word(worker: WorkerId, tick_ms: u64) -> u64 {
     (u64::from(worker.0) + 1) << TICK_BITS | (tick_ms & TICK_MASK)
@@ -202,53 +179,11 @@ fn is_live(tick_ms: u64, now_ms: u64, ttl_ms: u64) -> bool {
     now_ms.saturating_sub(tick_ms) <= ttl_ms
 }
 
+/// Words of a slot: the head's key, then its holders.
+const SLOT_WORDS: usize = 1 + PLACEMENT_HOLDERS_MAX;
+
 /// The slots, shared by the writer and every reader.
-struct Table {
-    lines: Box<[AtomicLine]>,
-    slots: usize,
-}
-
-impl std::fmt::Debug for Table {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Table").field("slots", &self.slots).finish()
-    }
-}
-
-impl Table {
-    /// A zeroed table of at least `slots` slots.
-    fn new(slots: usize) -> Table {
-        let lines = slots.div_ceil(SLOTS_PER_LINE).max(1);
-        Table {
-            lines: zeroed_lines(lines),
-            slots: lines * SLOTS_PER_LINE,
-        }
-    }
-
-    fn slot(&self, slot: usize) -> Slot<'_> {
-        let start = slot % SLOTS_PER_LINE * SLOT_WORDS;
-        Slot {
-            words: &self.lines[slot / SLOTS_PER_LINE].0[start..start + SLOT_WORDS],
-        }
-    }
-
-    /// The slot a key's probe run starts at (multiply-shift: no power-of-two size needed).
-    fn home(&self, key: u64) -> usize {
-        ((u128::from(key) * self.slots as u128) >> 64) as usize
-    }
-
-    fn next(&self, slot: usize) -> usize {
-        if slot + 1 == self.slots {
-            0
-        } else {
-            slot + 1
-        }
-    }
-
-    /// How far `slot` lies past `home` along the (cyclic) probe run.
-    fn distance(&self, home: usize, slot: usize) -> usize {
-        (slot + self.slots - home) % self.slots
-    }
-}
+type Table = SlotTable<SLOT_WORDS>;
 
 /// A data core's handle on the map.
 #[derive(Clone, Debug)]
@@ -284,24 +219,8 @@ impl HashIndexReader {
 
     /// The holder words of `key`, if its slot is found and stayed its own while read.
     fn read(&self, key: u64) -> Option<[u64; PLACEMENT_HOLDERS_MAX]> {
-        let table = &*self.table;
-        let mut slot = table.home(key);
-        for _ in 0..PLACEMENT_PROBE_MAX {
-            let entry = table.slot(slot);
-            match entry.key().load(Ordering::Acquire) {
-                0 => return None,
-                k if k == key => {
-                    let holders = entry.holders();
-                    let words = std::array::from_fn(|i| holders[i].load(Ordering::Relaxed));
-                    // The holders were read before the key is read again: a slot the writer
-                    // emptied or gave to another head meanwhile reads as a miss.
-                    fence(Ordering::Acquire);
-                    return (entry.key().load(Ordering::Relaxed) == key).then_some(words);
-                }
-                _ => slot = table.next(slot),
-            }
-        }
-        None
+        let words = self.table.read(key)?;
+        Some(std::array::from_fn(|i| words[1 + i]))
     }
 }
 
@@ -349,7 +268,7 @@ impl HashIndexWriter {
     /// whose holders live `ttl_ms` after they were last sent.
     pub fn new(heads_max: usize, ttl_ms: u64) -> Self {
         let table = Table::new(heads_max * SLOTS_PER_HEADS_NUM / SLOTS_PER_HEADS_DEN + 1);
-        let slots = table.slots;
+        let slots = table.len();
         HashIndexWriter {
             table: Arc::new(table),
             ttl_ms,
@@ -377,8 +296,7 @@ impl HashIndexWriter {
     /// Bytes the map holds at most: its slots and the writer's per-slot model index (the pages
     /// not written yet are not committed, so the resident part can be less).
     pub fn memory_bytes(&self) -> usize {
-        let table = self.table.lines.len() * std::mem::size_of::<AtomicLine>();
-        table
+        self.table.memory_bytes()
             + self.slot_model.len() * std::mem::size_of::<u32>()
             + self.models.capacity() * std::mem::size_of::<(u64, u64)>()
     }
@@ -414,42 +332,29 @@ impl HashIndexWriter {
         worker: WorkerId,
         tick_ms: u64,
     ) -> Result<(), HashIndexError> {
-        let table = self.table.clone();
-        let mut slot = table.home(key);
-        for _ in 0..PLACEMENT_PROBE_MAX {
-            let entry = table.slot(slot);
-            match entry.key().load(Ordering::Relaxed) {
-                k if k == key => {
-                    self.add_holder(slot, worker, tick_ms);
-                    return Ok(());
-                }
-                0 => {
-                    if self.live_heads >= self.heads_max {
-                        return Err(HashIndexError::Full);
-                    }
-                    // Holders before the key: a reader that sees the key sees them too.
-                    let holders = entry.holders();
-                    holders[0].store(holder_word(worker, tick_ms), Ordering::Relaxed);
-                    for holder in &holders[1..] {
-                        holder.store(0, Ordering::Relaxed);
-                    }
-                    entry.key().store(key, Ordering::Release);
-                    self.slot_model[slot] = self.model_index(model);
-                    self.models[self.slot_model[slot] as usize].1 += 1;
-                    self.live_heads += 1;
-                    return Ok(());
-                }
-                _ => slot = table.next(slot),
+        match self.table.probe(key) {
+            Probe::Found(slot) => {
+                self.add_holder(slot, worker, tick_ms);
+                Ok(())
             }
+            Probe::Vacant(_) if self.live_heads >= self.heads_max => Err(HashIndexError::Full),
+            Probe::Vacant(slot) => {
+                let holders = [holder_word(worker, tick_ms), 0, 0];
+                self.table.insert(slot, key, &holders);
+                self.slot_model[slot] = self.model_index(model);
+                self.models[self.slot_model[slot] as usize].1 += 1;
+                self.live_heads += 1;
+                Ok(())
+            }
+            Probe::RunFull => Err(HashIndexError::ProbeRunFull),
         }
-        Err(HashIndexError::ProbeRunFull)
     }
 
     /// Makes `worker` a holder of the head in `slot` at `tick_ms`: refreshed if it is one, else
     /// in a free or expired place, else in the stalest holder's place.
     fn add_holder(&mut self, slot: usize, worker: WorkerId, tick_ms: u64) {
         let table = self.table.clone();
-        let holders = table.slot(slot).holders();
+        let holders = &table.words(slot)[1..];
         let words: [u64; PLACEMENT_HOLDERS_MAX] =
             std::array::from_fn(|i| holders[i].load(Ordering::Relaxed));
         let place = words
@@ -501,14 +406,14 @@ impl HashIndexWriter {
         let mut stats = SweepStats::default();
         let table = self.table.clone();
         let mut slot = 0;
-        while slot < table.slots {
-            let entry = table.slot(slot);
-            if entry.key().load(Ordering::Relaxed) == 0 {
+        while slot < table.len() {
+            let words = table.words(slot);
+            if words[0].load(Ordering::Relaxed) == 0 {
                 slot += 1;
                 continue;
             }
             let mut any_live = false;
-            for holder in entry.holders() {
+            for holder in &words[1..] {
                 let word = holder.load(Ordering::Relaxed);
                 match holder_of(word) {
                     Some((id, tick)) if !keep(id, tick) => {
@@ -526,7 +431,7 @@ impl HashIndexWriter {
                 // look at it again.
                 self.remove_slot(slot);
                 stats.heads_removed += 1;
-                if table.slot(slot).key().load(Ordering::Relaxed) == 0 {
+                if table.words(slot)[0].load(Ordering::Relaxed) == 0 {
                     slot += 1;
                 }
             }
@@ -534,44 +439,14 @@ impl HashIndexWriter {
         stats
     }
 
-    /// Empties `slot` and shifts the rest of its probe run back (no tombstones).
+    /// Empties `slot` (and shifts the rest of its probe run back, the models with them).
     fn remove_slot(&mut self, slot: usize) {
-        let table = self.table.clone();
         let model = self.slot_model[slot] as usize;
         self.models[model].1 -= 1;
         self.live_heads -= 1;
-        let mut hole = slot;
-        table.slot(hole).key().store(0, Ordering::Release);
-        let mut next = table.next(hole);
-        for _ in 0..table.slots {
-            let key = table.slot(next).key().load(Ordering::Relaxed);
-            if key == 0 {
-                break;
-            }
-            // An entry may move back into the hole only if the hole lies on its probe run
-            // (between its home and where it sits, cyclically).
-            let home = table.home(key);
-            if table.distance(home, hole) < table.distance(home, next) {
-                self.move_entry(next, hole);
-                hole = next;
-            }
-            next = table.next(next);
-        }
-    }
-
-    /// Copies the entry in `from` to the empty `to` (holders, then key), then empties `from`.
-    fn move_entry(&mut self, from: usize, to: usize) {
-        let (source, target) = (self.table.slot(from), self.table.slot(to));
-        for (dst, src) in target.holders().iter().zip(source.holders()) {
-            dst.store(src.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-        let key = source.key().load(Ordering::Relaxed);
-        target.key().store(key, Ordering::Release);
-        source.key().store(0, Ordering::Release);
-        for holder in source.holders() {
-            holder.store(0, Ordering::Relaxed);
-        }
-        self.slot_model[to] = self.slot_model[from];
+        let slot_model = &mut self.slot_model;
+        self.table
+            .remove(slot, |from, to| slot_model[to] = slot_model[from]);
     }
 
     /// Live heads per model hash (`smg_cache_placement_entries`), for every model recorded

@@ -21,7 +21,9 @@
 mod entries;
 pub mod hash;
 mod keys;
+pub mod kv;
 mod raw;
+mod slots;
 mod tree;
 
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,438 @@
+//! The KV-event index: which engines hold which blocks, as the engines report it (their KV
+//! events), instead of as the gateway predicts it (the trees).
+//!
+//! Blocks are keyed by a content hash chained by position ([`chain_hash`]): a block's key hashes
+//! its tokens ([`page_hash`]) with its parent's key, so equal prefixes share keys and the request
+//! side computes the same keys from its token IDs ([`chain_hashes`] over its page hashes). The
+//! engines' own block hashes are engine-specific (seeded, or over other inputs); each worker's
+//! map from its block hashes to ours turns a removal into ours.
+//!
+//! - [`KvIndexReader`] (one per data core): [`KvIndexReader::lookup`] walks a request's keys in
+//!   order and returns every worker holding at least its first block with how many consecutive
+//!   leading blocks it holds. It takes no lock, allocates nothing and writes nothing.
+//! - [`KvIndexWriter`] (one, on the control core): `attach` a publishing worker (it gets one of
+//!   `KV_EVENT_WORKERS_MAX` bits), `store`, `remove` and `clear` its blocks, `detach` it.
+//!
+//! A slot of the shared [`SlotTable`] is the key and a bitmap of the workers holding the block.
+//! The map holds at most `KV_BLOCKS_MAX` blocks; stores beyond are refused and counted. A block
+//! whose parent is unknown (its parent's event was missed) cannot be reached from a request's
+//! first block and is not stored (counted as an orphan).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::keys::page_hash;
+use super::slots::{Probe, SlotTable};
+use crate::ids::WorkerId;
+use crate::limits::KV_EVENT_WORKERS_MAX;
+
+/// The parent key of a sequence's first block.
+const CHAIN_ROOT: u64 = 0x243f_6a88_85a3_08d3;
+
+/// Table slots per block allowed: a load of 4/5 keeps probe runs short for two-word slots.
+const SLOTS_PER_BLOCKS_NUM: usize = 5;
+const SLOTS_PER_BLOCKS_DEN: usize = 4;
+
+/// The key of a block whose tokens hash to `page` and whose parent's key is `parent` (never 0).
+pub fn chain_hash(parent: u64, page: u64) -> u64 {
+    // Murmur3's finalizer over the pair: every bit of both counts.
+    let mut x = parent.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ page;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^= x >> 33;
+    x.max(1)
+}
+
+/// The keys of a request's whole blocks, from their page hashes (`TokenPages::pages`, hashed
+/// with the index's block size), into `out` (cleared first).
+pub fn chain_hashes(pages: &[u64], out: &mut Vec<u64>) {
+    out.clear();
+    let mut parent = CHAIN_ROOT;
+    for &page in pages {
+        parent = chain_hash(parent, page);
+        out.push(parent);
+    }
+}
+
+/// The workers holding a request's first block, each with how many consecutive leading blocks
+/// it holds, most first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockMatch {
+    /// `(worker, blocks)`; `len` are valid.
+    pub holders: [(WorkerId, u32); KV_EVENT_WORKERS_MAX],
+    /// How many of `holders` are valid.
+    pub len: u8,
+    /// Whole blocks in the request.
+    pub request_blocks: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+}
+
+impl Default for BlockMatch {
+    fn default() -> Self {
+        BlockMatch {
+            holders: [(WorkerId(0), 0); KV_EVENT_WORKERS_MAX],
+            len: 0,
+            request_blocks: 0,
+            block_size: 0,
+        }
+    }
+}
+
+impl BlockMatch {
+    /// The holders, most blocks first.
+    pub fn holders(&self) -> &[(WorkerId, u32)] {
+        &self.holders[..usize::from(self.len)]
+    }
+}
+
+/// What readers and the writer share: the table, which worker each bit stands for, and the
+/// block size learned from the events.
+#[derive(Debug)]
+struct Shared {
+    table: SlotTable<2>,
+    /// `worker id + 1` of each bit (0: free).
+    workers: [AtomicU32; KV_EVENT_WORKERS_MAX],
+    /// Tokens per block, from the first stored block (0: not known yet).
+    block_size: AtomicU32,
+    /// Workers attached and not detached.
+    attached: AtomicU64,
+}
+
+/// A data core's handle on the index.
+#[derive(Clone, Debug)]
+pub struct KvIndexReader {
+    shared: Arc<Shared>,
+}
+
+impl KvIndexReader {
+    /// Tokens per block the engines reported (`None` before the first stored block).
+    pub fn block_size(&self) -> Option<usize> {
+        match self.shared.block_size.load(Ordering::Acquire) {
+            0 => None,
+            n => Some(n as usize),
+        }
+    }
+
+    /// Whether any worker publishes its events (the index then answers token requests).
+    pub fn is_live(&self) -> bool {
+        self.shared.attached.load(Ordering::Acquire) != 0
+    }
+
+    /// The holders of the request whose block keys are `chain` ([`chain_hashes`]).
+    pub fn lookup(&self, chain: &[u64]) -> BlockMatch {
+        let mut found = BlockMatch {
+            request_blocks: u32::try_from(chain.len()).unwrap_or(u32::MAX),
+            block_size: self.shared.block_size.load(Ordering::Acquire),
+            ..BlockMatch::default()
+        };
+        let mut depth = [0u32; KV_EVENT_WORKERS_MAX];
+        let mut alive = u64::MAX;
+        let mut blocks = 0u32;
+        for &key in chain {
+            let holders = self.shared.table.read(key).map_or(0, |words| words[1]);
+            let next = alive & holders;
+            let mut dropped = alive & !next;
+            if blocks > 0 {
+                while dropped != 0 {
+                    depth[dropped.trailing_zeros() as usize] = blocks;
+                    dropped &= dropped - 1;
+                }
+            }
+            alive = next;
+            if alive == 0 {
+                break;
+            }
+            blocks += 1;
+        }
+        if blocks > 0 {
+            let mut left = alive;
+            while left != 0 {
+                depth[left.trailing_zeros() as usize] = blocks;
+                left &= left - 1;
+            }
+        }
+        for (bit, &held) in depth.iter().enumerate() {
+            let id = self.shared.workers[bit].load(Ordering::Acquire);
+            if held > 0 && id > 0 {
+                let worker = WorkerId((id - 1) as u16);
+                found.holders[usize::from(found.len)] = (worker, held);
+                found.len += 1;
+            }
+        }
+        let len = usize::from(found.len);
+        found.holders[..len].sort_unstable_by_key(|(_, held)| std::cmp::Reverse(*held));
+        found
+    }
+}
+
+/// A mixer for keys that are hashes already (engine block hashes): one multiply, no SipHash.
+#[derive(Default)]
+struct HashedKey(u64);
+
+impl Hasher for HashedKey {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        self.0 = (key ^ key >> 29).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    }
+}
+
+type EngineBlocks = HashMap<u64, u64, BuildHasherDefault<HashedKey>>;
+
+/// A publishing worker's state in the writer.
+#[derive(Debug)]
+struct Publisher {
+    worker: WorkerId,
+    /// The worker's block hashes, mapped to our keys.
+    blocks: EngineBlocks,
+}
+
+/// Why events were not applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KvIndexError {
+    /// Every bit is taken by another publishing worker.
+    #[error("at most {KV_EVENT_WORKERS_MAX} workers can publish KV events to one gateway")]
+    TooManyWorkers,
+    /// The worker was never attached (or was detached).
+    #[error("worker {0:?} does not publish KV events here")]
+    NotAttached(WorkerId),
+}
+
+/// What a store did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Blocks the worker now holds that it did not.
+    pub stored: u64,
+    /// Blocks whose parent was unknown: not reachable, not stored.
+    pub orphans: u64,
+    /// Blocks refused because the index holds its most blocks.
+    pub refused: u64,
+}
+
+/// The control core's handle: the only writer.
+#[derive(Debug)]
+pub struct KvIndexWriter {
+    shared: Arc<Shared>,
+    blocks_max: usize,
+    live_blocks: usize,
+    publishers: [Option<Publisher>; KV_EVENT_WORKERS_MAX],
+}
+
+impl KvIndexWriter {
+    /// An empty index for `blocks_max` distinct blocks (`limits::KV_BLOCKS_MAX` in the gateway).
+    pub fn new(blocks_max: usize) -> Self {
+        let slots = blocks_max * SLOTS_PER_BLOCKS_NUM / SLOTS_PER_BLOCKS_DEN + 1;
+        KvIndexWriter {
+            shared: Arc::new(Shared {
+                table: SlotTable::new(slots),
+                workers: std::array::from_fn(|_| AtomicU32::new(0)),
+                block_size: AtomicU32::new(0),
+                attached: AtomicU64::new(0),
+            }),
+            blocks_max,
+            live_blocks: 0,
+            publishers: std::array::from_fn(|_| None),
+        }
+    }
+
+    /// A reader for a data core.
+    pub fn reader(&self) -> KvIndexReader {
+        KvIndexReader {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Distinct blocks held by any worker.
+    pub fn live_blocks(&self) -> usize {
+        self.live_blocks
+    }
+
+    /// Blocks `worker` holds.
+    pub fn blocks_of(&self, worker: WorkerId) -> usize {
+        self.publisher(worker).map_or(0, |(_, p)| p.blocks.len())
+    }
+
+    /// Bytes held: the table and every worker's block map.
+    pub fn memory_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(u64, u64)>() + 1;
+        let maps: usize = self
+            .publishers
+            .iter()
+            .flatten()
+            .map(|p| p.blocks.capacity() * entry)
+            .sum();
+        self.shared.table.memory_bytes() + maps
+    }
+
+    /// Lets `worker` publish: it gets a bit of its own (idempotent).
+    pub fn attach(&mut self, worker: WorkerId) -> Result<(), KvIndexError> {
+        if self.publisher(worker).is_some() {
+            return Ok(());
+        }
+        let bit = self
+            .publishers
+            .iter()
+            .position(Option::is_none)
+            .ok_or(KvIndexError::TooManyWorkers)?;
+        self.publishers[bit] = Some(Publisher {
+            worker,
+            blocks: EngineBlocks::default(),
+        });
+        self.shared.workers[bit].store(u32::from(worker.0) + 1, Ordering::Release);
+        self.shared.attached.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Drops every block of `worker` and frees its bit (it was removed, or stopped publishing).
+    pub fn detach(&mut self, worker: WorkerId) {
+        let Some(bit) = self.publisher(worker).map(|(bit, _)| bit) else {
+            return;
+        };
+        self.clear(worker);
+        self.shared.workers[bit].store(0, Ordering::Release);
+        self.publishers[bit] = None;
+        self.shared.attached.fetch_sub(1, Ordering::Release);
+    }
+
+    fn publisher(&self, worker: WorkerId) -> Option<(usize, &Publisher)> {
+        self.publishers
+            .iter()
+            .enumerate()
+            .find_map(|(bit, p)| p.as_ref().filter(|p| p.worker == worker).map(|p| (bit, p)))
+    }
+
+    /// `worker` stored the blocks `engine_hashes` (in order), the first a child of
+    /// `parent` (`None`: a sequence's first block), whose tokens are `token_ids`, `block_size`
+    /// per block.
+    pub fn store(
+        &mut self,
+        worker: WorkerId,
+        engine_hashes: &[u64],
+        parent: Option<u64>,
+        token_ids: &[u32],
+        block_size: usize,
+    ) -> Result<StoreStats, KvIndexError> {
+        let (bit, _) = self
+            .publisher(worker)
+            .ok_or(KvIndexError::NotAttached(worker))?;
+        let mut stats = StoreStats::default();
+        if block_size == 0 {
+            stats.orphans = engine_hashes.len() as u64;
+            return Ok(stats);
+        }
+        // The first block stored teaches the request side how to cut prompts into blocks.
+        let _ = self.shared.block_size.compare_exchange(
+            0,
+            u32::try_from(block_size).unwrap_or(u32::MAX),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        let blocks = &mut self.publishers[bit];
+        let Some(publisher) = blocks.as_mut() else {
+            return Err(KvIndexError::NotAttached(worker));
+        };
+        let mut key = match parent {
+            None => CHAIN_ROOT,
+            Some(engine) => match publisher.blocks.get(&engine) {
+                Some(&ours) => ours,
+                None => {
+                    stats.orphans = engine_hashes.len() as u64;
+                    return Ok(stats);
+                }
+            },
+        };
+        let mask = 1u64 << bit;
+        for (engine, tokens) in engine_hashes.iter().zip(token_ids.chunks_exact(block_size)) {
+            key = chain_hash(key, page_hash(tokens));
+            let table = &self.shared.table;
+            match table.probe(key) {
+                Probe::Found(slot) => {
+                    let holders = &table.words(slot)[1];
+                    let held = holders.load(Ordering::Relaxed);
+                    if held & mask == 0 {
+                        holders.store(held | mask, Ordering::Release);
+                        stats.stored += 1;
+                    }
+                }
+                Probe::Vacant(slot) if self.live_blocks < self.blocks_max => {
+                    table.insert(slot, key, &[mask]);
+                    self.live_blocks += 1;
+                    stats.stored += 1;
+                }
+                Probe::Vacant(_) | Probe::RunFull => {
+                    stats.refused += 1;
+                    // The rest of the sequence hangs off a block the index does not hold.
+                    break;
+                }
+            }
+            publisher.blocks.insert(*engine, key);
+        }
+        Ok(stats)
+    }
+
+    /// `worker` evicted the blocks `engine_hashes`; returns how many it held.
+    pub fn remove(&mut self, worker: WorkerId, engine_hashes: &[u64]) -> u64 {
+        let Some((bit, _)) = self.publisher(worker) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for engine in engine_hashes {
+            let Some(key) = self.publishers[bit]
+                .as_mut()
+                .and_then(|p| p.blocks.remove(engine))
+            else {
+                continue;
+            };
+            self.drop_holder(key, bit);
+            removed += 1;
+        }
+        removed
+    }
+
+    /// `worker` cleared its whole cache (or restarted).
+    pub fn clear(&mut self, worker: WorkerId) -> u64 {
+        let Some((bit, _)) = self.publisher(worker) else {
+            return 0;
+        };
+        let blocks = self.publishers[bit]
+            .as_mut()
+            .map(|p| std::mem::take(&mut p.blocks))
+            .unwrap_or_default();
+        for &key in blocks.values() {
+            self.drop_holder(key, bit);
+        }
+        blocks.len() as u64
+    }
+
+    /// Takes `bit` out of `key`'s holders; a block nobody holds leaves the table.
+    fn drop_holder(&mut self, key: u64, bit: usize) {
+        let table = &self.shared.table;
+        let Probe::Found(slot) = table.probe(key) else {
+            return;
+        };
+        let holders = &table.words(slot)[1];
+        let left = holders.load(Ordering::Relaxed) & !(1u64 << bit);
+        if left == 0 {
+            table.remove(slot, |_, _| {});
+            self.live_blocks -= 1;
+        } else {
+            holders.store(left, Ordering::Release);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,245 @@
+//! The KV-event index against its rules, and a model test against a brute force.
+
+use std::collections::{HashMap, HashSet};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::index::TokenPages;
+
+const BS: usize = 4;
+
+/// A sequence of `blocks` blocks whose tokens are `seed`-derived (equal seeds, equal content).
+fn tokens(seeds: &[u32]) -> Vec<u32> {
+    seeds
+        .iter()
+        .flat_map(|&s| (0..BS as u32).map(move |i| s * 100 + i))
+        .collect()
+}
+
+/// The request side's keys for `tokens`.
+fn chain_of(tokens: &[u32]) -> Vec<u64> {
+    let pages = TokenPages::of(tokens, BS);
+    let mut chain = Vec::new();
+    chain_hashes(pages.pages(), &mut chain);
+    chain
+}
+
+fn held(found: &BlockMatch) -> Vec<(u16, u32)> {
+    let mut held: Vec<(u16, u32)> = found.holders().iter().map(|(w, n)| (w.0, *n)).collect();
+    held.sort_unstable();
+    held
+}
+
+#[test]
+fn workers_are_scored_by_the_consecutive_leading_blocks_they_hold() {
+    let mut writer = KvIndexWriter::new(1024);
+    let reader = writer.reader();
+    assert!(!reader.is_live() && reader.block_size().is_none());
+    for w in [1, 2, 3] {
+        writer.attach(WorkerId(w)).unwrap();
+    }
+    assert!(reader.is_live());
+    // Worker 1 holds blocks a b c; worker 2 a b (engine hashes of its own scheme); worker 3
+    // only c's content, but under another parent: a different key.
+    writer
+        .store(WorkerId(1), &[11, 12, 13], None, &tokens(&[1, 2, 3]), BS)
+        .unwrap();
+    writer
+        .store(WorkerId(2), &[901, 902], None, &tokens(&[1, 2]), BS)
+        .unwrap();
+    writer
+        .store(WorkerId(3), &[31], None, &tokens(&[3]), BS)
+        .unwrap();
+    assert_eq!(reader.block_size(), Some(BS));
+    let found = reader.lookup(&chain_of(&tokens(&[1, 2, 3, 4])));
+    assert_eq!(found.request_blocks, 4);
+    assert_eq!(
+        held(&found),
+        [(1, 3), (2, 2)],
+        "worker 3 does not hold the first block"
+    );
+    assert_eq!(found.holders()[0], (WorkerId(1), 3), "most blocks first");
+    // A block of the request's own tail that nobody holds ends nobody's run early.
+    assert_eq!(
+        held(&reader.lookup(&chain_of(&tokens(&[1, 9])))),
+        [(1, 1), (2, 1)]
+    );
+    assert!(reader
+        .lookup(&chain_of(&tokens(&[7, 1])))
+        .holders()
+        .is_empty());
+    assert!(reader.lookup(&[]).holders().is_empty());
+}
+
+#[test]
+fn children_chain_from_their_parent_and_orphans_are_not_stored() {
+    let mut writer = KvIndexWriter::new(1024);
+    let reader = writer.reader();
+    writer.attach(WorkerId(0)).unwrap();
+    writer
+        .store(WorkerId(0), &[1, 2], None, &tokens(&[1, 2]), BS)
+        .unwrap();
+    let child = writer
+        .store(WorkerId(0), &[3], Some(2), &tokens(&[3]), BS)
+        .unwrap();
+    assert_eq!((child.stored, child.orphans), (1, 0));
+    assert_eq!(
+        held(&reader.lookup(&chain_of(&tokens(&[1, 2, 3])))),
+        [(0, 3)]
+    );
+    let orphan = writer
+        .store(WorkerId(0), &[5], Some(999), &tokens(&[5]), BS)
+        .unwrap();
+    assert_eq!((orphan.stored, orphan.orphans), (0, 1));
+    assert_eq!(writer.blocks_of(WorkerId(0)), 3);
+}
+
+#[test]
+fn removals_clears_and_detaches_take_blocks_away() {
+    let mut writer = KvIndexWriter::new(1024);
+    let reader = writer.reader();
+    for w in [0, 1] {
+        writer.attach(WorkerId(w)).unwrap();
+        writer
+            .store(WorkerId(w), &[1, 2, 3], None, &tokens(&[1, 2, 3]), BS)
+            .unwrap();
+    }
+    assert_eq!(writer.live_blocks(), 3, "shared blocks are one entry each");
+    let request = chain_of(&tokens(&[1, 2, 3]));
+    assert_eq!(writer.remove(WorkerId(0), &[2, 77]), 1);
+    assert_eq!(
+        held(&reader.lookup(&request)),
+        [(0, 1), (1, 3)],
+        "a gap ends the run"
+    );
+    assert_eq!(writer.clear(WorkerId(1)), 3);
+    assert_eq!(held(&reader.lookup(&request)), [(0, 1)]);
+    assert_eq!(writer.live_blocks(), 2, "blocks 1 and 3 of worker 0");
+    writer.detach(WorkerId(0));
+    assert!(reader.lookup(&request).holders().is_empty());
+    assert_eq!(writer.live_blocks(), 0);
+    assert!(reader.is_live(), "worker 1 still publishes");
+    writer.detach(WorkerId(1));
+    assert!(!reader.is_live());
+    assert_eq!(
+        writer.store(WorkerId(1), &[1], None, &tokens(&[1]), BS),
+        Err(KvIndexError::NotAttached(WorkerId(1)))
+    );
+}
+
+#[test]
+fn the_most_blocks_and_the_most_publishers_are_bounded() {
+    let mut writer = KvIndexWriter::new(4);
+    writer.attach(WorkerId(0)).unwrap();
+    let stats = writer
+        .store(
+            WorkerId(0),
+            &[1, 2, 3, 4, 5, 6],
+            None,
+            &tokens(&[1, 2, 3, 4, 5, 6]),
+            BS,
+        )
+        .unwrap();
+    assert_eq!((stats.stored, stats.refused), (4, 1));
+    assert_eq!(writer.live_blocks(), 4);
+    for w in 1..KV_EVENT_WORKERS_MAX as u16 {
+        writer.attach(WorkerId(w)).unwrap();
+    }
+    assert_eq!(
+        writer.attach(WorkerId(999)),
+        Err(KvIndexError::TooManyWorkers)
+    );
+    assert!(
+        writer.attach(WorkerId(5)).is_ok(),
+        "attaching twice is no new bit"
+    );
+}
+
+/// Operations of the model test.
+#[derive(Clone, Debug)]
+enum Op {
+    /// Worker stores a path of block seeds (a prefix of one of a few sequences).
+    Store {
+        worker: u16,
+        sequence: usize,
+        blocks: usize,
+    },
+    Remove {
+        worker: u16,
+        sequence: usize,
+        block: usize,
+    },
+    Clear {
+        worker: u16,
+    },
+}
+
+/// A few sequences sharing prefixes, as block seeds.
+const SEQUENCES: [[u32; 5]; 3] = [[1, 2, 3, 4, 5], [1, 2, 6, 7, 8], [9, 2, 3, 4, 5]];
+
+/// A worker's engine hash of block `i` of a sequence: its own scheme (worker-dependent).
+fn engine_hash(worker: u16, sequence: usize, i: usize) -> u64 {
+    let path: Vec<u32> = SEQUENCES[sequence][..=i].to_vec();
+    let mut h = 1469598103934665603u64 ^ u64::from(worker);
+    for seed in path {
+        h = (h ^ u64::from(seed)).wrapping_mul(1099511628211);
+    }
+    h
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u16..3, 0usize..3, 1usize..=5).prop_map(|(worker, sequence, blocks)| Op::Store { worker, sequence, blocks }),
+        2 => (0u16..3, 0usize..3, 0usize..5).prop_map(|(worker, sequence, block)| Op::Remove { worker, sequence, block }),
+        1 => (0u16..3).prop_map(|worker| Op::Clear { worker }),
+    ]
+}
+
+proptest! {
+    /// Every request's scores equal a brute force over each worker's set of held block paths.
+    #[test]
+    fn lookups_equal_a_brute_force(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut writer = KvIndexWriter::new(1024);
+        let reader = writer.reader();
+        let mut model: HashMap<u16, HashSet<Vec<u32>>> = HashMap::new();
+        for w in 0..3 {
+            writer.attach(WorkerId(w)).unwrap();
+        }
+        for op in &ops {
+            match *op {
+                Op::Store { worker, sequence, blocks } => {
+                    // Stored from the root, as an engine does for a new sequence.
+                    let seq = &SEQUENCES[sequence][..blocks];
+                    let hashes: Vec<u64> = (0..blocks).map(|i| engine_hash(worker, sequence, i)).collect();
+                    writer.store(WorkerId(worker), &hashes, None, &tokens(seq), BS).unwrap();
+                    for i in 0..blocks {
+                        model.entry(worker).or_default().insert(seq[..=i].to_vec());
+                    }
+                }
+                Op::Remove { worker, sequence, block } => {
+                    writer.remove(WorkerId(worker), &[engine_hash(worker, sequence, block)]);
+                    if let Some(paths) = model.get_mut(&worker) {
+                        paths.remove(&SEQUENCES[sequence][..=block].to_vec());
+                    }
+                }
+                Op::Clear { worker } => {
+                    writer.clear(WorkerId(worker));
+                    model.remove(&worker);
+                }
+            }
+            for sequence in SEQUENCES {
+                let found = reader.lookup(&chain_of(&tokens(&sequence)));
+                let mut want = Vec::new();
+                for (worker, paths) in &model {
+                    let run = (0..sequence.len()).take_while(|&i| paths.contains(&sequence[..=i].to_vec())).count();
+                    if run > 0 {
+                        want.push((*worker, run as u32));
+                    }
+                }
+                want.sort_unstable();
+                prop_assert_eq!(held(&found), want, "{:?}", sequence);
+            }
+        }
+    }
+}
