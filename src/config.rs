@@ -14,7 +14,7 @@ use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
 use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::workers::settings::{WorkerArgs, WorkerSettings};
-use crate::workers::spec::WorkerSpec;
+use crate::workers::spec::{KvEventsSource, WorkerSpec};
 
 /// The routing policy (`--policy`): SMG's names, `cache_aware` by default. Its flags and their
 /// validation live in `policy::PolicyArgs`, flattened into `Cli`.
@@ -68,6 +68,12 @@ pub struct Cli {
     /// Engine workers to route to, e.g. `http://127.0.0.1:31001`.
     #[arg(long = "worker-urls", num_args = 0.., value_name = "URL")]
     pub worker_urls: Vec<String>,
+    /// Where each `--worker-urls` entry publishes its KV events, in the same order:
+    /// `tcp://host:port` (the engine's ZMQ PUB socket; `*` as host means the worker's), with
+    /// `+tcp://host:port` for its replay socket; `none` to skip one; `auto` (the default for
+    /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`).
+    #[arg(long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
+    pub kv_events_endpoints: Vec<String>,
     /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -156,6 +162,21 @@ impl Config {
                 ));
             }
             workers.push(spec);
+        }
+        if !cli.kv_events_endpoints.is_empty() {
+            if cli.kv_events_endpoints.len() != workers.len() {
+                let message = format!(
+                    "{} endpoints for {} --worker-urls: give one per worker, in the same order \
+                     (none to skip one)",
+                    cli.kv_events_endpoints.len(),
+                    workers.len()
+                );
+                return Err(FlagError::new("--kv-events-endpoints", message));
+            }
+            for (spec, text) in workers.iter_mut().zip(&cli.kv_events_endpoints) {
+                spec.kv_events = KvEventsSource::parse(text, spec.host())
+                    .map_err(|e| FlagError::new("--kv-events-endpoints", e))?;
+            }
         }
         let max_payload_bytes = usize::try_from(cli.max_payload_size).unwrap_or(usize::MAX);
         if max_payload_bytes == 0 || max_payload_bytes > limits::PAYLOAD_BYTES_MAX {

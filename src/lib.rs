@@ -20,6 +20,7 @@ pub mod error;
 pub mod http;
 pub mod ids;
 pub mod index;
+pub mod kv_events;
 pub mod limits;
 pub mod metrics;
 pub mod net;

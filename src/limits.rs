@@ -176,10 +176,33 @@ pub const PLACEMENT_PROBE_MAX: usize = 64;
 /// as one 64-bit word, so a lookup intersects holder sets with one `and` per block.
 pub const KV_EVENT_WORKERS_MAX: usize = 64;
 
-/// Distinct blocks the KV-event index holds (sized at start, 20 bytes of table per block, its
-/// pages committed as first written): 16M blocks of 16 tokens are 256M tokens of engine cache,
-/// a fleet of 64 engines with 4M tokens each. Stores beyond are refused and counted.
+/// The most `--kv-indexer-max-entries`: distinct blocks the KV-event index may hold (its table
+/// is sized at start, 20 bytes per block, pages committed as first written). 16M blocks of 16
+/// tokens are 256M tokens of engine cache, a fleet of 64 engines with 4M tokens each.
 pub const KV_BLOCKS_MAX: usize = 1 << 24;
+
+/// `--kv-indexer-max-entries` by default: 2M blocks (a 42 MB table), 32M tokens of engine cache
+/// at 16 per block. Stores beyond are refused and counted.
+pub const KV_BLOCKS_DEFAULT: usize = 1 << 21;
+
+/// Items a KV-event subscriber may queue for the control core before it waits (a batch holds
+/// its payload, as large as the engine made it).
+pub const KV_EVENTS_FEED_CAPACITY: usize = 1024;
+
+/// Feed items the control core applies per turn: a burst of events never delays the worker
+/// lifecycle by more than a few milliseconds.
+pub const KV_EVENTS_APPLY_PER_TURN_MAX: usize = 512;
+
+/// How long a KV-event subscriber waits to connect to a publisher or a replay socket.
+pub const KV_EVENTS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a whole replay may take before it counts as failed.
+pub const KV_EVENTS_REPLAY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The first and the longest wait before a failed subscription tries again (doubling between).
+pub const KV_EVENTS_BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// See [`KV_EVENTS_BACKOFF_MIN`].
+pub const KV_EVENTS_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// The most models the index keeps trees for (and data cores announce by name for gauge labels).
 pub const MODELS_MAX: usize = 1 << 16;
@@ -222,6 +245,9 @@ const _: () = assert!(PLACEMENT_HOLDERS_MAX <= MATCH_TENANTS_MAX);
 // KV-event holders are one bit each in a u64 word.
 const _: () = assert!(KV_EVENT_WORKERS_MAX == u64::BITS as usize);
 const _: () = assert!(KV_EVENT_WORKERS_MAX <= WORKERS_MAX);
+const _: () = assert!(KV_BLOCKS_DEFAULT <= KV_BLOCKS_MAX);
+const _: () = assert!(KV_EVENTS_APPLY_PER_TURN_MAX <= KV_EVENTS_FEED_CAPACITY);
+const _: () = assert!(KV_EVENTS_BACKOFF_MIN.as_millis() < KV_EVENTS_BACKOFF_MAX.as_millis());
 // A lookup's tenant count is a u8.
 const _: () = assert!(MATCH_TENANTS_MAX <= u8::MAX as usize);
 const _: () = assert!(UPSTREAM_IDLE_TIMEOUT.as_secs() < 5);

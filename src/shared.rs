@@ -22,6 +22,7 @@ use crossbeam_queue::ArrayQueue;
 use crate::config::Config;
 use crate::ids::WorkerId;
 use crate::index::ModelGauges;
+use crate::kv_events::{IndexGauges, StreamStats};
 use crate::limits::{ADMIN_QUEUE_CAPACITY, ATTEMPT_QUEUE_CAPACITY, DISPATCH_QUEUE_CAPACITY};
 use crate::metrics::Metrics;
 use crate::policy::{PolicyMetrics, RecordKey};
@@ -43,6 +44,10 @@ pub struct Shared {
     pub tree_gauges: ArcSwap<Vec<(String, ModelGauges)>>,
     /// Live heads of the hash index by model name, published after each sweep.
     pub placement_gauges: ArcSwap<Vec<(String, u64)>>,
+    /// Each followed worker's KV-event stream, published when it changes.
+    pub kv_streams: ArcSwap<Vec<StreamStats>>,
+    /// The KV-event index's size, published with the streams.
+    pub kv_index_gauges: ArcSwap<IndexGauges>,
     /// One dispatch-record queue per data core (`core_id`), drained by the control core.
     pub dispatch_queues: Box<[ArrayQueue<DispatchRecord>]>,
     /// One attempt-record queue per data core (`core_id`), drained by the control core.
@@ -66,6 +71,8 @@ impl Shared {
             catalog: ArcSwap::from_pointee(ModelCatalog::default()),
             tree_gauges: ArcSwap::from_pointee(Vec::new()),
             placement_gauges: ArcSwap::from_pointee(Vec::new()),
+            kv_streams: ArcSwap::from_pointee(Vec::new()),
+            kv_index_gauges: ArcSwap::from_pointee(IndexGauges::default()),
             dispatch_queues: (0..cores)
                 .map(|_| ArrayQueue::new(DISPATCH_QUEUE_CAPACITY))
                 .collect(),

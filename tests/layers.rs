@@ -13,7 +13,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("leaves", &["limits", "ids", "error", "copy"]),
     (
         "domain",
-        &["config", "request", "index", "policy", "workers", "metrics"],
+        &[
+            "config",
+            "request",
+            "index",
+            "kv_events",
+            "policy",
+            "workers",
+            "metrics",
+        ],
     ),
     ("shared", &["shared"]),
     ("net", &["net"]),

@@ -16,6 +16,7 @@ use monoio::net::TcpListener;
 
 use crate::ids::WorkerId;
 use crate::index::ModelGauges;
+use crate::kv_events::{Failure, IndexGauges, Reset, StreamStats};
 use crate::limits::{HEADER_READ_TIMEOUT, READ_BUF_BYTES_INITIAL};
 use crate::net::codec::{self, Connection};
 use crate::net::socket::Socket;
@@ -31,6 +32,11 @@ pub fn render(shared: &Shared, out: &mut String) {
     crate::policy::render_prometheus(shared.policy_metrics.iter().map(|m| &**m), out);
     render_tree_gauges(&shared.tree_gauges.load(), out);
     render_placement_gauges(&shared.placement_gauges.load(), out);
+    render_kv_events(
+        &shared.kv_streams.load(),
+        &shared.kv_index_gauges.load(),
+        out,
+    );
     render_worker_gauges(&shared.table, out);
 }
 
@@ -44,6 +50,139 @@ pub fn render_placement_gauges(gauges: &[(String, u64)], out: &mut String) {
     for (model, heads) in gauges {
         let _ = writeln!(out, "{name}{{model=\"{}\"}} {heads}", escape_label(model));
     }
+}
+
+/// The KV-event streams per worker and the KV-event index's size (`kvgate_kv_*`; SMG reads
+/// events only from gRPC workers and has no such families). Nothing is written until a worker
+/// publishes.
+pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut String) {
+    if streams.is_empty() && index.blocks == 0 {
+        return;
+    }
+    let header = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    let labelled: Vec<(String, &StreamStats)> = streams
+        .iter()
+        .map(|s| (escape_label(&s.worker), s))
+        .collect();
+    let name = "kvgate_kv_events_stream_up";
+    header(
+        out,
+        name,
+        "gauge",
+        "1 while the worker's KV-event subscription is connected",
+    );
+    for (worker, s) in &labelled {
+        let _ = writeln!(out, "{name}{{worker=\"{worker}\"}} {}", u8::from(s.up));
+    }
+    let name = "kvgate_kv_events_applied_total";
+    header(
+        out,
+        name,
+        "counter",
+        "KV events applied to the KV-event index",
+    );
+    for (worker, s) in &labelled {
+        let _ = writeln!(out, "{name}{{worker=\"{worker}\"}} {}", s.events);
+    }
+    let name = "kvgate_kv_event_blocks_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Blocks by what the events did: stored (now listed), removed, orphaned (parent unknown, \
+         not listed), refused (index full)",
+    );
+    for (worker, s) in &labelled {
+        for (change, n) in [
+            ("stored", s.blocks_stored),
+            ("removed", s.blocks_removed),
+            ("orphaned", s.blocks_orphaned),
+            ("refused", s.blocks_refused),
+        ] {
+            let _ = writeln!(out, "{name}{{worker=\"{worker}\",change=\"{change}\"}} {n}");
+        }
+    }
+    let name = "kvgate_kv_event_batches_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Event batches by outcome: applied, replayed (applied from the replay socket), \
+         malformed and skipped (duplicates) are not applied",
+    );
+    for (worker, s) in &labelled {
+        for (outcome, n) in [
+            ("applied", s.batches_applied),
+            ("replayed", s.batches_replayed),
+            ("malformed", s.batches_malformed),
+            ("skipped", s.batches_skipped),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name}{{worker=\"{worker}\",outcome=\"{outcome}\"}} {n}"
+            );
+        }
+    }
+    let name = "kvgate_kv_event_subscription_failures_total";
+    header(
+        out,
+        name,
+        "counter",
+        "KV-event subscription failures by reason",
+    );
+    for (worker, s) in &labelled {
+        for (failure, n) in Failure::ALL.iter().zip(s.failures) {
+            let reason = failure.label();
+            let _ = writeln!(out, "{name}{{worker=\"{worker}\",reason=\"{reason}\"}} {n}");
+        }
+    }
+    let name = "kvgate_kv_event_resets_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Times all of a worker's entries were dropped: gap (batches lost, not replayed), restart \
+         (its publisher started over), expired (silent for --kv-indexer-ttl-secs)",
+    );
+    for (worker, s) in &labelled {
+        for (reset, n) in Reset::ALL.iter().zip(s.resets) {
+            let reason = reset.label();
+            let _ = writeln!(out, "{name}{{worker=\"{worker}\",reason=\"{reason}\"}} {n}");
+        }
+    }
+    let name = "kvgate_kv_index_worker_blocks";
+    header(
+        out,
+        name,
+        "gauge",
+        "Blocks the KV-event index lists for the worker",
+    );
+    for (worker, s) in &labelled {
+        let _ = writeln!(out, "{name}{{worker=\"{worker}\"}} {}", s.blocks_held);
+    }
+    let name = "kvgate_kv_index_entries";
+    header(
+        out,
+        name,
+        "gauge",
+        "KV-event index entries (a block listed for a worker) per model",
+    );
+    for (model, entries) in &index.models {
+        let _ = writeln!(out, "{name}{{model=\"{}\"}} {entries}", escape_label(model));
+    }
+    let name = "kvgate_kv_index_blocks";
+    header(out, name, "gauge", "Distinct blocks in the KV-event index");
+    let _ = writeln!(out, "{name} {}", index.blocks);
+    let name = "kvgate_kv_index_memory_bytes";
+    header(
+        out,
+        name,
+        "gauge",
+        "Bytes of the KV-event index (table and per-worker maps)",
+    );
+    let _ = writeln!(out, "{name} {}", index.memory_bytes);
 }
 
 /// `smg_cache_tree_chars`, `smg_cache_tree_tokens` and `smg_cache_tree_tenants` per model.

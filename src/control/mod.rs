@@ -6,10 +6,14 @@
 //! into the index (`index_upkeep`), lets the worker lifecycle take its turn (`workers`: attempt
 //! outcomes into the circuit breakers, probe rounds from `monitor`'s schedule run by `probes`,
 //! admin calls, drains and purges), purges removed workers from the index, and keeps the index
-//! within budget. Beside the loop, `exposition` serves Prometheus `/metrics`.
+//! within budget; in tree mode it also runs the KV-event side (`kv_events`: subscriptions on
+//! their own thread, `kv_subscriber`, and the events they hand on, applied to the KV-event
+//! index). Beside the loop, `exposition` serves Prometheus `/metrics`.
 
 pub mod exposition;
 pub mod index_upkeep;
+pub mod kv_events;
+pub mod kv_subscriber;
 pub mod monitor;
 pub mod probes;
 pub mod workers;
@@ -20,10 +24,12 @@ use std::sync::Arc;
 
 use monoio::net::TcpListener;
 
+use crate::index::kv::KvIndexWriter;
 use crate::limits::CONTROL_TURN;
 use crate::metrics::Counter;
 use crate::shared::Shared;
 use index_upkeep::{IndexUpkeep, IndexWriters};
+use kv_events::KvEvents;
 use workers::WorkerDriver;
 
 /// The control core's state, owned by its thread.
@@ -32,13 +38,26 @@ pub struct ControlCore {
     shared: Arc<Shared>,
     /// The index (cache_aware only; `None` also when it could not start).
     index: Option<IndexUpkeep>,
+    /// The KV-event index and its subscriptions (cache_aware in tree mode).
+    kv_events: Option<KvEvents>,
 }
 
 impl ControlCore {
-    /// A control core over `shared`, the only writer of the index `writer` writes.
-    pub fn new(shared: Arc<Shared>, writer: Option<IndexWriters>) -> Self {
+    /// A control core over `shared`, the only writer of the index `writer` writes and of the
+    /// KV-event index `kv_writer` writes.
+    pub fn new(
+        shared: Arc<Shared>,
+        writer: Option<IndexWriters>,
+        kv_writer: Option<KvIndexWriter>,
+    ) -> Self {
         let index = writer.map(|writer| IndexUpkeep::new(writer, &shared.config.policy));
-        ControlCore { shared, index }
+        let ttl = shared.config.policy.kv_indexer_ttl;
+        let kv_events = kv_writer.map(|writer| KvEvents::new(writer, ttl));
+        ControlCore {
+            shared,
+            index,
+            kv_events,
+        }
     }
 
     /// Runs until shutdown, with the metrics server as a task beside the loop.
@@ -60,6 +79,12 @@ impl ControlCore {
                 if let Some(index) = &mut self.index {
                     index.purge_worker(id, &shared);
                 }
+                if let Some(kv_events) = &mut self.kv_events {
+                    kv_events.purge_worker(id);
+                }
+            }
+            if let Some(kv_events) = &mut self.kv_events {
+                kv_events.turn(&shared);
             }
             if let Some(index) = &mut self.index {
                 index.upkeep(&shared);

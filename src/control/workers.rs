@@ -222,7 +222,8 @@ impl WorkerDriver {
         reply: Arc<AdminReply>,
     ) -> Result<PendingAdd, (AdminError, Arc<AdminReply>)> {
         let refuse = |e| (e, reply.clone());
-        let url = parse_add_worker(body).map_err(refuse)?;
+        let added = parse_add_worker(body).map_err(refuse)?;
+        let url = added.url;
         let roster = shared.table.roster();
         if roster
             .workers
@@ -237,8 +238,9 @@ impl WorkerDriver {
             return Err(refuse(e));
         }
         // A host name is resolved here, on the control core: admin calls are rare.
-        let spec = WorkerSpec::resolve(&url)
+        let mut spec = WorkerSpec::resolve(&url)
             .map_err(|e| refuse(AdminError::new(400, "invalid_request_error", e.to_string())))?;
+        spec.kv_events = added.kv_events;
         let health = self.monitor.config().health.clone();
         let (tx, probed) = mpsc::channel();
         let probed_spec = spec.clone();

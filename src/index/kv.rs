@@ -7,11 +7,14 @@
 //! engines' own block hashes are engine-specific (seeded, or over other inputs); each worker's
 //! map from its block hashes to ours turns a removal into ours.
 //!
-//! - [`KvIndexReader`] (one per data core): [`KvIndexReader::lookup`] walks a request's keys in
-//!   order and returns every worker holding at least its first block with how many consecutive
-//!   leading blocks it holds. It takes no lock, allocates nothing and writes nothing.
+//! - [`KvIndexReader`] (one per data core): [`KvIndexReader::publishing`] says whether a model's
+//!   workers publish events (and the block size they reported), [`KvIndexReader::lookup`] walks
+//!   a request's keys in order and returns every worker holding at least its first block with
+//!   how many consecutive leading blocks it holds. It takes no lock, allocates nothing and
+//!   writes nothing.
 //! - [`KvIndexWriter`] (one, on the control core): `attach` a publishing worker (it gets one of
-//!   `KV_EVENT_WORKERS_MAX` bits), `store`, `remove` and `clear` its blocks, `detach` it.
+//!   `KV_EVENT_WORKERS_MAX` bits), `store`, `remove` and `clear` its blocks, `detach` it, and
+//!   [`KvIndexWriter::publish_models`] which models are served by publishing workers.
 //!
 //! A slot of the shared [`SlotTable`] is the key and a bitmap of the workers holding the block.
 //! The map holds at most `KV_BLOCKS_MAX` blocks; stores beyond are refused and counted. A block
@@ -22,6 +25,8 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 
 use super::keys::page_hash;
 use super::slots::{Probe, SlotTable};
@@ -90,17 +95,40 @@ impl BlockMatch {
     }
 }
 
-/// What readers and the writer share: the table, which worker each bit stands for, and the
-/// block size learned from the events.
+/// The models whose workers publish KV events, each with the block size its workers' events
+/// reported (the control core builds it from the catalog; the data cores read it per request).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PublishingModels {
+    /// `(model hash, tokens per block)`; 0: no block stored yet.
+    pub models: Vec<(u64, u32)>,
+    /// Publishing workers whose models are unknown serve every model: their block size (0: no
+    /// block stored yet), `None` when there are none.
+    pub any_model: Option<u32>,
+}
+
+impl PublishingModels {
+    /// Whether `model`'s workers publish: `Some(block size)` (`None` inside: not learned yet).
+    pub fn of(&self, model: u64) -> Option<Option<usize>> {
+        let size = self
+            .models
+            .iter()
+            .find(|(m, _)| *m == model)
+            .map(|(_, size)| *size)
+            .or(self.any_model)?;
+        Some((size > 0).then_some(size as usize))
+    }
+}
+
+/// What readers and the writer share: the table, which worker each bit stands for, and which
+/// models are served by publishing workers.
 #[derive(Debug)]
 struct Shared {
     table: SlotTable<2>,
     /// `worker id + 1` of each bit (0: free).
     workers: [AtomicU32; KV_EVENT_WORKERS_MAX],
-    /// Tokens per block, from the first stored block (0: not known yet).
-    block_size: AtomicU32,
     /// Workers attached and not detached.
     attached: AtomicU64,
+    models: ArcSwap<PublishingModels>,
 }
 
 /// A data core's handle on the index.
@@ -110,12 +138,10 @@ pub struct KvIndexReader {
 }
 
 impl KvIndexReader {
-    /// Tokens per block the engines reported (`None` before the first stored block).
-    pub fn block_size(&self) -> Option<usize> {
-        match self.shared.block_size.load(Ordering::Acquire) {
-            0 => None,
-            n => Some(n as usize),
-        }
+    /// Whether `model`'s workers publish events: `Some(block size they reported)`, `None`
+    /// inside until a block was stored. A model without publishing workers: `None`.
+    pub fn publishing(&self, model: u64) -> Option<Option<usize>> {
+        self.shared.models.load().of(model)
     }
 
     /// Whether any worker publishes its events (the index then answers token requests).
@@ -123,11 +149,12 @@ impl KvIndexReader {
         self.shared.attached.load(Ordering::Acquire) != 0
     }
 
-    /// The holders of the request whose block keys are `chain` ([`chain_hashes`]).
-    pub fn lookup(&self, chain: &[u64]) -> BlockMatch {
+    /// The holders of the request whose block keys are `chain` ([`chain_hashes`] of its pages
+    /// of `block_size` tokens).
+    pub fn lookup(&self, chain: &[u64], block_size: usize) -> BlockMatch {
         let mut found = BlockMatch {
             request_blocks: u32::try_from(chain.len()).unwrap_or(u32::MAX),
-            block_size: self.shared.block_size.load(Ordering::Acquire),
+            block_size: u32::try_from(block_size).unwrap_or(u32::MAX),
             ..BlockMatch::default()
         };
         let mut depth = [0u32; KV_EVENT_WORKERS_MAX];
@@ -198,6 +225,8 @@ struct Publisher {
     worker: WorkerId,
     /// The worker's block hashes, mapped to our keys.
     blocks: EngineBlocks,
+    /// Tokens per block of its last stored block (0: none yet).
+    block_size: u32,
 }
 
 /// Why events were not applied.
@@ -239,8 +268,8 @@ impl KvIndexWriter {
             shared: Arc::new(Shared {
                 table: SlotTable::new(slots),
                 workers: std::array::from_fn(|_| AtomicU32::new(0)),
-                block_size: AtomicU32::new(0),
                 attached: AtomicU64::new(0),
+                models: ArcSwap::from_pointee(PublishingModels::default()),
             }),
             blocks_max,
             live_blocks: 0,
@@ -263,6 +292,28 @@ impl KvIndexWriter {
     /// Blocks `worker` holds.
     pub fn blocks_of(&self, worker: WorkerId) -> usize {
         self.publisher(worker).map_or(0, |(_, p)| p.blocks.len())
+    }
+
+    /// Tokens per block of `worker`'s last stored block (`None`: none yet, or not attached).
+    pub fn block_size_of(&self, worker: WorkerId) -> Option<u32> {
+        self.publisher(worker)
+            .map(|(_, p)| p.block_size)
+            .filter(|size| *size > 0)
+    }
+
+    /// The engine hashes of every block `worker` holds (tests compare them with the engine's).
+    pub fn engine_hashes_of(&self, worker: WorkerId) -> Vec<u64> {
+        self.publisher(worker)
+            .map(|(_, p)| p.blocks.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Tells the data cores which models' workers publish (a request for one of them with
+    /// token IDs is routed on this index).
+    pub fn publish_models(&self, models: PublishingModels) {
+        if **self.shared.models.load() != models {
+            self.shared.models.store(Arc::new(models));
+        }
     }
 
     /// Bytes held: the table and every worker's block map.
@@ -290,6 +341,7 @@ impl KvIndexWriter {
         self.publishers[bit] = Some(Publisher {
             worker,
             blocks: EngineBlocks::default(),
+            block_size: 0,
         });
         self.shared.workers[bit].store(u32::from(worker.0) + 1, Ordering::Release);
         self.shared.attached.fetch_add(1, Ordering::Release);
@@ -333,17 +385,12 @@ impl KvIndexWriter {
             stats.orphans = engine_hashes.len() as u64;
             return Ok(stats);
         }
-        // The first block stored teaches the request side how to cut prompts into blocks.
-        let _ = self.shared.block_size.compare_exchange(
-            0,
-            u32::try_from(block_size).unwrap_or(u32::MAX),
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
         let blocks = &mut self.publishers[bit];
         let Some(publisher) = blocks.as_mut() else {
             return Err(KvIndexError::NotAttached(worker));
         };
+        // The blocks stored teach the request side how to cut this model's prompts.
+        publisher.block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
         let mut key = match parent {
             None => CHAIN_ROOT,
             Some(engine) => match publisher.blocks.get(&engine) {

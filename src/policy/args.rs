@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::error::FlagError;
-use crate::limits::CACHE_BOUNDARIES_MAX;
+use crate::limits::{CACHE_BOUNDARIES_MAX, KV_BLOCKS_DEFAULT, KV_BLOCKS_MAX};
 
 /// `--policy`: which routing policy the gateway runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -107,6 +107,14 @@ pub struct PolicyArgs {
     /// Hash mode: how long a placement stays live.
     #[arg(long, default_value_t = 180)]
     pub cache_ttl_secs: u64,
+    /// KV-event index: a worker whose events have been silent this many seconds has its entries
+    /// aged out (0: never; an idle engine keeps its cache, and so does the index).
+    #[arg(long, default_value_t = 0)]
+    pub kv_indexer_ttl_secs: u64,
+    /// KV-event index: the most distinct blocks it holds (its table is sized for them at start,
+    /// about 20 bytes each, memory committed as used); stores beyond are refused and counted.
+    #[arg(long, default_value_t = KV_BLOCKS_DEFAULT)]
+    pub kv_indexer_max_entries: usize,
     /// prefix_hash: how many leading tokens are hashed (without --cache-boundaries).
     #[arg(long, default_value_t = 256)]
     pub prefix_token_count: u32,
@@ -177,6 +185,10 @@ pub struct PolicyConfig {
     pub cache_boundaries: Vec<u32>,
     /// `--cache-ttl-secs`.
     pub cache_ttl: Duration,
+    /// `--kv-indexer-ttl-secs` (`None`: 0, entries never age out).
+    pub kv_indexer_ttl: Option<Duration>,
+    /// `--kv-indexer-max-entries`.
+    pub kv_indexer_max_entries: usize,
     /// `--prefix-token-count`.
     pub prefix_token_count: u32,
     /// `--prefix-hash-load-factor`.
@@ -230,9 +242,22 @@ impl PolicyArgs {
             cache_index: self.cache_index,
             cache_boundaries: self.cache_boundaries.clone(),
             cache_ttl: Duration::from_secs(positive("--cache-ttl-secs", self.cache_ttl_secs)?),
+            kv_indexer_ttl: (self.kv_indexer_ttl_secs > 0)
+                .then(|| Duration::from_secs(self.kv_indexer_ttl_secs)),
+            kv_indexer_max_entries: self.validate_kv_indexer_max_entries()?,
             prefix_token_count: positive("--prefix-token-count", self.prefix_token_count)?,
             prefix_hash_load_factor: self.prefix_hash_load_factor,
         })
+    }
+
+    fn validate_kv_indexer_max_entries(&self) -> Result<usize, FlagError> {
+        match self.kv_indexer_max_entries {
+            n @ 1..=KV_BLOCKS_MAX => Ok(n),
+            _ => Err(refuse(
+                "--kv-indexer-max-entries",
+                format!("must be 1..={KV_BLOCKS_MAX} blocks"),
+            )),
+        }
     }
 
     fn validate_boundaries(&self) -> Result<(), FlagError> {
@@ -283,6 +308,13 @@ impl PolicyArgs {
         }
         if self.selection_temperature != defaults.selection_temperature {
             unused.push("--selection-temperature");
+        }
+        // The KV-event index is not used in hash mode either (spec).
+        if self.kv_indexer_ttl_secs != defaults.kv_indexer_ttl_secs {
+            unused.push("--kv-indexer-ttl-secs");
+        }
+        if self.kv_indexer_max_entries != defaults.kv_indexer_max_entries {
+            unused.push("--kv-indexer-max-entries");
         }
         unused
     }

@@ -1,16 +1,18 @@
 //! The `cache_aware` decision flow of the spec ("Routing Algorithm", steps 1–7) as one pure
 //! function over a snapshot: [`select`]. Inputs: what the index knows of the request's prefix
-//! ([`Affinity`]: a tree match, or the hash index's holders), the worker slots, the knobs and a
-//! seeded RNG. No I/O, no `.await`, no allocation: candidate groups live in fixed arrays of
-//! `MATCH_TENANTS_MAX` entries.
+//! ([`Affinity`]: a tree match, the hash index's holders, or the KV-event index's), the worker
+//! slots, the knobs and a seeded RNG. No I/O, no `.await`, no allocation: candidate groups live
+//! in fixed arrays (`MATCH_TENANTS_MAX` entries for the trees and the hash index,
+//! `KV_EVENT_WORKERS_MAX` for the KV-event index).
 
 use fastrand::Rng;
 
 use super::{Branch, CacheAwareConfig, Decision, Fleet, SpillGate, WorkerStatus};
 use crate::ids::WorkerId;
 use crate::index::hash::HeadMatch;
+use crate::index::kv::BlockMatch;
 use crate::index::TreeMatch;
-use crate::limits::MATCH_TENANTS_MAX;
+use crate::limits::{KV_EVENT_WORKERS_MAX, MATCH_TENANTS_MAX};
 
 /// What the index knows of a request's prefix: step 3's input.
 #[derive(Clone, Copy, Debug)]
@@ -23,6 +25,8 @@ pub enum Affinity<'a> {
     Heads(&'a HeadMatch),
     /// Hash mode, token IDs shorter than the smallest boundary: load-balanced.
     Short,
+    /// The KV-event index's holders of the request's leading blocks.
+    Blocks(&'a BlockMatch),
 }
 
 impl<'a> From<Option<&'a TreeMatch>> for Affinity<'a> {
@@ -81,15 +85,40 @@ pub fn select<'a>(
                 let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
                 return Some(decide(Branch::ExpectedWaitFallback, slot, match_ratio));
             }
-            let mut candidates = Candidates::of(tree.tenants(), workers);
+            let mut candidates = Candidates::<MATCH_TENANTS_MAX>::of(tree.tenants(), workers);
             // 4. Rank: overlap decay, then the top (or temperature-sampled) score group.
             candidates.apply_overlap_decay(workers, config, tree.request_len);
             let group = candidates.score_group(config.selection_temperature, rng);
             (group, match_ratio, 0)
         }
+        Affinity::Blocks(blocks) => {
+            // Every eligible worker holding the first block, scored by its leading blocks; no
+            // threshold.
+            let mut candidates = Candidates::<KV_EVENT_WORKERS_MAX>::of_blocks(blocks, workers);
+            if candidates.len == 0 {
+                // 6. No eligible worker holds the first block: a miss.
+                let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
+                return Some(decide(Branch::EventFallback, slot, 0.0));
+            }
+            let request_len = blocks.request_blocks.saturating_mul(blocks.block_size);
+            candidates.apply_overlap_decay(workers, config, request_len);
+            let group = candidates.score_group(config.selection_temperature, rng);
+            // The match ratio of the decision log: the best holder's share of the request.
+            let held = blocks.holders().first().map_or(0, |(_, held)| *held);
+            let ratio = f64::from(held) / f64::from(blocks.request_blocks.max(1));
+            return Some(spill_gate(
+                &fleet,
+                group,
+                workers,
+                config,
+                rng,
+                |branch, slot| decide(branch, slot, ratio),
+                (Branch::EventOverlap, Branch::EventSpill),
+            ));
+        }
         Affinity::Heads(heads) => {
             let deepest = heads.hits().iter().find_map(|hit| {
-                let candidates = Candidates::of(hit.holders(), workers);
+                let candidates = Candidates::<MATCH_TENANTS_MAX>::of(hit.holders(), workers);
                 (candidates.len > 0).then_some((candidates, hit.head.tokens))
             });
             let Some((candidates, head_tokens)) = deepest else {
@@ -108,18 +137,40 @@ pub fn select<'a>(
         head_tokens,
         ..decide(branch, slot, match_ratio)
     };
+    Some(spill_gate(
+        &fleet,
+        candidates,
+        workers,
+        config,
+        rng,
+        decide,
+        (hit, spill),
+    ))
+}
 
-    // 5. Spill gate: the least-waiting candidate that is not hot; else spill to the least-waiting
-    //    eligible worker that is not hot; else to the least-waiting eligible worker.
+/// 5. Spill gate: the least-waiting candidate that is not hot (`hit`); else spill to the
+///    least-waiting eligible worker that is not hot, else to the least-waiting eligible worker
+///    (`spill`). `fleet` has an eligible worker, so there is always a decision.
+fn spill_gate<const N: usize>(
+    fleet: &Fleet,
+    candidates: Candidates<N>,
+    workers: &[WorkerStatus],
+    config: &CacheAwareConfig,
+    rng: &mut Rng,
+    decide: impl Fn(Branch, usize) -> Decision,
+    (hit, spill): (Branch, Branch),
+) -> Decision {
     let gate = SpillGate::new(config, fleet.in_flight_mean);
     let cool = |slot: &usize| !gate.is_hot(&workers[*slot]);
     if let Some(slot) = fleet.lowest_wait(workers, candidates.slots().filter(cool), rng) {
-        return Some(decide(hit, slot));
+        return decide(hit, slot);
     }
+    let all_slots = 0..workers.len();
     let slot = fleet
         .lowest_wait(workers, all_slots.clone().filter(cool), rng)
-        .or_else(|| fleet.lowest_wait(workers, all_slots, rng))?;
-    Some(decide(spill, slot))
+        .or_else(|| fleet.lowest_wait(workers, all_slots, rng))
+        .unwrap_or(0);
+    decide(spill, slot)
 }
 
 fn worker_id(slot: usize) -> WorkerId {
@@ -127,33 +178,50 @@ fn worker_id(slot: usize) -> WorkerId {
     WorkerId(u16::try_from(slot).unwrap_or(u16::MAX))
 }
 
-/// Affinity candidates with their scores, at most [`MATCH_TENANTS_MAX`].
+/// Affinity candidates with their scores, at most `N`.
 #[derive(Clone, Copy, Debug)]
-struct Candidates {
-    slots: [usize; MATCH_TENANTS_MAX],
-    scores: [f64; MATCH_TENANTS_MAX],
+struct Candidates<const N: usize> {
+    slots: [usize; N],
+    scores: [f64; N],
     len: usize,
 }
 
-impl Candidates {
+impl<const N: usize> Candidates<N> {
+    fn empty() -> Self {
+        Candidates {
+            slots: [0; N],
+            scores: [1.0; N],
+            len: 0,
+        }
+    }
+
     /// The eligible ones of `holders` (every one holds the matched prefix: all start with
     /// score 1).
-    fn of(holders: &[WorkerId], workers: &[WorkerStatus]) -> Candidates {
-        let mut candidates = Candidates {
-            slots: [0; MATCH_TENANTS_MAX],
-            scores: [1.0; MATCH_TENANTS_MAX],
-            len: 0,
-        };
+    fn of(holders: &[WorkerId], workers: &[WorkerStatus]) -> Self {
+        let mut candidates = Self::empty();
         for tenant in holders {
-            let slot = tenant.index();
-            let eligible = workers.get(slot).is_some_and(|w| w.eligible);
-            let duplicate = candidates.slots[..candidates.len].contains(&slot);
-            if eligible && !duplicate && candidates.len < MATCH_TENANTS_MAX {
-                candidates.slots[candidates.len] = slot;
-                candidates.len += 1;
-            }
+            candidates.push(tenant.index(), 1.0, workers);
         }
         candidates
+    }
+
+    /// The eligible holders of a request's first block, each scored by its leading blocks.
+    fn of_blocks(blocks: &BlockMatch, workers: &[WorkerStatus]) -> Self {
+        let mut candidates = Self::empty();
+        for &(worker, held) in blocks.holders() {
+            candidates.push(worker.index(), f64::from(held), workers);
+        }
+        candidates
+    }
+
+    fn push(&mut self, slot: usize, score: f64, workers: &[WorkerStatus]) {
+        let eligible = workers.get(slot).is_some_and(|w| w.eligible);
+        let duplicate = self.slots[..self.len].contains(&slot);
+        if eligible && !duplicate && self.len < N {
+            self.slots[self.len] = slot;
+            self.scores[self.len] = score;
+            self.len += 1;
+        }
     }
 
     fn slots(&self) -> impl Iterator<Item = usize> + '_ {
@@ -189,7 +257,7 @@ impl Candidates {
 
     /// The top-scoring group; with a temperature above 0, the group of a softmax-sampled candidate
     /// (over min-max normalized scores, so the temperature is scale-free).
-    fn score_group(&self, temperature: f64, rng: &mut Rng) -> Candidates {
+    fn score_group(&self, temperature: f64, rng: &mut Rng) -> Self {
         let scores = &self.scores[..self.len];
         let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let chosen = if temperature > 0.0 && self.len > 1 {

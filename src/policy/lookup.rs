@@ -1,15 +1,19 @@
 //! The seam between the routing pipeline and the index modes: [`IndexLookup`], the read side of
 //! one mode as a data core sees it, and its implementations, one per mode.
 //!
-//! Two modes today: `--cache-index tree` ([`Trees`]: text keys go to the string tree, token keys
+//! Two modes by flag: `--cache-index tree` ([`Trees`]: text keys go to the string tree, token keys
 //! (page hashes) to the token tree, both read through this core's [`IndexReader`]) and
 //! `--cache-index hash` ([`Heads`]: the request's heads in the TTL'd placement map of
-//! `index::hash`). A new mode (the KV-event index) is one more implementation here and its
-//! module under `index/`; the router calls it through the trait, and the proxy never knows which
+//! `index::hash`). The router calls them through the trait, and the proxy never knows which
 //! mode answered.
+//!
+//! The KV-event index ([`Blocks`]) is not chosen by flag but per request, beside the trees: a
+//! request with token IDs whose model's workers publish KV events is looked up there instead of
+//! in the token tree. It answers in blocks of the size the model's engines reported.
 
 use super::prepared::{IndexKey, Lookup};
 use crate::index::hash::{HashIndexReader, HeadMatch};
+use crate::index::kv::{chain_hashes, KvIndexReader};
 use crate::index::{IndexReader, Namespace, TreeMatch};
 
 /// The read side of one index mode on a data core. Lookups take no lock, never block and do not
@@ -76,4 +80,30 @@ impl IndexLookup for Heads {
 
     /// The map frees nothing a reader may hold: no quiescent state to announce.
     fn quiesce(&mut self) {}
+}
+
+/// The KV-event index as a data core reads it.
+#[derive(Debug)]
+pub struct Blocks {
+    reader: KvIndexReader,
+}
+
+impl Blocks {
+    /// The KV-event index as read through this core's reader.
+    pub fn new(reader: KvIndexReader) -> Self {
+        Blocks { reader }
+    }
+
+    /// Whether `model`'s workers publish events: `Some(block size they reported)`, `None` inside
+    /// until one stored a block.
+    pub fn publishing(&self, model: u64) -> Option<Option<usize>> {
+        self.reader.publishing(model)
+    }
+
+    /// The holders of a request's blocks: `pages` are its page hashes with `block_size` tokens
+    /// per page, chained into the index's keys in `chain` (a reused buffer).
+    pub fn lookup(&self, pages: &[u64], block_size: usize, chain: &mut Vec<u64>) -> Lookup {
+        chain_hashes(pages, chain);
+        Lookup::Blocks(self.reader.lookup(chain, block_size))
+    }
 }

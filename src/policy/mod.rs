@@ -29,7 +29,7 @@ pub use args::{CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyConfig, Polic
 pub use cache_aware::Affinity;
 pub use expected_wait::{Fleet, SpillGate, NEW_PREFIX_WAIT_SLACK};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
-pub use lookup::{Heads, IndexLookup, Trees};
+pub use lookup::{Blocks, Heads, IndexLookup, Trees};
 pub use metrics::{render_prometheus, PolicyMetrics, MATCH_RATIO_BOUNDS};
 pub use placements::PLACEMENT_HALF_LIFE_MS;
 pub use prepared::{IndexKey, Lookup, Prepared};
@@ -121,6 +121,12 @@ pub enum Branch {
     HashSpill,
     /// Hash mode: token IDs shorter than the smallest boundary; the least-waiting worker.
     ShortRequest,
+    /// KV-event index: a worker holding the most leading blocks (step 5, not hot).
+    EventOverlap,
+    /// KV-event index: every holder was hot; the least-waiting non-hot worker (step 5).
+    EventSpill,
+    /// KV-event index: no eligible worker holds the first block; the least-waiting worker.
+    EventFallback,
 }
 
 impl Branch {
@@ -143,6 +149,9 @@ impl Branch {
             Branch::HashHit => "hash_hit",
             Branch::HashSpill => "hash_spill",
             Branch::ShortRequest => "short_request",
+            Branch::EventOverlap => "event_overlap",
+            Branch::EventSpill => "event_spill",
+            Branch::EventFallback => "event_fallback",
         }
     }
 }

@@ -12,6 +12,7 @@
 
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use crate::index::hash::{Head, HeadMatch};
+use crate::index::kv::BlockMatch;
 use crate::index::{LookupHint, Namespace, TokenPages, TreeMatch};
 use crate::limits::READ_BUF_BYTES_RETAINED_MAX;
 use crate::request::{RoutingInput, RoutingKey};
@@ -29,11 +30,6 @@ pub enum IndexKey<'a> {
 
 /// What the index knows of a prepared request's prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "it lives inline in the connection's Prepared value: boxing the hash index's answer \
-              would allocate on every request"
-)]
 pub enum Lookup {
     /// The string or token tree.
     Tree {
@@ -48,6 +44,9 @@ pub enum Lookup {
     Heads(HeadMatch),
     /// Hash mode, token IDs shorter than the smallest boundary: load-balanced, not recorded.
     Short,
+    /// The KV-event index: the workers holding the request's first block and how many leading
+    /// blocks each holds. Never recorded: only engine events change that index.
+    Blocks(BlockMatch),
 }
 
 /// One request, prepared for routing. See the module documentation.
@@ -59,6 +58,8 @@ pub struct Prepared {
     pub(super) pages: TokenPages,
     /// Hash mode: the heads of the token IDs, shallowest first.
     pub(super) heads: Vec<Head>,
+    /// KV-event routing: the index keys of the token IDs' blocks.
+    pub(super) chain: Vec<u64>,
     /// The index lookup (cache_aware with a non-empty key only).
     pub(super) lookup: Option<Lookup>,
     /// The gateway tick at preparation: the clock of the recent-dispatch map and placements.
@@ -105,7 +106,8 @@ impl Prepared {
     /// read buffer: one large prompt should not pin memory for the life of the connection).
     pub fn shed_large_buffers(&mut self) {
         let heads = self.heads.capacity() * std::mem::size_of::<Head>();
-        let retained = self.input.retained_bytes() + self.pages.retained_bytes() + heads;
+        let chain = self.chain.capacity() * std::mem::size_of::<u64>();
+        let retained = self.input.retained_bytes() + self.pages.retained_bytes() + heads + chain;
         if retained > READ_BUF_BYTES_RETAINED_MAX {
             *self = Prepared::default();
         }

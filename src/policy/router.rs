@@ -5,8 +5,9 @@
 //! 1. [`Router::prepare`], once per request: extract the routing input (model, token IDs or
 //!    text, partition namespace) from the body and headers ("How the Prefix Index Works"), hash
 //!    token IDs into pages, and (cache_aware) look the key up in the index mode
-//!    ([`IndexLookup`]), merging this core's recent dispatches on a miss. The result is a
-//!    [`Prepared`] value the caller keeps for the request's lifetime.
+//!    ([`IndexLookup`]), merging this core's recent dispatches on a miss; token IDs of a model
+//!    whose workers publish KV events are looked up in the KV-event index instead ([`Blocks`]).
+//!    The result is a [`Prepared`] value the caller keeps for the request's lifetime.
 //! 2. [`Router::select`], once per attempt: steps 1-6 of the decision flow. It reads each
 //!    worker's published state into a [`WorkerStatus`] (eligibility, in-flight count, load
 //!    report, dispatch credits; a worker this request already tried is not eligible) and runs
@@ -21,7 +22,7 @@ use std::sync::Arc;
 
 use fastrand::Rng;
 
-use super::lookup::IndexLookup;
+use super::lookup::{Blocks, IndexLookup};
 use super::placements::Placements;
 use super::prepared::{prompt_tokens, Lookup, Prepared};
 use super::recent::RecentDispatches;
@@ -64,6 +65,8 @@ pub struct Router {
     /// The index mode this core reads (cache_aware; `None` for the other policies, or when the
     /// index could not start: cache_aware then routes every request as a miss).
     index: Option<Box<dyn IndexLookup>>,
+    /// The KV-event index (cache_aware in tree mode), for models whose workers publish events.
+    events: Option<Blocks>,
     recent: RecentDispatches,
     /// Decayed prompt tokens of the new prefixes this core placed per worker (cache misses).
     placements: Placements,
@@ -90,6 +93,7 @@ impl Router {
             round_robin_cursor: 0,
             metrics,
             index,
+            events: None,
             recent: RecentDispatches::default(),
             placements: Placements::default(),
             statuses: Vec::new(),
@@ -97,6 +101,16 @@ impl Router {
             ring_members: Vec::new(),
             announced_models: Vec::new(),
         }
+    }
+
+    /// Routes token IDs of models whose workers publish KV events on the KV-event index
+    /// (cache_aware in tree mode; the spec's hash mode does not use it).
+    pub fn with_events(mut self, events: Blocks) -> Router {
+        let tree_mode = self.config.cache_index == CacheIndexKind::Tree;
+        if self.uses_index() && tree_mode {
+            self.events = Some(events);
+        }
+        self
     }
 
     /// The configuration.
@@ -132,6 +146,16 @@ impl Router {
             return Ok(());
         }
         if let RoutingKey::Tokens(tokens) = routing_key {
+            let events = self.events.as_ref();
+            if let Some(reported) = events.and_then(|e| e.publishing(prepared.namespace.model)) {
+                // Blocks of the size the model's engines reported, `--block-size` until then.
+                let configured = self.config.cache_aware.block_size as usize;
+                let block_size = reported.unwrap_or(configured);
+                prepared.pages.hash(tokens, block_size);
+                let (pages, chain) = (prepared.pages.pages(), &mut prepared.chain);
+                prepared.lookup = events.map(|e| e.lookup(pages, block_size, chain));
+                return Ok(());
+            }
             // The index's block size: both come from `--block-size`.
             let block_size = self.config.cache_aware.block_size as usize;
             prepared.pages.hash(tokens, block_size);
@@ -259,7 +283,10 @@ impl Router {
             PolicyKind::CacheAware => self.decide_cache_aware(prepared)?,
             _ => return self.decide_simple(prepared),
         };
-        if decision.branch == Branch::ExpectedWaitFallback {
+        if matches!(
+            decision.branch,
+            Branch::ExpectedWaitFallback | Branch::EventFallback
+        ) {
             let tokens = prepared.request_tokens();
             self.placements
                 .add(decision.worker, prepared.now_ms, tokens);
@@ -275,6 +302,7 @@ impl Router {
                 matched.ratio() <= self.config.cache_aware.cache_threshold
             }
             Some(Lookup::Heads(heads)) => !heads.has_holder(),
+            Some(Lookup::Blocks(blocks)) => blocks.holders().is_empty(),
             Some(Lookup::Short) | None => false,
         }
     }
@@ -289,11 +317,38 @@ impl Router {
             Some(Lookup::Tree { matched, .. }) => Affinity::Tree(matched),
             Some(Lookup::Heads(heads)) => Affinity::Heads(heads),
             Some(Lookup::Short) => Affinity::Short,
+            Some(Lookup::Blocks(blocks)) => Affinity::Blocks(blocks),
         };
         let tokens = prompt_tokens(key);
         let decision =
             cache_aware::select(affinity, &self.statuses, config, tokens, &mut self.rng)?;
         let (worker, model_id) = (self.ring.url(decision.worker), prepared.input.model());
+        if let Some(Lookup::Blocks(blocks)) = &prepared.lookup {
+            // KV-event decisions are logged, not counted (the branch counter covers the trees).
+            let held = blocks.holders().iter().find(|(w, _)| *w == decision.worker);
+            let blocks_held = held.map_or(0, |(_, n)| *n);
+            let request_blocks = blocks.request_blocks;
+            if decision.branch == Branch::EventFallback {
+                tracing::debug!(
+                    target: LOG_TARGET,
+                    worker,
+                    model_id,
+                    request_blocks,
+                    "Event-driven routing: no overlap, expected-wait fallback"
+                );
+            } else {
+                tracing::debug!(
+                    target: LOG_TARGET,
+                    branch = decision.branch.label(),
+                    worker,
+                    model_id,
+                    blocks_held,
+                    request_blocks,
+                    "Event-driven routing: overlap match"
+                );
+            }
+            return Some(decision);
+        }
         match self.config.cache_index {
             CacheIndexKind::Tree => {
                 self.metrics.record(&decision);
@@ -361,6 +416,8 @@ impl Router {
             Lookup::Heads(heads) if heads.len > 0 => Default::default(),
             // No token IDs, or fewer than the smallest boundary: nothing to record.
             Lookup::Heads(_) | Lookup::Short => return None,
+            // Step 7: only engine events change the KV-event index.
+            Lookup::Blocks(_) => return None,
         };
         let namespace = prepared.namespace;
         let model = namespace.model;

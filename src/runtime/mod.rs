@@ -26,12 +26,13 @@ use crate::control::ControlCore;
 use crate::http::core::DataCore;
 use crate::http::server::serve_connection;
 use crate::index::hash::HashIndexWriter;
+use crate::index::kv::KvIndexWriter;
 use crate::index::{IndexConfig, IndexWriter};
 use crate::limits::{
     PLACEMENT_HEADS_MAX, SHUTDOWN_DRAIN_TIMEOUT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
 };
 use crate::net::socket::Socket;
-use crate::policy::{CacheIndexKind, Heads, IndexLookup, Router, Trees};
+use crate::policy::{Blocks, CacheIndexKind, Heads, IndexLookup, Router, Trees};
 use crate::shared::Shared;
 
 /// The index of the configured mode (cache_aware only): its writer for the control core and
@@ -70,6 +71,21 @@ fn build_index(config: &Config) -> (Option<IndexWriters>, Vec<Option<Box<dyn Ind
             (None, none())
         }
     }
+}
+
+/// The KV-event index (cache_aware in tree mode): its writer for the control core and one
+/// reader per data core. Its table's memory is committed only as workers' events fill it.
+fn build_kv_index(config: &Config) -> (Option<KvIndexWriter>, Vec<Option<Blocks>>) {
+    let cores = config.data_cores;
+    let policy = &config.policy;
+    if policy.kind != PolicyKind::CacheAware || policy.cache_index != CacheIndexKind::Tree {
+        return (None, (0..cores).map(|_| None).collect());
+    }
+    let writer = KvIndexWriter::new(policy.kv_indexer_max_entries);
+    let readers = (0..cores)
+        .map(|_| Some(Blocks::new(writer.reader())))
+        .collect();
+    (Some(writer), readers)
 }
 
 /// A start-up failure, printed by `main` as `Error: ...`.
@@ -152,6 +168,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         "epoll (io_uring refused)"
     };
     let (index_writer, index_readers) = build_index(&config);
+    let (kv_writer, kv_readers) = build_kv_index(&config);
     let shared = Arc::new(Shared::new(config));
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -160,6 +177,8 @@ pub fn run(config: Config) -> Result<(), StartError> {
         metrics_listener,
         index_writer,
         index_readers,
+        kv_writer,
+        kv_readers,
     };
     let threads = spawn_cores(&shared, cores, &ready_tx, &done_tx)?;
     for _ in 0..threads {
@@ -198,6 +217,8 @@ struct CoreParts {
     metrics_listener: StdTcpListener,
     index_writer: Option<IndexWriters>,
     index_readers: Vec<Option<Box<dyn IndexLookup>>>,
+    kv_writer: Option<KvIndexWriter>,
+    kv_readers: Vec<Option<Blocks>>,
 }
 
 /// Starts the control core and the data cores; returns how many threads were started.
@@ -216,22 +237,24 @@ fn spawn_cores(
     let (shared_c, ready_c, done_c) = (shared.clone(), ready.clone(), done.clone());
     let pin_c = pin.clone();
     let (metrics_listener, writer) = (parts.metrics_listener, parts.index_writer);
+    let kv_writer = parts.kv_writer;
     spawn_named("kvgate-control".into(), move || {
         pin_c(0);
         run_control_core(
-            ControlCore::new(shared_c, writer),
+            ControlCore::new(shared_c, writer, kv_writer),
             metrics_listener,
             ready_c,
         );
         let _ = done_c.send(());
     })?;
-    let data_cores = parts.listeners.into_iter().zip(parts.index_readers);
-    for (core_id, (listener, reader)) in data_cores.enumerate() {
+    let readers = parts.index_readers.into_iter().zip(parts.kv_readers);
+    let data_cores = parts.listeners.into_iter().zip(readers);
+    for (core_id, (listener, (reader, events))) in data_cores.enumerate() {
         let (shared_d, ready_d, done_d) = (shared.clone(), ready.clone(), done.clone());
         let pin_d = pin.clone();
         spawn_named(format!("kvgate-data-{core_id}"), move || {
             pin_d(core_id + 1);
-            let core = data_core(core_id, shared_d, reader);
+            let core = data_core(core_id, shared_d, reader, events);
             run_data_core(core, listener, ready_d);
             let _ = done_d.send(());
         })?;
@@ -239,10 +262,19 @@ fn spawn_cores(
     Ok(shared.config.data_cores + 1)
 }
 
-/// Data core `core_id`'s state: its router reads the index through `index`.
-fn data_core(core_id: usize, shared: Arc<Shared>, index: Option<Box<dyn IndexLookup>>) -> DataCore {
+/// Data core `core_id`'s state: its router reads the index through `index` and the KV-event
+/// index through `events`.
+fn data_core(
+    core_id: usize,
+    shared: Arc<Shared>,
+    index: Option<Box<dyn IndexLookup>>,
+    events: Option<Blocks>,
+) -> DataCore {
     let metrics = shared.policy_metrics[core_id].clone();
-    let router = Router::new(shared.config.policy.clone(), core_id as u64, index, metrics);
+    let mut router = Router::new(shared.config.policy.clone(), core_id as u64, index, metrics);
+    if let Some(events) = events {
+        router = router.with_events(events);
+    }
     DataCore::new(core_id, shared, router)
 }
 

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use super::breaker::BreakerState;
 use super::catalog::ListedModel;
 use super::load::LoadReport;
-use super::spec::WorkerUrl;
+use super::spec::{KvEventsSource, WorkerUrl};
 use crate::ids::WorkerId;
 use crate::limits::ADMIN_BODY_BYTES_MAX;
 
@@ -167,11 +167,22 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[serde(deny_unknown_fields)]
 struct AddWorkerBody {
     url: String,
+    /// Where it publishes KV events (`--kv-events-endpoints` syntax); absent: ask the worker.
+    kv_events_endpoint: Option<String>,
 }
 
-/// Parse and validate a `POST /workers` body. The caller then probes the worker's health and
-/// only registers it when the probe succeeds.
-pub fn parse_add_worker(body: &[u8]) -> Result<String, AdminError> {
+/// A `POST /workers` body, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddWorker {
+    /// The URL without a trailing `/`.
+    pub url: String,
+    /// Its KV-event endpoint as given (checked against the URL's host).
+    pub kv_events: KvEventsSource,
+}
+
+/// Parse and validate a `POST /workers` body (`{"url": ..., "kv_events_endpoint": ...}`). The
+/// caller then probes the worker's health and only registers it when the probe succeeds.
+pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
     if body.len() > ADMIN_BODY_BYTES_MAX {
         return Err(AdminError::new(
             413,
@@ -186,9 +197,17 @@ pub fn parse_add_worker(body: &[u8]) -> Result<String, AdminError> {
             format!("expected {{\"url\": \"http://host:port\"}}: {e}"),
         )
     })?;
-    WorkerUrl::parse(&parsed.url)
-        .map_err(|e| AdminError::new(400, "invalid_request_error", e.to_string()))?;
-    Ok(parsed.url.trim_end_matches('/').to_string())
+    let bad = |e: String| AdminError::new(400, "invalid_request_error", e);
+    let url = WorkerUrl::parse(&parsed.url).map_err(|e| bad(e.to_string()))?;
+    let kv_events = match &parsed.kv_events_endpoint {
+        None => KvEventsSource::Discover,
+        Some(text) => KvEventsSource::parse(text, &url.host)
+            .map_err(|e| bad(format!("kv_events_endpoint: {e}")))?,
+    };
+    Ok(AddWorker {
+        url: parsed.url.trim_end_matches('/').to_string(),
+        kv_events,
+    })
 }
 
 /// One worker as `GET /workers` reports it.
@@ -273,6 +292,7 @@ impl DrainClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workers::spec::KvEventsEndpoint;
 
     #[test]
     fn routes() {
@@ -357,9 +377,29 @@ mod tests {
 
     #[test]
     fn add_worker_body_validation() {
+        let added = parse_add_worker(br#"{"url":"http://127.0.0.1:8000/"}"#).unwrap();
+        assert_eq!(added.url, "http://127.0.0.1:8000");
+        assert_eq!(added.kv_events, KvEventsSource::Discover);
+        let body =
+            br#"{"url":"http://10.1.2.3:8000","kv_events_endpoint":"tcp://*:5557+tcp://*:5558"}"#;
+        let added = parse_add_worker(body).unwrap();
+        let endpoint = KvEventsEndpoint {
+            publisher: "tcp://10.1.2.3:5557".into(),
+            replay: Some("tcp://10.1.2.3:5558".into()),
+        };
+        assert_eq!(added.kv_events, KvEventsSource::At(endpoint));
+        let none = br#"{"url":"http://x:1","kv_events_endpoint":"none"}"#;
         assert_eq!(
-            parse_add_worker(br#"{"url":"http://127.0.0.1:8000/"}"#).unwrap(),
-            "http://127.0.0.1:8000"
+            parse_add_worker(none).unwrap().kv_events,
+            KvEventsSource::Off
+        );
+        let error = parse_add_worker(br#"{"url":"http://x:1","kv_events_endpoint":"udp://x:1"}"#)
+            .unwrap_err();
+        assert_eq!(error.status, 400);
+        assert!(
+            error.message.contains("kv_events_endpoint"),
+            "{}",
+            error.message
         );
         for bad in [
             &br#"{"url":"ftp://x:1"}"#[..],

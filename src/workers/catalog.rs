@@ -128,6 +128,13 @@ impl ModelCatalog {
         }
     }
 
+    /// Every model listed, with the workers that list it.
+    pub fn serving(&self) -> impl Iterator<Item = (&str, &[WorkerId])> {
+        self.by_model
+            .iter()
+            .map(|(m, w)| (m.as_str(), w.as_slice()))
+    }
+
     /// Workers that serve every model.
     pub fn wildcard(&self) -> &[WorkerId] {
         &self.wildcard

@@ -114,6 +114,8 @@ pub struct WorkerSpec {
     pub addr: SocketAddr,
     /// `host:port` as written in the URL, for the upstream `Host` header.
     pub authority: String,
+    /// Where it publishes its KV events.
+    pub kv_events: KvEventsSource,
 }
 
 impl WorkerSpec {
@@ -124,13 +126,130 @@ impl WorkerSpec {
             url: url.to_string(),
             addr: parsed.resolve()?,
             authority: parsed.authority,
+            kv_events: KvEventsSource::Discover,
         })
+    }
+
+    /// The host of its URL (IPv6 without brackets): the host of a wildcard KV-event endpoint.
+    pub fn host(&self) -> &str {
+        let authority = self.authority.as_str();
+        match split_host_port(authority) {
+            Some((host, _)) => host,
+            None => authority,
+        }
     }
 
     /// The URL without a trailing `/`: two spellings of one worker compare equal this way.
     pub fn normalized_url(&self) -> &str {
         self.url.trim_end_matches('/')
     }
+}
+
+/// Where a worker publishes its KV events: `--kv-events-endpoints` (one per `--worker-urls`
+/// entry), `POST /workers`'s `kv_events_endpoint`, or the worker's own `GET /server_info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum KvEventsSource {
+    /// Ask the worker: SGLang's `/server_info` carries its `kv_events_config`.
+    #[default]
+    Discover,
+    /// `none`: this worker's events are not read.
+    Off,
+    /// The endpoint given.
+    At(KvEventsEndpoint),
+}
+
+impl KvEventsSource {
+    /// `auto` (ask the worker), `none`, or a [`KvEventsEndpoint`] (wildcard hosts become
+    /// `worker_host`).
+    pub fn parse(text: &str, worker_host: &str) -> Result<KvEventsSource, String> {
+        match text {
+            "auto" => Ok(KvEventsSource::Discover),
+            "none" => Ok(KvEventsSource::Off),
+            _ => KvEventsEndpoint::parse(text, worker_host).map(KvEventsSource::At),
+        }
+    }
+}
+
+/// A worker's ZMQ KV-event sockets: the publisher (`PUB`) and, when it has one, the replay
+/// socket (`ROUTER`) that resends missed batches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvEventsEndpoint {
+    /// `tcp://host:port` of the `PUB` socket.
+    pub publisher: String,
+    /// `tcp://host:port` of the replay socket.
+    pub replay: Option<String>,
+}
+
+impl KvEventsEndpoint {
+    /// `tcp://host:port`, or `tcp://host:port+tcp://host:port` (publisher, then replay). A
+    /// wildcard bind host (`*`, `0.0.0.0`, `::`) means the worker's own host, `worker_host`.
+    pub fn parse(text: &str, worker_host: &str) -> Result<KvEventsEndpoint, String> {
+        let (publisher, replay) = match text.split_once('+') {
+            Some((publisher, replay)) => (publisher, Some(replay)),
+            None => (text, None),
+        };
+        Ok(KvEventsEndpoint {
+            publisher: zmq_tcp_endpoint(publisher, worker_host)?,
+            replay: replay
+                .map(|replay| zmq_tcp_endpoint(replay, worker_host))
+                .transpose()?,
+        })
+    }
+
+    /// The endpoint a worker's `GET /server_info` body announces (SGLang: `kv_events_config`,
+    /// a JSON string or object with `publisher`, `endpoint` and `replay_endpoint`); `None` when
+    /// it publishes no events over ZMQ.
+    pub fn from_server_info(
+        body: &[u8],
+        worker_host: &str,
+    ) -> Result<Option<KvEventsEndpoint>, String> {
+        let info: serde_json::Value =
+            serde_json::from_slice(body).map_err(|e| format!("server_info is not JSON: {e}"))?;
+        let config = match info.get("kv_events_config") {
+            None | Some(serde_json::Value::Null) => return Ok(None),
+            Some(serde_json::Value::String(text)) if text.trim().is_empty() => return Ok(None),
+            Some(serde_json::Value::String(text)) => serde_json::from_str(text)
+                .map_err(|e| format!("kv_events_config is not JSON: {e}"))?,
+            Some(object) => object.clone(),
+        };
+        let field = |name: &str| config.get(name).and_then(serde_json::Value::as_str);
+        // SGLang's defaults: no publisher unless "zmq"; the endpoint `tcp://*:5557`.
+        if field("publisher") != Some("zmq") {
+            return Ok(None);
+        }
+        let publisher = field("endpoint").unwrap_or("tcp://*:5557");
+        Ok(Some(KvEventsEndpoint {
+            publisher: zmq_tcp_endpoint(publisher, worker_host)?,
+            replay: field("replay_endpoint")
+                .map(|replay| zmq_tcp_endpoint(replay, worker_host))
+                .transpose()?,
+        }))
+    }
+}
+
+/// `tcp://host:port` with a wildcard host replaced by `worker_host`.
+fn zmq_tcp_endpoint(text: &str, worker_host: &str) -> Result<String, String> {
+    let bad = || format!("{text}: expected tcp://host:port (or none, or auto)");
+    let authority = text.strip_prefix("tcp://").ok_or_else(bad)?;
+    let (host, port) = split_host_port(authority).ok_or_else(bad)?;
+    let port = port
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|p| *p != 0)
+        .ok_or_else(bad)?;
+    let host = match host {
+        "*" | "0.0.0.0" | "::" | "" => worker_host,
+        host => host,
+    };
+    let valid_host = host
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'));
+    if host.is_empty() || host.len() > HOST_LEN_MAX || !valid_host {
+        return Err(bad());
+    }
+    Ok(match host.contains(':') {
+        true => format!("tcp://[{host}]:{port}"),
+        false => format!("tcp://{host}:{port}"),
+    })
 }
 
 #[cfg(test)]
@@ -172,6 +291,65 @@ mod tests {
             assert!(expected(&error), "{url}: {error:?}");
             assert!(error.to_string().contains(url), "{error}");
         }
+    }
+
+    #[test]
+    fn kv_event_endpoints_parse_with_wildcards_as_the_worker_host() {
+        let at = |publisher: &str, replay: Option<&str>| {
+            KvEventsSource::At(KvEventsEndpoint {
+                publisher: publisher.into(),
+                replay: replay.map(Into::into),
+            })
+        };
+        let parse = |text| KvEventsSource::parse(text, "10.0.0.7");
+        assert_eq!(parse("none"), Ok(KvEventsSource::Off));
+        assert_eq!(parse("auto"), Ok(KvEventsSource::Discover));
+        assert_eq!(parse("tcp://*:5557"), Ok(at("tcp://10.0.0.7:5557", None)));
+        assert_eq!(
+            parse("tcp://h:1+tcp://0.0.0.0:2"),
+            Ok(at("tcp://h:1", Some("tcp://10.0.0.7:2")))
+        );
+        let v6 = KvEventsSource::parse("tcp://[::]:5557", "::1");
+        assert_eq!(v6, Ok(at("tcp://[::1]:5557", None)));
+        for bad in [
+            "ipc:///tmp/x",
+            "tcp://h",
+            "tcp://h:0",
+            "tcp://h:x",
+            "tcp://a b:1",
+            "h:1",
+        ] {
+            let error = parse(bad).expect_err(bad);
+            assert!(
+                error.contains(bad.split('+').next().unwrap_or(bad)),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn server_info_announces_the_endpoint_as_sglang_writes_it() {
+        let info = |config: &str| format!(r#"{{"page_size":16,"kv_events_config":{config}}}"#);
+        let found = |body: String| KvEventsEndpoint::from_server_info(body.as_bytes(), "w1");
+        let string = info(
+            r#""{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5558\"}""#,
+        );
+        let expected = KvEventsEndpoint {
+            publisher: "tcp://w1:5557".into(),
+            replay: Some("tcp://w1:5558".into()),
+        };
+        assert_eq!(found(string), Ok(Some(expected)));
+        let object = info(r#"{"publisher":"zmq"}"#);
+        let default = KvEventsEndpoint {
+            publisher: "tcp://w1:5557".into(),
+            replay: None,
+        };
+        assert_eq!(found(object), Ok(Some(default)));
+        assert_eq!(found(info("null")), Ok(None));
+        assert_eq!(found(info(r#""{\"publisher\":\"null\"}""#)), Ok(None));
+        assert_eq!(found("{}".into()), Ok(None));
+        assert!(found("not json".into()).is_err());
+        assert!(found(info(r#""{oops""#)).is_err());
     }
 
     #[test]

@@ -35,7 +35,7 @@ fn held(found: &BlockMatch) -> Vec<(u16, u32)> {
 fn workers_are_scored_by_the_consecutive_leading_blocks_they_hold() {
     let mut writer = KvIndexWriter::new(1024);
     let reader = writer.reader();
-    assert!(!reader.is_live() && reader.block_size().is_none());
+    assert!(!reader.is_live() && reader.publishing(7).is_none());
     for w in [1, 2, 3] {
         writer.attach(WorkerId(w)).unwrap();
     }
@@ -51,8 +51,9 @@ fn workers_are_scored_by_the_consecutive_leading_blocks_they_hold() {
     writer
         .store(WorkerId(3), &[31], None, &tokens(&[3]), BS)
         .unwrap();
-    assert_eq!(reader.block_size(), Some(BS));
-    let found = reader.lookup(&chain_of(&tokens(&[1, 2, 3, 4])));
+    assert_eq!(writer.block_size_of(WorkerId(1)), Some(BS as u32));
+    assert_eq!(writer.block_size_of(WorkerId(9)), None);
+    let found = reader.lookup(&chain_of(&tokens(&[1, 2, 3, 4])), BS);
     assert_eq!(found.request_blocks, 4);
     assert_eq!(
         held(&found),
@@ -62,14 +63,14 @@ fn workers_are_scored_by_the_consecutive_leading_blocks_they_hold() {
     assert_eq!(found.holders()[0], (WorkerId(1), 3), "most blocks first");
     // A block of the request's own tail that nobody holds ends nobody's run early.
     assert_eq!(
-        held(&reader.lookup(&chain_of(&tokens(&[1, 9])))),
+        held(&reader.lookup(&chain_of(&tokens(&[1, 9])), BS)),
         [(1, 1), (2, 1)]
     );
     assert!(reader
-        .lookup(&chain_of(&tokens(&[7, 1])))
+        .lookup(&chain_of(&tokens(&[7, 1])), BS)
         .holders()
         .is_empty());
-    assert!(reader.lookup(&[]).holders().is_empty());
+    assert!(reader.lookup(&[], BS).holders().is_empty());
 }
 
 #[test]
@@ -85,7 +86,7 @@ fn children_chain_from_their_parent_and_orphans_are_not_stored() {
         .unwrap();
     assert_eq!((child.stored, child.orphans), (1, 0));
     assert_eq!(
-        held(&reader.lookup(&chain_of(&tokens(&[1, 2, 3])))),
+        held(&reader.lookup(&chain_of(&tokens(&[1, 2, 3])), BS)),
         [(0, 3)]
     );
     let orphan = writer
@@ -109,15 +110,15 @@ fn removals_clears_and_detaches_take_blocks_away() {
     let request = chain_of(&tokens(&[1, 2, 3]));
     assert_eq!(writer.remove(WorkerId(0), &[2, 77]), 1);
     assert_eq!(
-        held(&reader.lookup(&request)),
+        held(&reader.lookup(&request, BS)),
         [(0, 1), (1, 3)],
         "a gap ends the run"
     );
     assert_eq!(writer.clear(WorkerId(1)), 3);
-    assert_eq!(held(&reader.lookup(&request)), [(0, 1)]);
+    assert_eq!(held(&reader.lookup(&request, BS)), [(0, 1)]);
     assert_eq!(writer.live_blocks(), 2, "blocks 1 and 3 of worker 0");
     writer.detach(WorkerId(0));
-    assert!(reader.lookup(&request).holders().is_empty());
+    assert!(reader.lookup(&request, BS).holders().is_empty());
     assert_eq!(writer.live_blocks(), 0);
     assert!(reader.is_live(), "worker 1 still publishes");
     writer.detach(WorkerId(1));
@@ -229,7 +230,7 @@ proptest! {
                 }
             }
             for sequence in SEQUENCES {
-                let found = reader.lookup(&chain_of(&tokens(&sequence)));
+                let found = reader.lookup(&chain_of(&tokens(&sequence)), BS);
                 let mut want = Vec::new();
                 for (worker, paths) in &model {
                     let run = (0..sequence.len()).take_while(|&i| paths.contains(&sequence[..=i].to_vec())).count();

@@ -1,0 +1,534 @@
+//! The KV-event index on the control core, its only writer ([`KvEvents`]): which workers
+//! publish events and where (`--kv-events-endpoints`, `POST /workers`, or asked from the
+//! worker's `/server_info`), their subscriptions (`kv_subscriber`), and the batches they hand
+//! on, decoded (`kv_events::wire`) and applied to `index::kv` every turn.
+//!
+//! A worker's entries change only through its events, its removal (purged at once), a reset
+//! (batches lost for good, or the publisher restarted: dropped and rebuilt from the next
+//! events) and, with `--kv-indexer-ttl-secs`, a silence that long (aged out). The data cores
+//! learn which models are served by publishing workers, and their block size, from
+//! `KvIndexWriter::publish_models`; `/metrics` shows every stream (`Shared::kv_streams`).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use crate::ids::WorkerId;
+use crate::index::kv::{KvIndexWriter, PublishingModels};
+use crate::kv_events::{EventBatch, Failure, IndexGauges, KvEvent, Reset, StreamStats};
+use crate::limits::{
+    KV_EVENTS_APPLY_PER_TURN_MAX, LOAD_POLL_TIMEOUT, MODELS_REFRESH_INTERVAL, PROBE_BODY_BYTES_MAX,
+};
+use crate::net::client;
+use crate::policy::model_hash;
+use crate::shared::Shared;
+use crate::workers::catalog::ModelCatalog;
+use crate::workers::spec::{KvEventsEndpoint, KvEventsSource};
+use crate::workers::table::Roster;
+
+use super::kv_subscriber::{FeedItem, Subscribers};
+
+/// Where one worker's events stand.
+#[derive(Debug)]
+enum Stream {
+    /// Its `/server_info` is (to be) asked for an endpoint.
+    Discovering {
+        /// A probe is in flight.
+        asked: bool,
+        /// When to ask (again).
+        at: Instant,
+    },
+    /// It publishes nothing the gateway reads.
+    Silent,
+    /// Subscribed as `subscription`.
+    Following { subscription: u64 },
+}
+
+/// One worker as the KV-event side knows it.
+#[derive(Debug)]
+struct Worker {
+    url: String,
+    addr: SocketAddr,
+    authority: String,
+    host: String,
+    stream: Stream,
+    stats: StreamStats,
+    /// The last batch applied (or when following began).
+    last_batch: Instant,
+}
+
+/// A `/server_info` answer for worker `id` at `url`.
+type Discovered = (WorkerId, String, Result<(u16, Vec<u8>), String>);
+
+/// The KV-event index's writer and its subscriptions.
+#[derive(Debug)]
+pub struct KvEvents {
+    writer: KvIndexWriter,
+    subscribers: Option<Subscribers>,
+    workers: HashMap<WorkerId, Worker>,
+    next_subscription: u64,
+    batch: EventBatch,
+    discovered: (mpsc::Sender<Discovered>, mpsc::Receiver<Discovered>),
+    /// `--kv-indexer-ttl-secs` (`None`: entries never age out).
+    ttl: Option<Duration>,
+    /// The roster and catalog last seen (compared by pointer).
+    roster: Option<Arc<Roster>>,
+    catalog: Option<Arc<ModelCatalog>>,
+    /// The models published to the data cores need building again.
+    models_dirty: bool,
+    /// The streams published to `/metrics` changed.
+    stats_dirty: bool,
+    /// Whether the index's fullness was logged.
+    warned_full: bool,
+}
+
+impl KvEvents {
+    /// The KV-event side of the control core around the index `writer`.
+    pub fn new(writer: KvIndexWriter, ttl: Option<Duration>) -> Self {
+        KvEvents {
+            writer,
+            subscribers: None,
+            workers: HashMap::new(),
+            next_subscription: 0,
+            batch: EventBatch::default(),
+            discovered: mpsc::channel(),
+            ttl,
+            roster: None,
+            catalog: None,
+            models_dirty: true,
+            stats_dirty: true,
+            warned_full: false,
+        }
+    }
+
+    /// One control-core turn: follow roster changes, ask and hear `/server_info`, apply what
+    /// the subscribers handed on, age out silent workers, publish.
+    pub fn turn(&mut self, shared: &Shared) {
+        let now = Instant::now();
+        self.follow_roster(shared, now);
+        self.discover(now);
+        self.apply_feed(now);
+        self.expire(now);
+        self.publish(shared);
+    }
+
+    /// Drops a removed worker's entries and subscription (before its id can be reused).
+    pub fn purge_worker(&mut self, id: WorkerId) {
+        if let Some(worker) = self.workers.remove(&id) {
+            self.unfollow(id, &worker);
+        }
+    }
+
+    fn unfollow(&mut self, id: WorkerId, worker: &Worker) {
+        if let Stream::Following { subscription, .. } = worker.stream {
+            if let Some(subscribers) = &self.subscribers {
+                subscribers.stop(subscription);
+            }
+            let blocks = self.writer.blocks_of(id);
+            self.writer.detach(id);
+            tracing::info!(
+                worker = worker.url,
+                blocks,
+                "KV events: worker removed, its entries purged"
+            );
+        }
+        self.models_dirty = true;
+        self.stats_dirty = true;
+    }
+
+    /// Starts on workers new to the roster; forgets those that left it.
+    fn follow_roster(&mut self, shared: &Shared, now: Instant) {
+        let roster = shared.table.roster();
+        if self
+            .roster
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, &roster))
+        {
+            return;
+        }
+        let left: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(id, w)| roster.get(**id).is_none_or(|e| e.spec.url != w.url))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in left {
+            self.purge_worker(id);
+        }
+        for entry in &roster.workers {
+            if self.workers.contains_key(&entry.id) {
+                continue;
+            }
+            let spec = &entry.spec;
+            let mut worker = Worker {
+                url: spec.url.clone(),
+                addr: spec.addr,
+                authority: spec.authority.clone(),
+                host: spec.host().to_string(),
+                stream: Stream::Silent,
+                stats: StreamStats {
+                    worker: spec.url.clone(),
+                    ..StreamStats::default()
+                },
+                last_batch: now,
+            };
+            match &spec.kv_events {
+                KvEventsSource::Off => {}
+                KvEventsSource::Discover => {
+                    worker.stream = Stream::Discovering {
+                        asked: false,
+                        at: now,
+                    };
+                }
+                KvEventsSource::At(endpoint) => {
+                    self.start_following(entry.id, &mut worker, endpoint.clone());
+                }
+            }
+            self.workers.insert(entry.id, worker);
+        }
+        self.roster = Some(roster.clone());
+        self.stats_dirty = true;
+    }
+
+    /// Subscribes to `worker`'s events at `endpoint`.
+    fn start_following(&mut self, id: WorkerId, worker: &mut Worker, endpoint: KvEventsEndpoint) {
+        if let Err(e) = self.writer.attach(id) {
+            tracing::error!(worker = worker.url, "KV events not read: {e}");
+            worker.stats.fail(Failure::TooManyWorkers);
+            worker.stream = Stream::Silent;
+            return;
+        }
+        if self.subscribers.is_none() {
+            match Subscribers::start() {
+                Ok(subscribers) => self.subscribers = Some(subscribers),
+                Err(e) => {
+                    tracing::error!("KV events not read: cannot start the subscriber thread: {e}");
+                    self.writer.detach(id);
+                    worker.stream = Stream::Silent;
+                    return;
+                }
+            }
+        }
+        self.next_subscription += 1;
+        let subscription = self.next_subscription;
+        if let Some(subscribers) = &self.subscribers {
+            tracing::info!(
+                worker = worker.url,
+                publisher = endpoint.publisher,
+                replay = endpoint.replay.as_deref().unwrap_or("none"),
+                "KV events: subscribing"
+            );
+            subscribers.follow(id, subscription, endpoint);
+        }
+        worker.stream = Stream::Following { subscription };
+        worker.last_batch = Instant::now();
+        self.models_dirty = true;
+    }
+
+    /// Asks `/server_info` of workers due, and follows what the answers announce.
+    fn discover(&mut self, now: Instant) {
+        for (id, worker) in &mut self.workers {
+            let Stream::Discovering { asked, at } = &mut worker.stream else {
+                continue;
+            };
+            if *asked || now < *at {
+                continue;
+            }
+            *asked = true;
+            let (id, url, addr) = (*id, worker.url.clone(), worker.addr);
+            let (authority, answers) = (worker.authority.clone(), self.discovered.0.clone());
+            monoio::spawn(async move {
+                let timeout = LOAD_POLL_TIMEOUT;
+                let got = client::get(
+                    addr,
+                    &authority,
+                    "/server_info",
+                    timeout,
+                    PROBE_BODY_BYTES_MAX,
+                )
+                .await
+                .map(|r| (r.status, r.body))
+                .map_err(|e| e.to_string());
+                let _ = answers.send((id, url, got));
+            });
+        }
+        while let Ok((id, url, answer)) = self.discovered.1.try_recv() {
+            let Some(mut worker) = self.workers.remove(&id) else {
+                continue;
+            };
+            if worker.url != url || !matches!(worker.stream, Stream::Discovering { .. }) {
+                self.workers.insert(id, worker);
+                continue;
+            }
+            match answer {
+                // Not reachable yet: ask again later.
+                Err(e) => {
+                    tracing::debug!(worker = url, "KV events: /server_info not read: {e}");
+                    worker.stream = Stream::Discovering {
+                        asked: false,
+                        at: now + MODELS_REFRESH_INTERVAL,
+                    };
+                }
+                Ok((200, body)) => match KvEventsEndpoint::from_server_info(&body, &worker.host) {
+                    Ok(Some(endpoint)) => self.start_following(id, &mut worker, endpoint),
+                    Ok(None) => {
+                        tracing::debug!(worker = url, "KV events: the worker announces none");
+                        worker.stream = Stream::Silent;
+                    }
+                    Err(e) => {
+                        tracing::warn!(worker = url, "KV events not read: {e}");
+                        worker.stats.fail(Failure::Discovery);
+                        worker.stream = Stream::Silent;
+                    }
+                },
+                // vLLM has no /server_info: give --kv-events-endpoints for it.
+                Ok((status, _)) => {
+                    tracing::debug!(worker = url, status, "KV events: no /server_info");
+                    worker.stream = Stream::Silent;
+                }
+            }
+            self.workers.insert(id, worker);
+            self.stats_dirty = true;
+        }
+    }
+
+    /// Applies what the subscribers handed on since the last turn (a bounded amount).
+    fn apply_feed(&mut self, now: Instant) {
+        let Some(subscribers) = &self.subscribers else {
+            return;
+        };
+        for _ in 0..KV_EVENTS_APPLY_PER_TURN_MAX {
+            let Some(feed) = subscribers.pop() else {
+                break;
+            };
+            let Some(worker) = self.workers.get_mut(&feed.worker) else {
+                continue;
+            };
+            match worker.stream {
+                Stream::Following { subscription, .. } if subscription == feed.subscription => {}
+                // A subscription stopped since: its items are stale.
+                _ => continue,
+            }
+            let id = feed.worker;
+            let stats = &mut worker.stats;
+            self.stats_dirty = true;
+            match feed.item {
+                FeedItem::Batch {
+                    payload, replayed, ..
+                } => {
+                    if let Err(e) = self.batch.decode(&payload) {
+                        stats.batches_malformed += 1;
+                        // The first few, then every hundredth: a broken publisher is loud once.
+                        if stats.batches_malformed <= 3 || stats.batches_malformed % 100 == 0 {
+                            tracing::warn!(
+                                worker = worker.url,
+                                malformed = stats.batches_malformed,
+                                "KV events: a malformed batch skipped: {e}"
+                            );
+                        }
+                        continue;
+                    }
+                    match replayed {
+                        true => stats.batches_replayed += 1,
+                        false => stats.batches_applied += 1,
+                    }
+                    worker.last_batch = now;
+                    let learned = apply_batch(&mut self.writer, id, &self.batch, stats);
+                    self.models_dirty |= learned;
+                    if stats.blocks_refused > 0 && !self.warned_full {
+                        self.warned_full = true;
+                        tracing::warn!(
+                            blocks = self.writer.live_blocks(),
+                            "KV-event index full: blocks refused; raise --kv-indexer-max-entries"
+                        );
+                    }
+                }
+                FeedItem::Connected => {
+                    if !stats.up {
+                        tracing::info!(worker = worker.url, "KV events: connected");
+                    }
+                    stats.up = true;
+                }
+                FeedItem::Failed(failure) => {
+                    stats.fail(failure);
+                    let was_up = stats.up;
+                    if matches!(
+                        failure,
+                        Failure::Connect | Failure::Disconnected | Failure::Receive
+                    ) {
+                        stats.up = false;
+                    }
+                    // Logged when the stream goes down, not on every retry of a dead one.
+                    if was_up || failure == Failure::Replay {
+                        tracing::warn!(
+                            worker = worker.url,
+                            reason = failure.label(),
+                            "KV events: subscription failed; its entries stay until events say \
+                             otherwise (or --kv-indexer-ttl-secs)"
+                        );
+                    }
+                }
+                FeedItem::Restarted => {
+                    let dropped = self.writer.clear(id);
+                    stats.reset(Reset::Restart);
+                    tracing::info!(
+                        worker = worker.url,
+                        dropped,
+                        "KV events: the publisher restarted; the worker's entries dropped"
+                    );
+                }
+                FeedItem::Gap { missing } => {
+                    let dropped = self.writer.clear(id);
+                    stats.reset(Reset::Gap);
+                    tracing::warn!(
+                        worker = worker.url,
+                        dropped,
+                        first = missing.start,
+                        last = missing.end.saturating_sub(1),
+                        "KV events: batches lost and not replayed; entries rebuilt from new events"
+                    );
+                }
+                FeedItem::Duplicate => stats.batches_skipped += 1,
+                FeedItem::Malformed => stats.batches_malformed += 1,
+            }
+        }
+    }
+
+    /// With `--kv-indexer-ttl-secs`, drops the entries of workers silent that long.
+    fn expire(&mut self, now: Instant) {
+        let Some(ttl) = self.ttl else {
+            return;
+        };
+        for (id, worker) in &mut self.workers {
+            let following = matches!(worker.stream, Stream::Following { .. });
+            if !following || now.duration_since(worker.last_batch) < ttl {
+                continue;
+            }
+            worker.last_batch = now;
+            let dropped = self.writer.clear(*id);
+            if dropped > 0 {
+                worker.stats.reset(Reset::Expired);
+                self.stats_dirty = true;
+                tracing::info!(
+                    worker = worker.url,
+                    dropped,
+                    "KV events: none for --kv-indexer-ttl-secs; the worker's entries aged out"
+                );
+            }
+        }
+    }
+
+    /// Tells the data cores which models publish, and `/metrics` how the streams stand.
+    fn publish(&mut self, shared: &Shared) {
+        let catalog = shared.catalog.load_full();
+        if !self
+            .catalog
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &catalog))
+        {
+            self.catalog = Some(catalog.clone());
+            self.models_dirty = true;
+        }
+        if self.models_dirty {
+            self.models_dirty = false;
+            self.writer.publish_models(self.publishing_models(&catalog));
+            self.stats_dirty = true;
+        }
+        if !self.stats_dirty {
+            return;
+        }
+        self.stats_dirty = false;
+        let mut streams: Vec<StreamStats> = Vec::new();
+        for (id, worker) in &mut self.workers {
+            worker.stats.blocks_held = self.writer.blocks_of(*id) as u64;
+            if !matches!(worker.stream, Stream::Silent) || worker.stats != StreamStats::default() {
+                streams.push(worker.stats.clone());
+            }
+        }
+        streams.sort_by(|a, b| a.worker.cmp(&b.worker));
+        let models = catalog
+            .serving()
+            .map(|(model, ids)| {
+                let entries = ids.iter().map(|id| self.writer.blocks_of(*id) as u64);
+                (model.to_string(), entries.sum())
+            })
+            .filter(|(_, entries)| *entries > 0)
+            .collect();
+        shared.kv_streams.store(Arc::new(streams));
+        shared.kv_index_gauges.store(Arc::new(IndexGauges {
+            models,
+            blocks: self.writer.live_blocks() as u64,
+            memory_bytes: self.writer.memory_bytes() as u64,
+        }));
+    }
+
+    /// The models served by publishing workers, each with the block size their events report.
+    fn publishing_models(&self, catalog: &ModelCatalog) -> PublishingModels {
+        let publishing = |id: &WorkerId| {
+            let worker = self.workers.get(id)?;
+            matches!(worker.stream, Stream::Following { .. }).then_some(*id)
+        };
+        // The block size the first publisher with one reported (0: none yet).
+        let block_size = |ids: &mut dyn Iterator<Item = WorkerId>| -> Option<u32> {
+            let (mut any, mut reported) = (false, None);
+            for id in ids {
+                any = true;
+                reported = reported.or_else(|| self.writer.block_size_of(id));
+            }
+            any.then(|| reported.unwrap_or(0))
+        };
+        let mut models = Vec::new();
+        for (model, ids) in catalog.serving() {
+            if let Some(size) = block_size(&mut ids.iter().filter_map(publishing)) {
+                models.push((model_hash(model), size));
+            }
+        }
+        // A request without a model may go to any worker.
+        if let Some(size) = block_size(&mut self.workers.keys().filter_map(publishing)) {
+            models.push((model_hash(""), size));
+        }
+        let any_model = match catalog.serving().next() {
+            // No worker lists models: every worker serves every model.
+            None => block_size(&mut self.workers.keys().filter_map(publishing)),
+            Some(_) => block_size(&mut catalog.wildcard().iter().filter_map(publishing)),
+        };
+        PublishingModels { models, any_model }
+    }
+}
+
+/// Applies a decoded batch of worker `id`'s; returns whether the worker reported a block size
+/// it had not before.
+fn apply_batch(
+    writer: &mut KvIndexWriter,
+    id: WorkerId,
+    batch: &EventBatch,
+    stats: &mut StreamStats,
+) -> bool {
+    let size_before = writer.block_size_of(id);
+    for event in batch.events() {
+        stats.events += 1;
+        match event {
+            KvEvent::Stored {
+                hashes,
+                parent,
+                tokens,
+                block_size,
+            } => {
+                let (hashes, tokens) = (batch.hashes(hashes), batch.tokens(tokens));
+                let size = *block_size as usize;
+                // Attached while followed: the store cannot miss the worker.
+                if let Ok(stored) = writer.store(id, hashes, *parent, tokens, size) {
+                    stats.blocks_stored += stored.stored;
+                    stats.blocks_orphaned += stored.orphans;
+                    stats.blocks_refused += stored.refused;
+                }
+            }
+            KvEvent::Removed { hashes } => {
+                stats.blocks_removed += writer.remove(id, batch.hashes(hashes));
+            }
+            KvEvent::Cleared => stats.blocks_removed += writer.clear(id),
+        }
+    }
+    writer.block_size_of(id) != size_before
+}

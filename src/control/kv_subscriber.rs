@@ -1,0 +1,372 @@
+//! The KV-event subscribers: one thread (`kvgate-kv-events`, started by the control core the
+//! first time a worker publishes) running a tokio current-thread runtime, because the ZeroMQ
+//! implementation (`zeromq`, pure Rust) needs tokio; one task per followed worker.
+//!
+//! A task owns its worker's `SUB` socket, keeps the worker's place in its numbered batches
+//! ([`Sequence`]) and hands the control core only batches in order, on a bounded queue
+//! ([`Subscribers::pop`]); the control core decodes and applies them. A task never touches the
+//! index, and the data cores never see any of this.
+//!
+//! - First connection: with a replay socket, every batch the engine still buffers is replayed
+//!   first (the blocks it cached before the gateway subscribed).
+//! - A gap: filled from the replay socket; what it cannot fill is reported ([`FeedItem::Gap`]),
+//!   and the control core drops the worker's entries and rebuilds them from the next events.
+//! - A duplicate or stale number: reported and skipped.
+//! - A publisher that restarted (its numbers start again below ours, after a reconnection or at
+//!   0): reported ([`FeedItem::Restarted`], the engine's cache is gone) and followed from there.
+//! - Failures: the socket reconnects by itself after a disconnection; a failed connect or
+//!   receive opens a new socket after a backoff (`KV_EVENTS_BACKOFF_*`). Each is reported.
+//!
+//! A full queue makes the task wait (the engine's publisher buffers, then drops, and the gap is
+//! replayed), so nothing is lost silently and memory stays bounded.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_queue::ArrayQueue;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
+};
+
+use crate::ids::WorkerId;
+use crate::kv_events::{message_parts, Arrival, Failure, Sequence, REPLAY_END_SEQ};
+use crate::limits::{
+    KV_EVENTS_BACKOFF_MAX, KV_EVENTS_BACKOFF_MIN, KV_EVENTS_CONNECT_TIMEOUT,
+    KV_EVENTS_FEED_CAPACITY, KV_EVENTS_REPLAY_TIMEOUT,
+};
+use crate::workers::spec::KvEventsEndpoint;
+
+/// What a subscriber tells the control core.
+#[derive(Debug)]
+pub struct Feed {
+    /// The worker followed.
+    pub worker: WorkerId,
+    /// The subscription (a worker removed and added again gets a new one; stale items are
+    /// ignored).
+    pub subscription: u64,
+    /// What happened.
+    pub item: FeedItem,
+}
+
+/// One thing a subscriber reports.
+#[derive(Debug)]
+pub enum FeedItem {
+    /// The next batch in order: apply it.
+    Batch {
+        /// Its sequence number.
+        seq: u64,
+        /// Its msgpack payload.
+        payload: Bytes,
+        /// Whether it came from the replay socket.
+        replayed: bool,
+    },
+    /// The subscription is connected (again).
+    Connected,
+    /// The subscription failed.
+    Failed(Failure),
+    /// The publisher started over: the engine lost its cache.
+    Restarted,
+    /// Batches `missing` are lost for good: the worker's entries must be rebuilt.
+    Gap {
+        /// The numbers never received.
+        missing: Range<u64>,
+    },
+    /// A batch seen already: skipped.
+    Duplicate,
+    /// A message that is not `[topic, seq, payload]`: skipped.
+    Malformed,
+}
+
+enum Command {
+    Follow {
+        worker: WorkerId,
+        subscription: u64,
+        endpoint: KvEventsEndpoint,
+    },
+    Stop {
+        subscription: u64,
+    },
+}
+
+/// The subscriber thread's handle, owned by the control core.
+#[derive(Debug)]
+pub struct Subscribers {
+    commands: mpsc::UnboundedSender<Command>,
+    feed: Arc<ArrayQueue<Feed>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Follow { subscription, .. } => write!(f, "Follow({subscription})"),
+            Command::Stop { subscription } => write!(f, "Stop({subscription})"),
+        }
+    }
+}
+
+impl Subscribers {
+    /// Starts the subscriber thread.
+    pub fn start() -> std::io::Result<Subscribers> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (commands, mut received) = mpsc::unbounded_channel::<Command>();
+        let feed = Arc::new(ArrayQueue::new(KV_EVENTS_FEED_CAPACITY));
+        let tasks_feed = feed.clone();
+        let thread = std::thread::Builder::new()
+            .name("kvgate-kv-events".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let mut tasks = HashMap::new();
+                    // Ends when the control core drops its handle.
+                    while let Some(command) = received.recv().await {
+                        match command {
+                            Command::Follow {
+                                worker,
+                                subscription,
+                                endpoint,
+                            } => {
+                                let out = Out {
+                                    worker,
+                                    subscription,
+                                    feed: tasks_feed.clone(),
+                                };
+                                let task = tokio::spawn(follow(endpoint, out));
+                                tasks.insert(subscription, task);
+                            }
+                            Command::Stop { subscription } => {
+                                if let Some(task) = tasks.remove(&subscription) {
+                                    task.abort();
+                                }
+                            }
+                        }
+                    }
+                    for task in tasks.into_values() {
+                        task.abort();
+                    }
+                });
+            })?;
+        Ok(Subscribers {
+            commands,
+            feed,
+            thread: Some(thread),
+        })
+    }
+
+    /// Follows `worker`'s events at `endpoint` as subscription `subscription`.
+    pub fn follow(&self, worker: WorkerId, subscription: u64, endpoint: KvEventsEndpoint) {
+        // The thread ends only when this handle is dropped: the send cannot fail before.
+        let _ = self.commands.send(Command::Follow {
+            worker,
+            subscription,
+            endpoint,
+        });
+    }
+
+    /// Stops subscription `subscription` (its queued items are ignored by the caller).
+    pub fn stop(&self, subscription: u64) {
+        let _ = self.commands.send(Command::Stop { subscription });
+    }
+
+    /// The next item reported, if any (never waits).
+    pub fn pop(&self) -> Option<Feed> {
+        self.feed.pop()
+    }
+}
+
+impl Drop for Subscribers {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop, which aborts every task.
+        let (closed, _) = mpsc::unbounded_channel();
+        drop(std::mem::replace(&mut self.commands, closed));
+        // A task waiting on a full queue sees its abort at its next sleep: the queue empties.
+        while self.feed.pop().is_some() {}
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A task's way to the control core.
+struct Out {
+    worker: WorkerId,
+    subscription: u64,
+    feed: Arc<ArrayQueue<Feed>>,
+}
+
+impl Out {
+    /// Queues `item`, waiting while the queue is full (the control core drains it every turn).
+    async fn send(&self, item: FeedItem) {
+        let mut feed = Feed {
+            worker: self.worker,
+            subscription: self.subscription,
+            item,
+        };
+        loop {
+            match self.feed.push(feed) {
+                Ok(()) => return,
+                Err(back) => {
+                    feed = back;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Follows one worker until aborted.
+async fn follow(endpoint: KvEventsEndpoint, out: Out) {
+    let mut sequence = Sequence::default();
+    let mut backoff = KV_EVENTS_BACKOFF_MIN;
+    loop {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(KV_EVENTS_CONNECT_TIMEOUT);
+        let mut socket = SubSocket::with_options(options);
+        let mut monitor = socket.monitor();
+        let subscribed = async {
+            socket.connect(&endpoint.publisher).await?;
+            socket.subscribe("").await
+        };
+        if subscribed.await.is_err() {
+            out.send(FeedItem::Failed(Failure::Connect)).await;
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(KV_EVENTS_BACKOFF_MAX);
+            continue;
+        }
+        backoff = KV_EVENTS_BACKOFF_MIN;
+        out.send(FeedItem::Connected).await;
+        if sequence.next().is_none() {
+            catch_up(&endpoint, &mut sequence, &out).await;
+        }
+        // The first batch after a (re)connection may come from a publisher that restarted.
+        let mut reconnected = true;
+        loop {
+            tokio::select! {
+                received = socket.recv() => {
+                    let Ok(message) = received else {
+                        out.send(FeedItem::Failed(Failure::Receive)).await;
+                        break;
+                    };
+                    let frames: Vec<&[u8]> = message.iter().map(|f| &f[..]).collect();
+                    let Ok((seq, _)) = message_parts(&frames) else {
+                        out.send(FeedItem::Malformed).await;
+                        continue;
+                    };
+                    let payload = message.get(2).cloned().unwrap_or_default();
+                    let behind = sequence.next().is_some_and(|next| seq < next);
+                    if behind && (reconnected || seq == 0) {
+                        out.send(FeedItem::Restarted).await;
+                        sequence.restart();
+                        catch_up(&endpoint, &mut sequence, &out).await;
+                    }
+                    reconnected = false;
+                    deliver(seq, payload, &mut sequence, &endpoint, &out).await;
+                }
+                event = monitor.next() => match event {
+                    Some(SocketEvent::Disconnected(_)) => {
+                        out.send(FeedItem::Failed(Failure::Disconnected)).await;
+                        reconnected = true;
+                    }
+                    Some(SocketEvent::Connected(..)) => out.send(FeedItem::Connected).await,
+                    Some(_) => {}
+                    // The socket is gone: open a new one.
+                    None => break,
+                },
+            }
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+/// With a replay socket, hands on every batch the publisher still buffers from its first, and
+/// expects batch 0 next when it buffers none (so a later first batch is a gap to fill).
+async fn catch_up(endpoint: &KvEventsEndpoint, sequence: &mut Sequence, out: &Out) {
+    let Some(replay) = &endpoint.replay else {
+        return;
+    };
+    replay_from(replay, 0, sequence, out).await;
+    if sequence.next().is_none() {
+        sequence.expect(0);
+    }
+}
+
+/// Hands on live batch `seq` in order: a gap is filled from the replay socket first.
+async fn deliver(
+    seq: u64,
+    payload: Bytes,
+    sequence: &mut Sequence,
+    endpoint: &KvEventsEndpoint,
+    out: &Out,
+) {
+    if let Arrival::Gap { missing } = sequence.arrival(seq) {
+        if let Some(replay) = &endpoint.replay {
+            replay_from(replay, missing.start, sequence, out).await;
+        }
+    }
+    match sequence.arrival(seq) {
+        Arrival::Next => {}
+        Arrival::Seen => {
+            out.send(FeedItem::Duplicate).await;
+            return;
+        }
+        Arrival::Gap { missing } => out.send(FeedItem::Gap { missing }).await,
+    }
+    let replayed = false;
+    out.send(FeedItem::Batch {
+        seq,
+        payload,
+        replayed,
+    })
+    .await;
+    sequence.advance(seq);
+}
+
+/// Asks the replay socket for every batch from `start` and hands on those in order.
+async fn replay_from(endpoint: &str, start: u64, sequence: &mut Sequence, out: &Out) {
+    let replayed = tokio::time::timeout(KV_EVENTS_REPLAY_TIMEOUT, async {
+        let mut options = SocketOptions::default();
+        options.connect_timeout(KV_EVENTS_CONNECT_TIMEOUT);
+        let mut dealer = DealerSocket::with_options(options);
+        dealer.connect(endpoint).await?;
+        // The ROUTER sees [identity, "", start]: the DEALER sends the empty delimiter itself.
+        let mut request = ZmqMessage::from(Bytes::new());
+        request.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
+        dealer.send(request).await?;
+        loop {
+            let reply = dealer.recv().await?;
+            // [delimiter, seq, payload]; seq -1 ends the replay.
+            let frames: Vec<&[u8]> = reply.iter().map(|f| &f[..]).collect();
+            let Ok((seq, _)) = message_parts(&frames) else {
+                out.send(FeedItem::Malformed).await;
+                continue;
+            };
+            if seq as i64 == REPLAY_END_SEQ {
+                return Ok::<(), zeromq::ZmqError>(());
+            }
+            let payload = reply.get(2).cloned().unwrap_or_default();
+            match sequence.arrival(seq) {
+                Arrival::Seen => continue,
+                Arrival::Next => {}
+                Arrival::Gap { missing } => out.send(FeedItem::Gap { missing }).await,
+            }
+            let replayed = true;
+            out.send(FeedItem::Batch {
+                seq,
+                payload,
+                replayed,
+            })
+            .await;
+            sequence.advance(seq);
+        }
+    })
+    .await;
+    if !matches!(replayed, Ok(Ok(()))) {
+        out.send(FeedItem::Failed(Failure::Replay)).await;
+    }
+}
