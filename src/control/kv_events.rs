@@ -442,7 +442,9 @@ impl KvEvents {
         let mut streams: Vec<StreamStats> = Vec::new();
         for (id, worker) in &mut self.workers {
             worker.stats.blocks_held = self.writer.blocks_of(*id) as u64;
-            if !matches!(worker.stream, Stream::Silent) || worker.stats != StreamStats::default() {
+            // Workers that publish nothing are listed only if reading them failed.
+            let failed = worker.stats.failures.iter().any(|n| *n > 0);
+            if !matches!(worker.stream, Stream::Silent) || failed {
                 streams.push(worker.stats.clone());
             }
         }

@@ -12,8 +12,11 @@
 //! - A gap: filled from the replay socket; what it cannot fill is reported ([`FeedItem::Gap`]),
 //!   and the control core drops the worker's entries and rebuilds them from the next events.
 //! - A duplicate or stale number: reported and skipped.
-//! - A publisher that restarted (its numbers start again below ours, after a reconnection or at
-//!   0): reported ([`FeedItem::Restarted`], the engine's cache is gone) and followed from there.
+//! - A publisher that restarted: after every reconnection the replay socket must still buffer
+//!   the batch last handed on, under its number and with the same payload (a restarted engine
+//!   numbers from 0 again and buffers other batches); without a replay socket, numbers going
+//!   back are the sign. Reported ([`FeedItem::Restarted`]: the engine's cache is gone) and
+//!   followed from its first batch.
 //! - Failures: the socket reconnects by itself after a disconnection; a failed connect or
 //!   receive opens a new socket after a backoff (`KV_EVENTS_BACKOFF_*`). Each is reported.
 //!
@@ -40,6 +43,7 @@ use crate::limits::{
     KV_EVENTS_FEED_CAPACITY, KV_EVENTS_REPLAY_TIMEOUT,
 };
 use crate::workers::spec::KvEventsEndpoint;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// What a subscriber tells the control core.
 #[derive(Debug)]
@@ -222,7 +226,12 @@ impl Out {
 
 /// Follows one worker until aborted.
 async fn follow(endpoint: KvEventsEndpoint, out: Out) {
-    let mut sequence = Sequence::default();
+    let mut stream = Stream {
+        endpoint,
+        out,
+        sequence: Sequence::default(),
+        last: None,
+    };
     let mut backoff = KV_EVENTS_BACKOFF_MIN;
     loop {
         let mut options = SocketOptions::default();
@@ -230,50 +239,53 @@ async fn follow(endpoint: KvEventsEndpoint, out: Out) {
         let mut socket = SubSocket::with_options(options);
         let mut monitor = socket.monitor();
         let subscribed = async {
-            socket.connect(&endpoint.publisher).await?;
+            socket.connect(&stream.endpoint.publisher).await?;
             socket.subscribe("").await
         };
         if subscribed.await.is_err() {
-            out.send(FeedItem::Failed(Failure::Connect)).await;
+            stream.out.send(FeedItem::Failed(Failure::Connect)).await;
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(KV_EVENTS_BACKOFF_MAX);
             continue;
         }
         backoff = KV_EVENTS_BACKOFF_MIN;
-        out.send(FeedItem::Connected).await;
-        if sequence.next().is_none() {
-            catch_up(&endpoint, &mut sequence, &out).await;
-        }
-        // The first batch after a (re)connection may come from a publisher that restarted.
+        stream.out.send(FeedItem::Connected).await;
+        // A new socket: the publisher may have restarted since the last one.
+        stream.resync().await;
         let mut reconnected = true;
         loop {
             tokio::select! {
                 received = socket.recv() => {
                     let Ok(message) = received else {
-                        out.send(FeedItem::Failed(Failure::Receive)).await;
+                        stream.out.send(FeedItem::Failed(Failure::Receive)).await;
                         break;
                     };
                     let frames: Vec<&[u8]> = message.iter().map(|f| &f[..]).collect();
                     let Ok((seq, _)) = message_parts(&frames) else {
-                        out.send(FeedItem::Malformed).await;
+                        stream.out.send(FeedItem::Malformed).await;
                         continue;
                     };
                     let payload = message.get(2).cloned().unwrap_or_default();
-                    let behind = sequence.next().is_some_and(|next| seq < next);
+                    // Without a replay socket to compare with, numbers going back after a
+                    // reconnection (or to 0) are the only sign of a restarted publisher.
+                    let behind = stream.sequence.next().is_some_and(|next| seq < next);
                     if behind && (reconnected || seq == 0) {
-                        out.send(FeedItem::Restarted).await;
-                        sequence.restart();
-                        catch_up(&endpoint, &mut sequence, &out).await;
+                        stream.restarted().await;
                     }
                     reconnected = false;
-                    deliver(seq, payload, &mut sequence, &endpoint, &out).await;
+                    stream.deliver(seq, payload).await;
                 }
                 event = monitor.next() => match event {
                     Some(SocketEvent::Disconnected(_)) => {
-                        out.send(FeedItem::Failed(Failure::Disconnected)).await;
+                        stream.out.send(FeedItem::Failed(Failure::Disconnected)).await;
                         reconnected = true;
                     }
-                    Some(SocketEvent::Connected(..)) => out.send(FeedItem::Connected).await,
+                    Some(SocketEvent::Connected(..)) => {
+                        stream.out.send(FeedItem::Connected).await;
+                        if reconnected {
+                            stream.resync().await;
+                        }
+                    }
                     Some(_) => {}
                     // The socket is gone: open a new one.
                     None => break,
@@ -284,89 +296,147 @@ async fn follow(endpoint: KvEventsEndpoint, out: Out) {
     }
 }
 
-/// With a replay socket, hands on every batch the publisher still buffers from its first, and
-/// expects batch 0 next when it buffers none (so a later first batch is a gap to fill).
-async fn catch_up(endpoint: &KvEventsEndpoint, sequence: &mut Sequence, out: &Out) {
-    let Some(replay) = &endpoint.replay else {
-        return;
-    };
-    replay_from(replay, 0, sequence, out).await;
-    if sequence.next().is_none() {
-        sequence.expect(0);
-    }
+/// What a replay found.
+#[derive(Debug, PartialEq, Eq)]
+enum Replayed {
+    /// Every batch buffered from the start asked for was handed on.
+    Done,
+    /// The batch the stream applied last is not the one the publisher buffers under its number:
+    /// another publisher (a restarted engine) answers.
+    Diverged,
+    /// No answer (or not in time).
+    Failed,
 }
 
-/// Hands on live batch `seq` in order: a gap is filled from the replay socket first.
-async fn deliver(
-    seq: u64,
-    payload: Bytes,
-    sequence: &mut Sequence,
-    endpoint: &KvEventsEndpoint,
-    out: &Out,
-) {
-    if let Arrival::Gap { missing } = sequence.arrival(seq) {
-        if let Some(replay) = &endpoint.replay {
-            replay_from(replay, missing.start, sequence, out).await;
-        }
-    }
-    match sequence.arrival(seq) {
-        Arrival::Next => {}
-        Arrival::Seen => {
-            out.send(FeedItem::Duplicate).await;
-            return;
-        }
-        Arrival::Gap { missing } => out.send(FeedItem::Gap { missing }).await,
-    }
-    let replayed = false;
-    out.send(FeedItem::Batch {
-        seq,
-        payload,
-        replayed,
-    })
-    .await;
-    sequence.advance(seq);
+/// One worker's stream as its task follows it.
+struct Stream {
+    endpoint: KvEventsEndpoint,
+    out: Out,
+    sequence: Sequence,
+    /// The number and payload digest of the last batch handed on.
+    last: Option<(u64, u64)>,
 }
 
-/// Asks the replay socket for every batch from `start` and hands on those in order.
-async fn replay_from(endpoint: &str, start: u64, sequence: &mut Sequence, out: &Out) {
-    let replayed = tokio::time::timeout(KV_EVENTS_REPLAY_TIMEOUT, async {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(KV_EVENTS_CONNECT_TIMEOUT);
-        let mut dealer = DealerSocket::with_options(options);
-        dealer.connect(endpoint).await?;
-        // The ROUTER sees [identity, "", start]: the DEALER sends the empty delimiter itself.
-        let mut request = ZmqMessage::from(Bytes::new());
-        request.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
-        dealer.send(request).await?;
-        loop {
-            let reply = dealer.recv().await?;
-            // [delimiter, seq, payload]; seq -1 ends the replay.
-            let frames: Vec<&[u8]> = reply.iter().map(|f| &f[..]).collect();
-            let Ok((seq, _)) = message_parts(&frames) else {
-                out.send(FeedItem::Malformed).await;
-                continue;
-            };
-            if seq as i64 == REPLAY_END_SEQ {
-                return Ok::<(), zeromq::ZmqError>(());
-            }
-            let payload = reply.get(2).cloned().unwrap_or_default();
-            match sequence.arrival(seq) {
-                Arrival::Seen => continue,
-                Arrival::Next => {}
-                Arrival::Gap { missing } => out.send(FeedItem::Gap { missing }).await,
-            }
-            let replayed = true;
-            out.send(FeedItem::Batch {
+impl Stream {
+    /// Hands on batch `seq`, the next in order.
+    async fn hand_on(&mut self, seq: u64, payload: Bytes, replayed: bool) {
+        self.last = Some((seq, xxh3_64(&payload)));
+        self.out
+            .send(FeedItem::Batch {
                 seq,
                 payload,
                 replayed,
             })
             .await;
-            sequence.advance(seq);
+        self.sequence.advance(seq);
+    }
+
+    /// The publisher started over: the worker's entries go, the stream starts from its first
+    /// batch.
+    async fn restarted(&mut self) {
+        self.out.send(FeedItem::Restarted).await;
+        self.sequence.restart();
+        self.last = None;
+        self.catch_up().await;
+    }
+
+    /// After a (re)connection, with a replay socket: checks that the publisher still buffers
+    /// the batch last handed on under its number (a restarted one does not) and hands on what
+    /// was missed; or, before any batch, everything it buffers.
+    async fn resync(&mut self) {
+        let Some(replay) = self.endpoint.replay.clone() else {
+            return;
+        };
+        let Some(last) = self.last else {
+            self.catch_up().await;
+            return;
+        };
+        if self.replay_from(&replay, last.0, Some(last)).await == Replayed::Diverged {
+            self.restarted().await;
         }
-    })
-    .await;
-    if !matches!(replayed, Ok(Ok(()))) {
-        out.send(FeedItem::Failed(Failure::Replay)).await;
+    }
+
+    /// With a replay socket, hands on every batch the publisher still buffers from its first,
+    /// and expects batch 0 next when it buffers none (so a later first batch is a gap to fill).
+    async fn catch_up(&mut self) {
+        let Some(replay) = self.endpoint.replay.clone() else {
+            return;
+        };
+        self.replay_from(&replay, 0, None).await;
+        if self.sequence.next().is_none() {
+            self.sequence.expect(0);
+        }
+    }
+
+    /// Hands on live batch `seq` in order: a gap is filled from the replay socket first.
+    async fn deliver(&mut self, seq: u64, payload: Bytes) {
+        if let Arrival::Gap { missing } = self.sequence.arrival(seq) {
+            if let Some(replay) = self.endpoint.replay.clone() {
+                self.replay_from(&replay, missing.start, None).await;
+            }
+        }
+        match self.sequence.arrival(seq) {
+            Arrival::Next => {}
+            Arrival::Seen => {
+                self.out.send(FeedItem::Duplicate).await;
+                return;
+            }
+            Arrival::Gap { missing } => self.out.send(FeedItem::Gap { missing }).await,
+        }
+        self.hand_on(seq, payload, false).await;
+    }
+
+    /// Asks the replay socket for every batch from `start` and hands on those in order. With
+    /// `expect`, the first batch must be that one (number and payload digest).
+    async fn replay_from(
+        &mut self,
+        endpoint: &str,
+        start: u64,
+        mut expect: Option<(u64, u64)>,
+    ) -> Replayed {
+        let replayed = tokio::time::timeout(KV_EVENTS_REPLAY_TIMEOUT, async {
+            let mut options = SocketOptions::default();
+            options.connect_timeout(KV_EVENTS_CONNECT_TIMEOUT);
+            let mut dealer = DealerSocket::with_options(options);
+            dealer.connect(endpoint).await?;
+            // The ROUTER sees [identity, "", start]: the DEALER sends the delimiter itself.
+            let mut request = ZmqMessage::from(Bytes::new());
+            request.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
+            dealer.send(request).await?;
+            loop {
+                let reply = dealer.recv().await?;
+                // [delimiter, seq, payload]; seq -1 ends the replay.
+                let frames: Vec<&[u8]> = reply.iter().map(|f| &f[..]).collect();
+                let Ok((seq, _)) = message_parts(&frames) else {
+                    self.out.send(FeedItem::Malformed).await;
+                    continue;
+                };
+                let end = seq as i64 == REPLAY_END_SEQ;
+                let payload = reply.get(2).cloned().unwrap_or_default();
+                if let Some(expected) = expect.take() {
+                    if end || (seq, xxh3_64(&payload)) != expected {
+                        return Ok(Replayed::Diverged);
+                    }
+                    continue;
+                }
+                if end {
+                    return Ok::<_, zeromq::ZmqError>(Replayed::Done);
+                }
+                match self.sequence.arrival(seq) {
+                    Arrival::Seen => continue,
+                    Arrival::Next => {}
+                    Arrival::Gap { missing } => self.out.send(FeedItem::Gap { missing }).await,
+                }
+                self.hand_on(seq, payload, true).await;
+            }
+        })
+        .await;
+        match replayed {
+            Ok(Ok(outcome)) => outcome,
+            _ => {
+                self.out.send(FeedItem::Failed(Failure::Replay)).await;
+                Replayed::Failed
+            }
+        }
     }
 }

@@ -1,0 +1,441 @@
+//! The KV-event index end to end: real `kvgate` processes subscribed to engine-style ZMQ
+//! publishers (a test publisher here, speaking SGLang's array-like msgpack layout, with a replay
+//! socket) in front of mock origins. Routing follows what the events say the engines hold;
+//! a lost batch is replayed; a publisher without replay loses the worker's entries on a gap; a
+//! restarted publisher drops them; a malformed batch is counted and skipped; the endpoint is
+//! learned from `/server_info`; removing a worker purges it.
+
+mod utils;
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use utils::mock_origin::{MockOrigin, Reply};
+use utils::process::{free_port, Gateway};
+use utils::wait_until;
+use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
+
+const WAIT: Duration = Duration::from_secs(15);
+const BLOCK: usize = 16;
+
+/// A msgpack event or batch, SGLang's layout (array-like tagged structs).
+mod sglang {
+    use rmp::encode::{write_array_len, write_f64, write_nil, write_sint, write_str, write_uint};
+
+    pub fn stored(hashes: &[i64], parent: Option<i64>, tokens: &[u32]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_array_len(&mut out, 6).unwrap();
+        write_str(&mut out, "BlockStored").unwrap();
+        write_array_len(&mut out, hashes.len() as u32).unwrap();
+        for h in hashes {
+            write_sint(&mut out, *h).unwrap();
+        }
+        match parent {
+            Some(p) => write_sint(&mut out, p).map(|_| ()).unwrap(),
+            None => write_nil(&mut out).unwrap(),
+        }
+        write_array_len(&mut out, tokens.len() as u32).unwrap();
+        for t in tokens {
+            write_uint(&mut out, u64::from(*t)).unwrap();
+        }
+        write_uint(&mut out, super::BLOCK as u64).unwrap();
+        write_nil(&mut out).unwrap();
+        out
+    }
+
+    pub fn removed(hashes: &[i64]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_array_len(&mut out, 2).unwrap();
+        write_str(&mut out, "BlockRemoved").unwrap();
+        write_array_len(&mut out, hashes.len() as u32).unwrap();
+        for h in hashes {
+            write_sint(&mut out, *h).unwrap();
+        }
+        out
+    }
+
+    pub fn batch(events: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_array_len(&mut out, 2).unwrap();
+        write_f64(&mut out, 1.0).unwrap();
+        write_array_len(&mut out, events.len() as u32).unwrap();
+        for e in events {
+            out.extend_from_slice(e);
+        }
+        out
+    }
+}
+
+enum Command {
+    /// Publish a batch (`live: false` keeps it for replay only, as if the PUB dropped it).
+    Publish { payload: Vec<u8>, live: bool },
+    /// Close both sockets, bind them again, and start numbering from 0 with an empty buffer.
+    Restart,
+}
+
+/// An engine's KV-event publisher: PUB plus a ROUTER replay socket, as vLLM and SGLang run it.
+struct Publisher {
+    port: u16,
+    replay_port: u16,
+    commands: mpsc::Sender<Command>,
+}
+
+impl Publisher {
+    fn start() -> Publisher {
+        let (port, replay_port) = (free_port(), free_port());
+        let (commands, received) = mpsc::channel::<Command>();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(serve(port, replay_port, received));
+        });
+        Publisher {
+            port,
+            replay_port,
+            commands,
+        }
+    }
+
+    /// `tcp://127.0.0.1:P+tcp://127.0.0.1:R` (`with_replay: false`: the publisher alone).
+    fn endpoint(&self, with_replay: bool) -> String {
+        match with_replay {
+            true => format!(
+                "tcp://127.0.0.1:{}+tcp://127.0.0.1:{}",
+                self.port, self.replay_port
+            ),
+            false => format!("tcp://127.0.0.1:{}", self.port),
+        }
+    }
+
+    fn publish(&self, events: &[Vec<u8>]) {
+        let payload = sglang::batch(events);
+        self.commands
+            .send(Command::Publish {
+                payload,
+                live: true,
+            })
+            .unwrap();
+    }
+
+    fn publish_lost(&self, events: &[Vec<u8>]) {
+        let payload = sglang::batch(events);
+        let live = false;
+        self.commands
+            .send(Command::Publish { payload, live })
+            .unwrap();
+    }
+
+    fn publish_raw(&self, payload: Vec<u8>) {
+        let live = true;
+        self.commands
+            .send(Command::Publish { payload, live })
+            .unwrap();
+    }
+
+    fn restart(&self) {
+        self.commands.send(Command::Restart).unwrap();
+    }
+}
+
+async fn serve(port: u16, replay_port: u16, commands: mpsc::Receiver<Command>) {
+    loop {
+        let mut publisher = PubSocket::new();
+        publisher
+            .bind(&format!("tcp://127.0.0.1:{port}"))
+            .await
+            .unwrap();
+        let mut replay = RouterSocket::new();
+        replay
+            .bind(&format!("tcp://127.0.0.1:{replay_port}"))
+            .await
+            .unwrap();
+        let mut buffer: VecDeque<(u64, Vec<u8>)> = VecDeque::new();
+        let mut seq = 0u64;
+        let restart = loop {
+            // Replay requests: [identity, "", start].
+            if let Ok(Ok(request)) =
+                tokio::time::timeout(Duration::from_millis(5), replay.recv()).await
+            {
+                let frames = request.into_vec();
+                if frames.len() == 3 {
+                    let start = u64::from_be_bytes(frames[2][..].try_into().unwrap());
+                    for (s, payload) in buffer.iter().filter(|(s, _)| *s >= start) {
+                        let reply = vec![
+                            frames[0].clone(),
+                            Bytes::new(),
+                            Bytes::copy_from_slice(&s.to_be_bytes()),
+                            Bytes::copy_from_slice(payload),
+                        ];
+                        replay
+                            .send(ZmqMessage::try_from(reply).unwrap())
+                            .await
+                            .unwrap();
+                    }
+                    let end = vec![
+                        frames[0].clone(),
+                        Bytes::new(),
+                        Bytes::copy_from_slice(&(-1i64).to_be_bytes()),
+                        Bytes::new(),
+                    ];
+                    replay
+                        .send(ZmqMessage::try_from(end).unwrap())
+                        .await
+                        .unwrap();
+                }
+            }
+            match commands.try_recv() {
+                Ok(Command::Publish { payload, live }) => {
+                    if live {
+                        let message = vec![
+                            Bytes::new(),
+                            Bytes::copy_from_slice(&seq.to_be_bytes()),
+                            Bytes::copy_from_slice(&payload),
+                        ];
+                        publisher
+                            .send(ZmqMessage::try_from(message).unwrap())
+                            .await
+                            .unwrap();
+                    }
+                    buffer.push_back((seq, payload));
+                    seq += 1;
+                }
+                Ok(Command::Restart) => break true,
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => break false,
+            }
+        };
+        drop(publisher);
+        drop(replay);
+        if !restart {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A worker answering everything with a small JSON body.
+fn origin() -> MockOrigin {
+    MockOrigin::start(|_| Reply::json(r#"{"text":"ok"}"#))
+}
+
+/// Token IDs of family `family`, `blocks` whole blocks long plus a partial one.
+fn tokens(family: u32, blocks: usize) -> Vec<u32> {
+    (0..(blocks * BLOCK + 3) as u32)
+        .map(|i| family * 100_000 + i)
+        .collect()
+}
+
+fn generate(tokens: &[u32]) -> String {
+    serde_json::json!({ "input_ids": tokens, "sampling_params": {"max_new_tokens": 1} }).to_string()
+}
+
+fn routed(gateway: &Gateway, tokens: &[u32]) -> String {
+    let response = gateway.client().post_json("/generate", &generate(tokens));
+    assert_eq!(response.status, 200, "{}", response.text());
+    response.routed_worker().expect("routed worker").to_string()
+}
+
+fn series(name: &str, worker: &str, extra: &str) -> String {
+    format!("{name}{{worker=\"{worker}\"{extra}}}")
+}
+
+fn held(gateway: &Gateway, worker: &str) -> f64 {
+    gateway.metric(&series("kvgate_kv_index_worker_blocks", worker, ""))
+}
+
+fn wait_up(gateway: &Gateway, worker: &str) {
+    let up = series("kvgate_kv_events_stream_up", worker, "");
+    assert!(
+        wait_until(WAIT, || gateway.metric(&up) == 1.0),
+        "stream of {worker} never up:\n{}",
+        gateway.metrics()
+    );
+}
+
+fn wait_held(gateway: &Gateway, worker: &str, blocks: f64) {
+    assert!(
+        wait_until(WAIT, || held(gateway, worker) == blocks),
+        "{worker} never held {blocks} blocks:\n{}",
+        gateway.metrics()
+    );
+}
+
+/// `hashes` for the first `n` blocks of `family`: the engine's own numbering (any will do).
+fn hashes(family: u32, n: usize) -> Vec<i64> {
+    (0..n as i64)
+        .map(|i| -(i64::from(family) * 1000 + i + 1))
+        .collect()
+}
+
+/// The event storing the first `n` blocks of `family`.
+fn store_family(family: u32, n: usize) -> Vec<u8> {
+    let tokens = tokens(family, n);
+    sglang::stored(&hashes(family, n), None, &tokens[..n * BLOCK])
+}
+
+#[test]
+fn routing_follows_what_the_engines_report_holding() {
+    let (a, b) = (origin(), origin());
+    let (pub_a, pub_b) = (Publisher::start(), Publisher::start());
+    let endpoints = [pub_a.endpoint(true), pub_b.endpoint(true)];
+    let mut args = vec!["--kv-events-endpoints"];
+    args.extend(endpoints.iter().map(String::as_str));
+    let gateway = Gateway::start(&[a.url(), b.url()], &args);
+    let (url_a, url_b) = (a.url(), b.url());
+    wait_up(&gateway, &url_a);
+    wait_up(&gateway, &url_b);
+    // Worker b reports the first 4 blocks of family 1; a holds family 2's.
+    pub_b.publish(&[store_family(1, 4)]);
+    pub_a.publish(&[store_family(2, 4)]);
+    wait_held(&gateway, &url_b, 4.0);
+    wait_held(&gateway, &url_a, 4.0);
+    for _ in 0..5 {
+        assert_eq!(routed(&gateway, &tokens(1, 6)), url_b);
+        assert_eq!(routed(&gateway, &tokens(2, 6)), url_a);
+    }
+    // The gateway recorded none of these ten decisions anywhere: still 4 blocks each, and the
+    // tree branch counter saw none of them.
+    assert_eq!(held(&gateway, &url_b), 4.0);
+    assert_eq!(
+        gateway.metric_sum("smg_cache_aware_policy_branch_total"),
+        0.0
+    );
+    // b evicts family 1; a caches it: family 1 follows.
+    pub_b.publish(&[sglang::removed(&hashes(1, 4))]);
+    pub_a.publish(&[store_family(1, 2)]);
+    wait_held(&gateway, &url_b, 0.0);
+    wait_held(&gateway, &url_a, 6.0);
+    assert_eq!(routed(&gateway, &tokens(1, 6)), url_a);
+    let applied = |w: &str| gateway.metric(&series("kvgate_kv_events_applied_total", w, ""));
+    assert_eq!((applied(&url_a), applied(&url_b)), (2.0, 2.0));
+    let entries = gateway.metric_sum("kvgate_kv_index_blocks");
+    assert_eq!(entries, 6.0, "distinct blocks");
+}
+
+#[test]
+fn a_lost_batch_is_replayed_and_without_replay_the_entries_are_rebuilt() {
+    let (a, b) = (origin(), origin());
+    let (pub_a, pub_b) = (Publisher::start(), Publisher::start());
+    // a has a replay socket, b does not.
+    let endpoints = [pub_a.endpoint(true), pub_b.endpoint(false)];
+    let mut args = vec!["--kv-events-endpoints"];
+    args.extend(endpoints.iter().map(String::as_str));
+    let gateway = Gateway::start(&[a.url(), b.url()], &args);
+    let (url_a, url_b) = (a.url(), b.url());
+    wait_up(&gateway, &url_a);
+    wait_up(&gateway, &url_b);
+    let family = tokens(3, 3);
+    let blocks: Vec<&[u32]> = family.chunks(BLOCK).take(3).collect();
+    let h = hashes(3, 3);
+    for publisher in [&pub_a, &pub_b] {
+        publisher.publish(&[sglang::stored(&h[..1], None, blocks[0])]);
+        // The second block's batch never reaches the subscriber live.
+        publisher.publish_lost(&[sglang::stored(&h[1..2], Some(h[0]), blocks[1])]);
+        publisher.publish(&[sglang::stored(&h[2..3], Some(h[1]), blocks[2])]);
+    }
+    // a: the gap was filled from the replay socket, all three blocks are listed.
+    wait_held(&gateway, &url_a, 3.0);
+    let batches = |w: &str, outcome: &str| {
+        let extra = format!(",outcome=\"{outcome}\"");
+        gateway.metric(&series("kvgate_kv_event_batches_total", w, &extra))
+    };
+    assert!(batches(&url_a, "replayed") >= 1.0, "{}", gateway.metrics());
+    let resets = |w: &str, reason: &str| {
+        let extra = format!(",reason=\"{reason}\"");
+        gateway.metric(&series("kvgate_kv_event_resets_total", w, &extra))
+    };
+    assert_eq!(resets(&url_a, "gap"), 0.0);
+    // b: the gap cleared its entries; the third block's parent is unknown, so it is not listed.
+    assert!(wait_until(WAIT, || resets(&url_b, "gap") == 1.0));
+    wait_held(&gateway, &url_b, 0.0);
+    let orphaned = series(
+        "kvgate_kv_event_blocks_total",
+        &url_b,
+        ",change=\"orphaned\"",
+    );
+    assert_eq!(gateway.metric(&orphaned), 1.0);
+    // Rebuilt from the next events.
+    pub_b.publish(&[store_family(4, 2)]);
+    wait_held(&gateway, &url_b, 2.0);
+    assert_eq!(routed(&gateway, &tokens(4, 3)), url_b);
+    assert_eq!(routed(&gateway, &tokens(3, 3)), url_a);
+}
+
+#[test]
+fn a_restarted_publisher_drops_the_entries_and_a_malformed_batch_is_skipped() {
+    let (a, b) = (origin(), origin());
+    let publisher = Publisher::start();
+    let endpoints = [publisher.endpoint(true), "none".to_string()];
+    let mut args = vec!["--kv-events-endpoints"];
+    args.extend(endpoints.iter().map(String::as_str));
+    let gateway = Gateway::start(&[a.url(), b.url()], &args);
+    let url_a = a.url();
+    wait_up(&gateway, &url_a);
+    publisher.publish(&[store_family(5, 3)]);
+    wait_held(&gateway, &url_a, 3.0);
+    // Not msgpack: counted, skipped, and the stream goes on.
+    publisher.publish_raw(b"\xc1 not a batch".to_vec());
+    publisher.publish(&[store_family(6, 1)]);
+    wait_held(&gateway, &url_a, 4.0);
+    let malformed = series(
+        "kvgate_kv_event_batches_total",
+        &url_a,
+        ",outcome=\"malformed\"",
+    );
+    assert_eq!(gateway.metric(&malformed), 1.0);
+    // The engine restarts: its cache is gone, its numbering starts over.
+    publisher.restart();
+    let restarts = series(
+        "kvgate_kv_event_resets_total",
+        &url_a,
+        ",reason=\"restart\"",
+    );
+    // Published until the new subscription has it (the first may go out before it connects).
+    assert!(
+        wait_until(WAIT, || {
+            publisher.publish(&[store_family(7, 2)]);
+            std::thread::sleep(Duration::from_millis(100));
+            gateway.metric(&restarts) == 1.0 && held(&gateway, &url_a) == 2.0
+        }),
+        "{}",
+        gateway.metrics()
+    );
+    assert_eq!(routed(&gateway, &tokens(7, 2)), url_a);
+    // Worker b publishes nothing the gateway reads: no stream is listed for it.
+    assert!(!gateway
+        .metrics()
+        .contains(&series("kvgate_kv_events_stream_up", &b.url(), "")));
+}
+
+#[test]
+fn the_endpoint_is_learned_from_server_info_and_a_removed_worker_is_purged() {
+    let publisher = Publisher::start();
+    let config = format!(
+        r#"{{"publisher":"zmq","endpoint":"tcp://*:{}","replay_endpoint":"tcp://*:{}"}}"#,
+        publisher.port, publisher.replay_port
+    );
+    let info = serde_json::json!({ "page_size": 16, "kv_events_config": config }).to_string();
+    let a = MockOrigin::start(move |request| match request.path.as_str() {
+        "/server_info" => Reply::json(&info),
+        _ => Reply::json(r#"{"text":"ok"}"#),
+    });
+    let b = origin();
+    let gateway = Gateway::start(&[a.url(), b.url()], &[]);
+    let url_a = a.url();
+    wait_up(&gateway, &url_a);
+    publisher.publish(&[store_family(8, 2)]);
+    wait_held(&gateway, &url_a, 2.0);
+    assert_eq!(routed(&gateway, &tokens(8, 4)), url_a);
+    let removed = gateway.request("DELETE", "/workers/0", "", None);
+    assert_eq!(removed.status, 202, "{}", removed.text());
+    assert!(
+        wait_until(WAIT, || !gateway.metrics().contains(&url_a)),
+        "{}",
+        gateway.metrics()
+    );
+    assert_eq!(gateway.metric_sum("kvgate_kv_index_blocks"), 0.0);
+}
