@@ -80,7 +80,7 @@ fn captured_bodies() -> Vec<(String, Value)> {
 
 fn chat_texts(item: &WorkItem) -> Vec<String> {
     match &item.content {
-        Content::Chat(chat) => chat.turns().iter().map(|t| t.text.to_string()).collect(),
+        Content::Chat(chat) => chat.turns().iter().map(|t| t.text()).collect(),
         other => panic!("not chat: {other:?}"),
     }
 }
@@ -92,7 +92,7 @@ fn a_captured_log_keeps_every_valid_request_in_order_with_its_time() {
     let sent: Vec<(String, Value)> = items
         .iter()
         .map(|item| match &item.content {
-            Content::Captured(r) => (r.endpoint.path().to_string(), Value::Object(r.body.clone())),
+            Content::Captured(r) => (r.endpoint.path().to_string(), r.body_value()),
             other => panic!("not captured: {other:?}"),
         })
         .collect();
@@ -114,7 +114,7 @@ fn a_looped_captured_log_is_fresh_text_and_ids_on_the_next_pass() {
     let items = drain(&mut looped);
     assert_eq!(items.len(), 12);
     let body = |i: usize| match &items[i].content {
-        Content::Captured(r) => Value::Object(r.body.clone()),
+        Content::Captured(r) => r.body_value(),
         other => panic!("{other:?}"),
     };
     assert_eq!(
@@ -202,7 +202,7 @@ fn token_id_lines_become_input_ids_with_arrival_times() {
     let prompts: Vec<Vec<u32>> = items
         .iter()
         .map(|i| match &i.content {
-            Content::TokenIds(ids) => ids.clone(),
+            Content::TokenIds(ids) => ids.ids().collect(),
             other => panic!("{other:?}"),
         })
         .collect();

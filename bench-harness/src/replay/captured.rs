@@ -8,8 +8,10 @@
 //! `max_tokens` (each that is present; `max_tokens` when neither is), completions and messages
 //! `max_tokens`, `/generate` `sampling_params.max_new_tokens`.
 
+use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use super::limits::OUTPUT_TOKENS_MAX;
 use super::workload::Skip;
@@ -56,11 +58,47 @@ impl CapturedEndpoint {
     }
 }
 
+/// The top-level fields of a body, in their order, each value as the captured JSON text: written
+/// back byte for byte, never parsed unless the replay changes it.
+#[derive(Clone, Debug, Default)]
+pub struct Fields(Vec<(String, Box<RawValue>)>);
+
+impl PartialEq for Fields {
+    fn eq(&self, other: &Self) -> bool {
+        let texts = |f: &Fields| -> Vec<(String, String)> {
+            f.0.iter()
+                .map(|(k, v)| (k.clone(), v.get().to_string()))
+                .collect()
+        };
+        texts(self) == texts(other)
+    }
+}
+
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = Fields;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fields, A::Error> {
+                let mut fields = Vec::new();
+                while let Some(field) = map.next_entry::<String, Box<RawValue>>()? {
+                    fields.push(field);
+                }
+                Ok(Fields(fields))
+            }
+        }
+        deserializer.deserialize_map(FieldsVisitor)
+    }
+}
+
 /// One valid captured request.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CapturedRequest {
     pub endpoint: CapturedEndpoint,
-    pub body: Map<String, Value>,
+    body: Fields,
 }
 
 /// One valid line: the request and when it arrived.
@@ -74,7 +112,7 @@ pub struct CapturedLine {
 struct RawLine {
     timestamp_ms: f64,
     endpoint: String,
-    body: Map<String, Value>,
+    body: Fields,
 }
 
 /// Parses one line of a captured request log.
@@ -93,59 +131,87 @@ pub fn parse_captured_line(line: &str) -> Result<CapturedLine, Skip> {
             known.join(", ")
         ))
     })?;
-    check_prompt_field(endpoint, &raw.body)?;
+    let request = CapturedRequest {
+        endpoint,
+        body: raw.body,
+    };
+    request.check_prompt_field()?;
     Ok(CapturedLine {
         timestamp_ms: raw.timestamp_ms,
-        request: CapturedRequest {
-            endpoint,
-            body: raw.body,
-        },
+        request,
     })
 }
 
-/// A body without the field its endpoint reads the prompt from would only be a 400.
-fn check_prompt_field(endpoint: CapturedEndpoint, body: &Map<String, Value>) -> Result<(), Skip> {
-    let has = |key: &str, pick: fn(&Value) -> bool| body.get(key).is_some_and(pick);
-    let non_empty_array = |v: &Value| v.as_array().is_some_and(|a| !a.is_empty());
-    let string_or_array = |v: &Value| v.is_string() || v.is_array();
-    let (ok, wanted) = match endpoint {
-        CapturedEndpoint::ChatCompletions | CapturedEndpoint::Messages => (
-            has("messages", non_empty_array),
-            "a non-empty `messages` array",
-        ),
-        CapturedEndpoint::Completions => {
-            (has("prompt", string_or_array), "a `prompt` string or array")
-        }
-        CapturedEndpoint::Generate => (
-            has("text", string_or_array) || has("input_ids", Value::is_array),
-            "`text` or `input_ids`",
-        ),
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(Skip::malformed(format!(
-            "a {} body needs {wanted}",
-            endpoint.path()
-        )))
-    }
+/// The shape of a (valid) JSON text, from its first bytes.
+fn json_kind(raw: &RawValue) -> (u8, bool) {
+    let text = raw.get().trim_start();
+    let first = text.bytes().next().unwrap_or(b' ');
+    let empty = matches!(first, b'[' | b'{') && text[1..].trim_start().len() == 1;
+    (first, empty)
 }
 
 impl CapturedRequest {
+    /// The captured text of field `key`.
+    pub fn field(&self, key: &str) -> Option<&RawValue> {
+        self.body
+            .0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| &**v)
+    }
+
+    /// The body as a JSON value (for tests and inspection; the wire never parses it).
+    pub fn body_value(&self) -> Value {
+        let mut out = Vec::new();
+        self.write_body(&[], &mut out);
+        serde_json::from_slice(&out).unwrap_or(Value::Null)
+    }
+
+    /// A body without the field its endpoint reads the prompt from would only be a 400.
+    fn check_prompt_field(&self) -> Result<(), Skip> {
+        let has = |key: &str, kinds: &[u8]| {
+            self.field(key).is_some_and(|raw| {
+                let (first, empty) = json_kind(raw);
+                kinds.contains(&first) && !empty
+            })
+        };
+        let (ok, wanted) = match self.endpoint {
+            CapturedEndpoint::ChatCompletions | CapturedEndpoint::Messages => {
+                (has("messages", b"["), "a non-empty `messages` array")
+            }
+            CapturedEndpoint::Completions => (has("prompt", b"\"["), "a `prompt` string or array"),
+            CapturedEndpoint::Generate => (
+                has("text", b"\"[") || has("input_ids", b"["),
+                "`text` or `input_ids`",
+            ),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err(Skip::malformed(format!(
+                "a {} body needs {wanted}",
+                self.endpoint.path()
+            )))
+        }
+    }
+
+    fn parsed(&self, key: &str) -> Option<Value> {
+        serde_json::from_str(self.field(key)?.get()).ok()
+    }
+
     /// The output length the body asks for, if it names one (at most [`OUTPUT_TOKENS_MAX`]).
     pub fn output_tokens(&self) -> Option<u32> {
         let value = match self.endpoint {
             CapturedEndpoint::Generate => self
-                .body
-                .get("sampling_params")
-                .and_then(|s| s.get("max_new_tokens")),
+                .parsed("sampling_params")?
+                .get("max_new_tokens")
+                .and_then(Value::as_u64),
             endpoint => endpoint
                 .output_keys()
                 .iter()
-                .find_map(|key| self.body.get(*key).filter(|v| v.is_u64())),
+                .find_map(|key| self.parsed(key).and_then(|v| v.as_u64())),
         };
-        let tokens = value?.as_u64()?;
-        Some(tokens.min(u64::from(OUTPUT_TOKENS_MAX)) as u32)
+        Some(value?.min(u64::from(OUTPUT_TOKENS_MAX)) as u32)
     }
 
     /// The fields that cap the output at `cap` tokens: each length field present, lowered to the
@@ -156,9 +222,9 @@ impl CapturedRequest {
             Value::from(asked.map_or(u64::from(cap), |n| n.min(u64::from(cap))))
         };
         if self.endpoint == CapturedEndpoint::Generate {
-            let mut params = match self.body.get("sampling_params") {
-                Some(Value::Object(params)) => params.clone(),
-                _ => Map::new(),
+            let mut params = match self.parsed("sampling_params") {
+                Some(Value::Object(params)) => params,
+                _ => serde_json::Map::new(),
             };
             let max_new = capped(params.get("max_new_tokens"));
             params.insert("max_new_tokens".into(), max_new);
@@ -167,8 +233,8 @@ impl CapturedRequest {
         let keys = self.endpoint.output_keys();
         let present: Vec<(&'static str, Value)> = keys
             .iter()
-            .filter(|key| self.body.get(**key).is_some_and(|v| !v.is_null()))
-            .map(|key| (*key, capped(self.body.get(*key))))
+            .filter_map(|key| Some((*key, self.parsed(key).filter(|v| !v.is_null())?)))
+            .map(|(key, value)| (key, capped(Some(&value))))
             .collect();
         if present.is_empty() {
             // The last key is the one every server of the endpoint reads (`max_tokens`).
@@ -179,28 +245,33 @@ impl CapturedRequest {
     }
 
     /// Writes the body as captured, except that each field named in `overrides` takes its value
-    /// there (added at the end when the body lacks it).
+    /// there, in its place (at the end when the body lacks it).
     pub fn write_body(&self, overrides: &[(&'static str, Value)], out: &mut Vec<u8>) {
         out.push(b'{');
         let mut first = true;
-        let mut field = |out: &mut Vec<u8>, key: &str, value: &Value| {
+        let mut separate = |out: &mut Vec<u8>, key: &str| {
             if !first {
                 out.push(b',');
             }
             first = false;
-            // Writing JSON values into a Vec cannot fail.
+            // Writing JSON into a Vec cannot fail.
             let _ = serde_json::to_writer(&mut *out, key);
             out.push(b':');
-            let _ = serde_json::to_writer(&mut *out, value);
         };
-        for (key, value) in &self.body {
-            let replaced = overrides.iter().find(|(k, _)| *k == key);
-            if replaced.is_none() {
-                field(out, key, value);
+        for (key, raw) in &self.body.0 {
+            separate(out, key);
+            match overrides.iter().find(|(k, _)| k == key) {
+                Some((_, value)) => {
+                    let _ = serde_json::to_writer(&mut *out, value);
+                }
+                None => out.extend_from_slice(raw.get().as_bytes()),
             }
         }
         for (key, value) in overrides {
-            field(out, key, value);
+            if self.field(key).is_none() {
+                separate(out, key);
+                let _ = serde_json::to_writer(&mut *out, value);
+            }
         }
         out.push(b'}');
     }
@@ -209,22 +280,30 @@ impl CapturedRequest {
     /// with the word `loop-<pass>`, token-id prompts with one more id, `pass`. False when the
     /// prompt has no shape that can be marked (an image first, say): it is then sent as it was.
     pub fn mark_pass(&mut self, pass: u64) -> bool {
-        let body = &mut self.body;
-        match self.endpoint {
-            CapturedEndpoint::ChatCompletions | CapturedEndpoint::Messages => body
-                .get_mut("messages")
-                .and_then(|m| m.get_mut(0))
+        let key = match self.endpoint {
+            CapturedEndpoint::ChatCompletions | CapturedEndpoint::Messages => "messages",
+            CapturedEndpoint::Completions => "prompt",
+            CapturedEndpoint::Generate if self.field("input_ids").is_some() => "input_ids",
+            CapturedEndpoint::Generate => "text",
+        };
+        let Some(mut value) = self.parsed(key) else {
+            return false;
+        };
+        let marked = match self.endpoint {
+            CapturedEndpoint::ChatCompletions | CapturedEndpoint::Messages => value
+                .get_mut(0)
                 .and_then(|m| m.get_mut("content"))
                 .is_some_and(|content| mark_text_or_ids(content, pass)),
-            CapturedEndpoint::Completions => body
-                .get_mut("prompt")
-                .is_some_and(|prompt| mark_text_or_ids(prompt, pass)),
-            CapturedEndpoint::Generate => match body.get_mut("input_ids") {
-                Some(ids) if ids.is_array() => mark_text_or_ids(ids, pass),
-                _ => body
-                    .get_mut("text")
-                    .is_some_and(|text| mark_text_or_ids(text, pass)),
-            },
+            _ => mark_text_or_ids(&mut value, pass),
+        };
+        let raw = serde_json::value::to_raw_value(&value);
+        let slot = self.body.0.iter_mut().find(|(k, _)| k == key);
+        match (marked, raw, slot) {
+            (true, Ok(raw), Some((_, slot))) => {
+                *slot = raw;
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -262,6 +341,10 @@ mod tests {
         json!({"timestamp_ms": 5.0, "endpoint": endpoint, "body": body}).to_string()
     }
 
+    fn request(endpoint: &str, body: Value) -> CapturedRequest {
+        parse_captured_line(&line(endpoint, body)).unwrap().request
+    }
+
     fn body_after(request: &CapturedRequest, overrides: &[(&'static str, Value)]) -> Value {
         let mut out = Vec::new();
         request.write_body(overrides, &mut out);
@@ -294,9 +377,10 @@ mod tests {
 
     #[test]
     fn the_output_cap_lowers_each_length_field_or_adds_one() {
-        let chat = |body: Value| CapturedRequest {
-            endpoint: CapturedEndpoint::ChatCompletions,
-            body: body.as_object().unwrap().clone(),
+        let messages = json!([{"role": "user", "content": "x"}]);
+        let chat = |mut body: Value| {
+            body["messages"] = messages.clone();
+            request("/v1/chat/completions", body)
         };
         let both = chat(json!({"max_tokens": 500, "max_completion_tokens": 8, "model": "m"}));
         assert_eq!(both.output_tokens(), Some(8));
@@ -304,18 +388,15 @@ mod tests {
         assert_eq!(capped["max_tokens"], 16);
         assert_eq!(capped["max_completion_tokens"], 8);
         assert_eq!(capped["model"], "m");
-        let none = chat(json!({"messages": []}));
+        let none = chat(json!({"max_tokens": null}));
         assert_eq!(
             body_after(&none, &none.output_cap_fields(16))["max_tokens"],
             16
         );
-        let generate = CapturedRequest {
-            endpoint: CapturedEndpoint::Generate,
-            body: json!({"text": "x", "sampling_params": {"temperature": 0, "max_new_tokens": 99}})
-                .as_object()
-                .unwrap()
-                .clone(),
-        };
+        let generate = request(
+            "/generate",
+            json!({"text": "x", "sampling_params": {"temperature": 0, "max_new_tokens": 99}}),
+        );
         assert_eq!(generate.output_tokens(), Some(99));
         let capped = body_after(&generate, &generate.output_cap_fields(16));
         assert_eq!(
@@ -333,16 +414,19 @@ mod tests {
         .unwrap()
         .request;
         assert!(chat.mark_pass(2));
-        assert_eq!(chat.body["messages"][0]["content"][0]["text"], "loop-2 sys");
+        assert_eq!(
+            chat.body_value()["messages"][0]["content"][0]["text"],
+            "loop-2 sys"
+        );
         let mut ids = parse_captured_line(&line("/generate", json!({"input_ids": [7, 8]})))
             .unwrap()
             .request;
         assert!(ids.mark_pass(3));
-        assert_eq!(ids.body["input_ids"], json!([3, 7, 8]));
+        assert_eq!(ids.body_value()["input_ids"], json!([3, 7, 8]));
         let mut batch = parse_captured_line(&line("/v1/completions", json!({"prompt": [[7, 8]]})))
             .unwrap()
             .request;
         assert!(batch.mark_pass(1));
-        assert_eq!(batch.body["prompt"], json!([[1, 7, 8]]));
+        assert_eq!(batch.body_value()["prompt"], json!([[1, 7, 8]]));
     }
 }

@@ -18,6 +18,7 @@ use super::captured::{CapturedEndpoint, CapturedRequest};
 use super::content::Prompt;
 use super::conversation::ChatPrompt;
 use super::limits::{ROUTING_TOKENS_BYTES_MAX, ROUTING_TOKENS_IDS_MAX};
+use super::token_ids::{write_ids, TokenIds};
 use super::workload::{Content, WorkItem};
 use crate::tokenize::token_id;
 
@@ -95,13 +96,11 @@ pub fn build_request(item: &WorkItem, options: &FormOptions) -> WireRequest {
         (options.form == RequestForm::RoutingTokens).then(|| match &item.content {
             Content::Generated(prompt) => routing_tokens_header(prompt.symbols()),
             Content::Chat(chat) => {
-                let words = chat
-                    .turns()
-                    .iter()
-                    .flat_map(|t| t.text.split_ascii_whitespace());
+                let texts: Vec<String> = chat.turns().iter().map(|t| t.text()).collect();
+                let words = texts.iter().flat_map(|t| t.split_ascii_whitespace());
                 routing_tokens_header(words.map(token_id))
             }
-            Content::TokenIds(ids) => routing_tokens_header(ids.iter().copied()),
+            Content::TokenIds(ids) => routing_tokens_header(ids.ids()),
             Content::Captured(_) => String::new(),
         });
     WireRequest {
@@ -198,26 +197,26 @@ fn build_chat(
     (path, body)
 }
 
-/// Real token ids: completions with a `prompt` of ids, else `/generate` with `input_ids` (the CLI
-/// refuses the text forms without `--tokenizer-path`).
+/// Real token ids, copied as the trace wrote them: completions with a `prompt` of ids, else
+/// `/generate` with `input_ids` (the CLI refuses the text forms without `--tokenizer-path`).
 fn build_token_ids(
-    ids: &[u32],
+    ids: &TokenIds,
     output_tokens: u32,
     options: &FormOptions,
 ) -> (&'static str, Vec<u8>) {
-    let mut body = Vec::with_capacity(ids.len() * 7 + 256);
+    let mut body = Vec::with_capacity(ids.json().len() + 256);
     let path = if options.form == RequestForm::Completions {
         let _ = write!(
             body,
             "{{\"model\":{},\"prompt\":",
             json_string(&options.model)
         );
-        write_ids(ids.iter().copied(), &mut body);
+        body.extend_from_slice(ids.json().as_bytes());
         write_openai_tail(&mut body, output_tokens);
         "/v1/completions"
     } else {
         body.extend_from_slice(b"{\"input_ids\":");
-        write_ids(ids.iter().copied(), &mut body);
+        body.extend_from_slice(ids.json().as_bytes());
         write_generate_tail(&mut body, output_tokens);
         "/generate"
     };
@@ -267,15 +266,6 @@ fn write_generate_tail(body: &mut Vec<u8>, output_tokens: u32) {
         body,
         ",\"sampling_params\":{{\"max_new_tokens\":{output_tokens}}},\"stream\":true"
     );
-}
-
-/// `[1,2,3]`
-fn write_ids(ids: impl Iterator<Item = u32>, body: &mut Vec<u8>) {
-    body.push(b'[');
-    for (i, id) in ids.enumerate() {
-        let _ = write!(body, "{}{id}", if i > 0 { "," } else { "" });
-    }
-    body.push(b']');
 }
 
 /// The tenant of `item`, when requests are spread over tenants.
@@ -411,18 +401,9 @@ mod tests {
     #[test]
     fn chat_text_goes_as_messages_or_as_one_escaped_prompt() {
         let turns: Arc<[Turn]> = Arc::from(vec![
-            Turn {
-                role: Role::User,
-                text: "say \"hi\"".into(),
-            },
-            Turn {
-                role: Role::Assistant,
-                text: "hi".into(),
-            },
-            Turn {
-                role: Role::User,
-                text: "again".into(),
-            },
+            Turn::from_text(Role::User, "say \"hi\""),
+            Turn::from_text(Role::Assistant, "hi"),
+            Turn::from_text(Role::User, "again"),
         ]);
         let chat = item_with(Content::Chat(ChatPrompt::new(turns, 3)));
         let mut capped = options(RequestForm::Chat);
@@ -443,7 +424,7 @@ mod tests {
 
     #[test]
     fn token_ids_go_as_input_ids_or_a_completions_prompt() {
-        let ids = item_with(Content::TokenIds(vec![7, 8, 9]));
+        let ids = item_with(Content::TokenIds(TokenIds::from_ids(&[7, 8, 9])));
         let generate = build_request(&ids, &options(RequestForm::GenerateIds));
         assert_eq!(generate.path, "/generate");
         assert_eq!(json_of(&generate)["input_ids"], json!([7, 8, 9]));

@@ -187,7 +187,7 @@ impl<R: BufRead> RecordReader<R> {
                 return Ok(RecordRead::Truncated { line_number });
             }
             let (used, done) = scan.advance(buf);
-            self.lines_read += buf[..used].iter().filter(|&&b| b == b'\n').count() as u64;
+            self.lines_read += memchr::memchr_iter(b'\n', &buf[..used]).count() as u64;
             kept = kept && out.len() + used <= self.bytes_max;
             if kept {
                 out.extend_from_slice(&buf[..used]);
@@ -220,20 +220,29 @@ struct ElementScan {
 impl ElementScan {
     /// Scans `buf`; returns how many bytes belong to the value and whether it ended. An object or
     /// array ends with its closing bracket (included); a scalar before a comma, bracket or
-    /// whitespace (not included).
+    /// whitespace (not included). Inside a string it jumps to the next quote or backslash.
     fn advance(&mut self, buf: &[u8]) -> (usize, bool) {
-        for (i, &byte) in buf.iter().enumerate() {
+        let mut i = 0;
+        while i < buf.len() {
             if self.in_string {
-                match (self.escaped, byte) {
-                    (true, _) => self.escaped = false,
-                    (false, b'\\') => self.escaped = true,
-                    (false, b'"') => self.in_string = false,
-                    _ => {}
+                if self.escaped {
+                    self.escaped = false;
+                    i += 1;
+                    continue;
                 }
+                let Some(at) = memchr::memchr2(b'"', b'\\', &buf[i..]) else {
+                    return (buf.len(), false);
+                };
+                i += at;
+                match buf[i] {
+                    b'"' => self.in_string = false,
+                    _ => self.escaped = true,
+                }
+                i += 1;
                 continue;
             }
             let at_top = self.depth == 0;
-            match byte {
+            match buf[i] {
                 b'"' => self.in_string = true,
                 b'{' | b'[' => self.depth += 1,
                 b'}' | b']' if !at_top => {
@@ -248,6 +257,7 @@ impl ElementScan {
                 _ => {}
             }
             self.started = true;
+            i += 1;
         }
         (buf.len(), false)
     }

@@ -13,12 +13,14 @@
 //! as users' would and the same seed gives the same order. There are no timestamps: requests are
 //! paced by `--rate` or a closed loop.
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use super::conversation::{ChatPrompt, Role, Turn};
 use super::limits::{
@@ -61,31 +63,28 @@ pub struct Conversation {
 }
 
 #[derive(Deserialize)]
-struct RawRecord {
-    #[serde(default)]
-    conversations: Option<Vec<RawShareGptTurn>>,
-    #[serde(default, alias = "conversation")]
-    messages: Option<Vec<RawMessage>>,
+struct RawRecord<'a> {
+    #[serde(default, borrow)]
+    conversations: Option<Vec<RawShareGptTurn<'a>>>,
+    #[serde(default, borrow, alias = "conversation")]
+    messages: Option<Vec<RawMessage<'a>>>,
+}
+
+/// A turn's text stays the JSON the file has (`RawValue`): it is copied to the wire as it is.
+#[derive(Deserialize)]
+struct RawShareGptTurn<'a> {
+    #[serde(borrow)]
+    from: Cow<'a, str>,
+    #[serde(borrow)]
+    value: &'a RawValue,
 }
 
 #[derive(Deserialize)]
-struct RawShareGptTurn {
-    from: String,
-    value: String,
-}
-
-#[derive(Deserialize)]
-struct RawMessage {
-    role: String,
-    #[serde(default)]
-    content: Option<RawContent>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawContent {
-    Text(String),
-    Parts(Vec<RawPart>),
+struct RawMessage<'a> {
+    #[serde(borrow)]
+    role: Cow<'a, str>,
+    #[serde(default, borrow)]
+    content: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -102,11 +101,11 @@ pub fn parse_conversation(record: &[u8], pass: u64) -> Result<Conversation, Skip
     let mut turns: Vec<Turn> = match (raw.conversations, raw.messages) {
         (Some(turns), _) => turns
             .into_iter()
-            .map(|t| Ok(turn(role_of(&t.from)?, t.value)))
+            .map(|t| sharegpt_turn(&t.from, t.value))
             .collect::<Result<_, Skip>>()?,
         (None, Some(messages)) => messages
             .into_iter()
-            .map(|m| Ok(turn(role_of(&m.role)?, content_text(m.content))))
+            .map(|m| message_turn(&m.role, m.content))
             .collect::<Result<_, Skip>>()?,
         (None, None) => {
             return Err(Skip::malformed(
@@ -121,7 +120,7 @@ pub fn parse_conversation(record: &[u8], pass: u64) -> Result<Conversation, Skip
         )));
     }
     if let (true, Some(first)) = (pass > 0, turns.first_mut()) {
-        first.text = format!("loop-{pass} {}", first.text).into_boxed_str();
+        first.prefix_word(&format!("loop-{pass}"));
     }
     let answers = answers_of(&turns);
     if answers.is_empty() {
@@ -133,10 +132,28 @@ pub fn parse_conversation(record: &[u8], pass: u64) -> Result<Conversation, Skip
     })
 }
 
-fn turn(role: Role, text: String) -> Turn {
-    Turn {
-        role,
-        text: text.into_boxed_str(),
+fn sharegpt_turn(from: &str, value: &RawValue) -> Result<Turn, Skip> {
+    Turn::from_json(role_of(from)?, value.get())
+        .ok_or_else(|| Skip::malformed("a turn's `value` is not a string"))
+}
+
+/// A message's `content`: a string (kept as written), text parts (joined by newlines), or none.
+fn message_turn(role: &str, content: Option<&RawValue>) -> Result<Turn, Skip> {
+    let role = role_of(role)?;
+    let Some(content) = content else {
+        return Ok(Turn::from_text(role, ""));
+    };
+    if let Some(turn) = Turn::from_json(role, content.get()) {
+        return Ok(turn);
+    }
+    match serde_json::from_str::<Option<Vec<RawPart>>>(content.get()) {
+        Ok(parts) => {
+            let texts: Vec<String> = parts.into_iter().flatten().filter_map(|p| p.text).collect();
+            Ok(Turn::from_text(role, &texts.join("\n")))
+        }
+        Err(_) => Err(Skip::malformed(
+            "a message's `content` is not a string or a list of parts",
+        )),
     }
 }
 
@@ -149,17 +166,6 @@ fn role_of(name: &str) -> Result<Role, Skip> {
     }
 }
 
-fn content_text(content: Option<RawContent>) -> String {
-    match content {
-        None => String::new(),
-        Some(RawContent::Text(text)) => text,
-        Some(RawContent::Parts(parts)) => {
-            let texts: Vec<String> = parts.into_iter().filter_map(|p| p.text).collect();
-            texts.join("\n")
-        }
-    }
-}
-
 /// Every answer that follows a user turn (an answer before any question has nothing to answer),
 /// with its length in words (sim-engine's tokens), at least 1 and at most `OUTPUT_TOKENS_MAX`.
 fn answers_of(turns: &[Turn]) -> Vec<(usize, u32)> {
@@ -169,8 +175,7 @@ fn answers_of(turns: &[Turn]) -> Vec<(usize, u32)> {
         match turn.role {
             Role::User => asked = true,
             Role::Assistant if asked => {
-                let words = turn.text.split_ascii_whitespace().count();
-                let words = words.clamp(1, OUTPUT_TOKENS_MAX as usize) as u32;
+                let words = turn.words().clamp(1, OUTPUT_TOKENS_MAX as usize) as u32;
                 answers.push((i, words));
             }
             Role::Assistant | Role::System => {}
@@ -362,7 +367,7 @@ mod tests {
         assert_eq!(conversation.turns.len(), 8);
         assert_eq!(conversation.answers, vec![(3, 3), (6, 1)]);
         let looped = parse_conversation(record, 2).unwrap();
-        assert_eq!(&*looped.turns[0].text, "loop-2 be kind");
+        assert_eq!(looped.turns[0].text(), "loop-2 be kind");
     }
 
     #[test]
@@ -371,7 +376,7 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}]},
             {"role": "assistant", "content": "c d"}]}"#;
         let conversation = parse_conversation(record, 0).unwrap();
-        assert_eq!(&*conversation.turns[0].text, "a\nb");
+        assert_eq!(conversation.turns[0].text(), "a\nb");
         assert_eq!(conversation.answers, vec![(1, 2)]);
     }
 

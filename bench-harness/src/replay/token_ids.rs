@@ -14,6 +14,8 @@ use std::io::Read;
 use std::path::Path;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokenizers::Decoder;
 
 use super::limits::{OUTPUT_TOKENS_MAX, PROMPT_TOKENS_MAX, TOKENIZER_FILE_BYTES_MAX};
 use super::workload::Skip;
@@ -24,18 +26,173 @@ prompt's token ids; output_toks (or output_len, output_length): tokens to genera
 arrival_time_ns (ns) or timestamp_ms (ms), exactly one: the arrival time; input_toks (optional): \
 checked against the number of ids. Other fields (output_tok_ids, session_id, ...) are ignored";
 
+/// Token ids as the trace wrote them: the JSON array's text, checked (integers below 2^32 only)
+/// and counted, so that they go on the wire as a copy and are parsed only to be decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenIds {
+    json: String,
+    count: usize,
+}
+
+impl TokenIds {
+    /// Checks a JSON array of token ids.
+    pub fn from_json(json: &str) -> Result<Self, Skip> {
+        let json = json.trim_ascii();
+        let inner = json
+            .strip_prefix('[')
+            .and_then(|rest| rest.strip_suffix(']'))
+            .ok_or_else(|| Skip::malformed("the input ids are not an array"))?;
+        let count = count_ids(inner.as_bytes())?;
+        Ok(Self {
+            json: json.to_string(),
+            count,
+        })
+    }
+
+    /// The ids of `ids`.
+    pub fn from_ids(ids: &[u32]) -> Self {
+        let mut json = Vec::with_capacity(ids.len() * 7 + 2);
+        write_ids(ids.iter().copied(), &mut json);
+        Self {
+            json: String::from_utf8(json).unwrap_or_default(),
+            count: ids.len(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The array as JSON text.
+    pub fn json(&self) -> &str {
+        &self.json
+    }
+
+    /// The ids, parsed (every one was checked to be an integer below 2^32).
+    pub fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        let inner = &self.json.as_bytes()[1..self.json.len() - 1];
+        let parts = inner.split(|&b| b == b',').take(self.count);
+        parts.map(|part| {
+            let digits = part.iter().filter(|b| b.is_ascii_digit());
+            digits.fold(0u32, |id, &d| {
+                id.saturating_mul(10).saturating_add(u32::from(d - b'0'))
+            })
+        })
+    }
+
+    /// The text of the ids of block `index` of `block` ids (or less at the end), for keys.
+    pub fn block_text(&self, block: usize, index: usize) -> &str {
+        let inner = &self.json[1..self.json.len() - 1];
+        let mut commas = memchr::memchr_iter(b',', inner.as_bytes());
+        let start = match index * block {
+            0 => 0,
+            n => commas.nth(n - 1).map_or(inner.len(), |at| at + 1),
+        };
+        let end = commas.nth(block - 1).unwrap_or(inner.len()).max(start);
+        &inner[start..end]
+    }
+
+    /// Puts `id` before the first id.
+    pub fn prepend(&mut self, id: u32) {
+        let separator = if self.count > 0 { "," } else { "" };
+        self.json.insert_str(1, &format!("{id}{separator}"));
+        self.count += 1;
+    }
+}
+
+/// The number of ids between an array's brackets: digits, commas and whitespace only, each id
+/// below 2^32. This runs once per line: compact arrays (no whitespace, as JSON writers make them)
+/// take a path the compiler vectorizes, the rest a byte-by-byte one.
+fn count_ids(inner: &[u8]) -> Result<usize, Skip> {
+    let compact = inner.iter().all(|&b| b.is_ascii_digit() || b == b',');
+    if !compact {
+        return count_ids_spaced(inner);
+    }
+    if inner.is_empty() {
+        return Ok(0);
+    }
+    let mut count = 0;
+    let mut start = 0;
+    let ends = memchr::memchr_iter(b',', inner).chain(std::iter::once(inner.len()));
+    for end in ends {
+        let digits = &inner[start..end];
+        let value = match digits.len() {
+            // Fewer than ten digits are always below 2^32; more never are.
+            1..=9 => 0,
+            10 => digits.iter().fold(0, |v, &d| v * 10 + u64::from(d - b'0')),
+            _ => u64::MAX,
+        };
+        check_id(digits.len(), value)?;
+        count += 1;
+        start = end + 1;
+    }
+    Ok(count)
+}
+
+fn count_ids_spaced(inner: &[u8]) -> Result<usize, Skip> {
+    let (mut count, mut digits, mut value) = (0usize, 0usize, 0u64);
+    for &byte in inner {
+        match byte {
+            b'0'..=b'9' => {
+                digits += 1;
+                // Saturating: a long run of digits stays above the bound instead of wrapping.
+                value = value
+                    .saturating_mul(10)
+                    .saturating_add(u64::from(byte - b'0'));
+            }
+            b',' => {
+                check_id(digits, value)?;
+                count += 1;
+                (digits, value) = (0, 0);
+            }
+            b' ' | b'\t' | b'\r' | b'\n' => {}
+            _ => return Err(Skip::malformed("input ids: not all integers of 0 or more")),
+        }
+    }
+    if digits > 0 || count > 0 {
+        check_id(digits, value)?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+fn check_id(digits: usize, value: u64) -> Result<(), Skip> {
+    match (digits, value > u64::from(u32::MAX)) {
+        (0, _) => Err(Skip::malformed("input ids: an empty element")),
+        (_, true) => Err(Skip::malformed("input ids: an id of 2^32 or more")),
+        _ => Ok(()),
+    }
+}
+
+/// `[1,2,3]`, digits written by `itoa`.
+pub fn write_ids(ids: impl Iterator<Item = u32>, out: &mut Vec<u8>) {
+    let mut digits = itoa::Buffer::new();
+    out.push(b'[');
+    for (i, id) in ids.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(digits.format(id).as_bytes());
+    }
+    out.push(b']');
+}
+
 /// One valid line.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TokenIdsRow {
     pub timestamp_ms: f64,
-    pub ids: Vec<u32>,
+    pub ids: TokenIds,
     pub output_tokens: u32,
 }
 
 #[derive(Deserialize)]
-struct RawLine {
-    #[serde(alias = "input_ids", alias = "prompt_token_ids")]
-    input_tok_ids: Vec<u32>,
+struct RawLine<'a> {
+    #[serde(borrow, alias = "input_ids", alias = "prompt_token_ids")]
+    input_tok_ids: &'a RawValue,
     #[serde(alias = "output_len", alias = "output_length")]
     output_toks: u64,
     #[serde(default)]
@@ -69,7 +226,8 @@ pub fn parse_token_ids_line(line: &str) -> Result<TokenIdsRow, Skip> {
             "arrival time {timestamp_ms} ms is not a time"
         )));
     }
-    let count = raw.input_tok_ids.len();
+    let ids = TokenIds::from_json(raw.input_tok_ids.get())?;
+    let count = ids.len();
     if count == 0 || count > PROMPT_TOKENS_MAX as usize {
         return Err(Skip::out_of_bounds(format!(
             "{count} input token ids, outside 1..={PROMPT_TOKENS_MAX}"
@@ -88,22 +246,25 @@ pub fn parse_token_ids_line(line: &str) -> Result<TokenIdsRow, Skip> {
     }
     Ok(TokenIdsRow {
         timestamp_ms,
-        ids: raw.input_tok_ids,
+        ids,
         // An engine always produces at least one token.
         output_tokens: (raw.output_toks as u32).max(1),
     })
 }
 
-/// A Hugging Face tokenizer that turns token ids back into text.
+/// A Hugging Face tokenizer that turns token ids back into text: what `Tokenizer::decode` does
+/// with special tokens kept, with every id's token looked up once, when the file is loaded (the
+/// tokenizer's own lookup goes through two hash maps and a new `String` per token).
 pub struct TokenDecoder {
     tokenizer: tokenizers::Tokenizer,
-    vocab_size: usize,
+    /// The token of each id below the vocabulary size (`None` for an id the tokenizer lacks).
+    tokens: Vec<Option<Box<str>>>,
 }
 
 impl std::fmt::Debug for TokenDecoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenDecoder")
-            .field("vocab_size", &self.vocab_size)
+            .field("vocab_size", &self.tokens.len())
             .finish()
     }
 }
@@ -124,25 +285,38 @@ impl TokenDecoder {
         }
         let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| format!("{name}: not a Hugging Face tokenizer.json: {e}"))?;
-        let vocab_size = tokenizer.get_vocab_size(true);
-        Ok(Self {
-            tokenizer,
-            vocab_size,
-        })
+        // The vocabulary is bounded by the file's size: every token is at least a few bytes of it.
+        let vocab_size = tokenizer.get_vocab_size(true) as u32;
+        let tokens = (0..vocab_size)
+            .map(|id| tokenizer.id_to_token(id).map(String::into_boxed_str))
+            .collect();
+        Ok(Self { tokenizer, tokens })
     }
 
     /// The text of `ids`, special tokens included (the ids are the prompt as the engine would
     /// see it, template and all).
-    pub fn decode(&self, ids: &[u32]) -> Result<String, Skip> {
-        if let Some(id) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
-            return Err(Skip::out_of_bounds(format!(
-                "token id {id} is not in the tokenizer's vocabulary of {}",
-                self.vocab_size
-            )));
+    pub fn decode(&self, ids: &TokenIds) -> Result<String, Skip> {
+        let mut tokens: Vec<&str> = Vec::with_capacity(ids.len());
+        for id in ids.ids() {
+            match self.tokens.get(id as usize) {
+                Some(token) => tokens.extend(token.as_deref()),
+                None => {
+                    return Err(Skip::out_of_bounds(format!(
+                        "token id {id} is not in the tokenizer's vocabulary of {}",
+                        self.tokens.len()
+                    )))
+                }
+            }
         }
-        self.tokenizer
-            .decode(ids, false)
-            .map_err(|e| Skip::malformed(format!("the tokenizer cannot decode the ids: {e}")))
+        match self.tokenizer.get_decoder() {
+            Some(decoder) => {
+                let owned = tokens.into_iter().map(str::to_string).collect();
+                decoder.decode(owned).map_err(|e| {
+                    Skip::malformed(format!("the tokenizer cannot decode the ids: {e}"))
+                })
+            }
+            None => Ok(tokens.join(" ")),
+        }
     }
 }
 
@@ -161,7 +335,7 @@ mod tests {
             row,
             TokenIdsRow {
                 timestamp_ms: 1.5,
-                ids: vec![1, 2, 3],
+                ids: TokenIds::from_ids(&[1, 2, 3]),
                 output_tokens: 8
             }
         );
@@ -195,5 +369,69 @@ mod tests {
             kind(r#"{"input_tok_ids":[1],"output_toks":99999999,"timestamp_ms":1}"#),
             SkipKind::OutOfBounds
         );
+    }
+
+    #[test]
+    fn ids_stay_text_and_parse_back() {
+        let mut ids = TokenIds::from_json(" [ 7, 4294967295 ,0] ").unwrap();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(ids.ids().collect::<Vec<_>>(), vec![7, u32::MAX, 0]);
+        ids.prepend(2);
+        assert_eq!(ids.ids().collect::<Vec<_>>(), vec![2, 7, u32::MAX, 0]);
+        for bad in ["[1.5]", "[4294967296]", "[1,,2]", "{}", "[\"1\"]", "[-1]"] {
+            assert!(TokenIds::from_json(bad).is_err(), "{bad}");
+        }
+        assert!(TokenIds::from_json("[ ]").unwrap().is_empty());
+        for inner in [
+            "12,4294967295,0",
+            "4294967296",
+            "1,,2",
+            "",
+            "7",
+            "12345678901",
+            "0,",
+        ] {
+            let (compact, spaced) = (
+                count_ids(inner.as_bytes()),
+                count_ids_spaced(inner.as_bytes()),
+            );
+            assert_eq!(
+                compact.map_err(|e| e.kind),
+                spaced.map_err(|e| e.kind),
+                "{inner}"
+            );
+        }
+        let many = TokenIds::from_ids(&(0..10).collect::<Vec<u32>>());
+        assert_eq!(many.block_text(4, 0), "0,1,2,3");
+        assert_eq!(many.block_text(4, 1), "4,5,6,7");
+        assert_eq!(many.block_text(4, 2), "8,9");
+        assert_eq!(many.block_text(4, 3), "");
+    }
+
+    #[test]
+    fn decoding_matches_the_tokenizers_own_decode_with_or_without_a_decoder() {
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures/tokenizer_wordlevel.json");
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
+        let decoders = [
+            serde_json::Value::Null,
+            serde_json::json!({"type": "Fuse"}),
+            serde_json::json!({"type": "WordPiece", "prefix": "##", "cleanup": true}),
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        for decoder in decoders {
+            json["decoder"] = decoder.clone();
+            let path = dir.path().join("tokenizer.json");
+            std::fs::write(&path, json.to_string()).unwrap();
+            let ours = TokenDecoder::from_file(&path).unwrap();
+            let theirs = tokenizers::Tokenizer::from_file(&path).unwrap();
+            for ids in [vec![1u32, 2, 3, 4, 1, 5], vec![0, 19, 7], vec![11]] {
+                let text = ours.decode(&TokenIds::from_ids(&ids)).unwrap();
+                assert_eq!(text, theirs.decode(&ids, false).unwrap(), "{decoder}");
+            }
+            let unknown = ours.decode(&TokenIds::from_ids(&[3, 20])).unwrap_err();
+            assert_eq!(unknown.kind, SkipKind::OutOfBounds);
+        }
     }
 }

@@ -25,7 +25,7 @@ use super::limits::{
     TOKEN_IDS_LINE_BYTES_MAX, TRACE_LINE_BYTES_MAX,
 };
 use super::records::{read_line_bounded, LineRead};
-use super::token_ids::{parse_token_ids_line, TokenDecoder, TokenIdsRow};
+use super::token_ids::{parse_token_ids_line, TokenDecoder, TokenIds, TokenIdsRow};
 use super::workload::{Content, Skip, SkipKind, Warnings, WorkItem, Workload};
 
 /// The timestamped trace formats.
@@ -434,14 +434,14 @@ impl TraceWorkload {
                 let key = prefix_key(&row.ids);
                 let content = match text {
                     Some(text) if self.pass > 0 => {
-                        Content::Chat(ChatPrompt::user_text(format!("loop-{} {text}", self.pass)))
+                        Content::Chat(ChatPrompt::user_text(&format!("loop-{} {text}", self.pass)))
                     }
-                    Some(text) => Content::Chat(ChatPrompt::user_text(text)),
+                    Some(text) => Content::Chat(ChatPrompt::user_text(&text)),
                     None => {
                         let mut ids = row.ids;
                         if self.pass > 0 {
                             // Passes beyond 2^32 would repeat a marker; a replay never gets there.
-                            ids.insert(0, self.pass as u32);
+                            ids.prepend(self.pass as u32);
                         }
                         Content::TokenIds(ids)
                     }
@@ -487,13 +487,10 @@ impl TraceWorkload {
 
 /// The tenant key of a token-id prompt: a hash of its second 512-token block (its first when
 /// shorter), where conversations diverge from a shared system prompt, as for Mooncake rows.
-fn prefix_key(ids: &[u32]) -> u64 {
+fn prefix_key(ids: &TokenIds) -> u64 {
     let block = MOONCAKE_BLOCK_TOKENS as usize;
-    let mut blocks = ids.chunks(block);
-    let first = blocks.next().unwrap_or(&[]);
-    let chosen = blocks.next().unwrap_or(first);
-    let bytes: Vec<u8> = chosen.iter().flat_map(|id| id.to_le_bytes()).collect();
-    xxh3_64(&bytes)
+    let index = usize::from(ids.len() > block);
+    xxh3_64(ids.block_text(block, index).as_bytes())
 }
 
 impl Workload for TraceWorkload {

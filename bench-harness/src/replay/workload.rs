@@ -10,6 +10,7 @@ use super::captured::CapturedRequest;
 use super::content::Prompt;
 use super::conversation::ChatPrompt;
 use super::limits::WARNINGS_KEPT_MAX;
+use super::token_ids::TokenIds;
 
 /// One request of a workload, before it is given a form (chat, /generate, ...) and a send time.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,7 +38,7 @@ pub enum Content {
     /// prompt decoded by `--tokenizer-path` (one user message).
     Chat(ChatPrompt),
     /// Real token ids (a token-id trace without `--tokenizer-path`).
-    TokenIds(Vec<u32>),
+    TokenIds(TokenIds),
     /// A captured request, sent to its own endpoint with its own body.
     Captured(CapturedRequest),
 }
