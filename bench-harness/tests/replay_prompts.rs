@@ -3,7 +3,8 @@
 //! every valid line becomes one request, in order, with its arrival time; bad lines are counted by
 //! kind and named by line number; `--loop` passes are fresh content. Through the `replay` binary:
 //! against a real `sim-engine`, whose counters say what it received (requests, prompt and output
-//! tokens, cached tokens), and against a recording origin, which keeps every body in order.
+//! tokens, cached tokens), and against a recording origin, which keeps every body in order. The
+//! benchmark of perf/results-replay.md runs here with small files (`samples`).
 
 #[path = "../../tests/utils/mod.rs"]
 mod utils;
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use bench_harness::replay::captured::CapturedEndpoint;
+use bench_harness::replay::samples::{write_samples, SAMPLE_FILES, SAMPLE_TOKENIZER};
 use bench_harness::replay::sharegpt::{ShareGptOptions, ShareGptWorkload};
 use bench_harness::replay::token_ids::TokenDecoder;
 use bench_harness::replay::trace::{TraceFormat, TraceWorkload};
@@ -466,4 +468,51 @@ fn the_origin_sees_the_second_sharegpt_request_carry_the_first_turn() {
         (&json!(2), &json!(2))
     );
     assert_eq!(second["model"], "sim-model");
+}
+
+#[test]
+fn the_benchmark_samples_replay_with_equal_prompt_lengths_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    write_samples(dir.path(), 40, 600).unwrap();
+    let fleet = SimFleet::start(1, &["--instant"]);
+    let tokenizer = dir.path().join(SAMPLE_TOKENIZER).display().to_string();
+    let mut runs: Vec<(String, Vec<String>)> = SAMPLE_FILES
+        .iter()
+        .map(|(format, file)| {
+            let path = dir.path().join(file).display().to_string();
+            let args = vec![
+                "--trace".into(),
+                path,
+                "--trace-format".into(),
+                format.to_string(),
+            ];
+            (format.to_string(), args)
+        })
+        .collect();
+    let mut decoded = runs[3].1.clone();
+    decoded.extend(["--tokenizer-path".to_string(), tokenizer]);
+    runs.push(("token-ids decoded".into(), decoded));
+    let mut checksum = 0;
+    for (name, args) in runs {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let report = replay(
+            &fleet.url(0),
+            &[&args[..], &["--concurrency", "4"]].concat(),
+        );
+        let requests = report["requests"].as_u64().unwrap();
+        assert_eq!(
+            (requests, report["errors"].as_u64()),
+            (40, Some(0)),
+            "{name}"
+        );
+        let prompt_tokens = report["prompt_tokens"].as_u64().unwrap();
+        assert_eq!(
+            prompt_tokens,
+            40 * 600,
+            "{name}: the same prompt lengths in every format"
+        );
+        checksum += prompt_tokens + report["output_tokens"].as_u64().unwrap();
+    }
+    println!("checksum {checksum}");
+    assert_eq!(checksum, 5 * 40 * (600 + 16));
 }

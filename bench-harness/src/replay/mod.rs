@@ -26,6 +26,7 @@ pub mod progress;
 pub mod records;
 pub mod report;
 pub mod run;
+pub mod samples;
 pub mod sharegpt;
 pub mod sse;
 pub mod synthetic;
