@@ -1,6 +1,6 @@
 //! Pacing, checked by counting scheduled send times against a fake clock (never wall-clock
-//! assertions): trace timestamps honoured at a speedup, Poisson arrivals at their rate, and a
-//! closed loop never exceeding its concurrency.
+//! assertions): trace timestamps honoured at a speedup (Mooncake, captured logs, token ids),
+//! Poisson arrivals at their rate, and a closed loop never exceeding its concurrency.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bench_harness::replay::pacing::{dispatch, Clock, Dispatch, Pacing, Schedule};
+use bench_harness::replay::sharegpt::{ShareGptOptions, ShareGptWorkload};
 use bench_harness::replay::synthetic::{Popularity, SyntheticSpec, SyntheticWorkload};
 use bench_harness::replay::trace::{TraceFormat, TraceWorkload};
 use bench_harness::replay::workload::Workload;
@@ -88,6 +89,41 @@ fn trace_timestamps_are_honoured_at_a_speedup() {
     // Every request left at its scheduled time, and the schedule never goes back in time.
     assert!(sent.iter().all(|(scheduled, at)| scheduled == at));
     assert!(sent.windows(2).all(|w| w[0].0 <= w[1].0));
+}
+
+#[test]
+fn captured_and_token_id_timestamps_are_honoured_at_a_speedup() {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let cases = [
+        (
+            "openai_log.jsonl",
+            TraceFormat::OpenaiLog,
+            vec![0, 5, 10, 20, 30, 40],
+        ),
+        ("token_ids.jsonl", TraceFormat::TokenIds, vec![0, 2, 10, 15]),
+    ];
+    for (file, format, due_ms) in cases {
+        let mut trace = TraceWorkload::open(&fixtures.join(file), format, false).unwrap();
+        let sent = sends(&mut trace, Pacing::Trace { speedup: 10.0 }, 64);
+        let at: Vec<Duration> = sent.iter().map(|(_, at)| *at).collect();
+        let due: Vec<Duration> = due_ms.into_iter().map(Duration::from_millis).collect();
+        assert_eq!(at, due, "{file}: every valid line once, at its time / 10");
+        assert!(sent.iter().all(|(scheduled, at)| scheduled == at));
+    }
+}
+
+#[test]
+fn sharegpt_has_no_timestamps_and_goes_out_as_slots_free() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/sharegpt.jsonl");
+    let options = ShareGptOptions {
+        active_conversations: 2,
+        seed: 1,
+        repeat: false,
+    };
+    let mut conversations = ShareGptWorkload::open(&path, options).unwrap();
+    let sent = sends(&mut conversations, Pacing::Closed { concurrency: 2 }, 2);
+    assert_eq!(sent.len(), 4);
+    assert!(sent.iter().all(|(scheduled, _)| scheduled.is_zero()));
 }
 
 fn synthetic(requests: u64) -> SyntheticWorkload {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bench_harness::replay::form::{FormOptions, RequestForm, TenantOptions};
+use bench_harness::replay::form::{CapturedModel, FormOptions, RequestForm, TenantOptions};
 use bench_harness::replay::pacing::Pacing;
 use bench_harness::replay::plot::write_plot;
 use bench_harness::replay::progress::ProgressMode;
@@ -203,6 +203,7 @@ fn options(gateway: String, form: RequestForm, requests: u64) -> ReplayOptions {
         form: FormOptions {
             form,
             model: "m".into(),
+            captured_model: CapturedModel::Keep,
             tenant,
             output_cap: None,
         },

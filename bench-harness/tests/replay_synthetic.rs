@@ -25,8 +25,15 @@ fn items(spec: SyntheticSpec) -> Vec<WorkItem> {
     std::iter::from_fn(|| workload.next_item()).collect()
 }
 
+fn prompt_len(item: &WorkItem) -> u64 {
+    item.generated().expect("a generated prompt").len_tokens()
+}
+
 fn tokens(item: &WorkItem) -> Vec<u32> {
-    item.prompt.symbols().collect()
+    item.generated()
+        .expect("a generated prompt")
+        .symbols()
+        .collect()
 }
 
 #[test]
@@ -39,7 +46,7 @@ fn groups_share_their_system_prompt_and_nothing_else() {
     );
     let mut by_group: HashMap<u64, Vec<Vec<u32>>> = HashMap::new();
     for item in &all {
-        assert_eq!(item.prompt.len_tokens(), 110);
+        assert_eq!(prompt_len(item), 110);
         by_group
             .entry(item.tenant_key)
             .or_default()
@@ -73,7 +80,7 @@ fn conversations_grow_turn_by_turn() {
         ..spec()
     };
     let all = items(spec);
-    let lengths: Vec<u64> = all.iter().map(|i| i.prompt.len_tokens()).collect();
+    let lengths: Vec<u64> = all.iter().map(prompt_len).collect();
     // Turn 1: system + question; turn 2 adds answer + question; turn 3 again; then a fresh one.
     assert_eq!(lengths, vec![110, 125, 140, 110]);
     let (t1, t2, t3, fresh) = (

@@ -21,6 +21,10 @@ fn read_all(name: &str, format: TraceFormat) -> (Vec<WorkItem>, TraceWorkload) {
     (items, trace)
 }
 
+fn prompt(item: &WorkItem) -> &Prompt {
+    item.generated().expect("a generated prompt")
+}
+
 fn tokens(prompt: &Prompt) -> Vec<u32> {
     prompt.symbols().collect()
 }
@@ -32,12 +36,12 @@ fn mooncake_rows_become_prompts_of_exact_length_with_shared_blocks() {
     assert_eq!(trace.warnings().skipped_lines, 0);
     // Row 1: 6,758 input tokens, 500 output, timestamp 0; row 11 is at 3,000 ms.
     assert_eq!(
-        (items[0].prompt.len_tokens(), items[0].output_tokens),
+        (prompt(&items[0]).len_tokens(), items[0].output_tokens),
         (6758, 500)
     );
     assert_eq!(items[0].arrival_ms, Some(0.0));
     assert_eq!(items[10].arrival_ms, Some(3000.0));
-    let (first, second) = (tokens(&items[0].prompt), tokens(&items[1].prompt));
+    let (first, second) = (tokens(prompt(&items[0])), tokens(prompt(&items[1])));
     assert_eq!(first.len(), 6758);
     // Both rows start with hash id 0 (512 shared tokens), then differ.
     assert_eq!(first[..512], second[..512]);
@@ -83,7 +87,7 @@ fn malformed_mooncake_lines_are_skipped_counted_and_named() {
             "{message}"
         );
     }
-    assert_eq!(items[3].prompt.len_tokens(), 2290);
+    assert_eq!(prompt(&items[3]).len_tokens(), 2290);
 }
 
 #[test]
@@ -92,13 +96,13 @@ fn azure_rows_have_lengths_relative_times_and_no_shared_content() {
     assert_eq!(items.len(), 30);
     assert_eq!(trace.warnings().skipped_lines, 0);
     assert_eq!(
-        (items[0].prompt.len_tokens(), items[0].output_tokens),
+        (prompt(&items[0]).len_tokens(), items[0].output_tokens),
         (4808, 10)
     );
     assert_eq!(items[0].arrival_ms, Some(0.0));
     let second = items[1].arrival_ms.unwrap();
     assert!((second - 52.0).abs() < 0.01, "{second}");
-    let (a, b) = (tokens(&items[0].prompt), tokens(&items[1].prompt));
+    let (a, b) = (tokens(prompt(&items[0])), tokens(prompt(&items[1])));
     assert_ne!(a[..64], b[..64]);
 }
 
@@ -137,15 +141,18 @@ fn looping_repeats_the_trace_with_fresh_content_and_later_timestamps() {
     );
     assert!(items.windows(2).all(|w| w[0].arrival_ms <= w[1].arrival_ms));
     // Same row, next pass: same length, different content (a fresh request, not a cache hit).
-    assert_eq!(items[0].prompt.len_tokens(), items[40].prompt.len_tokens());
+    assert_eq!(
+        prompt(&items[0]).len_tokens(),
+        prompt(&items[40]).len_tokens()
+    );
     assert_ne!(
-        tokens(&items[0].prompt)[..512],
-        tokens(&items[40].prompt)[..512]
+        tokens(prompt(&items[0]))[..512],
+        tokens(prompt(&items[40]))[..512]
     );
     // Within a pass, the shared system-prompt block is still shared.
     assert_eq!(
-        tokens(&items[40].prompt)[..512],
-        tokens(&items[41].prompt)[..512]
+        tokens(prompt(&items[40]))[..512],
+        tokens(prompt(&items[41]))[..512]
     );
 }
 
@@ -154,12 +161,12 @@ fn text_prompts_keep_the_sim_engine_tokenizer_contract() {
     use bench_harness::tokenize::tokenize_text;
     let (items, _) = read_all("mooncake_slice.jsonl", TraceFormat::Mooncake);
     let (a, b) = (
-        tokenize_text(&items[0].prompt.text()),
-        tokenize_text(&items[1].prompt.text()),
+        tokenize_text(&prompt(&items[0]).text()),
+        tokenize_text(&prompt(&items[1]).text()),
     );
     // T tokens are T words, and the shared first block is an equal token prefix.
-    assert_eq!(a.len() as u64, items[0].prompt.len_tokens());
-    assert_eq!(b.len() as u64, items[1].prompt.len_tokens());
+    assert_eq!(a.len() as u64, prompt(&items[0]).len_tokens());
+    assert_eq!(b.len() as u64, prompt(&items[1]).len_tokens());
     assert_eq!(a[..512], b[..512]);
     assert_ne!(a[512..528], b[512..528]);
 }

@@ -7,11 +7,12 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use super::compare::{sibling_binary, validate_policies, CompareOptions};
-use super::form::{FormOptions, RequestForm, TenantOptions};
+use super::form::{CapturedModel, FormOptions, RequestForm, TenantOptions};
 use super::limits::CONCURRENCY_MAX;
 use super::pacing::Pacing;
 use super::progress::ProgressMode;
 use super::run::{ReplayOptions, Source};
+use super::sharegpt::ShareGptOptions;
 use super::synthetic::{Popularity, SyntheticSpec};
 use super::trace::TraceFormat;
 
@@ -99,22 +100,57 @@ pub enum PopularityArg {
     Zipf,
 }
 
-/// Trace formats as flag values.
+/// Trace formats as flag values. Every format is read line by line (a ShareGPT JSON array element
+/// by element), never whole; a line that is not valid is skipped, counted by kind in the report
+/// and named with its line number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TraceFormatArg {
+    /// Mooncake JSONL: {"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [..]};
+    /// content generated from the hash ids, 512 tokens each.
     Mooncake,
+    /// Azure LLM inference CSV: TIMESTAMP,ContextTokens,GeneratedTokens; lengths only.
     Azure,
+    /// Captured requests, one JSON per line: {"timestamp_ms": number (ms, any origin),
+    /// "endpoint": "/v1/chat/completions" | "/v1/completions" | "/generate" | "/v1/messages",
+    /// "body": {the request body}}. Sent as captured, paced by the timestamps; the body keeps its
+    /// model unless --model is given; --output-cap lowers (or sets, when absent) chat
+    /// max_completion_tokens and max_tokens (max_tokens alone when neither is present),
+    /// completions and messages max_tokens, /generate sampling_params.max_new_tokens. --form does
+    /// not apply. The report's hit rate needs usage in the responses (for streamed OpenAI requests,
+    /// stream_options.include_usage in the captured body).
+    OpenaiLog,
+    /// ShareGPT conversations, JSONL or one JSON array: {"conversations": [{"from": "human" |
+    /// "gpt" | "system", "value": ".."}, ..]} or {"messages": [{"role": .., "content": ..}, ..]}.
+    /// Every answer is one chat request: the turns before it (earlier answers from the data) as
+    /// its messages, its word count as the output length. --active-conversations are in progress
+    /// at once, interleaved by --seed; no timestamps (paced by --rate or a closed loop).
+    Sharegpt,
+    /// Token ids, one JSON per line, as the LLMServingSim workloads: input_tok_ids (or input_ids,
+    /// prompt_token_ids): the prompt's token ids; output_toks (or output_len, output_length):
+    /// tokens to generate; arrival_time_ns (ns) or timestamp_ms (ms), exactly one; input_toks
+    /// (optional) must equal the number of ids; other fields are ignored. Sent as /generate
+    /// input_ids (or --form completions: a prompt of ids), or with --tokenizer-path as the text
+    /// the ids decode to, in any text --form.
+    TokenIds,
 }
 
 /// What to send and how fast (shared by replay and compare).
 #[derive(Clone, Debug, Args)]
 pub struct WorkloadArgs {
-    /// A trace file: Mooncake JSONL (.jsonl) or Azure CSV (.csv).
+    /// A trace file: Mooncake JSONL (.jsonl) or Azure CSV (.csv), or any --trace-format.
     #[arg(long, conflicts_with = "synthetic")]
     pub trace: Option<PathBuf>,
-    /// The trace's format, when its extension does not say.
+    /// The trace's format, when its extension does not say (.jsonl and .json: mooncake, .csv:
+    /// azure).
     #[arg(long, requires = "trace")]
     pub trace_format: Option<TraceFormatArg>,
+    /// token-ids: decode the ids with this Hugging Face tokenizer.json (the file the gateway
+    /// tokenizes with) and send the text instead of input_ids.
+    #[arg(long, requires = "trace")]
+    pub tokenizer_path: Option<PathBuf>,
+    /// sharegpt: conversations in progress at once (1: one after another).
+    #[arg(long, default_value_t = 16)]
+    pub active_conversations: usize,
     /// Generate a shared-prefix workload instead of reading a trace.
     #[arg(long)]
     pub synthetic: bool,
@@ -142,7 +178,7 @@ pub struct WorkloadArgs {
     /// Generator: turns per conversation (1 = single-turn).
     #[arg(long, default_value_t = 1)]
     pub turns: u32,
-    /// Seed of the generator and of Poisson arrivals.
+    /// Seed of the generator, of Poisson arrivals and of the order of ShareGPT conversations.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Pace by the trace's timestamps divided by this factor (default for traces: 1).
@@ -151,22 +187,25 @@ pub struct WorkloadArgs {
     /// Poisson arrivals at this many requests per second.
     #[arg(long, conflicts_with = "concurrency")]
     pub rate: Option<f64>,
-    /// Closed loop: keep this many requests in flight (default for --synthetic: 8).
+    /// Closed loop: keep this many requests in flight (default for --synthetic and sharegpt: 8).
     #[arg(long)]
     pub concurrency: Option<usize>,
     /// Stop after this many requests.
     #[arg(long)]
     pub max_requests: Option<u64>,
-    /// Repeat the trace (fresh content and ids per pass) until --max-requests.
+    /// Repeat the trace (fresh content and ids per pass) until --max-requests. Real prompts
+    /// (openai-log, sharegpt, token-ids) start every later pass N with the word loop-N (token ids:
+    /// with the id N), so no pass hits what an earlier one cached.
     #[arg(long = "loop", requires = "max_requests")]
     pub repeat: bool,
-    /// Request shape.
-    #[arg(long, value_enum, default_value_t = RequestForm::Chat)]
-    pub form: RequestForm,
-    /// The model name sent in OpenAI-style bodies (sim-engine serves `sim-model`; `compare`
-    /// starts its engines with this name).
-    #[arg(long, default_value = "sim-model")]
-    pub model: String,
+    /// Request shape (default: chat; token-ids without --tokenizer-path: generate-ids).
+    #[arg(long, value_enum)]
+    pub form: Option<RequestForm>,
+    /// The model name sent in OpenAI-style bodies [default: sim-model] (sim-engine serves
+    /// `sim-model`; `compare` starts its engines with this name). Captured openai-log bodies keep
+    /// their own model unless this is given (in `compare`, always this one).
+    #[arg(long)]
+    pub model: Option<String>,
     /// Spread requests over this many tenants (0 = none); see --tenant-salt and --tenant-lora.
     #[arg(long, default_value_t = 0)]
     pub tenants: u32,
@@ -179,7 +218,8 @@ pub struct WorkloadArgs {
     /// Per-request timeout in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub timeout_s: f64,
-    /// Cap every request's output length at this many tokens (fewer streamed tokens per request).
+    /// Cap every request's output length at this many tokens (fewer streamed tokens per request;
+    /// openai-log: the fields --trace-format names).
     #[arg(long)]
     pub output_cap: Option<u32>,
     /// Sample this process's resident memory (e.g. the gateway's) at 10%, 50% and 100% of the run.
@@ -190,21 +230,18 @@ pub struct WorkloadArgs {
     pub no_progress: bool,
 }
 
+/// The model of OpenAI-style bodies when `--model` is not given: the one sim-engine serves.
+pub const MODEL_DEFAULT: &str = "sim-model";
+
 impl WorkloadArgs {
+    /// `--model`, or [`MODEL_DEFAULT`].
+    pub fn model_name(&self) -> &str {
+        self.model.as_deref().unwrap_or(MODEL_DEFAULT)
+    }
+
     fn source(&self) -> Result<Source, String> {
         if let Some(path) = &self.trace {
-            let format = match self.trace_format {
-                Some(TraceFormatArg::Mooncake) => TraceFormat::Mooncake,
-                Some(TraceFormatArg::Azure) => TraceFormat::Azure,
-                None => TraceFormat::from_path(path).ok_or_else(|| {
-                    format!("--trace {}: cannot tell the format from the extension; pass --trace-format", path.display())
-                })?,
-            };
-            return Ok(Source::Trace {
-                path: path.clone(),
-                format,
-                repeat: self.repeat,
-            });
+            return self.trace_source(path);
         }
         if !self.synthetic {
             return Err("give a workload: --trace PATH or --synthetic".into());
@@ -233,16 +270,104 @@ impl WorkloadArgs {
         Ok(Source::Synthetic(spec))
     }
 
+    fn trace_source(&self, path: &std::path::Path) -> Result<Source, String> {
+        let format = match self.trace_format {
+            Some(format) => format,
+            None => match TraceFormat::from_path(path) {
+                Some(TraceFormat::Azure) => TraceFormatArg::Azure,
+                Some(_) => TraceFormatArg::Mooncake,
+                None => {
+                    return Err(format!(
+                    "--trace {}: cannot tell the format from the extension; pass --trace-format",
+                    path.display()
+                ))
+                }
+            },
+        };
+        if self.tokenizer_path.is_some() && format != TraceFormatArg::TokenIds {
+            return Err("--tokenizer-path decodes --trace-format token-ids".into());
+        }
+        let format = match format {
+            TraceFormatArg::Sharegpt => {
+                let options = ShareGptOptions {
+                    active_conversations: self.active_conversations,
+                    seed: self.seed,
+                    repeat: self.repeat,
+                };
+                options.validate()?;
+                return Ok(Source::ShareGpt {
+                    path: path.to_path_buf(),
+                    options,
+                });
+            }
+            TraceFormatArg::Mooncake => TraceFormat::Mooncake,
+            TraceFormatArg::Azure => TraceFormat::Azure,
+            TraceFormatArg::OpenaiLog => TraceFormat::OpenaiLog,
+            TraceFormatArg::TokenIds => TraceFormat::TokenIds,
+        };
+        Ok(Source::Trace {
+            path: path.to_path_buf(),
+            format,
+            repeat: self.repeat,
+            tokenizer: self.tokenizer_path.clone(),
+        })
+    }
+
+    /// `--form`, or the source's default; refused where the source has nothing of that shape.
+    fn form(&self, source: &Source) -> Result<RequestForm, String> {
+        let name = |form: RequestForm| {
+            form.to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_string())
+        };
+        let has_text = match source {
+            Source::Trace {
+                format: TraceFormat::OpenaiLog,
+                ..
+            } => {
+                return match self.form {
+                    Some(_) => Err("--form does not apply to --trace-format openai-log: a captured request keeps its endpoint and body".into()),
+                    None => Ok(RequestForm::Chat),
+                };
+            }
+            Source::Trace {
+                format: TraceFormat::TokenIds,
+                tokenizer: None,
+                ..
+            } => {
+                return match self.form {
+                    None | Some(RequestForm::GenerateIds) => Ok(RequestForm::GenerateIds),
+                    Some(RequestForm::Completions) => Ok(RequestForm::Completions),
+                    Some(form) => Err(format!("--form {} sends text: give --tokenizer-path to decode the token ids, or use generate-ids or completions", name(form))),
+                };
+            }
+            Source::Trace {
+                format: TraceFormat::TokenIds,
+                ..
+            } => "token ids decoded by --tokenizer-path (drop it to send the ids)",
+            Source::ShareGpt { .. } => "ShareGPT conversations",
+            Source::Trace { .. } | Source::Synthetic(_) => "",
+        };
+        match self.form {
+            Some(RequestForm::GenerateIds) if !has_text.is_empty() => Err(format!(
+                "--form generate-ids sends token ids, and {has_text} are text: use chat, completions, generate-text or routing-tokens"
+            )),
+            form => Ok(form.unwrap_or(RequestForm::Chat)),
+        }
+    }
+
     fn pacing(&self, source: &Source) -> Result<Pacing, String> {
         let is_trace = matches!(source, Source::Trace { .. });
+        let untimed = match source {
+            Source::ShareGpt { .. } => "a ShareGPT file",
+            _ => "--synthetic",
+        };
         match (self.speedup, self.rate, self.concurrency) {
             (Some(speedup), _, _) if !(speedup.is_finite() && speedup > 0.0) => {
                 Err("--speedup must be above 0".into())
             }
-            (Some(_), _, _) if !is_trace => Err(
-                "--speedup paces by trace timestamps: use --rate or --concurrency with --synthetic"
-                    .into(),
-            ),
+            (Some(_), _, _) if !is_trace => Err(format!(
+                "--speedup paces by trace timestamps, and {untimed} has none: use --rate or --concurrency"
+            )),
             (Some(speedup), _, _) => Ok(Pacing::Trace { speedup }),
             (_, Some(rate), _) if !(rate.is_finite() && rate > 0.0) => {
                 Err("--rate must be above 0".into())
@@ -257,7 +382,7 @@ impl WorkloadArgs {
             (_, _, Some(concurrency)) => Ok(Pacing::Closed { concurrency }),
             _ if is_trace => Ok(Pacing::Trace { speedup: 1.0 }),
             _ => Ok(Pacing::Closed {
-                concurrency: SYNTHETIC_CONCURRENCY_DEFAULT,
+                concurrency: CLOSED_LOOP_CONCURRENCY_DEFAULT,
             }),
         }
     }
@@ -277,17 +402,22 @@ impl WorkloadArgs {
         if tenant.tenants > 0 && !tenant.cache_salt && !tenant.lora {
             return Err("--tenants needs --tenant-salt and/or --tenant-lora".into());
         }
+        let captured_model = match self.model {
+            Some(_) => CapturedModel::Replace,
+            None => CapturedModel::Keep,
+        };
         Ok(ReplayOptions {
             gateway,
-            source,
-            pacing,
-            max_requests: self.max_requests,
             form: FormOptions {
-                form: self.form,
-                model: self.model.clone(),
+                form: self.form(&source)?,
+                model: self.model_name().to_string(),
+                captured_model,
                 tenant,
                 output_cap: self.output_cap,
             },
+            source,
+            pacing,
+            max_requests: self.max_requests,
             request_timeout: Duration::from_secs_f64(self.timeout_s),
             label: "replay".into(),
             known_workers: Vec::new(),
@@ -305,15 +435,18 @@ impl WorkloadArgs {
 /// with the generator's defaults and 4 engines, about 25 s per policy on 2 shared cores.
 pub const COMPARE_REQUESTS_DEFAULT: u64 = 1500;
 
-/// Closed-loop concurrency of a synthetic workload without a pacing flag: few enough in flight
-/// that bursts of one new prefix are rare, so a comparison shows placement, not burst handling.
-pub const SYNTHETIC_CONCURRENCY_DEFAULT: usize = 8;
+/// Closed-loop concurrency of a workload without timestamps (the generator, ShareGPT) and without
+/// a pacing flag: few enough in flight that bursts of one new prefix are rare, so a comparison
+/// shows placement, not burst handling.
+pub const CLOSED_LOOP_CONCURRENCY_DEFAULT: usize = 8;
 
 impl CompareArgs {
-    /// The workload flags, with compare's defaults: the generator when no trace is given, and
-    /// [`COMPARE_REQUESTS_DEFAULT`] requests.
+    /// The workload flags, with compare's defaults: the generator when no trace is given,
+    /// [`COMPARE_REQUESTS_DEFAULT`] requests, and the fleet's model in every body (captured ones
+    /// too: the fleet serves no other).
     fn demo_workload(&self) -> WorkloadArgs {
         let mut workload = self.workload.clone();
+        workload.model = Some(self.workload.model_name().to_string());
         if workload.trace.is_none() {
             workload.synthetic = true;
             workload.max_requests = workload.max_requests.or(Some(COMPARE_REQUESTS_DEFAULT));
@@ -324,7 +457,7 @@ impl CompareArgs {
     /// Flags for every sim-engine: capacity and speed, then any --sim-arg.
     fn sim_flags(&self) -> Vec<String> {
         let mut flags = vec![
-            format!("--model-name={}", self.workload.model),
+            format!("--model-name={}", self.workload.model_name()),
             format!("--kv-capacity-tokens={}", self.kv_capacity_tokens),
             format!("--speedup={}", self.sim_speedup),
         ];
@@ -414,5 +547,46 @@ mod tests {
         };
         let err = compare.compare_options().unwrap_err();
         assert!(err.contains("unknown policy \"nonsense\""), "{err}");
+    }
+
+    #[test]
+    fn real_prompt_formats_pick_their_form_and_refuse_what_they_cannot_send() {
+        let options = |args: &[&str]| {
+            let all = [
+                &["replay", "--gateway", "http://x:1", "--trace", "t.jsonl"],
+                args,
+            ]
+            .concat();
+            Cli::try_parse_from(all)
+                .map_err(|e| e.to_string())
+                .and_then(|cli| cli.replay.workload.replay_options("http://x:1".into()))
+        };
+        let ids = ["--trace-format", "token-ids"];
+        assert_eq!(options(&ids).unwrap().form.form, RequestForm::GenerateIds);
+        let chat_ids = options(&[&ids[..], &["--form", "chat"]].concat()).unwrap_err();
+        assert!(chat_ids.contains("--tokenizer-path"), "{chat_ids}");
+        let decoded = [&ids[..], &["--tokenizer-path", "tok.json"]].concat();
+        assert_eq!(options(&decoded).unwrap().form.form, RequestForm::Chat);
+        assert!(options(&[&decoded[..], &["--form", "generate-ids"]].concat()).is_err());
+        let err = options(&["--tokenizer-path", "tok.json"]).unwrap_err();
+        assert!(err.contains("token-ids"), "{err}");
+
+        let sharegpt = ["--trace-format", "sharegpt"];
+        let replay = options(&sharegpt).unwrap();
+        assert_eq!(replay.pacing, Pacing::Closed { concurrency: 8 });
+        assert!(matches!(replay.source, Source::ShareGpt { .. }));
+        let err = options(&[&sharegpt[..], &["--speedup", "2"]].concat()).unwrap_err();
+        assert!(err.contains("--rate or --concurrency"), "{err}");
+        assert!(options(&[&sharegpt[..], &["--form", "generate-ids"]].concat()).is_err());
+        assert!(options(&[&sharegpt[..], &["--active-conversations", "0"]].concat()).is_err());
+
+        let log = ["--trace-format", "openai-log"];
+        let keep = options(&log).unwrap();
+        assert_eq!(keep.form.captured_model, CapturedModel::Keep);
+        assert_eq!(keep.form.model, MODEL_DEFAULT);
+        let replace = options(&[&log[..], &["--model", "m"]].concat()).unwrap();
+        assert_eq!(replace.form.captured_model, CapturedModel::Replace);
+        let err = options(&[&log[..], &["--form", "chat"]].concat()).unwrap_err();
+        assert!(err.contains("keeps its endpoint"), "{err}");
     }
 }

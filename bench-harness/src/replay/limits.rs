@@ -14,6 +14,32 @@ pub const OUTPUT_TOKENS_MAX: u32 = 1 << 16;
 /// of at most 20 digits; a longer line is malformed and is skipped without being buffered whole.
 pub const TRACE_LINE_BYTES_MAX: usize = 64 * 1024;
 
+/// Longest line of a captured request log (`--trace-format openai-log`), in bytes: a chat body of
+/// `PROMPT_TOKENS_MAX` tokens is about 4 MiB of text, and a captured line holds one body.
+pub const CAPTURED_LINE_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// Longest line of a token-id trace (`--trace-format token-ids`), in bytes: `PROMPT_TOKENS_MAX`
+/// ids of a vocabulary below 10^6 are at most 7 bytes each with their comma.
+pub const TOKEN_IDS_LINE_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Largest ShareGPT conversation (one JSONL line, or one element of a JSON array), in bytes: the
+/// longest ShareGPT conversations are a few hundred kilobytes; a record over this is skipped
+/// without being buffered whole.
+pub const CONVERSATION_BYTES_MAX: usize = 1024 * 1024;
+
+/// Turns of one ShareGPT conversation: each answered turn is a request that re-sends the whole
+/// history, so the bytes sent for one conversation grow with the square of its turns.
+pub const CONVERSATION_TURNS_MAX: usize = 1024;
+
+/// ShareGPT conversations in progress at once (`--active-conversations`): each is held whole
+/// until its last request is sent, so together they hold at most this many
+/// `CONVERSATION_BYTES_MAX` records.
+pub const CONVERSATIONS_ACTIVE_MAX: usize = 256;
+
+/// Bytes of a tokenizer file read (`--tokenizer-path`): the largest tokenizer.json files of
+/// current models (256k-entry vocabularies with their merges) are about 30 MB.
+pub const TOKENIZER_FILE_BYTES_MAX: u64 = 256 * 1024 * 1024;
+
 /// Warnings kept in the report (each malformed line is counted; only the first ones are named,
 /// so a corrupt million-line file does not make a million-line report).
 pub const WARNINGS_KEPT_MAX: usize = 32;
@@ -64,3 +90,7 @@ pub const COMPARE_POLICIES_MAX: usize = 16;
 
 const _: () = assert!(ROUTING_TOKENS_IDS_MAX * 7 <= ROUTING_TOKENS_BYTES_MAX);
 const _: () = assert!(CONCURRENCY_MAX <= IN_FLIGHT_OPEN_LOOP_MAX);
+const _: () = assert!(TRACE_LINE_BYTES_MAX <= CAPTURED_LINE_BYTES_MAX);
+const _: () = assert!(PROMPT_TOKENS_MAX as usize * 7 <= TOKEN_IDS_LINE_BYTES_MAX);
+// The ShareGPT reader holds at most 256 MiB of conversations, whatever the file's size.
+const _: () = assert!(CONVERSATIONS_ACTIVE_MAX * CONVERSATION_BYTES_MAX <= 256 * 1024 * 1024);

@@ -1,28 +1,36 @@
 //! `replay`: the load generator that replays LLM request traces, or generated shared-prefix
 //! workloads, through a gateway and reports what the engines cached and how long requests took.
 //!
-//! The pipeline, one module per stage: a [`workload`] source ([`trace`] files or the
-//! [`synthetic`] generator, prompts kept as seeded [`content`] segments) → [`pacing`] (when each
-//! request is due) → [`form`] (the request body) → [`client`] (pooled keep-alive HTTP, [`sse`]
-//! streaming) → [`report`] (histograms and the one serializable result) → printers (text table,
-//! JSON, [`plot`]). [`run`] wires one replay; [`compare`] runs one per policy against fresh
+//! The pipeline, one module per stage: a [`workload`] source ([`trace`] files — Mooncake, Azure,
+//! [`captured`] request logs, [`token_ids`] traces —, [`sharegpt`] conversations, or the
+//! [`synthetic`] generator; files read by [`records`], generated prompts kept as seeded
+//! [`content`] segments, real ones as [`conversation`] text) → [`pacing`] (when each request is
+//! due) → [`form`] (the request body) → [`client`] (pooled keep-alive HTTP, [`sse`] streaming) →
+//! [`report`] (histograms and the one serializable result) → printers (text table, JSON,
+//! [`plot`]). [`run`] wires one replay; [`compare`] runs one per policy against fresh
 //! `sim-engine` fleets and `kvgate`s. Bounds live in [`limits`]; the command line in [`cli`].
 //! Errors are `String`s naming the flag or file to fix; the binary prints them as `Error: ...`.
 
+pub mod captured;
 pub mod cli;
 pub mod client;
 pub mod compare;
 pub mod content;
+pub mod conversation;
 pub mod form;
 pub mod limits;
 pub mod pacing;
 pub mod plot;
 pub mod procstat;
 pub mod progress;
+pub mod records;
 pub mod report;
 pub mod run;
+pub mod samples;
+pub mod sharegpt;
 pub mod sse;
 pub mod synthetic;
+pub mod token_ids;
 pub mod trace;
 pub mod workload;
 
@@ -73,9 +81,16 @@ pub async fn run_cli(cli: Cli, stop: watch::Receiver<bool>) -> Result<(), String
 
 fn warn_about(report: &ReplayReport) {
     if report.skipped_lines > 0 {
+        let kinds: Vec<String> = report
+            .skipped_by_kind
+            .iter()
+            .map(|(kind, count)| format!("{kind} {count}"))
+            .collect();
         eprintln!(
-            "warning: {} malformed trace lines were skipped",
-            report.skipped_lines
+            "warning: {} {} trace lines were skipped ({}); the report's warnings name the first ones",
+            report.skipped_lines,
+            report.trace_format.as_deref().unwrap_or("trace"),
+            kinds.join(", ")
         );
     }
     if report.unattributed_requests > 0 {

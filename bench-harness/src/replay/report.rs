@@ -94,7 +94,12 @@ pub struct ReplayReport {
     pub watched_process: Option<WatchedProcess>,
     /// Set by `compare` when a `direct` run is among the policies.
     pub added_latency_ms: Option<AddedLatency>,
+    /// The trace's `--trace-format` (`null` for the generator).
+    pub trace_format: Option<String>,
+    /// Trace lines (ShareGPT: conversations) skipped, in all and by kind (`malformed`,
+    /// `too_long`, `out_of_bounds`, `unsupported`, `unreadable`); `warnings` names the first ones.
     pub skipped_lines: u64,
+    pub skipped_by_kind: BTreeMap<String, u64>,
     pub warnings: Vec<String>,
     pub ttft_cdf: Vec<CdfPoint>,
     pub hit_rate_over_time: Vec<HitRatePoint>,
@@ -143,8 +148,9 @@ impl Timeline {
 pub struct Completion {
     /// When it completed, from the start of the run.
     pub done_at: Duration,
-    /// The prompt length the replay sent (used when the server does not report it).
-    pub prompt_tokens_sent: u64,
+    /// The prompt length the replay sent, when it knows it (used when the server does not
+    /// report it; 0 when neither knows).
+    pub prompt_tokens_sent: Option<u64>,
     pub send_lag: Duration,
     pub outcome: Outcome,
 }
@@ -205,7 +211,11 @@ impl Recorder {
             return;
         }
         report.successes += 1;
-        let prompt = outcome.usage.prompt_tokens.unwrap_or(prompt_tokens_sent);
+        let prompt = outcome
+            .usage
+            .prompt_tokens
+            .or(prompt_tokens_sent)
+            .unwrap_or(0);
         let cached = outcome.usage.cached_tokens.unwrap_or(0).min(prompt);
         let output = outcome.usage.completion_tokens.unwrap_or(0);
         report.prompt_tokens += prompt;
@@ -342,6 +352,9 @@ pub fn table(reports: &[ReplayReport]) -> String {
             r.per_worker.len()
         )
     });
+    if reports.iter().any(|r| r.skipped_lines > 0) {
+        row("skipped trace lines", &|r| r.skipped_lines.to_string());
+    }
     if reports.iter().any(|r| r.added_latency_ms.is_some()) {
         let added = |r: &ReplayReport, pick: fn(&AddedLatency) -> f64| {
             r.added_latency_ms
@@ -392,7 +405,7 @@ mod tests {
         };
         Completion {
             done_at: Duration::from_millis(ttft_ms),
-            prompt_tokens_sent: prompt,
+            prompt_tokens_sent: Some(prompt),
             send_lag: Duration::ZERO,
             outcome,
         }
@@ -410,7 +423,7 @@ mod tests {
         };
         recorder.record(Completion {
             done_at: Duration::ZERO,
-            prompt_tokens_sent: 9,
+            prompt_tokens_sent: Some(9),
             send_lag: Duration::ZERO,
             outcome: failed,
         });

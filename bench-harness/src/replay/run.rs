@@ -17,19 +17,39 @@ use super::pacing::{dispatch, Clock, Dispatch, Pacing, Schedule, TokioClock};
 use super::procstat::{self_usage, WatchedProcess};
 use super::progress::{show_progress, ProgressCounters, ProgressMode};
 use super::report::{Completion, Recorder, ReplayReport};
+use super::sharegpt::{ShareGptOptions, ShareGptWorkload};
 use super::synthetic::{SyntheticSpec, SyntheticWorkload};
+use super::token_ids::TokenDecoder;
 use super::trace::{TraceFormat, TraceWorkload};
 use super::workload::{Limited, Workload};
 
 /// Where requests come from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
+    /// A timestamped trace file; token-id traces are decoded to text with `tokenizer`, if given.
     Trace {
         path: PathBuf,
         format: TraceFormat,
         repeat: bool,
+        tokenizer: Option<PathBuf>,
+    },
+    /// A ShareGPT file of conversations.
+    ShareGpt {
+        path: PathBuf,
+        options: ShareGptOptions,
     },
     Synthetic(SyntheticSpec),
+}
+
+impl Source {
+    /// The `--trace-format` name of a trace source (`None` for the generator).
+    pub fn trace_format(&self) -> Option<&'static str> {
+        match self {
+            Source::Trace { format, .. } => Some(format.name()),
+            Source::ShareGpt { .. } => Some("sharegpt"),
+            Source::Synthetic(_) => None,
+        }
+    }
 }
 
 /// Everything one replay needs.
@@ -61,10 +81,21 @@ pub fn open_workload(
             path,
             format,
             repeat,
+            tokenizer,
         } => {
             let trace = TraceWorkload::open(path, *format, *repeat)
                 .map_err(|e| format!("--trace {}: {e}", path.display()))?;
-            Box::new(trace)
+            match tokenizer {
+                Some(tokenizer) => {
+                    let decoder = TokenDecoder::from_file(tokenizer)
+                        .map_err(|e| format!("--tokenizer-path {e}"))?;
+                    Box::new(trace.decoding_with(decoder))
+                }
+                None => Box::new(trace),
+            }
+        }
+        Source::ShareGpt { path, options } => {
+            Box::new(ShareGptWorkload::open(path, options.clone())?)
         }
         Source::Synthetic(spec) => Box::new(SyntheticWorkload::new(spec.clone())?),
     };
@@ -78,7 +109,7 @@ pub fn open_workload(
 fn expected_requests(options: &ReplayOptions) -> Option<u64> {
     let natural = match &options.source {
         Source::Synthetic(spec) => Some(spec.request_count()),
-        Source::Trace { .. } => None,
+        Source::Trace { .. } | Source::ShareGpt { .. } => None,
     };
     match (options.max_requests, natural) {
         (Some(max), Some(n)) => Some(max.min(n)),
@@ -146,7 +177,9 @@ pub async fn run_replay(
     let _ = progress.await;
     let mut report = recorder.finish(&options.label, duration, &options.known_workers);
     let warnings = workload.warnings();
+    report.trace_format = options.source.trace_format().map(str::to_string);
     report.skipped_lines = warnings.skipped_lines;
+    report.skipped_by_kind = warnings.skipped_by_kind.clone();
     report.warnings = warnings.messages.clone();
     report.watched_process = watched;
     report.load_generator = self_usage().since(&usage_at_start);
@@ -186,7 +219,7 @@ impl RequestSender {
                 _ = stop_requested(&mut stop) => return, // cancelled: not a measurement
             };
             let done_at = start.elapsed();
-            let prompt_tokens_sent = item.prompt.len_tokens();
+            let prompt_tokens_sent = item.prompt_tokens_known();
             let completion = Completion {
                 done_at,
                 prompt_tokens_sent,

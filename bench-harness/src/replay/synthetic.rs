@@ -6,7 +6,7 @@
 
 use super::content::{seed_of, Prompt};
 use super::limits::{OUTPUT_TOKENS_MAX, PROMPT_TOKENS_MAX};
-use super::workload::{Warnings, WorkItem, Workload};
+use super::workload::{Content, Warnings, WorkItem, Workload};
 
 /// Conversations (groups × prompts per group) one generator tracks: 8 bytes each.
 pub const CONVERSATIONS_MAX: u64 = 1 << 22;
@@ -190,7 +190,7 @@ impl Workload for SyntheticWorkload {
         Some(WorkItem {
             id,
             arrival_ms: None,
-            prompt,
+            content: Content::Generated(prompt),
             output_tokens,
             tenant_key: u64::from(group),
         })

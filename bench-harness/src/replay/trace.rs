@@ -1,30 +1,44 @@
-//! Trace files as workloads: [`TraceWorkload`] streams a Mooncake JSONL or Azure CSV file line by
-//! line (optionally again and again with `--loop`), skips and counts malformed lines, and turns
-//! each row into a [`WorkItem`].
+//! Timestamped trace files as workloads: [`TraceWorkload`] streams a Mooncake JSONL, Azure CSV,
+//! captured request log or token-id trace line by line (optionally again and again with `--loop`),
+//! skips and counts malformed lines by kind, and turns each row into a [`WorkItem`].
 //!
 //! Mooncake rows carry `hash_ids`, one per 512-token block: each id expands into 512 tokens seeded
 //! by the id (and the loop pass, so every pass is fresh content), the last block cut so the prompt
 //! is exactly `input_length` tokens. Azure rows carry lengths only: their content is unique per row.
+//! Captured requests (`captured`) and token ids (`token_ids`) are real prompts, sent as they are;
+//! later `--loop` passes mark them so that each pass is fresh content too (`loop-<pass>` before the
+//! text, or the pass number as one more leading id). ShareGPT conversations have no timestamps
+//! and are read by `sharegpt`.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use xxhash_rust::xxh3::xxh3_64;
 
+use super::captured::{parse_captured_line, CapturedLine};
 use super::content::{seed_of, Prompt};
+use super::conversation::ChatPrompt;
 use super::limits::{
-    MOONCAKE_BLOCK_TOKENS, OUTPUT_TOKENS_MAX, PROMPT_TOKENS_MAX, TRACE_LINE_BYTES_MAX,
+    CAPTURED_LINE_BYTES_MAX, MOONCAKE_BLOCK_TOKENS, OUTPUT_TOKENS_MAX, PROMPT_TOKENS_MAX,
+    TOKEN_IDS_LINE_BYTES_MAX, TRACE_LINE_BYTES_MAX,
 };
-use super::workload::{Warnings, WorkItem, Workload};
+use super::records::{read_line_bounded, LineRead};
+use super::token_ids::{parse_token_ids_line, TokenDecoder, TokenIds, TokenIdsRow};
+use super::workload::{Content, Skip, SkipKind, Warnings, WorkItem, Workload};
 
-/// The two trace formats.
+/// The timestamped trace formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TraceFormat {
     /// `{"timestamp": ms, "input_length": n, "output_length": n, "hash_ids": [..]}` per line.
     Mooncake,
     /// `TIMESTAMP,ContextTokens,GeneratedTokens` with a header line.
     Azure,
+    /// `{"timestamp_ms": ms, "endpoint": "/v1/chat/completions", "body": {..}}` per line.
+    OpenaiLog,
+    /// `{"input_tok_ids": [..], "output_toks": n, "arrival_time_ns": ns}` per line.
+    TokenIds,
 }
 
 impl TraceFormat {
@@ -36,9 +50,28 @@ impl TraceFormat {
             _ => None,
         }
     }
+
+    /// The `--trace-format` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mooncake => "mooncake",
+            Self::Azure => "azure",
+            Self::OpenaiLog => "openai-log",
+            Self::TokenIds => "token-ids",
+        }
+    }
+
+    /// The longest line read; longer ones are skipped.
+    fn line_bytes_max(self) -> usize {
+        match self {
+            Self::Mooncake | Self::Azure => TRACE_LINE_BYTES_MAX,
+            Self::OpenaiLog => CAPTURED_LINE_BYTES_MAX,
+            Self::TokenIds => TOKEN_IDS_LINE_BYTES_MAX,
+        }
+    }
 }
 
-/// One valid row of either format.
+/// One valid row of the length-only formats (Mooncake, Azure).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceRow {
     pub timestamp_ms: f64,
@@ -58,15 +91,15 @@ struct MooncakeLine {
 }
 
 /// Parses one Mooncake line.
-pub fn parse_mooncake_line(line: &str) -> Result<TraceRow, String> {
-    let row: MooncakeLine =
-        serde_json::from_str(line).map_err(|e| format!("not a Mooncake row: {e}"))?;
+pub fn parse_mooncake_line(line: &str) -> Result<TraceRow, Skip> {
+    let row: MooncakeLine = serde_json::from_str(line)
+        .map_err(|e| Skip::malformed(format!("not a Mooncake row: {e}")))?;
     let blocks_max = PROMPT_TOKENS_MAX.div_ceil(MOONCAKE_BLOCK_TOKENS) as usize;
     if row.hash_ids.len() > blocks_max {
-        return Err(format!(
+        return Err(Skip::out_of_bounds(format!(
             "{} hash ids, at most {blocks_max}",
             row.hash_ids.len()
-        ));
+        )));
     }
     make_row(
         row.timestamp,
@@ -86,13 +119,13 @@ pub struct AzureColumns {
 
 impl AzureColumns {
     /// Reads the header line (`TIMESTAMP,ContextTokens,GeneratedTokens`, any order).
-    pub fn from_header(line: &str) -> Result<Self, String> {
+    pub fn from_header(line: &str) -> Result<Self, Skip> {
         let names: Vec<&str> = line.trim().split(',').map(str::trim).collect();
         let find = |name: &str| {
             names
                 .iter()
                 .position(|n| n.eq_ignore_ascii_case(name))
-                .ok_or_else(|| format!("the header has no {name} column"))
+                .ok_or_else(|| Skip::malformed(format!("the header has no {name} column")))
         };
         Ok(Self {
             timestamp: find("TIMESTAMP")?,
@@ -103,19 +136,19 @@ impl AzureColumns {
 }
 
 /// Parses one Azure data line; the timestamp is absolute (ms since the Unix epoch).
-pub fn parse_azure_line(line: &str, columns: AzureColumns) -> Result<TraceRow, String> {
+pub fn parse_azure_line(line: &str, columns: AzureColumns) -> Result<TraceRow, Skip> {
     let fields: Vec<&str> = line.trim().split(',').map(str::trim).collect();
     let field = |i: usize| {
         fields
             .get(i)
             .copied()
-            .ok_or_else(|| format!("missing column {}", i + 1))
+            .ok_or_else(|| Skip::malformed(format!("missing column {}", i + 1)))
     };
-    let timestamp_ms = parse_azure_timestamp(field(columns.timestamp)?)?;
-    let number = |i: usize| -> Result<u64, String> {
+    let timestamp_ms = parse_azure_timestamp(field(columns.timestamp)?).map_err(Skip::malformed)?;
+    let number = |i: usize| -> Result<u64, Skip> {
         let text = field(i)?;
         text.parse()
-            .map_err(|_| format!("{text:?} is not a token count"))
+            .map_err(|_| Skip::malformed(format!("{text:?} is not a token count")))
     };
     make_row(
         timestamp_ms,
@@ -166,19 +199,21 @@ fn make_row(
     input: u64,
     output: u64,
     hash_ids: Vec<u64>,
-) -> Result<TraceRow, String> {
+) -> Result<TraceRow, Skip> {
     if !timestamp_ms.is_finite() || timestamp_ms < 0.0 {
-        return Err(format!("timestamp {timestamp_ms} is not a time"));
+        return Err(Skip::out_of_bounds(format!(
+            "timestamp {timestamp_ms} is not a time"
+        )));
     }
     if input == 0 || input > u64::from(PROMPT_TOKENS_MAX) {
-        return Err(format!(
+        return Err(Skip::out_of_bounds(format!(
             "input length {input} is outside 1..={PROMPT_TOKENS_MAX}"
-        ));
+        )));
     }
     if output > u64::from(OUTPUT_TOKENS_MAX) {
-        return Err(format!(
+        return Err(Skip::out_of_bounds(format!(
             "output length {output} is above {OUTPUT_TOKENS_MAX}"
-        ));
+        )));
     }
     // An engine always produces at least one token; a zero output still gets a first token.
     let output_tokens = output.max(1) as u32;
@@ -207,6 +242,27 @@ pub fn expand_hash_ids(hash_ids: &[u64], input_tokens: u32, pass: u64, id: u64) 
     prompt
 }
 
+/// One valid line of any timestamped format.
+enum Row {
+    Lengths(TraceRow),
+    Captured(CapturedLine),
+    /// With `--tokenizer-path`, `text` is what the ids decode to.
+    TokenIds {
+        row: TokenIdsRow,
+        text: Option<String>,
+    },
+}
+
+impl Row {
+    fn timestamp_ms(&self) -> f64 {
+        match self {
+            Row::Lengths(row) => row.timestamp_ms,
+            Row::Captured(line) => line.timestamp_ms,
+            Row::TokenIds { row, .. } => row.timestamp_ms,
+        }
+    }
+}
+
 /// A trace file as a workload.
 pub struct TraceWorkload {
     path: PathBuf,
@@ -215,6 +271,8 @@ pub struct TraceWorkload {
     repeat: bool,
     reader: BufReader<File>,
     azure_columns: Option<AzureColumns>,
+    /// Decodes token ids to text (`--tokenizer-path`).
+    decoder: Option<TokenDecoder>,
     line_number: u64,
     pass: u64,
     next_id: u64,
@@ -238,6 +296,7 @@ impl TraceWorkload {
             repeat,
             reader,
             azure_columns: None,
+            decoder: None,
             line_number: 0,
             pass: 0,
             next_id: 0,
@@ -250,21 +309,29 @@ impl TraceWorkload {
         })
     }
 
+    /// Token-id rows are decoded by `decoder` and sent as text (`--tokenizer-path`).
+    pub fn decoding_with(mut self, decoder: TokenDecoder) -> Self {
+        self.decoder = Some(decoder);
+        self
+    }
+
     /// The next valid row, or `None` at the end of the file (or on a read error, which is counted).
-    fn next_row(&mut self) -> Option<TraceRow> {
+    fn next_row(&mut self) -> Option<Row> {
+        let bytes_max = self.format.line_bytes_max();
         loop {
             let line_number = self.line_number + 1;
-            match read_line_bounded(&mut self.reader, &mut self.line) {
+            match read_line_bounded(&mut self.reader, &mut self.line, bytes_max) {
                 Ok(LineRead::End) => return None,
                 Err(e) => {
-                    self.warnings
-                        .skip_line(&self.label, line_number, &format!("read error: {e}"));
+                    let skip = Skip::new(SkipKind::Unreadable, format!("read error: {e}"));
+                    self.warnings.skip_line(&self.label, line_number, &skip);
                     return None;
                 }
                 Ok(LineRead::TooLong) => {
                     self.line_number = line_number;
-                    let why = format!("longer than {TRACE_LINE_BYTES_MAX} bytes");
-                    self.warnings.skip_line(&self.label, line_number, &why);
+                    let skip =
+                        Skip::new(SkipKind::TooLong, format!("longer than {bytes_max} bytes"));
+                    self.warnings.skip_line(&self.label, line_number, &skip);
                 }
                 Ok(LineRead::Line) => {
                     self.line_number = line_number;
@@ -276,10 +343,10 @@ impl TraceWorkload {
         }
     }
 
-    fn parse_current_line(&mut self, line_number: u64) -> Option<TraceRow> {
+    fn parse_current_line(&mut self, line_number: u64) -> Option<Row> {
         let Ok(text) = std::str::from_utf8(&self.line) else {
-            self.warnings
-                .skip_line(&self.label, line_number, "not UTF-8");
+            let skip = Skip::new(SkipKind::Unreadable, "not UTF-8");
+            self.warnings.skip_line(&self.label, line_number, &skip);
             return None;
         };
         let text = text.trim();
@@ -287,8 +354,10 @@ impl TraceWorkload {
             return None;
         }
         let parsed = match (self.format, self.azure_columns) {
-            (TraceFormat::Mooncake, _) => parse_mooncake_line(text),
-            (TraceFormat::Azure, Some(columns)) => parse_azure_line(text, columns),
+            (TraceFormat::Mooncake, _) => parse_mooncake_line(text).map(Row::Lengths),
+            (TraceFormat::Azure, Some(columns)) => {
+                parse_azure_line(text, columns).map(Row::Lengths)
+            }
             (TraceFormat::Azure, None) => match AzureColumns::from_header(text) {
                 Ok(columns) => {
                     self.azure_columns = Some(columns);
@@ -296,9 +365,18 @@ impl TraceWorkload {
                 }
                 Err(e) => Err(e),
             },
+            (TraceFormat::OpenaiLog, _) => parse_captured_line(text).map(Row::Captured),
+            (TraceFormat::TokenIds, _) => parse_token_ids_line(text).and_then(|row| {
+                let text = self
+                    .decoder
+                    .as_ref()
+                    .map(|d| d.decode(&row.ids))
+                    .transpose()?;
+                Ok(Row::TokenIds { row, text })
+            }),
         };
         parsed
-            .map_err(|why| self.warnings.skip_line(&self.label, line_number, &why))
+            .map_err(|skip| self.warnings.skip_line(&self.label, line_number, &skip))
             .ok()
     }
 
@@ -308,8 +386,11 @@ impl TraceWorkload {
             return false;
         }
         let Ok(file) = File::open(&self.path) else {
-            self.warnings
-                .skip_line(&self.label, 0, "could not reopen the trace for --loop");
+            let skip = Skip::new(
+                SkipKind::Unreadable,
+                "could not reopen the trace for --loop",
+            );
+            self.warnings.skip_line(&self.label, 0, &skip);
             return false;
         };
         let first = self.first_timestamp_ms.unwrap_or(0.0);
@@ -329,17 +410,64 @@ impl TraceWorkload {
         true
     }
 
-    fn item_from_row(&mut self, row: TraceRow) -> WorkItem {
+    fn item_from_row(&mut self, row: Row) -> WorkItem {
         let id = self.next_id;
         self.next_id += 1;
         self.rows_this_pass += 1;
-        let first = *self.first_timestamp_ms.get_or_insert(row.timestamp_ms);
+        let timestamp_ms = row.timestamp_ms();
+        let first = *self.first_timestamp_ms.get_or_insert(timestamp_ms);
         if self.pass == 0 {
-            self.last_timestamp_ms = self.last_timestamp_ms.max(row.timestamp_ms);
+            self.last_timestamp_ms = self.last_timestamp_ms.max(timestamp_ms);
         }
-        let arrival_ms = self.pass_offset_ms + (row.timestamp_ms - first).max(0.0);
+        let arrival_ms = self.pass_offset_ms + (timestamp_ms - first).max(0.0);
+        let (content, output_tokens, tenant_key) = match row {
+            Row::Lengths(row) => self.lengths_content(row, id),
+            Row::Captured(line) => {
+                let mut request = line.request;
+                if self.pass > 0 {
+                    request.mark_pass(self.pass);
+                }
+                let output_tokens = request.output_tokens().unwrap_or(0);
+                (Content::Captured(request), output_tokens, id)
+            }
+            Row::TokenIds { row, text } => {
+                let key = prefix_key(&row.ids);
+                let content = match text {
+                    Some(text) if self.pass > 0 => {
+                        Content::Chat(ChatPrompt::user_text(&format!("loop-{} {text}", self.pass)))
+                    }
+                    Some(text) => Content::Chat(ChatPrompt::user_text(&text)),
+                    None => {
+                        let mut ids = row.ids;
+                        if self.pass > 0 {
+                            // Passes beyond 2^32 would repeat a marker; a replay never gets there.
+                            ids.prepend(self.pass as u32);
+                        }
+                        Content::TokenIds(ids)
+                    }
+                };
+                (content, row.output_tokens, key)
+            }
+        };
+        WorkItem {
+            id,
+            arrival_ms: Some(arrival_ms),
+            content,
+            output_tokens,
+            tenant_key,
+        }
+    }
+
+    /// The seeded prompt of a Mooncake or Azure row, with its output length and tenant key.
+    fn lengths_content(&self, row: TraceRow, id: u64) -> (Content, u32, u64) {
         let (prompt, tenant_key) = match self.format {
-            TraceFormat::Mooncake => {
+            TraceFormat::Azure => {
+                let mut prompt = Prompt::default();
+                prompt.push(seed_of("azure-row", &[id]), row.input_tokens);
+                (prompt, id)
+            }
+            // Mooncake, the other length-only format.
+            _ => {
                 // The second block is where conversations diverge from the shared system prompt.
                 let key = row
                     .hash_ids
@@ -352,20 +480,17 @@ impl TraceWorkload {
                     key,
                 )
             }
-            TraceFormat::Azure => {
-                let mut prompt = Prompt::default();
-                prompt.push(seed_of("azure-row", &[id]), row.input_tokens);
-                (prompt, id)
-            }
         };
-        WorkItem {
-            id,
-            arrival_ms: Some(arrival_ms),
-            prompt,
-            output_tokens: row.output_tokens,
-            tenant_key,
-        }
+        (Content::Generated(prompt), row.output_tokens, tenant_key)
     }
+}
+
+/// The tenant key of a token-id prompt: a hash of its second 512-token block (its first when
+/// shorter), where conversations diverge from a shared system prompt, as for Mooncake rows.
+fn prefix_key(ids: &TokenIds) -> u64 {
+    let block = MOONCAKE_BLOCK_TOKENS as usize;
+    let index = usize::from(ids.len() > block);
+    xxh3_64(ids.block_text(block, index).as_bytes())
 }
 
 impl Workload for TraceWorkload {
@@ -382,38 +507,6 @@ impl Workload for TraceWorkload {
 
     fn warnings(&self) -> &Warnings {
         &self.warnings
-    }
-}
-
-enum LineRead {
-    Line,
-    TooLong,
-    End,
-}
-
-/// Reads one line into `line` (without its end), never buffering more than the line maximum: the
-/// rest of an over-long line is read and dropped.
-fn read_line_bounded(reader: &mut impl BufRead, line: &mut Vec<u8>) -> std::io::Result<LineRead> {
-    line.clear();
-    let limit = TRACE_LINE_BYTES_MAX as u64 + 1;
-    let read = std::io::Read::take(&mut *reader, limit).read_until(b'\n', line)?;
-    if read == 0 {
-        return Ok(LineRead::End);
-    }
-    if line.last() == Some(&b'\n') {
-        line.pop();
-        return Ok(LineRead::Line);
-    }
-    if line.len() <= TRACE_LINE_BYTES_MAX {
-        return Ok(LineRead::Line); // the last line, without a newline
-    }
-    let mut rest = Vec::new();
-    loop {
-        rest.clear();
-        let n = std::io::Read::take(&mut *reader, limit).read_until(b'\n', &mut rest)?;
-        if n == 0 || rest.last() == Some(&b'\n') {
-            return Ok(LineRead::TooLong);
-        }
     }
 }
 
