@@ -202,6 +202,7 @@ impl SimArgs {
                 chunked_prefill_size: self.chunked_prefill_size,
                 max_waiting_requests: self.max_queued_requests,
                 cost: self.cost_model(),
+                record_kv_events: false,
             },
             default_max_tokens: self.default_max_tokens.max(1),
             speedup: self.speedup,
