@@ -7,6 +7,8 @@
 //! - [`driver`]: runs an engine on tokio in (scaled) real time.
 //! - [`api`], [`output`], [`body`], [`metrics`]: request parsing, deterministic responses, SSE
 //!   bodies, load reports.
+//! - [`kv_events`]: the engines' KV events as vLLM / SGLang msgpack batches, from the cache's
+//!   event log (`cache::CacheEvent`).
 //! - [`faults`]: injected failures; [`instant`]: the `--instant` answer cache; [`server`]: the hyper servers; [`options`]: the CLI.
 
 pub mod api;
@@ -17,6 +19,7 @@ pub mod driver;
 pub mod engine;
 pub mod faults;
 pub mod instant;
+pub mod kv_events;
 pub mod metrics;
 pub mod options;
 pub mod output;
