@@ -1,14 +1,23 @@
 //! `sim-engine`: a simulated fleet of LLM engines on consecutive loopback ports
-//! (`bench_harness::sim`). Prints `sim-engine: ready` on stdout once every port is bound.
+//! (`bench_harness::sim`), optionally publishing their KV events over ZMQ. Prints
+//! `sim-engine: ready` on stdout once every port is bound; logs go to stderr (`RUST_LOG`,
+//! default `warn`).
 
 use bench_harness::sim::{server, SimArgs};
 use clap::Parser;
+use tracing_subscriber::EnvFilter;
 
 fn main() {
     let options = match SimArgs::parse().validate() {
         Ok(options) => options,
         Err(message) => exit_with(&message),
     };
+    // The KV-event sockets log their errors (a failed send, a malformed replay request).
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
     let runtime = if options.threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -10,6 +10,10 @@
 //! exact. A request is stamped with the real clock on arrival; an idle engine jumps to that
 //! stamp, and no request is admitted before it. A request whose receiver is gone is cancelled in the engine,
 //! so its KV pages return at once; [`RequestGuard`] does the same when a response is dropped.
+//!
+//! With an [`EventSink`], the cache changes of every engine call (an admission pass, a step's
+//! end, a flush) leave as one KV-event batch, numbered before the engine's lock is released so
+//! that batches keep the engine's order.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,6 +22,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, Notify};
 
 use super::engine::{Emit, Engine, EngineTotals, LoadSnapshot, RequestId, SimRequest, SubmitError};
+use super::publisher::EventSink;
 
 /// Steps a lagging driver runs before yielding to the connection tasks: bounds how long it
 /// keeps the (current-thread) runtime while catching up, about a millisecond of work.
@@ -61,6 +66,8 @@ struct Shared {
     core: Mutex<Core>,
     wake: Notify,
     clock: SimClock,
+    /// Where the engine's KV events go, when it publishes them.
+    events: Option<Arc<EventSink>>,
 }
 
 /// A running simulated engine; cheap to clone.
@@ -98,8 +105,9 @@ impl Drop for RequestGuard {
 }
 
 impl EngineHandle {
-    /// Starts `engine` on the current tokio runtime.
-    pub fn spawn(engine: Engine, clock: SimClock) -> Self {
+    /// Starts `engine` on the current tokio runtime; its KV events (if it records them) go to
+    /// `events`.
+    pub fn spawn(engine: Engine, clock: SimClock, events: Option<Arc<EventSink>>) -> Self {
         let shared = Arc::new(Shared {
             core: Mutex::new(Core {
                 engine,
@@ -107,6 +115,7 @@ impl EngineHandle {
             }),
             wake: Notify::new(),
             clock,
+            events,
         });
         let handle = EngineHandle { shared };
         tokio::spawn(handle.clone().drive());
@@ -151,7 +160,43 @@ impl EngineHandle {
 
     /// Drops every unreferenced cached page.
     pub fn flush_cache(&self) {
-        self.lock().engine.flush_cache();
+        let mut core = self.lock();
+        core.engine.flush_cache();
+        self.publish_events(core);
+    }
+
+    /// A crash and restart (`Engine::restart`): requests in flight end without an answer, the
+    /// cache empties silently, and the KV-event publisher restarts (`EventSink::restart`).
+    pub fn restart(&self) {
+        let mut core = self.lock();
+        core.engine.restart();
+        // Dropping the senders ends every response: streams are cut, whole answers fail.
+        core.streams.clear();
+        if let Some(events) = &self.shared.events {
+            // Under the engine's lock: no batch from after the restart is numbered before it.
+            events.restart();
+        }
+    }
+
+    /// Every cached page's key, ascending.
+    pub fn cached_keys(&self) -> Vec<u64> {
+        self.lock().engine.cached_keys()
+    }
+
+    /// Hands the engine's logged cache changes to the sink as one batch. The sink's slot is
+    /// taken before `core` is released, so batches are numbered in the engine's order; the
+    /// encoding runs after.
+    fn publish_events(&self, mut core: MutexGuard<'_, Core>) {
+        let Some(sink) = &self.shared.events else {
+            return;
+        };
+        let events = core.engine.take_cache_events();
+        if events.is_empty() {
+            return;
+        }
+        let slot = sink.reserve();
+        drop(core);
+        slot.publish(&events);
     }
 
     /// Simulated seconds since the start.
@@ -174,7 +219,13 @@ impl EngineHandle {
             // The engine runs on its own clock: it continues where its last step ended, or
             // jumps to the stamped arrival of the next request when idle, so the host's wake-up
             // latency (multiplied by the speed-up) never leaks into simulated time.
-            let step_end_us = self.lock().engine.begin_step(0);
+            let step_end_us = {
+                let mut core = self.lock();
+                let step_end_us = core.engine.begin_step(0);
+                // Evictions of the admission pass.
+                self.publish_events(core);
+                step_end_us
+            };
             let Some(end_us) = step_end_us else {
                 self.shared.wake.notified().await;
                 steps_since_yield = 0;
@@ -210,5 +261,6 @@ impl EngineHandle {
                 core.engine.cancel(emit.id);
             }
         }
+        self.publish_events(core);
     }
 }

@@ -13,10 +13,16 @@
 //! engine recomputes the last token), so a fully cached prompt still costs a small prefill.
 //! On completion the prompt and generated tokens stay cached (unpinned) for later requests.
 //! A request that could never fit in KV memory is refused by [`Engine::submit`].
+//!
+//! With `record_kv_events` set, every change to the cached pages is logged as a
+//! [`CacheEvent`] for the driver to publish ([`Engine::take_cache_events`]): prompt pages when their
+//! prefill completes, output pages when their request finishes, evictions when an admission
+//! needs room, and flushes. [`Engine::restart`] models a crash: requests and cache are lost and
+//! nothing is logged.
 
 use std::collections::VecDeque;
 
-use super::cache::{page_keys, PrefixCache};
+use super::cache::{page_keys, CacheEvent, PageRun, PrefixCache};
 use super::cost::CostModel;
 use super::output::output_token;
 
@@ -50,6 +56,8 @@ pub struct EngineConfig {
     pub max_waiting_requests: usize,
     /// Step durations.
     pub cost: CostModel,
+    /// Log cache changes for KV events ([`Engine::take_cache_events`]).
+    pub record_kv_events: bool,
 }
 
 impl Default for EngineConfig {
@@ -62,6 +70,7 @@ impl Default for EngineConfig {
             chunked_prefill_size: 8192,
             max_waiting_requests: MAX_WAITING_REQUESTS_DEFAULT,
             cost: CostModel::default(),
+            record_kv_events: false,
         }
     }
 }
@@ -242,13 +251,13 @@ impl Engine {
     /// An idle engine with an empty cache at simulated time 0.
     pub fn new(config: EngineConfig) -> Self {
         let page_size = config.page_size.max(1);
-        let capacity_pages = config.kv_capacity_tokens / page_size as u64;
+        let config = EngineConfig {
+            page_size,
+            ..config
+        };
         Engine {
-            config: EngineConfig {
-                page_size,
-                ..config
-            },
-            cache: PrefixCache::new(capacity_pages),
+            cache: Self::empty_cache(&config),
+            config,
             waiting: VecDeque::new(),
             running: Vec::new(),
             step: None,
@@ -440,7 +449,7 @@ impl Engine {
     /// Counters since the start.
     pub fn totals(&self) -> EngineTotals {
         EngineTotals {
-            evicted_pages: self.cache.evicted_pages_total(),
+            evicted_pages: self.totals.evicted_pages + self.cache.evicted_pages_total(),
             ..self.totals
         }
     }
@@ -448,6 +457,38 @@ impl Engine {
     /// Drops every unreferenced cached page.
     pub fn flush_cache(&mut self) {
         self.cache.flush();
+    }
+
+    /// A crash and restart: every waiting and running request is dropped (counted as cancelled)
+    /// and the cache starts empty. Nothing is logged (a crashed engine reports nothing); the
+    /// clock and the counters go on.
+    pub fn restart(&mut self) {
+        self.totals.requests_cancelled += (self.waiting.len() + self.running.len()) as u64;
+        self.totals.evicted_pages += self.cache.evicted_pages_total();
+        self.waiting.clear();
+        self.running.clear();
+        self.step = None;
+        self.chunked = None;
+        self.cache = Self::empty_cache(&self.config);
+    }
+
+    /// The cache changes logged since the last call, oldest first (empty unless
+    /// `record_kv_events`).
+    pub fn take_cache_events(&mut self) -> Vec<CacheEvent> {
+        self.cache.take_events()
+    }
+
+    /// Every cached page's key, ascending.
+    pub fn cached_keys(&self) -> Vec<u64> {
+        self.cache.cached_keys()
+    }
+
+    fn empty_cache(config: &EngineConfig) -> PrefixCache {
+        let mut cache = PrefixCache::new(config.kv_capacity_tokens / config.page_size as u64);
+        if config.record_kv_events {
+            cache.record_events();
+        }
+        cache
     }
 
     /// Whole pages of `keys` a new request would find cached, keeping at least one token to
@@ -549,9 +590,16 @@ impl Engine {
 
     /// After prefill: the prompt's newly computed full pages join the cache, pinned.
     fn commit_prompt(&mut self, position: usize) {
+        let page_size = self.config.page_size;
         let running = &mut self.running[position];
-        let new_keys = &running.keys[running.matched_pages..];
-        self.cache.commit(new_keys, running.matched_pages as u32);
+        let matched = running.matched_pages;
+        let new_keys = &running.keys[matched..];
+        self.cache.commit(PageRun {
+            keys: new_keys,
+            first_depth: matched as u32,
+            parent_key: matched.checked_sub(1).map(|parent| running.keys[parent]),
+            tokens: &running.request.tokens[matched * page_size..running.keys.len() * page_size],
+        });
         running.private_pages -= new_keys.len() as u64;
         running.pinned_pages = running.keys.len();
     }
@@ -590,10 +638,14 @@ impl Engine {
         let mut pinned: Vec<u64> = running.keys[..running.pinned_pages].to_vec();
         let mut private_pages = running.private_pages;
         if completion == Completion::Finished && running.pinned_pages == running.keys.len() {
-            let output_keys = self.output_page_keys(&running);
+            let (output_keys, tail) = self.output_pages(&running);
             let committed = (output_keys.len() as u64).min(private_pages) as usize;
-            self.cache
-                .commit(&output_keys[..committed], running.keys.len() as u32);
+            self.cache.commit(PageRun {
+                keys: &output_keys[..committed],
+                first_depth: running.keys.len() as u32,
+                parent_key: running.keys.last().copied(),
+                tokens: &tail[..committed * self.config.page_size],
+            });
             private_pages -= committed as u64;
             pinned.extend_from_slice(&output_keys[..committed]);
         }
@@ -601,8 +653,9 @@ impl Engine {
         self.cache.unreserve(private_pages);
     }
 
-    /// Keys of the full pages of prompt + generated tokens beyond the prompt's full pages.
-    fn output_page_keys(&self, running: &Running) -> Vec<u64> {
+    /// Keys of the full pages of prompt + generated tokens beyond the prompt's full pages, and
+    /// those tokens (the prompt's tail, then the generated ones).
+    fn output_pages(&self, running: &Running) -> (Vec<u64>, Vec<u32>) {
         let page_size = self.config.page_size;
         let prompt = &running.request.tokens;
         let tail_start = running.keys.len() * page_size;
@@ -613,7 +666,7 @@ impl Engine {
             .last()
             .copied()
             .unwrap_or(running.request.namespace);
-        page_keys(chain_seed, &tail, page_size)
+        (page_keys(chain_seed, &tail, page_size), tail)
     }
 
     fn used_tokens(&self) -> u64 {

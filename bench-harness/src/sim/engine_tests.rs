@@ -1,6 +1,7 @@
 //! Scheduler and engine-model tests, all on the simulated clock (no sockets, no sleeping).
 
 use super::*;
+use crate::sim::cache::CacheEvent;
 use crate::sim::output::output_token;
 
 fn config(kv_capacity_tokens: u64, max_running_requests: usize) -> EngineConfig {
@@ -360,4 +361,103 @@ fn chunked_prefill_splits_long_prompts_across_steps() {
     whole.submit(request(0, 20_000, 1)).unwrap();
     assert_eq!(whole.run_until_idle(10)[0].at_us, cost.prefill_us(20_000));
     assert!(cost.prefill_us(20_000) > ends[1] + cost.prefill_us(3616));
+}
+
+fn recording(kv_capacity_tokens: u64) -> Engine {
+    Engine::new(EngineConfig {
+        record_kv_events: true,
+        ..config(kv_capacity_tokens, 8)
+    })
+}
+
+/// The keys of every stored event, in order, checked against the tokens they carry: a stored
+/// run's keys are the chained keys of its tokens from its parent on.
+fn stored_keys(events: &[CacheEvent], namespace: u64) -> Vec<u64> {
+    let mut keys = Vec::new();
+    for event in events {
+        if let CacheEvent::Stored {
+            keys: run,
+            parent_key,
+            tokens,
+        } = event
+        {
+            let chained = page_keys(parent_key.unwrap_or(namespace), tokens, 16);
+            assert_eq!(&chained, run, "keys chain from the parent over the tokens");
+            keys.extend_from_slice(run);
+        }
+    }
+    keys
+}
+
+#[test]
+fn prompt_and_output_pages_are_stored_with_their_tokens() {
+    let mut engine = recording(1 << 20);
+    let prompt = request(0, 40, 30);
+    engine.submit(prompt.clone()).unwrap();
+    engine.begin_step(0);
+    assert!(engine.take_cache_events().is_empty(), "nothing cached yet");
+    engine.finish_step();
+    let prompt_keys = page_keys(0, &prompt.tokens, 16);
+    assert_eq!(
+        engine.take_cache_events(),
+        vec![CacheEvent::Stored {
+            keys: prompt_keys.clone(),
+            parent_key: None,
+            tokens: prompt.tokens[..32].to_vec(),
+        }]
+    );
+    engine.run_until_idle(100);
+    // Finished: the prompt's tail (8 tokens) and 30 generated tokens make two more pages.
+    let events = engine.take_cache_events();
+    let [CacheEvent::Stored {
+        keys,
+        parent_key,
+        tokens,
+    }] = events.as_slice()
+    else {
+        panic!("one stored run of output pages, got {events:?}");
+    };
+    assert_eq!(keys.len(), 2);
+    assert_eq!(*parent_key, prompt_keys.last().copied());
+    assert_eq!(tokens[..8], prompt.tokens[32..40]);
+    let generated: Vec<u32> = (0..24)
+        .map(|k| output_token(prompt.output_seed, k))
+        .collect();
+    assert_eq!(tokens[8..], generated[..]);
+    let mut all = stored_keys(&[events[0].clone()], 0);
+    all.extend(prompt_keys);
+    all.sort_unstable();
+    assert_eq!(engine.cached_keys(), all);
+}
+
+#[test]
+fn admissions_evict_and_report_it_and_restarts_report_nothing() {
+    // Room for 6 pages: each request takes 2 prompt pages + 1 output page.
+    let mut engine = recording(96);
+    engine.submit(request(0, 32, 1)).unwrap();
+    engine.run_until_idle(10);
+    engine.submit(request(1000, 32, 1)).unwrap();
+    engine.run_until_idle(10);
+    let first = page_keys(0, &request(0, 32, 1).tokens, 16);
+    let stored = stored_keys(&engine.take_cache_events(), 0);
+    assert_eq!(stored.len(), 4, "two prompt pages each");
+    engine.submit(request(2000, 64, 16)).unwrap();
+    engine.begin_step(0);
+    // 5 pages needed, 2 free: three go, the first request's (the oldest) first.
+    let events = engine.take_cache_events();
+    let [CacheEvent::Removed { keys }] = events.as_slice() else {
+        panic!("one removal, got {events:?}");
+    };
+    assert_eq!(keys.len(), 3);
+    assert_eq!(keys[..2], [first[1], first[0]], "leaf first");
+    engine.finish_step();
+    engine.restart();
+    assert!(engine.cached_keys().is_empty());
+    assert!(
+        engine.take_cache_events().is_empty(),
+        "a crash says nothing"
+    );
+    assert!(engine.is_idle());
+    assert_eq!(engine.totals().requests_cancelled, 1);
+    assert_eq!(engine.totals().evicted_pages, 3, "counters survive");
 }

@@ -7,6 +7,8 @@
 //! - [`driver`]: runs an engine on tokio in (scaled) real time.
 //! - [`api`], [`output`], [`body`], [`metrics`]: request parsing, deterministic responses, SSE
 //!   bodies, load reports.
+//! - [`kv_events`], [`publisher`]: the engines' KV events (vLLM / SGLang msgpack batches) on ZMQ
+//!   PUB and replay ROUTER sockets, fed from the cache's event log (`cache::CacheEvent`).
 //! - [`faults`]: injected failures; [`instant`]: the `--instant` answer cache; [`server`]: the hyper servers; [`options`]: the CLI.
 
 pub mod api;
@@ -17,9 +19,11 @@ pub mod driver;
 pub mod engine;
 pub mod faults;
 pub mod instant;
+pub mod kv_events;
 pub mod metrics;
 pub mod options;
 pub mod output;
+pub mod publisher;
 pub mod server;
 
 pub use engine::{Emit, Engine, EngineConfig, LoadSnapshot, SimRequest};

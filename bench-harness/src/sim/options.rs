@@ -1,14 +1,16 @@
 //! Command-line flags of `sim-engine` ([`SimArgs`], clap) and the checked [`Options`] the fleet
 //! runs with. A bad value is an `Err` naming the flag; `main` prints it as `Error: ...`.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use clap::Parser;
 
 use super::cost::CostModel;
 use super::engine::{EngineConfig, MAX_WAITING_REQUESTS_DEFAULT};
 use super::faults::Faults;
+use super::kv_events::KvEventsFormat;
 use super::metrics::MetricsFlavor;
+use super::publisher::KvEndpoints;
 
 /// Most engines one process serves: bounds ports, tasks and memory.
 pub const ENGINES_MAX: u16 = 1024;
@@ -16,12 +18,31 @@ pub const ENGINES_MAX: u16 = 1024;
 /// Most runtime threads: the fleet is cheap; more threads only add contention.
 pub const THREADS_MAX: usize = 64;
 
+/// Default of `--kv-events-replay-buffer`: vLLM's and SGLang's `buffer_steps`.
+pub const KV_EVENTS_REPLAY_BUFFER_DEFAULT: usize = 10_000;
+
+/// Most batches an engine keeps for replay: a batch of a long prompt is tens of KiB, so this
+/// bounds one engine's buffer to a few GiB at worst.
+pub const KV_EVENTS_REPLAY_BUFFER_MAX: usize = 100_000;
+
 const AFTER_HELP: &str = "\
 Endpoints of every engine: POST /generate, /v1/chat/completions, /v1/completions, /v1/messages;
-GET /v1/models, /health, /v1/loads, /metrics; POST /flush_cache; admin GET|POST /sim/faults
-(partial JSON, e.g. {\"hang\":true} or {\"reset\":true}) and GET /sim/stats (accepted TCP
-connections, requests, token counters). Prints `sim-engine: ready` on stdout once all ports are
-bound. Text is one token per whitespace-separated word (bench_harness::tokenize).";
+GET /v1/models, /health, /v1/loads, /metrics, /server_info (SGLang's, with page_size and
+kv_events_config); POST /flush_cache; admin GET|POST /sim/faults (partial JSON, e.g.
+{\"hang\":true} or {\"reset\":true}), GET /sim/stats (accepted TCP connections, requests, token
+and KV-event counters), GET /sim/cache ({\"page_size\", \"blocks\": every cached page's key,
+sorted}) and POST /sim/restart (a crash: requests in flight are cut, the cache empties without
+an event, the KV-event sockets close for 200 ms and seq restarts at 0). Prints `sim-engine:
+ready` on stdout once all ports are bound. Text is one token per whitespace-separated word
+(bench_harness::tokenize).
+
+KV events (--kv-events-base-port P): engine i publishes on a ZMQ PUB socket at tcp://HOST:P+i
+and answers replay requests on a ROUTER socket at tcp://HOST:P+ENGINES+i, as vLLM and SGLang
+do: messages [topic \"\", seq (8 bytes, big-endian, from 0), msgpack batch]; a DEALER sending
+[\"\", start seq] gets [\"\", seq, batch] for every kept batch from there, then [\"\", -1, \"\"].
+Events: BlockStored when full pages are cached (a prompt's after its prefill, its output's when
+it finishes), BlockRemoved on eviction (and on a flush that leaves pinned pages),
+AllBlocksCleared on a flush that empties the cache. Not with --instant (no cache).";
 
 /// A simulated fleet of LLM engines (SGLang/vLLM HTTP surface) on consecutive ports.
 #[derive(Debug, Clone, Parser)]
@@ -123,6 +144,39 @@ pub struct SimArgs {
     /// Answer /health with 503.
     #[arg(long)]
     pub fault_unhealthy: bool,
+    /// Publish every engine's KV events over ZMQ: engine i's PUB socket on this port + i, its
+    /// replay ROUTER socket on this port + --engines + i (default: off).
+    #[arg(long, conflicts_with = "instant")]
+    pub kv_events_base_port: Option<u16>,
+    /// Encoding of the KV events: current vLLM's (msgpack maps) or SGLang's (msgpack arrays).
+    #[arg(long, value_enum, default_value_t = KvEventsFormat::Vllm, requires = "kv_events_base_port")]
+    pub kv_events_format: KvEventsFormat,
+    /// Event batches each engine keeps for replay (vLLM's buffer_steps); at most 64 MiB of them
+    /// per engine whatever this says.
+    #[arg(long, default_value_t = KV_EVENTS_REPLAY_BUFFER_DEFAULT, requires = "kv_events_base_port")]
+    pub kv_events_replay_buffer: usize,
+}
+
+/// Where and how the engines publish their KV events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvEventsOptions {
+    /// Port of engine 0's PUB socket.
+    pub base_port: u16,
+    pub format: KvEventsFormat,
+    /// Batches each engine keeps for replay.
+    pub replay_buffer_batches: usize,
+}
+
+impl KvEventsOptions {
+    /// Engine `index`'s sockets: PUB on `base_port + index`, replay on `base_port + engines +
+    /// index` (the options checked that both fit).
+    pub fn endpoints(&self, host: IpAddr, engines: u16, index: u16) -> KvEndpoints {
+        let port = |offset: u16| self.base_port.saturating_add(offset);
+        KvEndpoints {
+            publish: SocketAddr::new(host, port(index)),
+            replay: SocketAddr::new(host, port(engines.saturating_add(index))),
+        }
+    }
 }
 
 /// Checked settings of the whole fleet.
@@ -141,6 +195,8 @@ pub struct Options {
     pub seed: u64,
     /// Faults of each engine at start (index = engine).
     pub faults: Vec<Faults>,
+    /// `None`: no KV events.
+    pub kv_events: Option<KvEventsOptions>,
 }
 
 impl SimArgs {
@@ -189,6 +245,7 @@ impl SimArgs {
             ));
         }
         self.validate_costs()?;
+        let kv_events = self.validate_kv_events()?;
         Ok(Options {
             engines: self.engines,
             base_port: self.base_port,
@@ -202,6 +259,7 @@ impl SimArgs {
                 chunked_prefill_size: self.chunked_prefill_size,
                 max_waiting_requests: self.max_queued_requests,
                 cost: self.cost_model(),
+                record_kv_events: kv_events.is_some(),
             },
             default_max_tokens: self.default_max_tokens.max(1),
             speedup: self.speedup,
@@ -210,7 +268,44 @@ impl SimArgs {
             threads: self.threads,
             seed: self.seed,
             faults: self.initial_faults()?,
+            kv_events,
         })
+    }
+
+    /// The KV-event ports must fit below 65536 and stay clear of the HTTP ports.
+    fn validate_kv_events(&self) -> Result<Option<KvEventsOptions>, String> {
+        let Some(base_port) = self.kv_events_base_port else {
+            return Ok(None);
+        };
+        if self.kv_events_replay_buffer > KV_EVENTS_REPLAY_BUFFER_MAX {
+            return Err(format!(
+                "--kv-events-replay-buffer must be at most {KV_EVENTS_REPLAY_BUFFER_MAX}, got {}",
+                self.kv_events_replay_buffer
+            ));
+        }
+        let engines = u32::from(self.engines);
+        let kv_first = u32::from(base_port);
+        // PUB ports then replay ports: 2 × engines in all.
+        let kv_last = kv_first + 2 * engines - 1;
+        if kv_last > u32::from(u16::MAX) {
+            return Err(format!(
+                "--kv-events-base-port {base_port} + 2 × --engines {} exceeds port 65535",
+                self.engines
+            ));
+        }
+        let http_first = u32::from(self.base_port);
+        let http_last = http_first + engines - 1;
+        if kv_first <= http_last && http_first <= kv_last {
+            return Err(format!(
+                "--kv-events-base-port {base_port} takes ports {kv_first}..={kv_last}, which \
+                 overlap the HTTP ports {http_first}..={http_last} of --base-port"
+            ));
+        }
+        Ok(Some(KvEventsOptions {
+            base_port,
+            format: self.kv_events_format,
+            replay_buffer_batches: self.kv_events_replay_buffer,
+        }))
     }
 
     fn cost_model(&self) -> CostModel {
@@ -321,6 +416,27 @@ mod tests {
             (&["--fault-error-rate", "1.5"], "--fault-error-rate"),
             (&["--fault-engines", "3"], "--fault-engines"),
             (&["--threads", "0"], "--threads"),
+            (&["--kv-events-base-port", "65535"], "--kv-events-base-port"),
+            (
+                &[
+                    "--base-port",
+                    "31000",
+                    "--engines",
+                    "4",
+                    "--kv-events-base-port",
+                    "30995",
+                ],
+                "--kv-events-base-port",
+            ),
+            (
+                &[
+                    "--kv-events-base-port",
+                    "5557",
+                    "--kv-events-replay-buffer",
+                    "100001",
+                ],
+                "--kv-events-replay-buffer",
+            ),
         ] {
             let error = parse(args).unwrap_err();
             assert!(error.contains(flag), "{args:?}: {error}");
@@ -332,5 +448,45 @@ mod tests {
         let options = parse(&["--engines", "3", "--fault-engines", "0,2", "--fault-hang"]).unwrap();
         let hangs: Vec<bool> = options.faults.iter().map(|faults| faults.hang).collect();
         assert_eq!(hangs, vec![true, false, true]);
+    }
+
+    #[test]
+    fn kv_event_ports_follow_the_http_ports_layout() {
+        assert_eq!(parse(&[]).unwrap().kv_events, None);
+        let options = parse(&[
+            "--engines",
+            "3",
+            "--base-port",
+            "31000",
+            "--kv-events-base-port",
+            "5557",
+            "--kv-events-format",
+            "sglang",
+        ])
+        .unwrap();
+        let kv = options.kv_events.unwrap();
+        assert_eq!(kv.format, KvEventsFormat::Sglang);
+        assert_eq!(kv.replay_buffer_batches, KV_EVENTS_REPLAY_BUFFER_DEFAULT);
+        assert!(options.engine.record_kv_events);
+        let endpoints = kv.endpoints(options.host, options.engines, 2);
+        assert_eq!(endpoints.publish.port(), 5559);
+        assert_eq!(endpoints.replay.port(), 5562);
+        // Right below the HTTP ports is fine; the last replay port is 30999.
+        let below = [
+            "--engines",
+            "2",
+            "--base-port",
+            "31000",
+            "--kv-events-base-port",
+            "30996",
+        ];
+        assert!(parse(&below).is_ok());
+    }
+
+    #[test]
+    fn kv_event_flags_need_the_base_port_and_a_cache() {
+        assert!(parse(&["--kv-events-format", "sglang"]).is_err());
+        assert!(parse(&["--kv-events-replay-buffer", "5"]).is_err());
+        assert!(parse(&["--instant", "--kv-events-base-port", "5557"]).is_err());
     }
 }

@@ -2,9 +2,12 @@
 //! hyper ([`serve_engine`]) and routes requests to [`EngineServer`]'s handlers.
 //!
 //! Endpoints: `POST /generate`, `/v1/chat/completions`, `/v1/completions`, `/v1/messages`
-//! (see `sim::api`); `GET /v1/models`, `/get_model_info`, `/health`, `/health_generate`,
-//! `/v1/loads`, `/metrics`; `POST /flush_cache`; admin `GET|POST /sim/faults` and
-//! `GET /sim/stats` (accepted TCP connections, requests, engine counters). Every error is a JSON
+//! (see `sim::api`); `GET /v1/models`, `/get_model_info`, `/server_info`, `/health`,
+//! `/health_generate`, `/v1/loads`, `/metrics`; `POST /flush_cache`; admin `GET|POST /sim/faults`,
+//! `GET /sim/stats` (accepted TCP connections, requests, engine and KV-event counters),
+//! `GET /sim/cache` (the cached pages' keys) and `POST /sim/restart` (a crash and restart). With
+//! `--kv-events-base-port`, [`bind_fleet`] also binds each engine's KV-event sockets
+//! (`sim::publisher`). Every error is a JSON
 //! body `{"error":{"message","type","code"}}`: malformed JSON 400, body over
 //! [`MAX_BODY_BYTES`] 413, prompt larger than KV memory 400, unknown path 404, wrong method 405,
 //! injected faults their configured status.
@@ -36,6 +39,7 @@ use super::faults::Faults;
 use super::instant::{InstantAnswer, InstantCache};
 use super::metrics::{loads_json, prometheus_text, MetricsInput};
 use super::options::Options;
+use super::publisher::{bind_engine, EventSink, KvEndpoints, SinkConfig};
 
 /// Largest request body: a 128k-token prompt is under 1 MB of words; 64 MiB leaves room for
 /// token-id batches while bounding memory per request.
@@ -49,6 +53,8 @@ pub struct EngineServer {
     options: Arc<Options>,
     /// `None` in `--instant` mode.
     engine: Option<EngineHandle>,
+    /// The engine's KV-event sockets and sink, with `--kv-events-base-port`.
+    kv_events: Option<(KvEndpoints, Arc<EventSink>)>,
     faults: watch::Sender<Faults>,
     fault_rng: Mutex<fastrand::Rng>,
     connections_accepted: AtomicU64,
@@ -70,8 +76,26 @@ pub async fn bind_fleet(options: Options) -> Result<Vec<(TcpListener, Arc<Engine
         let listener = TcpListener::bind(address)
             .await
             .map_err(|error| format!("cannot bind {address}: {error}"))?;
-        let engine = (!options.instant)
-            .then(|| EngineHandle::spawn(Engine::new(options.engine.clone()), clock));
+        let kv_events = match options.kv_events {
+            // `--instant` conflicts with the KV-event flags: an engine that publishes has a cache.
+            Some(kv) if !options.instant => {
+                let endpoints = kv.endpoints(options.host, options.engines, index);
+                let config = SinkConfig {
+                    format: kv.format,
+                    block_size: options.engine.page_size,
+                    kept_batches_max: kv.replay_buffer_batches,
+                };
+                let sink = bind_engine(endpoints, config)
+                    .await
+                    .map_err(|error| format!("--kv-events-base-port: {error}"))?;
+                Some((endpoints, sink))
+            }
+            _ => None,
+        };
+        let engine = (!options.instant).then(|| {
+            let sink = kv_events.as_ref().map(|(_, sink)| Arc::clone(sink));
+            EngineHandle::spawn(Engine::new(options.engine.clone()), clock, sink)
+        });
         let faults = options
             .faults
             .get(usize::from(index))
@@ -82,6 +106,7 @@ pub async fn bind_fleet(options: Options) -> Result<Vec<(TcpListener, Arc<Engine
             port,
             options: Arc::clone(&options),
             engine,
+            kv_events,
             faults: watch::Sender::new(faults),
             fault_rng: Mutex::new(fastrand::Rng::with_seed(
                 options.seed.wrapping_add(u64::from(index)),
@@ -107,6 +132,12 @@ pub async fn run_fleet(options: Options) -> Result<(), String> {
             "sim-engine: engine {} listening on http://{address}",
             server.index
         );
+        if let Some((endpoints, _)) = &server.kv_events {
+            println!(
+                "sim-engine: engine {} publishing KV events on tcp://{}, replay on tcp://{}",
+                server.index, endpoints.publish, endpoints.replay
+            );
+        }
         tasks.push(tokio::spawn(serve_engine(listener, server)));
     }
     println!("sim-engine: ready");
@@ -205,6 +236,7 @@ impl EngineServer {
                 StatusCode::OK,
                 &json!({"model_path": self.options.model_name, "tokenizer_path": null, "is_generation": true}),
             ),
+            ("GET", "/server_info") => json_response(StatusCode::OK, &self.server_info()),
             ("GET", "/v1/loads") => {
                 json_response(StatusCode::OK, &loads_json(&self.loads(), self.now_s()))
             }
@@ -239,6 +271,29 @@ impl EngineServer {
             "id": self.options.model_name, "object": "model", "created": 0, "owned_by": "sim-engine",
             "root": self.options.model_name, "max_model_len": self.options.engine.kv_capacity_tokens,
         }]})
+    }
+
+    /// SGLang's `/server_info`: the server arguments a gateway reads (`page_size`, and
+    /// `kv_events_config` as SGLang keeps it: a JSON string, or null without KV events).
+    fn server_info(&self) -> Value {
+        let options = &self.options;
+        let kv_events_config = match (&self.kv_events, &options.kv_events) {
+            (Some((endpoints, _)), Some(kv)) => {
+                Value::String(endpoints.config_json(kv.replay_buffer_batches).to_string())
+            }
+            _ => Value::Null,
+        };
+        json!({
+            "model_path": options.model_name,
+            "served_model_name": options.model_name,
+            "page_size": options.engine.page_size,
+            "max_total_num_tokens": options.engine.kv_capacity_tokens,
+            "max_running_requests": options.engine.max_running_requests,
+            "chunked_prefill_size": options.engine.chunked_prefill_size,
+            "disable_radix_cache": options.instant,
+            "kv_events_config": kv_events_config,
+            "version": concat!("sim-engine ", env!("CARGO_PKG_VERSION")),
+        })
     }
 
     fn loads(&self) -> LoadSnapshot {
@@ -519,6 +574,28 @@ impl EngineServer {
                 }
             }
             ("GET", "/sim/stats") => json_response(StatusCode::OK, &self.stats_json()),
+            ("GET", "/sim/cache") => {
+                let blocks = self
+                    .engine
+                    .as_ref()
+                    .map(EngineHandle::cached_keys)
+                    .unwrap_or_default();
+                let page_size = self.options.engine.page_size;
+                json_response(
+                    StatusCode::OK,
+                    &json!({"page_size": page_size, "blocks": blocks}),
+                )
+            }
+            ("POST", "/sim/restart") => {
+                // `--instant` has no engine and no sockets: nothing to restart.
+                if let Some(engine) = &self.engine {
+                    engine.restart();
+                }
+                json_response(
+                    StatusCode::OK,
+                    &json!({"engine": self.index, "restarted": self.engine.is_some()}),
+                )
+            }
             _ => error_response(
                 StatusCode::NOT_FOUND,
                 "not_found_error",
@@ -546,6 +623,7 @@ impl EngineServer {
             "cached_tokens_total": totals.cached_tokens,
             "generation_tokens_total": totals.generation_tokens,
             "evicted_pages_total": totals.evicted_pages,
+            "kv_events": self.kv_events.as_ref().map(|(_, sink)| sink.stats_json()),
         })
     }
 }
