@@ -113,6 +113,11 @@ impl KvEvents {
         self.publish(shared);
     }
 
+    /// The index as written so far.
+    pub fn writer(&self) -> &KvIndexWriter {
+        &self.writer
+    }
+
     /// Drops a removed worker's entries and subscription (before its id can be reused).
     pub fn purge_worker(&mut self, id: WorkerId) {
         if let Some(worker) = self.workers.remove(&id) {
