@@ -33,7 +33,8 @@ use crate::ids::WorkerId;
 use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES};
 use crate::metrics::Counter;
 use crate::net::codec::{
-    self, ChunkedDecoder, Connection, DownstreamFraming, Framing, RequestHead, ResponseHead,
+    self, ChunkedDecoder, Connection, DownstreamFraming, Framing, GatewayHeaders, RequestHead,
+    ResponseHead,
 };
 use crate::net::socket::Socket;
 use crate::policy::{Prepared, WorkerView};
@@ -296,11 +297,15 @@ async fn attempt(
     // The worker has the request: the index learns it now, not when the response ends.
     record_dispatch(core, prepared, worker.id);
     let method = outgoing.head.method;
+    let gateway_headers = GatewayHeaders {
+        routed_worker_line: &worker.routed_header_line,
+        predicted_cached_tokens: prepared.predicted_cached_tokens(worker.id),
+    };
     let streamed = stream_back(
         core,
         &mut up,
         client,
-        (worker, credit),
+        (worker, credit, gateway_headers),
         method,
         deadline,
         on_status,
@@ -521,7 +526,7 @@ async fn stream_back(
     core: &DataCore,
     up: &mut UpstreamConn,
     client: &mut ClientSide<'_>,
-    (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
+    (worker, credit, gateway_headers): (&WorkerEntry, &mut InflightCredit<'_>, GatewayHeaders<'_>),
     method: Method,
     deadline: Instant,
     on_status: RetryableStatus,
@@ -557,7 +562,7 @@ async fn stream_back(
         client.write_buf,
         &head,
         &up.read_buf,
-        &worker.routed_header_line,
+        gateway_headers,
         framing,
         connection,
     );

@@ -454,13 +454,27 @@ impl DownstreamFraming {
     }
 }
 
-/// Writes the head sent to the client: the worker's status and end-to-end headers, the routed
-/// worker header, our framing and our connection decision.
+/// The header the gateway adds to a worker's response head when its index predicted the prompt
+/// tokens the worker had cached (cache_aware, token IDs): benchmarks compare it with what the
+/// engine then reports cached.
+pub const PREDICTED_CACHED_TOKENS_HEADER: &[u8] = b"x-kvgate-predicted-cached-tokens";
+
+/// What the gateway adds to a worker's response head.
+#[derive(Clone, Copy, Debug)]
+pub struct GatewayHeaders<'a> {
+    /// `x-smg-routed-worker-id: <url>\r\n`.
+    pub routed_worker_line: &'a [u8],
+    /// Prompt tokens the index said the worker holds (0: no prediction, no header).
+    pub predicted_cached_tokens: u32,
+}
+
+/// Writes the head sent to the client: the worker's status and end-to-end headers, the gateway's
+/// headers, our framing and our connection decision.
 pub fn write_downstream_response_head(
     out: &mut Vec<u8>,
     head: &ResponseHead,
     buf: &[u8],
-    routed_header_line: &[u8],
+    gateway: GatewayHeaders<'_>,
     framing: DownstreamFraming,
     connection: Connection,
 ) {
@@ -470,7 +484,13 @@ pub fn write_downstream_response_head(
     out.extend_from_slice(&buf[head.reason.clone()]);
     out.extend_from_slice(b"\r\n");
     write_end_to_end_headers(out, buf, &head.headers, b"x-smg-routed-worker-id");
-    out.extend_from_slice(routed_header_line);
+    out.extend_from_slice(gateway.routed_worker_line);
+    if gateway.predicted_cached_tokens > 0 {
+        out.extend_from_slice(PREDICTED_CACHED_TOKENS_HEADER);
+        out.extend_from_slice(b": ");
+        write_decimal(out, u64::from(gateway.predicted_cached_tokens));
+        out.extend_from_slice(b"\r\n");
+    }
     match framing {
         DownstreamFraming::Length(n) => write_content_length(out, n),
         DownstreamFraming::Empty if head.status >= 200 && head.status != 204 => {

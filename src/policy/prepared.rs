@@ -11,6 +11,7 @@
 //! connection keeps.
 
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
+use crate::ids::WorkerId;
 use crate::index::hash::{Head, HeadMatch};
 use crate::index::kv::BlockMatch;
 use crate::index::{LookupHint, Namespace, TokenPages, TreeMatch};
@@ -91,6 +92,25 @@ impl Prepared {
     /// text estimated at [`PREFIX_HASH_CHARS_PER_TOKEN`] bytes per token.
     pub fn request_tokens(&self) -> u64 {
         prompt_tokens(self.input.key())
+    }
+
+    /// The prompt tokens the index says `worker` has cached (0: no prediction): the matched
+    /// whole pages when the token tree lists it as a tenant of the matched prefix, its leading
+    /// blocks when the KV-event index lists it. Text and hash-mode requests predict nothing.
+    pub fn predicted_cached_tokens(&self, worker: WorkerId) -> u32 {
+        match &self.lookup {
+            Some(Lookup::Tree { matched, .. })
+                if matches!(self.input.key(), RoutingKey::Tokens(_))
+                    && matched.tenants().contains(&worker) =>
+            {
+                matched.matched_len
+            }
+            Some(Lookup::Blocks(blocks)) => {
+                let held = blocks.holders().iter().find(|(w, _)| *w == worker);
+                held.map_or(0, |(_, n)| n.saturating_mul(blocks.block_size))
+            }
+            _ => 0,
+        }
     }
 
     /// The key as the index mode compares it.

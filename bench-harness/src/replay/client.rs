@@ -24,6 +24,9 @@ use super::sse::{parse_usage, SseScanner, Usage};
 /// The response header naming the worker a gateway picked.
 pub const ROUTED_WORKER_HEADER: &str = "x-smg-routed-worker-id";
 
+/// The prompt tokens kvgate's index predicted the worker had cached (absent: no prediction).
+pub const PREDICTED_CACHED_TOKENS_HEADER: &str = "x-kvgate-predicted-cached-tokens";
+
 /// Why a request failed.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ErrorKind {
@@ -58,6 +61,8 @@ pub struct Outcome {
     pub itl_us: Vec<u32>,
     pub usage: Usage,
     pub worker: Option<String>,
+    /// The gateway's prediction of the cached prompt tokens on that worker, if it made one.
+    pub predicted_cached_tokens: Option<u64>,
     pub error: Option<ErrorKind>,
 }
 
@@ -250,6 +255,11 @@ async fn read_response(
         .get(ROUTED_WORKER_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let predicted_cached_tokens = response
+        .headers()
+        .get(PREDICTED_CACHED_TOKENS_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
     let is_sse = response
         .headers()
         .get(hyper::header::CONTENT_TYPE)
@@ -258,6 +268,7 @@ async fn read_response(
     let mut body = response.into_body();
     let mut outcome = Outcome {
         worker,
+        predicted_cached_tokens,
         ..Outcome::default()
     };
     if !status.is_success() {

@@ -38,10 +38,19 @@ pub const DIRECT: &str = "direct";
 /// `--cache-boundaries` with `--gateway-args`, which also set `prefix_hash`'s depth).
 pub const CACHE_AWARE_HASH: &str = "cache_aware:hash";
 
+/// cache_aware on the KV-event index: the engines publish KV events (`sim-engine
+/// --kv-events-base-port`) and the gateway routes token-ID requests on what they report caching
+/// (it learns the endpoints from their `/server_info`).
+pub const CACHE_AWARE_KV: &str = "cache_aware:kv";
+
+/// The pseudo-policies beside `--policy` names.
+const PSEUDO_POLICIES: [&str; 3] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV];
+
 /// The gateway flags that run one entry of `--policies`.
 fn policy_flags(policy: &str) -> Vec<&str> {
     match policy {
         CACHE_AWARE_HASH => vec!["--policy", "cache_aware", "--cache-index", "hash"],
+        CACHE_AWARE_KV => vec!["--policy", "cache_aware"],
         _ => vec!["--policy", policy],
     }
 }
@@ -81,11 +90,12 @@ pub fn validate_policies(policies: &[String]) -> Result<(), String> {
         ));
     }
     for policy in policies {
-        let pseudo = [DIRECT, CACHE_AWARE_HASH].contains(&policy.as_str());
+        let pseudo = PSEUDO_POLICIES.contains(&policy.as_str());
         if !pseudo && !KNOWN_POLICIES.contains(&policy.as_str()) {
             return Err(format!(
-                "--policies: unknown policy {policy:?} (known: {}, and {DIRECT}, {CACHE_AWARE_HASH})",
-                KNOWN_POLICIES.join(", ")
+                "--policies: unknown policy {policy:?} (known: {}, and {})",
+                KNOWN_POLICIES.join(", "),
+                PSEUDO_POLICIES.join(", ")
             ));
         }
     }
@@ -213,6 +223,11 @@ async fn start_engines(
     let (engines, base) = (options.engines.to_string(), base_port.to_string());
     sim.args(["--engines", &engines, "--base-port", &base]);
     sim.args(&options.sim_args);
+    if policy == CACHE_AWARE_KV {
+        // PUB sockets on kv_base + i, replay sockets on kv_base + engines + i.
+        let kv_base = free_port_range(2 * options.engines)?.to_string();
+        sim.args(["--kv-events-base-port", &kv_base]);
+    }
     let log = options
         .log_dir
         .join(format!("{}-sim-engine.log", policy.replace(':', "-")));
@@ -401,5 +416,7 @@ mod tests {
             ["--policy", "cache_aware", "--cache-index", "hash"]
         );
         assert_eq!(policy_flags("prefix_hash"), ["--policy", "prefix_hash"]);
+        assert!(validate_policies(&policies(&[CACHE_AWARE_KV])).is_ok());
+        assert_eq!(policy_flags(CACHE_AWARE_KV), ["--policy", "cache_aware"]);
     }
 }

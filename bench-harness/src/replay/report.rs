@@ -85,6 +85,19 @@ pub struct ReplayReport {
     pub per_worker: BTreeMap<String, WorkerStats>,
     /// Responses without an `x-smg-routed-worker-id` header.
     pub unattributed_requests: u64,
+    /// Successful requests for which the gateway predicted the worker's cached prompt tokens
+    /// (kvgate's `x-kvgate-predicted-cached-tokens`), and of those the ones whose engine then
+    /// reported fewer cached tokens than predicted: how far the index's predictions drift from
+    /// the engines' truth.
+    #[serde(default)]
+    pub predicted_requests: u64,
+    #[serde(default)]
+    pub prediction_misses: u64,
+    /// Prompt tokens predicted cached, and of those the ones the engines reported cached.
+    #[serde(default)]
+    pub predicted_tokens: u64,
+    #[serde(default)]
+    pub predicted_tokens_cached: u64,
     /// Latest any request left after its scheduled time, in ms: large values mean the load
     /// generator (or the in-flight cap) could not keep up with the pacing.
     pub send_lag_ms_max: f64,
@@ -231,6 +244,14 @@ impl Recorder {
             }
             None => report.unattributed_requests += 1,
         }
+        if let Some(predicted) = outcome.predicted_cached_tokens.filter(|p| *p > 0) {
+            report.predicted_requests += 1;
+            report.predicted_tokens += predicted;
+            report.predicted_tokens_cached += cached.min(predicted);
+            if cached < predicted {
+                report.prediction_misses += 1;
+            }
+        }
         self.timeline.add(done_at, prompt, cached);
         if let Some(ttft) = outcome.ttft {
             record_us(&mut self.ttft_us, ttft.as_micros() as u64);
@@ -352,6 +373,13 @@ pub fn table(reports: &[ReplayReport]) -> String {
             r.per_worker.len()
         )
     });
+    if reports.iter().any(|r| r.predicted_requests > 0) {
+        row("predicted hits", &|r| r.predicted_requests.to_string());
+        row("predictions missed", &|r| {
+            let missed = ratio(r.prediction_misses, r.predicted_requests);
+            format!("{:.1}%", missed * 100.0)
+        });
+    }
     if reports.iter().any(|r| r.skipped_lines > 0) {
         row("skipped trace lines", &|r| r.skipped_lines.to_string());
     }
@@ -401,6 +429,7 @@ mod tests {
             itl_us: vec![1000, 3000],
             usage,
             worker: Some(worker.into()),
+            predicted_cached_tokens: None,
             error: None,
         };
         Completion {
@@ -409,6 +438,34 @@ mod tests {
             send_lag: Duration::ZERO,
             outcome,
         }
+    }
+
+    #[test]
+    fn predictions_are_compared_with_what_the_engine_cached() {
+        let predicted = |mut completion: Completion, tokens: u64| {
+            completion.outcome.predicted_cached_tokens = Some(tokens);
+            completion
+        };
+        let mut recorder = Recorder::new();
+        // Held as predicted; more than predicted; less (the engine had evicted); no prediction.
+        recorder.record(predicted(ok("a", 100, 64, 1), 64));
+        recorder.record(predicted(ok("a", 100, 96, 1), 64));
+        recorder.record(predicted(ok("b", 100, 16, 1), 64));
+        recorder.record(ok("b", 100, 0, 1));
+        let report = recorder.finish("tree", Duration::from_secs(1), &[]);
+        assert_eq!(
+            (report.predicted_requests, report.prediction_misses),
+            (3, 1)
+        );
+        assert_eq!(
+            (report.predicted_tokens, report.predicted_tokens_cached),
+            (192, 144)
+        );
+        let text = table(&[report]);
+        assert!(
+            text.contains("predictions missed") && text.contains("33.3%"),
+            "{text}"
+        );
     }
 
     #[test]

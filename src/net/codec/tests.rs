@@ -217,11 +217,15 @@ fn downstream_head_adds_routed_worker_and_framing() {
     let head = parse_response_head(input, Method::Post).unwrap().unwrap();
     let mut out = Vec::new();
     let framing = DownstreamFraming::choose(head.framing, 1);
+    let gateway = GatewayHeaders {
+        routed_worker_line: b"x-smg-routed-worker-id: http://w:1\r\n",
+        predicted_cached_tokens: 0,
+    };
     write_downstream_response_head(
         &mut out,
         &head,
         input,
-        b"x-smg-routed-worker-id: http://w:1\r\n",
+        gateway,
         framing,
         Connection::KeepAlive,
     );
@@ -229,6 +233,27 @@ fn downstream_head_adds_routed_worker_and_framing() {
     assert_eq!(
         text,
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nx-smg-routed-worker-id: http://w:1\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    // A prediction adds its header after the routed worker.
+    let mut out = Vec::new();
+    let predicted = GatewayHeaders {
+        predicted_cached_tokens: 4096,
+        ..gateway
+    };
+    write_downstream_response_head(
+        &mut out,
+        &head,
+        input,
+        predicted,
+        framing,
+        Connection::KeepAlive,
+    );
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains(
+            "x-smg-routed-worker-id: http://w:1\r\nx-kvgate-predicted-cached-tokens: 4096\r\n"
+        ),
+        "{text}"
     );
     assert_eq!(
         DownstreamFraming::choose(Framing::Chunked, 0),
@@ -331,7 +356,8 @@ mod never_panics {
             if let Ok(Some(head)) = parse_response_head(&response, Method::Post) {
                 let mut out = Vec::new();
                 let framing = DownstreamFraming::choose(head.framing, 1);
-                write_downstream_response_head(&mut out, &head, &response, b"x: y\r\n", framing, Connection::KeepAlive);
+                let gateway = GatewayHeaders { routed_worker_line: b"x: y\r\n", predicted_cached_tokens: 0 };
+                write_downstream_response_head(&mut out, &head, &response, gateway, framing, Connection::KeepAlive);
             }
         }
 
