@@ -298,7 +298,9 @@ fn routing_follows_what_the_engines_report_holding() {
         assert_eq!(routed(&gateway, &tokens(2, 6)), url_a);
     }
     // The response says what the index predicted the worker holds: 4 blocks of 16.
-    let response = gateway.client().post_json("/generate", &generate(&tokens(1, 6)));
+    let response = gateway
+        .client()
+        .post_json("/generate", &generate(&tokens(1, 6)));
     let predicted = response.header("x-kvgate-predicted-cached-tokens");
     assert_eq!(predicted, Some("64"), "{:?}", response.headers);
     // The gateway recorded none of these ten decisions anywhere: still 4 blocks each, and the

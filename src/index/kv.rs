@@ -93,6 +93,23 @@ impl BlockMatch {
     pub fn holders(&self) -> &[(WorkerId, u32)] {
         &self.holders[..usize::from(self.len)]
     }
+
+    /// Counts `worker` as holding `blocks` leading blocks unless it holds more already (a
+    /// dispatch whose blocks its engine has not reported yet); the order is kept.
+    pub fn add_holder(&mut self, worker: WorkerId, blocks: u32) {
+        let len = usize::from(self.len);
+        match self.holders[..len].iter().position(|(w, _)| *w == worker) {
+            Some(i) if self.holders[i].1 >= blocks => return,
+            Some(i) => self.holders[i].1 = blocks,
+            None if len < KV_EVENT_WORKERS_MAX => {
+                self.holders[len] = (worker, blocks);
+                self.len += 1;
+            }
+            None => return,
+        }
+        let len = usize::from(self.len);
+        self.holders[..len].sort_by_key(|(_, held)| std::cmp::Reverse(*held));
+    }
 }
 
 /// The models whose workers publish KV events, each with the block size its workers' events

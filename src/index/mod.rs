@@ -646,6 +646,11 @@ impl TokenKey {
     pub fn pages(&self) -> &[u64] {
         &self.pages
     }
+
+    /// Tokens per page the hashes were computed with.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
 }
 
 /// The dispatch record's key of `tokens`.

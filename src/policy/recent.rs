@@ -3,14 +3,17 @@
 //! same worker before the control core's insert reaches the index. A lookup compares the request
 //! against each live entry (longest common prefix, in the tree's units) and the result is merged
 //! into the index's answer, never replacing a longer tree match; in hash mode a recent dispatch
-//! of one of the request's heads makes its worker a holder of that head. The caller consults it
-//! only on an index miss (the burst case), so a warm index never pays for the comparisons.
+//! of one of the request's heads makes its worker a holder of that head, and for the KV-event
+//! index a recent dispatch sharing leading blocks makes its worker a holder of them (the engine
+//! reports blocks only once it computed them). The caller consults it only on an index miss (the
+//! burst case), so a warm index never pays for the comparisons.
 
 use super::prepared::IndexKey;
 use super::record::KeyData;
 use crate::ids::WorkerId;
 use crate::index::hash::HeadMatch;
-use crate::index::{common_prefix, count_chars, Namespace, TreeMatch};
+use crate::index::kv::BlockMatch;
+use crate::index::{common_prefix, count_chars, Namespace, TokenPages, TreeMatch};
 use crate::limits::MATCH_TENANTS_MAX;
 
 /// Entries kept per core: a burst of distinct new prefixes larger than this within the window
@@ -103,6 +106,33 @@ impl RecentDispatches {
                 if recorded.contains(&heads.hits[index].head.hash) {
                     heads.add_holder(index, entry.worker);
                 }
+            }
+        }
+    }
+}
+
+impl RecentDispatches {
+    /// KV-event mode: adds the worker of each live recent dispatch sharing leading blocks with
+    /// the request (`pages`, of `blocks.block_size` tokens) as a holder of that many: its engine
+    /// is computing them and has not reported them yet.
+    pub fn merge_blocks_into(
+        &self,
+        blocks: &mut BlockMatch,
+        namespace: Namespace,
+        pages: &TokenPages,
+        now_ms: u64,
+    ) {
+        for entry in &self.entries {
+            let KeyData::Tokens(sent) = &entry.key else {
+                continue;
+            };
+            let stale = now_ms.saturating_sub(entry.tick_ms) > RECENT_DISPATCH_WINDOW_MS;
+            if stale || entry.namespace != namespace || sent.block_size() != pages.block_size() {
+                continue;
+            }
+            let shared = common_prefix(sent.pages(), pages.pages());
+            if shared > 0 {
+                blocks.add_holder(entry.worker, u32::try_from(shared).unwrap_or(u32::MAX));
             }
         }
     }
@@ -201,6 +231,31 @@ mod tests {
             (longer.matched_len, longer.tenants()),
             (48, &[WorkerId(5)][..])
         );
+    }
+
+    #[test]
+    fn recent_dispatches_stand_in_for_blocks_the_engine_has_not_reported() {
+        let mut recent = RecentDispatches::default();
+        let sent: Vec<u32> = (0..64).collect();
+        let key = KeyData::of(IndexKey::Tokens(&TokenPages::of(&sent, 16)));
+        recent.push(NS, key, WorkerId(3), 1_000);
+        // A longer request sharing the 4 blocks sent to worker 3.
+        let request: Vec<u32> = (0..100).collect();
+        let pages = TokenPages::of(&request, 16);
+        let mut blocks = BlockMatch {
+            request_blocks: 6,
+            block_size: 16,
+            ..BlockMatch::default()
+        };
+        recent.merge_blocks_into(&mut blocks, NS, &pages, 1_050);
+        assert_eq!(blocks.holders(), &[(WorkerId(3), 4)]);
+        // Past the window, in another namespace, or in pages of another size: nothing.
+        let mut late = BlockMatch::default();
+        recent.merge_blocks_into(&mut late, NS, &pages, 1_000 + RECENT_DISPATCH_WINDOW_MS + 1);
+        let other = Namespace { partition: 9, ..NS };
+        recent.merge_blocks_into(&mut late, other, &pages, 1_050);
+        recent.merge_blocks_into(&mut late, NS, &TokenPages::of(&request, 8), 1_050);
+        assert!(late.holders().is_empty());
     }
 
     #[test]

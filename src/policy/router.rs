@@ -24,6 +24,7 @@ use fastrand::Rng;
 
 use super::lookup::{Blocks, IndexLookup};
 use super::placements::Placements;
+use super::prepared::IndexKey;
 use super::prepared::{prompt_tokens, Lookup, Prepared};
 use super::recent::RecentDispatches;
 use super::record::{model_hash, KeyData, RecordKey};
@@ -153,7 +154,16 @@ impl Router {
                 let block_size = reported.unwrap_or(configured);
                 prepared.pages.hash(tokens, block_size);
                 let (pages, chain) = (prepared.pages.pages(), &mut prepared.chain);
-                prepared.lookup = events.map(|e| e.lookup(pages, block_size, chain));
+                let mut lookup = events.map(|e| e.lookup(pages, block_size, chain));
+                // Only a miss can be a burst of a prefix the engines have not reported yet.
+                if let Some(Lookup::Blocks(blocks)) = &mut lookup {
+                    if blocks.holders().is_empty() {
+                        let (namespace, now_ms) = (prepared.namespace, prepared.now_ms);
+                        self.recent
+                            .merge_blocks_into(blocks, namespace, &prepared.pages, now_ms);
+                    }
+                }
+                prepared.lookup = lookup;
                 return Ok(());
             }
             // The index's block size: both come from `--block-size`.
@@ -416,8 +426,13 @@ impl Router {
             Lookup::Heads(heads) if heads.len > 0 => Default::default(),
             // No token IDs, or fewer than the smallest boundary: nothing to record.
             Lookup::Heads(_) | Lookup::Short => return None,
-            // Step 7: only engine events change the KV-event index.
-            Lookup::Blocks(_) => return None,
+            // Step 7: only engine events change the KV-event index; this core remembers the
+            // dispatch for the burst that may follow before the engine reports its blocks.
+            Lookup::Blocks(_) => {
+                let key = KeyData::of(IndexKey::Tokens(&prepared.pages));
+                self.recent.push(prepared.namespace, key, worker, tick_ms);
+                return None;
+            }
         };
         let namespace = prepared.namespace;
         let model = namespace.model;

@@ -244,3 +244,38 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn added_holders_keep_the_most_blocks_first_and_never_lower_a_count() {
+    let mut found = BlockMatch::default();
+    found.add_holder(WorkerId(1), 2);
+    found.add_holder(WorkerId(2), 5);
+    found.add_holder(WorkerId(1), 1);
+    assert_eq!(found.holders(), &[(WorkerId(2), 5), (WorkerId(1), 2)]);
+    found.add_holder(WorkerId(1), 7);
+    assert_eq!(found.holders(), &[(WorkerId(1), 7), (WorkerId(2), 5)]);
+}
+
+#[test]
+fn publishing_models_answer_with_their_block_size_or_for_any_model() {
+    let models = PublishingModels {
+        models: vec![(7, 16), (8, 0)],
+        any_model: None,
+    };
+    assert_eq!(models.of(7), Some(Some(16)));
+    assert_eq!(
+        models.of(8),
+        Some(None),
+        "publishing, no block reported yet"
+    );
+    assert_eq!(models.of(9), None);
+    let wildcard = PublishingModels {
+        any_model: Some(32),
+        ..models
+    };
+    assert_eq!(wildcard.of(9), Some(Some(32)));
+    let writer = KvIndexWriter::new(16);
+    let reader = writer.reader();
+    writer.publish_models(wildcard);
+    assert_eq!(reader.publishing(9), Some(Some(32)));
+}
