@@ -373,15 +373,26 @@ fn a_lost_batch_is_replayed_and_without_replay_the_entries_are_rebuilt() {
 
 #[test]
 fn a_restarted_publisher_drops_the_entries_and_a_malformed_batch_is_skipped() {
-    let (a, b) = (origin(), origin());
+    let (a, b, c) = (origin(), origin(), origin());
     let publisher = Publisher::start();
-    let endpoints = [publisher.endpoint(true), "none".to_string()];
+    // Worker c's publisher has no replay socket: its restart shows by its numbers alone.
+    let bare = Publisher::start();
+    let endpoints = [
+        publisher.endpoint(true),
+        "none".to_string(),
+        bare.endpoint(false),
+    ];
     let mut args = vec!["--kv-events-endpoints"];
     args.extend(endpoints.iter().map(String::as_str));
-    let gateway = Gateway::start(&[a.url(), b.url()], &args);
-    let url_a = a.url();
+    let gateway = Gateway::start(&[a.url(), b.url(), c.url()], &args);
+    let (url_a, url_c) = (a.url(), c.url());
     wait_up(&gateway, &url_a);
+    wait_up(&gateway, &url_c);
     publisher.publish(&[store_family(5, 3)]);
+    for _ in 0..3 {
+        bare.publish(&[store_family(9, 4)]);
+    }
+    wait_held(&gateway, &url_c, 4.0);
     wait_held(&gateway, &url_a, 3.0);
     // Not msgpack: counted, skipped, and the stream goes on.
     publisher.publish_raw(b"\xc1 not a batch".to_vec());
@@ -411,6 +422,23 @@ fn a_restarted_publisher_drops_the_entries_and_a_malformed_batch_is_skipped() {
         gateway.metrics()
     );
     assert_eq!(routed(&gateway, &tokens(7, 2)), url_a);
+    bare.restart();
+    // Numbers going back (restart), past ours (gap) or the next one (unverified): whichever the
+    // first batch after the reconnection shows, worker c starts over once.
+    let resets = |reason: &str| {
+        let extra = format!(",reason=\"{reason}\"");
+        gateway.metric(&series("kvgate_kv_event_resets_total", &url_c, &extra))
+    };
+    assert!(
+        wait_until(WAIT, || {
+            bare.publish(&[store_family(10, 1)]);
+            std::thread::sleep(Duration::from_millis(100));
+            let started_over = resets("restart") + resets("gap") + resets("unverified");
+            started_over == 1.0 && held(&gateway, &url_c) == 1.0
+        }),
+        "{}",
+        gateway.metrics()
+    );
     // Worker b publishes nothing the gateway reads: no stream is listed for it.
     assert!(!gateway
         .metrics()

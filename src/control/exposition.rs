@@ -144,7 +144,8 @@ pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut 
         name,
         "counter",
         "Times all of a worker's entries were dropped: gap (batches lost, not replayed), restart \
-         (its publisher started over), expired (silent for --kv-indexer-ttl-secs)",
+         (its publisher started over), expired (silent for --kv-indexer-ttl-secs), unverified \
+         (reconnected without a replay socket)",
     );
     for (worker, s) in &labelled {
         for (reset, n) in Reset::ALL.iter().zip(s.resets) {

@@ -383,6 +383,16 @@ impl KvEvents {
                         "KV events: the publisher restarted; the worker's entries dropped"
                     );
                 }
+                FeedItem::Unverified => {
+                    let dropped = self.writer.clear(id);
+                    stats.reset(Reset::Unverified);
+                    tracing::info!(
+                        worker = worker.url,
+                        dropped,
+                        "KV events: reconnected without a replay socket; entries rebuilt from new \
+                         events"
+                    );
+                }
                 FeedItem::Gap { missing } => {
                     let dropped = self.writer.clear(id);
                     stats.reset(Reset::Gap);

@@ -15,8 +15,9 @@
 //! - A publisher that restarted: after every reconnection the replay socket must still buffer
 //!   the batch last handed on, under its number and with the same payload (a restarted engine
 //!   numbers from 0 again and buffers other batches); without a replay socket, numbers going
-//!   back are the sign. Reported ([`FeedItem::Restarted`]: the engine's cache is gone) and
-//!   followed from its first batch.
+//!   back are the sign, and a reconnection that cannot be checked starts the worker over
+//!   ([`FeedItem::Unverified`]). Reported ([`FeedItem::Restarted`]: the engine's cache is gone)
+//!   and followed from its first batch.
 //! - Failures: the socket reconnects by itself after a disconnection; a failed connect or
 //!   receive opens a new socket after a backoff (`KV_EVENTS_BACKOFF_*`). Each is reported.
 //!
@@ -80,6 +81,9 @@ pub enum FeedItem {
         /// The numbers never received.
         missing: Range<u64>,
     },
+    /// Reconnected without a replay socket: whether the publisher restarted cannot be told,
+    /// the worker's entries must be rebuilt.
+    Unverified,
     /// A batch seen already: skipped.
     Duplicate,
     /// A message that is not `[topic, seq, payload]`: skipped.
@@ -252,7 +256,10 @@ async fn follow(endpoint: KvEventsEndpoint, out: Out) {
         stream.out.send(FeedItem::Connected).await;
         // A new socket: the publisher may have restarted since the last one.
         stream.resync().await;
-        let mut reconnected = true;
+        // Without a replay socket to resync with, the next live batch is the first since a
+        // (re)connection and shows a restart by its number; and a reconnection not resynced yet.
+        let resyncs = stream.endpoint.replay.is_some();
+        let (mut reconnected, mut disconnected) = (!resyncs, false);
         loop {
             tokio::select! {
                 received = socket.recv() => {
@@ -266,11 +273,17 @@ async fn follow(endpoint: KvEventsEndpoint, out: Out) {
                         continue;
                     };
                     let payload = message.get(2).cloned().unwrap_or_default();
-                    // Without a replay socket to compare with, numbers going back after a
-                    // reconnection (or to 0) are the only sign of a restarted publisher.
-                    let behind = stream.sequence.next().is_some_and(|next| seq < next);
+                    // A live stream never goes back: numbers going back after a reconnection
+                    // (or to 0) mean a restarted publisher. Without a replay socket a
+                    // reconnection cannot be checked otherwise: the next number expected may
+                    // be a restarted publisher's too, so the worker starts over.
+                    let next = stream.sequence.next();
+                    let behind = next.is_some_and(|next| seq < next);
                     if behind && (reconnected || seq == 0) {
                         stream.restarted().await;
+                    } else if reconnected && next == Some(seq) {
+                        stream.out.send(FeedItem::Unverified).await;
+                        stream.sequence.restart();
                     }
                     reconnected = false;
                     stream.deliver(seq, payload).await;
@@ -278,13 +291,13 @@ async fn follow(endpoint: KvEventsEndpoint, out: Out) {
                 event = monitor.next() => match event {
                     Some(SocketEvent::Disconnected(_)) => {
                         stream.out.send(FeedItem::Failed(Failure::Disconnected)).await;
-                        reconnected = true;
+                        (reconnected, disconnected) = (!resyncs, true);
                     }
-                    Some(SocketEvent::Connected(..)) => {
+                    // The socket reconnected by itself.
+                    Some(SocketEvent::Connected(..)) if disconnected => {
+                        disconnected = false;
                         stream.out.send(FeedItem::Connected).await;
-                        if reconnected {
-                            stream.resync().await;
-                        }
+                        stream.resync().await;
                     }
                     Some(_) => {}
                     // The socket is gone: open a new one.

@@ -51,11 +51,18 @@ pub enum Reset {
     Restart,
     /// The stream was silent for `--kv-indexer-ttl-secs`.
     Expired,
+    /// Reconnected to a publisher without a replay socket: nothing shows whether it restarted.
+    Unverified,
 }
 
 impl Reset {
     /// Every reason, in exposition order.
-    pub const ALL: [Reset; 3] = [Reset::Gap, Reset::Restart, Reset::Expired];
+    pub const ALL: [Reset; 4] = [
+        Reset::Gap,
+        Reset::Restart,
+        Reset::Expired,
+        Reset::Unverified,
+    ];
 
     /// The metric label.
     pub fn label(self) -> &'static str {
@@ -63,6 +70,7 @@ impl Reset {
             Reset::Gap => "gap",
             Reset::Restart => "restart",
             Reset::Expired => "expired",
+            Reset::Unverified => "unverified",
         }
     }
 }
