@@ -13,7 +13,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("leaves", &["limits", "ids", "error", "copy"]),
     (
         "domain",
-        &["config", "request", "index", "policy", "workers", "metrics"],
+        &[
+            "config", "request", "index", "policy", "tokenize", "workers", "metrics",
+        ],
     ),
     ("shared", &["shared"]),
     ("net", &["net"]),
