@@ -129,7 +129,7 @@ pub async fn proxy_request(
         head_buf: read_buf,
         body: request.body(read_buf, body_buf),
     };
-    prepare(core, prepared, endpoint, outgoing)?;
+    prepare(core, prepared, endpoint, outgoing).await?;
     let catalog = core.shared.catalog.load();
     let models = catalog
         .workers_for(prepared.model())
@@ -209,8 +209,11 @@ pub async fn proxy_request(
 
 /// The prepare phase: one pass over the body reads the routing input (model, key, partition)
 /// without building a document, and the router looks it up; a body that is not a JSON object
-/// is a 400.
-fn prepare(
+/// is a 400. A prompt whose uncached part is too long to tokenize on the data core goes to the
+/// tokenizer pool: the request's task waits for it there, the core serves its other
+/// connections meanwhile, and the router completes the preparation with the IDs (or, when the
+/// pool's queue was full, with the text).
+async fn prepare(
     core: &DataCore,
     prepared: &mut Prepared,
     endpoint: Endpoint,
@@ -224,10 +227,16 @@ fn prepare(
         target_worker: header(TARGET_WORKER_HEADER),
     };
     let now_ms = core.shared.tick_now();
-    core.router
+    let cold = core
+        .router
         .borrow_mut()
-        .prepare(prepared, endpoint, headers, outgoing.body, now_ms)
-        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
+        .prepare_or_defer(prepared, endpoint, headers, outgoing.body, now_ms)
+        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))?;
+    if let Some(work) = cold {
+        let done = monoio::spawn_blocking(move || work.run()).await.ok();
+        core.router.borrow_mut().finish_prepare(prepared, done);
+    }
+    Ok(())
 }
 
 /// The select phase of one attempt: a worker this request has not tried, else (every eligible

@@ -28,13 +28,17 @@ use super::recent::RecentDispatches;
 use super::record::{model_hash, KeyData, RecordKey};
 use super::{
     cache_aware, simple, Affinity, Branch, CacheIndexKind, Decision, PolicyConfig, PolicyKind,
-    PolicyMetrics, WorkerLoad, WorkerRing, WorkerStatus,
+    PolicyMetrics, TokenizerFigures, WorkerLoad, WorkerRing, WorkerStatus,
 };
 use crate::ids::WorkerId;
 use crate::index::hash::{request_heads, HeadMatch};
 use crate::index::{count_chars, Namespace, TreeMatch};
 use crate::limits::MODELS_MAX;
-use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingKey};
+use crate::request::{extract, Endpoint, KeySource, RequestError, RoutingHeaders, RoutingKey};
+use crate::tokenize::{
+    self, Begun, CacheConfig, ColdDone, ColdWork, PromptSource, TokenCache, TokenizeError,
+    TokenizerSet,
+};
 use crate::workers::catalog::ModelWorkers;
 use crate::workers::retry::TriedWorkers;
 use crate::workers::table::{Roster, WorkerTable};
@@ -73,6 +77,40 @@ pub struct Router {
     ring_members: Vec<(WorkerId, String)>,
     /// Models whose name this core already sent the control core.
     announced_models: Vec<u64>,
+    /// The models' tokenizers and this core's tokenization cache (`None`: no model has one).
+    tokenizing: Option<Tokenizing>,
+}
+
+/// A data core's tokenization state: the models' tokenizers (shared, read-only) and this
+/// core's cache, which no other thread touches.
+#[derive(Debug)]
+struct Tokenizing {
+    set: Arc<TokenizerSet>,
+    cache: TokenCache,
+    inline_max_bytes: usize,
+    failures: u64,
+}
+
+impl Tokenizing {
+    /// A request that stays on its text: logged at debug, counted.
+    fn failed(&mut self, error: &TokenizeError) {
+        self.failures += 1;
+        tracing::debug!("request not tokenized, routing on its text: {error}");
+    }
+
+    /// Publishes this core's cache figures for `/metrics`.
+    fn publish(&self, metrics: &PolicyMetrics) {
+        let stats = self.cache.stats();
+        metrics.set_tokenizer(TokenizerFigures {
+            l0_hits: stats.l0_hits,
+            l0_misses: stats.l0_misses,
+            l1_hits: stats.l1_hits,
+            l1_misses: stats.l1_misses,
+            l0_entries: self.cache.l0_entries() as u64,
+            l1_bytes: self.cache.l1_bytes() as u64,
+            failures: self.failures,
+        });
+    }
 }
 
 impl Router {
@@ -96,7 +134,26 @@ impl Router {
             ring: WorkerRing::default(),
             ring_members: Vec::new(),
             announced_models: Vec::new(),
+            tokenizing: None,
         }
+    }
+
+    /// Tokenizes chat, completions and messages requests of the models in `tokenizers`
+    /// through a cache bounded by `cache`; cold work over `inline_max_bytes` is handed back by
+    /// [`Router::prepare_or_defer`].
+    pub fn with_tokenizers(
+        mut self,
+        tokenizers: Arc<TokenizerSet>,
+        cache: CacheConfig,
+        inline_max_bytes: usize,
+    ) -> Router {
+        self.tokenizing = (!tokenizers.is_empty()).then(|| Tokenizing {
+            set: tokenizers,
+            cache: TokenCache::new(cache),
+            inline_max_bytes,
+            failures: 0,
+        });
+        self
     }
 
     /// The configuration.
@@ -110,7 +167,9 @@ impl Router {
     }
 
     /// Prepares a request (see the module documentation): `now_ms` is the gateway tick. A body
-    /// that is not a JSON object is a [`RequestError`] (400).
+    /// that is not a JSON object is a [`RequestError`] (400). Cold tokenization, however long,
+    /// runs here, on the caller's thread (tests, benchmarks); the data core uses
+    /// [`Router::prepare_or_defer`] instead.
     pub fn prepare(
         &mut self,
         prepared: &mut Prepared,
@@ -119,6 +178,25 @@ impl Router {
         body: &[u8],
         now_ms: u64,
     ) -> Result<(), RequestError> {
+        let cold = self.prepare_or_defer(prepared, endpoint, headers, body, now_ms)?;
+        if let Some(work) = cold {
+            self.finish_prepare(prepared, Some(work.run()));
+        }
+        Ok(())
+    }
+
+    /// [`Router::prepare`], except that cold tokenization longer than the data core may spend
+    /// (`--tokenizer-inline-max-bytes`) comes back as a [`ColdWork`]: the caller runs it off
+    /// the core and then calls [`Router::finish_prepare`] (the request is not prepared until
+    /// then). `None`: the request is prepared.
+    pub fn prepare_or_defer(
+        &mut self,
+        prepared: &mut Prepared,
+        endpoint: Endpoint,
+        headers: RoutingHeaders<'_>,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<Option<ColdWork>, RequestError> {
         extract(endpoint, body, headers, &mut prepared.input)?;
         prepared.now_ms = now_ms;
         prepared.namespace = Namespace {
@@ -127,9 +205,93 @@ impl Router {
         };
         prepared.lookup = None;
         prepared.heads.clear();
+        if let Some(work) = self.tokenize(prepared, endpoint, body) {
+            if work.cold_bytes() > self.tokenizing.as_ref().map_or(0, |t| t.inline_max_bytes) {
+                self.metrics.count_tokenize_offloaded();
+                return Ok(Some(work));
+            }
+            self.finish_prepare(prepared, Some(work.run()));
+            return Ok(None);
+        }
+        self.look_up(prepared);
+        Ok(None)
+    }
+
+    /// Completes a request [`Router::prepare_or_defer`] deferred, with its cold work done
+    /// (`None`: the work could not run, the request routes on its text).
+    pub fn finish_prepare(&mut self, prepared: &mut Prepared, done: Option<ColdDone>) {
+        if let (Some(tokenizing), Some(done)) = (&mut self.tokenizing, done) {
+            let finished = tokenize::finish(
+                done,
+                &mut tokenizing.cache,
+                prepared.input.tokenizer_output(),
+            );
+            match finished {
+                Ok(()) => prepared.input.set_tokenized(),
+                Err(e) => tokenizing.failed(&e),
+            }
+            tokenizing.publish(&self.metrics);
+        } else {
+            self.metrics.count_tokenize_refused();
+        }
+        self.look_up(prepared);
+    }
+
+    /// Tokenizes the prompt of a chat, completions or messages request whose model has a
+    /// tokenizer, through this core's cache, when the policy reads token IDs (cache_aware,
+    /// prefix_hash); its IDs become the routing key. Returns the cold work left, if any.
+    /// Anything that fails leaves the request on its text.
+    fn tokenize(
+        &mut self,
+        prepared: &mut Prepared,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Option<ColdWork> {
+        let tokenizing = self.tokenizing.as_mut()?;
+        let reads_tokens = matches!(
+            self.config.kind,
+            PolicyKind::CacheAware | PolicyKind::PrefixHash
+        );
+        if !reads_tokens || prepared.input.key_source() != Some(KeySource::Text) {
+            return None;
+        }
+        let source = match endpoint {
+            Endpoint::ChatCompletions => PromptSource::Chat(body),
+            Endpoint::Messages => PromptSource::Messages(body),
+            Endpoint::Completions if !prepared.input.text().is_empty() => {
+                PromptSource::Completion(prepared.input.text())
+            }
+            _ => return None,
+        };
+        let model = tokenizing.set.for_model(prepared.input.model())?.clone();
+        let prompt = match model.prompt(source) {
+            Ok(prompt) => prompt,
+            Err(e) => {
+                tokenizing.failed(&e);
+                return None;
+            }
+        };
+        let begun = tokenize::begin(
+            &model,
+            prompt,
+            &mut tokenizing.cache,
+            prepared.input.tokenizer_output(),
+        );
+        match begun {
+            Begun::Done => {
+                prepared.input.set_tokenized();
+                tokenizing.publish(&self.metrics);
+                None
+            }
+            Begun::Cold(work) => Some(work),
+        }
+    }
+
+    /// Hashes token IDs into pages and (cache_aware) looks the key up in the index mode.
+    fn look_up(&mut self, prepared: &mut Prepared) {
         let routing_key = prepared.input.key();
         if !self.uses_index() || routing_key.is_empty() {
-            return Ok(());
+            return;
         }
         if let RoutingKey::Tokens(tokens) = routing_key {
             // The index's block size: both come from `--block-size`.
@@ -144,7 +306,6 @@ impl Router {
         if let Some(index) = &mut self.index {
             index.quiesce();
         }
-        Ok(())
     }
 
     /// Tree mode: the string or token tree's match, and on a miss this core's recent dispatches.
