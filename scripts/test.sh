@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, then every test of the workspace.
-# Needs only the Rust toolchain (nightly too for the sanitizer pass, which is skipped without it);
-# integration tests start sim-engine and kvgate on loopback.
+# Needs the Rust toolchain (nightly too for the sanitizer pass, which is skipped without it), npm
+# and python3 (installed with apt-get when missing) for the tokenizer fixtures; integration tests
+# start sim-engine and kvgate on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # Binaries first: the integration tests start target/debug/{kvgate,sim-engine,replay}.
 cargo build --workspace --bins
-cargo test --workspace
+# Real tokenizer files and the Python reference IDs (cached under target/tokenizers); the
+# tokenizer tests fail rather than skip without them here.
+scripts/fetch-tokenizers.sh
+KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 cargo test --workspace
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
