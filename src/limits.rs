@@ -195,10 +195,17 @@ pub const TOKENIZER_CACHE_L1_BYTES_DEFAULT: usize = 50 << 20;
 pub const TOKENIZER_CACHE_L1_BYTES_MAX: usize = 64 << 30;
 
 /// Default of the hidden `--tokenizer-inline-max-bytes`: uncached prompt bytes a data core
-/// tokenizes itself. Byte-level BPE runs at about 1 µs per 5 bytes here
-/// (`perf/results-tokenize.md`), so 2 KiB is about 0.4 ms of the core's time, under the 1 ms
-/// the issue allows a cold prompt to stall the core's other connections; more goes to the pool.
-pub const TOKENIZE_INLINE_BYTES_DEFAULT: usize = 2 * 1024;
+/// tokenizes itself. The `tokenizers` crate takes 0.4-0.55 us per byte of byte-level BPE text
+/// here (`perf/results-tokenize.md`), so 1 KiB is at most about 0.6 ms of the core's time, under
+/// the 1 ms a cold prompt may stall the core's other connections; longer cold work goes to the
+/// pool (a typical next turn of a chat, a few hundred bytes, stays on the core).
+pub const TOKENIZE_INLINE_BYTES_DEFAULT: usize = 1024;
+
+/// Bytes of a chunk of a long prompt segment (`tokenize::split`): a segment that shares its head
+/// with an earlier one reuses the head's chunks and encodes at most about this much of the
+/// shared part again. Smaller chunks reuse more and cost an entry (64 bytes) each; 1 KiB is
+/// about 250 tokens, the page size of the engines' caches many times over.
+pub const TOKENIZER_CHUNK_BYTES: usize = 1024;
 
 /// Threads of the tokenizer pool that takes cold tokenization off the data cores: shared by
 /// all cores, sized to keep a burst of cold 32k-token prompts from queueing long while leaving
@@ -256,6 +263,8 @@ const _: () = assert!(TOKENIZER_CACHE_L0_ENTRIES_DEFAULT <= TOKENIZER_CACHE_L0_E
 const _: () = assert!(TOKENIZER_CACHE_L1_BYTES_DEFAULT <= TOKENIZER_CACHE_L1_BYTES_MAX);
 const _: () =
     assert!(TOKENIZER_POOL_THREADS >= 1 && TOKENIZER_QUEUE_CAPACITY >= TOKENIZER_POOL_THREADS);
+// One cold chunk is tokenized on the data core.
+const _: () = assert!(TOKENIZER_CHUNK_BYTES <= TOKENIZE_INLINE_BYTES_DEFAULT);
 // Inline cold work fits in the read buffer a small request arrives in.
 const _: () = assert!(TOKENIZE_INLINE_BYTES_DEFAULT <= READ_BUF_BYTES_INITIAL);
 // L0 at its default bound stays within a few hundred MiB.

@@ -175,3 +175,116 @@ fn a_growing_conversation_through_the_cache_equals_its_uncached_tokenization() {
         );
     }
 }
+
+/// Long text of many kinds of word, space and punctuation, from `seed`.
+fn mixed_text(seed: u64, bytes: usize) -> String {
+    const WORDS: &[&str] = &[
+        "the",
+        "it's",
+        "THEY'LL",
+        "don't",
+        "x1",
+        "42",
+        "2024",
+        "3.14159",
+        "e-mail",
+        "naïve",
+        "café",
+        "日本語",
+        "한국어",
+        "🎉",
+        "👩‍👩‍👧",
+        "x\u{301}",
+        "ﬁ",
+        "\t",
+        "\n",
+        "\n\n",
+        "  ",
+        "   ",
+        "(parens)",
+        "[brackets]",
+        "{json: 1}",
+        "!!!",
+        "...",
+        "a",
+        "I",
+        "Zürich",
+        "ΑΒΓ",
+        "_x_",
+        "http://example.com/a?b=c",
+        "$100",
+        "-",
+        "'",
+        "\"quoted\"",
+        "tab\tsep",
+        "end.",
+    ];
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = String::new();
+    while out.len() < bytes {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.push_str(WORDS[(state % WORDS.len() as u64) as usize]);
+        if state % 5 != 0 {
+            out.push(' ');
+        }
+    }
+    out
+}
+
+#[test]
+fn long_segments_cut_into_chunks_tokenize_like_the_whole() {
+    for model in MODELS {
+        let Some((tokenizer, _)) = load(model) else {
+            continue;
+        };
+        assert_eq!(
+            tokenizer.chunking(),
+            kvgate::tokenize::Chunking::AtSpaces,
+            "{model}"
+        );
+        for seed in 0..40 {
+            let text = mixed_text(seed, 3_000 + 700 * seed as usize);
+            let mut ranges = Vec::new();
+            kvgate::tokenize::chunks(&text, 0..text.len(), &mut ranges);
+            assert!(ranges.len() > 1, "{model} seed {seed}: cut into chunks");
+            let whole = tokenizer.encode(&text, false).unwrap();
+            let mut pieces = Vec::new();
+            tokenizer
+                .encode_pieces_uncached(&text, &mut pieces)
+                .unwrap();
+            assert_eq!(pieces, whole, "{model} seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn a_message_sharing_the_head_of_an_earlier_one_reuses_its_chunks() {
+    let Some((tokenizer, _)) = load("qwen3") else {
+        return;
+    };
+    let document = mixed_text(7, 20_000);
+    let chat = |question: &str| {
+        let body = serde_json::json!({"messages": [{"role": "user", "content": format!("{document}\n\n{question}")}]});
+        tokenizer
+            .prompt(PromptSource::Chat(body.to_string().as_bytes()))
+            .unwrap()
+    };
+    let mut cache = segment_cache();
+    let mut out = Vec::new();
+    tokenize_inline(&tokenizer, chat("first question?"), &mut cache, &mut out).unwrap();
+    let prompt = chat("second question, another one?");
+    let whole = tokenizer.encode(&prompt.text, false).unwrap();
+    let Begun::Cold(work) = begin(&tokenizer, prompt, &mut cache, &mut out) else {
+        panic!("the new question is cold");
+    };
+    // Only the document's last chunk (which ends in the question) is cold.
+    assert!(
+        work.cold_bytes() < 2 * 1024 + 100,
+        "{} cold bytes",
+        work.cold_bytes()
+    );
+    finish(work.run(), &mut cache, &mut out).unwrap();
+    assert_eq!(out, whole);
+}

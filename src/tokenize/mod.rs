@@ -31,7 +31,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 pub use args::{ModelSpec, TokenizerArgs};
 pub use cache::{CacheConfig, CacheStats, TokenCache, ENTRY_OVERHEAD_BYTES, L0_ENTRY_TOKENS_MAX};
 pub use prompt::{chat_input, messages_input};
-pub use split::{Piece, SpecialSplit, SplitSafety};
+pub use split::{chunks, Chunking, Piece, SpecialSplit, SplitSafety};
 pub use template::{ChatInput, ChatTemplate, ContentFormat, TemplateError};
 
 /// A tokenizer's files could not be used (the message names what and why).
@@ -91,6 +91,8 @@ pub struct ModelTokenizer {
     template: Option<ChatTemplate>,
     /// The added-token cut, when pieces are exact for this tokenizer (`None`: whole prompts).
     split: Option<SpecialSplit>,
+    /// Whether long pieces are cut into chunks too.
+    chunking: Chunking,
     /// The post-processor's tokens, when they could be told apart (`None`: prompts encoded with
     /// special tokens are tokenized whole).
     affixes: Option<Affixes>,
@@ -154,11 +156,13 @@ impl ModelTokenizer {
                 None
             }
         };
+        let chunking = Chunking::of(&tokenizer);
         let mut model = ModelTokenizer {
             label: label.to_owned(),
             tokenizer,
             template,
             split,
+            chunking,
             affixes: None,
             seed: xxh3_64(&files.tokenizer_json),
             notes,
@@ -188,6 +192,24 @@ impl ModelTokenizer {
     /// Whether prompts are cut into cached segments (false: whole prompts, L0 only).
     pub fn splits(&self) -> bool {
         self.split.is_some()
+    }
+
+    /// Whether long segments are cut into chunks too.
+    pub fn chunking(&self) -> Chunking {
+        if self.split.is_some() {
+            self.chunking
+        } else {
+            Chunking::Off
+        }
+    }
+
+    /// The text ranges `range` of `text` is tokenized in: itself, or its chunks.
+    fn text_ranges(&self, text: &str, range: Range<usize>, out: &mut Vec<Range<usize>>) {
+        out.clear();
+        match self.chunking {
+            Chunking::AtSpaces => chunks(text, range, out),
+            Chunking::Off => out.push(range),
+        }
     }
 
     /// The chat template, if the model has one.
@@ -285,12 +307,17 @@ impl ModelTokenizer {
             out.extend(self.encode_piece(text)?);
             return Ok(());
         };
-        let mut pieces = Vec::new();
+        let (mut pieces, mut ranges) = (Vec::new(), Vec::new());
         split.split(text, &mut pieces);
         for piece in pieces {
             match piece {
                 Piece::Special(id) => out.push(id),
-                Piece::Text(range) => out.extend(self.encode_piece(&text[range])?),
+                Piece::Text(range) => {
+                    self.text_ranges(text, range, &mut ranges);
+                    for range in &ranges {
+                        out.extend(self.encode_piece(&text[range.clone()])?);
+                    }
+                }
             }
         }
         Ok(())
@@ -512,19 +539,25 @@ pub fn begin(
     let mut parts = Vec::with_capacity(pieces.len() + 2);
     let mut cold = Vec::new();
     let mut run_start = 0;
+    let mut ranges = Vec::new();
     for piece in pieces {
-        match piece {
-            Piece::Special(id) => known.push(id),
-            Piece::Text(range) => {
-                let key = model.segment_key(&prompt.text[range.clone()]);
-                match cache.get_segment(key) {
-                    Some(ids) => known.extend_from_slice(ids),
-                    None => {
-                        parts.push(Part::Known(run_start..known.len()));
-                        run_start = known.len();
-                        parts.push(Part::Cold(cold.len()));
-                        cold.push((range, key));
-                    }
+        let range = match piece {
+            Piece::Special(id) => {
+                known.push(id);
+                continue;
+            }
+            Piece::Text(range) => range,
+        };
+        model.text_ranges(&prompt.text, range, &mut ranges);
+        for range in ranges.drain(..) {
+            let key = model.segment_key(&prompt.text[range.clone()]);
+            match cache.get_segment(key) {
+                Some(ids) => known.extend_from_slice(ids),
+                None => {
+                    parts.push(Part::Known(run_start..known.len()));
+                    run_start = known.len();
+                    parts.push(Part::Cold(cold.len()));
+                    cold.push((range, key));
                 }
             }
         }
