@@ -460,12 +460,42 @@ mod tests {
             // A negative number after a space is a value, not an unknown flag.
             (&["--overlap-decay", "-1"], "--overlap-decay"),
             (&["--cache-threshold", "-0.5"], "--cache-threshold"),
+            (
+                &["--tokenizer-path", "/no/such/tokenizer"],
+                "--tokenizer-path",
+            ),
+            (&["--model-path", "m=/no/such/model"], "--model-path"),
+            // A template with no tokenizer to go with it.
+            (
+                &["--chat-template", "/no/such/template.jinja"],
+                "--chat-template",
+            ),
+            (
+                &["--tokenizer-cache-l1-max-memory", "100000000000000"],
+                "--tokenizer-cache-l1-max-memory",
+            ),
         ];
         for (args, flag) in cases {
             let error = parse(args).unwrap_err();
             assert_eq!(error.flag, *flag, "{args:?}");
             assert!(error.to_string().contains(flag), "{error}");
         }
+    }
+
+    #[test]
+    fn tokenizer_caches_are_off_by_default_and_split_over_the_data_cores() {
+        let config = parse(&["--data-cores", "4"]).unwrap();
+        assert!(config.tokenizers.is_empty());
+        assert_eq!(config.tokenizer_cache, CacheConfig::default());
+        let config = parse(&[
+            "--data-cores",
+            "4",
+            "--tokenizer-cache-enable-l0",
+            "--tokenizer-cache-enable-l1",
+        ])
+        .unwrap();
+        assert_eq!(config.tokenizer_cache.l0_entries_max, 2_500);
+        assert_eq!(config.tokenizer_cache.l1_bytes_max, (50 << 20) / 4);
     }
 
     #[test]
