@@ -9,7 +9,7 @@
 
 mod utils;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ fn qwen3_dir() -> Option<PathBuf> {
     None
 }
 
-fn tokenizer(dir: &PathBuf) -> Arc<ModelTokenizer> {
+fn tokenizer(dir: &Path) -> Arc<ModelTokenizer> {
     let read = |f: &str| std::fs::read(dir.join(f)).expect("a tokenizer file");
     let files = TokenizerFiles {
         tokenizer_json: read("tokenizer.json"),
@@ -177,4 +177,108 @@ fn a_broken_tokenizer_file_is_a_one_line_start_up_error() {
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Gaps between consecutive SSE lines of `streams` concurrent streaming chats (each in a loop
+/// until `stop`), as their clients saw them, in microseconds.
+fn stream_gaps(
+    gateway: &Gateway,
+    streams: usize,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Vec<u64> {
+    use std::sync::atomic::Ordering::Relaxed;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..streams)
+            .map(|i| {
+                scope.spawn(move || {
+                    let mut client = gateway.client();
+                    let mut gaps = Vec::new();
+                    let body = serde_json::json!({"model": "sim-model", "stream": true, "max_tokens": 64,
+                        "messages": [{"role": "user", "content": format!("stream {i}: tell me a story")}]})
+                    .to_string();
+                    while !stop.load(Relaxed) {
+                        let response = client.post_json("/v1/chat/completions", &body);
+                        let lines = response.sse_lines();
+                        gaps.extend(lines.windows(2).map(|w| w[1].at.duration_since(w[0].at).as_micros() as u64));
+                    }
+                    gaps
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a stream thread"))
+            .collect()
+    })
+}
+
+fn percentiles(mut gaps: Vec<u64>) -> String {
+    gaps.sort_unstable();
+    let at = |q: f64| {
+        gaps.get(((gaps.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    format!(
+        "{} gaps: p50 {} us, p99 {} us, p99.9 {} us, max {} us",
+        gaps.len(),
+        at(0.5),
+        at(0.99),
+        at(0.999),
+        gaps.last().copied().unwrap_or(0)
+    )
+}
+
+/// The measurement behind the tokenizer pool (`perf/results-tokenize.md`): how much a cold
+/// 32k-token chat prompt delays the other streams of its data core when it is tokenized on the
+/// core, and when it goes to the pool. Prints figures, asserts nothing about speed. Run with
+/// release binaries: `cargo build --release --bins && cargo test --release --test
+/// tokenize_gateway -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: run by hand with release binaries"]
+fn cold_prompts_delay_concurrent_streams_only_when_tokenized_on_the_core() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let Some(dir) = qwen3_dir() else {
+        return;
+    };
+    let fleet = SimFleet::start(2, &["--speedup", "4"]);
+    let path = dir.to_string_lossy().to_string();
+    let cold_prompts = 12;
+    for (label, inline_max) in [
+        ("baseline (no cold prompts)", None),
+        ("on the data core", Some("1000000000")),
+        ("on the pool", Some("2048")),
+    ] {
+        let mut args = vec![
+            "--tokenizer-path",
+            path.as_str(),
+            "--tokenizer-cache-enable-l1",
+        ];
+        if let Some(bytes) = inline_max {
+            args.extend(["--tokenizer-inline-max-bytes", bytes]);
+        }
+        let gateway = Gateway::start(&fleet.urls(), &args);
+        let stop = AtomicBool::new(false);
+        let gaps = std::thread::scope(|scope| {
+            let streams = scope.spawn(|| stream_gaps(&gateway, 4, &stop));
+            let mut client = gateway.client();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            for n in 0..cold_prompts {
+                if inline_max.is_some() {
+                    // About 32k tokens, a system prompt never seen before.
+                    let body = chat_body(1000 + n, 5400, "summarize");
+                    let started = std::time::Instant::now();
+                    routed(&mut client, "/v1/chat/completions", &body);
+                    eprintln!(
+                        "{label}: cold prompt {n} answered in {:?}",
+                        started.elapsed()
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            stop.store(true, Relaxed);
+            streams.join().expect("the streams")
+        });
+        println!("{label}: {}", percentiles(gaps));
+    }
 }

@@ -44,6 +44,14 @@ pub fn start() -> Result<PoolHandle, StartError> {
     Ok(PoolHandle { queue })
 }
 
+#[cfg(test)]
+impl PoolHandle {
+    /// A handle on a queue of the test's choosing.
+    fn on_queue(queue: SyncSender<BlockingTask>) -> PoolHandle {
+        PoolHandle { queue }
+    }
+}
+
 fn run_jobs(jobs: &Mutex<Receiver<BlockingTask>>) {
     loop {
         let job = match jobs.lock() {
@@ -54,5 +62,40 @@ fn run_jobs(jobs: &Mutex<Receiver<BlockingTask>>) {
             Ok(job) => job.run(),
             Err(_) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(pool: PoolHandle) -> monoio::Runtime<monoio::LegacyDriver> {
+        monoio::RuntimeBuilder::<monoio::LegacyDriver>::new()
+            .attach_thread_pool(Box::new(pool))
+            .build()
+            .expect("a runtime")
+    }
+
+    #[test]
+    fn work_runs_on_the_pool_and_wakes_the_waiting_task() {
+        let pool = start().expect("the pool starts");
+        let core = std::thread::current().id();
+        let answer = runtime(pool).block_on(async move {
+            monoio::spawn_blocking(move || std::thread::current().id() != core).await
+        });
+        assert!(matches!(answer, Ok(true)), "ran on another thread");
+    }
+
+    #[test]
+    fn work_that_finds_the_queue_full_is_cancelled_at_once() {
+        // A queue of one place that nobody reads: the second task finds it full.
+        let (queue, _jobs) = sync_channel(1);
+        let answers = runtime(PoolHandle::on_queue(queue)).block_on(async {
+            let first = monoio::spawn_blocking(|| 1);
+            let second = monoio::spawn_blocking(|| 2).await;
+            drop(first);
+            second
+        });
+        assert!(answers.is_err(), "the refused task reports cancelled");
     }
 }
