@@ -268,6 +268,7 @@ impl Router {
             Ok(prompt) => prompt,
             Err(e) => {
                 tokenizing.failed(&e);
+                tokenizing.publish(&self.metrics);
                 return None;
             }
         };
@@ -728,6 +729,119 @@ mod tests {
         let worker = router.choose(&prepared, only, status_of);
         assert_eq!(worker, Some(WorkerId(0)));
         assert_eq!(router.record(&prepared, WorkerId(0), 0), None);
+    }
+}
+
+#[cfg(test)]
+mod tokenize_tests {
+    //! The router's side of tokenization (the tokenizer is `tokenize::tests`' word-level one):
+    //! which requests are tokenized, deferral of cold work, and what a refused one routes on.
+    use super::tests::prepare;
+    use super::*;
+    use crate::policy::PolicyArgs;
+    use crate::tokenize::tests::model;
+
+    fn tokenizing_router(
+        kind: PolicyKind,
+        inline_max_bytes: usize,
+    ) -> (Router, Arc<PolicyMetrics>) {
+        let args = PolicyArgs {
+            policy: kind,
+            ..PolicyArgs::default()
+        };
+        let metrics = Arc::new(PolicyMetrics::default());
+        let set = Arc::new(TokenizerSet::new(vec![(Some("m".into()), model(false))]));
+        let cache = CacheConfig {
+            l0_entries_max: 0,
+            l1_bytes_max: 1 << 20,
+        };
+        let router = Router::new(args.validate().unwrap(), 1, None, metrics.clone())
+            .with_tokenizers(set, cache, inline_max_bytes);
+        (router, metrics)
+    }
+
+    const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello world"}]}"#;
+
+    #[test]
+    fn requests_of_a_model_with_a_tokenizer_route_on_its_ids_others_on_text() {
+        let (mut router, metrics) = tokenizing_router(PolicyKind::CacheAware, 1 << 20);
+        let chat = prepare(&mut router, Endpoint::ChatCompletions, CHAT.as_bytes(), 0);
+        assert_eq!(chat.input.key_source(), Some(KeySource::Tokenized));
+        assert_eq!(
+            chat.input.key(),
+            RoutingKey::Tokens(&[100, 4, 1, 2, 101, 100, 5])
+        );
+        let completion = br#"{"model":"m","prompt":"hello"}"#;
+        let completion = prepare(&mut router, Endpoint::Completions, completion, 0);
+        // Completions get the post-processor's token (102) in front, as engines encode them.
+        assert_eq!(completion.input.key(), RoutingKey::Tokens(&[102, 1]));
+        let other = br#"{"model":"other","messages":[{"role":"user","content":"hello"}]}"#;
+        let other = prepare(&mut router, Endpoint::ChatCompletions, other, 0);
+        assert_eq!(other.input.key(), RoutingKey::Text("hello"));
+        // A body the template cannot read routes on its text, counted.
+        let bad = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"continue_final_message":true}"#;
+        let bad = prepare(&mut router, Endpoint::ChatCompletions, bad, 0);
+        assert_eq!(bad.input.key(), RoutingKey::Text("hi"));
+        assert_eq!(metrics.tokenizer().failures, 1);
+        assert!(metrics.tokenizer().l1_misses > 0);
+    }
+
+    #[test]
+    fn cold_work_past_the_inline_bound_is_deferred_and_a_refused_one_routes_on_text() {
+        let (mut router, metrics) = tokenizing_router(PolicyKind::CacheAware, 4);
+        let headers = RoutingHeaders::default();
+        let mut prepared = Prepared::default();
+        let cold = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                CHAT.as_bytes(),
+                0,
+            )
+            .unwrap()
+            .expect("cold work over 4 bytes is deferred");
+        assert!(prepared.lookup.is_none(), "not prepared until finished");
+        router.finish_prepare(&mut prepared, Some(cold.run()));
+        assert_eq!(prepared.input.key_source(), Some(KeySource::Tokenized));
+        assert!(prepared.lookup.is_some());
+        // The same prompt again: all cached, nothing deferred.
+        let again = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                CHAT.as_bytes(),
+                0,
+            )
+            .unwrap();
+        assert!(again.is_none());
+        // A new prompt whose work the pool refused: the text, counted.
+        let new = r#"{"model":"m","messages":[{"role":"user","content":"brief hi"}]}"#;
+        let cold = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                new.as_bytes(),
+                0,
+            )
+            .unwrap();
+        assert!(cold.is_some());
+        router.finish_prepare(&mut prepared, None);
+        assert_eq!(prepared.input.key(), RoutingKey::Text("brief hi"));
+        assert_eq!(metrics.tokenize_offloads(), (2, 1));
+    }
+
+    #[test]
+    fn policies_that_read_no_token_ids_do_not_tokenize() {
+        let (mut router, metrics) = tokenizing_router(PolicyKind::RoundRobin, 1 << 20);
+        let chat = prepare(&mut router, Endpoint::ChatCompletions, CHAT.as_bytes(), 0);
+        assert_eq!(chat.input.key(), RoutingKey::Text("hello world"));
+        assert_eq!(metrics.tokenizer().l1_misses, 0);
+        let (mut router, _) = tokenizing_router(PolicyKind::PrefixHash, 1 << 20);
+        let chat = prepare(&mut router, Endpoint::ChatCompletions, CHAT.as_bytes(), 0);
+        assert_eq!(chat.input.key_source(), Some(KeySource::Tokenized));
     }
 }
 

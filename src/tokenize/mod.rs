@@ -619,4 +619,4 @@ pub fn tokenize_inline(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

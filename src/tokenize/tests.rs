@@ -55,7 +55,9 @@ fn tokenizer_json(strip: bool) -> Vec<u8> {
 
 const TEMPLATE: &str = "{% for m in messages %}<|s|>{{ m.role }} {{ m.content }}<|e|>{% endfor %}{% if add_generation_prompt %}<|s|>assistant {% endif %}";
 
-fn model(strip: bool) -> Arc<ModelTokenizer> {
+/// The word-level model (`strip`: `<|e|>` strips the whitespace on its left), with a template
+/// that prints `<|s|>role content<|e|>` per message: also the router's tests' tokenizer.
+pub(crate) fn model(strip: bool) -> Arc<ModelTokenizer> {
     let files = TokenizerFiles {
         tokenizer_json: tokenizer_json(strip),
         tokenizer_config_json: None,
