@@ -1,9 +1,11 @@
 //! The request driver for routed endpoints. `proxy_request` owns the branching and the one
 //! retry loop; each phase is a plain function it calls, in this order:
 //!
-//! 1. **prepare** (`Router::prepare`, once): the routing input read from the body (a routed body
-//!    must be a JSON object, 400 otherwise) and, for cache_aware, the index lookup, kept in the
-//!    connection's [`Prepared`] value; then the requested model's workers (404 when none).
+//! 1. **prepare** (`Router::prepare_or_defer`, once): the routing input read from the body (a
+//!    routed body must be a JSON object, 400 otherwise), tokenized when the model has a
+//!    tokenizer (cold work past the inline bound awaited from the tokenizer pool, then
+//!    `Router::finish_prepare`), and for cache_aware the index lookup, kept in the connection's
+//!    [`Prepared`] value; then the requested model's workers (404 when none).
 //! 2. **select** (`Router::select`, once per attempt): the spec's decision flow over the
 //!    published worker view, never a worker this request already tried.
 //! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt

@@ -3,10 +3,14 @@
 //! calls them around its own phases (connect, forward, stream back).
 //!
 //! 1. [`Router::prepare`], once per request: extract the routing input (model, token IDs or
-//!    text, partition namespace) from the body and headers ("How the Prefix Index Works"), hash
-//!    token IDs into pages, and (cache_aware) look the key up in the index mode
-//!    ([`IndexLookup`]), merging this core's recent dispatches on a miss. The result is a
-//!    [`Prepared`] value the caller keeps for the request's lifetime.
+//!    text, partition namespace) from the body and headers ("How the Prefix Index Works"); for a
+//!    chat, completions or messages request whose model has a tokenizer, tokenize its prompt
+//!    through this core's cache (`tokenize`), the IDs becoming the key; hash token IDs into
+//!    pages, and (cache_aware) look the key up in the index mode ([`IndexLookup`]), merging
+//!    this core's recent dispatches on a miss. The result is a [`Prepared`] value the caller
+//!    keeps for the request's lifetime. The data core calls [`Router::prepare_or_defer`], which
+//!    hands back cold tokenization too long for the core as a `ColdWork` to run on the
+//!    tokenizer pool before [`Router::finish_prepare`].
 //! 2. [`Router::select`], once per attempt: steps 1-6 of the decision flow. It reads each
 //!    worker's published state into a [`WorkerStatus`] (eligibility, in-flight count, load
 //!    report, dispatch credits; a worker this request already tried is not eligible) and runs
