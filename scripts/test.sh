@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, then every test of the workspace.
-# Needs the Rust toolchain (nightly too for the sanitizer pass, which is skipped without it) and
-# python3 (installed with apt-get when missing) for the KV-event compatibility test; integration
-# tests start sim-engine and kvgate on loopback.
+# Needs the Rust toolchain (nightly too for the sanitizer pass, which is skipped without it), npm
+# and python3 (installed with apt-get when missing) for the tokenizer fixtures and the KV-event
+# compatibility test; integration tests start sim-engine and kvgate on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # Binaries first: the integration tests start target/debug/{kvgate,sim-engine,replay}.
 cargo build --workspace --bins
-# pyzmq and msgspec for the KV-event compatibility test (cached under target/kv-events-python),
-# which fails rather than skips without them here.
+# Real tokenizer files and the Python reference IDs (cached under target/tokenizers), pyzmq and
+# msgspec for the KV-event compatibility test (under target/kv-events-python); the tests that
+# need them fail rather than skip without them here.
+scripts/fetch-tokenizers.sh
 scripts/fetch-kv-events-python.sh
-KVGATE_REQUIRE_PYTHON_COMPAT=1 cargo test --workspace
+KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 cargo test --workspace
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh

@@ -3,9 +3,13 @@
 //! `Cli` is the clap type and stays a plain mirror of the flags; `Config::from_cli` checks every
 //! value and returns a `FlagError` naming the flag at fault, which `main` prints as one
 //! `Error: ...` line before exiting non-zero. Nothing downstream of `Config` re-validates.
-//! Host names (`--host`, `--prometheus-host`, `--worker-urls`) are resolved here, once, at start.
+//! Host names (`--host`, `--prometheus-host`, `--worker-urls`) are resolved here, once, at start,
+//! and the tokenizer files (`--model-path`, `--tokenizer-path`, `--chat-template`) read and built
+//! here, once, at start: a file that does not load is one `Error: ...` line naming its flag.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
@@ -13,6 +17,9 @@ use clap::{Parser, ValueEnum};
 use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
 use crate::policy::{PolicyArgs, PolicyConfig};
+use crate::tokenize::{
+    CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
+};
 use crate::workers::settings::{WorkerArgs, WorkerSettings};
 use crate::workers::spec::{KvEventsSource, WorkerSpec};
 
@@ -104,6 +111,9 @@ pub struct Cli {
     /// Health checks, circuit breaker, retries, overload protection, load monitoring, admin key.
     #[command(flatten)]
     pub worker_args: WorkerArgs,
+    /// Tokenizers, chat templates and the tokenization cache.
+    #[command(flatten)]
+    pub tokenizer: TokenizerArgs,
 }
 
 /// The validated configuration every other module reads.
@@ -131,8 +141,16 @@ pub struct Config {
     pub client_idle_timeout: Duration,
     /// Health, breaker, retry, overload, load-monitoring and admin settings.
     pub worker_settings: WorkerSettings,
-    /// Things to say once in the log at start (flags given that the chosen mode ignores).
+    /// Things to say once in the log at start (flags given that the chosen mode ignores,
+    /// tokenizers that cannot cache segments).
     pub startup_notices: Vec<String>,
+    /// Each model's tokenizer (empty: every request routes as before, on token IDs it carries
+    /// or on its text).
+    pub tokenizers: Arc<TokenizerSet>,
+    /// One data core's tokenization cache bounds (the flags' totals split over the cores).
+    pub tokenizer_cache: CacheConfig,
+    /// Uncached prompt bytes a data core tokenizes itself before it hands the work to the pool.
+    pub tokenize_inline_max_bytes: usize,
 }
 
 impl Config {
@@ -203,7 +221,7 @@ impl Config {
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
         let worker_settings = cli.worker_args.validate()?;
         let unused = cli.policy.unused_in_hash_mode();
-        let startup_notices = if unused.is_empty() {
+        let mut startup_notices = if unused.is_empty() {
             Vec::new()
         } else {
             vec![format!(
@@ -211,7 +229,15 @@ impl Config {
                 unused.join(", ")
             )]
         };
+        let tokenizers = load_tokenizers(&cli.tokenizer)?;
+        for (_, model) in tokenizers.iter() {
+            startup_notices.extend(model.notes().iter().cloned());
+        }
+        let tokenizer_cache = tokenizer_cache(&cli.tokenizer, data_cores)?;
         Ok(Config {
+            tokenizers: Arc::new(tokenizers),
+            tokenizer_cache,
+            tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
             header_read_timeout,
             client_idle_timeout,
             worker_settings,
@@ -226,6 +252,141 @@ impl Config {
             data_cores,
         })
     }
+}
+
+/// One data core's share of the tokenization cache flags.
+fn tokenizer_cache(args: &TokenizerArgs, data_cores: usize) -> Result<CacheConfig, FlagError> {
+    if args.cache_l0_max_entries > limits::TOKENIZER_CACHE_L0_ENTRIES_MAX {
+        let message = format!("must be at most {}", limits::TOKENIZER_CACHE_L0_ENTRIES_MAX);
+        return Err(FlagError::new("--tokenizer-cache-l0-max-entries", message));
+    }
+    if args.cache_l1_max_memory > limits::TOKENIZER_CACHE_L1_BYTES_MAX {
+        let message = format!(
+            "must be at most {} bytes",
+            limits::TOKENIZER_CACHE_L1_BYTES_MAX
+        );
+        return Err(FlagError::new("--tokenizer-cache-l1-max-memory", message));
+    }
+    let share = |total: usize| total.div_ceil(data_cores);
+    Ok(CacheConfig {
+        l0_entries_max: if args.cache_enable_l0 {
+            share(args.cache_l0_max_entries)
+        } else {
+            0
+        },
+        l1_bytes_max: if args.cache_enable_l1 {
+            share(args.cache_l1_max_memory)
+        } else {
+            0
+        },
+    })
+}
+
+/// The values of one path flag, by model (`None`: every model).
+fn model_specs(values: &[String]) -> Vec<ModelSpec> {
+    values
+        .iter()
+        .map(|v| ModelSpec::parse(v, |p| Path::new(p).exists()))
+        .collect()
+}
+
+/// The value for `model` among `specs`: its own, else the one for every model.
+fn spec_for<'a>(specs: &'a [ModelSpec], model: &Option<String>) -> Option<&'a ModelSpec> {
+    let own = specs.iter().rev().find(|s| &s.model == model);
+    own.or_else(|| specs.iter().rev().find(|s| s.model.is_none()))
+}
+
+/// Reads and builds every model's tokenizer (see `TokenizerArgs` for the flags' forms).
+fn load_tokenizers(args: &TokenizerArgs) -> Result<TokenizerSet, FlagError> {
+    let (model_paths, tokenizer_paths, templates) = (
+        model_specs(&args.model_path),
+        model_specs(&args.tokenizer_path),
+        model_specs(&args.chat_template),
+    );
+    let mut models: Vec<Option<String>> = Vec::new();
+    for spec in model_paths.iter().chain(&tokenizer_paths).chain(&templates) {
+        if !models.contains(&spec.model) {
+            models.push(spec.model.clone());
+        }
+    }
+    let mut loaded: Vec<(Option<String>, Arc<ModelTokenizer>)> = Vec::new();
+    for model in models {
+        let source = match spec_for(&tokenizer_paths, &model) {
+            Some(spec) => ("--tokenizer-path", spec),
+            None => match spec_for(&model_paths, &model) {
+                Some(spec) => ("--model-path", spec),
+                None => {
+                    let name = model.as_deref().unwrap_or("every model");
+                    let message = format!("a chat template for {name} but no tokenizer: give --model-path or --tokenizer-path");
+                    return Err(FlagError::new("--chat-template", message));
+                }
+            },
+        };
+        let template = spec_for(&templates, &model);
+        let label = model.clone().unwrap_or_else(|| source.1.path.clone());
+        let tokenizer = load_model_tokenizer(&label, source, template)?;
+        loaded.push((model, Arc::new(tokenizer)));
+    }
+    Ok(TokenizerSet::new(loaded))
+}
+
+/// One model's files: `tokenizer.json` (the path, or inside the directory), the
+/// `tokenizer_config.json` beside it, and the template: `--chat-template`, else
+/// `chat_template.jinja` or `chat_template.json` beside the tokenizer, else the config's.
+fn load_model_tokenizer(
+    label: &str,
+    (flag, source): (&'static str, &ModelSpec),
+    template: Option<&ModelSpec>,
+) -> Result<ModelTokenizer, FlagError> {
+    let path = PathBuf::from(&source.path);
+    let (tokenizer_file, dir) = if path.is_dir() {
+        (path.join("tokenizer.json"), path.clone())
+    } else {
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        (path.clone(), dir)
+    };
+    let read = |flag: &'static str, file: &Path| {
+        std::fs::read(file)
+            .map_err(|e| FlagError::new(flag, format!("cannot read {}: {e}", file.display())))
+    };
+    let optional = |file: PathBuf| file.is_file().then(|| read(flag, &file)).transpose();
+    let tokenizer_json = read(flag, &tokenizer_file)?;
+    let tokenizer_config_json = optional(dir.join("tokenizer_config.json"))?;
+    let chat_template = match template {
+        Some(spec) => Some(read_template("--chat-template", Path::new(&spec.path))?),
+        None => {
+            let beside = ["chat_template.jinja", "chat_template.json"].map(|f| dir.join(f));
+            match beside.iter().find(|f| f.is_file()) {
+                Some(file) => Some(read_template(flag, file)?),
+                None => None,
+            }
+        }
+    };
+    let files = TokenizerFiles {
+        tokenizer_json,
+        tokenizer_config_json,
+        chat_template,
+    };
+    ModelTokenizer::new(label, files).map_err(|e| FlagError::new(flag, e.to_string()))
+}
+
+/// A template file: Jinja text, or JSON with a `chat_template` string.
+fn read_template(flag: &'static str, file: &Path) -> Result<String, FlagError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| FlagError::new(flag, format!("cannot read {}: {e}", file.display())))?;
+    if file.extension().is_some_and(|e| e == "json") {
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| FlagError::new(flag, format!("{}: {e}", file.display())))?;
+        return json
+            .get("chat_template")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                let message = format!("{} has no \"chat_template\" string", file.display());
+                FlagError::new(flag, message)
+            });
+    }
+    Ok(text)
 }
 
 fn timeout_ms(flag: &'static str, ms: u64) -> Result<Duration, FlagError> {
@@ -320,12 +481,42 @@ mod tests {
             // A negative number after a space is a value, not an unknown flag.
             (&["--overlap-decay", "-1"], "--overlap-decay"),
             (&["--cache-threshold", "-0.5"], "--cache-threshold"),
+            (
+                &["--tokenizer-path", "/no/such/tokenizer"],
+                "--tokenizer-path",
+            ),
+            (&["--model-path", "m=/no/such/model"], "--model-path"),
+            // A template with no tokenizer to go with it.
+            (
+                &["--chat-template", "/no/such/template.jinja"],
+                "--chat-template",
+            ),
+            (
+                &["--tokenizer-cache-l1-max-memory", "100000000000000"],
+                "--tokenizer-cache-l1-max-memory",
+            ),
         ];
         for (args, flag) in cases {
             let error = parse(args).unwrap_err();
             assert_eq!(error.flag, *flag, "{args:?}");
             assert!(error.to_string().contains(flag), "{error}");
         }
+    }
+
+    #[test]
+    fn tokenizer_caches_are_off_by_default_and_split_over_the_data_cores() {
+        let config = parse(&["--data-cores", "4"]).unwrap();
+        assert!(config.tokenizers.is_empty());
+        assert_eq!(config.tokenizer_cache, CacheConfig::default());
+        let config = parse(&[
+            "--data-cores",
+            "4",
+            "--tokenizer-cache-enable-l0",
+            "--tokenizer-cache-enable-l1",
+        ])
+        .unwrap();
+        assert_eq!(config.tokenizer_cache.l0_entries_max, 2_500);
+        assert_eq!(config.tokenizer_cache.l1_bytes_max, (50 << 20) / 4);
     }
 
     #[test]

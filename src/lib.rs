@@ -6,7 +6,8 @@
 //! checks this, and `ARCHITECTURE.md` is the map):
 //!
 //! 1. leaves: `limits`, `ids`, `error`, `copy`;
-//! 2. the domain, free of I/O: `config`, `request`, `index`, `policy`, `workers`, `metrics`;
+//! 2. the domain, free of I/O: `config`, `request`, `index`, `policy`, `tokenize`, `workers`,
+//!    `metrics`;
 //! 3. `shared`: the state published between threads and the messages on their channels;
 //! 4. the planes: `net` (HTTP/1.1 on sockets, for both), the data plane `http` and the control
 //!    plane `control`, which never import each other;
@@ -28,4 +29,5 @@ pub mod policy;
 pub mod request;
 pub mod runtime;
 pub mod shared;
+pub mod tokenize;
 pub mod workers;

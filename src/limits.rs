@@ -207,6 +207,48 @@ pub const KV_EVENTS_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// The most models the index keeps trees for (and data cores announce by name for gauge labels).
 pub const MODELS_MAX: usize = 1 << 16;
 
+/// Default `--tokenizer-cache-l0-max-entries` (SMG's): whole prompts kept, split evenly over the
+/// data cores (each core's cache is its own).
+pub const TOKENIZER_CACHE_L0_ENTRIES_DEFAULT: usize = 10_000;
+
+/// Ceiling on `--tokenizer-cache-l0-max-entries`: at the largest entry
+/// (`TOKENIZER_L0_ENTRY_TOKENS_MAX` IDs, 16 KiB) a million entries are 16 GiB.
+pub const TOKENIZER_CACHE_L0_ENTRIES_MAX: usize = 1 << 20;
+
+/// The most token IDs one L0 entry keeps (16 KiB). L0 is bounded by entries (SMG's flag), so
+/// its memory is entries times this at worst: 160 MiB at the default. Longer prompts are
+/// cached by segments (L1), which a byte bound governs.
+pub const TOKENIZER_L0_ENTRY_TOKENS_MAX: usize = 4096;
+
+/// Default `--tokenizer-cache-l1-max-memory` (SMG's 50 MiB), split evenly over the data cores.
+pub const TOKENIZER_CACHE_L1_BYTES_DEFAULT: usize = 50 << 20;
+
+/// Ceiling on `--tokenizer-cache-l1-max-memory`: 64 GiB, far above any machine's share for it.
+pub const TOKENIZER_CACHE_L1_BYTES_MAX: usize = 64 << 30;
+
+/// Default of the hidden `--tokenizer-inline-max-bytes`: uncached prompt bytes a data core
+/// tokenizes itself. The `tokenizers` crate takes 0.4-0.55 us per byte of byte-level BPE text
+/// here (`perf/results-tokenize.md`), so 1 KiB is at most about 0.6 ms of the core's time, under
+/// the 1 ms a cold prompt may stall the core's other connections; longer cold work goes to the
+/// pool (a typical next turn of a chat, a few hundred bytes, stays on the core).
+pub const TOKENIZE_INLINE_BYTES_DEFAULT: usize = 1024;
+
+/// Bytes of a chunk of a long prompt segment (`tokenize::split`): a segment that shares its head
+/// with an earlier one reuses the head's chunks and encodes at most about this much of the
+/// shared part again. Smaller chunks reuse more and cost an entry (64 bytes) each; 1 KiB is
+/// about 250 tokens, the page size of the engines' caches many times over.
+pub const TOKENIZER_CHUNK_BYTES: usize = 1024;
+
+/// Threads of the tokenizer pool that takes cold tokenization off the data cores: shared by
+/// all cores, sized to keep a burst of cold 32k-token prompts from queueing long while leaving
+/// the data cores their CPUs.
+pub const TOKENIZER_POOL_THREADS: usize = 2;
+
+/// Cold tokenizations queued for the pool at once (all data cores). A cold 32k-token prompt
+/// takes about 30 ms: 64 queued is about a second of the pool's work; a request arriving to a
+/// full queue routes on its text instead of waiting (counted).
+pub const TOKENIZER_QUEUE_CAPACITY: usize = 64;
+
 /// How often an idle data core checks the shutdown flag.
 pub const SHUTDOWN_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
@@ -255,3 +297,14 @@ const _: () = assert!(CONTROL_TURN.as_millis() < SHUTDOWN_POLL_INTERVAL.as_milli
 const _: () = assert!(DISPATCH_QUEUE_CAPACITY.is_power_of_two());
 const _: () = assert!(WORKERS_MAX <= u16::MAX as usize);
 const _: () = assert!(URING_ENTRIES >= 1024 && URING_ENTRIES <= 4096);
+const _: () = assert!(TOKENIZER_CACHE_L0_ENTRIES_DEFAULT <= TOKENIZER_CACHE_L0_ENTRIES_MAX);
+const _: () = assert!(TOKENIZER_CACHE_L1_BYTES_DEFAULT <= TOKENIZER_CACHE_L1_BYTES_MAX);
+const _: () =
+    assert!(TOKENIZER_POOL_THREADS >= 1 && TOKENIZER_QUEUE_CAPACITY >= TOKENIZER_POOL_THREADS);
+// One cold chunk is tokenized on the data core.
+const _: () = assert!(TOKENIZER_CHUNK_BYTES <= TOKENIZE_INLINE_BYTES_DEFAULT);
+// Inline cold work fits in the read buffer a small request arrives in.
+const _: () = assert!(TOKENIZE_INLINE_BYTES_DEFAULT <= READ_BUF_BYTES_INITIAL);
+// L0 at its default bound stays within a few hundred MiB.
+const _: () =
+    assert!(TOKENIZER_CACHE_L0_ENTRIES_DEFAULT * TOKENIZER_L0_ENTRY_TOKENS_MAX * 4 <= 256 << 20);

@@ -19,6 +19,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "index",
             "kv_events",
             "policy",
+            "tokenize",
             "workers",
             "metrics",
         ],

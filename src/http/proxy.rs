@@ -1,9 +1,11 @@
 //! The request driver for routed endpoints. `proxy_request` owns the branching and the one
 //! retry loop; each phase is a plain function it calls, in this order:
 //!
-//! 1. **prepare** (`Router::prepare`, once): the routing input read from the body (a routed body
-//!    must be a JSON object, 400 otherwise) and, for cache_aware, the index lookup, kept in the
-//!    connection's [`Prepared`] value; then the requested model's workers (404 when none).
+//! 1. **prepare** (`Router::prepare_or_defer`, once): the routing input read from the body (a
+//!    routed body must be a JSON object, 400 otherwise), tokenized when the model has a
+//!    tokenizer (cold work past the inline bound awaited from the tokenizer pool, then
+//!    `Router::finish_prepare`), and for cache_aware the index lookup, kept in the connection's
+//!    [`Prepared`] value; then the requested model's workers (404 when none).
 //! 2. **select** (`Router::select`, once per attempt): the spec's decision flow over the
 //!    published worker view, never a worker this request already tried.
 //! 3. **credit**: an `InflightCredit` guard counts the request on that worker until the attempt
@@ -130,7 +132,7 @@ pub async fn proxy_request(
         head_buf: read_buf,
         body: request.body(read_buf, body_buf),
     };
-    prepare(core, prepared, endpoint, outgoing)?;
+    prepare(core, prepared, endpoint, outgoing).await?;
     let catalog = core.shared.catalog.load();
     let models = catalog
         .workers_for(prepared.model())
@@ -210,8 +212,11 @@ pub async fn proxy_request(
 
 /// The prepare phase: one pass over the body reads the routing input (model, key, partition)
 /// without building a document, and the router looks it up; a body that is not a JSON object
-/// is a 400.
-fn prepare(
+/// is a 400. A prompt whose uncached part is too long to tokenize on the data core goes to the
+/// tokenizer pool: the request's task waits for it there, the core serves its other
+/// connections meanwhile, and the router completes the preparation with the IDs (or, when the
+/// pool's queue was full, with the text).
+async fn prepare(
     core: &DataCore,
     prepared: &mut Prepared,
     endpoint: Endpoint,
@@ -225,10 +230,16 @@ fn prepare(
         target_worker: header(TARGET_WORKER_HEADER),
     };
     let now_ms = core.shared.tick_now();
-    core.router
+    let cold = core
+        .router
         .borrow_mut()
-        .prepare(prepared, endpoint, headers, outgoing.body, now_ms)
-        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))
+        .prepare_or_defer(prepared, endpoint, headers, outgoing.body, now_ms)
+        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))?;
+    if let Some(work) = cold {
+        let done = monoio::spawn_blocking(move || work.run()).await.ok();
+        core.router.borrow_mut().finish_prepare(prepared, done);
+    }
+    Ok(())
 }
 
 /// The select phase of one attempt: a worker this request has not tried, else (every eligible

@@ -1,6 +1,10 @@
 //! Per-core decision counters: `smg_cache_aware_policy_branch_total{branch}` and the
-//! `smg_cache_aware_match_ratio` histogram (buckets 0, 0.1 … 1.0), and their Prometheus text
-//! rendering ([`render_prometheus`]), which sums the cores' counters on scrape.
+//! `smg_cache_aware_match_ratio` histogram (buckets 0, 0.1 … 1.0), the tokenization cache's
+//! figures under SMG's names (`smg_tokenizer_cache_{l0,l1}_{hits,misses}_total`,
+//! `smg_tokenizer_cache_l0_entries`, `smg_tokenizer_cache_l1_memory_bytes`) and kvgate's own
+//! (`kvgate_tokenize_offloaded_total`, `kvgate_tokenize_refused_total`,
+//! `kvgate_tokenize_failures_total`), and their Prometheus text rendering
+//! ([`render_prometheus`]), which sums the cores' counters on scrape.
 //!
 //! Each data core owns one [`PolicyMetrics`] and is its only writer, so an update is a relaxed
 //! load and store (no locked read-modify-write); the scraper reads with relaxed loads and may see
@@ -30,7 +34,87 @@ struct Counters {
     ratio_buckets: [AtomicU64; RATIO_BUCKETS],
     /// f64 bits of the sum of observed ratios.
     ratio_sum_bits: AtomicU64,
+    /// [`TokenizerFigures`], in field order.
+    tokenizer: [AtomicU64; TOKENIZER_FIGURES],
+    /// Cold tokenizations handed to the pool.
+    tokenize_offloaded: AtomicU64,
+    /// Cold tokenizations the pool could not take (queue full): those requests routed on text.
+    tokenize_refused: AtomicU64,
 }
+
+const TOKENIZER_FIGURES: usize = 7;
+
+/// One core's tokenization figures, as its router last published them (absolute values).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenizerFigures {
+    /// Whole prompts found in L0.
+    pub l0_hits: u64,
+    /// Whole prompts not found in L0.
+    pub l0_misses: u64,
+    /// Segments found in L1.
+    pub l1_hits: u64,
+    /// Segments not found in L1.
+    pub l1_misses: u64,
+    /// Whole prompts held.
+    pub l0_entries: u64,
+    /// Bytes the segments count against their bound.
+    pub l1_bytes: u64,
+    /// Requests of a model with a tokenizer that routed on text (a template or body error).
+    pub failures: u64,
+}
+
+impl TokenizerFigures {
+    fn as_array(self) -> [u64; TOKENIZER_FIGURES] {
+        [
+            self.l0_hits,
+            self.l0_misses,
+            self.l1_hits,
+            self.l1_misses,
+            self.l0_entries,
+            self.l1_bytes,
+            self.failures,
+        ]
+    }
+}
+
+/// (name, type, help) of each tokenizer figure, in [`TokenizerFigures`] order.
+const TOKENIZER_FAMILIES: [(&str, &str, &str); TOKENIZER_FIGURES] = [
+    (
+        "smg_tokenizer_cache_l0_hits_total",
+        "counter",
+        "Whole prompts found in the L0 tokenizer cache",
+    ),
+    (
+        "smg_tokenizer_cache_l0_misses_total",
+        "counter",
+        "Whole prompts not found in the L0 tokenizer cache",
+    ),
+    (
+        "smg_tokenizer_cache_l1_hits_total",
+        "counter",
+        "Prompt segments found in the L1 tokenizer cache",
+    ),
+    (
+        "smg_tokenizer_cache_l1_misses_total",
+        "counter",
+        "Prompt segments not found in the L1 tokenizer cache",
+    ),
+    (
+        "smg_tokenizer_cache_l0_entries",
+        "gauge",
+        "Whole prompts held by the L0 tokenizer cache",
+    ),
+    (
+        "smg_tokenizer_cache_l1_memory_bytes",
+        "gauge",
+        "Bytes held by the L1 tokenizer cache",
+    ),
+    (
+        "kvgate_tokenize_failures_total",
+        "counter",
+        "Requests of a model with a tokenizer that routed on their text",
+    ),
+];
 
 /// Adds to a counter this core alone writes.
 fn bump(counter: &AtomicU64, by: u64) {
@@ -54,6 +138,50 @@ impl PolicyMetrics {
         bump(&counters.ratio_buckets[bucket], 1);
         let sum = f64::from_bits(counters.ratio_sum_bits.load(Relaxed)) + ratio;
         counters.ratio_sum_bits.store(sum.to_bits(), Relaxed);
+    }
+
+    /// Publishes this core's tokenization figures (its router is their only writer).
+    pub fn set_tokenizer(&self, figures: TokenizerFigures) {
+        for (slot, value) in self.inner.tokenizer.iter().zip(figures.as_array()) {
+            slot.store(value, Relaxed);
+        }
+    }
+
+    /// Counts a cold tokenization handed to the pool.
+    pub fn count_tokenize_offloaded(&self) {
+        bump(&self.inner.tokenize_offloaded, 1);
+    }
+
+    /// Counts a cold tokenization the pool could not take.
+    pub fn count_tokenize_refused(&self) {
+        bump(&self.inner.tokenize_refused, 1);
+    }
+
+    /// This core's tokenization figures.
+    pub fn tokenizer(&self) -> TokenizerFigures {
+        let v: Vec<u64> = self
+            .inner
+            .tokenizer
+            .iter()
+            .map(|a| a.load(Relaxed))
+            .collect();
+        TokenizerFigures {
+            l0_hits: v[0],
+            l0_misses: v[1],
+            l1_hits: v[2],
+            l1_misses: v[3],
+            l0_entries: v[4],
+            l1_bytes: v[5],
+            failures: v[6],
+        }
+    }
+
+    /// Cold tokenizations this core handed to the pool, and those the pool refused.
+    pub fn tokenize_offloads(&self) -> (u64, u64) {
+        (
+            self.inner.tokenize_offloaded.load(Relaxed),
+            self.inner.tokenize_refused.load(Relaxed),
+        )
     }
 
     /// This core's count for one branch.
@@ -115,9 +243,51 @@ pub fn render_prometheus<'a>(
         }
     }
     let sum: f64 = cores
+        .clone()
         .into_iter()
         .map(|c| f64::from_bits(c.inner.ratio_sum_bits.load(Relaxed)))
         .sum();
     let _ = writeln!(out, "smg_cache_aware_match_ratio_sum {sum}");
     let _ = writeln!(out, "smg_cache_aware_match_ratio_count {cumulative}");
+    render_tokenizer(cores, out);
+}
+
+/// The tokenization families, summed over `cores`.
+fn render_tokenizer<'a>(
+    cores: impl IntoIterator<Item = &'a PolicyMetrics> + Clone,
+    out: &mut String,
+) {
+    let mut families: Vec<(&str, &str, &str, u64)> = TOKENIZER_FAMILIES
+        .iter()
+        .enumerate()
+        .map(|(i, &(name, kind, help))| {
+            let total = cores
+                .clone()
+                .into_iter()
+                .map(|c| c.inner.tokenizer[i].load(Relaxed))
+                .sum();
+            (name, kind, help, total)
+        })
+        .collect();
+    let (offloaded, refused) = cores.into_iter().fold((0, 0), |(o, r), c| {
+        let (co, cr) = c.tokenize_offloads();
+        (o + co, r + cr)
+    });
+    families.push((
+        "kvgate_tokenize_offloaded_total",
+        "counter",
+        "Cold tokenizations run on the tokenizer pool",
+        offloaded,
+    ));
+    families.push((
+        "kvgate_tokenize_refused_total",
+        "counter",
+        "Cold tokenizations the full pool refused (routed on text)",
+        refused,
+    ));
+    for (name, kind, help, total) in families {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name} {total}");
+    }
 }

@@ -3,11 +3,15 @@
 //! calls them around its own phases (connect, forward, stream back).
 //!
 //! 1. [`Router::prepare`], once per request: extract the routing input (model, token IDs or
-//!    text, partition namespace) from the body and headers ("How the Prefix Index Works"), hash
-//!    token IDs into pages, and (cache_aware) look the key up in the index mode
-//!    ([`IndexLookup`]), merging this core's recent dispatches on a miss; token IDs of a model
-//!    whose workers publish KV events are looked up in the KV-event index instead ([`Blocks`]).
-//!    The result is a [`Prepared`] value the caller keeps for the request's lifetime.
+//!    text, partition namespace) from the body and headers ("How the Prefix Index Works"); for a
+//!    chat, completions or messages request whose model has a tokenizer, tokenize its prompt
+//!    through this core's cache (`tokenize`), the IDs becoming the key; hash token IDs into
+//!    pages, and (cache_aware) look the key up in the index mode ([`IndexLookup`]), merging
+//!    this core's recent dispatches on a miss; token IDs of a model whose workers publish KV
+//!    events are looked up in the KV-event index instead ([`Blocks`]). The result is a
+//!    [`Prepared`] value the caller keeps for the request's lifetime. The data core calls
+//!    [`Router::prepare_or_defer`], which hands back cold tokenization too long for the core as
+//!    a `ColdWork` to run on the tokenizer pool before [`Router::finish_prepare`].
 //! 2. [`Router::select`], once per attempt: steps 1-6 of the decision flow. It reads each
 //!    worker's published state into a [`WorkerStatus`] (eligibility, in-flight count, load
 //!    report, dispatch credits; a worker this request already tried is not eligible) and runs
@@ -30,13 +34,17 @@ use super::recent::RecentDispatches;
 use super::record::{model_hash, KeyData, RecordKey};
 use super::{
     cache_aware, simple, Affinity, Branch, CacheIndexKind, Decision, PolicyConfig, PolicyKind,
-    PolicyMetrics, WorkerLoad, WorkerRing, WorkerStatus,
+    PolicyMetrics, TokenizerFigures, WorkerLoad, WorkerRing, WorkerStatus,
 };
 use crate::ids::WorkerId;
 use crate::index::hash::{request_heads, HeadMatch};
 use crate::index::{count_chars, Namespace, TreeMatch};
 use crate::limits::MODELS_MAX;
-use crate::request::{extract, Endpoint, RequestError, RoutingHeaders, RoutingKey};
+use crate::request::{extract, Endpoint, KeySource, RequestError, RoutingHeaders, RoutingKey};
+use crate::tokenize::{
+    self, Begun, CacheConfig, ColdDone, ColdWork, PromptSource, TokenCache, TokenizeError,
+    TokenizerSet,
+};
 use crate::workers::catalog::ModelWorkers;
 use crate::workers::retry::TriedWorkers;
 use crate::workers::table::{Roster, WorkerTable};
@@ -77,6 +85,40 @@ pub struct Router {
     ring_members: Vec<(WorkerId, String)>,
     /// Models whose name this core already sent the control core.
     announced_models: Vec<u64>,
+    /// The models' tokenizers and this core's tokenization cache (`None`: no model has one).
+    tokenizing: Option<Tokenizing>,
+}
+
+/// A data core's tokenization state: the models' tokenizers (shared, read-only) and this
+/// core's cache, which no other thread touches.
+#[derive(Debug)]
+struct Tokenizing {
+    set: Arc<TokenizerSet>,
+    cache: TokenCache,
+    inline_max_bytes: usize,
+    failures: u64,
+}
+
+impl Tokenizing {
+    /// A request that stays on its text: logged at debug, counted.
+    fn failed(&mut self, error: &TokenizeError) {
+        self.failures += 1;
+        tracing::debug!("request not tokenized, routing on its text: {error}");
+    }
+
+    /// Publishes this core's cache figures for `/metrics`.
+    fn publish(&self, metrics: &PolicyMetrics) {
+        let stats = self.cache.stats();
+        metrics.set_tokenizer(TokenizerFigures {
+            l0_hits: stats.l0_hits,
+            l0_misses: stats.l0_misses,
+            l1_hits: stats.l1_hits,
+            l1_misses: stats.l1_misses,
+            l0_entries: self.cache.l0_entries() as u64,
+            l1_bytes: self.cache.l1_bytes() as u64,
+            failures: self.failures,
+        });
+    }
 }
 
 impl Router {
@@ -101,6 +143,7 @@ impl Router {
             ring: WorkerRing::default(),
             ring_members: Vec::new(),
             announced_models: Vec::new(),
+            tokenizing: None,
         }
     }
 
@@ -111,6 +154,24 @@ impl Router {
         if self.uses_index() && tree_mode {
             self.events = Some(events);
         }
+        self
+    }
+
+    /// Tokenizes chat, completions and messages requests of the models in `tokenizers`
+    /// through a cache bounded by `cache`; cold work over `inline_max_bytes` is handed back by
+    /// [`Router::prepare_or_defer`].
+    pub fn with_tokenizers(
+        mut self,
+        tokenizers: Arc<TokenizerSet>,
+        cache: CacheConfig,
+        inline_max_bytes: usize,
+    ) -> Router {
+        self.tokenizing = (!tokenizers.is_empty()).then(|| Tokenizing {
+            set: tokenizers,
+            cache: TokenCache::new(cache),
+            inline_max_bytes,
+            failures: 0,
+        });
         self
     }
 
@@ -125,7 +186,9 @@ impl Router {
     }
 
     /// Prepares a request (see the module documentation): `now_ms` is the gateway tick. A body
-    /// that is not a JSON object is a [`RequestError`] (400).
+    /// that is not a JSON object is a [`RequestError`] (400). Cold tokenization, however long,
+    /// runs here, on the caller's thread (tests, benchmarks); the data core uses
+    /// [`Router::prepare_or_defer`] instead.
     pub fn prepare(
         &mut self,
         prepared: &mut Prepared,
@@ -134,6 +197,25 @@ impl Router {
         body: &[u8],
         now_ms: u64,
     ) -> Result<(), RequestError> {
+        let cold = self.prepare_or_defer(prepared, endpoint, headers, body, now_ms)?;
+        if let Some(work) = cold {
+            self.finish_prepare(prepared, Some(work.run()));
+        }
+        Ok(())
+    }
+
+    /// [`Router::prepare`], except that cold tokenization longer than the data core may spend
+    /// (`--tokenizer-inline-max-bytes`) comes back as a [`ColdWork`]: the caller runs it off
+    /// the core and then calls [`Router::finish_prepare`] (the request is not prepared until
+    /// then). `None`: the request is prepared.
+    pub fn prepare_or_defer(
+        &mut self,
+        prepared: &mut Prepared,
+        endpoint: Endpoint,
+        headers: RoutingHeaders<'_>,
+        body: &[u8],
+        now_ms: u64,
+    ) -> Result<Option<ColdWork>, RequestError> {
         extract(endpoint, body, headers, &mut prepared.input)?;
         prepared.now_ms = now_ms;
         prepared.namespace = Namespace {
@@ -142,9 +224,94 @@ impl Router {
         };
         prepared.lookup = None;
         prepared.heads.clear();
+        if let Some(work) = self.tokenize(prepared, endpoint, body) {
+            if work.cold_bytes() > self.tokenizing.as_ref().map_or(0, |t| t.inline_max_bytes) {
+                self.metrics.count_tokenize_offloaded();
+                return Ok(Some(work));
+            }
+            self.finish_prepare(prepared, Some(work.run()));
+            return Ok(None);
+        }
+        self.look_up(prepared);
+        Ok(None)
+    }
+
+    /// Completes a request [`Router::prepare_or_defer`] deferred, with its cold work done
+    /// (`None`: the work could not run, the request routes on its text).
+    pub fn finish_prepare(&mut self, prepared: &mut Prepared, done: Option<ColdDone>) {
+        if let (Some(tokenizing), Some(done)) = (&mut self.tokenizing, done) {
+            let finished = tokenize::finish(
+                done,
+                &mut tokenizing.cache,
+                prepared.input.tokenizer_output(),
+            );
+            match finished {
+                Ok(()) => prepared.input.set_tokenized(),
+                Err(e) => tokenizing.failed(&e),
+            }
+            tokenizing.publish(&self.metrics);
+        } else {
+            self.metrics.count_tokenize_refused();
+        }
+        self.look_up(prepared);
+    }
+
+    /// Tokenizes the prompt of a chat, completions or messages request whose model has a
+    /// tokenizer, through this core's cache, when the policy reads token IDs (cache_aware,
+    /// prefix_hash); its IDs become the routing key. Returns the cold work left, if any.
+    /// Anything that fails leaves the request on its text.
+    fn tokenize(
+        &mut self,
+        prepared: &mut Prepared,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Option<ColdWork> {
+        let tokenizing = self.tokenizing.as_mut()?;
+        let reads_tokens = matches!(
+            self.config.kind,
+            PolicyKind::CacheAware | PolicyKind::PrefixHash
+        );
+        if !reads_tokens || prepared.input.key_source() != Some(KeySource::Text) {
+            return None;
+        }
+        let source = match endpoint {
+            Endpoint::ChatCompletions => PromptSource::Chat(body),
+            Endpoint::Messages => PromptSource::Messages(body),
+            Endpoint::Completions if !prepared.input.text().is_empty() => {
+                PromptSource::Completion(prepared.input.text())
+            }
+            _ => return None,
+        };
+        let model = tokenizing.set.for_model(prepared.input.model())?.clone();
+        let prompt = match model.prompt(source) {
+            Ok(prompt) => prompt,
+            Err(e) => {
+                tokenizing.failed(&e);
+                tokenizing.publish(&self.metrics);
+                return None;
+            }
+        };
+        let begun = tokenize::begin(
+            &model,
+            prompt,
+            &mut tokenizing.cache,
+            prepared.input.tokenizer_output(),
+        );
+        match begun {
+            Begun::Done => {
+                prepared.input.set_tokenized();
+                tokenizing.publish(&self.metrics);
+                None
+            }
+            Begun::Cold(work) => Some(work),
+        }
+    }
+
+    /// Hashes token IDs into pages and (cache_aware) looks the key up in the index mode.
+    fn look_up(&mut self, prepared: &mut Prepared) {
         let routing_key = prepared.input.key();
         if !self.uses_index() || routing_key.is_empty() {
-            return Ok(());
+            return;
         }
         if let RoutingKey::Tokens(tokens) = routing_key {
             let events = self.events.as_ref();
@@ -164,7 +331,7 @@ impl Router {
                     }
                 }
                 prepared.lookup = lookup;
-                return Ok(());
+                return;
             }
             // The index's block size: both come from `--block-size`.
             let block_size = self.config.cache_aware.block_size as usize;
@@ -178,7 +345,6 @@ impl Router {
         if let Some(index) = &mut self.index {
             index.quiesce();
         }
-        Ok(())
     }
 
     /// Tree mode: the string or token tree's match, and on a miss this core's recent dispatches.
@@ -639,6 +805,119 @@ mod tests {
         let worker = router.choose(&prepared, only, status_of);
         assert_eq!(worker, Some(WorkerId(0)));
         assert_eq!(router.record(&prepared, WorkerId(0), 0), None);
+    }
+}
+
+#[cfg(test)]
+mod tokenize_tests {
+    //! The router's side of tokenization (the tokenizer is `tokenize::tests`' word-level one):
+    //! which requests are tokenized, deferral of cold work, and what a refused one routes on.
+    use super::tests::prepare;
+    use super::*;
+    use crate::policy::PolicyArgs;
+    use crate::tokenize::tests::model;
+
+    fn tokenizing_router(
+        kind: PolicyKind,
+        inline_max_bytes: usize,
+    ) -> (Router, Arc<PolicyMetrics>) {
+        let args = PolicyArgs {
+            policy: kind,
+            ..PolicyArgs::default()
+        };
+        let metrics = Arc::new(PolicyMetrics::default());
+        let set = Arc::new(TokenizerSet::new(vec![(Some("m".into()), model(false))]));
+        let cache = CacheConfig {
+            l0_entries_max: 0,
+            l1_bytes_max: 1 << 20,
+        };
+        let router = Router::new(args.validate().unwrap(), 1, None, metrics.clone())
+            .with_tokenizers(set, cache, inline_max_bytes);
+        (router, metrics)
+    }
+
+    const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello world"}]}"#;
+
+    #[test]
+    fn requests_of_a_model_with_a_tokenizer_route_on_its_ids_others_on_text() {
+        let (mut router, metrics) = tokenizing_router(PolicyKind::CacheAware, 1 << 20);
+        let chat = prepare(&mut router, Endpoint::ChatCompletions, CHAT.as_bytes(), 0);
+        assert_eq!(chat.input.key_source(), Some(KeySource::Tokenized));
+        assert_eq!(
+            chat.input.key(),
+            RoutingKey::Tokens(&[100, 4, 1, 2, 101, 100, 5])
+        );
+        let completion = br#"{"model":"m","prompt":"hello"}"#;
+        let completion = prepare(&mut router, Endpoint::Completions, completion, 0);
+        // Completions get the post-processor's token (102) in front, as engines encode them.
+        assert_eq!(completion.input.key(), RoutingKey::Tokens(&[102, 1]));
+        let other = br#"{"model":"other","messages":[{"role":"user","content":"hello"}]}"#;
+        let other = prepare(&mut router, Endpoint::ChatCompletions, other, 0);
+        assert_eq!(other.input.key(), RoutingKey::Text("hello"));
+        // A body the template cannot read routes on its text, counted.
+        let bad = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"continue_final_message":true}"#;
+        let bad = prepare(&mut router, Endpoint::ChatCompletions, bad, 0);
+        assert_eq!(bad.input.key(), RoutingKey::Text("hi"));
+        assert_eq!(metrics.tokenizer().failures, 1);
+        assert!(metrics.tokenizer().l1_misses > 0);
+    }
+
+    #[test]
+    fn cold_work_past_the_inline_bound_is_deferred_and_a_refused_one_routes_on_text() {
+        let (mut router, metrics) = tokenizing_router(PolicyKind::CacheAware, 4);
+        let headers = RoutingHeaders::default();
+        let mut prepared = Prepared::default();
+        let cold = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                CHAT.as_bytes(),
+                0,
+            )
+            .unwrap()
+            .expect("cold work over 4 bytes is deferred");
+        assert!(prepared.lookup.is_none(), "not prepared until finished");
+        router.finish_prepare(&mut prepared, Some(cold.run()));
+        assert_eq!(prepared.input.key_source(), Some(KeySource::Tokenized));
+        assert!(prepared.lookup.is_some());
+        // The same prompt again: all cached, nothing deferred.
+        let again = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                CHAT.as_bytes(),
+                0,
+            )
+            .unwrap();
+        assert!(again.is_none());
+        // A new prompt whose work the pool refused: the text, counted.
+        let new = r#"{"model":"m","messages":[{"role":"user","content":"brief hi"}]}"#;
+        let cold = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                new.as_bytes(),
+                0,
+            )
+            .unwrap();
+        assert!(cold.is_some());
+        router.finish_prepare(&mut prepared, None);
+        assert_eq!(prepared.input.key(), RoutingKey::Text("brief hi"));
+        assert_eq!(metrics.tokenize_offloads(), (2, 1));
+    }
+
+    #[test]
+    fn policies_that_read_no_token_ids_do_not_tokenize() {
+        let (mut router, metrics) = tokenizing_router(PolicyKind::RoundRobin, 1 << 20);
+        let chat = prepare(&mut router, Endpoint::ChatCompletions, CHAT.as_bytes(), 0);
+        assert_eq!(chat.input.key(), RoutingKey::Text("hello world"));
+        assert_eq!(metrics.tokenizer().l1_misses, 0);
+        let (mut router, _) = tokenizing_router(PolicyKind::PrefixHash, 1 << 20);
+        let chat = prepare(&mut router, Endpoint::ChatCompletions, CHAT.as_bytes(), 0);
+        assert_eq!(chat.input.key_source(), Some(KeySource::Tokenized));
     }
 }
 

@@ -60,6 +60,9 @@ pub enum KeySource {
     InputIds,
     /// The prompt text (or the messages' text in order).
     Text,
+    /// The gateway's tokenizer: the IDs the engine computes for the prompt (chat rendered
+    /// with the model's template), filled by the router through [`RoutingInput::tokenizer_output`].
+    Tokenized,
 }
 
 /// What the policy looks up in the index: token IDs (token tree) or text (string tree). Text and
@@ -144,7 +147,9 @@ impl RoutingInput {
     /// The routing key: token IDs when the request carries them, its text otherwise.
     pub fn key(&self) -> RoutingKey<'_> {
         match self.source {
-            Some(KeySource::TokensHeader | KeySource::InputIds) => RoutingKey::Tokens(&self.tokens),
+            Some(KeySource::TokensHeader | KeySource::InputIds | KeySource::Tokenized) => {
+                RoutingKey::Tokens(&self.tokens)
+            }
             _ => RoutingKey::Text(&self.text),
         }
     }
@@ -167,6 +172,27 @@ impl RoutingInput {
     /// The `x-smg-target-worker` header value, if present and non-empty.
     pub fn target_worker(&self) -> Option<&str> {
         (!self.target_worker.is_empty()).then_some(self.target_worker.as_str())
+    }
+
+    /// The prompt text extracted (the routing key unless the request carries or was given
+    /// token IDs; a completions prompt exactly as sent).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The buffer, emptied, that the gateway's tokenizer fills with the prompt's IDs;
+    /// [`RoutingInput::set_tokenized`] then makes them the key.
+    pub fn tokenizer_output(&mut self) -> &mut Vec<u32> {
+        self.tokens.clear();
+        &mut self.tokens
+    }
+
+    /// Makes the IDs written to [`RoutingInput::tokenizer_output`] the routing key (no IDs:
+    /// the key stays the text).
+    pub fn set_tokenized(&mut self) {
+        if !self.tokens.is_empty() {
+            self.source = Some(KeySource::Tokenized);
+        }
     }
 
     /// Bytes of buffer kept for the next extraction.

@@ -11,6 +11,7 @@
 //! `StartError` whose text names the flag to fix.
 
 pub mod signals;
+mod tokenizer_pool;
 
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
 use std::rc::Rc;
@@ -105,11 +106,17 @@ type CoreRuntime = monoio::FusionRuntime<
     monoio::time::TimeDriver<monoio::LegacyDriver>,
 >;
 
-fn build_runtime() -> std::io::Result<CoreRuntime> {
-    monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+/// A runtime; a data core's has the tokenizer pool attached (`monoio::spawn_blocking` queues
+/// there), the control core's runs nothing off its thread.
+fn build_runtime(pool: Option<&tokenizer_pool::PoolHandle>) -> std::io::Result<CoreRuntime> {
+    let builder = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
         .with_entries(URING_ENTRIES)
-        .enable_timer()
-        .build()
+        .enable_timer();
+    let builder = match pool {
+        Some(pool) => builder.attach_thread_pool(Box::new(pool.clone())),
+        None => builder.with_blocking_strategy(monoio::blocking::BlockingStrategy::ExecuteLocal),
+    };
+    builder.build()
 }
 
 /// Whether a listener shares its port with the other data cores' listeners.
@@ -169,6 +176,11 @@ pub fn run(config: Config) -> Result<(), StartError> {
     };
     let (index_writer, index_readers) = build_index(&config);
     let (kv_writer, kv_readers) = build_kv_index(&config);
+    let pool = if config.tokenizers.is_empty() {
+        None
+    } else {
+        Some(tokenizer_pool::start()?)
+    };
     let shared = Arc::new(Shared::new(config));
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
@@ -179,6 +191,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
         index_readers,
         kv_writer,
         kv_readers,
+        pool,
     };
     let threads = spawn_cores(&shared, cores, &ready_tx, &done_tx)?;
     for _ in 0..threads {
@@ -219,6 +232,8 @@ struct CoreParts {
     index_readers: Vec<Option<Box<dyn IndexLookup>>>,
     kv_writer: Option<KvIndexWriter>,
     kv_readers: Vec<Option<Blocks>>,
+    /// The tokenizer pool (when some model has a tokenizer).
+    pool: Option<tokenizer_pool::PoolHandle>,
 }
 
 /// Starts the control core and the data cores; returns how many threads were started.
@@ -252,10 +267,11 @@ fn spawn_cores(
     for (core_id, (listener, (reader, events))) in data_cores.enumerate() {
         let (shared_d, ready_d, done_d) = (shared.clone(), ready.clone(), done.clone());
         let pin_d = pin.clone();
+        let pool = parts.pool.clone();
         spawn_named(format!("kvgate-data-{core_id}"), move || {
             pin_d(core_id + 1);
             let core = data_core(core_id, shared_d, reader, events);
-            run_data_core(core, listener, ready_d);
+            run_data_core(core, listener, pool, ready_d);
             let _ = done_d.send(());
         })?;
     }
@@ -271,7 +287,13 @@ fn data_core(
     events: Option<Blocks>,
 ) -> DataCore {
     let metrics = shared.policy_metrics[core_id].clone();
-    let mut router = Router::new(shared.config.policy.clone(), core_id as u64, index, metrics);
+    let config = &shared.config;
+    let mut router = Router::new(config.policy.clone(), core_id as u64, index, metrics)
+        .with_tokenizers(
+            config.tokenizers.clone(),
+            config.tokenizer_cache,
+            config.tokenize_inline_max_bytes,
+        );
     if let Some(events) = events {
         router = router.with_events(events);
     }
@@ -291,7 +313,7 @@ fn run_control_core(
     metrics_listener: StdTcpListener,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
-    let mut runtime = match build_runtime() {
+    let mut runtime = match build_runtime(None) {
         Ok(runtime) => runtime,
         Err(e) => {
             let _ = ready.send(Err(format!("control core runtime: {e}")));
@@ -305,10 +327,11 @@ fn run_control_core(
 fn run_data_core(
     core: DataCore,
     listener: StdTcpListener,
+    pool: Option<tokenizer_pool::PoolHandle>,
     ready: mpsc::Sender<Result<(), String>>,
 ) {
     let core_id = core.core_id;
-    let mut runtime = match build_runtime() {
+    let mut runtime = match build_runtime(pool.as_ref()) {
         Ok(runtime) => runtime,
         Err(e) => {
             let _ = ready.send(Err(format!("data core {core_id} runtime: {e}")));

@@ -1,0 +1,622 @@
+//! Gateway tokenization: a model's Hugging Face tokenizer and chat template, so chat,
+//! completions and messages requests route on the token IDs the engine will compute (the token
+//! tree and the hash index match IDs; engines reuse KV cache by pages of IDs).
+//!
+//! Key types: [`ModelTokenizer`] (one model's `tokenizer.json`, chat template and split rule,
+//! built once at start from file contents: no I/O here), [`TokenizerSet`] (which model uses
+//! which), [`TokenCache`] (one per data core: L0 whole prompts, L1 segments), and the request's
+//! pipeline: [`ModelTokenizer::prompt`] renders the prompt, [`begin`] cuts it at the added
+//! tokens (`split`), takes every segment it can from the cache and returns either the IDs or a
+//! [`ColdWork`]: the segments never seen, to tokenize inline or on the tokenizer pool
+//! ([`ColdWork::run`], pure and `Send`), after which [`finish`] caches them and assembles the
+//! IDs. The engines' behaviour is kept: chat prompts are encoded without the post-processor's
+//! special tokens (`apply_chat_template` does not add them), completions prompts with them.
+//!
+//! Errors: a file that does not load is a [`LoadError`] (a one-line start-up error); a request
+//! that cannot be rendered or encoded is a [`TokenizeError`], and the request then routes on
+//! its text, exactly as a model without a tokenizer does.
+
+mod args;
+mod cache;
+mod prompt;
+mod split;
+mod template;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use tokenizers::Tokenizer;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+pub use args::{ModelSpec, TokenizerArgs};
+pub use cache::{CacheConfig, CacheStats, TokenCache, ENTRY_OVERHEAD_BYTES, L0_ENTRY_TOKENS_MAX};
+pub use prompt::{chat_input, messages_input};
+pub use split::{chunks, Chunking, Piece, SpecialSplit, SplitSafety};
+pub use template::{ChatInput, ChatTemplate, ContentFormat, TemplateError};
+
+/// A tokenizer's files could not be used (the message names what and why).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct LoadError(pub String);
+
+/// A request could not be tokenized: it routes on its text.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TokenizeError {
+    /// The body does not have the shape a template reads.
+    #[error("the body has no messages a chat template can render")]
+    Body,
+    /// The model has a tokenizer but no chat template.
+    #[error("no chat template")]
+    NoTemplate,
+    /// The template failed (e.g. `raise_exception`).
+    #[error("{0}")]
+    Template(String),
+    /// The tokenizer failed.
+    #[error("tokenizer: {0}")]
+    Encode(String),
+}
+
+/// What a request gives the tokenizer.
+#[derive(Clone, Copy, Debug)]
+pub enum PromptSource<'a> {
+    /// A completions prompt, tokenized as given.
+    Completion(&'a str),
+    /// A chat completions body (OpenAI messages).
+    Chat(&'a [u8]),
+    /// An Anthropic Messages body.
+    Messages(&'a [u8]),
+}
+
+/// The text the engine tokenizes, and whether the post-processor's special tokens are added.
+#[derive(Debug, Default)]
+pub struct Prompt {
+    /// The prompt text (a chat's rendered template).
+    pub text: String,
+    /// True for completions prompts (the engines' `add_special_tokens` default), false for chat.
+    pub add_special_tokens: bool,
+}
+
+/// The tokens the post-processor adds around one sequence (`add_special_tokens`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Affixes {
+    prefix: Vec<u32>,
+    suffix: Vec<u32>,
+}
+
+/// One model's tokenizer, chat template and split rule. Built once at start; shared read-only
+/// by the data cores and the tokenizer pool.
+pub struct ModelTokenizer {
+    label: String,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    /// The added-token cut, when pieces are exact for this tokenizer (`None`: whole prompts).
+    split: Option<SpecialSplit>,
+    /// Whether long pieces are cut into chunks too.
+    chunking: Chunking,
+    /// The post-processor's tokens, when they could be told apart (`None`: prompts encoded with
+    /// special tokens are tokenized whole).
+    affixes: Option<Affixes>,
+    /// Seeds cache keys: two models never share entries.
+    seed: u64,
+    notes: Vec<String>,
+}
+
+impl std::fmt::Debug for ModelTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelTokenizer")
+            .field("label", &self.label)
+            .field("template", &self.template)
+            .field("splits", &self.split.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The contents of one model's tokenizer files.
+#[derive(Debug, Default)]
+pub struct TokenizerFiles {
+    /// `tokenizer.json`.
+    pub tokenizer_json: Vec<u8>,
+    /// `tokenizer_config.json`, if present (special tokens, and the template when no other).
+    pub tokenizer_config_json: Option<Vec<u8>>,
+    /// A chat template given apart (`--chat-template`, `chat_template.jinja`, ...).
+    pub chat_template: Option<String>,
+}
+
+impl ModelTokenizer {
+    /// Builds a model's tokenizer from its files' contents; `label` names it in messages.
+    pub fn new(label: &str, files: TokenizerFiles) -> Result<ModelTokenizer, LoadError> {
+        let tokenizer = Tokenizer::from_bytes(&files.tokenizer_json)
+            .map_err(|e| LoadError(format!("{label}: tokenizer.json: {e}")))?;
+        let config: Option<serde_json::Value> = match &files.tokenizer_config_json {
+            Some(bytes) => Some(
+                serde_json::from_slice(bytes)
+                    .map_err(|e| LoadError(format!("{label}: tokenizer_config.json: {e}")))?,
+            ),
+            None => None,
+        };
+        let special_tokens = config.as_ref().map(special_tokens).unwrap_or_default();
+        let source = files
+            .chat_template
+            .or_else(|| config.as_ref().and_then(config_template));
+        let template = match source {
+            Some(source) => Some(
+                ChatTemplate::new(source, special_tokens)
+                    .map_err(|e| LoadError(format!("{label}: {e}")))?,
+            ),
+            None => None,
+        };
+        let mut notes = Vec::new();
+        let split = match SplitSafety::check(&tokenizer) {
+            SplitSafety::Exact => SpecialSplit::new(&tokenizer)
+                .map_err(|e| LoadError(format!("{label}: added tokens: {e}")))?,
+            SplitSafety::Unsafe(reason) => {
+                notes.push(format!(
+                    "tokenizer of {label}: {reason}; segments would not be exact, whole prompts are tokenized"
+                ));
+                None
+            }
+        };
+        let chunking = Chunking::of(&tokenizer);
+        let mut model = ModelTokenizer {
+            label: label.to_owned(),
+            tokenizer,
+            template,
+            split,
+            chunking,
+            affixes: None,
+            seed: xxh3_64(&files.tokenizer_json),
+            notes,
+        };
+        if model.split.is_some() {
+            if let Err(probe) = model.probe_split() {
+                model.notes.push(format!(
+                    "tokenizer of {label}: pieces of {probe:?} tokenize differently from the whole; whole prompts are tokenized"
+                ));
+                model.split = None;
+            }
+        }
+        model.affixes = model.probe_affixes();
+        if model.template.is_none() {
+            model.notes.push(format!(
+                "tokenizer of {label}: no chat template; chat requests route on text"
+            ));
+        }
+        Ok(model)
+    }
+
+    /// What the log should say about this model at start (fallbacks and why).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Whether prompts are cut into cached segments (false: whole prompts, L0 only).
+    pub fn splits(&self) -> bool {
+        self.split.is_some()
+    }
+
+    /// Whether long segments are cut into chunks too.
+    pub fn chunking(&self) -> Chunking {
+        if self.split.is_some() {
+            self.chunking
+        } else {
+            Chunking::Off
+        }
+    }
+
+    /// The text ranges `range` of `text` is tokenized in: itself, or its chunks.
+    fn text_ranges(&self, text: &str, range: Range<usize>, out: &mut Vec<Range<usize>>) {
+        out.clear();
+        match self.chunking {
+            Chunking::AtSpaces => chunks(text, range, out),
+            Chunking::Off => out.push(range),
+        }
+    }
+
+    /// The chat template, if the model has one.
+    pub fn template(&self) -> Option<&ChatTemplate> {
+        self.template.as_ref()
+    }
+
+    /// The underlying tokenizer (for comparisons and benchmarks).
+    pub fn inner(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The prompt the engine tokenizes for `source`.
+    pub fn prompt(&self, source: PromptSource<'_>) -> Result<Prompt, TokenizeError> {
+        let input = match source {
+            PromptSource::Completion(text) => {
+                return Ok(Prompt {
+                    text: text.to_owned(),
+                    add_special_tokens: true,
+                })
+            }
+            PromptSource::Chat(body) => chat_input(body)?,
+            PromptSource::Messages(body) => messages_input(body)?,
+        };
+        let template = self.template.as_ref().ok_or(TokenizeError::NoTemplate)?;
+        let text = template
+            .render(&input)
+            .map_err(|e| TokenizeError::Template(e.to_string()))?;
+        Ok(Prompt {
+            text,
+            add_special_tokens: false,
+        })
+    }
+
+    /// The IDs of `text` as one piece, without the post-processor's tokens.
+    fn encode_piece(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        self.encode(text, false)
+    }
+
+    /// The IDs of `text`, as the engine encodes it (`add_special_tokens` as given).
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        let encoding = self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Checks on probe strings around the added tokens that pieces tokenize like the whole;
+    /// returns the first probe that does not.
+    fn probe_split(&self) -> Result<(), String> {
+        let mut specials: Vec<String> = self
+            .tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .map(|t| t.content)
+            .collect();
+        specials.sort();
+        specials.truncate(4);
+        let texts = [
+            "Hello world",
+            " leading space",
+            "\n\nparagraph\n",
+            "trailing  \t",
+            "café 日本語 🎉 x̧",
+            "  ",
+            "123456 7.5e-3",
+        ];
+        for (i, special) in specials.iter().enumerate() {
+            let mut probe = String::new();
+            for (j, text) in texts.iter().enumerate() {
+                probe.push_str(text);
+                probe.push_str(&specials[(i + j) % specials.len()]);
+            }
+            probe.push_str(special);
+            probe.push_str("end");
+            let mut out = Vec::new();
+            let whole = self.encode_piece(&probe).map_err(|_| probe.clone())?;
+            self.encode_pieces_uncached(&probe, &mut out)
+                .map_err(|_| probe.clone())?;
+            if whole != out {
+                return Err(probe);
+            }
+        }
+        Ok(())
+    }
+
+    /// The IDs of `text`, piece by piece, without the cache (exactness checks).
+    pub fn encode_pieces_uncached(
+        &self,
+        text: &str,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizeError> {
+        let Some(split) = &self.split else {
+            out.extend(self.encode_piece(text)?);
+            return Ok(());
+        };
+        let (mut pieces, mut ranges) = (Vec::new(), Vec::new());
+        split.split(text, &mut pieces);
+        for piece in pieces {
+            match piece {
+                Piece::Special(id) => out.push(id),
+                Piece::Text(range) => {
+                    self.text_ranges(text, range, &mut ranges);
+                    for range in &ranges {
+                        out.extend(self.encode_piece(&text[range.clone()])?);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The post-processor's tokens around a sequence, found by encoding probes with and without
+    /// them (`None` when two probes disagree: then those prompts are tokenized whole).
+    fn probe_affixes(&self) -> Option<Affixes> {
+        let mut found = None;
+        for probe in ["a b", "Hello, world\n"] {
+            let with = self.encode(probe, true).ok()?;
+            let without = self.encode(probe, false).ok()?;
+            let at = (0..=with.len().checked_sub(without.len())?)
+                .find(|&at| with[at..at + without.len()] == without[..])?;
+            let affixes = Affixes {
+                prefix: with[..at].to_vec(),
+                suffix: with[at + without.len()..].to_vec(),
+            };
+            if found.as_ref().is_some_and(|f| *f != affixes) {
+                return None;
+            }
+            found = Some(affixes);
+        }
+        found
+    }
+
+    fn prompt_key(&self, prompt: &Prompt) -> u64 {
+        let seed = self.seed ^ u64::from(prompt.add_special_tokens);
+        xxh3_64_with_seed(prompt.text.as_bytes(), seed)
+    }
+
+    fn segment_key(&self, segment: &str) -> u64 {
+        // Apart from prompt keys: a segment and a prompt of equal text hold different IDs.
+        xxh3_64_with_seed(segment.as_bytes(), self.seed.rotate_left(17) ^ 2)
+    }
+}
+
+/// The special tokens a template may print: every `*_token` of `tokenizer_config.json` that is
+/// a string or an `{"content": ...}` object.
+fn special_tokens(config: &serde_json::Value) -> Vec<(String, String)> {
+    let Some(map) = config.as_object() else {
+        return Vec::new();
+    };
+    map.iter()
+        .filter(|(name, _)| name.ends_with("_token"))
+        .filter_map(|(name, value)| {
+            let token = value
+                .as_str()
+                .or_else(|| value.get("content").and_then(serde_json::Value::as_str))?;
+            Some((name.clone(), token.to_owned()))
+        })
+        .collect()
+}
+
+/// `chat_template` of `tokenizer_config.json`: a string, or a list of named templates whose
+/// `default` is used.
+fn config_template(config: &serde_json::Value) -> Option<String> {
+    match config.get("chat_template")? {
+        serde_json::Value::String(source) => Some(source.clone()),
+        serde_json::Value::Array(named) => named
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str().map(str::to_owned)),
+        _ => None,
+    }
+}
+
+/// Which model uses which tokenizer: by model name, else the default (a tokenizer given
+/// without a model name).
+#[derive(Debug, Default)]
+pub struct TokenizerSet {
+    by_model: Vec<(String, Arc<ModelTokenizer>)>,
+    default: Option<Arc<ModelTokenizer>>,
+}
+
+impl TokenizerSet {
+    /// A set from `(model name or None for the default, tokenizer)` pairs.
+    pub fn new(models: Vec<(Option<String>, Arc<ModelTokenizer>)>) -> TokenizerSet {
+        let mut set = TokenizerSet::default();
+        for (name, tokenizer) in models {
+            match name {
+                Some(name) => set.by_model.push((name, tokenizer)),
+                None => set.default = Some(tokenizer),
+            }
+        }
+        set
+    }
+
+    /// True when no model has a tokenizer.
+    pub fn is_empty(&self) -> bool {
+        self.by_model.is_empty() && self.default.is_none()
+    }
+
+    /// The tokenizer of requests for `model`.
+    pub fn for_model(&self, model: &str) -> Option<&Arc<ModelTokenizer>> {
+        self.by_model
+            .iter()
+            .find(|(name, _)| name == model)
+            .map(|(_, t)| t)
+            .or(self.default.as_ref())
+    }
+
+    /// Every tokenizer with its model name (`None`: the default).
+    pub fn iter(&self) -> impl Iterator<Item = (Option<&str>, &Arc<ModelTokenizer>)> {
+        let named = self.by_model.iter().map(|(n, t)| (Some(n.as_str()), t));
+        named.chain(self.default.iter().map(|t| (None, t)))
+    }
+}
+
+/// One part of a prompt's IDs while it is tokenized.
+#[derive(Clone, Debug)]
+enum Part {
+    /// IDs already known: a range of [`ColdWork::known`].
+    Known(Range<usize>),
+    /// The cold segment of this index in [`ColdWork::cold`].
+    Cold(usize),
+}
+
+/// How a prompt is tokenized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Piece by piece; cold pieces go into L1; the post-processor's affixes around the whole.
+    Segments,
+    /// The whole prompt at once (the model's pieces are not exact, or its affixes unknown).
+    Whole,
+}
+
+/// The segments of one prompt that no cache had: pure work for [`ColdWork::run`], inline or on
+/// the tokenizer pool.
+#[derive(Debug)]
+pub struct ColdWork {
+    model: Arc<ModelTokenizer>,
+    prompt: Prompt,
+    mode: Mode,
+    parts: Vec<Part>,
+    known: Vec<u32>,
+    /// Byte ranges of the prompt and their L1 keys.
+    cold: Vec<(Range<usize>, u64)>,
+    /// The prompt's L0 key.
+    prompt_key: u64,
+}
+
+impl ColdWork {
+    /// Bytes of text left to tokenize.
+    pub fn cold_bytes(&self) -> usize {
+        self.cold.iter().map(|(range, _)| range.len()).sum()
+    }
+
+    /// Tokenizes the cold segments (no cache: safe on any thread).
+    pub fn run(self) -> ColdDone {
+        let encoded = self
+            .cold
+            .iter()
+            .map(|(range, _)| {
+                let text = &self.prompt.text[range.clone()];
+                match self.mode {
+                    Mode::Segments => self.model.encode_piece(text),
+                    Mode::Whole => self.model.encode(text, self.prompt.add_special_tokens),
+                }
+            })
+            .collect();
+        ColdDone {
+            work: self,
+            encoded,
+        }
+    }
+}
+
+/// Cold work done: give it to [`finish`] on the data core that began it.
+#[derive(Debug)]
+pub struct ColdDone {
+    work: ColdWork,
+    encoded: Result<Vec<Vec<u32>>, TokenizeError>,
+}
+
+/// What [`begin`] left to do.
+#[derive(Debug)]
+pub enum Begun {
+    /// Every piece was cached: the IDs are in `out`.
+    Done,
+    /// Some pieces are cold: run the work, then [`finish`].
+    Cold(ColdWork),
+}
+
+/// Starts tokenizing `prompt` for `model`: the IDs of every piece the cache has, and the work
+/// left (see the module documentation). `out` receives the IDs when nothing is cold.
+pub fn begin(
+    model: &Arc<ModelTokenizer>,
+    prompt: Prompt,
+    cache: &mut TokenCache,
+    out: &mut Vec<u32>,
+) -> Begun {
+    out.clear();
+    let prompt_key = model.prompt_key(&prompt);
+    if let Some(ids) = cache.get_prompt(prompt_key) {
+        out.extend_from_slice(ids);
+        return Begun::Done;
+    }
+    let affixes = match (&model.affixes, prompt.add_special_tokens) {
+        (_, false) => Some(&[][..]).zip(Some(&[][..])),
+        (Some(a), true) => Some((&a.prefix[..], &a.suffix[..])),
+        (None, true) => None,
+    };
+    let (Some(split), Some((prefix, suffix))) = (&model.split, affixes) else {
+        return Begun::Cold(ColdWork {
+            model: model.clone(),
+            mode: Mode::Whole,
+            parts: vec![Part::Cold(0)],
+            known: Vec::new(),
+            cold: vec![(0..prompt.text.len(), 0)],
+            prompt,
+            prompt_key,
+        });
+    };
+    let mut pieces = Vec::new();
+    split.split(&prompt.text, &mut pieces);
+    let mut known: Vec<u32> = Vec::with_capacity(prompt.text.len() / 3);
+    known.extend_from_slice(prefix);
+    let mut parts = Vec::with_capacity(pieces.len() + 2);
+    let mut cold = Vec::new();
+    let mut run_start = 0;
+    let mut ranges = Vec::new();
+    for piece in pieces {
+        let range = match piece {
+            Piece::Special(id) => {
+                known.push(id);
+                continue;
+            }
+            Piece::Text(range) => range,
+        };
+        model.text_ranges(&prompt.text, range, &mut ranges);
+        for range in ranges.drain(..) {
+            let key = model.segment_key(&prompt.text[range.clone()]);
+            match cache.get_segment(key) {
+                Some(ids) => known.extend_from_slice(ids),
+                None => {
+                    parts.push(Part::Known(run_start..known.len()));
+                    run_start = known.len();
+                    parts.push(Part::Cold(cold.len()));
+                    cold.push((range, key));
+                }
+            }
+        }
+    }
+    known.extend_from_slice(suffix);
+    if cold.is_empty() {
+        cache.put_prompt(prompt_key, &known);
+        *out = known;
+        return Begun::Done;
+    }
+    parts.push(Part::Known(run_start..known.len()));
+    Begun::Cold(ColdWork {
+        model: model.clone(),
+        prompt,
+        mode: Mode::Segments,
+        parts,
+        known,
+        cold,
+        prompt_key,
+    })
+}
+
+/// Caches what [`ColdWork::run`] tokenized and writes the prompt's IDs to `out`.
+pub fn finish(
+    done: ColdDone,
+    cache: &mut TokenCache,
+    out: &mut Vec<u32>,
+) -> Result<(), TokenizeError> {
+    let ColdDone { work, encoded } = done;
+    let encoded = encoded?;
+    out.clear();
+    for part in &work.parts {
+        match part {
+            Part::Known(range) => out.extend_from_slice(&work.known[range.clone()]),
+            Part::Cold(index) => {
+                let ids = &encoded[*index];
+                if work.mode == Mode::Segments {
+                    cache.put_segment(work.cold[*index].1, ids);
+                }
+                out.extend_from_slice(ids);
+            }
+        }
+    }
+    cache.put_prompt(work.prompt_key, out);
+    Ok(())
+}
+
+/// Tokenizes `prompt` on this thread, through the cache: [`begin`], then the cold work.
+pub fn tokenize_inline(
+    model: &Arc<ModelTokenizer>,
+    prompt: Prompt,
+    cache: &mut TokenCache,
+    out: &mut Vec<u32>,
+) -> Result<(), TokenizeError> {
+    match begin(model, prompt, cache, out) {
+        Begun::Done => Ok(()),
+        Begun::Cold(work) => finish(work.run(), cache, out),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

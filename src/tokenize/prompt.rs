@@ -1,0 +1,207 @@
+//! The prompt a request's body makes for the engine: a completions prompt as given, or chat
+//! messages rendered with the model's template. Chat bodies are read a second time here (the
+//! routing extraction keeps no structure), into a DOM of only the fields a template reads:
+//! `messages`, `tools`, `documents`, `add_generation_prompt` and `chat_template_kwargs`.
+//!
+//! Anthropic Messages bodies are converted to the OpenAI shape first: `system` becomes the first
+//! message, text blocks the content, `tool_use` blocks the assistant's `tool_calls`, each
+//! `tool_result` block a `tool` message before the rest of its turn, and `tools`' `input_schema`
+//! the function's `parameters`. Requests the engines would render differently
+//! (`continue_final_message`) are not tokenized: they route on their text.
+
+use serde::Deserialize;
+use serde_json::{json, Map as JsonMap, Value as Json};
+
+use super::template::ChatInput;
+use super::TokenizeError;
+
+/// The fields of a chat completions body a template reads.
+#[derive(Deserialize)]
+struct ChatBody {
+    #[serde(default)]
+    messages: Json,
+    #[serde(default)]
+    tools: Option<Json>,
+    #[serde(default)]
+    documents: Option<Json>,
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: Option<bool>,
+    #[serde(default)]
+    chat_template_kwargs: Option<JsonMap<String, Json>>,
+}
+
+/// The chat template's input of a chat completions body.
+pub fn chat_input(body: &[u8]) -> Result<ChatInput, TokenizeError> {
+    let body: ChatBody = serde_json::from_slice(body).map_err(|_| TokenizeError::Body)?;
+    if body.continue_final_message == Some(true) || !body.messages.is_array() {
+        return Err(TokenizeError::Body);
+    }
+    Ok(ChatInput {
+        messages: body.messages,
+        tools: body.tools.filter(|t| !t.is_null()),
+        documents: body.documents.filter(|d| !d.is_null()),
+        add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
+        kwargs: body.chat_template_kwargs.unwrap_or_default(),
+    })
+}
+
+/// The fields of an Anthropic Messages body a template reads.
+#[derive(Deserialize)]
+struct MessagesBody {
+    #[serde(default)]
+    system: Option<Json>,
+    #[serde(default)]
+    messages: Vec<Json>,
+    #[serde(default)]
+    tools: Option<Vec<Json>>,
+}
+
+/// The chat template's input of an Anthropic Messages body (see the module documentation).
+pub fn messages_input(body: &[u8]) -> Result<ChatInput, TokenizeError> {
+    let body: MessagesBody = serde_json::from_slice(body).map_err(|_| TokenizeError::Body)?;
+    let mut messages = Vec::with_capacity(body.messages.len() + 1);
+    if let Some(system) = body.system.as_ref().and_then(block_text) {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    for message in &body.messages {
+        convert_message(message, &mut messages)?;
+    }
+    let tools = body.tools.map(|tools| {
+        let converted = tools.iter().map(|tool| {
+            json!({"type": "function", "function": {
+                "name": tool.get("name").cloned().unwrap_or(Json::Null),
+                "description": tool.get("description").cloned().unwrap_or(Json::Null),
+                "parameters": tool.get("input_schema").cloned().unwrap_or(Json::Null),
+            }})
+        });
+        Json::Array(converted.collect())
+    });
+    Ok(ChatInput {
+        messages: Json::Array(messages),
+        tools,
+        documents: None,
+        add_generation_prompt: true,
+        kwargs: JsonMap::new(),
+    })
+}
+
+/// A string, or the text of text blocks joined by `"\n"` (`None` for anything else).
+fn block_text(content: &Json) -> Option<String> {
+    match content {
+        Json::String(text) => Some(text.clone()),
+        Json::Array(blocks) => Some(
+            blocks
+                .iter()
+                .filter(|b| b.get("type").and_then(Json::as_str) == Some("text"))
+                .filter_map(|b| b.get("text").and_then(Json::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => None,
+    }
+}
+
+fn convert_message(message: &Json, out: &mut Vec<Json>) -> Result<(), TokenizeError> {
+    let role = message
+        .get("role")
+        .and_then(Json::as_str)
+        .ok_or(TokenizeError::Body)?;
+    let content = message.get("content").ok_or(TokenizeError::Body)?;
+    let Some(blocks) = content.as_array() else {
+        let text = content.as_str().ok_or(TokenizeError::Body)?;
+        out.push(json!({"role": role, "content": text}));
+        return Ok(());
+    };
+    let mut tool_calls = Vec::new();
+    for block in blocks {
+        match block.get("type").and_then(Json::as_str) {
+            Some("tool_use") => {
+                let input = block.get("input").cloned().unwrap_or_else(|| json!({}));
+                tool_calls.push(json!({
+                    "id": block.get("id").cloned().unwrap_or(Json::Null),
+                    "type": "function",
+                    "function": {
+                        "name": block.get("name").cloned().unwrap_or(Json::Null),
+                        "arguments": input.to_string(),
+                    },
+                }));
+            }
+            Some("tool_result") => {
+                let text = block
+                    .get("content")
+                    .and_then(block_text)
+                    .unwrap_or_default();
+                out.push(json!({
+                    "role": "tool",
+                    "tool_call_id": block.get("tool_use_id").cloned().unwrap_or(Json::Null),
+                    "content": text,
+                }));
+            }
+            _ => {}
+        }
+    }
+    let text = block_text(content).unwrap_or_default();
+    let has_text = blocks
+        .iter()
+        .any(|b| b.get("type").and_then(Json::as_str) == Some("text"));
+    if has_text || !tool_calls.is_empty() {
+        let mut converted = json!({"role": role, "content": text});
+        if !tool_calls.is_empty() {
+            converted["tool_calls"] = Json::Array(tool_calls);
+        }
+        out.push(converted);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_bodies_keep_what_templates_read() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,
+            "tools":null,"chat_template_kwargs":{"enable_thinking":false}}"#;
+        let input = chat_input(body).unwrap();
+        assert_eq!(input.messages, json!([{"role": "user", "content": "hi"}]));
+        assert!(input.tools.is_none());
+        assert!(input.add_generation_prompt);
+        assert_eq!(
+            input.kwargs.get("enable_thinking"),
+            Some(&Json::Bool(false))
+        );
+        let no_prompt = br#"{"messages":[],"add_generation_prompt":false}"#;
+        assert!(!chat_input(no_prompt).unwrap().add_generation_prompt);
+        assert!(chat_input(br#"{"messages":"x"}"#).is_err());
+        assert!(chat_input(br#"{"messages":[],"continue_final_message":true}"#).is_err());
+    }
+
+    #[test]
+    fn anthropic_messages_become_openai_messages() {
+        let body = br#"{"model":"m","system":[{"type":"text","text":"be brief"}],
+            "tools":[{"name":"get","description":"d","input_schema":{"type":"object"}}],
+            "messages":[
+              {"role":"user","content":"weather?"},
+              {"role":"assistant","content":[{"type":"text","text":"checking"},
+                 {"type":"tool_use","id":"t1","name":"get","input":{"city":"Oslo"}}]},
+              {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"rain"},
+                 {"type":"text","text":"thanks"}]}]}"#;
+        let input = messages_input(body).unwrap();
+        let expected = json!([
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "checking", "tool_calls": [{"id": "t1",
+                "type": "function", "function": {"name": "get", "arguments": "{\"city\":\"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "rain"},
+            {"role": "user", "content": "thanks"},
+        ]);
+        assert_eq!(input.messages, expected);
+        let tools = input.tools.unwrap();
+        assert_eq!(
+            tools[0]["function"]["parameters"],
+            json!({"type": "object"})
+        );
+    }
+}

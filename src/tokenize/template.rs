@@ -1,0 +1,417 @@
+//! [`ChatTemplate`]: a model's Jinja chat template, rendered the way Hugging Face `transformers`
+//! renders it for the engines (`apply_chat_template`): `trim_blocks` and `lstrip_blocks`, the
+//! `loopcontrols` extension, Python string and dict methods, HF's `tojson` (Python's
+//! `json.dumps` with `ensure_ascii=False`: `", "` and `": "` separators, keys in the client's
+//! order, no HTML escaping), `raise_exception` and `strftime_now`. The context is HF's: the
+//! messages, `tools` and `documents` (`none` when absent), `add_generation_prompt`, the special
+//! tokens of `tokenizer_config.json` (`bos_token`, `eos_token`, ...) and the request's
+//! `chat_template_kwargs`.
+//!
+//! Content parts: a template that loops over a message's `content` reads parts ("openai" content
+//! format) and gets them as sent; any other template reads a string ("string" format), so an
+//! array of parts is flattened first into the text of its `text` parts joined by `"\n"`, other
+//! parts dropped: what vLLM does for such templates (and what SGLang's and SMG's detection
+//! reproduce). A template error (a `raise_exception`, a type the template cannot handle) is a
+//! [`TemplateError`]: the request then routes on its text, and the engine answers it.
+
+use std::collections::BTreeMap;
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, Serde};
+use minijinja::{Environment, ErrorKind, Value};
+use serde_json::{Map as JsonMap, Value as Json};
+
+/// The name the template is registered under (no extension: never HTML-escaped).
+const TEMPLATE_NAME: &str = "chat";
+
+/// How the template reads a message's `content`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContentFormat {
+    /// A string: arrays of parts are flattened before rendering.
+    String,
+    /// The list of parts as the client sent them (the template loops over `content`).
+    OpenAi,
+}
+
+/// A template that failed to load or to render.
+#[derive(Debug, thiserror::Error)]
+#[error("chat template: {0}")]
+pub struct TemplateError(String);
+
+impl From<minijinja::Error> for TemplateError {
+    fn from(err: minijinja::Error) -> Self {
+        TemplateError(err.to_string())
+    }
+}
+
+/// What one rendering reads besides the template.
+#[derive(Debug, Default)]
+pub struct ChatInput {
+    /// The messages (OpenAI chat format).
+    pub messages: Json,
+    /// Tool definitions, if the request has any.
+    pub tools: Option<Json>,
+    /// RAG documents, if the request has any.
+    pub documents: Option<Json>,
+    /// Whether the prompt ends with the assistant's header (the request's
+    /// `add_generation_prompt`, true unless it says otherwise: the engines' default).
+    pub add_generation_prompt: bool,
+    /// The request's `chat_template_kwargs` (e.g. `enable_thinking`), passed as variables.
+    pub kwargs: JsonMap<String, Json>,
+}
+
+/// A compiled chat template and the special tokens it may print.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    format: ContentFormat,
+    /// `bos_token`, `eos_token`, ... from `tokenizer_config.json`.
+    special_tokens: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("format", &self.format)
+            .field("special_tokens", &self.special_tokens)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ChatTemplate {
+    /// Compiles `source`; `special_tokens` are the `*_token` entries of `tokenizer_config.json`.
+    pub fn new(
+        source: String,
+        special_tokens: Vec<(String, String)>,
+    ) -> Result<ChatTemplate, TemplateError> {
+        let format = content_format(&source);
+        let mut env = Environment::new();
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(TEMPLATE_NAME, source)?;
+        Ok(ChatTemplate {
+            env,
+            format,
+            special_tokens,
+        })
+    }
+
+    /// How the template reads message content.
+    pub fn content_format(&self) -> ContentFormat {
+        self.format
+    }
+
+    /// Renders `input` into the prompt text the engine tokenizes.
+    pub fn render(&self, input: &ChatInput) -> Result<String, TemplateError> {
+        let template = self.env.get_template(TEMPLATE_NAME)?;
+        let mut context: Vec<(String, Value)> =
+            Vec::with_capacity(5 + self.special_tokens.len() + input.kwargs.len());
+        for (name, token) in &self.special_tokens {
+            context.push((name.clone(), Value::from(token.as_str())));
+        }
+        let messages = match self.format {
+            ContentFormat::String => flatten_content_parts(&input.messages),
+            ContentFormat::OpenAi => None,
+        };
+        let messages = messages.as_ref().unwrap_or(&input.messages);
+        context.push(("messages".into(), Value::from(Serde(messages))));
+        let optional = |v: &Option<Json>| {
+            v.as_ref()
+                .map_or(Value::from(()), |v| Value::from(Serde(v)))
+        };
+        context.push(("tools".into(), optional(&input.tools)));
+        context.push(("documents".into(), optional(&input.documents)));
+        context.push((
+            "add_generation_prompt".into(),
+            Value::from(input.add_generation_prompt),
+        ));
+        // Like transformers, the request's kwargs come last and win.
+        for (name, value) in &input.kwargs {
+            context.push((name.clone(), Value::from(Serde(value))));
+        }
+        // Later entries win, as in a Python dict built in this order.
+        let context: BTreeMap<String, Value> = context.into_iter().collect();
+        let context = Value::from(context);
+        Ok(template.render(context)?)
+    }
+}
+
+/// "openai" when the template loops over a message's `content` (`for part in
+/// message['content']`, `message.content`, or a variable named `content`), "string" otherwise:
+/// the test vLLM's detection applies to the template's syntax tree, done on its text.
+fn content_format(source: &str) -> ContentFormat {
+    let mut rest = source;
+    while let Some(at) = rest.find("for ") {
+        let after = &rest[at + 4..];
+        let statement_end = after.find("%}").unwrap_or(after.len());
+        let statement = &after[..statement_end];
+        if let Some(iterable) = statement.split(" in ").nth(1) {
+            let iterable = iterable.trim().trim_end_matches('-').trim();
+            let iterable = iterable.split('|').next().unwrap_or("").trim();
+            if iterable.ends_with("content") || iterable.ends_with("['content']") {
+                return ContentFormat::OpenAi;
+            }
+            if iterable.ends_with("[\"content\"]") {
+                return ContentFormat::OpenAi;
+            }
+        }
+        rest = after;
+    }
+    ContentFormat::String
+}
+
+/// The messages with every array `content` replaced by the text of its `text` parts joined by
+/// `"\n"` (vLLM's flattening for string-format templates); `None` when no message has parts.
+fn flatten_content_parts(messages: &Json) -> Option<Json> {
+    let list = messages.as_array()?;
+    let has_parts = list
+        .iter()
+        .any(|m| m.get("content").is_some_and(Json::is_array));
+    if !has_parts {
+        return None;
+    }
+    let flattened = list
+        .iter()
+        .map(|message| {
+            let Some(parts) = message.get("content").and_then(Json::as_array) else {
+                return message.clone();
+            };
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|part| match part {
+                    Json::String(text) => Some(text.as_str()),
+                    Json::Object(part)
+                        if part.get("type").and_then(Json::as_str) == Some("text") =>
+                    {
+                        part.get("text").and_then(Json::as_str)
+                    }
+                    _ => None,
+                })
+                .collect();
+            let mut message = message.clone();
+            if let Some(object) = message.as_object_mut() {
+                object.insert("content".into(), Json::String(texts.join("\n")));
+            }
+            message
+        })
+        .collect();
+    Some(Json::Array(flattened))
+}
+
+/// HF's `tojson`: `json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`.
+fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    // ensure_ascii and separators are accepted; only their defaults are supported.
+    let _: Option<Value> = kwargs.get("ensure_ascii")?;
+    let _: Option<Value> = kwargs.get("separators")?;
+    kwargs.assert_all_used()?;
+    let json = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, "tojson").with_source(e))?;
+    let mut out = String::new();
+    python_json(&json, indent, sort_keys.unwrap_or(false), 0, &mut out);
+    Ok(Value::from(out))
+}
+
+/// Writes `value` as Python's `json.dumps` does (`ensure_ascii=False`): `", "` between items
+/// and `": "` after keys on one line, or `","` and newlines indented by `indent` spaces.
+fn python_json(
+    value: &Json,
+    indent: Option<usize>,
+    sort_keys: bool,
+    depth: usize,
+    out: &mut String,
+) {
+    let newline = |out: &mut String, depth: usize| {
+        if let Some(width) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', width * depth));
+        }
+    };
+    let separator = if indent.is_some() { "," } else { ", " };
+    match value {
+        Json::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(separator);
+                }
+                newline(out, depth + 1);
+                python_json(item, indent, sort_keys, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push(']');
+        }
+        Json::Object(map) if !map.is_empty() => {
+            let mut entries: Vec<(&String, &Json)> = map.iter().collect();
+            if sort_keys {
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            out.push('{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push_str(separator);
+                }
+                newline(out, depth + 1);
+                out.push_str(&Json::String(key.clone()).to_string());
+                out.push_str(": ");
+                python_json(item, indent, sort_keys, depth + 1, out);
+            }
+            newline(out, depth);
+            out.push('}');
+        }
+        // Scalars, and empty containers (`[]`, `{}`), read the same in both.
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
+    Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `strftime_now(format)`: the current UTC date and time in `format` (`%d %b %Y`, as Llama 3.x
+/// templates use; `%d %m %y %Y %b %B %H %M %S %%`).
+fn strftime_now(format: String) -> Result<Value, minijinja::Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    strftime(&format, secs).map(Value::from)
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+
+fn strftime(format: &str, unix_secs: u64) -> Result<String, minijinja::Error> {
+    let days = (unix_secs / 86_400) as i64;
+    let (year, month, day) = civil_from_days(days);
+    let secs_of_day = unix_secs % 86_400;
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let month_name = MONTHS[(month - 1) as usize];
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year.rem_euclid(100))),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('B') => out.push_str(month_name),
+            Some('H') => out.push_str(&format!("{:02}", secs_of_day / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", secs_of_day / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", secs_of_day % 60)),
+            Some('%') => out.push('%'),
+            other => {
+                let message = format!(
+                    "strftime_now: unsupported directive %{}",
+                    other.unwrap_or(' ')
+                );
+                return Err(minijinja::Error::new(ErrorKind::InvalidOperation, message));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// (year, month 1-12, day 1-31) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn render(source: &str, messages: Json) -> String {
+        let template = ChatTemplate::new(source.into(), vec![("bos_token".into(), "<s>".into())])
+            .expect("compiles");
+        let input = ChatInput {
+            messages,
+            add_generation_prompt: true,
+            ..ChatInput::default()
+        };
+        template.render(&input).expect("renders")
+    }
+
+    #[test]
+    fn blocks_are_trimmed_like_transformers() {
+        let source = "{{ bos_token }}{% for m in messages %}\n  {% if m.role == 'user' %}\n[{{ m.content }}]\n  {% endif %}\n{% endfor %}{% if add_generation_prompt %}>{% endif %}";
+        let out = render(source, json!([{"role": "user", "content": "hi"}]));
+        assert_eq!(out, "<s>[hi]\n>");
+    }
+
+    #[test]
+    fn tojson_writes_python_json_dumps() {
+        let source = "{{ messages[0] | tojson }}|{{ messages[0] | tojson(indent=2) }}";
+        let out = render(
+            source,
+            json!([{"z": [1, "é<&>"], "a": {"b": null, "e": []}}]),
+        );
+        assert_eq!(
+            out,
+            "{\"z\": [1, \"é<&>\"], \"a\": {\"b\": null, \"e\": []}}|{\n  \"z\": [\n    1,\n    \"é<&>\"\n  ],\n  \"a\": {\n    \"b\": null,\n    \"e\": []\n  }\n}"
+        );
+    }
+
+    #[test]
+    fn python_string_methods_and_exceptions() {
+        let source = "{{ messages[0].content.split('/')[-1].lstrip('x') }}{% if messages[0].content.startswith('a') %}!{% endif %}";
+        assert_eq!(render(source, json!([{"content": "a/xxb"}])), "b!");
+        let failing = ChatTemplate::new("{{ raise_exception('no') }}".into(), vec![]).unwrap();
+        assert!(failing.render(&ChatInput::default()).is_err());
+    }
+
+    #[test]
+    fn content_parts_are_flattened_for_string_templates_only() {
+        let messages = json!([{"role": "user", "content": [
+            {"type": "text", "text": "one"}, {"type": "image_url", "image_url": {"url": "x"}},
+            {"type": "text", "text": "two"}]}]);
+        let string = "{% for m in messages %}{{ m.content }}{% endfor %}";
+        assert_eq!(render(string, messages.clone()), "one\ntwo");
+        let openai = "{% for m in messages %}{% for p in m['content'] %}({{ p.type }}){% endfor %}{% endfor %}";
+        assert_eq!(content_format(openai), ContentFormat::OpenAi);
+        assert_eq!(render(openai, messages), "(text)(image_url)(text)");
+    }
+
+    #[test]
+    fn strftime_formats_dates() {
+        // 2024-07-26 13:05:09 UTC
+        assert_eq!(strftime("%d %b %Y", 1_721_999_109).unwrap(), "26 Jul 2024");
+        assert_eq!(
+            strftime("%Y-%m-%d %H:%M:%S %B %%", 1_721_999_109).unwrap(),
+            "2024-07-26 13:05:09 July %"
+        );
+        assert!(strftime("%Q", 0).is_err());
+    }
+}
