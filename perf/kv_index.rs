@@ -5,9 +5,11 @@
 //!   system prompt and evict the chain they stored `WINDOW` batches earlier (so the index stays
 //!   at its working set, ~1M blocks at full size); reported per block;
 //! - the data core's query for 8k, 32k and 128k-token requests whose blocks 64 workers hold to
-//!   64 different depths (every block has holders to intersect): the block keys chained from
-//!   the request's page hashes plus the lookup, and the same with the page hashing (which the
-//!   request pays once for every index mode);
+//!   64 different depths (every block has holders to intersect), in an index that also holds
+//!   `filler_blocks` other blocks (so the request's blocks are cache misses, as in a gateway
+//!   whose engines cache millions of blocks): the block keys chained from the request's page
+//!   hashes plus the lookup, and the same with the page hashing (which the request pays once
+//!   for every index mode);
 //! - memory per indexed block.
 //!
 //! `cargo bench --bench kv_index` runs the criterion set and prints one JSON line with the
@@ -40,6 +42,8 @@ pub struct Sizes {
     pub window: usize,
     /// Request lengths of the query benchmark.
     pub query_tokens: Vec<usize>,
+    /// Other blocks in the query benchmark's index.
+    pub filler_blocks: usize,
 }
 
 impl Sizes {
@@ -48,6 +52,7 @@ impl Sizes {
         Sizes {
             window: 512,
             query_tokens: vec![8192, 32_768, 131_072],
+            filler_blocks: 1 << 20,
         }
     }
 
@@ -56,6 +61,7 @@ impl Sizes {
         Sizes {
             window: 4,
             query_tokens: vec![256],
+            filler_blocks: 1000,
         }
     }
 }
@@ -224,17 +230,37 @@ fn bench_ingestion(c: &mut Criterion, sizes: &Sizes) -> (KvIndexWriter, f64) {
     (writer, blocks_per_second)
 }
 
+/// Attaches every worker and stores `blocks` blocks of unrelated 32-block chains, spread over
+/// them.
+fn fill(writer: &mut KvIndexWriter, blocks: usize) {
+    for worker in 0..WORKERS {
+        writer.attach(WorkerId(worker as u16)).unwrap();
+    }
+    let chains = blocks / CHAIN_BLOCKS;
+    let mut tokens = vec![0u32; CHAIN_BLOCKS * BLOCK];
+    for chain in 0..chains {
+        for (i, t) in tokens.iter_mut().enumerate() {
+            *t = (chain * CHAIN_BLOCKS * BLOCK + i) as u32 | 1 << 31;
+        }
+        let hashes: Vec<u64> = (0..CHAIN_BLOCKS)
+            .map(|b| (1 << 63) | ((chain * CHAIN_BLOCKS + b) as u64))
+            .collect();
+        let worker = WorkerId((chain % WORKERS) as u16);
+        writer.store(worker, &hashes, None, &tokens, BLOCK).unwrap();
+    }
+}
+
 /// Queries: a request whose blocks worker w holds to depth (w + 1) / 64 of the request.
 fn bench_queries(c: &mut Criterion, sizes: &Sizes) {
     let mut group = c.benchmark_group("kv_index");
     for &tokens in &sizes.query_tokens {
-        let mut writer = KvIndexWriter::new(tokens / BLOCK + 1);
+        let mut writer = KvIndexWriter::new(sizes.filler_blocks + tokens / BLOCK + 1);
+        fill(&mut writer, sizes.filler_blocks);
         let request: Vec<u32> = (0..tokens as u32)
             .map(|i| i.wrapping_mul(2_654_435_761))
             .collect();
         let blocks = tokens / BLOCK;
         for worker in 0..WORKERS {
-            writer.attach(WorkerId(worker as u16)).unwrap();
             let depth = (blocks * (worker + 1) / WORKERS).max(1);
             let hashes: Vec<u64> = (0..depth).map(|b| ((worker << 32) | b) as u64).collect();
             writer

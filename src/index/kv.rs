@@ -36,6 +36,9 @@ use crate::limits::KV_EVENT_WORKERS_MAX;
 /// The parent key of a sequence's first block.
 const CHAIN_ROOT: u64 = 0x243f_6a88_85a3_08d3;
 
+/// How many keys ahead a lookup prefetches: enough misses in flight to hide memory latency.
+const PREFETCH_AHEAD: usize = 8;
+
 /// Table slots per block allowed: a load of 4/5 keeps probe runs short for two-word slots.
 const SLOTS_PER_BLOCKS_NUM: usize = 5;
 const SLOTS_PER_BLOCKS_DEN: usize = 4;
@@ -177,8 +180,13 @@ impl KvIndexReader {
         let mut depth = [0u32; KV_EVENT_WORKERS_MAX];
         let mut alive = u64::MAX;
         let mut blocks = 0u32;
-        for &key in chain {
-            let holders = self.shared.table.read(key).map_or(0, |words| words[1]);
+        let table = &self.shared.table;
+        for (i, &key) in chain.iter().enumerate() {
+            // The walk's probes are independent: a few keys ahead are already on their way.
+            if let Some(&ahead) = chain.get(i + PREFETCH_AHEAD) {
+                table.prefetch(ahead);
+            }
+            let holders = table.read(key).map_or(0, |words| words[1]);
             let next = alive & holders;
             let mut dropped = alive & !next;
             if blocks > 0 {

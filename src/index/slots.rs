@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use super::raw::{zeroed_lines, AtomicLine};
+use super::raw::{prefetch_line, zeroed_lines, AtomicLine};
 use crate::limits::PLACEMENT_PROBE_MAX;
 
 /// Words of one cache line.
@@ -94,6 +94,11 @@ impl<const W: usize> SlotTable<W> {
     /// How far `slot` lies past `home` along the (cyclic) probe run.
     fn distance(&self, home: usize, slot: usize) -> usize {
         (slot + self.slots - home) % self.slots
+    }
+
+    /// Reader: starts bringing `key`'s home line into cache (for a [`SlotTable::read`] soon).
+    pub fn prefetch(&self, key: u64) {
+        prefetch_line(&self.lines[self.home(key) / Self::PER_LINE]);
     }
 
     /// Reader: the words of `key`'s slot (the key first), if found and its own while read.
