@@ -1,8 +1,8 @@
 //! The KV-event index: which engines hold which blocks, as the engines report it (their KV
 //! events), instead of as the gateway predicts it (the trees).
 //!
-//! Blocks are keyed by a content hash chained by position ([`chain_hash`]): a block's key hashes
-//! its tokens ([`page_hash`]) with its parent's key, so equal prefixes share keys and the request
+//! Blocks are keyed by a content hash chained by position ([`chain_hashes`]): a block's key hashes
+//! its tokens ([`page_hash`]) with its parent's chain state, so equal prefixes share keys and the request
 //! side computes the same keys from its token IDs ([`chain_hashes`] over its page hashes). The
 //! engines' own block hashes are engine-specific (seeded, or over other inputs); each worker's
 //! map from its block hashes to ours turns a removal into ours.
@@ -43,10 +43,19 @@ const PREFETCH_AHEAD: usize = 8;
 const SLOTS_PER_BLOCKS_NUM: usize = 5;
 const SLOTS_PER_BLOCKS_DEN: usize = 4;
 
-/// The key of a block whose tokens hash to `page` and whose parent's key is `parent` (never 0).
-pub fn chain_hash(parent: u64, page: u64) -> u64 {
-    // Murmur3's finalizer over the pair: every bit of both counts.
-    let mut x = parent.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ page;
+/// The chain state after a block whose tokens hash to `page`, `parent` the state after the
+/// block before it ([`CHAIN_ROOT`] for a sequence's first block): a polynomial over the page
+/// hashes, so that the serial part of a walk is one multiply and one add per block.
+fn chain_state(parent: u64, page: u64) -> u64 {
+    parent
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(page)
+}
+
+/// The key of the block whose chain state is `state` (never 0): Murmur3's finalizer, so every
+/// bit of every page counts; independent for each block of a walk, so they overlap.
+fn block_key(state: u64) -> u64 {
+    let mut x = state;
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
@@ -59,11 +68,11 @@ pub fn chain_hash(parent: u64, page: u64) -> u64 {
 /// with the index's block size), into `out` (cleared first).
 pub fn chain_hashes(pages: &[u64], out: &mut Vec<u64>) {
     out.clear();
-    let mut parent = CHAIN_ROOT;
-    for &page in pages {
-        parent = chain_hash(parent, page);
-        out.push(parent);
-    }
+    let mut state = CHAIN_ROOT;
+    out.extend(pages.iter().map(|&page| {
+        state = chain_state(state, page);
+        block_key(state)
+    }));
 }
 
 /// The workers holding a request's first block, each with how many consecutive leading blocks
@@ -177,7 +186,21 @@ impl KvIndexReader {
             block_size: u32::try_from(block_size).unwrap_or(u32::MAX),
             ..BlockMatch::default()
         };
+        // The holders in the order they drop out of the walk, so by how many blocks they hold,
+        // fewest first (no sort needed), and how many each holds.
+        let mut order = [0u8; KV_EVENT_WORKERS_MAX];
+        let mut dropped_out = 0;
         let mut depth = [0u32; KV_EVENT_WORKERS_MAX];
+        let mut record = |bits: u64, blocks: u32| {
+            let mut bits = bits;
+            while bits != 0 {
+                let bit = bits.trailing_zeros() as usize;
+                depth[bit] = blocks;
+                order[dropped_out] = bit as u8;
+                dropped_out += 1;
+                bits &= bits - 1;
+            }
+        };
         let mut alive = u64::MAX;
         let mut blocks = 0u32;
         let table = &self.shared.table;
@@ -188,12 +211,8 @@ impl KvIndexReader {
             }
             let holders = table.read(key).map_or(0, |words| words[1]);
             let next = alive & holders;
-            let mut dropped = alive & !next;
             if blocks > 0 {
-                while dropped != 0 {
-                    depth[dropped.trailing_zeros() as usize] = blocks;
-                    dropped &= dropped - 1;
-                }
+                record(alive & !next, blocks);
             }
             alive = next;
             if alive == 0 {
@@ -202,22 +221,16 @@ impl KvIndexReader {
             blocks += 1;
         }
         if blocks > 0 {
-            let mut left = alive;
-            while left != 0 {
-                depth[left.trailing_zeros() as usize] = blocks;
-                left &= left - 1;
-            }
+            record(alive, blocks);
         }
-        for (bit, &held) in depth.iter().enumerate() {
-            let id = self.shared.workers[bit].load(Ordering::Acquire);
-            if held > 0 && id > 0 {
+        for &bit in order[..dropped_out].iter().rev() {
+            let id = self.shared.workers[usize::from(bit)].load(Ordering::Acquire);
+            if id > 0 {
                 let worker = WorkerId((id - 1) as u16);
-                found.holders[usize::from(found.len)] = (worker, held);
+                found.holders[usize::from(found.len)] = (worker, depth[usize::from(bit)]);
                 found.len += 1;
             }
         }
-        let len = usize::from(found.len);
-        found.holders[..len].sort_unstable_by_key(|(_, held)| std::cmp::Reverse(*held));
         found
     }
 }
@@ -248,7 +261,8 @@ type EngineBlocks = HashMap<u64, u64, BuildHasherDefault<HashedKey>>;
 #[derive(Debug)]
 struct Publisher {
     worker: WorkerId,
-    /// The worker's block hashes, mapped to our keys.
+    /// The worker's block hashes, mapped to our chain states (a block's key is its state's
+    /// [`block_key`]; its children's states follow from it).
     blocks: EngineBlocks,
     /// Tokens per block of its last stored block (0: none yet).
     block_size: u32,
@@ -416,7 +430,7 @@ impl KvIndexWriter {
         };
         // The blocks stored teach the request side how to cut this model's prompts.
         publisher.block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
-        let mut key = match parent {
+        let mut state = match parent {
             None => CHAIN_ROOT,
             Some(engine) => match publisher.blocks.get(&engine) {
                 Some(&ours) => ours,
@@ -428,7 +442,8 @@ impl KvIndexWriter {
         };
         let mask = 1u64 << bit;
         for (engine, tokens) in engine_hashes.iter().zip(token_ids.chunks_exact(block_size)) {
-            key = chain_hash(key, page_hash(tokens));
+            state = chain_state(state, page_hash(tokens));
+            let key = block_key(state);
             let table = &self.shared.table;
             match table.probe(key) {
                 Probe::Found(slot) => {
@@ -450,7 +465,7 @@ impl KvIndexWriter {
                     break;
                 }
             }
-            publisher.blocks.insert(*engine, key);
+            publisher.blocks.insert(*engine, state);
         }
         Ok(stats)
     }
@@ -462,13 +477,13 @@ impl KvIndexWriter {
         };
         let mut removed = 0;
         for engine in engine_hashes {
-            let Some(key) = self.publishers[bit]
+            let Some(state) = self.publishers[bit]
                 .as_mut()
                 .and_then(|p| p.blocks.remove(engine))
             else {
                 continue;
             };
-            self.drop_holder(key, bit);
+            self.drop_holder(block_key(state), bit);
             removed += 1;
         }
         removed
@@ -483,8 +498,8 @@ impl KvIndexWriter {
             .as_mut()
             .map(|p| std::mem::take(&mut p.blocks))
             .unwrap_or_default();
-        for &key in blocks.values() {
-            self.drop_holder(key, bit);
+        for &state in blocks.values() {
+            self.drop_holder(block_key(state), bit);
         }
         blocks.len() as u64
     }
