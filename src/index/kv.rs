@@ -1,9 +1,9 @@
 //! The KV-event index: which engines hold which blocks, as the engines report it (their KV
 //! events), instead of as the gateway predicts it (the trees).
 //!
-//! Blocks are keyed by a content hash chained by position ([`chain_hashes`]): a block's key hashes
-//! its tokens ([`page_hash`]) with its parent's chain state, so equal prefixes share keys and the request
-//! side computes the same keys from its token IDs ([`chain_hashes`] over its page hashes). The
+//! Blocks are keyed by a content hash chained by position ([`chain_hashes`]): a block's key
+//! hashes its tokens ([`page_hash`]) with its parent's chain state, so equal prefixes share keys
+//! and the request side computes the same keys from its token IDs (over its page hashes). The
 //! engines' own block hashes are engine-specific (seeded, or over other inputs); each worker's
 //! map from its block hashes to ours turns a removal into ours.
 //!
