@@ -17,6 +17,7 @@ pub mod client;
 pub mod compare;
 pub mod content;
 pub mod conversation;
+pub mod flat_json;
 pub mod form;
 pub mod limits;
 pub mod pacing;
