@@ -168,20 +168,23 @@ pub const PLACEMENT_HOLDERS_MAX: usize = 3;
 /// 1,900 new prefixes per second; beyond it new heads wait for the sweep and are counted.
 pub const PLACEMENT_HEADS_MAX: usize = 1 << 20;
 
-/// Slots a hash-index probe looks at before it gives up (a miss for a reader, a dropped head for
-/// the writer). At the table's most (3/4 full) a run longer than this is vanishingly rare.
-pub const PLACEMENT_PROBE_MAX: usize = 64;
+/// Slots a probe of the hash or KV-event index's table looks at before it gives up (a miss for a
+/// reader, a refused entry for the writer). Linear probing's longest run grows with the log of
+/// the entries and steeply with the load: at 2/3 full a table of 150,000 entries had runs past
+/// 64 (the KV-event benchmark lost 72 stores of 1M), so the bound sits well above what a
+/// well-mixed table reaches and only a degenerate one pays it (a miss then reads 8 KiB).
+pub const PLACEMENT_PROBE_MAX: usize = 512;
 
 /// Workers that may publish KV events to one gateway: the KV-event index keeps a block's holders
 /// as one 64-bit word, so a lookup intersects holder sets with one `and` per block.
 pub const KV_EVENT_WORKERS_MAX: usize = 64;
 
 /// The most `--kv-indexer-max-entries`: distinct blocks the KV-event index may hold (its table
-/// is sized at start, 20 bytes per block, pages committed as first written). 16M blocks of 16
+/// is sized at start, 24 bytes per block, pages committed as first written). 16M blocks of 16
 /// tokens are 256M tokens of engine cache, a fleet of 64 engines with 4M tokens each.
 pub const KV_BLOCKS_MAX: usize = 1 << 24;
 
-/// `--kv-indexer-max-entries` by default: 2M blocks (a 42 MB table), 32M tokens of engine cache
+/// `--kv-indexer-max-entries` by default: 2M blocks (a 50 MB table), 32M tokens of engine cache
 /// at 16 per block. Stores beyond are refused and counted.
 pub const KV_BLOCKS_DEFAULT: usize = 1 << 21;
 

@@ -23,6 +23,7 @@ fn kv_index_benchmarks_run_with_tiny_sizes() {
         report["ingested_blocks_per_second"].as_f64().unwrap_or(0.0) > 0.0,
         "blocks were ingested: {report}"
     );
+    assert_eq!(report["lost_stores"].as_u64(), Some(0), "{report}");
     // 64 workers, each the 64-block system prompt and 4 chains of 32 blocks.
     let entries = report["entries"].as_u64().unwrap_or(0);
     assert_eq!(entries, 64 * (64 + 4 * 32), "{report}");

@@ -112,7 +112,7 @@ pub struct PolicyArgs {
     #[arg(long, default_value_t = 0)]
     pub kv_indexer_ttl_secs: u64,
     /// KV-event index: the most distinct blocks it holds (its table is sized for them at start,
-    /// about 20 bytes each, memory committed as used); stores beyond are refused and counted.
+    /// about 24 bytes each, memory committed as used); stores beyond are refused and counted.
     #[arg(long, default_value_t = KV_BLOCKS_DEFAULT)]
     pub kv_indexer_max_entries: usize,
     /// prefix_hash: how many leading tokens are hashed (without --cache-boundaries).
