@@ -363,12 +363,14 @@ impl KvIndexWriter {
 
     /// Bytes held: the table and every worker's block map.
     pub fn memory_bytes(&self) -> usize {
-        let entry = std::mem::size_of::<(u64, u64)>() + 1;
+        // A hashbrown map holds its entries in buckets of an entry and a control byte, and fills
+        // at most 7/8 of them (its `capacity`).
+        let bucket = std::mem::size_of::<(u64, u64)>() + 1;
         let maps: usize = self
             .publishers
             .iter()
             .flatten()
-            .map(|p| p.blocks.capacity() * entry)
+            .map(|p| p.blocks.capacity().div_ceil(7) * 8 * bucket)
             .sum();
         self.shared.table.memory_bytes() + maps
     }
