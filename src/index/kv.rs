@@ -21,8 +21,6 @@
 //! whose parent is unknown (its parent's event was missed) cannot be reached from a request's
 //! first block and is not stored (counted as an orphan).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -32,6 +30,7 @@ use super::keys::page_hash;
 use super::slots::{Probe, SlotTable};
 use crate::ids::WorkerId;
 use crate::limits::KV_EVENT_WORKERS_MAX;
+use engine_blocks::EngineBlocks;
 
 /// The parent key of a sequence's first block.
 const CHAIN_ROOT: u64 = 0x243f_6a88_85a3_08d3;
@@ -241,28 +240,6 @@ impl KvIndexReader {
     }
 }
 
-/// A mixer for keys that are hashes already (engine block hashes): one multiply, no SipHash.
-#[derive(Default)]
-struct HashedKey(u64);
-
-impl Hasher for HashedKey {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = (key ^ key >> 29).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    }
-}
-
-type EngineBlocks = HashMap<u64, u64, BuildHasherDefault<HashedKey>>;
-
 /// A publishing worker's state in the writer.
 #[derive(Debug)]
 struct Publisher {
@@ -303,6 +280,9 @@ pub struct KvIndexWriter {
     blocks_max: usize,
     live_blocks: usize,
     publishers: [Option<Publisher>; KV_EVENT_WORKERS_MAX],
+    /// The `(state, key)` of a stored run's blocks, or the keys of removed ones: a batch's keys
+    /// are computed and their slots prefetched before any is touched.
+    scratch: Vec<(u64, u64)>,
 }
 
 impl KvIndexWriter {
@@ -319,6 +299,7 @@ impl KvIndexWriter {
             blocks_max,
             live_blocks: 0,
             publishers: std::array::from_fn(|_| None),
+            scratch: Vec::new(),
         }
     }
 
@@ -349,7 +330,7 @@ impl KvIndexWriter {
     /// The engine hashes of every block `worker` holds (tests compare them with the engine's).
     pub fn engine_hashes_of(&self, worker: WorkerId) -> Vec<u64> {
         self.publisher(worker)
-            .map(|(_, p)| p.blocks.keys().copied().collect())
+            .map(|(_, p)| p.blocks.iter().map(|(engine, _)| engine).collect())
             .unwrap_or_default()
     }
 
@@ -363,14 +344,11 @@ impl KvIndexWriter {
 
     /// Bytes held: the table and every worker's block map.
     pub fn memory_bytes(&self) -> usize {
-        // A hashbrown map holds its entries in buckets of an entry and a control byte, and fills
-        // at most 7/8 of them (its `capacity`).
-        let bucket = std::mem::size_of::<(u64, u64)>() + 1;
         let maps: usize = self
             .publishers
             .iter()
             .flatten()
-            .map(|p| p.blocks.capacity().div_ceil(7) * 8 * bucket)
+            .map(|p| p.blocks.memory_bytes())
             .sum();
         self.shared.table.memory_bytes() + maps
     }
@@ -440,19 +418,27 @@ impl KvIndexWriter {
         publisher.block_size = u32::try_from(block_size).unwrap_or(u32::MAX);
         let mut state = match parent {
             None => CHAIN_ROOT,
-            Some(engine) => match publisher.blocks.get(&engine) {
-                Some(&ours) => ours,
+            Some(engine) => match publisher.blocks.get(engine) {
+                Some(ours) => ours,
                 None => {
                     stats.orphans = engine_hashes.len() as u64;
                     return Ok(stats);
                 }
             },
         };
-        let mask = 1u64 << bit;
+        // The run's keys first, their table slots and map buckets on their way meanwhile: the
+        // misses overlap instead of following one another.
+        let table = &self.shared.table;
+        self.scratch.clear();
         for (engine, tokens) in engine_hashes.iter().zip(token_ids.chunks_exact(block_size)) {
             state = chain_state(state, page_hash(tokens));
             let key = block_key(state);
-            let table = &self.shared.table;
+            table.prefetch(key);
+            publisher.blocks.prefetch(*engine);
+            self.scratch.push((state, key));
+        }
+        let mask = 1u64 << bit;
+        for (engine, &(state, key)) in engine_hashes.iter().zip(&self.scratch) {
             match table.probe(key) {
                 Probe::Found(slot) => {
                     let holders = &table.words(slot)[1];
@@ -483,18 +469,27 @@ impl KvIndexWriter {
         let Some((bit, _)) = self.publisher(worker) else {
             return 0;
         };
-        let mut removed = 0;
-        for engine in engine_hashes {
-            let Some(state) = self.publishers[bit]
-                .as_mut()
-                .and_then(|p| p.blocks.remove(engine))
-            else {
-                continue;
-            };
-            self.drop_holder(block_key(state), bit);
-            removed += 1;
+        let Some(publisher) = self.publishers[bit].as_mut() else {
+            return 0;
+        };
+        // As in `store`: the buckets, then the table slots, fetched before they are used.
+        for &engine in engine_hashes {
+            publisher.blocks.prefetch(engine);
         }
-        removed
+        self.scratch.clear();
+        for &engine in engine_hashes {
+            if let Some(state) = publisher.blocks.remove(engine) {
+                let key = block_key(state);
+                self.shared.table.prefetch(key);
+                self.scratch.push((state, key));
+            }
+        }
+        let removed = std::mem::take(&mut self.scratch);
+        for &(_, key) in &removed {
+            self.drop_holder(key, bit);
+        }
+        self.scratch = removed;
+        self.scratch.len() as u64
     }
 
     /// `worker` cleared its whole cache (or restarted).
@@ -506,7 +501,7 @@ impl KvIndexWriter {
             .as_mut()
             .map(|p| std::mem::take(&mut p.blocks))
             .unwrap_or_default();
-        for &state in blocks.values() {
+        for (_, state) in blocks.iter() {
             self.drop_holder(block_key(state), bit);
         }
         blocks.len() as u64
@@ -529,5 +524,6 @@ impl KvIndexWriter {
     }
 }
 
+mod engine_blocks;
 #[cfg(test)]
 mod tests;

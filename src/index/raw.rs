@@ -613,19 +613,20 @@ pub fn text_buffer(text: &str) -> Arc<str> {
 #[repr(C, align(64))]
 pub struct AtomicLine(pub [AtomicU64; 8]);
 
-/// Asks the CPU to bring `line` into its caches ahead of a read: a walk over many keys issues
-/// the next few keys' misses while it reads the current one. A hint only: it changes no value.
+/// Asks the CPU to bring the cache line holding `value` into its caches ahead of a read: a walk
+/// over many keys issues the next few keys' misses while it reads the current one. A hint only:
+/// it changes no value.
 #[inline]
-pub fn prefetch_line(line: &AtomicLine) {
+pub fn prefetch<T>(value: &T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and writes nothing; the pointer comes from a reference
-    // to a live line in any case.
+    // to a live value in any case.
     unsafe {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(line).cast::<i8>());
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast::<i8>());
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = line;
+    let _ = value;
 }
 
 /// `len` cache lines of zero words, from the allocator's zeroing path: a large table comes as

@@ -13,7 +13,7 @@
 
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-use super::raw::{prefetch_line, zeroed_lines, AtomicLine};
+use super::raw::{prefetch, zeroed_lines, AtomicLine};
 use crate::limits::PLACEMENT_PROBE_MAX;
 
 /// Words of one cache line.
@@ -98,7 +98,7 @@ impl<const W: usize> SlotTable<W> {
 
     /// Reader: starts bringing `key`'s home line into cache (for a [`SlotTable::read`] soon).
     pub fn prefetch(&self, key: u64) {
-        prefetch_line(&self.lines[self.home(key) / Self::PER_LINE]);
+        prefetch(&self.lines[self.home(key) / Self::PER_LINE]);
     }
 
     /// Reader: the words of `key`'s slot (the key first), if found and its own while read.
