@@ -3,10 +3,10 @@
 //!
 //! Open addressing with linear probing over 16-byte buckets (no control bytes), at most 3/4
 //! full and growing by half (so at least half full once grown: 16 to 32 bytes per entry, where
-//! doubling would give 16 to 43), deletes shifting the rest of a probe run back. Ingestion is bound by the cache misses
-//! of this map and of the shared table, so the map lets the writer [`EngineBlocks::prefetch`] a
-//! batch's buckets before it touches them, which a `HashMap` does not. Engine hash 0 (the empty
-//! bucket's key) is kept beside the buckets.
+//! doubling would give 16 to 43), deletes shifting the rest of a probe run back. Ingestion is
+//! bound by the cache misses of this map and of the shared table, so the map lets the writer
+//! [`EngineBlocks::prefetch`] a batch's buckets before it touches them, which a `HashMap` does
+//! not. Engine hash 0 (the empty bucket's key) is kept beside the buckets.
 
 use crate::index::raw::prefetch;
 
