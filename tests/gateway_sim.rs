@@ -177,6 +177,9 @@ fn two_data_cores_serve_and_merge_their_counters() {
     }
     assert_eq!(seen.len(), 2, "both workers used: {seen:?}");
     let series = "smg_http_responses_total{path=\"/v1/chat/completions\",status_code=\"200\"}";
+    // A response is counted once its last byte is written, which the client may see first: wait
+    // for the count (a run saw 15 at once), then require exactly our 16.
+    wait_until(Duration::from_secs(2), || gateway.metric(series) >= 16.0);
     assert_eq!(gateway.metric(series), 16.0);
     // Read until the count is complete (a CI run once saw 15 here; every response had arrived),
     // then require exactly our 16 connections.
