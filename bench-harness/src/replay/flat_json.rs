@@ -104,9 +104,9 @@ fn value(line: &str, at: usize) -> Option<(FlatValue<'_>, usize)> {
     }
 }
 
-/// How many integers the inside of a JSON array holds, if it holds non-negative integers only,
-/// well formed (no empty element, no leading zero).
-fn integers(inner: &[u8]) -> Option<usize> {
+/// How many integers the inside of a JSON array (between its brackets) holds, if it holds
+/// non-negative integers only, well formed (no empty element, no leading zero).
+pub fn integers(inner: &[u8]) -> Option<usize> {
     let (plain, commas) = inner.iter().fold((true, 0usize), |(plain, commas), &b| {
         (
             plain & (b.is_ascii_digit() | (b == b',')),

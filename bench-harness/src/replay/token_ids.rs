@@ -37,8 +37,8 @@ pub struct TokenIds {
 }
 
 impl TokenIds {
-    /// Checks a JSON array of token ids that serde_json has read (so no element is empty and no
-    /// number holds whitespace).
+    /// Checks a JSON array of token ids that serde_json has read (its elements must be integers
+    /// of 0 or more).
     pub fn from_json(raw: &RawValue) -> Result<Self, Skip> {
         let json = raw.get().trim_ascii();
         let inner = json
@@ -47,7 +47,8 @@ impl TokenIds {
             .ok_or_else(|| Skip::malformed("the input ids are not an array"))?;
         Ok(Self {
             json: json.to_string(),
-            count: count_ids(inner.as_bytes())?,
+            count: flat_json::integers(inner.as_bytes())
+                .ok_or_else(|| Skip::malformed("input ids: not all integers of 0 or more"))?,
         })
     }
 
@@ -104,26 +105,6 @@ impl TokenIds {
         self.json.insert_str(1, &format!("{id}{separator}"));
         self.count += 1;
     }
-}
-
-/// The number of ids between a JSON array's brackets, which hold only digits, commas and
-/// whitespace. Two passes the compiler vectorizes: this runs once per line.
-fn count_ids(inner: &[u8]) -> Result<usize, Skip> {
-    let allowed = inner.iter().fold(true, |ok, &b| {
-        ok & (b.is_ascii_digit()
-            | (b == b',')
-            | (b == b' ')
-            | (b == b'\t')
-            | (b == b'\r')
-            | (b == b'\n'))
-    });
-    if !allowed {
-        return Err(Skip::malformed("input ids: not all integers of 0 or more"));
-    }
-    if inner.trim_ascii().is_empty() {
-        return Ok(0);
-    }
-    Ok(inner.iter().filter(|&&b| b == b',').count() + 1)
 }
 
 /// `[1,2,3]`, digits written by `itoa`.
