@@ -484,11 +484,10 @@ impl KvIndexWriter {
                 self.scratch.push((state, key));
             }
         }
-        let removed = std::mem::take(&mut self.scratch);
-        for &(_, key) in &removed {
+        for i in 0..self.scratch.len() {
+            let (_, key) = self.scratch[i];
             self.drop_holder(key, bit);
         }
-        self.scratch = removed;
         self.scratch.len() as u64
     }
 
