@@ -26,20 +26,12 @@ cd "$(dirname "$0")/.."
 out="${1:-target/bench-kv-events}"
 mkdir -p "$out"
 cargo build --release --workspace --bins
-replay=target/release/replay
+source scripts/lib/replay-compare-run.sh
 policies=round_robin,cache_aware,cache_aware:kv
 trace=../shared/traces/mooncake_conversation_trace.jsonl
 synthetic=(--synthetic --turns 4 --form generate-ids --max-requests 1500)
 mooncake=(--trace "$trace" --form generate-ids --max-requests 3000)
 unbounded=1000000000
-
-run() {
-    local name="$1"
-    shift
-    echo "== $name: replay compare $*" >&2
-    "$replay" compare "$@" --no-progress --out "$out/$name.json" --plot "$out/$name.svg" \
-        | tee "$out/$name.txt"
-}
 
 for cache in 8192 16384 "$unbounded"; do
     name=$([ "$cache" = "$unbounded" ] && echo unbounded || echo "$((cache / 1024))k")

@@ -28,20 +28,12 @@ cd "$(dirname "$0")/.."
 out="${1:-target/bench-routing}"
 mkdir -p "$out"
 cargo build --release --workspace --bins
-replay=target/release/replay
+source scripts/lib/replay-compare-run.sh
 policies=round_robin,least_load,prefix_hash,cache_aware
 trace=../shared/traces/mooncake_conversation_trace.jsonl
 synthetic=(--synthetic --groups 128 --prompts-per-group 8 --system-prompt-len 2048
     --question-len 64 --output-len 16 --max-requests 6000)
 mooncake=(--trace "$trace" --max-requests 3000)
-
-run() {
-    local name="$1"
-    shift
-    echo "== $name: replay compare $*" >&2
-    "$replay" compare "$@" --no-progress --out "$out/$name.json" --plot "$out/$name.svg" \
-        | tee "$out/$name.txt"
-}
 
 run shared-prefix-ceiling "${synthetic[@]}" --concurrency 1 --engines 1 \
     --kv-capacity-tokens 1000000000 --sim-speedup 1000 --policies round_robin
