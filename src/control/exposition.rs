@@ -186,10 +186,11 @@ pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut 
     let _ = writeln!(out, "{name} {}", index.memory_bytes);
 }
 
-/// `smg_cache_tree_chars`, `smg_cache_tree_tokens` and `smg_cache_tree_tenants` per model.
+/// `smg_cache_tree_chars` and `smg_cache_tree_tokens` per model, and `smg_cache_tree_tenants`
+/// per model and tree (`tree="string"` or `"token"`, one series each, as SMG reports them).
 pub fn render_tree_gauges(gauges: &[(String, ModelGauges)], out: &mut String) {
     type Family = (&'static str, &'static str, fn(&ModelGauges) -> u64);
-    let families: [Family; 3] = [
+    let families: [Family; 2] = [
         (
             "smg_cache_tree_chars",
             "Characters in the string tree",
@@ -198,17 +199,23 @@ pub fn render_tree_gauges(gauges: &[(String, ModelGauges)], out: &mut String) {
         ("smg_cache_tree_tokens", "Tokens in the token tree", |g| {
             g.token.units
         }),
-        (
-            "smg_cache_tree_tenants",
-            "Workers holding entries in the trees",
-            |g| g.string.tenants.max(g.token.tenants),
-        ),
     ];
     for (name, help, value) in families {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
         for (model, g) in gauges {
             let model = escape_label(model);
             let _ = writeln!(out, "{name}{{model=\"{model}\"}} {}", value(g));
+        }
+    }
+    let name = "smg_cache_tree_tenants";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Workers holding entries in the model's string or token tree\n# TYPE {name} gauge"
+    );
+    for (model, g) in gauges {
+        let model = escape_label(model);
+        for (tree, tenants) in [("string", g.string.tenants), ("token", g.token.tenants)] {
+            let _ = writeln!(out, "{name}{{model=\"{model}\",tree=\"{tree}\"}} {tenants}");
         }
     }
 }
@@ -440,6 +447,21 @@ mod tests {
         render_tree_gauges(&gauges, &mut out);
         assert!(
             out.contains("smg_cache_tree_chars{model=\"m\\\"1\"} 0\n"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn tree_tenants_are_one_series_per_tree() {
+        let mut g = ModelGauges::default();
+        g.string.tenants = 3;
+        g.token.tenants = 1;
+        let mut out = String::new();
+        render_tree_gauges(&[("m".to_string(), g)], &mut out);
+        assert!(out.contains("smg_cache_tree_tenants{model=\"m\",tree=\"string\"} 3\n"));
+        assert!(out.contains("smg_cache_tree_tenants{model=\"m\",tree=\"token\"} 1\n"));
+        assert!(
+            !out.contains("smg_cache_tree_tenants{model=\"m\"}"),
             "{out}"
         );
     }

@@ -33,7 +33,7 @@ use crate::copy;
 use crate::error::{ErrorKind, ProxyError, Retry, Side};
 use crate::ids::WorkerId;
 use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES};
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Latency};
 use crate::net::codec::{
     self, ChunkedDecoder, Connection, DownstreamFraming, Framing, GatewayHeaders, RequestHead,
     ResponseHead,
@@ -63,6 +63,10 @@ struct ClientSide<'a> {
     write_buf: &'a mut Vec<u8>,
     version_minor: u8,
     connection: Connection,
+    /// The path's metrics slot and when the request was read: the time to first byte is
+    /// observed when the response head is written.
+    endpoint: Endpoint,
+    started: Instant,
 }
 
 /// What an attempt does with a retryable status (408, 429, 5xx) from the worker.
@@ -119,6 +123,7 @@ pub async fn proxy_request(
     down: &mut Downstream,
     request: &Request,
     endpoint: Endpoint,
+    started: Instant,
 ) -> Result<Answered, ProxyError> {
     let Downstream {
         socket,
@@ -142,6 +147,8 @@ pub async fn proxy_request(
         write_buf,
         version_minor: request.head.version_minor,
         connection: request.head.connection,
+        endpoint,
+        started,
     };
     let deadline = Instant::now() + core.shared.config.request_timeout;
     let retry = &core.shared.config.worker_settings.retry;
@@ -598,7 +605,13 @@ async fn stream_back(
             upstream_failed: false,
         })
     };
-    if !write_client(client).await {
+    let head_written = write_client(client).await;
+    core.metrics().observe_latency(
+        Latency::FirstByte,
+        client.endpoint,
+        client.started.elapsed(),
+    );
+    if !head_written {
         core.metrics().incr(Counter::DownstreamAborts);
         return Ok(ended(false, false));
     }

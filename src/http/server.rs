@@ -19,7 +19,7 @@ use crate::error::{write_error_body, ErrorKind, ProxyError};
 use crate::limits::{
     DOWNSTREAM_WRITE_TIMEOUT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX,
 };
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
 use crate::net::socket::{read_spare, Socket};
 use crate::policy::Prepared;
@@ -139,17 +139,35 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
             return answered.connection;
         }
     }
-    let answered = match endpoint.handling(method) {
-        Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint).await {
-            Ok(answered) => answered,
-            Err(error) => answer_error(down, error.kind, connection).await,
+    let started = Instant::now();
+    let (answered, head_timed) = match endpoint.handling(method) {
+        Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint, started).await
+        {
+            // The proxy timed the response head when it wrote it.
+            Ok(answered) => (answered, true),
+            Err(error) => (answer_error(down, error.kind, connection).await, false),
         },
-        Handling::Local => answer_local(core, down, endpoint, method, connection).await,
-        Handling::WrongMethod => answer_error(down, ErrorKind::MethodNotAllowed, connection).await,
-        Handling::NotFound => answer_error(down, ErrorKind::NotFound, connection).await,
+        Handling::Local => {
+            let answered = answer_local(core, down, endpoint, method, connection).await;
+            (answered, false)
+        }
+        Handling::WrongMethod => {
+            let answered = answer_error(down, ErrorKind::MethodNotAllowed, connection).await;
+            (answered, false)
+        }
+        Handling::NotFound => (
+            answer_error(down, ErrorKind::NotFound, connection).await,
+            false,
+        ),
     };
-    core.metrics()
-        .record_request(method, endpoint, answered.status);
+    let metrics = core.metrics();
+    let elapsed = started.elapsed();
+    if !head_timed {
+        // A local answer is written in one piece: its head and its end are the same moment.
+        metrics.observe_latency(Latency::FirstByte, endpoint, elapsed);
+    }
+    metrics.observe_latency(Latency::EndToEnd, endpoint, elapsed);
+    metrics.record_request(method, endpoint, answered.status);
     answered.connection
 }
 

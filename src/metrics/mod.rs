@@ -2,18 +2,79 @@
 //!
 //! Each core (every data core, plus the control core in the last slot) owns one cache-padded
 //! `CoreMetrics` and is its only writer, so counting is a relaxed load and store, never a
-//! contended atomic. `Metrics::render` sums the slots when `/metrics` is scraped.
+//! contended atomic, and never an allocation. `Metrics::render` sums the slots when `/metrics`
+//! is scraped; requests are also rendered per data core (`kvgate_data_core_requests_total`).
+//!
+//! Two latency histograms per path ([`Latency`]): `smg_http_request_duration_seconds` (SMG's
+//! name and meaning: from the request read to the response head written) and
+//! `kvgate_http_request_e2e_seconds` (to the last response byte written), both with
+//! [`LATENCY_BOUNDS_S`] buckets.
 //!
 //! To add a counter: add a `Counter` variant and its line in `COUNTER_DEFS` (name, help). Names
 //! follow SMG (`smg_*`) where SMG has the metric, `kvgate_*` where it does not.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use crossbeam_utils::CachePadded;
 
 use crate::limits::STATUS_CODES_COUNTED;
 use crate::request::{Endpoint, Method};
+
+/// Upper bounds of the latency histogram buckets, in seconds, then `+Inf`: 1 ms (a gateway
+/// answering locally) to 5 minutes (a long generation streamed end to end).
+pub const LATENCY_BOUNDS_S: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_S.len() + 1;
+
+/// Which latency a histogram observation is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Latency {
+    /// From the whole request read to the response head written (SMG's
+    /// `smg_http_request_duration_seconds`: a stream's body is not included).
+    FirstByte,
+    /// From the whole request read to the last response byte written.
+    EndToEnd,
+}
+
+/// (name, help) of each [`Latency`] histogram, in variant order.
+const LATENCY_DEFS: [(&str, &str); 2] = [
+    (
+        "smg_http_request_duration_seconds",
+        "Time from the request read until the response head is written (time to first byte)",
+    ),
+    (
+        "kvgate_http_request_e2e_seconds",
+        "Time from the request read until the last response byte is written",
+    ),
+];
+
+/// One histogram per path: non-cumulative bucket counts (the last is `+Inf`) and the sum in
+/// microseconds (an integer, so a single writer can add to it with a plain store).
+#[derive(Debug)]
+struct LatencyHistogram {
+    buckets: [[AtomicU64; LATENCY_BUCKETS]; Endpoint::COUNT],
+    sum_us: [AtomicU64; Endpoint::COUNT],
+}
+
+impl LatencyHistogram {
+    fn new() -> Self {
+        LatencyHistogram {
+            buckets: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            sum_us: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+fn latency_bucket(seconds: f64) -> usize {
+    LATENCY_BOUNDS_S
+        .iter()
+        .position(|&bound| seconds <= bound)
+        .unwrap_or(LATENCY_BUCKETS - 1)
+}
 
 /// A plain counter, summed over cores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,6 +211,7 @@ pub struct CoreMetrics {
     counters: [AtomicU64; Counter::COUNT],
     requests: [[AtomicU64; Endpoint::COUNT]; METHODS.len()],
     responses: Box<[[AtomicU64; STATUS_CODES_COUNTED + 1]; Endpoint::COUNT]>,
+    latency: [LatencyHistogram; 2],
 }
 
 fn bump(counter: &AtomicU64, n: u64) {
@@ -172,7 +234,29 @@ impl CoreMetrics {
             responses: responses
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("sized by COUNT")),
+            latency: [LatencyHistogram::new(), LatencyHistogram::new()],
         }
+    }
+
+    /// Observes one request's latency of kind `which` for `endpoint`.
+    pub fn observe_latency(&self, which: Latency, endpoint: Endpoint, elapsed: Duration) {
+        let histogram = &self.latency[which as usize];
+        let e = endpoint as usize;
+        bump(
+            &histogram.buckets[e][latency_bucket(elapsed.as_secs_f64())],
+            1,
+        );
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        bump(&histogram.sum_us[e], micros);
+    }
+
+    /// Requests this core counted (every method, path and status).
+    fn requests_total(&self) -> u64 {
+        self.requests
+            .iter()
+            .flatten()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Adds one to `counter`.
@@ -241,6 +325,62 @@ impl Metrics {
         }
         self.render_requests(out);
         self.render_responses(out);
+        self.render_data_cores(out);
+        for (which, (name, help)) in LATENCY_DEFS.iter().enumerate() {
+            self.render_latency(which, name, help, out);
+        }
+    }
+
+    /// Requests per data core (the control core's slot serves none).
+    fn render_data_cores(&self, out: &mut String) {
+        let name = "kvgate_data_core_requests_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests served per data core\n# TYPE {name} counter"
+        );
+        let data_cores = &self.cores[..self.cores.len() - 1];
+        for (core, metrics) in data_cores.iter().enumerate() {
+            let n = metrics.requests_total();
+            let _ = writeln!(out, "{name}{{core=\"{core}\"}} {n}");
+        }
+    }
+
+    /// One latency histogram, per path with at least one observation.
+    fn render_latency(&self, which: usize, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for endpoint in Endpoint::ALL {
+            let e = endpoint as usize;
+            let count_in = |bucket: usize| -> u64 {
+                self.cores
+                    .iter()
+                    .map(|c| c.latency[which].buckets[e][bucket].load(Ordering::Relaxed))
+                    .sum()
+            };
+            let total: u64 = (0..LATENCY_BUCKETS).map(count_in).sum();
+            if total == 0 {
+                continue;
+            }
+            let path = endpoint.label();
+            let mut cumulative = 0u64;
+            for bucket in 0..LATENCY_BUCKETS {
+                cumulative += count_in(bucket);
+                let le = LATENCY_BOUNDS_S
+                    .get(bucket)
+                    .map_or_else(|| "+Inf".to_string(), f64::to_string);
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{path=\"{path}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let sum_us: u64 = self
+                .cores
+                .iter()
+                .map(|c| c.latency[which].sum_us[e].load(Ordering::Relaxed))
+                .sum();
+            let sum_s = sum_us as f64 / 1e6;
+            let _ = writeln!(out, "{name}_sum{{path=\"{path}\"}} {sum_s}");
+            let _ = writeln!(out, "{name}_count{{path=\"{path}\"}} {cumulative}");
+        }
     }
 
     fn render_requests(&self, out: &mut String) {
@@ -325,6 +465,49 @@ mod tests {
             "smg_http_responses_total{path=\"/v1/chat/completions\",status_code=\"200\"} 2\n"
         ));
         assert!(text.contains("smg_http_responses_total{path=\"other\",status_code=\"404\"} 1\n"));
+    }
+
+    #[test]
+    fn latency_histograms_and_data_core_requests_render_per_path_and_core() {
+        let metrics = Metrics::new(2);
+        let chat = Endpoint::ChatCompletions;
+        metrics.core(0).record_request(Method::Post, chat, 200);
+        metrics.core(1).record_request(Method::Post, chat, 200);
+        metrics.core(1).record_request(Method::Post, chat, 502);
+        let ms = Duration::from_millis;
+        metrics
+            .core(0)
+            .observe_latency(Latency::FirstByte, chat, ms(3));
+        metrics
+            .core(1)
+            .observe_latency(Latency::FirstByte, chat, ms(40));
+        metrics
+            .core(1)
+            .observe_latency(Latency::EndToEnd, chat, ms(400));
+        let mut text = String::new();
+        metrics.render(&mut text);
+        for line in [
+            "# TYPE smg_http_request_duration_seconds histogram",
+            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.0025\"} 0",
+            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.005\"} 1",
+            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.05\"} 2",
+            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"+Inf\"} 2",
+            "smg_http_request_duration_seconds_sum{path=\"/v1/chat/completions\"} 0.043",
+            "smg_http_request_duration_seconds_count{path=\"/v1/chat/completions\"} 2",
+            "kvgate_http_request_e2e_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.25\"} 0",
+            "kvgate_http_request_e2e_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.5\"} 1",
+            "kvgate_http_request_e2e_seconds_count{path=\"/v1/chat/completions\"} 1",
+            "kvgate_data_core_requests_total{core=\"0\"} 1",
+            "kvgate_data_core_requests_total{core=\"1\"} 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // The control core serves no requests: no series for its slot.
+        assert!(!text.contains("kvgate_data_core_requests_total{core=\"2\"}"));
+        assert!(
+            !text.contains("path=\"/generate\",le="),
+            "empty paths are left out"
+        );
     }
 
     #[test]

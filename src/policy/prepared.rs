@@ -10,6 +10,8 @@
 //! the steady state does not allocate; [`Prepared::shed_large_buffers`] bounds what an idle
 //! connection keeps.
 
+use std::cell::Cell;
+
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use crate::ids::WorkerId;
 use crate::index::hash::{Head, HeadMatch};
@@ -65,6 +67,9 @@ pub struct Prepared {
     pub(super) lookup: Option<Lookup>,
     /// The gateway tick at preparation: the clock of the recent-dispatch map and placements.
     pub(super) now_ms: u64,
+    /// Whether a decision for this request was counted in the branch counter: a retry selects
+    /// again, but the request counts once (its first decision), as in SMG.
+    pub(super) decision_counted: Cell<bool>,
 }
 
 impl Prepared {

@@ -218,6 +218,7 @@ impl Router {
     ) -> Result<Option<ColdWork>, RequestError> {
         extract(endpoint, body, headers, &mut prepared.input)?;
         prepared.now_ms = now_ms;
+        prepared.decision_counted.set(false);
         prepared.namespace = Namespace {
             model: model_hash(prepared.input.model()),
             partition: prepared.input.namespace().0,
@@ -526,11 +527,22 @@ impl Router {
             return Some(decision);
         }
         match self.config.cache_index {
+            // SMG logs the KV-pressure fallback without an index.
+            CacheIndexKind::Tree if decision.branch == Branch::KvPressure => tracing::debug!(
+                target: LOG_TARGET,
+                branch = decision.branch.label(),
+                worker,
+                model_id,
+                "Cache-aware selection"
+            ),
             CacheIndexKind::Tree => {
-                self.metrics.record(&decision);
+                // Once per request: a retry's decision is not counted again.
+                if !prepared.decision_counted.replace(true) {
+                    self.metrics.record(&decision);
+                }
                 tracing::debug!(
                     target: LOG_TARGET,
-                    index = index_label(key),
+                    index = "tree",
                     branch = decision.branch.label(),
                     worker,
                     model_id,
@@ -656,13 +668,6 @@ impl Router {
 }
 
 /// The tree a routing key is looked up in, as the decision log names it.
-fn index_label(key: RoutingKey<'_>) -> &'static str {
-    match key {
-        RoutingKey::Tokens(_) => "token",
-        RoutingKey::Text(_) => "string",
-    }
-}
-
 /// A key's length in its tree's units: characters, or tokens.
 fn request_len(key: RoutingKey<'_>) -> u32 {
     let len = match key {

@@ -1031,7 +1031,7 @@ fn each_decision_logs_a_cache_aware_selection_line_under_smg_filter() {
     let log = route_logged("info,smg::policies::cache_aware=debug");
     assert!(log.contains("Cache-aware selection"), "{log}");
     for field in [
-        "index=\"string\"",
+        "index=\"tree\"",
         "branch=\"tree_match\"",
         "worker=\"http://127.0.0.1:31001\"",
         "model_id=\"m1\"",
@@ -1116,4 +1116,35 @@ fn a_load_report_reads_unknown_fields_as_zero() {
     assert_eq!(load.waiting_uncached_tokens, 150);
     assert!((load.gen_throughput - 40.0).abs() < 1e-9);
     assert_eq!(load.kv_capacity_tokens, 1000);
+}
+
+#[test]
+fn a_retried_request_counts_once_in_the_branch_counter() {
+    let metrics = Arc::new(PolicyMetrics::default());
+    let config = parse(&[]).expect("defaults");
+    let index: Box<dyn IndexLookup> = Box::new(FixedLookup(matched(5, 5, &[1])));
+    let mut router = Router::new(config, 9, Some(index), metrics.clone());
+    let mut prepared = Prepared::default();
+    let body = br#"{"model":"m1","prompt":"hello"}"#;
+    let headers = RoutingHeaders::default;
+    router
+        .prepare(&mut prepared, Endpoint::Completions, headers(), body, 0)
+        .expect("valid");
+    let urls = ["http://127.0.0.1:31000", "http://127.0.0.1:31001"];
+    let workers = || (0..2).map(|i| (WorkerId(i as u16), urls[i]));
+    let idle = |_| WorkerStatus {
+        eligible: true,
+        ..WorkerStatus::default()
+    };
+    // The first attempt and two retries of one request: one decision counted.
+    for _ in 0..3 {
+        router.choose(&prepared, workers(), idle).expect("routed");
+    }
+    assert_eq!(metrics.branch_count(Branch::TreeMatch), 1);
+    // The next request on the connection is counted again.
+    router
+        .prepare(&mut prepared, Endpoint::Completions, headers(), body, 1)
+        .expect("valid");
+    router.choose(&prepared, workers(), idle).expect("routed");
+    assert_eq!(metrics.branch_count(Branch::TreeMatch), 2);
 }
