@@ -10,10 +10,13 @@ cargo clippy --workspace --all-targets -- -D warnings
 # Binaries first: the integration tests start target/debug/{kvgate,sim-engine,replay}.
 cargo build --workspace --bins
 # Real tokenizer files and the Python reference IDs (cached under target/tokenizers), pyzmq and
-# msgspec for the KV-event compatibility test (under target/kv-events-python); the tests that
-# need them fail rather than skip without them here.
+# msgspec for the KV-event compatibility test (under target/kv-events-python), promtool for the
+# exposition check (Debian's prometheus package); the tests that need them fail rather than skip
+# without them here.
 scripts/fetch-tokenizers.sh
 scripts/fetch-kv-events-python.sh
-KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 cargo test --workspace
+scripts/fetch-promtool.sh
+KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 KVGATE_REQUIRE_PROMTOOL=1 \
+    cargo test --workspace
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh

@@ -327,11 +327,12 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
             })
         })
         .collect();
-    let waiting = format!("smg_engine_waiting_requests{{worker=\"{}\"}}", sim.url(0));
+    let worker0 = format!("worker=\"{}\"", sim.url(0));
+    let waiting = "smg_engine_waiting_requests";
     assert!(
         wait_until(Duration::from_secs(5), || gw
-            .metric_value(&waiting)
-            .is_some_and(|v| v >= 1.0)),
+            .metric_sum_where(waiting, &worker0)
+            >= 1.0),
         "load not published: {}",
         gw.metrics()
     );
@@ -350,7 +351,8 @@ fn load_reports_are_polled_published_and_drive_overload_protection() {
         let _ = h.join();
     }
     assert!(wait_until(Duration::from_secs(15), || {
-        gw.metric_value(&waiting) == Some(0.0)
+        gw.metric_sum_where(waiting, &worker0) == 0.0
+            && gw.metrics().contains(&format!("{waiting}{{{worker0},"))
     }));
     let after: Vec<_> = (0..4)
         .map(|_| {
@@ -380,10 +382,10 @@ fn a_worker_with_a_long_queue_gets_fewer_new_requests_under_cache_aware() {
             std::thread::spawn(move || engine0.post_json_even_if_cut("/v1/chat/completions", &body))
         })
         .collect();
-    let waiting = format!("smg_engine_waiting_requests{{worker=\"{}\"}}", sim.url(0));
+    let worker0 = format!("worker=\"{}\"", sim.url(0));
     assert!(wait_until(Duration::from_secs(5), || gw
-        .metric_value(&waiting)
-        .is_some_and(|v| v >= 2.0)));
+        .metric_sum_where("smg_engine_waiting_requests", &worker0)
+        >= 2.0));
     // Distinct prompts (cache misses) go to the lowest expected wait: mostly engine 1.
     let to_busy = (0..10)
         .filter(|i| {

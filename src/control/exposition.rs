@@ -23,7 +23,8 @@ use crate::net::socket::Socket;
 use crate::request::Method;
 use crate::shared::Shared;
 use crate::workers::breaker::BreakerState;
-use crate::workers::load::LoadReport;
+use crate::workers::catalog::ModelCatalog;
+use crate::workers::load::RankGauges;
 use crate::workers::table::WorkerTable;
 
 /// The whole `/metrics` page.
@@ -37,7 +38,7 @@ pub fn render(shared: &Shared, out: &mut String) {
         &shared.kv_index_gauges.load(),
         out,
     );
-    render_worker_gauges(&shared.table, out);
+    render_worker_gauges(&shared.table, &shared.catalog.load(), out);
 }
 
 /// `smg_cache_placement_entries` per model: the hash index's live heads after its last sweep.
@@ -220,8 +221,9 @@ pub fn render_tree_gauges(gauges: &[(String, ModelGauges)], out: &mut String) {
     }
 }
 
-/// Every per-worker gauge, one series per active worker (label `worker`, the URL as given).
-pub fn render_worker_gauges(table: &WorkerTable, out: &mut String) {
+/// Every per-worker gauge, one series per active worker (label `worker`, the URL as given); the
+/// `smg_engine_*` gauges add `model` and `dp_rank` (one series per rank), as SMG's do.
+pub fn render_worker_gauges(table: &WorkerTable, catalog: &ModelCatalog, out: &mut String) {
     let roster = table.roster();
     let workers: Vec<(WorkerId, String)> = roster
         .workers
@@ -272,24 +274,59 @@ pub fn render_worker_gauges(table: &WorkerTable, out: &mut String) {
         let state: BreakerState = table.signals(*id).breaker_state();
         let _ = writeln!(out, "{name}{{worker=\"{url}\"}} {}", state as u8);
     }
-    let loads: Vec<_> = workers
+    let engines: Vec<EngineSeries> = workers
         .iter()
-        .map(|(id, _)| table.signals(*id).load())
+        .filter_map(|(id, url)| {
+            let report = table.signals(*id).load()?;
+            let model = escape_label(worker_model(catalog, *id));
+            let labels =
+                |rank: u32| format!("worker=\"{url}\",model=\"{model}\",dp_rank=\"{rank}\"");
+            let ranks = if report.ranks.is_empty() {
+                // One rank (a Prometheus report): the report itself.
+                vec![(
+                    labels(0),
+                    RankGauges {
+                        dp_rank: 0,
+                        running_requests: report.running_requests,
+                        waiting_requests: report.waiting_requests,
+                        token_usage: report.token_usage,
+                        gen_throughput_tps: report.gen_throughput_tps,
+                        cache_hit_rate: report.cache_hit_rate,
+                    },
+                )]
+            } else {
+                report
+                    .ranks
+                    .iter()
+                    .map(|r| (labels(r.dp_rank), r.clone()))
+                    .collect()
+            };
+            Some(ranks)
+        })
+        .flatten()
         .collect();
-    let reports = workers
-        .iter()
-        .zip(&loads)
-        .map(|((_, url), load)| (url.as_str(), load.as_deref()));
-    render_engine_gauges(out, reports);
+    render_engine_gauges(out, &engines);
 }
 
-/// The `smg_engine_*` gauges from the workers' last load reports. Workers without a report are
-/// left out: no signal is not zero load. `workers` gives escaped label values.
-fn render_engine_gauges<'a>(
-    out: &mut String,
-    workers: impl Iterator<Item = (&'a str, Option<&'a LoadReport>)> + Clone,
-) {
-    type Getter = fn(&LoadReport) -> Option<f64>;
+/// One `smg_engine_*` series set: its labels and the rank's figures.
+type EngineSeries = (String, RankGauges);
+
+/// The `model` label of a worker's engine gauges: the first (by name) of the models it lists,
+/// `unknown` while its models are not known. A worker serving several models is one engine, so
+/// it gets one series, not one per model.
+fn worker_model(catalog: &ModelCatalog, id: WorkerId) -> &str {
+    catalog
+        .serving()
+        .filter(|(_, workers)| workers.contains(&id))
+        .map(|(model, _)| model)
+        .min()
+        .unwrap_or("unknown")
+}
+
+/// The `smg_engine_*` gauges from the workers' last load reports, one series per rank. Workers
+/// without a report are left out: no signal is not zero load.
+fn render_engine_gauges(out: &mut String, engines: &[EngineSeries]) {
+    type Getter = fn(&RankGauges) -> Option<f64>;
     const GAUGES: [(&str, &str, Getter); 5] = [
         (
             "smg_engine_running_requests",
@@ -319,9 +356,9 @@ fn render_engine_gauges<'a>(
     ];
     for (name, help, get) in GAUGES {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-        for (url, report) in workers.clone() {
-            if let Some(value) = report.and_then(get) {
-                let _ = writeln!(out, "{name}{{worker=\"{url}\"}} {value}");
+        for (labels, rank) in engines {
+            if let Some(value) = get(rank) {
+                let _ = writeln!(out, "{name}{{{labels}}} {value}");
             }
         }
     }
@@ -396,6 +433,7 @@ async fn answer_scrape(mut socket: Socket, shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workers::catalog::parse_models;
     use crate::workers::load::parse_v1_loads;
     use crate::workers::spec::WorkerSpec;
     use crate::workers::table::Health;
@@ -405,6 +443,7 @@ mod tests {
         let specs: Vec<_> = (1..=2)
             .map(|i| WorkerSpec::resolve(&format!("http://127.0.0.1:{i}")).unwrap())
             .collect();
+        let models = parse_models(br#"{"data":[{"id":"b"},{"id":"a"}]}"#).unwrap();
         let table = WorkerTable::new(1, &specs);
         let report = parse_v1_loads(
             br#"{"loads":[{"num_running_reqs":4,"num_waiting_reqs":2,"gen_throughput":40,"cache_hit_rate":0.5,"token_usage":0.3}]}"#,
@@ -416,15 +455,18 @@ mod tests {
         table.signals(WorkerId(0)).set_breaker(BreakerState::Open);
         table.set_health(WorkerId(1), Health::Unhealthy);
         let credit = table.credit(0, WorkerId(1), 7);
+        let catalog = ModelCatalog::build(
+            [(WorkerId(0), Some(&models[..])), (WorkerId(1), None)].into_iter(),
+        );
         let mut out = String::new();
-        render_worker_gauges(&table, &mut out);
+        render_worker_gauges(&table, &catalog, &mut out);
         for line in [
             "# TYPE smg_engine_running_requests gauge",
-            "smg_engine_running_requests{worker=\"http://127.0.0.1:1\"} 4",
-            "smg_engine_waiting_requests{worker=\"http://127.0.0.1:1\"} 2",
-            "smg_engine_gen_throughput{worker=\"http://127.0.0.1:1\"} 40",
-            "smg_engine_cache_hit_rate{worker=\"http://127.0.0.1:1\"} 0.5",
-            "smg_engine_token_usage{worker=\"http://127.0.0.1:1\"} 0.3",
+            "smg_engine_running_requests{worker=\"http://127.0.0.1:1\",model=\"a\",dp_rank=\"0\"} 4",
+            "smg_engine_waiting_requests{worker=\"http://127.0.0.1:1\",model=\"a\",dp_rank=\"0\"} 2",
+            "smg_engine_gen_throughput{worker=\"http://127.0.0.1:1\",model=\"a\",dp_rank=\"0\"} 40",
+            "smg_engine_cache_hit_rate{worker=\"http://127.0.0.1:1\",model=\"a\",dp_rank=\"0\"} 0.5",
+            "smg_engine_token_usage{worker=\"http://127.0.0.1:1\",model=\"a\",dp_rank=\"0\"} 0.3",
             "smg_worker_cb_state{worker=\"http://127.0.0.1:1\"} 1",
             "smg_worker_cb_state{worker=\"http://127.0.0.1:2\"} 0",
             "smg_worker_health{worker=\"http://127.0.0.1:1\"} 1",
@@ -435,8 +477,31 @@ mod tests {
         ] {
             assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
         }
-        assert!(!out.contains("smg_engine_running_requests{worker=\"http://127.0.0.1:2\"}"));
+        assert!(!out.contains("smg_engine_running_requests{worker=\"http://127.0.0.1:2\""));
         drop(credit);
+    }
+
+    #[test]
+    fn engine_gauges_have_one_series_per_rank() {
+        let specs = [WorkerSpec::resolve("http://127.0.0.1:1").unwrap()];
+        let table = WorkerTable::new(1, &specs);
+        let report = parse_v1_loads(
+            br#"{"loads":[{"dp_rank":0,"num_running_reqs":4,"num_waiting_reqs":0},
+                          {"dp_rank":1,"num_running_reqs":1,"num_waiting_reqs":3}]}"#,
+        )
+        .unwrap();
+        table
+            .signals(WorkerId(0))
+            .set_load(Some(report), &Default::default());
+        let mut out = String::new();
+        render_worker_gauges(&table, &ModelCatalog::default(), &mut out);
+        for line in [
+            "smg_engine_running_requests{worker=\"http://127.0.0.1:1\",model=\"unknown\",dp_rank=\"0\"} 4",
+            "smg_engine_running_requests{worker=\"http://127.0.0.1:1\",model=\"unknown\",dp_rank=\"1\"} 1",
+            "smg_engine_waiting_requests{worker=\"http://127.0.0.1:1\",model=\"unknown\",dp_rank=\"1\"} 3",
+        ] {
+            assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+        }
     }
 
     #[test]

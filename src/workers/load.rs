@@ -41,6 +41,27 @@ pub struct LoadReport {
     pub utilization: Option<f64>,
     /// How many data-parallel ranks (or engine series) the report aggregates.
     pub dp_ranks: u32,
+    /// Each rank's own figures, for the per-rank `smg_engine_*` gauges (SMG's `dp_rank`
+    /// label): filled from `/v1/loads`; empty for a Prometheus report, which is one rank.
+    pub ranks: Vec<RankGauges>,
+}
+
+/// One data-parallel rank's figures as the `smg_engine_*` gauges show them. Ratios above 1 are
+/// clamped to 1, as in the aggregate.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankGauges {
+    /// The rank's `dp_rank` (its position in the list when the engine leaves it out).
+    pub dp_rank: u32,
+    /// Requests the rank is decoding.
+    pub running_requests: u64,
+    /// Requests queued on the rank.
+    pub waiting_requests: u64,
+    /// KV-cache usage in `[0, 1]`.
+    pub token_usage: Option<f64>,
+    /// Generated tokens per second.
+    pub gen_throughput_tps: Option<f64>,
+    /// Prefix-cache hit rate in `[0, 1]`.
+    pub cache_hit_rate: Option<f64>,
 }
 
 /// Why a load response was not turned into a report.
@@ -115,7 +136,6 @@ struct V1LoadsBody {
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct V1RankLoad {
-    #[allow(dead_code)]
     dp_rank: Option<i64>,
     num_running_reqs: Option<f64>,
     num_waiting_reqs: Option<f64>,
@@ -136,7 +156,14 @@ pub fn parse_v1_loads(body: &[u8]) -> Result<LoadReport, LoadParseError> {
         return Err(LoadParseError::TooManyRanks(parsed.loads.len()));
     }
     let mut acc = RankAccumulator::default();
-    for rank in &parsed.loads {
+    let mut ranks = Vec::with_capacity(parsed.loads.len());
+    for (position, rank) in parsed.loads.iter().enumerate() {
+        // Numbers are checked by `add_rank` first: a rank's gauges hold finite, non-negative
+        // values only.
+        let dp_rank = rank
+            .dp_rank
+            .and_then(|r| u32::try_from(r).ok())
+            .unwrap_or(u32::try_from(position).unwrap_or(u32::MAX));
         acc.add_rank(&RankSample {
             running: rank.num_running_reqs,
             waiting: rank.num_waiting_reqs,
@@ -148,8 +175,19 @@ pub fn parse_v1_loads(body: &[u8]) -> Result<LoadReport, LoadParseError> {
             cache_hit_rate: rank.cache_hit_rate,
             utilization: rank.utilization,
         })?;
+        let count = |v: Option<f64>| v.map_or(0, |v| v.round() as u64);
+        ranks.push(RankGauges {
+            dp_rank,
+            running_requests: count(rank.num_running_reqs),
+            waiting_requests: count(rank.num_waiting_reqs),
+            token_usage: rank.token_usage.map(|u| u.min(1.0)),
+            gen_throughput_tps: rank.gen_throughput,
+            cache_hit_rate: rank.cache_hit_rate.map(|r| r.min(1.0)),
+        });
     }
-    acc.finish(parsed.loads.len())
+    let mut report = acc.finish(parsed.loads.len())?;
+    report.ranks = ranks;
+    Ok(report)
 }
 
 /// One rank's (or one Prometheus series set's) raw numbers before aggregation.
@@ -249,6 +287,7 @@ impl RankAccumulator {
             cache_hit_rate: self.cache_hit_rate.mean().map(|r| r.min(1.0)),
             utilization: self.utilization.mean().map(|u| u.min(1.0)),
             dp_ranks: u32::try_from(ranks).unwrap_or(u32::MAX),
+            ranks: Vec::new(),
         })
     }
 }
@@ -438,6 +477,21 @@ mod tests {
         assert!((r.cache_hit_rate.unwrap() - 0.5).abs() < 1e-9);
         assert!((r.utilization.unwrap() - 0.5).abs() < 1e-9);
         assert_eq!(r.dp_ranks, 2);
+    }
+
+    #[test]
+    fn v1_loads_keeps_each_ranks_gauges() {
+        let r = parse_v1_loads(TWO_RANKS.as_bytes()).unwrap();
+        assert_eq!(r.ranks.len(), 2);
+        assert_eq!(r.ranks[1].dp_rank, 1);
+        assert_eq!(r.ranks[1].running_requests, 1);
+        assert_eq!(r.ranks[0].waiting_requests, 2);
+        assert_eq!(r.ranks[1].gen_throughput_tps, Some(30.0));
+        assert_eq!(r.ranks[0].cache_hit_rate, Some(0.25));
+        assert!(parse_prometheus("sglang:num_running_reqs 3\n")
+            .unwrap()
+            .ranks
+            .is_empty());
     }
 
     #[test]

@@ -322,6 +322,19 @@ impl Gateway {
             .sum()
     }
 
+    /// The sum of the series of the family `name` in `/metrics` whose labels include `label`
+    /// (`worker="http://..."`), whatever their other labels.
+    pub fn metric_sum_where(&self, name: &str, label: &str) -> f64 {
+        let labelled = format!("{name}{{");
+        self.metrics()
+            .lines()
+            .filter_map(|l| l.strip_prefix(&labelled))
+            .filter_map(|rest| rest.split_once("} "))
+            .filter(|(labels, _)| labels.split(',').any(|l| l == label))
+            .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+            .sum()
+    }
+
     /// `method path` with a JSON body on a new connection, with `Authorization: Bearer <key>`
     /// when `bearer` is given (the admin API's key).
     pub fn request(&self, method: &str, path: &str, body: &str, bearer: Option<&str>) -> Response {
