@@ -1,0 +1,364 @@
+//! Observability against a live kvgate: after traffic, `/metrics` has the right families (names,
+//! types, labels) and their values moved as the traffic says; the page passes
+//! `promtool check metrics`; a retried request counts once in the branch counter while the retry
+//! and the upstream error are counted; `--log-json` writes one JSON object per line, and a
+//! worker's state changes are logged. Each test starts its own processes on loopback.
+
+mod utils;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use utils::mock_origin::{MockOrigin, Reply};
+use utils::process::{Gateway, SimFleet};
+use utils::{chat, wait_until, TIMEOUT};
+
+/// One family of a scrape: its `# TYPE` and its samples (full sample name, labels, value).
+#[derive(Debug, Default)]
+struct Family {
+    kind: String,
+    samples: Vec<(String, BTreeMap<String, String>, f64)>,
+}
+
+/// Parses the text exposition into families by `# TYPE`; panics on a sample whose family has no
+/// `# TYPE` line, on a `# TYPE` given twice and on a value that is not a number.
+fn parse_exposition(text: &str) -> BTreeMap<String, Family> {
+    let mut families: BTreeMap<String, Family> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("TYPE name kind");
+            let family = families.entry(name.to_string()).or_default();
+            assert!(family.kind.is_empty(), "# TYPE {name} given twice");
+            family.kind = kind.to_string();
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect("sample value");
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v
+                .parse()
+                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((name, labels)) => (name, parse_labels(labels.trim_end_matches('}'))),
+            None => (series, BTreeMap::new()),
+        };
+        let family_name = [name, name.trim_end_matches("_bucket")]
+            .into_iter()
+            .chain(["_sum", "_count"].map(|s| name.strip_suffix(s).unwrap_or(name)))
+            .find(|n| families.contains_key(*n))
+            .unwrap_or_else(|| panic!("sample {line:?} has no # TYPE"));
+        let family = families.get_mut(family_name).expect("found");
+        family.samples.push((name.to_string(), labels, value));
+    }
+    families
+}
+
+/// `a="x",b="y"` (values without commas or escaped quotes, as kvgate's are here).
+fn parse_labels(text: &str) -> BTreeMap<String, String> {
+    text.split("\",")
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once("=\"").expect("label pair");
+            (k.to_string(), v.trim_end_matches('"').to_string())
+        })
+        .collect()
+}
+
+impl Family {
+    fn label_names(&self) -> BTreeSet<String> {
+        self.samples
+            .iter()
+            .flat_map(|(_, labels, _)| labels.keys().cloned())
+            .filter(|k| k != "le")
+            .collect()
+    }
+
+    /// The sum of the samples named `name` whose labels include every pair of `with`.
+    fn sum(&self, name: &str, with: &[(&str, &str)]) -> f64 {
+        self.samples
+            .iter()
+            .filter(|(n, labels, _)| {
+                n == name
+                    && with
+                        .iter()
+                        .all(|(k, v)| labels.get(*k).map(String::as_str) == Some(v))
+            })
+            .map(|(_, _, v)| v)
+            .sum()
+    }
+}
+
+fn family<'a>(families: &'a BTreeMap<String, Family>, name: &str) -> &'a Family {
+    families
+        .get(name)
+        .unwrap_or_else(|| panic!("family {name} missing; have {:?}", families.keys()))
+}
+
+fn labels(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// A gateway on two data cores in front of two simulated engines, with eviction (and so the
+/// tree gauges) every second and load polls every second.
+fn fleet_and_gateway() -> (SimFleet, Gateway) {
+    let sim = SimFleet::start(2, &["--instant"]);
+    let args = [
+        "--data-cores",
+        "2",
+        "--eviction-interval",
+        "1",
+        "--load-monitor-interval",
+        "1",
+    ];
+    let gateway = Gateway::start(&sim.urls(), &args);
+    // The engines' models (an unknown model is then a 404) and load reports are in.
+    assert!(wait_until(TIMEOUT, || {
+        let models = gateway.client().get("/v1/models").text();
+        models.contains("sim-model") && gateway.metrics().contains("smg_engine_running_requests{")
+    }));
+    (sim, gateway)
+}
+
+/// `n` distinct chat requests (half streamed) and one for an unknown model (404).
+fn send_traffic(gateway: &Gateway, n: usize) {
+    for i in 0..n {
+        let body = chat(
+            &format!("question {i}: what is the capital of France?"),
+            4,
+            i % 2 == 0,
+        );
+        let response = gateway.client().post_json(CHAT_PATH, &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    let unknown = r#"{"model":"no-such-model","messages":[{"role":"user","content":"x"}]}"#;
+    assert_eq!(gateway.client().post_json(CHAT_PATH, unknown).status, 404);
+}
+
+#[test]
+fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
+    let (sim, gateway) = fleet_and_gateway();
+    let before = parse_exposition(&gateway.metrics());
+    let n = 12;
+    send_traffic(&gateway, n);
+    // The tree gauges are set by the next eviction cycle (every second here).
+    assert!(wait_until(TIMEOUT, || gateway.metrics().contains(
+        "smg_cache_tree_tenants{model=\"sim-model\",tree=\"string\"} 2"
+    )));
+    let after = parse_exposition(&gateway.metrics());
+    let moved = |name: &str, sample: &str, with: &[(&str, &str)]| {
+        family(&after, name).sum(sample, with)
+            - before.get(name).map_or(0.0, |f| f.sum(sample, with))
+    };
+
+    let expected: [(&str, &str, &[&str]); 13] = [
+        ("smg_http_requests_total", "counter", &["method", "path"]),
+        (
+            "smg_http_responses_total",
+            "counter",
+            &["path", "status_code"],
+        ),
+        ("smg_http_request_duration_seconds", "histogram", &["path"]),
+        ("kvgate_http_request_e2e_seconds", "histogram", &["path"]),
+        ("kvgate_data_core_requests_total", "counter", &["core"]),
+        ("kvgate_upstream_retries_total", "counter", &[]),
+        ("kvgate_upstream_connect_errors_total", "counter", &[]),
+        (
+            "smg_cache_aware_policy_branch_total",
+            "counter",
+            &["branch"],
+        ),
+        ("smg_cache_aware_match_ratio", "histogram", &[]),
+        ("smg_cache_tree_tenants", "gauge", &["model", "tree"]),
+        ("smg_worker_requests_active", "gauge", &["worker"]),
+        ("smg_worker_health", "gauge", &["worker"]),
+        (
+            "smg_engine_running_requests",
+            "gauge",
+            &["worker", "model", "dp_rank"],
+        ),
+    ];
+    for (name, kind, label_names) in expected {
+        let f = family(&after, name);
+        assert_eq!(f.kind, kind, "{name}");
+        assert_eq!(f.label_names(), labels(label_names), "{name}");
+    }
+    let chat_path = [("path", CHAT_PATH)];
+    let n = n as f64;
+    // Counters by route and status: the 12 answered and the one 404.
+    let requests = [("method", "POST"), ("path", CHAT_PATH)];
+    assert_eq!(
+        moved(
+            "smg_http_requests_total",
+            "smg_http_requests_total",
+            &requests
+        ),
+        n + 1.0
+    );
+    let ok = [("path", CHAT_PATH), ("status_code", "200")];
+    assert_eq!(
+        moved("smg_http_responses_total", "smg_http_responses_total", &ok),
+        n
+    );
+    let not_found = [("path", CHAT_PATH), ("status_code", "404")];
+    assert_eq!(
+        moved(
+            "smg_http_responses_total",
+            "smg_http_responses_total",
+            &not_found
+        ),
+        1.0
+    );
+    // Both histograms saw every chat request; a response ends after its head is written.
+    for name in [
+        "smg_http_request_duration_seconds",
+        "kvgate_http_request_e2e_seconds",
+    ] {
+        let count = format!("{name}_count");
+        assert_eq!(moved(name, &count, &chat_path), n + 1.0, "{name}");
+        let inf = [("path", CHAT_PATH), ("le", "+Inf")];
+        assert_eq!(
+            family(&after, name).sum(&format!("{name}_bucket"), &inf),
+            family(&after, name).sum(&count, &chat_path)
+        );
+        let buckets: Vec<f64> = family(&after, name)
+            .samples
+            .iter()
+            .filter(|(s, l, _)| {
+                s.ends_with("_bucket") && l.get("path").map(String::as_str) == Some(CHAT_PATH)
+            })
+            .map(|(_, _, v)| *v)
+            .collect();
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{name} buckets not cumulative: {buckets:?}"
+        );
+    }
+    let sum = |name: &str| family(&after, name).sum(&format!("{name}_sum"), &chat_path);
+    assert!(sum("kvgate_http_request_e2e_seconds") >= sum("smg_http_request_duration_seconds"));
+    // Every request went through some data core.
+    let per_core = moved(
+        "kvgate_data_core_requests_total",
+        "kvgate_data_core_requests_total",
+        &[],
+    );
+    assert_eq!(per_core, n + 1.0);
+    // One decision per routed request (the 404 is not routed), every one a miss or a match.
+    let branches = moved(
+        "smg_cache_aware_policy_branch_total",
+        "smg_cache_aware_policy_branch_total",
+        &[],
+    );
+    assert_eq!(branches, n);
+    let ratio_count = moved(
+        "smg_cache_aware_match_ratio",
+        "smg_cache_aware_match_ratio_count",
+        &[],
+    );
+    assert_eq!(ratio_count, n);
+    // Both engines took requests (distinct prompts are balanced), and report one rank each.
+    let running = family(&after, "smg_engine_running_requests");
+    for url in sim.urls() {
+        let rank0 = [
+            ("worker", url.as_str()),
+            ("model", "sim-model"),
+            ("dp_rank", "0"),
+        ];
+        assert_eq!(
+            running
+                .samples
+                .iter()
+                .filter(|(_, l, _)| rank0
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(v)))
+                .count(),
+            1,
+            "{url}"
+        );
+    }
+    assert_eq!(
+        moved(
+            "kvgate_upstream_retries_total",
+            "kvgate_upstream_retries_total",
+            &[]
+        ),
+        0.0
+    );
+}
+
+#[test]
+fn a_retry_counts_the_error_and_the_retry_and_one_decision() {
+    let resetting = MockOrigin::start(|_| Reply::Reset);
+    let ok = MockOrigin::start(|_| Reply::json(r#"{"ok":true}"#));
+    let gateway = Gateway::start(
+        &[resetting.url(), ok.url()],
+        &["--retry-initial-backoff-ms", "1"],
+    );
+    // Distinct prompts: cache misses, spread over both origins.
+    for i in 0..10 {
+        let body =
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hello {i}"}}]}}"#);
+        let response = gateway.client().post_json(CHAT_PATH, &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    let families = parse_exposition(&gateway.metrics());
+    let total = |name: &str| family(&families, name).sum(name, &[]);
+    let resets = resetting.requests().len() as f64;
+    assert!(resets >= 1.0, "no request went to the resetting origin");
+    assert_eq!(total("kvgate_upstream_retries_total"), resets);
+    assert_eq!(total("kvgate_upstream_closed_errors_total"), resets);
+    // Ten requests, ten decisions, however many attempts.
+    assert_eq!(total("smg_cache_aware_policy_branch_total"), 10.0);
+}
+
+/// `promtool check metrics` on a live scrape after traffic. Fails without promtool when
+/// `KVGATE_REQUIRE_PROMTOOL=1` (scripts/test.sh installs it: scripts/fetch-promtool.sh).
+#[test]
+fn the_exposition_passes_promtool() {
+    let promtool_found = Command::new("promtool")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !promtool_found {
+        assert!(
+            std::env::var("KVGATE_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
+            "promtool is missing and KVGATE_REQUIRE_PROMTOOL=1: run scripts/fetch-promtool.sh"
+        );
+        eprintln!("skipped: promtool not found (scripts/fetch-promtool.sh installs it)");
+        return;
+    }
+    let (_sim, gateway) = fleet_and_gateway();
+    send_traffic(&gateway, 6);
+    assert!(wait_until(TIMEOUT, || gateway
+        .metrics()
+        .contains("smg_cache_tree_tenants{")));
+    let scrape = gateway.metrics();
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool starts");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(scrape.as_bytes())
+        .expect("scrape written");
+    let output = child.wait_with_output().expect("promtool ends");
+    assert!(
+        output.status.success(),
+        "promtool check metrics failed:\n{}{}\n--- scrape ---\n{scrape}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
