@@ -43,6 +43,16 @@ pub enum LogLevel {
     Error,
 }
 
+/// How log lines are written (`--log-json`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `fields`, `target`), for log pipelines.
+    Json,
+}
+
 impl LogLevel {
     /// The `tracing` filter directive for this level.
     pub fn as_filter(self) -> &'static str {
@@ -93,6 +103,9 @@ pub struct Cli {
     /// Log verbosity.
     #[arg(long = "log-level", value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
+    /// Write logs as one JSON object per line (SMG's flag).
+    #[arg(long = "log-json")]
+    pub log_json: bool,
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long = "max-payload-size", default_value_t = limits::PAYLOAD_BYTES_DEFAULT as u64)]
     pub max_payload_size: u64,
@@ -129,6 +142,8 @@ pub struct Config {
     pub policy: PolicyConfig,
     /// Log verbosity.
     pub log_level: LogLevel,
+    /// Log line format.
+    pub log_format: LogFormat,
     /// Largest request body accepted.
     pub max_payload_bytes: usize,
     /// Upstream request deadline.
@@ -247,6 +262,11 @@ impl Config {
             workers,
             policy: cli.policy.validate()?,
             log_level: cli.log_level,
+            log_format: if cli.log_json {
+                LogFormat::Json
+            } else {
+                LogFormat::Text
+            },
             max_payload_bytes,
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
             data_cores,

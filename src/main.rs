@@ -2,7 +2,7 @@
 //! Any failure is one `Error: ...` line on stderr and a non-zero exit.
 
 use clap::Parser;
-use kvgate::config::{Cli, Config};
+use kvgate::config::{Cli, Config, LogFormat};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -22,10 +22,13 @@ fn main() {
     let config = Config::from_cli(&cli).unwrap_or_else(|e| fail(&e.to_string()));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(config.log_level.as_filter()));
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     if let Err(e) = kvgate::runtime::run(config) {
         fail(&e.to_string());
     }

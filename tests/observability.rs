@@ -362,3 +362,94 @@ fn the_exposition_passes_promtool() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The JSON log lines of `log` whose message is `message`, for `worker`.
+fn logged(log: &std::path::Path, message: &str, worker: &str) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line:?}"))
+        })
+        .filter(|v| v["fields"]["message"] == message && v["fields"]["worker"] == worker)
+        .collect()
+}
+
+#[test]
+fn log_json_lines_record_each_worker_state_change() {
+    let sim = SimFleet::start(2, &["--instant"]);
+    let log = std::env::temp_dir().join(format!("kvgate-observability-{}.log", std::process::id()));
+    let file = std::fs::File::create(&log).expect("log file");
+    let args = [
+        "--log-json",
+        "--log-level",
+        "info",
+        "--policy",
+        "round_robin",
+        "--health-check-interval-secs",
+        "1",
+        "--health-failure-threshold",
+        "1",
+        "--health-success-threshold",
+        "1",
+        "--health-check-timeout-secs",
+        "1",
+        "--cb-failure-threshold",
+        "2",
+        "--cb-success-threshold",
+        "1",
+        "--cb-timeout-duration-secs",
+        "1",
+        "--disable-retries",
+    ];
+    let gw = Gateway::start_logging(&sim.urls(), &args, Some(file));
+    let (url0, url1) = (sim.url(0), sim.url(1));
+    // Added at start.
+    assert!(wait_until(TIMEOUT, || logged(&log, "worker added", &url0)
+        .len()
+        == 1));
+    // Unhealthy, then healthy again.
+    sim.set_faults(0, serde_json::json!({"unhealthy": true}));
+    assert!(wait_until(TIMEOUT, || !gw.worker_healthy(&url0)));
+    sim.set_faults(0, serde_json::json!({"reset": true}));
+    assert!(wait_until(TIMEOUT, || gw.worker_healthy(&url0)));
+    // The circuit opens on errors, then closes after a good trial.
+    sim.set_faults(1, serde_json::json!({"error_rate": 1.0}));
+    assert!(wait_until(TIMEOUT, || {
+        gw.client().post_json("/generate", r#"{"text":"x"}"#);
+        gw.breaker_state(&url1) == "open"
+    }));
+    sim.set_faults(1, serde_json::json!({"reset": true}));
+    assert!(wait_until(TIMEOUT, || {
+        gw.client().post_json("/generate", r#"{"text":"y"}"#);
+        gw.breaker_state(&url1) == "closed"
+    }));
+    // Removed, then added through the admin API.
+    assert_eq!(gw.request("DELETE", "/workers/0", "", None).status, 202);
+    assert!(wait_until(TIMEOUT, || !gw.workers_json().contains(&url0)));
+    let body = format!(r#"{{"url":"{url0}"}}"#);
+    assert_eq!(gw.request("POST", "/workers", &body, None).status, 201);
+
+    assert!(wait_until(TIMEOUT, || {
+        !logged(&log, "admin: worker added", &url0).is_empty()
+    }));
+    let health = logged(&log, "worker health changed", &url0);
+    let verdicts: Vec<_> = health
+        .iter()
+        .map(|v| v["fields"]["healthy"].clone())
+        .collect();
+    assert_eq!(verdicts, [false, true], "{health:?}");
+    let breaker = logged(&log, "circuit breaker state changed", &url1);
+    let states: Vec<_> = breaker
+        .iter()
+        .map(|v| v["fields"]["state"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(states.first(), Some(&"open"), "{breaker:?}");
+    assert_eq!(states.last(), Some(&"closed"), "{breaker:?}");
+    assert_eq!(logged(&log, "worker drained and removed", &url0).len(), 1);
+    for line in health.iter().chain(&breaker) {
+        assert_eq!(line["level"], "INFO", "{line}");
+        assert!(line["timestamp"].is_string(), "{line}");
+    }
+    let _ = std::fs::remove_file(&log);
+}

@@ -116,7 +116,13 @@ impl WorkerDriver {
                 }
                 Change::Load(id, report) => {
                     let overload = &self.monitor.config().overload;
-                    shared.table.signals(id).set_load(report, overload);
+                    let signals = shared.table.signals(id);
+                    let was_overloaded = signals.is_overloaded();
+                    signals.set_load(report, overload);
+                    let overloaded = signals.is_overloaded();
+                    if overloaded != was_overloaded {
+                        tracing::info!(worker = %url_of(shared, id), overloaded, "worker overload state changed");
+                    }
                 }
                 Change::Models(_) => models_changed = true,
                 Change::Purge(id) => {

@@ -207,6 +207,9 @@ pub fn run(config: Config) -> Result<(), StartError> {
         shared.config.policy.kind.name(),
         shared.config.workers.len(),
     );
+    for worker in &shared.config.workers {
+        tracing::info!(worker = %worker.url, "worker added");
+    }
     for notice in &shared.config.startup_notices {
         tracing::warn!("{notice}");
     }

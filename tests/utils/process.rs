@@ -70,6 +70,11 @@ impl ChildProcess {
         } else {
             Stdio::null()
         };
+        Self::spawn_with_stderr(name, command, stderr)
+    }
+
+    /// Spawns `command` with its stderr going to `stderr` (stdin closed).
+    pub fn spawn_with_stderr(name: &str, command: &mut Command, stderr: Stdio) -> Self {
         let child = command
             .stdin(Stdio::null())
             .stderr(stderr)
@@ -247,6 +252,11 @@ impl Gateway {
     /// `--data-cores 1 --log-level warn` unless `args` names them); returns once its client
     /// and metrics ports accept connections.
     pub fn start(workers: &[String], args: &[&str]) -> Self {
+        Self::start_logging(workers, args, None)
+    }
+
+    /// As [`Gateway::start`], with kvgate's stderr (its logs) written to `log` when given.
+    pub fn start_logging(workers: &[String], args: &[&str], log: Option<std::fs::File>) -> Self {
         let (port, metrics_port) = (free_port(), free_port());
         let mut command = Command::new(workspace_bin("kvgate"));
         command
@@ -266,7 +276,10 @@ impl Gateway {
             }
         }
         command.arg("--worker-urls").args(workers);
-        let process = ChildProcess::spawn("kvgate", &mut command);
+        let process = match log {
+            Some(file) => ChildProcess::spawn_with_stderr("kvgate", &mut command, file.into()),
+            None => ChildProcess::spawn("kvgate", &mut command),
+        };
         assert!(
             wait_for_port(port, TIMEOUT),
             "kvgate did not listen on {port}"
