@@ -20,7 +20,7 @@ use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
 };
-use crate::workers::settings::{WorkerArgs, WorkerSettings};
+use crate::workers::settings::{PolicyLoads, WorkerArgs, WorkerSettings};
 use crate::workers::spec::{KvEventsSource, WorkerSpec};
 
 /// The routing policy (`--policy`): SMG's names, `cache_aware` by default. Its flags and their
@@ -234,7 +234,9 @@ impl Config {
             timeout_ms("--header-read-timeout-ms", cli.header_read_timeout_ms)?;
         let client_idle_timeout =
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
-        let worker_settings = cli.worker_args.validate()?;
+        let worker_settings = cli
+            .worker_args
+            .validate_for(policy_loads(cli.policy.policy))?;
         let unused = cli.policy.unused_in_hash_mode();
         let mut startup_notices = if unused.is_empty() {
             Vec::new()
@@ -271,6 +273,20 @@ impl Config {
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
             data_cores,
         })
+    }
+}
+
+/// Whether `policy` reads the workers' load reports (SMG's load-aware policies), which keeps
+/// them polled under `--disable-load-monitoring`.
+fn policy_loads(policy: PolicyKind) -> PolicyLoads {
+    match policy {
+        PolicyKind::CacheAware | PolicyKind::LeastLoad | PolicyKind::PowerOfTwo => {
+            PolicyLoads::Read
+        }
+        PolicyKind::Random
+        | PolicyKind::RoundRobin
+        | PolicyKind::PrefixHash
+        | PolicyKind::ConsistentHashing => PolicyLoads::Ignored,
     }
 }
 

@@ -453,3 +453,31 @@ fn log_json_lines_record_each_worker_state_change() {
     }
     let _ = std::fs::remove_file(&log);
 }
+
+#[test]
+fn disable_load_monitoring_stops_polls_only_for_policies_that_ignore_loads() {
+    let sim = SimFleet::start(1, &["--instant"]);
+    let flags = |policy| {
+        [
+            "--policy",
+            policy,
+            "--disable-load-monitoring",
+            "--load-monitor-interval",
+            "1",
+        ]
+    };
+    let load_aware = Gateway::start(&sim.urls(), &flags("cache_aware"));
+    let load_blind = Gateway::start(&sim.urls(), &flags("round_robin"));
+    let polled = |gw: &Gateway| gw.metrics().contains("smg_engine_running_requests{");
+    // cache_aware reads loads: still polled.
+    assert!(wait_until(TIMEOUT, || polled(&load_aware)));
+    // round_robin does not: no poll in three intervals.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert!(!polled(&load_blind), "{}", load_blind.metrics());
+    // Without the flag, round_robin's workers are polled too.
+    let default = Gateway::start(
+        &sim.urls(),
+        &["--policy", "round_robin", "--load-monitor-interval", "1"],
+    );
+    assert!(wait_until(TIMEOUT, || polled(&default)));
+}

@@ -19,7 +19,7 @@ use crate::workers::breaker::{AttemptOutcome, BreakerState, CircuitBreaker};
 use crate::workers::catalog::{parse_models, ListedModel};
 use crate::workers::health::{HealthTracker, HealthTransition, ProbeOutcome};
 use crate::workers::load::{parse_load_body, LoadEndpoint, LoadReport};
-use crate::workers::settings::WorkerSettings;
+use crate::workers::settings::{LoadPolling, WorkerSettings};
 use crate::workers::spec::WorkerSpec;
 
 /// What a probe asks a worker.
@@ -219,7 +219,7 @@ impl WorkerMonitor {
                     self.config.health.timeout,
                 ));
             }
-            if load_due {
+            if load_due && self.config.load_polling == LoadPolling::On {
                 let endpoint = w.load_endpoint;
                 jobs.push(job(
                     ProbeKind::Load(endpoint),

@@ -89,11 +89,16 @@ pub struct WorkerArgs {
     /// Exclude a worker from routing while its reported queue is longer than this.
     #[arg(long)]
     pub worker_overload_waiting_requests: Option<u64>,
+    /// Turn overload protection on with SMG's default threshold: KV usage 0.9 unless
+    /// --worker-overload-token-usage says otherwise (either threshold alone turns it on too).
+    #[arg(long)]
+    pub worker_overload_protection: bool,
 
     /// Seconds between load polls of every worker.
     #[arg(long, default_value_t = 10)]
     pub load_monitor_interval: u64,
-    /// Accepted for SMG compatibility: load-aware policies (cache_aware) poll regardless.
+    /// Poll worker loads only when something reads them: a load-aware policy (cache_aware,
+    /// least_load, power_of_two) or overload protection. Without it every worker is polled.
     #[arg(long)]
     pub disable_load_monitoring: bool,
 
@@ -137,6 +142,7 @@ fn unreachable_defaults() -> WorkerArgs {
         disable_retries: false,
         worker_overload_token_usage: None,
         worker_overload_waiting_requests: None,
+        worker_overload_protection: false,
         load_monitor_interval: 10,
         disable_load_monitoring: false,
         admin_api_key: None,
@@ -167,6 +173,29 @@ fn threshold(flag: &'static str, v: u32) -> Result<u32, FlagError> {
     Ok(v)
 }
 
+/// `--worker-overload-protection` alone: the KV usage above which a worker leaves routing
+/// (SMG's default; usage means the same on every engine, a queue ceiling does not, so the
+/// waiting-requests threshold has no default).
+pub const OVERLOAD_TOKEN_USAGE_DEFAULT: f64 = 0.9;
+
+/// Whether the routing policy reads the workers' load reports (SMG's load-aware policies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyLoads {
+    /// cache_aware, least_load, power_of_two: polled whatever `--disable-load-monitoring` says.
+    Read,
+    /// The others.
+    Ignored,
+}
+
+/// Whether the control core polls the workers' loads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadPolling {
+    /// Every `--load-monitor-interval` (the default).
+    On,
+    /// `--disable-load-monitoring` and nothing reads them: no polls, no `smg_engine_*` gauges.
+    Off,
+}
+
 /// The validated worker settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkerSettings {
@@ -180,6 +209,8 @@ pub struct WorkerSettings {
     pub overload: OverloadConfig,
     /// Time between load polls.
     pub load_interval: Duration,
+    /// Whether loads are polled at all.
+    pub load_polling: LoadPolling,
     /// Deadline of one load poll.
     pub load_timeout: Duration,
     /// Admin bearer token.
@@ -187,13 +218,26 @@ pub struct WorkerSettings {
 }
 
 impl WorkerArgs {
-    /// Check every value and build the settings.
+    /// Check every value and build the settings, for a policy that reads loads (the default).
     pub fn validate(&self) -> Result<WorkerSettings, FlagError> {
+        self.validate_for(PolicyLoads::Read)
+    }
+
+    /// Check every value and build the settings for a policy that reads loads or not.
+    pub fn validate_for(&self, policy: PolicyLoads) -> Result<WorkerSettings, FlagError> {
+        let overload = self.validate_overload()?;
+        let polls_needed = policy == PolicyLoads::Read || overload != OverloadConfig::default();
+        let load_polling = if self.disable_load_monitoring && !polls_needed {
+            LoadPolling::Off
+        } else {
+            LoadPolling::On
+        };
         Ok(WorkerSettings {
             health: self.validate_health()?,
             breaker: self.validate_breaker()?,
             retry: self.validate_retry()?,
-            overload: self.validate_overload()?,
+            overload,
+            load_polling,
             load_interval: secs_in_range("--load-monitor-interval", self.load_monitor_interval)?,
             load_timeout: LOAD_POLL_TIMEOUT,
             admin_api_key: match &self.admin_api_key {
@@ -308,8 +352,10 @@ impl WorkerArgs {
                 ));
             }
         }
+        let default_usage =
+            (self.worker_overload_protection).then_some(OVERLOAD_TOKEN_USAGE_DEFAULT);
         Ok(OverloadConfig {
-            token_usage: self.worker_overload_token_usage,
+            token_usage: self.worker_overload_token_usage.or(default_usage),
             waiting_requests: self.worker_overload_waiting_requests,
         })
     }
@@ -399,6 +445,48 @@ mod tests {
         assert_eq!(c.overload.waiting_requests, Some(50));
         assert_eq!(c.load_interval, Duration::from_secs(1));
         assert_eq!(c.admin_api_key.as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn overload_protection_alone_applies_the_default_usage_threshold() {
+        let on = parse(&["--worker-overload-protection"]).validate().unwrap();
+        assert_eq!(on.overload.token_usage, Some(OVERLOAD_TOKEN_USAGE_DEFAULT));
+        assert_eq!(on.overload.waiting_requests, None);
+        let explicit = [
+            "--worker-overload-protection",
+            "--worker-overload-token-usage",
+            "0.5",
+        ];
+        let c = parse(&explicit).validate().unwrap();
+        assert_eq!(c.overload.token_usage, Some(0.5));
+        assert_eq!(
+            WorkerArgs::default()
+                .validate()
+                .unwrap()
+                .overload
+                .token_usage,
+            None
+        );
+        // The effect: a worker at 95% KV usage leaves routing only with the flag.
+        let full = crate::workers::load::LoadReport {
+            token_usage: Some(0.95),
+            ..Default::default()
+        };
+        assert!(on.overload.is_overloaded(Some(&full)));
+        let default = WorkerArgs::default().validate().unwrap();
+        assert!(!default.overload.is_overloaded(Some(&full)));
+    }
+
+    #[test]
+    fn load_monitoring_stops_only_when_nothing_reads_the_loads() {
+        let off = parse(&["--disable-load-monitoring"]);
+        let polling = |args: &WorkerArgs, policy| args.validate_for(policy).unwrap().load_polling;
+        assert_eq!(polling(&off, PolicyLoads::Ignored), LoadPolling::Off);
+        assert_eq!(polling(&off, PolicyLoads::Read), LoadPolling::On);
+        let guarded = parse(&["--disable-load-monitoring", "--worker-overload-protection"]);
+        assert_eq!(polling(&guarded, PolicyLoads::Ignored), LoadPolling::On);
+        let default = WorkerArgs::default();
+        assert_eq!(polling(&default, PolicyLoads::Ignored), LoadPolling::On);
     }
 
     #[test]
