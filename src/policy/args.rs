@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use super::ScorerConfig;
 use crate::error::FlagError;
 use crate::limits::{CACHE_BOUNDARIES_MAX, KV_BLOCKS_DEFAULT, KV_BLOCKS_MAX};
 
@@ -122,6 +123,24 @@ pub struct PolicyArgs {
     /// the fleet mean (bounded-load consistent hashing).
     #[arg(long, default_value_t = 1.25)]
     pub prefix_hash_load_factor: f64,
+    /// prefix_hash: a worker at its bounded-load cap is passed over only when it is also this
+    /// many requests above the fleet mean (0: the cap alone).
+    #[arg(long, default_value_t = 10)]
+    pub prefix_hash_balance_abs_threshold: u32,
+    /// least_load: the KV penalty at half KV usage, in seconds (cache_aware: built in).
+    #[arg(long, default_value_t = 0.15)]
+    pub least_load_kv_pressure_weight: f64,
+    /// least_load: generation throughput (tokens/s) assumed while no worker reports one.
+    #[arg(long, default_value_t = 2000.0)]
+    pub least_load_default_throughput: f64,
+    /// least_load: prompt tokens assumed per queued request when a worker reports its queue
+    /// without token counts (vLLM's /metrics). cache_aware assumes the default.
+    #[arg(long, default_value_t = 1024)]
+    pub least_load_mean_prefill_tokens: u32,
+    /// least_load: pass over workers with this many waiting requests (reported, plus this
+    /// gateway's requests the report does not show) while another has fewer (0: off).
+    #[arg(long, default_value_t = 0)]
+    pub least_load_max_waiting_requests: u32,
 }
 
 impl Default for PolicyArgs {
@@ -193,6 +212,22 @@ pub struct PolicyConfig {
     pub prefix_token_count: u32,
     /// `--prefix-hash-load-factor`.
     pub prefix_hash_load_factor: f64,
+    /// `--prefix-hash-balance-abs-threshold`.
+    pub prefix_hash_balance_abs_threshold: f64,
+    /// The `--least-load-*` flags (read by `--policy least_load` only: see [`Self::scorer`]).
+    pub least_load: ScorerConfig,
+}
+
+impl PolicyConfig {
+    /// The expected-wait scorer's knobs for this policy: the `--least-load-*` flags for
+    /// least_load, the built-in ones otherwise (the spec: cache_aware runs the scorer with its
+    /// built-in defaults).
+    pub fn scorer(&self) -> ScorerConfig {
+        match self.kind {
+            PolicyKind::LeastLoad => self.least_load,
+            _ => ScorerConfig::BUILT_IN,
+        }
+    }
 }
 
 impl PolicyArgs {
@@ -247,6 +282,31 @@ impl PolicyArgs {
             kv_indexer_max_entries: self.validate_kv_indexer_max_entries()?,
             prefix_token_count: positive("--prefix-token-count", self.prefix_token_count)?,
             prefix_hash_load_factor: self.prefix_hash_load_factor,
+            prefix_hash_balance_abs_threshold: f64::from(self.prefix_hash_balance_abs_threshold),
+            least_load: self.validate_least_load()?,
+        })
+    }
+
+    fn validate_least_load(&self) -> Result<ScorerConfig, FlagError> {
+        let throughput = self.least_load_default_throughput;
+        if !(throughput.is_finite() && throughput > 0.0) {
+            return Err(refuse(
+                "--least-load-default-throughput",
+                format!("{throughput} must be a number above 0"),
+            ));
+        }
+        Ok(ScorerConfig {
+            kv_penalty_half_usage_s: non_negative(
+                "--least-load-kv-pressure-weight",
+                self.least_load_kv_pressure_weight,
+            )?,
+            throughput_fallback_tps: throughput,
+            mean_prefill_tokens: u64::from(positive(
+                "--least-load-mean-prefill-tokens",
+                self.least_load_mean_prefill_tokens,
+            )?),
+            max_waiting_requests: (self.least_load_max_waiting_requests > 0)
+                .then_some(self.least_load_max_waiting_requests),
         })
     }
 

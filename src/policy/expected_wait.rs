@@ -31,6 +31,36 @@ pub const KV_PENALTY_SCALE_S: f64 = 1.0;
 pub const NEW_PREFIX_WAIT_SLACK: f64 = 0.125;
 /// Usage above this is scored as this, so a full cache gives a large but finite penalty.
 pub const KV_USAGE_CLAMP: f64 = 0.99;
+/// Prompt tokens assumed per queued request of a worker whose report counts its queue in
+/// requests only (vLLM through `/metrics`): SMG's `--least-load-mean-prefill-tokens` default.
+pub const MEAN_PREFILL_TOKENS_DEFAULT: u64 = 1024;
+
+/// The scorer's knobs. cache_aware and power_of_two run it [`ScorerConfig::BUILT_IN`]; the
+/// `--least-load-*` flags configure it for `--policy least_load` only (the spec).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScorerConfig {
+    /// The KV penalty at half usage, in seconds (`--least-load-kv-pressure-weight`).
+    pub kv_penalty_half_usage_s: f64,
+    /// Throughput assumed when no eligible worker reports a positive one
+    /// (`--least-load-default-throughput`).
+    pub throughput_fallback_tps: f64,
+    /// Prompt tokens per queued request when a report has no token count
+    /// (`--least-load-mean-prefill-tokens`; read where reports become `WorkerLoad`s).
+    pub mean_prefill_tokens: u64,
+    /// least_load skips workers with this many waiting requests while any has fewer
+    /// (`--least-load-max-waiting-requests`; `None`: 0, off).
+    pub max_waiting_requests: Option<u32>,
+}
+
+impl ScorerConfig {
+    /// kvgate's own constants, with SMG's mean prefill for reports without token counts.
+    pub const BUILT_IN: ScorerConfig = ScorerConfig {
+        kv_penalty_half_usage_s: KV_PENALTY_SCALE_S,
+        throughput_fallback_tps: THROUGHPUT_FALLBACK_TOKENS_PER_S,
+        mean_prefill_tokens: MEAN_PREFILL_TOKENS_DEFAULT,
+        max_waiting_requests: None,
+    };
+}
 
 /// Step 1's fleet view plus what the scorer needs, from one pass over the worker slots.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,11 +80,18 @@ pub struct Fleet {
     unreported: WorkerLoad,
     /// True when at least one eligible worker reports load: score in seconds, else in requests.
     scores_reports: bool,
+    /// The KV penalty at half usage, in seconds.
+    kv_penalty_half_usage_s: f64,
 }
 
 impl Fleet {
-    /// Scans the worker slots once.
+    /// Scans the worker slots once, for the built-in scorer.
     pub fn scan(workers: &[WorkerStatus]) -> Fleet {
+        Fleet::scan_with(workers, &ScorerConfig::BUILT_IN)
+    }
+
+    /// Scans the worker slots once, for a scorer configured by `scorer`.
+    pub fn scan_with(workers: &[WorkerStatus], scorer: &ScorerConfig) -> Fleet {
         let (mut eligible, mut in_flight_sum) = (0u32, 0u64);
         let (mut throughput_sum, mut throughput_count) = (0.0f64, 0u32);
         let mut kv_usage_range: Option<(f64, f64)> = None;
@@ -77,7 +114,7 @@ impl Fleet {
             }
         }
         let throughput = if throughput_count == 0 {
-            THROUGHPUT_FALLBACK_TOKENS_PER_S
+            scorer.throughput_fallback_tps
         } else {
             throughput_sum / f64::from(throughput_count)
         };
@@ -97,6 +134,7 @@ impl Fleet {
             throughput,
             unreported,
             scores_reports: kv_usage_range.is_some(),
+            kv_penalty_half_usage_s: scorer.kv_penalty_half_usage_s,
         }
     }
 
@@ -139,7 +177,8 @@ impl Fleet {
         } else {
             0.0
         };
-        work_tokens / self.throughput + kv_penalty_s(load.token_usage + usage_since_report)
+        let usage = load.token_usage + usage_since_report;
+        work_tokens / self.throughput + self.kv_penalty_half_usage_s * kv_penalty_shape(usage)
     }
 
     /// The eligible worker slot among `slots` with the lowest expected wait; equal waits go to
@@ -249,14 +288,14 @@ impl<S: PartialOrd + Copy> LowestPick<S> {
     }
 }
 
-/// KV penalty in seconds for a usage between 0 and 1.
-fn kv_penalty_s(usage: f64) -> f64 {
+/// The KV penalty for a usage between 0 and 1, in units of the penalty at half usage.
+fn kv_penalty_shape(usage: f64) -> f64 {
     let usage = if usage.is_finite() {
         usage.clamp(0.0, KV_USAGE_CLAMP)
     } else {
         0.0
     };
-    KV_PENALTY_SCALE_S * usage * usage / (1.0 - usage) * 2.0
+    usage * usage / (1.0 - usage) * 2.0
 }
 
 /// Step 5's hot test: above both `--balance-rel-threshold` times the fleet mean and the fleet

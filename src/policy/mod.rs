@@ -27,7 +27,9 @@ mod simple;
 
 pub use args::{CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyConfig, PolicyKind};
 pub use cache_aware::Affinity;
-pub use expected_wait::{Fleet, SpillGate, NEW_PREFIX_WAIT_SLACK};
+pub use expected_wait::{
+    Fleet, ScorerConfig, SpillGate, MEAN_PREFILL_TOKENS_DEFAULT, NEW_PREFIX_WAIT_SLACK,
+};
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
 pub use lookup::{Blocks, Heads, IndexLookup, Trees};
 pub use metrics::{render_prometheus, PolicyMetrics, TokenizerFigures, MATCH_RATIO_BOUNDS};
@@ -37,7 +39,8 @@ pub use recent::{RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW
 pub use record::{model_hash, KeyData, RecordKey};
 pub use router::{Router, WorkerView, LOG_TARGET};
 pub use simple::{
-    consistent_hashing, least_load, power_of_two, prefix_hash, prefix_hash_key, random, round_robin,
+    consistent_hashing, least_load, power_of_two, prefix_hash, prefix_hash_key, random,
+    round_robin, PrefixHashBalance,
 };
 
 use crate::ids::WorkerId;
@@ -61,13 +64,23 @@ pub struct WorkerLoad {
 }
 
 impl From<&LoadReport> for WorkerLoad {
-    /// The report as the policy reads it. Fields the engine did not report read as zero (never
-    /// as pressure): no signal is never a penalty.
+    /// The report as the built-in scorer reads it ([`WorkerLoad::from_report`]).
     fn from(report: &LoadReport) -> WorkerLoad {
+        WorkerLoad::from_report(report, expected_wait::MEAN_PREFILL_TOKENS_DEFAULT)
+    }
+}
+
+impl WorkerLoad {
+    /// The report as the policy reads it. Fields the engine did not report read as zero (never
+    /// as pressure): no signal is never a penalty. A queue reported in requests without its
+    /// tokens (vLLM through `/metrics`) counts `mean_prefill_tokens` per request, as SMG's
+    /// scorer does, instead of nothing.
+    pub fn from_report(report: &LoadReport, mean_prefill_tokens: u64) -> WorkerLoad {
+        let queue_estimate = report.waiting_requests.saturating_mul(mean_prefill_tokens);
         WorkerLoad {
             running: u32::try_from(report.running_requests).unwrap_or(u32::MAX),
             waiting: u32::try_from(report.waiting_requests).unwrap_or(u32::MAX),
-            waiting_uncached_tokens: report.waiting_uncached_tokens.unwrap_or(0),
+            waiting_uncached_tokens: report.waiting_uncached_tokens.unwrap_or(queue_estimate),
             token_usage: report.token_usage.unwrap_or(0.0),
             gen_throughput: report.gen_throughput_tps.unwrap_or(0.0),
             kv_capacity_tokens: report.max_total_tokens.unwrap_or(0),

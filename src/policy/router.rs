@@ -412,6 +412,7 @@ impl Router {
         tried: &TriedWorkers,
     ) -> Option<WorkerId> {
         let (roster, table, models) = (workers.roster, workers.table, workers.models);
+        let mean_prefill_tokens = self.config.scorer().mean_prefill_tokens;
         let active = roster.workers.iter().map(|w| (w.id, w.spec.url.as_str()));
         let status_of = |id: WorkerId| {
             let signals = table.signals(id);
@@ -421,7 +422,8 @@ impl Router {
             WorkerStatus {
                 eligible: table.is_eligible(id) && models.allows(id) && !tried.contains(id),
                 in_flight: table.inflight(id),
-                load: signals.peek_load().as_deref().map(WorkerLoad::from),
+                load: (signals.peek_load().as_deref())
+                    .map(|report| WorkerLoad::from_report(report, mean_prefill_tokens)),
                 credited_tokens: table.queued_tokens(id, generation),
                 resident_tokens: table.resident_tokens(id, generation),
                 drained_tokens: table.drained_tokens(id, generation),
@@ -572,7 +574,9 @@ impl Router {
             PolicyKind::RoundRobin => simple::round_robin(workers, &mut self.round_robin_cursor),
             PolicyKind::PowerOfTwo => simple::power_of_two(workers, rng),
             // cache_aware decides in `decide_cache_aware`; its scorer is least_load's.
-            PolicyKind::LeastLoad | PolicyKind::CacheAware => simple::least_load(workers, rng),
+            PolicyKind::LeastLoad | PolicyKind::CacheAware => {
+                simple::least_load(workers, &self.config.scorer(), rng)
+            }
             PolicyKind::PrefixHash => {
                 let key = simple::prefix_hash_key(
                     input.key(),
@@ -580,8 +584,11 @@ impl Router {
                     self.config.prefix_token_count,
                     &self.config.cache_boundaries,
                 );
-                let factor = self.config.prefix_hash_load_factor;
-                simple::prefix_hash(key, &self.ring, workers, factor, rng)
+                let balance = simple::PrefixHashBalance {
+                    load_factor: self.config.prefix_hash_load_factor,
+                    abs_threshold: self.config.prefix_hash_balance_abs_threshold,
+                };
+                simple::prefix_hash(key, &self.ring, workers, balance, rng)
             }
             PolicyKind::ConsistentHashing => {
                 let (target, key) = (input.target_worker(), input.routing_key_hash());

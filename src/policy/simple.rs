@@ -6,7 +6,7 @@
 use fastrand::Rng;
 use xxhash_rust::xxh3::Xxh3;
 
-use super::{Fleet, WorkerRing, WorkerStatus};
+use super::{Fleet, ScorerConfig, WorkerRing, WorkerStatus};
 use crate::ids::WorkerId;
 use crate::request::{PartitionNamespace, RoutingKey};
 
@@ -70,11 +70,39 @@ pub fn power_of_two(workers: &[WorkerStatus], rng: &mut Rng) -> Option<WorkerId>
         .map(slot_id)
 }
 
-/// The lowest expected wait among eligible workers, ties at random.
-pub fn least_load(workers: &[WorkerStatus], rng: &mut Rng) -> Option<WorkerId> {
-    Fleet::scan(workers)
+/// The lowest expected wait among eligible workers under `scorer`, ties at random. With
+/// `--least-load-max-waiting-requests`, workers whose waiting requests reach it are passed over
+/// while another eligible worker is below it.
+pub fn least_load(
+    workers: &[WorkerStatus],
+    scorer: &ScorerConfig,
+    rng: &mut Rng,
+) -> Option<WorkerId> {
+    let fleet = Fleet::scan_with(workers, scorer);
+    if let Some(cap) = scorer.max_waiting_requests {
+        let below_cap = |slot: &usize| waiting_requests(&workers[*slot]) < cap;
+        let pick = fleet.lowest_wait(workers, (0..workers.len()).filter(below_cap), rng);
+        if pick.is_some() {
+            return pick.map(slot_id);
+        }
+    }
+    fleet
         .lowest_wait(workers, 0..workers.len(), rng)
         .map(slot_id)
+}
+
+/// A worker's waiting requests as least_load's cap counts them: the reported queue plus this
+/// gateway's requests in flight beyond what the report shows running or queued (the
+/// dispatches since the report); without a report, every request in flight.
+fn waiting_requests(worker: &WorkerStatus) -> u32 {
+    match worker.load {
+        Some(load) => {
+            let reported = load.running.saturating_add(load.waiting);
+            load.waiting
+                .saturating_add(worker.in_flight.saturating_sub(reported))
+        }
+        None => worker.in_flight,
+    }
 }
 
 /// The hash of the request's head: the first `prefix_tokens` tokens, or with `boundaries` the
@@ -112,13 +140,24 @@ pub fn prefix_hash_key(
     hasher.digest()
 }
 
-/// `prefix_hash`: the key's owner on the ring, skipping workers at or above the bounded-load cap
-/// `ceil(load_factor * (in-flight total + 1) / eligible)`.
+/// How prefix_hash decides a worker is overloaded (`--prefix-hash-load-factor`,
+/// `--prefix-hash-balance-abs-threshold`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefixHashBalance {
+    /// The bounded-load factor.
+    pub load_factor: f64,
+    /// Requests above the fleet mean a worker must also be.
+    pub abs_threshold: f64,
+}
+
+/// `prefix_hash`: the key's owner on the ring, skipping overloaded workers: at or above the
+/// bounded-load cap `ceil(load_factor * (in-flight total + 1) / eligible)` and at least
+/// `abs_threshold` requests above the fleet mean (both, as SMG's gate).
 pub fn prefix_hash(
     key_hash: u64,
     ring: &WorkerRing,
     workers: &[WorkerStatus],
-    load_factor: f64,
+    balance: PrefixHashBalance,
     rng: &mut Rng,
 ) -> Option<WorkerId> {
     let fleet = Fleet::scan(workers);
@@ -126,11 +165,16 @@ pub fn prefix_hash(
         return None;
     }
     let total = fleet.in_flight_mean * f64::from(fleet.eligible);
-    let cap = (load_factor * (total + 1.0) / f64::from(fleet.eligible)).ceil();
-    let under_cap =
-        |id: WorkerId| eligible(workers, id) && f64::from(workers[id.index()].in_flight) < cap;
-    ring.walk(key_hash, under_cap)
-        .or_else(|| least_load(workers, rng))
+    let cap = (balance.load_factor * (total + 1.0) / f64::from(fleet.eligible)).ceil();
+    let abs_limit = fleet.in_flight_mean + balance.abs_threshold;
+    let not_overloaded = |id: WorkerId| {
+        eligible(workers, id) && {
+            let in_flight = f64::from(workers[id.index()].in_flight);
+            in_flight < cap || in_flight < abs_limit
+        }
+    };
+    ring.walk(key_hash, not_overloaded)
+        .or_else(|| least_load(workers, &ScorerConfig::BUILT_IN, rng))
 }
 
 /// `consistent_hashing`: the `x-smg-target-worker` worker when it is eligible; else the

@@ -543,7 +543,7 @@ fn expected_wait_uses_token_work_and_kv_usage() {
     for (workers, expected) in cases {
         for seed in 0..10 {
             assert_eq!(
-                least_load(&workers, &mut Rng::with_seed(seed)),
+                least_load(&workers, &ScorerConfig::BUILT_IN, &mut Rng::with_seed(seed)),
                 Some(WorkerId(expected)),
                 "{workers:?}"
             );
@@ -561,7 +561,7 @@ fn a_worker_without_a_report_is_scored_as_the_fleet_mean_not_as_empty() {
         ..WorkerStatus::default()
     });
     for seed in 0..20 {
-        let picked = least_load(&workers, &mut Rng::with_seed(seed));
+        let picked = least_load(&workers, &ScorerConfig::BUILT_IN, &mut Rng::with_seed(seed));
         assert_ne!(picked, Some(WorkerId(3)), "seed {seed}");
     }
 }
@@ -570,7 +570,7 @@ fn a_worker_without_a_report_is_scored_as_the_fleet_mean_not_as_empty() {
 fn a_worker_without_a_report_is_not_penalized() {
     let workers = vec![reporting(0.5, 4000), idle(1)[0]];
     assert_eq!(
-        least_load(&workers, &mut Rng::with_seed(1)),
+        least_load(&workers, &ScorerConfig::BUILT_IN, &mut Rng::with_seed(1)),
         Some(WorkerId(1))
     );
 }
@@ -624,6 +624,12 @@ fn ring(n: u16) -> WorkerRing {
     )
 }
 
+/// prefix_hash's bounded-load cap alone (`--prefix-hash-balance-abs-threshold 0`).
+const CAP_ONLY: PrefixHashBalance = PrefixHashBalance {
+    load_factor: 1.25,
+    abs_threshold: 0.0,
+};
+
 #[test]
 fn prefix_hash_is_stable_spreads_and_bounds_load() {
     let ring = ring(4);
@@ -640,16 +646,16 @@ fn prefix_hash_is_stable_spreads_and_bounds_load() {
     );
     assert_ne!(head(&tokens), head(&tokens[1..]));
     let mut rng = Rng::with_seed(1);
-    let owner = prefix_hash(head(&tokens), &ring, &workers, 1.25, &mut rng);
+    let owner = prefix_hash(head(&tokens), &ring, &workers, CAP_ONLY, &mut rng);
     assert_eq!(
         owner,
-        prefix_hash(head(&follow_up), &ring, &workers, 1.25, &mut rng)
+        prefix_hash(head(&follow_up), &ring, &workers, CAP_ONLY, &mut rng)
     );
     // Keys spread over all workers.
     let mut counts = [0u32; 4];
     for i in 0..400u32 {
         let key = prefix_hash_key(RoutingKey::Tokens(&[i, i + 1]), ns, 256, &[]);
-        counts[prefix_hash(key, &ring, &workers, 1.25, &mut rng)
+        counts[prefix_hash(key, &ring, &workers, CAP_ONLY, &mut rng)
             .unwrap_or_default()
             .index()] += 1;
     }
@@ -658,7 +664,7 @@ fn prefix_hash_is_stable_spreads_and_bounds_load() {
     let owner = owner.unwrap_or_default();
     let mut busy = idle(4);
     busy[owner.index()].in_flight = 10;
-    let moved = prefix_hash(head(&tokens), &ring, &busy, 1.25, &mut rng);
+    let moved = prefix_hash(head(&tokens), &ring, &busy, CAP_ONLY, &mut rng);
     assert!(moved.is_some() && moved != Some(owner));
 }
 
@@ -1103,9 +1109,10 @@ fn a_load_report_reads_unknown_fields_as_zero() {
     let report =
         parse_v1_loads(br#"{"loads":[{"num_running_reqs":3,"num_waiting_reqs":5}]}"#).unwrap();
     let load = WorkerLoad::from(&report);
+    // A queue without its token count is the mean prefill per request, not zero (SMG).
     assert_eq!(
         (load.running, load.waiting, load.waiting_uncached_tokens),
-        (3, 5, 0)
+        (3, 5, 5 * MEAN_PREFILL_TOKENS_DEFAULT)
     );
     assert_eq!((load.token_usage, load.gen_throughput), (0.0, 0.0));
     let full = parse_v1_loads(
@@ -1147,4 +1154,196 @@ fn a_retried_request_counts_once_in_the_branch_counter() {
         .expect("valid");
     router.choose(&prepared, workers(), idle).expect("routed");
     assert_eq!(metrics.branch_count(Branch::TreeMatch), 2);
+}
+
+// ---- SMG's least_load and prefix_hash flags ----
+
+/// least_load's pick over `workers` with `flags` (the policy's scorer, as the router reads it).
+fn least_load_with(flags: &[&str], workers: &[WorkerStatus]) -> Option<WorkerId> {
+    let mut args = vec!["--policy", "least_load"];
+    args.extend_from_slice(flags);
+    let config = parse(&args).expect("valid flags");
+    least_load(workers, &config.scorer(), &mut Rng::with_seed(3))
+}
+
+#[test]
+fn least_load_flags_have_smgs_defaults_and_reach_only_least_load() {
+    let config = parse(&["--policy", "least_load"]).expect("defaults");
+    let expected = ScorerConfig {
+        kv_penalty_half_usage_s: 0.15,
+        throughput_fallback_tps: 2000.0,
+        mean_prefill_tokens: 1024,
+        max_waiting_requests: None,
+    };
+    assert_eq!(config.scorer(), expected);
+    assert_eq!(config.prefix_hash_balance_abs_threshold, 10.0);
+    // cache_aware runs the scorer with its built-in knobs whatever the flags say.
+    let cache_aware = parse(&["--least-load-kv-pressure-weight", "5"]).expect("valid");
+    assert_eq!(cache_aware.scorer(), ScorerConfig::BUILT_IN);
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--least-load-kv-pressure-weight=-1"],
+            "--least-load-kv-pressure-weight",
+        ),
+        (
+            &["--least-load-default-throughput", "0"],
+            "--least-load-default-throughput",
+        ),
+        (
+            &["--least-load-default-throughput", "inf"],
+            "--least-load-default-throughput",
+        ),
+        (
+            &["--least-load-mean-prefill-tokens", "0"],
+            "--least-load-mean-prefill-tokens",
+        ),
+        (
+            &["--prefix-hash-load-factor", "0.5"],
+            "--prefix-hash-load-factor",
+        ),
+    ];
+    for (args, flag) in cases {
+        assert_eq!(parse(args).expect_err(flag).flag, flag, "{args:?}");
+    }
+    assert!(Cli::try_parse_from(["kvgate", "--least-load-max-waiting-requests", "-1"]).is_err());
+    assert!(Cli::try_parse_from(["kvgate", "--prefix-hash-balance-abs-threshold", "x"]).is_err());
+}
+
+#[test]
+fn least_load_kv_pressure_weight_trades_kv_usage_against_queued_work() {
+    // Worker 0: half-full cache, no queue; worker 1: empty cache, 0.5 s of queued prefill.
+    let workers = [reporting(0.5, 0), reporting(0.0, 500)];
+    // SMG's default weight (0.15 s at half usage) prefers the fuller cache...
+    assert_eq!(least_load_with(&[], &workers), Some(WorkerId(0)));
+    // ...a weight of 1 s makes it the worse wait.
+    let heavy = ["--least-load-kv-pressure-weight", "1"];
+    assert_eq!(least_load_with(&heavy, &workers), Some(WorkerId(1)));
+}
+
+#[test]
+fn least_load_default_throughput_converts_queues_when_no_worker_reports_one() {
+    let silent = |usage, tokens| {
+        let mut w = reporting(usage, tokens);
+        w.load = w.load.map(|l| WorkerLoad {
+            gen_throughput: 0.0,
+            ..l
+        });
+        w
+    };
+    // 1,000 queued tokens at the default 2,000 tokens/s: 0.5 s, more than 0.15 s of KV penalty.
+    let workers = [silent(0.0, 1000), silent(0.5, 0)];
+    assert_eq!(least_load_with(&[], &workers), Some(WorkerId(1)));
+    let fast = ["--least-load-default-throughput", "20000"];
+    assert_eq!(least_load_with(&fast, &workers), Some(WorkerId(0)));
+}
+
+#[test]
+fn a_queue_without_token_counts_is_scored_at_the_mean_prefill_not_as_empty() {
+    // vLLM through /metrics: 4 waiting requests, no token count.
+    let vllm = crate::workers::load::parse_prometheus(
+        "vllm:num_requests_running 1\nvllm:num_requests_waiting 4\nvllm:kv_cache_usage_perc 0.1\n",
+    )
+    .expect("a vLLM report");
+    assert_eq!(vllm.waiting_uncached_tokens, None);
+    let queued = |load: WorkerLoad| WorkerStatus {
+        eligible: true,
+        load: Some(WorkerLoad {
+            gen_throughput: 1000.0,
+            ..load
+        }),
+        ..WorkerStatus::default()
+    };
+    // The built-in scorer (cache_aware's): 4 x 1,024 tokens queued.
+    let built_in = WorkerLoad::from(&vllm);
+    assert_eq!(
+        built_in.waiting_uncached_tokens,
+        4 * MEAN_PREFILL_TOKENS_DEFAULT
+    );
+    // The other worker has 2,000 known tokens queued: less than 4,096, so it waits less.
+    let workers = [queued(built_in), reporting(0.1, 2000)];
+    let miss = decide(None, &workers, &cfg(), 1);
+    assert_eq!(miss.worker, WorkerId(1), "{miss:?}");
+    // least_load with a smaller mean prefill: 400 tokens queued, the shorter wait.
+    let config = parse(&[
+        "--policy",
+        "least_load",
+        "--least-load-mean-prefill-tokens",
+        "100",
+    ])
+    .expect("valid");
+    let small = WorkerLoad::from_report(&vllm, config.scorer().mean_prefill_tokens);
+    assert_eq!(small.waiting_uncached_tokens, 400);
+    let workers = [queued(small), reporting(0.1, 2000)];
+    assert_eq!(
+        least_load(&workers, &config.scorer(), &mut Rng::with_seed(1)),
+        Some(WorkerId(0))
+    );
+    // A report with a token count keeps it, even zero (every queued prompt cached).
+    let sglang =
+        parse_v1_loads(br#"{"loads":[{"num_waiting_reqs":3,"num_waiting_uncached_tokens":0}]}"#)
+            .expect("an SGLang report");
+    assert_eq!(WorkerLoad::from(&sglang).waiting_uncached_tokens, 0);
+}
+
+#[test]
+fn least_load_max_waiting_requests_passes_over_long_queues_while_another_is_shorter() {
+    let waiting = |waiting, tokens| WorkerStatus {
+        eligible: true,
+        load: Some(WorkerLoad {
+            waiting,
+            waiting_uncached_tokens: tokens,
+            gen_throughput: 1000.0,
+            ..WorkerLoad::default()
+        }),
+        ..WorkerStatus::default()
+    };
+    // Worker 0: 8 short queued requests (little work); worker 1: 2 long ones.
+    let workers = [waiting(8, 800), waiting(2, 4000)];
+    assert_eq!(least_load_with(&[], &workers), Some(WorkerId(0)));
+    let capped = ["--least-load-max-waiting-requests", "8"];
+    assert_eq!(least_load_with(&capped, &workers), Some(WorkerId(1)));
+    // Requests this gateway sent since the report count as waiting too.
+    let mut since = [waiting(2, 800), waiting(2, 4000)];
+    since[0].in_flight = 8;
+    assert_eq!(least_load_with(&capped, &since), Some(WorkerId(1)));
+    // Every worker at the cap: the plain pick, not a refusal.
+    let full = [waiting(9, 800), waiting(9, 4000)];
+    assert_eq!(least_load_with(&capped, &full), Some(WorkerId(0)));
+}
+
+#[test]
+fn prefix_hash_balance_abs_threshold_keeps_a_key_on_a_mildly_busier_owner() {
+    let ring = ring(4);
+    let key = prefix_hash_key(
+        RoutingKey::Tokens(&[1, 2, 3]),
+        PartitionNamespace::UNPARTITIONED,
+        256,
+        &[],
+    );
+    let owner =
+        prefix_hash(key, &ring, &idle(4), CAP_ONLY, &mut Rng::with_seed(1)).expect("an owner");
+    let mut busy = idle(4);
+    busy[owner.index()].in_flight = 5;
+    // Over the bounded-load cap (ceil(1.25 x 6 / 4) = 2) but within 10 of the mean (1.25).
+    let smg_default = PrefixHashBalance {
+        load_factor: 1.25,
+        abs_threshold: 10.0,
+    };
+    let mut rng = Rng::with_seed(1);
+    assert_eq!(
+        prefix_hash(key, &ring, &busy, smg_default, &mut rng),
+        Some(owner)
+    );
+    assert_ne!(
+        prefix_hash(key, &ring, &busy, CAP_ONLY, &mut rng),
+        Some(owner)
+    );
+    // Far above the mean: passed over either way.
+    busy[owner.index()].in_flight = 40;
+    assert_ne!(
+        prefix_hash(key, &ring, &busy, smg_default, &mut rng),
+        Some(owner)
+    );
+    let config = parse(&["--prefix-hash-balance-abs-threshold", "3"]).expect("valid");
+    assert_eq!(config.prefix_hash_balance_abs_threshold, 3.0);
 }
