@@ -481,3 +481,72 @@ fn disable_load_monitoring_stops_polls_only_for_policies_that_ignore_loads() {
     );
     assert!(wait_until(TIMEOUT, || polled(&default)));
 }
+
+/// The spec's "Useful PromQL Queries", each of which the dashboard carries as a panel's query.
+const SPEC_QUERIES: [&str; 6] = [
+    r#"sum(rate(smg_cache_aware_policy_branch_total{branch="tree_match"}[5m])) / sum(rate(smg_cache_aware_policy_branch_total[5m]))"#,
+    r#"sum(rate(smg_cache_aware_policy_branch_total{branch="spill"}[5m])) / sum(rate(smg_cache_aware_policy_branch_total[5m]))"#,
+    "histogram_quantile(0.5, sum by (le) (rate(smg_cache_aware_match_ratio_bucket[5m])))",
+    "avg by (worker) (smg_engine_cache_hit_rate)",
+    "stddev(smg_worker_requests_active) / avg(smg_worker_requests_active)",
+    "max by (model) (smg_cache_tree_tokens)",
+];
+
+/// The metric names a PromQL expression reads: its identifiers in kvgate's namespaces.
+fn metric_names(expr: &str) -> Vec<&str> {
+    expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|word| word.starts_with("smg_") || word.starts_with("kvgate_"))
+        .collect()
+}
+
+#[test]
+fn the_grafana_dashboard_loads_and_queries_only_exported_metrics() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/kvgate.json");
+    let text = std::fs::read_to_string(&path).expect("deploy/grafana/kvgate.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(dashboard["uid"], "kvgate");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut ids = BTreeSet::new();
+    let mut exprs = Vec::new();
+    for panel in panels {
+        assert!(
+            ids.insert(panel["id"].as_u64().expect("numeric id")),
+            "{panel}"
+        );
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "{panel}");
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{panel}");
+        for target in targets {
+            exprs.push(target["expr"].as_str().expect("expr").to_string());
+        }
+    }
+    let squash = |s: &str| s.split_whitespace().collect::<String>();
+    for query in SPEC_QUERIES {
+        assert!(
+            exprs.iter().any(|e| squash(e) == squash(query)),
+            "the spec's query is not on the dashboard: {query}"
+        );
+    }
+    // Every metric a query reads is in a live scrape after traffic.
+    let (_sim, gateway) = fleet_and_gateway();
+    send_traffic(&gateway, 6);
+    assert!(wait_until(TIMEOUT, || gateway
+        .metrics()
+        .contains("smg_cache_tree_tokens{")));
+    let scrape = gateway.metrics();
+    let exported = |name: &str| {
+        scrape
+            .lines()
+            .any(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+    };
+    for expr in &exprs {
+        let names = metric_names(expr);
+        assert!(!names.is_empty(), "no kvgate metric in {expr}");
+        for name in names {
+            assert!(
+                exported(name),
+                "{name} (in {expr}) is not in the scrape:\n{scrape}"
+            );
+        }
+    }
+}
