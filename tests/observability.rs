@@ -164,8 +164,16 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
             "counter",
             &["path", "status_code"],
         ),
-        ("smg_http_request_duration_seconds", "histogram", &["path"]),
-        ("kvgate_http_request_e2e_seconds", "histogram", &["path"]),
+        (
+            "smg_http_request_duration_seconds",
+            "histogram",
+            &["method", "path"],
+        ),
+        (
+            "kvgate_http_request_e2e_seconds",
+            "histogram",
+            &["method", "path"],
+        ),
         ("kvgate_data_core_requests_total", "counter", &["core"]),
         ("kvgate_upstream_retries_total", "counter", &[]),
         ("kvgate_upstream_connect_errors_total", "counter", &[]),

@@ -608,7 +608,7 @@ async fn stream_back(
     let head_written = write_client(client).await;
     core.metrics().observe_latency(
         Latency::FirstByte,
-        client.endpoint,
+        (method, client.endpoint),
         client.started.elapsed(),
     );
     if !head_written {

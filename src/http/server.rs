@@ -164,9 +164,9 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
     let elapsed = started.elapsed();
     if !head_timed {
         // A local answer is written in one piece: its head and its end are the same moment.
-        metrics.observe_latency(Latency::FirstByte, endpoint, elapsed);
+        metrics.observe_latency(Latency::FirstByte, (method, endpoint), elapsed);
     }
-    metrics.observe_latency(Latency::EndToEnd, endpoint, elapsed);
+    metrics.observe_latency(Latency::EndToEnd, (method, endpoint), elapsed);
     metrics.record_request(method, endpoint, answered.status);
     answered.connection
 }

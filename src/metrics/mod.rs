@@ -5,7 +5,7 @@
 //! contended atomic, and never an allocation. `Metrics::render` sums the slots when `/metrics`
 //! is scraped; requests are also rendered per data core (`kvgate_data_core_requests_total`).
 //!
-//! Two latency histograms per path ([`Latency`]): `smg_http_request_duration_seconds` (SMG's
+//! Two latency histograms per method and path ([`Latency`]): `smg_http_request_duration_seconds` (SMG's
 //! name and meaning: from the request read to the response head written) and
 //! `kvgate_http_request_e2e_seconds` (to the last response byte written), both with
 //! [`LATENCY_BOUNDS_S`] buckets.
@@ -52,19 +52,22 @@ const LATENCY_DEFS: [(&str, &str); 2] = [
     ),
 ];
 
-/// One histogram per path: non-cumulative bucket counts (the last is `+Inf`) and the sum in
-/// microseconds (an integer, so a single writer can add to it with a plain store).
+/// One histogram per method and path (SMG's labels): non-cumulative bucket counts (the last is
+/// `+Inf`) and the sum in microseconds (an integer, so a single writer adds with a plain store).
 #[derive(Debug)]
 struct LatencyHistogram {
-    buckets: [[AtomicU64; LATENCY_BUCKETS]; Endpoint::COUNT],
-    sum_us: [AtomicU64; Endpoint::COUNT],
+    buckets: [[[AtomicU64; LATENCY_BUCKETS]; Endpoint::COUNT]; METHODS.len()],
+    sum_us: [[AtomicU64; Endpoint::COUNT]; METHODS.len()],
 }
 
 impl LatencyHistogram {
     fn new() -> Self {
+        let zero = || AtomicU64::new(0);
         LatencyHistogram {
-            buckets: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
-            sum_us: std::array::from_fn(|_| AtomicU64::new(0)),
+            buckets: std::array::from_fn(|_| {
+                std::array::from_fn(|_| std::array::from_fn(|_| zero()))
+            }),
+            sum_us: std::array::from_fn(|_| std::array::from_fn(|_| zero())),
         }
     }
 }
@@ -238,16 +241,19 @@ impl CoreMetrics {
         }
     }
 
-    /// Observes one request's latency of kind `which` for `endpoint`.
-    pub fn observe_latency(&self, which: Latency, endpoint: Endpoint, elapsed: Duration) {
+    /// Observes one request's latency of kind `which` for `method` and `endpoint`.
+    pub fn observe_latency(
+        &self,
+        which: Latency,
+        (method, endpoint): (Method, Endpoint),
+        elapsed: Duration,
+    ) {
         let histogram = &self.latency[which as usize];
-        let e = endpoint as usize;
-        bump(
-            &histogram.buckets[e][latency_bucket(elapsed.as_secs_f64())],
-            1,
-        );
+        let (m, e) = (method_slot(method), endpoint as usize);
+        let bucket = latency_bucket(elapsed.as_secs_f64());
+        bump(&histogram.buckets[m][e][bucket], 1);
         let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        bump(&histogram.sum_us[e], micros);
+        bump(&histogram.sum_us[m][e], micros);
     }
 
     /// Requests this core counted (every method, path and status).
@@ -345,41 +351,39 @@ impl Metrics {
         }
     }
 
-    /// One latency histogram, per path with at least one observation.
+    /// One latency histogram, per method and path with at least one observation.
     fn render_latency(&self, which: usize, name: &str, help: &str, out: &mut String) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for endpoint in Endpoint::ALL {
-            let e = endpoint as usize;
-            let count_in = |bucket: usize| -> u64 {
-                self.cores
+        for (m, (method, _)) in METHODS.iter().enumerate() {
+            for endpoint in Endpoint::ALL {
+                let e = endpoint as usize;
+                let count_in = |bucket: usize| -> u64 {
+                    self.cores
+                        .iter()
+                        .map(|c| c.latency[which].buckets[m][e][bucket].load(Ordering::Relaxed))
+                        .sum()
+                };
+                if (0..LATENCY_BUCKETS).map(count_in).sum::<u64>() == 0 {
+                    continue;
+                }
+                let labels = format!("method=\"{method}\",path=\"{}\"", endpoint.label());
+                let mut cumulative = 0u64;
+                for bucket in 0..LATENCY_BUCKETS {
+                    cumulative += count_in(bucket);
+                    let le = LATENCY_BOUNDS_S
+                        .get(bucket)
+                        .map_or_else(|| "+Inf".to_string(), f64::to_string);
+                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+                }
+                let sum_us: u64 = self
+                    .cores
                     .iter()
-                    .map(|c| c.latency[which].buckets[e][bucket].load(Ordering::Relaxed))
-                    .sum()
-            };
-            let total: u64 = (0..LATENCY_BUCKETS).map(count_in).sum();
-            if total == 0 {
-                continue;
+                    .map(|c| c.latency[which].sum_us[m][e].load(Ordering::Relaxed))
+                    .sum();
+                let sum_s = sum_us as f64 / 1e6;
+                let _ = writeln!(out, "{name}_sum{{{labels}}} {sum_s}");
+                let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
             }
-            let path = endpoint.label();
-            let mut cumulative = 0u64;
-            for bucket in 0..LATENCY_BUCKETS {
-                cumulative += count_in(bucket);
-                let le = LATENCY_BOUNDS_S
-                    .get(bucket)
-                    .map_or_else(|| "+Inf".to_string(), f64::to_string);
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{{path=\"{path}\",le=\"{le}\"}} {cumulative}"
-                );
-            }
-            let sum_us: u64 = self
-                .cores
-                .iter()
-                .map(|c| c.latency[which].sum_us[e].load(Ordering::Relaxed))
-                .sum();
-            let sum_s = sum_us as f64 / 1e6;
-            let _ = writeln!(out, "{name}_sum{{path=\"{path}\"}} {sum_s}");
-            let _ = writeln!(out, "{name}_count{{path=\"{path}\"}} {cumulative}");
         }
     }
 
@@ -477,26 +481,26 @@ mod tests {
         let ms = Duration::from_millis;
         metrics
             .core(0)
-            .observe_latency(Latency::FirstByte, chat, ms(3));
+            .observe_latency(Latency::FirstByte, (Method::Post, chat), ms(3));
         metrics
             .core(1)
-            .observe_latency(Latency::FirstByte, chat, ms(40));
+            .observe_latency(Latency::FirstByte, (Method::Post, chat), ms(40));
         metrics
             .core(1)
-            .observe_latency(Latency::EndToEnd, chat, ms(400));
+            .observe_latency(Latency::EndToEnd, (Method::Post, chat), ms(400));
         let mut text = String::new();
         metrics.render(&mut text);
         for line in [
             "# TYPE smg_http_request_duration_seconds histogram",
-            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.0025\"} 0",
-            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.005\"} 1",
-            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.05\"} 2",
-            "smg_http_request_duration_seconds_bucket{path=\"/v1/chat/completions\",le=\"+Inf\"} 2",
-            "smg_http_request_duration_seconds_sum{path=\"/v1/chat/completions\"} 0.043",
-            "smg_http_request_duration_seconds_count{path=\"/v1/chat/completions\"} 2",
-            "kvgate_http_request_e2e_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.25\"} 0",
-            "kvgate_http_request_e2e_seconds_bucket{path=\"/v1/chat/completions\",le=\"0.5\"} 1",
-            "kvgate_http_request_e2e_seconds_count{path=\"/v1/chat/completions\"} 1",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.0025\"} 0",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.005\"} 1",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.05\"} 2",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"+Inf\"} 2",
+            "smg_http_request_duration_seconds_sum{method=\"POST\",path=\"/v1/chat/completions\"} 0.043",
+            "smg_http_request_duration_seconds_count{method=\"POST\",path=\"/v1/chat/completions\"} 2",
+            "kvgate_http_request_e2e_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.25\"} 0",
+            "kvgate_http_request_e2e_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.5\"} 1",
+            "kvgate_http_request_e2e_seconds_count{method=\"POST\",path=\"/v1/chat/completions\"} 1",
             "kvgate_data_core_requests_total{core=\"0\"} 1",
             "kvgate_data_core_requests_total{core=\"1\"} 2",
         ] {
