@@ -434,20 +434,22 @@ fn prom_sample(signal: PromSignal, value: f64) -> RankSample {
 /// `--worker-overload-waiting-requests`); unset limits are off (SMG's default).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OverloadConfig {
-    /// Exclude a worker whose reported KV usage is above this fraction.
+    /// Exclude a worker whose reported KV usage is at or above this fraction.
     pub token_usage: Option<f64>,
-    /// Exclude a worker whose reported queue is longer than this.
+    /// Exclude a worker whose reported queue is at least this long.
     pub waiting_requests: Option<u64>,
 }
 
 impl OverloadConfig {
-    /// Whether the worker is over a limit. A worker without a report, or without the field a
-    /// limit reads, is never excluded: no signal is never a penalty.
+    /// Whether the worker is at or above a limit (SMG's comparison is inclusive). A worker
+    /// without a report, or without the field a limit reads, is never excluded: no signal is
+    /// never a penalty.
     pub fn is_overloaded(&self, report: Option<&LoadReport>) -> bool {
         let Some(r) = report else { return false };
         let usage_over =
-            matches!((self.token_usage, r.token_usage), (Some(limit), Some(u)) if u > limit);
-        let queue_over = matches!(self.waiting_requests, Some(limit) if r.waiting_requests > limit);
+            matches!((self.token_usage, r.token_usage), (Some(limit), Some(u)) if u >= limit);
+        let queue_over =
+            matches!(self.waiting_requests, Some(limit) if r.waiting_requests >= limit);
         usage_over || queue_over
     }
 }
@@ -682,8 +684,12 @@ mod tests {
         assert!(c.is_overloaded(Some(&r)));
         r.token_usage = None;
         assert!(!c.is_overloaded(Some(&r)));
-        r.waiting_requests = 11;
-        assert!(c.is_overloaded(Some(&r)));
+        r.waiting_requests = 10;
+        assert!(c.is_overloaded(Some(&r)), "at the limit is over it");
+        r.waiting_requests = 9;
+        assert!(!c.is_overloaded(Some(&r)));
+        r.token_usage = Some(0.9);
+        assert!(c.is_overloaded(Some(&r)), "at the limit is over it");
         assert!(!c.is_overloaded(None));
         assert!(!OverloadConfig::default().is_overloaded(Some(&r)));
     }

@@ -83,10 +83,10 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub disable_retries: bool,
 
-    /// Exclude a worker from routing while its reported KV usage is above this fraction.
+    /// Exclude a worker from routing while its reported KV usage is at or above this fraction.
     #[arg(long)]
     pub worker_overload_token_usage: Option<f64>,
-    /// Exclude a worker from routing while its reported queue is longer than this.
+    /// Exclude a worker from routing while it reports at least this many waiting requests.
     #[arg(long)]
     pub worker_overload_waiting_requests: Option<u64>,
     /// Turn overload protection on with SMG's default threshold: KV usage 0.9 unless
@@ -352,6 +352,13 @@ impl WorkerArgs {
                 ));
             }
         }
+        if self.worker_overload_waiting_requests == Some(0) {
+            // At or above 0 would exclude every worker that reports a queue.
+            return Err(bad(
+                "--worker-overload-waiting-requests",
+                "0 must be at least 1",
+            ));
+        }
         let default_usage =
             (self.worker_overload_protection).then_some(OVERLOAD_TOKEN_USAGE_DEFAULT);
         Ok(OverloadConfig {
@@ -552,6 +559,10 @@ mod tests {
             (
                 &["--worker-overload-token-usage", "2"],
                 "worker-overload-token-usage",
+            ),
+            (
+                &["--worker-overload-waiting-requests", "0"],
+                "worker-overload-waiting-requests",
             ),
             (&["--load-monitor-interval", "0"], "load-monitor-interval"),
             (&["--admin-api-key", " "], "admin-api-key"),
