@@ -212,6 +212,10 @@ fn bench_decide(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(7);
     let workers = fleet(&mut rng);
     let config = CacheAwareConfig::default();
+    let load_aware = CacheAwareConfig {
+        load_aware_affinity: true,
+        ..config
+    };
     let mut group = c.benchmark_group("decide");
     let mut input = RoutingInput::new();
     let mut decision_rng = Rng::with_seed(1);
@@ -259,24 +263,30 @@ fn bench_decide(c: &mut Criterion, sizes: &Sizes) -> u64 {
                 tenants_len: 0,
                 ..tree
             };
-            for (kind, tree) in [("select_only", &tree), ("select_miss", &miss)] {
+            // And the hit under --load-aware-affinity: every worker's completion cost.
+            let cases = [
+                ("select_only", &tree, &config),
+                ("select_miss", &miss, &config),
+                ("select_load_aware", &tree, &load_aware),
+            ];
+            for (kind, tree, config) in cases {
                 group.bench_function(BenchmarkId::new(format!("{kind}_{name}"), tokens), |b| {
                     b.iter(|| {
                         black_box(cache_aware::select(
                             Some(black_box(tree)),
                             &workers,
-                            &config,
+                            config,
                             tokens as u64,
                             &mut decision_rng,
                         ))
                     })
                 });
             }
-            for tree in [&tree, &miss] {
+            for (_, tree, config) in cases {
                 let d = cache_aware::select(
                     Some(tree),
                     &workers,
-                    &config,
+                    config,
                     tokens as u64,
                     &mut decision_rng,
                 );

@@ -92,6 +92,12 @@ pub struct PolicyArgs {
     /// Token-tree page size: matches count whole pages only.
     #[arg(long, default_value_t = 16)]
     pub block_size: u32,
+    /// cache_aware: keep a prefix's holders only while one would complete the request at no more
+    /// cost (queued prefill, its uncached prefill, the batch it joins) than the cheapest
+    /// non-holder prefilling it whole; otherwise that worker takes it and becomes a holder, so a
+    /// hot prefix replicates before it queues. Replaces the spill gate; off: SMG's behaviour.
+    #[arg(long)]
+    pub load_aware_affinity: bool,
     /// Per-model tree budget: characters (string tree) or tokens (token tree).
     #[arg(long, default_value_t = 67_108_864)]
     pub max_tree_size: u64,
@@ -176,6 +182,8 @@ pub struct CacheAwareConfig {
     pub selection_temperature: f64,
     /// `--block-size`.
     pub block_size: u32,
+    /// `--load-aware-affinity`.
+    pub load_aware_affinity: bool,
 }
 
 impl Default for CacheAwareConfig {
@@ -258,6 +266,7 @@ impl PolicyArgs {
                 self.selection_temperature,
             )?,
             block_size: positive("--block-size", self.block_size)?,
+            load_aware_affinity: self.load_aware_affinity,
         };
         self.validate_boundaries()?;
         if !(self.prefix_hash_load_factor.is_finite() && self.prefix_hash_load_factor >= 1.0) {

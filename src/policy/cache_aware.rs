@@ -7,6 +7,7 @@
 
 use fastrand::Rng;
 
+use super::expected_wait::LowestPick;
 use super::{Branch, CacheAwareConfig, Decision, Fleet, SpillGate, WorkerStatus};
 use crate::ids::WorkerId;
 use crate::index::hash::HeadMatch;
@@ -106,13 +107,32 @@ pub fn select<'a>(
             // The match ratio of the decision log: the best holder's share of the request.
             let held = blocks.holders().first().map_or(0, |(_, held)| *held);
             let ratio = f64::from(held) / f64::from(blocks.request_blocks.max(1));
+            let block_size = u64::from(blocks.block_size);
+            let cached = |slot: usize| {
+                let held = blocks.holders().iter().find(|(w, _)| w.index() == slot);
+                held.map_or(0, |(_, held)| u64::from(*held) * block_size)
+            };
+            let decide = |branch, slot| decide(branch, slot, ratio);
+            let branches = (Branch::EventOverlap, Branch::Replicate, Branch::EventSpill);
+            if let Some(decision) = load_aware_gate(
+                &fleet,
+                &group,
+                workers,
+                config,
+                (request_tokens, cached),
+                rng,
+                decide,
+                branches,
+            ) {
+                return Some(decision);
+            }
             return Some(spill_gate(
                 &fleet,
                 group,
                 workers,
                 config,
                 rng,
-                |branch, slot| decide(branch, slot, ratio),
+                decide,
                 (Branch::EventOverlap, Branch::EventSpill),
             ));
         }
@@ -137,6 +157,25 @@ pub fn select<'a>(
         head_tokens,
         ..decide(branch, slot, match_ratio)
     };
+    // Every candidate holds the same prefix: the matched share of the request (the tree's match
+    // is in characters for text; its ratio carries over to the token estimate), or the deepest
+    // held head.
+    let cached_tokens = match head_tokens {
+        0 => (match_ratio * request_tokens as f64) as u64,
+        tokens => u64::from(tokens).min(request_tokens),
+    };
+    if let Some(decision) = load_aware_gate(
+        &fleet,
+        &candidates,
+        workers,
+        config,
+        (request_tokens, |_| cached_tokens),
+        rng,
+        decide,
+        (hit, Branch::Replicate, spill),
+    ) {
+        return Some(decision);
+    }
     Some(spill_gate(
         &fleet,
         candidates,
@@ -171,6 +210,62 @@ fn spill_gate<const N: usize>(
         .or_else(|| fleet.lowest_wait(workers, all_slots, rng))
         .unwrap_or(0);
     decide(spill, slot)
+}
+
+/// 5 under `--load-aware-affinity`: the candidate that would complete the request at the
+/// lowest cost ([`Fleet::completion_cost`], with its cached tokens from `cached`) keeps it
+/// (`hit`) unless an eligible non-holder would complete it at a lower cost even prefilling the
+/// whole prompt and caching a second copy of it ([`Fleet::replica_cost`]): then that one takes it (`replicate`) and, recorded at step 7, becomes a holder,
+/// so a hot prefix spreads before its holders' queues and batches grow. Both costs grow with
+/// the batch they join, so the second holder draws requests until the two cost the same, and
+/// a third is added only when both are a replica's cost dearer than it. No eligible candidate:
+/// the cheapest non-holder (`spill`). Ties: fewer requests in flight, then uniformly at random.
+///
+/// The batch term weighs each request in flight by the KV tokens a running request holds in the
+/// engines' reports; until a report shows one (the first `--load-monitor-interval` after start,
+/// or an idle fleet), by this request's tokens: no prefix sharing is known yet, which spreads a
+/// burst of one prefix early rather than letting its first holder's batch grow for a whole
+/// report interval. `None` (the caller runs the spill gate) when the mode is off.
+#[allow(clippy::too_many_arguments)]
+fn load_aware_gate<const N: usize>(
+    fleet: &Fleet,
+    candidates: &Candidates<N>,
+    workers: &[WorkerStatus],
+    config: &CacheAwareConfig,
+    (request_tokens, cached): (u64, impl Fn(usize) -> u64),
+    rng: &mut Rng,
+    decide: impl Fn(Branch, usize) -> Decision,
+    (hit, replicate, spill): (Branch, Branch, Branch),
+) -> Option<Decision> {
+    if !config.load_aware_affinity {
+        return None;
+    }
+    let per_request = fleet
+        .kv_tokens_per_request()
+        .unwrap_or(request_tokens as f64);
+    let mut holder = LowestPick::default();
+    for slot in candidates.slots() {
+        let uncached = request_tokens.saturating_sub(cached(slot));
+        let worker = &workers[slot];
+        let cost = fleet.completion_cost(worker, uncached, per_request);
+        holder.offer(slot, (cost, worker.in_flight), rng);
+    }
+    let mut other = LowestPick::default();
+    for (slot, worker) in workers.iter().enumerate() {
+        if worker.eligible && !candidates.slots().any(|c| c == slot) {
+            let cost = fleet.replica_cost(worker, request_tokens, per_request);
+            other.offer(slot, (cost, worker.in_flight), rng);
+        }
+    }
+    Some(match (holder.best(), other.best()) {
+        (Some((_, held)), Some((other_slot, other))) if other.0 < held.0 => {
+            decide(replicate, other_slot)
+        }
+        (Some((slot, _)), _) => decide(hit, slot),
+        (None, Some((slot, _))) => decide(spill, slot),
+        // `fleet` has an eligible worker, so one of the two picks has a slot.
+        (None, None) => decide(spill, 0),
+    })
 }
 
 fn worker_id(slot: usize) -> WorkerId {

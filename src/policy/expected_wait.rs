@@ -82,6 +82,10 @@ pub struct Fleet {
     scores_reports: bool,
     /// The KV penalty at half usage, in seconds.
     kv_penalty_half_usage_s: f64,
+    /// KV-cache tokens one running request holds, over the fleet's reports (its own tokens plus
+    /// its share of the prefixes it shares): what one more request in a worker's batch weighs in
+    /// [`Fleet::completion_cost`]. `None` when no report shows a running request.
+    kv_tokens_per_request: Option<f64>,
 }
 
 impl Fleet {
@@ -96,6 +100,7 @@ impl Fleet {
         let (mut throughput_sum, mut throughput_count) = (0.0f64, 0u32);
         let mut kv_usage_range: Option<(f64, f64)> = None;
         let (mut reports, mut usage_sum, mut capacity_sum) = (0u32, 0.0f64, 0u64);
+        let (mut used_tokens_sum, mut running_sum) = (0.0f64, 0u64);
         for worker in workers.iter().filter(|w| w.eligible) {
             eligible += 1;
             in_flight_sum += u64::from(worker.in_flight);
@@ -111,6 +116,10 @@ impl Fleet {
             if load.gen_throughput > 0.0 {
                 throughput_sum += load.gen_throughput;
                 throughput_count += 1;
+            }
+            if load.running > 0 && load.kv_capacity_tokens > 0 {
+                used_tokens_sum += usage * load.kv_capacity_tokens as f64;
+                running_sum += u64::from(load.running);
             }
         }
         let throughput = if throughput_count == 0 {
@@ -135,6 +144,8 @@ impl Fleet {
             unreported,
             scores_reports: kv_usage_range.is_some(),
             kv_penalty_half_usage_s: scorer.kv_penalty_half_usage_s,
+            kv_tokens_per_request: (running_sum > 0 && used_tokens_sum > 0.0)
+                .then(|| used_tokens_sum / running_sum as f64),
         }
     }
 
@@ -165,11 +176,7 @@ impl Fleet {
             return f64::from(worker.in_flight);
         }
         let load = worker.load.unwrap_or(self.unreported);
-        // The report's queue less what is known to have left it since, plus what was sent since.
-        let reported_queue = load
-            .waiting_uncached_tokens
-            .saturating_sub(worker.drained_tokens);
-        let work_tokens = reported_queue as f64 + worker.credited_tokens as f64;
+        let work_tokens = queued_prefill_tokens(worker, &load);
         // The report's KV usage plus what was sent since: a stale report must not keep
         // drawing every request to the engine that was emptiest when it was taken.
         let usage_since_report = if load.kv_capacity_tokens > 0 {
@@ -179,6 +186,58 @@ impl Fleet {
         };
         let usage = load.token_usage + usage_since_report;
         work_tokens / self.throughput + self.kv_penalty_half_usage_s * kv_penalty_shape(usage)
+    }
+
+    /// KV-cache tokens one running request holds, over the fleet's load reports; `None` when
+    /// no report shows a running request.
+    pub fn kv_tokens_per_request(&self) -> Option<f64> {
+        self.kv_tokens_per_request
+    }
+
+    /// `--load-aware-affinity`'s cost of running a request on `worker` when `uncached_tokens`
+    /// of its prompt are not in that worker's cache: what the request adds to the fleet's work,
+    /// in KV tokens read by decode steps (a decode step's time grows with the KV tokens its
+    /// batch holds; a prefill token costs about what one more KV token costs over a request's
+    /// decode, so prefill tokens count as they are). The sum of:
+    /// - the prefill queued ahead of it and its own (`uncached_tokens`);
+    /// - its own decode, slowed by the batch it joins: the batch's KV tokens, each request in
+    ///   flight on the worker holding `kv_tokens_per_request`
+    ///   ([`Fleet::kv_tokens_per_request`]);
+    /// - its own new KV (`uncached_tokens`), read by its own decode steps and by half the
+    ///   remaining steps of every request already in flight there.
+    ///
+    /// So a holder, which adds little KV, keeps a prefix until its batch is far larger than a
+    /// non-holder's, which would pin the whole prompt under every request it runs; and the
+    /// non-holder that takes a replica is the one with the smallest batch. Batches count the
+    /// gateway's own in-flight requests, current where a load report is up to
+    /// `--load-monitor-interval` old.
+    pub fn completion_cost(
+        &self,
+        worker: &WorkerStatus,
+        uncached_tokens: u64,
+        kv_tokens_per_request: f64,
+    ) -> f64 {
+        let queued = worker.load.map_or(worker.credited_tokens as f64, |load| {
+            queued_prefill_tokens(worker, &load)
+        });
+        let batch = f64::from(worker.in_flight);
+        let uncached = uncached_tokens as f64;
+        queued + uncached + batch * kv_tokens_per_request + uncached * (1.0 + batch / 2.0)
+    }
+
+    /// [`Fleet::completion_cost`] for a worker that holds none of the request's prompt, with the
+    /// new KV counted twice: a replica also takes cache room from the prefixes the worker holds
+    /// (a second copy of a prompt the fleet already caches), and its request waits a whole
+    /// prefill for its first token. On the hot-spot workload (`scripts/bench-load-aware.sh`)
+    /// counting it once made twice the replicas for the same end-to-end p99.
+    pub fn replica_cost(
+        &self,
+        worker: &WorkerStatus,
+        request_tokens: u64,
+        kv_tokens_per_request: f64,
+    ) -> f64 {
+        let new_kv = request_tokens as f64 * (1.0 + f64::from(worker.in_flight) / 2.0);
+        self.completion_cost(worker, request_tokens, kv_tokens_per_request) + new_kv
     }
 
     /// The eligible worker slot among `slots` with the lowest expected wait; equal waits go to
@@ -249,9 +308,18 @@ impl Fleet {
     }
 }
 
+/// Prefill tokens queued on a worker: the report's queue, less the requests of it whose first
+/// token came back since, plus what was sent since with no first token back yet.
+fn queued_prefill_tokens(worker: &WorkerStatus, load: &WorkerLoad) -> f64 {
+    let reported_queue = load
+        .waiting_uncached_tokens
+        .saturating_sub(worker.drained_tokens);
+    reported_queue as f64 + worker.credited_tokens as f64
+}
+
 /// The slot with the lowest score offered, equal scores uniformly at random.
 #[derive(Debug)]
-struct LowestPick<S> {
+pub(super) struct LowestPick<S> {
     best: Option<(usize, S)>,
     ties: u32,
 }
@@ -266,7 +334,7 @@ impl<S> Default for LowestPick<S> {
 }
 
 impl<S: PartialOrd + Copy> LowestPick<S> {
-    fn offer(&mut self, slot: usize, score: S, rng: &mut Rng) {
+    pub(super) fn offer(&mut self, slot: usize, score: S, rng: &mut Rng) {
         match self.best {
             Some((_, best)) if score > best => {}
             Some((_, best)) if score == best => {
@@ -283,8 +351,13 @@ impl<S: PartialOrd + Copy> LowestPick<S> {
         }
     }
 
-    fn slot(&self) -> Option<usize> {
+    pub(super) fn slot(&self) -> Option<usize> {
         self.best.map(|(slot, _)| slot)
+    }
+
+    /// The pick and its score.
+    pub(super) fn best(&self) -> Option<(usize, S)> {
+        self.best
     }
 }
 

@@ -126,6 +126,9 @@ pub enum Branch {
     /// The request had no routing key to look up (empty text, no tokens): the least-waiting
     /// eligible worker. SMG's name for decisions made without the tree; unlike SMG, never index 0.
     FirstHealthyFallback,
+    /// `--load-aware-affinity`: every holder would finish the request later than the cheapest
+    /// non-holder, its full prefill included; that worker takes it and becomes a holder.
+    Replicate,
     /// KV pressure suspended affinity (step 2). Not counted in the branch counter (spec).
     KvPressure,
     /// Hash mode: a live holder of the deepest head that has one (step 5, not hot).
@@ -144,9 +147,10 @@ pub enum Branch {
 
 impl Branch {
     /// The branches counted by `smg_cache_aware_policy_branch_total`, in exposition order.
-    pub const COUNTED: [Branch; 4] = [
+    pub const COUNTED: [Branch; 5] = [
         Branch::TreeMatch,
         Branch::Spill,
+        Branch::Replicate,
         Branch::ExpectedWaitFallback,
         Branch::FirstHealthyFallback,
     ];
@@ -156,6 +160,7 @@ impl Branch {
         match self {
             Branch::TreeMatch => "tree_match",
             Branch::Spill => "spill",
+            Branch::Replicate => "load_aware_replicate",
             Branch::ExpectedWaitFallback => "expected_wait_fallback",
             Branch::FirstHealthyFallback => "first_healthy_fallback",
             Branch::KvPressure => "kv_pressure_expected_wait",

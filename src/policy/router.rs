@@ -935,7 +935,7 @@ mod tokenize_tests {
 
 #[cfg(test)]
 mod index_tests {
-    use super::tests::prepare_and_route_idle;
+    use super::tests::{prepare, prepare_and_route_idle};
     use super::*;
     use crate::index::{IndexConfig, IndexWriter};
     use crate::policy::{PolicyArgs, Trees};
@@ -980,6 +980,74 @@ mod index_tests {
         // Seconds apart: the recent-dispatch map has expired, only the index can match.
         assert!(chosen.iter().all(|&w| w == chosen[0]), "{chosen:?}");
         assert_eq!(metrics.branch_count(Branch::TreeMatch), 3);
+    }
+
+    /// `--load-aware-affinity`: a request its holder is too busy for goes to another worker,
+    /// and once that dispatch is recorded the prefix has two holders.
+    #[test]
+    fn a_replicated_prefix_has_two_holders() {
+        let mut writer = IndexWriter::new(IndexConfig { block_size: 16 }).unwrap();
+        let reader = writer.reader().unwrap();
+        let args = PolicyArgs {
+            load_aware_affinity: true,
+            ..PolicyArgs::default()
+        };
+        let metrics = Arc::new(PolicyMetrics::default());
+        let trees: Box<dyn IndexLookup> = Box::new(Trees::new(reader));
+        let mut router = Router::new(args.validate().unwrap(), 3, Some(trees), metrics.clone());
+        let prompt = |i: u32| {
+            let words: Vec<String> = (0..2048).map(|w| format!("w{w}x")).collect();
+            let body =
+                serde_json::json!({"model": "m", "prompt": format!("{} q{i}", words.join(" "))});
+            body.to_string()
+        };
+        let urls = ["http://a", "http://b", "http://c"];
+        let workers = || {
+            urls.iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), *url))
+        };
+        // Seconds apart, so only the index (not the recent-dispatch map) matches.
+        let mut route = |i: u32, in_flight: [u32; 3]| {
+            let now_ms = u64::from(i) * 10_000;
+            let prepared = prepare(
+                &mut router,
+                Endpoint::Completions,
+                prompt(i).as_bytes(),
+                now_ms,
+            );
+            let status_of = |id: WorkerId| WorkerStatus {
+                eligible: true,
+                in_flight: in_flight[id.index()],
+                ..WorkerStatus::default()
+            };
+            let worker = router.choose(&prepared, workers(), status_of).unwrap();
+            let record = router.record(&prepared, worker, now_ms).unwrap();
+            let KeyData::Text(text) = &record.key else {
+                panic!("a text prompt records text")
+            };
+            writer
+                .insert_text_hinted(record.namespace, text, worker, now_ms, &record.hint)
+                .unwrap();
+            (worker, prepared)
+        };
+        let (first, _) = route(0, [0; 3]);
+        let (same, _) = route(1, [0; 3]);
+        assert_eq!(same, first, "an idle holder keeps its prefix");
+        let mut busy = [0; 3];
+        busy[first.index()] = 40;
+        let (replica, _) = route(2, busy);
+        assert_ne!(replica, first);
+        assert_eq!(metrics.branch_count(Branch::Replicate), 1);
+        let (_, prepared) = route(3, [0; 3]);
+        let Some(Lookup::Tree { matched, .. }) = &prepared.lookup else {
+            panic!("tree mode looks the prompt up")
+        };
+        let mut holders = matched.tenants().to_vec();
+        holders.sort();
+        let mut expected = vec![first, replica];
+        expected.sort();
+        assert_eq!(holders, expected);
     }
 }
 

@@ -768,6 +768,12 @@ fn defaults_match_smg() {
         (ca.overlap_decay, ca.selection_temperature, ca.block_size),
         (0.0, 0.0, 16)
     );
+    assert!(
+        !ca.load_aware_affinity,
+        "opt-in: the default is SMG's spill gate"
+    );
+    let load_aware = parse(&["--load-aware-affinity"]).expect("valid");
+    assert!(load_aware.cache_aware.load_aware_affinity);
     assert_eq!(config.max_tree_size, 67_108_864);
     assert_eq!(config.eviction_interval.as_secs(), 120);
     let names = [
@@ -1346,4 +1352,236 @@ fn prefix_hash_balance_abs_threshold_keeps_a_key_on_a_mildly_busier_owner() {
     );
     let config = parse(&["--prefix-hash-balance-abs-threshold", "3"]).expect("valid");
     assert_eq!(config.prefix_hash_balance_abs_threshold, 3.0);
+}
+
+// ---- --load-aware-affinity ----
+
+fn load_aware() -> CacheAwareConfig {
+    CacheAwareConfig {
+        load_aware_affinity: true,
+        ..cfg()
+    }
+}
+
+/// A worker with `in_flight` requests from this gateway that reports `running` of them decoding
+/// over `used_tokens` of a 1,000,000-token cache, and `queued_tokens` of prefill waiting.
+fn busy(in_flight: u32, running: u32, used_tokens: u64, queued_tokens: u64) -> WorkerStatus {
+    WorkerStatus {
+        eligible: true,
+        in_flight,
+        load: Some(WorkerLoad {
+            running,
+            waiting_uncached_tokens: queued_tokens,
+            token_usage: used_tokens as f64 / 1_000_000.0,
+            kv_capacity_tokens: 1_000_000,
+            gen_throughput: 1000.0,
+            ..WorkerLoad::default()
+        }),
+        ..WorkerStatus::default()
+    }
+}
+
+/// A request of 8,192 tokens whose first 8,000 worker 0 holds.
+fn held_by_worker_0() -> TreeMatch {
+    matched(8000, 8192, &[0])
+}
+
+#[test]
+fn load_aware_a_queued_holder_loses_to_an_idle_non_holder_when_prefilling_is_quicker() {
+    // Equal batches (2 each, 5,000 KV tokens per running request): only the holder's prefill
+    // queue differs. A non-holder adds its whole prefill and a second copy of the prompt,
+    // 8,192 + 2 x 8,192 x (1 + 2/2) = 40,960 tokens, where the holder adds 192 + 192 x 2: the
+    // holder keeps the request while its queue is under the 40,384 between them.
+    let others = [busy(2, 2, 10_000, 0), busy(2, 2, 10_000, 0)];
+    for (queued, expected) in [(60_000, Branch::Replicate), (20_000, Branch::TreeMatch)] {
+        let mut workers = vec![busy(2, 2, 10_000, queued)];
+        workers.extend(others);
+        for seed in 0..20 {
+            let d = decide(Some(&held_by_worker_0()), &workers, &load_aware(), seed);
+            assert_eq!(d.branch, expected, "queue {queued}");
+            assert_eq!(
+                d.worker.0 == 0,
+                expected == Branch::TreeMatch,
+                "queue {queued}"
+            );
+        }
+    }
+    // The spec's gate alone keeps the queued holder: it counts requests, not work.
+    let mut workers = vec![busy(2, 2, 10_000, 60_000)];
+    workers.extend(others);
+    assert_eq!(
+        decide(Some(&held_by_worker_0()), &workers, &cfg(), 1).branch,
+        Branch::TreeMatch
+    );
+}
+
+#[test]
+fn load_aware_a_holder_keeps_the_prefix_until_its_batch_outweighs_a_replica() {
+    // The fleet holds 2,000 KV tokens per running request. A holder adds 192 new tokens; a
+    // replica adds 8,192 under every request of the batch it joins, so the holder keeps the
+    // prefix until its batch is far larger than the best non-holder's, which then takes it.
+    let fleet = |holder_batch: u32| {
+        let mut workers = vec![busy(
+            holder_batch,
+            holder_batch,
+            2_000 * u64::from(holder_batch),
+            0,
+        )];
+        workers.extend([busy(4, 4, 8_000, 0), busy(1, 1, 2_000, 0)]);
+        workers
+    };
+    let keeps = decide(Some(&held_by_worker_0()), &fleet(12), &load_aware(), 3);
+    assert_eq!(
+        (keeps.worker, keeps.branch),
+        (WorkerId(0), Branch::TreeMatch)
+    );
+    for seed in 0..20 {
+        let moves = decide(Some(&held_by_worker_0()), &fleet(40), &load_aware(), seed);
+        // The replica goes to the smaller batch.
+        assert_eq!(
+            (moves.worker, moves.branch),
+            (WorkerId(2), Branch::Replicate)
+        );
+    }
+    // 40 in flight against a mean of 15 is not hot for the spec's gate (mean + 64).
+    let spec = decide(Some(&held_by_worker_0()), &fleet(40), &cfg(), 1);
+    assert_eq!((spec.worker, spec.branch), (WorkerId(0), Branch::TreeMatch));
+}
+
+#[test]
+fn load_aware_before_any_report_a_request_in_flight_weighs_a_whole_prompt() {
+    // No load report: a request in flight counts as 8,192 KV tokens, so one more in flight on
+    // the holder outweighs a replica only once its batch is well above the others'.
+    let keeps = decide(
+        Some(&held_by_worker_0()),
+        &with_in_flight(&[2, 0, 0]),
+        &load_aware(),
+        1,
+    );
+    assert_eq!(keeps.branch, Branch::TreeMatch);
+    let moves = decide(
+        Some(&held_by_worker_0()),
+        &with_in_flight(&[8, 0, 0]),
+        &load_aware(),
+        1,
+    );
+    assert_eq!(moves.branch, Branch::Replicate);
+}
+
+#[test]
+fn load_aware_holders_are_ranked_by_cost_and_ineligible_ones_spill() {
+    let tree = matched(8000, 8192, &[0, 1]);
+    let workers = [
+        busy(30, 30, 60_000, 0),
+        busy(3, 3, 6_000, 0),
+        busy(3, 3, 6_000, 0),
+    ];
+    let d = decide(Some(&tree), &workers, &load_aware(), 1);
+    assert_eq!((d.worker, d.branch), (WorkerId(1), Branch::TreeMatch));
+    let mut workers = workers;
+    workers[0].eligible = false;
+    workers[1].eligible = false;
+    let d = decide(Some(&tree), &workers, &load_aware(), 1);
+    assert_eq!((d.worker, d.branch), (WorkerId(2), Branch::Spill));
+}
+
+/// A queue model for the decision: one prefix family, a request arriving every step with
+/// probability `rate`, each in flight until it has made 100 units of progress, a worker giving
+/// each of its `n` requests `1 / (1 + n / 16)` units a step (a bigger batch decodes slower).
+/// Reports are current: a worker's KV is the prefix (while it runs any request of it) plus 600
+/// tokens per request. `holders` grows as decisions land on new workers (step 7).
+struct QueueModel {
+    in_flight: Vec<Vec<f64>>,
+    holders: Vec<u16>,
+}
+
+impl QueueModel {
+    fn statuses(&self) -> Vec<WorkerStatus> {
+        self.in_flight
+            .iter()
+            .enumerate()
+            .map(|(slot, requests)| {
+                let n = requests.len() as u32;
+                let prefix = if self.holders.contains(&(slot as u16)) && n > 0 {
+                    8192
+                } else {
+                    0
+                };
+                busy(n, n, prefix + 600 * u64::from(n), 0)
+            })
+            .collect()
+    }
+
+    fn step(&mut self, rng: &mut Rng, rate: f64) -> Option<Decision> {
+        for requests in &mut self.in_flight {
+            let speed = 1.0 / (1.0 + requests.len() as f64 / 16.0);
+            requests.iter_mut().for_each(|progress| *progress += speed);
+            requests.retain(|progress| *progress < 100.0);
+        }
+        if rng.f64() >= rate {
+            return None;
+        }
+        let tree = matched(8192, 8256, &self.holders);
+        let d = select(Some(&tree), &self.statuses(), &load_aware(), 8256, rng)?;
+        if !self.holders.contains(&d.worker.0) {
+            self.holders.push(d.worker.0);
+        }
+        self.in_flight[d.worker.index()].push(0.0);
+        Some(d)
+    }
+}
+
+#[test]
+fn load_aware_under_steady_load_replicates_early_then_holders_share_without_oscillating() {
+    for seed in 0..10 {
+        let mut rng = Rng::with_seed(seed);
+        let mut model = QueueModel {
+            in_flight: vec![Vec::new(); 4],
+            holders: vec![0],
+        };
+        // Warm-up: the batch grows to its steady size and the prefix spreads.
+        for _ in 0..5_000 {
+            model.step(&mut rng, 0.2);
+        }
+        let holders = model.holders.clone();
+        // One holder cannot carry the load (its batch would grow without bound), two or three
+        // can: the prefix spreads as far as the load needs, not to every worker.
+        assert!(
+            (2..=3).contains(&holders.len()),
+            "seed {seed}: holders {holders:?}"
+        );
+        let (mut picks, mut run, mut longest_run, mut last) = (vec![0u32; 4], 0, 0, None);
+        let mut widest_gap = 0.0f64;
+        for _ in 0..20_000 {
+            let Some(d) = model.step(&mut rng, 0.2) else {
+                continue;
+            };
+            assert_ne!(d.branch, Branch::Replicate, "seed {seed}: a late replica");
+            picks[d.worker.index()] += 1;
+            run = if last == Some(d.worker) { run + 1 } else { 1 };
+            longest_run = longest_run.max(run);
+            last = Some(d.worker);
+            let batches: Vec<f64> = holders
+                .iter()
+                .map(|h| model.in_flight[usize::from(*h)].len() as f64)
+                .collect();
+            let (hi, lo) = batches
+                .iter()
+                .fold((f64::MIN, f64::MAX), |(hi, lo), &b| (hi.max(b), lo.min(b)));
+            widest_gap = widest_gap.max(hi - lo);
+        }
+        // Holders share the traffic evenly, decision by decision: no holder takes a long run
+        // of requests while another drains, and their batches never drift apart.
+        let total: u32 = picks.iter().sum();
+        for &h in &holders {
+            let share = f64::from(picks[usize::from(h)]) / f64::from(total);
+            let even = 1.0 / holders.len() as f64;
+            assert!(
+                (share - even).abs() < 0.05,
+                "seed {seed}: holder {h} took {share:.2} of {picks:?}"
+            );
+        }
+        assert!(longest_run <= 10, "seed {seed}: a run of {longest_run}");
+        assert!(widest_gap <= 6.0, "seed {seed}: batches {widest_gap} apart");
+    }
 }

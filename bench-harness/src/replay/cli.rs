@@ -58,7 +58,8 @@ pub struct CompareArgs {
     /// Policies to compare, comma-separated: kvgate --policy names, `cache_aware:hash`
     /// (cache_aware with --cache-index hash; its --cache-boundaries go in --gateway-args),
     /// `cache_aware:kv` (the engines publish KV events and cache_aware routes token IDs on them;
-    /// use a token-ID form such as --form generate-ids), and `direct` (no gateway).
+    /// use a token-ID form such as --form generate-ids), `cache_aware:load` (cache_aware with
+    /// --load-aware-affinity), and `direct` (no gateway).
     #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.

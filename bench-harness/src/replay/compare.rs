@@ -43,14 +43,19 @@ pub const CACHE_AWARE_HASH: &str = "cache_aware:hash";
 /// (it learns the endpoints from their `/server_info`).
 pub const CACHE_AWARE_KV: &str = "cache_aware:kv";
 
+/// cache_aware with `--load-aware-affinity`: holders kept only while they are the cheaper place
+/// to run the request, so a hot prefix replicates.
+pub const CACHE_AWARE_LOAD: &str = "cache_aware:load";
+
 /// The pseudo-policies beside `--policy` names.
-const PSEUDO_POLICIES: [&str; 3] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV];
+const PSEUDO_POLICIES: [&str; 4] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV, CACHE_AWARE_LOAD];
 
 /// The gateway flags that run one entry of `--policies`.
 fn policy_flags(policy: &str) -> Vec<&str> {
     match policy {
         CACHE_AWARE_HASH => vec!["--policy", "cache_aware", "--cache-index", "hash"],
         CACHE_AWARE_KV => vec!["--policy", "cache_aware"],
+        CACHE_AWARE_LOAD => vec!["--policy", "cache_aware", "--load-aware-affinity"],
         _ => vec!["--policy", policy],
     }
 }
@@ -417,6 +422,11 @@ mod tests {
         );
         assert_eq!(policy_flags("prefix_hash"), ["--policy", "prefix_hash"]);
         assert!(validate_policies(&policies(&[CACHE_AWARE_KV])).is_ok());
+        assert!(validate_policies(&policies(&[CACHE_AWARE_LOAD])).is_ok());
+        assert_eq!(
+            policy_flags(CACHE_AWARE_LOAD),
+            ["--policy", "cache_aware", "--load-aware-affinity"]
+        );
         assert_eq!(policy_flags(CACHE_AWARE_KV), ["--policy", "cache_aware"]);
     }
 }
