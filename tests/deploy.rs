@@ -1,8 +1,16 @@
-//! What an operator installs, checked: `kvgate --version` names the commit it was built from
-//! (and `build.rs` says `unknown` outside a repository).
+//! What an operator installs, checked (`deploy/README.md`): `kvgate --version` names the commit
+//! it was built from (and `build.rs` says `unknown` outside a repository); the systemd unit's
+//! command line, expanded with the sample environment file as systemd expands it, is accepted by
+//! kvgate's own flag checks; `systemd-analyze verify` and its offline security rating pass on the
+//! unit (skipped with a note where `systemd-analyze` is absent); every sysctl key exists and is
+//! explained.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use clap::{CommandFactory, Parser};
+use kvgate::config::{Cli, Config};
 
 mod utils;
 
@@ -92,4 +100,216 @@ fn build_script_says_unknown_without_a_repository() {
         packaged.contains("cargo:rustc-env=KVGATE_GIT_COMMIT=abc123\n"),
         "KVGATE_GIT_COMMIT did not win:\n{packaged}"
     );
+}
+
+fn deploy_file(name: &str) -> String {
+    let path = repo_root().join("deploy").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// `KEY=VALUE` lines of an environment file (comments and blank lines skipped).
+fn env_file(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (key, value) = line
+                .split_once('=')
+                .unwrap_or_else(|| panic!("kvgate.env: {line:?} is not KEY=VALUE"));
+            (key.to_string(), value.to_string())
+        })
+        .collect()
+}
+
+/// The unit's `ExecStart` as systemd runs it: a word that is exactly `$VAR` becomes the value's
+/// whitespace-separated words (none when empty), `${VAR}` is replaced inside its word.
+fn exec_start_argv(unit: &str, env: &BTreeMap<String, String>) -> Vec<String> {
+    let line = unit
+        .lines()
+        .find_map(|line| line.strip_prefix("ExecStart="))
+        .expect("kvgate.service has an ExecStart= line");
+    let lookup = |name: &str| -> &str {
+        env.get(name)
+            .unwrap_or_else(|| panic!("ExecStart uses ${name}, which kvgate.env does not set"))
+    };
+    let mut argv = Vec::new();
+    for word in line.split_whitespace() {
+        if let Some(name) = word.strip_prefix('$').filter(|n| !n.starts_with('{')) {
+            argv.extend(lookup(name).split_whitespace().map(str::to_string));
+            continue;
+        }
+        let mut expanded = String::new();
+        let mut rest = word;
+        while let Some(start) = rest.find("${") {
+            let end = rest[start..]
+                .find('}')
+                .unwrap_or_else(|| panic!("unclosed ${{ in {word:?}"));
+            expanded.push_str(&rest[..start]);
+            expanded.push_str(lookup(&rest[start + 2..start + end]));
+            rest = &rest[start + end + 1..];
+        }
+        expanded.push_str(rest);
+        argv.push(expanded);
+    }
+    argv
+}
+
+#[test]
+fn unit_command_line_with_the_sample_env_is_valid_kvgate_flags() {
+    let env = env_file(&deploy_file("kvgate.env"));
+    let argv = exec_start_argv(&deploy_file("kvgate.service"), &env);
+    assert_eq!(
+        argv[0], "/usr/local/bin/kvgate",
+        "the unit runs the installed binary"
+    );
+    assert!(
+        argv.iter().any(|a| a == "--worker-urls") && argv.iter().any(|a| a.starts_with("http://")),
+        "the sample names workers: {argv:?}"
+    );
+    let cli = Cli::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("kvgate rejects the unit's command line {argv:?}:\n{e}"));
+    let config = Config::from_cli(&cli)
+        .unwrap_or_else(|e| panic!("kvgate rejects the unit's command line {argv:?}: {e}"));
+    assert_eq!(config.workers.len(), 2, "the sample env names two workers");
+    assert_eq!(config.listen_addr.port(), 30000);
+}
+
+#[test]
+fn every_flag_named_in_the_deploy_files_exists() {
+    let mut command = Cli::command();
+    command.build();
+    let longs: Vec<String> = command
+        .get_arguments()
+        .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
+        .collect();
+    for name in ["kvgate.env", "kvgate.service"] {
+        let text = deploy_file(name);
+        let mentioned = text
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|word| {
+                word.strip_prefix("--")
+                    .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_lowercase()))
+            });
+        for flag in mentioned {
+            // Options of the other commands the unit's install notes cite (sysctl, systemctl).
+            if ["--system", "--now"].contains(&flag) {
+                continue;
+            }
+            assert!(
+                longs.iter().any(|long| long == flag),
+                "deploy/{name} names {flag}, which `kvgate --help` does not list"
+            );
+        }
+    }
+}
+
+/// The unit with its binary path pointed at the freshly built kvgate (`verify` checks that the
+/// command exists), in a scratch folder.
+fn unit_for_systemd_analyze() -> (PathBuf, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("kvgate-unit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create a scratch folder");
+    let kvgate = utils::process::workspace_bin("kvgate");
+    let unit = deploy_file("kvgate.service").replace(
+        "/usr/local/bin/kvgate",
+        kvgate.to_str().expect("a UTF-8 target path"),
+    );
+    let path = dir.join("kvgate.service");
+    std::fs::write(&path, unit).expect("write the unit");
+    (dir, path)
+}
+
+fn systemd_analyze(args: &[&str], unit: &Path) -> Option<std::process::Output> {
+    match Command::new("systemd-analyze")
+        .args(args)
+        .arg(unit)
+        .output()
+    {
+        Ok(output) => Some(output),
+        Err(e) => {
+            eprintln!(
+                "SKIPPED: systemd-analyze cannot run here ({e}); install the Debian package \
+                 `systemd` to check deploy/kvgate.service"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn unit_passes_systemd_analyze_verify_and_its_security_rating() {
+    let (dir, unit) = unit_for_systemd_analyze();
+    let Some(verify) = systemd_analyze(&["verify"], &unit) else {
+        return;
+    };
+    let complaints = String::from_utf8_lossy(&verify.stderr).into_owned();
+    // The checker is sensitive: the same unit with an unknown key draws a complaint.
+    let broken = dir.join("kvgate-broken.service");
+    let text = std::fs::read_to_string(&unit).expect("read the unit back");
+    std::fs::write(&broken, text.replace("[Service]", "[Service]\nNoSuchKey=1")).expect("write");
+    let broken_verify = systemd_analyze(&["verify"], &broken).expect("ran once already");
+    let security = systemd_analyze(&["security", "--offline=true", "--threshold=20"], &unit)
+        .expect("ran once already");
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        verify.status.success() && complaints.trim().is_empty(),
+        "systemd-analyze verify deploy/kvgate.service:\n{complaints}"
+    );
+    assert!(
+        String::from_utf8_lossy(&broken_verify.stderr).contains("NoSuchKey"),
+        "systemd-analyze verify did not flag an unknown key; the check above proves nothing"
+    );
+    let report = String::from_utf8_lossy(&security.stdout);
+    let errors = String::from_utf8_lossy(&security.stderr);
+    if errors.contains("--offline") || errors.contains("unrecognized option") {
+        eprintln!("SKIPPED security rating: this systemd-analyze has no --offline ({errors})");
+        return;
+    }
+    let overall = report
+        .lines()
+        .find(|line| line.contains("Overall exposure level"))
+        .unwrap_or("(no overall line)");
+    assert!(
+        security.status.success(),
+        "systemd-analyze security rates the unit above 2.0: {overall}\n{errors}"
+    );
+}
+
+#[test]
+fn sysctl_settings_exist_and_are_explained() {
+    let conf = deploy_file("sysctl.d/90-kvgate.conf");
+    let readme = deploy_file("README.md");
+    let mut previous_is_comment = false;
+    let mut keys = 0;
+    for line in conf.lines().map(str::trim) {
+        if line.is_empty() {
+            previous_is_comment = false;
+            continue;
+        }
+        if line.starts_with('#') {
+            previous_is_comment = true;
+            continue;
+        }
+        let (key, value) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("90-kvgate.conf: {line:?} is not `key = value`"));
+        let (key, value) = (key.trim(), value.trim());
+        keys += 1;
+        assert!(
+            previous_is_comment,
+            "90-kvgate.conf: {key} has no comment above it"
+        );
+        assert!(!value.is_empty(), "90-kvgate.conf: {key} has no value");
+        assert!(
+            readme.contains(&format!("`{key}`")),
+            "deploy/README.md does not explain {key}"
+        );
+        let proc_path = Path::new("/proc/sys").join(key.replace('.', "/"));
+        if Path::new("/proc/sys/net").exists() {
+            assert!(
+                proc_path.exists(),
+                "90-kvgate.conf: {key} does not exist in this kernel"
+            );
+        }
+    }
+    assert!(keys >= 5, "90-kvgate.conf holds only {keys} settings");
 }
