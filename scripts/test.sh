@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it: formatting, lints, then every test of the workspace.
 # Needs the Rust toolchain (nightly too for the sanitizer pass, which is skipped without it), npm
 # and python3 (installed with apt-get when missing) for the tokenizer fixtures and the KV-event
-# compatibility test; integration tests start sim-engine and kvgate on loopback.
+# compatibility test, perf (likewise) for the flame-graph test; integration tests start
+# sim-engine and kvgate on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
@@ -14,6 +15,11 @@ cargo build --workspace --bins
 # need them fail rather than skip without them here.
 scripts/fetch-tokenizers.sh
 scripts/fetch-kv-events-python.sh
+# perf (Debian linux-perf, with apt-get when missing) for tests/flamegraph.rs, which then fails
+# rather than skips without it; KVGATE_REQUIRE_PERF=0 skips both where perf cannot record (a
+# container whose seccomp profile blocks perf_event_open: the setup says why).
+export KVGATE_REQUIRE_PERF="${KVGATE_REQUIRE_PERF:-1}"
+if [ "$KVGATE_REQUIRE_PERF" = 1 ]; then scripts/flamegraph.sh --setup; fi
 KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 cargo test --workspace
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
