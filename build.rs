@@ -25,16 +25,25 @@ fn main() {
 
 /// Asks cargo to rerun this script when HEAD or the branch it names changes.
 fn watch_git_head() {
-    let mut paths = vec!["HEAD".to_string(), "packed-refs".to_string()];
-    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        paths.push(branch);
-    }
-    for path in paths {
-        if let Some(file) = git(&["rev-parse", "--git-path", &path]) {
+    for path in ["HEAD", "packed-refs"] {
+        if let Some(file) = git(&["rev-parse", "--git-path", path]) {
             if Path::new(&file).exists() {
                 println!("cargo:rerun-if-changed={file}");
             }
         }
+    }
+    let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) else {
+        return; // detached: HEAD itself holds the commit
+    };
+    let Some(file) = git(&["rev-parse", "--git-path", &branch]) else {
+        return;
+    };
+    // A fresh clone keeps its branches in packed-refs only; the first commit then writes the
+    // branch's own file. Until it exists, watch the nearest folder that does (cargo scans a
+    // watched folder for changes), not the file: a missing path would rerun every build.
+    let watched = Path::new(&file).ancestors().find(|path| path.exists());
+    if let Some(path) = watched {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
 }
 

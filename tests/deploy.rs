@@ -55,13 +55,8 @@ fn version_names_the_package_version_and_the_commit() {
     }
 }
 
-/// Compiles `build.rs` alone and runs it as cargo would, in a folder with no repository above
-/// it: the commit must be `unknown`, and setting `KVGATE_GIT_COMMIT` must win.
-#[test]
-fn build_script_says_unknown_without_a_repository() {
-    let work = std::env::temp_dir().join(format!("kvgate-build-rs-{}", std::process::id()));
-    let crate_dir = work.join("crate");
-    std::fs::create_dir_all(&crate_dir).expect("create a scratch folder");
+/// `build.rs` compiled alone into `work/build-script`, to run as cargo would.
+fn compile_build_script(work: &Path) -> PathBuf {
     let script = work.join("build-script");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
     let status = Command::new(rustc)
@@ -71,6 +66,17 @@ fn build_script_says_unknown_without_a_repository() {
         .status()
         .expect("run rustc");
     assert!(status.success(), "rustc could not compile build.rs");
+    script
+}
+
+/// Compiles `build.rs` alone and runs it as cargo would, in a folder with no repository above
+/// it: the commit must be `unknown`, and setting `KVGATE_GIT_COMMIT` must win.
+#[test]
+fn build_script_says_unknown_without_a_repository() {
+    let work = std::env::temp_dir().join(format!("kvgate-build-rs-{}", std::process::id()));
+    let crate_dir = work.join("crate");
+    std::fs::create_dir_all(&crate_dir).expect("create a scratch folder");
+    let script = compile_build_script(&work);
     let run = |commit_env: Option<&str>| -> String {
         let mut command = Command::new(&script);
         command
@@ -99,6 +105,57 @@ fn build_script_says_unknown_without_a_repository() {
     assert!(
         packaged.contains("cargo:rustc-env=KVGATE_GIT_COMMIT=abc123\n"),
         "KVGATE_GIT_COMMIT did not win:\n{packaged}"
+    );
+}
+
+/// In a fresh clone the branch lives in `packed-refs` only, and a commit writes the branch's own
+/// file: the build script must name the commit and watch the folder where that file will appear.
+#[test]
+fn build_script_follows_a_packed_branch() {
+    if git(&["--version"]).is_none() {
+        eprintln!("SKIPPED: no git here");
+        return;
+    }
+    let work = std::env::temp_dir().join(format!("kvgate-build-rs-packed-{}", std::process::id()));
+    let clone = work.join("clone");
+    std::fs::create_dir_all(&clone).expect("create a scratch folder");
+    let script = compile_build_script(&work);
+    let in_clone = |args: &[&str]| -> String {
+        let output = Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(&clone)
+            .output()
+            .expect("run git");
+        assert!(output.status.success(), "git {args:?} failed");
+        String::from_utf8_lossy(&output.stdout).trim().to_string()
+    };
+    in_clone(&["init", "-q"]);
+    in_clone(&["commit", "-q", "--allow-empty", "-m", "one"]);
+    in_clone(&["pack-refs", "--all"]);
+    let head = in_clone(&["rev-parse", "--short=12", "HEAD"]);
+    let output = Command::new(&script)
+        .env("CARGO_MANIFEST_DIR", &clone)
+        .env_remove("KVGATE_GIT_COMMIT")
+        .current_dir(&clone)
+        .output()
+        .expect("run the build script");
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    std::fs::remove_dir_all(&work).ok();
+    assert!(
+        printed.contains(&format!("cargo:rustc-env=KVGATE_GIT_COMMIT={head}\n")),
+        "the build script did not name {head}:\n{printed}"
+    );
+    assert!(
+        printed.contains("cargo:rerun-if-changed=.git/refs/heads\n"),
+        "a packed branch's folder is not watched:\n{printed}"
     );
 }
 
