@@ -19,7 +19,10 @@ scripts/fetch-kv-events-python.sh
 # rather than skips without it; KVGATE_REQUIRE_PERF=0 skips both where perf cannot record (a
 # container whose seccomp profile blocks perf_event_open: the setup says why).
 export KVGATE_REQUIRE_PERF="${KVGATE_REQUIRE_PERF:-1}"
-if [ "$KVGATE_REQUIRE_PERF" = 1 ]; then scripts/flamegraph.sh --setup; fi
+if [ "$KVGATE_REQUIRE_PERF" = 1 ] && ! scripts/flamegraph.sh --setup; then
+  echo "Error: perf cannot profile here (above); KVGATE_REQUIRE_PERF=0 make test skips the flame-graph test" >&2
+  exit 1
+fi
 KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 cargo test --workspace
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
