@@ -66,11 +66,20 @@ impl LogLevel {
     }
 }
 
+/// What `kvgate --version` prints after the name: the package version and the git commit it was
+/// built from (`unknown` without git; `build.rs` sets it).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("KVGATE_GIT_COMMIT"),
+    ")"
+);
+
 /// The flags, as clap parses them. Names and defaults follow SMG (`smg launch --help`).
 #[derive(Debug, Parser)]
 #[command(
     name = "kvgate",
-    version,
+    version = VERSION,
     about = "Cache-aware, io_uring gateway for LLM engines",
     // `--cache-threshold -1` should reach validation and its clear message, not read as a flag.
     allow_negative_numbers = true

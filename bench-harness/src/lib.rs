@@ -1,6 +1,8 @@
 //! Test and benchmark tooling for kvgate: `sim` (a simulated fleet of LLM engines), `replay` (the
-//! trace-replay load generator) and `tokenize` (the deterministic text tokenizer both agree on).
+//! trace-replay load generator), `tokenize` (the deterministic text tokenizer both agree on) and
+//! `flame` (flame graphs of a profiled kvgate, for `scripts/flamegraph.sh`).
 
+pub mod flame;
 pub mod replay;
 pub mod sim;
 pub mod tokenize;
