@@ -36,18 +36,38 @@ impl<'a> From<Option<&'a TreeMatch>> for Affinity<'a> {
     }
 }
 
+/// The size of a request, as a decision weighs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestSize {
+    /// Prompt tokens (the dispatch credit; estimated for text).
+    pub prompt_tokens: u64,
+    /// The most tokens it may generate, when it says (`max_tokens` and its kin).
+    pub output_tokens: Option<u32>,
+}
+
+impl From<u64> for RequestSize {
+    /// A prompt of `prompt_tokens` with no output budget.
+    fn from(prompt_tokens: u64) -> RequestSize {
+        RequestSize {
+            prompt_tokens,
+            output_tokens: None,
+        }
+    }
+}
+
 /// Routes one request. `affinity` is what its index knows (looked up by the caller under the
-/// request's model and partition); `request_tokens` its prompt tokens (the dispatch credit;
-/// estimated for text). Returns `None` only when no worker is eligible (the gateway answers
+/// request's model and partition); `request` its size. Returns `None` only when no worker is eligible (the gateway answers
 /// 503). Step 7 (record) is the caller's: it records the request for `Decision::worker` whatever
 /// the branch, so a spill target or a KV-pressure pick becomes an additional holder.
 pub fn select<'a>(
     affinity: impl Into<Affinity<'a>>,
     workers: &[WorkerStatus],
     config: &CacheAwareConfig,
-    request_tokens: u64,
+    request: impl Into<RequestSize>,
     rng: &mut Rng,
 ) -> Option<Decision> {
+    let request = request.into();
+    let request_tokens = request.prompt_tokens;
     // 1. Eligible workers; their mean in-flight count is the spill gate's baseline.
     let fleet = Fleet::scan(workers);
     if fleet.eligible == 0 {
@@ -119,7 +139,7 @@ pub fn select<'a>(
                 &group,
                 workers,
                 config,
-                (request_tokens, cached),
+                (request, cached),
                 rng,
                 decide,
                 branches,
@@ -169,7 +189,7 @@ pub fn select<'a>(
         &candidates,
         workers,
         config,
-        (request_tokens, |_| cached_tokens),
+        (request, |_| cached_tokens),
         rng,
         decide,
         (hit, Branch::Replicate, spill),
@@ -232,7 +252,7 @@ fn load_aware_gate<const N: usize>(
     candidates: &Candidates<N>,
     workers: &[WorkerStatus],
     config: &CacheAwareConfig,
-    (request_tokens, cached): (u64, impl Fn(usize) -> u64),
+    (request, cached): (RequestSize, impl Fn(usize) -> u64),
     rng: &mut Rng,
     decide: impl Fn(Branch, usize) -> Decision,
     (hit, replicate, spill): (Branch, Branch, Branch),
@@ -240,20 +260,22 @@ fn load_aware_gate<const N: usize>(
     if !config.load_aware_affinity {
         return None;
     }
+    let request_tokens = request.prompt_tokens;
     let per_request = fleet
         .kv_tokens_per_request()
         .unwrap_or(request_tokens as f64);
+    let weight = decode_weight(request.output_tokens);
     let mut holder = LowestPick::default();
     for slot in candidates.slots() {
         let uncached = request_tokens.saturating_sub(cached(slot));
         let worker = &workers[slot];
-        let cost = fleet.completion_cost(worker, uncached, per_request);
+        let cost = fleet.completion_cost(worker, uncached, per_request, weight);
         holder.offer(slot, (cost, worker.in_flight), rng);
     }
     let mut other = LowestPick::default();
     for (slot, worker) in workers.iter().enumerate() {
         if worker.eligible && !candidates.slots().any(|c| c == slot) {
-            let cost = fleet.replica_cost(worker, request_tokens, per_request);
+            let cost = fleet.replica_cost(worker, request_tokens, per_request, weight);
             other.offer(slot, (cost, worker.in_flight), rng);
         }
     }
@@ -265,6 +287,25 @@ fn load_aware_gate<const N: usize>(
         (None, Some((slot, _))) => decide(spill, slot),
         // `fleet` has an eligible worker, so one of the two picks has a slot.
         (None, None) => decide(spill, 0),
+    })
+}
+
+/// Decode steps over which one KV token costs about what one prefill token costs: the simulated
+/// engines' published curve at 1,048,576 KV tokens (a prefill token 15.2 us, a decode step 54 ms
+/// more at a full cache: 52 ns per KV token) gives 295; an 8B model on an H100 (about 20 us per
+/// prefill token, 128 KB per KV token read at 3.35 TB/s: 39 ns) about 500.
+pub const DECODE_STEPS_PER_PREFILL_TOKEN: f64 = 300.0;
+
+/// The most a request's output budget multiplies the decode terms of its cost: a budget far
+/// above that many steps is a cap the request will rarely reach, not an expectation.
+pub const DECODE_WEIGHT_MAX: f64 = 4.0;
+
+/// How much the decode terms of [`Fleet::completion_cost`] weigh for a request that may generate
+/// `output_tokens`, in units of [`DECODE_STEPS_PER_PREFILL_TOKEN`] steps: its own decode and the
+/// KV it adds are read that many steps. A request with no budget weighs 1.
+fn decode_weight(output_tokens: Option<u32>) -> f64 {
+    output_tokens.map_or(1.0, |tokens| {
+        (f64::from(tokens) / DECODE_STEPS_PER_PREFILL_TOKEN).min(DECODE_WEIGHT_MAX)
     })
 }
 

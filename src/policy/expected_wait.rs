@@ -196,9 +196,7 @@ impl Fleet {
 
     /// `--load-aware-affinity`'s cost of running a request on `worker` when `uncached_tokens`
     /// of its prompt are not in that worker's cache: what the request adds to the fleet's work,
-    /// in KV tokens read by decode steps (a decode step's time grows with the KV tokens its
-    /// batch holds; a prefill token costs about what one more KV token costs over a request's
-    /// decode, so prefill tokens count as they are). The sum of:
+    /// in prompt tokens of prefill. The sum of:
     /// - the prefill queued ahead of it and its own (`uncached_tokens`);
     /// - its own decode, slowed by the batch it joins: the batch's KV tokens, each request in
     ///   flight on the worker holding `kv_tokens_per_request`
@@ -206,38 +204,47 @@ impl Fleet {
     /// - its own new KV (`uncached_tokens`), read by its own decode steps and by half the
     ///   remaining steps of every request already in flight there.
     ///
+    /// A decode step's time grows with the KV tokens its batch holds; the decode terms count KV
+    /// tokens read over `decode_weight` times a few hundred steps (`cache_aware`'s
+    /// `DECODE_STEPS_PER_PREFILL_TOKEN`), over which one KV token costs about one prefill token.
     /// So a holder, which adds little KV, keeps a prefix until its batch is far larger than a
-    /// non-holder's, which would pin the whole prompt under every request it runs; and the
-    /// non-holder that takes a replica is the one with the smallest batch. Batches count the
-    /// gateway's own in-flight requests, current where a load report is up to
-    /// `--load-monitor-interval` old.
+    /// non-holder's, which would pin the whole prompt under every request it runs; the non-holder
+    /// that takes a replica is the one with the smallest batch; and a short answer, which reads
+    /// the batch for few steps, seldom pays a prefill to avoid it. Batches count the gateway's
+    /// own in-flight requests, current where a load report is up to `--load-monitor-interval`
+    /// old.
     pub fn completion_cost(
         &self,
         worker: &WorkerStatus,
         uncached_tokens: u64,
         kv_tokens_per_request: f64,
+        decode_weight: f64,
     ) -> f64 {
         let queued = worker.load.map_or(worker.credited_tokens as f64, |load| {
             queued_prefill_tokens(worker, &load)
         });
         let batch = f64::from(worker.in_flight);
         let uncached = uncached_tokens as f64;
-        queued + uncached + batch * kv_tokens_per_request + uncached * (1.0 + batch / 2.0)
+        let decode = batch * kv_tokens_per_request + uncached * (1.0 + batch / 2.0);
+        queued + uncached + decode_weight * decode
     }
 
-    /// [`Fleet::completion_cost`] for a worker that holds none of the request's prompt, with the
-    /// new KV counted twice: a replica also takes cache room from the prefixes the worker holds
-    /// (a second copy of a prompt the fleet already caches), and its request waits a whole
-    /// prefill for its first token. On the hot-spot workload (`scripts/bench-load-aware.sh`)
-    /// counting it once made twice the replicas for the same end-to-end p99.
+    /// [`Fleet::completion_cost`] for a worker that holds none of the request's prompt, plus the
+    /// prompt again under the batch it joins: a replica also takes cache room from the prefixes
+    /// the worker holds (a second copy of a prompt the fleet already caches), and its request
+    /// waits a whole prefill for its first token. On the hot-spot workload
+    /// (`scripts/bench-load-aware.sh`) leaving it out made twice the replicas for the same
+    /// end-to-end p99.
     pub fn replica_cost(
         &self,
         worker: &WorkerStatus,
         request_tokens: u64,
         kv_tokens_per_request: f64,
+        decode_weight: f64,
     ) -> f64 {
-        let new_kv = request_tokens as f64 * (1.0 + f64::from(worker.in_flight) / 2.0);
-        self.completion_cost(worker, request_tokens, kv_tokens_per_request) + new_kv
+        let cost =
+            self.completion_cost(worker, request_tokens, kv_tokens_per_request, decode_weight);
+        cost + request_tokens as f64 * (1.0 + f64::from(worker.in_flight) / 2.0)
     }
 
     /// The eligible worker slot among `slots` with the lowest expected wait; equal waits go to

@@ -26,7 +26,7 @@ mod router;
 mod simple;
 
 pub use args::{CacheAwareConfig, CacheIndexKind, PolicyArgs, PolicyConfig, PolicyKind};
-pub use cache_aware::Affinity;
+pub use cache_aware::{Affinity, RequestSize};
 pub use expected_wait::{
     Fleet, ScorerConfig, SpillGate, MEAN_PREFILL_TOKENS_DEFAULT, NEW_PREFIX_WAIT_SLACK,
 };

@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use fastrand::Rng;
 
+use super::cache_aware::RequestSize;
 use super::lookup::{Blocks, IndexLookup};
 use super::placements::Placements;
 use super::prepared::IndexKey;
@@ -498,9 +499,11 @@ impl Router {
             Some(Lookup::Short) => Affinity::Short,
             Some(Lookup::Blocks(blocks)) => Affinity::Blocks(blocks),
         };
-        let tokens = prompt_tokens(key);
-        let decision =
-            cache_aware::select(affinity, &self.statuses, config, tokens, &mut self.rng)?;
+        let size = RequestSize {
+            prompt_tokens: prompt_tokens(key),
+            output_tokens: prepared.input.max_output_tokens(),
+        };
+        let decision = cache_aware::select(affinity, &self.statuses, config, size, &mut self.rng)?;
         let (worker, model_id) = (self.ring.url(decision.worker), prepared.input.model());
         if let Some(Lookup::Blocks(blocks)) = &prepared.lookup {
             // KV-event decisions are logged, not counted (the branch counter covers the trees).

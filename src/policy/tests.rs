@@ -1449,6 +1449,33 @@ fn load_aware_a_holder_keeps_the_prefix_until_its_batch_outweighs_a_replica() {
 }
 
 #[test]
+fn load_aware_a_short_answer_stays_with_a_busy_holder_a_long_one_does_not() {
+    // The fleet of the test above with the holder at 40 in flight: its batch costs a request
+    // that decodes many steps more than a replica's prefill, one that decodes a few steps less.
+    let mut workers = vec![busy(40, 40, 80_000, 0)];
+    workers.extend([busy(4, 4, 8_000, 0), busy(1, 1, 2_000, 0)]);
+    let sized = |output_tokens| RequestSize {
+        prompt_tokens: 8192,
+        output_tokens: Some(output_tokens),
+    };
+    let tree = held_by_worker_0();
+    for (output_tokens, expected) in [(16, Branch::TreeMatch), (384, Branch::Replicate)] {
+        let d = select(
+            Some(&tree),
+            &workers,
+            &load_aware(),
+            sized(output_tokens),
+            &mut Rng::with_seed(1),
+        );
+        assert_eq!(
+            d.map(|d| d.branch),
+            Some(expected),
+            "{output_tokens} output tokens"
+        );
+    }
+}
+
+#[test]
 fn load_aware_before_any_report_a_request_in_flight_weighs_a_whole_prompt() {
     // No load report: a request in flight counts as 8,192 KV tokens, so one more in flight on
     // the holder outweighs a replica only once its batch is well above the others'.

@@ -136,6 +136,9 @@ enum Field {
     ExtraKey,
     LoraPath,
     LoraId,
+    MaxTokens,
+    MaxCompletionTokens,
+    SamplingParams,
     Other,
 }
 
@@ -166,6 +169,9 @@ impl Visitor<'_> for FieldVisitor {
             "extra_key" => Field::ExtraKey,
             "lora_path" => Field::LoraPath,
             "lora_id" => Field::LoraId,
+            "max_tokens" => Field::MaxTokens,
+            "max_completion_tokens" => Field::MaxCompletionTokens,
+            "sampling_params" => Field::SamplingParams,
             _ => Field::Other,
         })
     }
@@ -197,6 +203,7 @@ impl<'de> Visitor<'de> for BodySeed<'_, 'de> {
         use Endpoint::{ChatCompletions, Completions, Generate, Messages};
         let (endpoint, collect) = (self.endpoint, self.collect_key);
         let input = self.input;
+        let (mut max_tokens, mut max_completion_tokens) = (None, None);
         while let Some(field) = map.next_key::<Field>()? {
             match field {
                 Field::Model => {
@@ -230,12 +237,129 @@ impl<'de> Visitor<'de> for BodySeed<'_, 'de> {
                 Field::LoraId if endpoint == Generate => {
                     self.partition.lora_id = map.next_value::<LenientStr>()?.0;
                 }
+                // `max_completion_tokens` supersedes `max_tokens` wherever each comes.
+                Field::MaxTokens if endpoint != Generate => {
+                    max_tokens = map.next_value::<TokenBudget>()?.0;
+                }
+                Field::MaxCompletionTokens if endpoint == ChatCompletions => {
+                    max_completion_tokens = map.next_value::<TokenBudget>()?.0;
+                }
+                Field::SamplingParams if endpoint == Generate => {
+                    max_tokens = map.next_value::<SamplingParams>()?.0;
+                }
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
+        input.max_output_tokens = max_completion_tokens.or(max_tokens);
         Ok(())
+    }
+}
+
+/// A token count: a non-negative integer that fits in a u32; anything else (null, a float, a
+/// string, too large) is no budget, as the engine will judge it.
+struct TokenBudget(Option<u32>);
+
+impl<'de> de::Deserialize<'de> for TokenBudget {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(TokenBudgetVisitor)
+            .map(TokenBudget)
+    }
+}
+
+struct TokenBudgetVisitor;
+
+impl<'de> Visitor<'de> for TokenBudgetVisitor {
+    type Value = Option<u32>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a token count")
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
+        Ok(u32::try_from(n).ok())
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
+        Ok(u32::try_from(n).ok())
+    }
+
+    ignore_scalars!(visit_f64(f64), visit_str(&str), visit_bool(bool));
+    ignore_seq!();
+    ignore_map!();
+}
+
+/// `/generate`'s `sampling_params`, read for its `max_new_tokens`.
+struct SamplingParams(Option<u32>);
+
+impl<'de> de::Deserialize<'de> for SamplingParams {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(SamplingParamsVisitor)
+            .map(SamplingParams)
+    }
+}
+
+struct SamplingParamsVisitor;
+
+impl<'de> Visitor<'de> for SamplingParamsVisitor {
+    type Value = Option<u32>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object of sampling parameters")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut budget = None;
+        while let Some(key) = map.next_key::<SamplingField>()? {
+            match key {
+                SamplingField::MaxNewTokens => budget = map.next_value::<TokenBudget>()?.0,
+                SamplingField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(budget)
+    }
+
+    ignore_scalars!(
+        visit_u64(u64),
+        visit_i64(i64),
+        visit_f64(f64),
+        visit_str(&str),
+        visit_bool(bool)
+    );
+    ignore_seq!();
+}
+
+/// The keys of `sampling_params` the router reads.
+enum SamplingField {
+    MaxNewTokens,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for SamplingField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_identifier(SamplingFieldVisitor)
+    }
+}
+
+struct SamplingFieldVisitor;
+
+impl Visitor<'_> for SamplingFieldVisitor {
+    type Value = SamplingField;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<SamplingField, E> {
+        Ok(match key {
+            "max_new_tokens" => SamplingField::MaxNewTokens,
+            _ => SamplingField::Other,
+        })
     }
 }
 

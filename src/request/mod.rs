@@ -126,12 +126,21 @@ pub struct RoutingInput {
     target_worker: String,
     /// Scratch for the Messages API `system` field, prepended to the messages' text.
     system: String,
+    /// The request's output budget: `max_completion_tokens` or `max_tokens`, or `/generate`'s
+    /// `sampling_params.max_new_tokens`.
+    max_output_tokens: Option<u32>,
 }
 
 impl RoutingInput {
     /// An empty input; buffers grow on first use and are kept.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The most tokens the request asks to generate (`max_completion_tokens`, else `max_tokens`;
+    /// `/generate`: `sampling_params.max_new_tokens`); `None` when it sets none.
+    pub fn max_output_tokens(&self) -> Option<u32> {
+        self.max_output_tokens
     }
 
     /// The endpoint of the last extraction.
@@ -214,6 +223,7 @@ impl RoutingInput {
         self.routing_key_hash = None;
         self.target_worker.clear();
         self.system.clear();
+        self.max_output_tokens = None;
     }
 }
 

@@ -346,3 +346,62 @@ fn reuse_clears_the_previous_request() {
     assert_eq!(input.model(), "");
     assert!(input.namespace().is_unpartitioned());
 }
+
+#[test]
+fn the_output_budget_is_read_per_endpoint() {
+    use Endpoint::{ChatCompletions, Completions, Generate, Messages};
+    let cases: [(Endpoint, &str, Option<u32>); 12] = [
+        (Completions, r#"{"prompt":"p","max_tokens":64}"#, Some(64)),
+        (Messages, r#"{"max_tokens":300,"messages":[]}"#, Some(300)),
+        (ChatCompletions, r#"{"max_tokens":64}"#, Some(64)),
+        // The newer field wins on either side of the older one.
+        (
+            ChatCompletions,
+            r#"{"max_completion_tokens":9,"max_tokens":64}"#,
+            Some(9),
+        ),
+        (
+            ChatCompletions,
+            r#"{"max_tokens":64,"max_completion_tokens":9}"#,
+            Some(9),
+        ),
+        (
+            Generate,
+            r#"{"input_ids":[1],"sampling_params":{"temperature":0,"max_new_tokens":7,"stop":["x"]}}"#,
+            Some(7),
+        ),
+        // /generate reads only its sampling parameters; the others only their own field.
+        (Generate, r#"{"max_tokens":64}"#, None),
+        (
+            Completions,
+            r#"{"sampling_params":{"max_new_tokens":7}}"#,
+            None,
+        ),
+        // Not a count: no budget, and the body is still routed.
+        (Completions, r#"{"max_tokens":"64","prompt":"p"}"#, None),
+        (Completions, r#"{"max_tokens":-1}"#, None),
+        (Completions, r#"{"max_tokens":1e3}"#, None),
+        (Generate, r#"{"sampling_params":null}"#, None),
+    ];
+    for (endpoint, body, expected) in cases {
+        assert_eq!(
+            plain(endpoint, body).max_output_tokens(),
+            expected,
+            "{body}"
+        );
+    }
+    assert_eq!(
+        plain(Completions, r#"{"max_tokens":4294967296}"#).max_output_tokens(),
+        None
+    );
+    // An input reused for the next request forgets the last budget.
+    let mut input = plain(Completions, r#"{"max_tokens":64}"#);
+    extract(
+        Completions,
+        br#"{"prompt":"p"}"#,
+        RoutingHeaders::default(),
+        &mut input,
+    )
+    .expect("valid body");
+    assert_eq!(input.max_output_tokens(), None);
+}
