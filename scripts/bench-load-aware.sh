@@ -3,9 +3,11 @@
 # prefix_hash and cache_aware's default (the benchmark of issue 24), each policy on a fresh fleet
 # of 8 simulated engines:
 #
-#   scripts/bench-load-aware.sh [OUT_DIR] [hot|routing|all]   (about 30 minutes on 2 cores for
+#   scripts/bench-load-aware.sh [OUT_DIR] [hot|routing|all]   (about 35 minutes on 2 cores for
 #                                                              all; default OUT_DIR
 #                                                              target/bench-load-aware)
+#
+# POLICIES=a,b,... replaces the five policies (a rerun of two of them, for the run-to-run spread).
 #
 # Workloads:
 #   hot-spot-R   6 system prompts of 8,192 tokens, Zipf-skewed (exponent 1.5: the hottest carries
@@ -24,7 +26,7 @@ which="${2:-all}"
 mkdir -p "$out"
 cargo build --release --workspace --bins
 source scripts/lib/replay-compare-run.sh
-policies=round_robin,least_load,prefix_hash,cache_aware,cache_aware:load
+policies=${POLICIES:-round_robin,least_load,prefix_hash,cache_aware,cache_aware:load}
 hot=(--synthetic --groups 6 --prompts-per-group 200 --system-prompt-len 8192 --question-len 256
     --output-len 384 --popularity zipf --zipf-exponent 1.5 --turns 2 --max-requests 2400)
 trace=../shared/traces/mooncake_conversation_trace.jsonl
