@@ -170,10 +170,14 @@ async fn serve(port: u16, replay_port: u16, commands: mpsc::Receiver<Command>) {
                             Bytes::copy_from_slice(&s.to_be_bytes()),
                             Bytes::copy_from_slice(payload),
                         ];
-                        replay
+                        // A requester that gave up is gone: like an engine, log nothing and go on.
+                        if replay
                             .send(ZmqMessage::try_from(reply).unwrap())
                             .await
-                            .unwrap();
+                            .is_err()
+                        {
+                            break;
+                        }
                     }
                     let end = vec![
                         frames[0].clone(),
@@ -181,10 +185,7 @@ async fn serve(port: u16, replay_port: u16, commands: mpsc::Receiver<Command>) {
                         Bytes::copy_from_slice(&(-1i64).to_be_bytes()),
                         Bytes::new(),
                     ];
-                    replay
-                        .send(ZmqMessage::try_from(end).unwrap())
-                        .await
-                        .unwrap();
+                    let _ = replay.send(ZmqMessage::try_from(end).unwrap()).await;
                 }
             }
             match commands.try_recv() {
@@ -195,10 +196,9 @@ async fn serve(port: u16, replay_port: u16, commands: mpsc::Receiver<Command>) {
                             Bytes::copy_from_slice(&seq.to_be_bytes()),
                             Bytes::copy_from_slice(&payload),
                         ];
-                        publisher
-                            .send(ZmqMessage::try_from(message).unwrap())
-                            .await
-                            .unwrap();
+                        // A subscriber that went away mid-send loses the batch, as on a PUB
+                        // socket; the sequence numbers let the gateway notice.
+                        let _ = publisher.send(ZmqMessage::try_from(message).unwrap()).await;
                     }
                     buffer.push_back((seq, payload));
                     seq += 1;
