@@ -200,6 +200,19 @@ fn chunked_request_bodies_and_100_continue_reach_the_worker_whole() {
 }
 
 #[test]
+fn a_chunk_extension_ending_in_a_bare_lf_is_a_400() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    client.send_raw(b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5;ext\nhello\r\n0\r\n\r\n");
+    let response = client.read_response();
+    // Before: the LF was read as more extension, "hello" too, and the request hung to a 408.
+    assert_error(&response, 400);
+    assert!(client.is_closed_by_peer(TIMEOUT));
+    assert!(origin.requests().is_empty());
+}
+
+#[test]
 fn hop_by_hop_headers_are_dropped_both_ways() {
     let origin = MockOrigin::start(|_| Reply::Full {
         status: 201,

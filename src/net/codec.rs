@@ -591,7 +591,8 @@ pub enum ChunkError {
 enum ChunkState {
     /// Reading hex digits of a chunk size.
     Size,
-    /// Skipping a chunk extension up to CR.
+    /// Skipping a chunk extension up to CR (a bare LF in it is refused: reading it as part of
+    /// the extension would take the chunk data for more extension and desynchronize framing).
     Extension,
     /// Expecting LF after a size line.
     SizeLf,
@@ -605,6 +606,8 @@ enum ChunkState {
     TrailerStart,
     /// Inside a trailer line.
     TrailerLine,
+    /// Expecting LF after a trailer line's CR.
+    TrailerLf,
     /// Expecting the final LF.
     FinalLf,
     /// The body is complete.
@@ -697,10 +700,13 @@ impl ChunkedDecoder {
                 }
                 match (self.state, byte) {
                     (TrailerStart, b'\r') => FinalLf,
-                    (_, b'\n') => TrailerStart,
+                    (TrailerLine, b'\r') => TrailerLf,
+                    // Lines end with CRLF only: a bare LF is where two parsers disagree.
+                    (_, b'\n') => return Err(ChunkError::Malformed),
                     _ => TrailerLine,
                 }
             }
+            TrailerLf if byte == b'\n' => TrailerStart,
             FinalLf if byte == b'\n' => Done,
             _ => return Err(ChunkError::Malformed),
         };
@@ -721,6 +727,7 @@ impl ChunkedDecoder {
             }
             (Size, b';' | b' ' | b'\t') if self.size_digits > 0 => Extension,
             (Size | Extension, b'\r') if self.size_digits > 0 => SizeLf,
+            (Extension, b'\n') => return Err(ChunkError::Malformed),
             (Extension, _) => Extension,
             (SizeLf, b'\n') => {
                 let size = std::mem::take(&mut self.size);

@@ -312,6 +312,30 @@ fn chunked_errors_are_typed() {
 }
 
 #[test]
+fn a_bare_lf_ends_no_chunk_line() {
+    // Read as more extension, the LF would swallow the data ("hello" as extension, then a hang
+    // or a desynchronized stream); read as the end of line, parsers downstream may disagree.
+    let cases: &[&[u8]] = &[
+        b"5;ext\nhello\r\n0\r\n\r\n",
+        b"5;\nhello\r\n0\r\n\r\n",
+        b"0;ext\n\r\n",
+        b"0\r\nx-trailer: 1\n\r\n",
+        b"0\r\n\n",
+        b"0\r\nx-trailer: 1\rX\r\n\r\n",
+    ];
+    for input in cases {
+        for split in 1..=input.len() {
+            assert_eq!(
+                decode_split(input, split).unwrap_err(),
+                ChunkError::Malformed,
+                "{:?} split {split}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+}
+
+#[test]
 fn incomplete_chunked_body_is_not_done() {
     let mut decoder = ChunkedDecoder::new();
     let n = decoder.feed(b"5\r\nhel", |_| {}).unwrap();
