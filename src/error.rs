@@ -41,6 +41,9 @@ pub enum ErrorKind {
     HeadersTooLarge,
     /// The body exceeds `--max-payload-size`.
     PayloadTooLarge,
+    /// No bearer token, or the wrong one, where one is required (answered with
+    /// `WWW-Authenticate: Bearer`).
+    Unauthorized,
     /// A routed endpoint got a body that is not JSON.
     InvalidJson,
     /// No endpoint at this path.
@@ -72,6 +75,7 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::MalformedRequest | ErrorKind::InvalidJson => 400,
+            ErrorKind::Unauthorized => 401,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::RequestTimeout => 408,
@@ -98,6 +102,7 @@ impl ErrorKind {
             | ErrorKind::RequestTimeout
             | ErrorKind::ClientClosed => "invalid_request_error",
             ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
+            ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::NoHealthyWorker => "service_unavailable",
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
@@ -113,7 +118,10 @@ impl ErrorKind {
             ErrorKind::MalformedRequest => "malformed HTTP request",
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::PayloadTooLarge => "request body exceeds --max-payload-size",
-            ErrorKind::InvalidJson => "request body is not valid JSON",
+            ErrorKind::InvalidJson => {
+                "request body is not valid JSON, or a field has the wrong type (model: a string)"
+            }
+            ErrorKind::Unauthorized => "missing or wrong Authorization: Bearer token",
             ErrorKind::NotFound => "no such endpoint",
             ErrorKind::ModelNotFound => {
                 "the requested model is not served by any worker (see GET /v1/models)"

@@ -422,8 +422,20 @@ fn unknown_model_is_404_and_admin_calls_need_the_key() {
     let r = gw.client().post_json("/v1/chat/completions", unknown);
     assert_eq!(r.status, 404);
     assert!(r.text().contains("not served by any worker"));
-    assert_eq!(gw.request("GET", "/workers", "", None).status, 401);
+    let refused = gw.request("GET", "/workers", "", None);
+    assert_eq!(refused.status, 401);
+    assert_eq!(refused.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(refused.json()["error"]["code"], 401);
     assert_eq!(gw.request("GET", "/workers", "", Some("wrong")).status, 401);
+    // No `100 Continue` invites the body of a call that is refused anyway.
+    let mut client = gw.client();
+    client.send_raw(
+        b"POST /workers HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 30\r\n\r\n",
+    );
+    let first = client.read_response();
+    assert_eq!(first.status, 401, "{}", first.text());
+    assert_eq!(first.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(first.header("connection"), Some("close"));
     let ok = gw.request("GET", "/workers", "", Some("s3cret"));
     assert_eq!(ok.status, 200);
     assert!(ok.text().contains(&sim.url(0)));

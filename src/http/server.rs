@@ -24,7 +24,7 @@ use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, R
 use crate::net::socket::{read_spare, Socket};
 use crate::policy::Prepared;
 use crate::request::{Endpoint, Handling, Method};
-use crate::workers::admin::route_admin;
+use crate::workers::admin::{check_auth, route_admin};
 
 /// How a request was answered: the status (for metrics) and what becomes of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,6 +305,12 @@ pub async fn read_request(
         return Ok(None);
     };
     let head_len = head.head_len;
+    if head.expect_continue {
+        // `100 Continue` invites the body: never to a caller who will be refused anyway.
+        if let Some(kind) = refused_before_body(&head, &down.read_buf, config) {
+            return Err(ProxyError::downstream(kind, "authenticate"));
+        }
+    }
     match head.framing {
         Framing::Length(n) if n > max_payload as u64 => Err(ProxyError::downstream(
             ErrorKind::PayloadTooLarge,
@@ -358,6 +364,19 @@ async fn read_request_head(
     }
 }
 
+/// Why a request is refused whatever its body says, read from its head alone: an admin call
+/// without the admin key. `None`: read the body.
+fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Option<ErrorKind> {
+    let path = std::str::from_utf8(head.path(buf)).ok()?;
+    // Any admin path, even one with the wrong method: authentication answers first.
+    route_admin(head.method_text(buf), path).map(|_| ())?;
+    let authorization = head.headers.get(buf, "authorization");
+    let api_key = config.worker_settings.admin_api_key.as_deref();
+    check_auth(api_key, authorization)
+        .err()
+        .map(|_| ErrorKind::Unauthorized)
+}
+
 /// Answers `Expect: 100-continue` when the body has not fully arrived yet.
 async fn send_continue_if_expected(
     down: &mut Downstream,
@@ -405,7 +424,9 @@ async fn read_chunked_body(
                 ProxyError::downstream(kind, "decode chunked request body")
             })?;
         fed += consumed;
-        if body_buf.len() > config.max_payload_bytes {
+        // The size line announces the chunk: refuse it then, not after reading it.
+        let announced = (body_buf.len() as u64).saturating_add(decoder.announced_len_pending());
+        if announced > config.max_payload_bytes as u64 {
             return Err(ProxyError::downstream(
                 ErrorKind::PayloadTooLarge,
                 "read chunked body",
