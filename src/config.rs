@@ -7,7 +7,7 @@
 //! and the tokenizer files (`--model-path`, `--tokenizer-path`, `--chat-template`) read and built
 //! here, once, at start: a file that does not load is one `Error: ...` line naming its flag.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -175,6 +175,10 @@ pub struct Config {
     pub tokenizer_cache: CacheConfig,
     /// Uncached prompt bytes a data core tokenizes itself before it hands the work to the pool.
     pub tokenize_inline_max_bytes: usize,
+    /// This process's name in the `Via` header of forwarded requests (`kvgate-` and 8 random
+    /// hex digits): a request that arrives carrying it has looped back (508), while a chain of
+    /// distinct kvgates still works.
+    pub via_pseudonym: String,
 }
 
 impl Config {
@@ -197,6 +201,12 @@ impl Config {
         for url in &cli.worker_urls {
             let spec = WorkerSpec::resolve(url)
                 .map_err(|e| FlagError::new("--worker-urls", e.to_string()))?;
+            if is_own_listener(spec.addr, listen_addr) {
+                return Err(FlagError::new(
+                    "--worker-urls",
+                    format!("{url} is this gateway's own --host/--port: requests would loop"),
+                ));
+            }
             if workers.iter().any(|w| w.url == spec.url) {
                 return Err(FlagError::new(
                     "--worker-urls",
@@ -264,6 +274,7 @@ impl Config {
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
+            via_pseudonym: format!("kvgate-{:08x}", fastrand::u32(..)),
             header_read_timeout,
             client_idle_timeout,
             worker_settings,
@@ -448,6 +459,37 @@ fn data_cores_default() -> usize {
     cores.saturating_sub(1).clamp(1, limits::DATA_CORES_MAX)
 }
 
+/// Whether a worker at `worker` is this gateway itself, listening on `listen`: a request
+/// routed there would come back, be routed again, and loop until file descriptors run out.
+/// Loopback addresses and the unspecified address reach a loopback or wildcard listener; a
+/// wildcard listener is also reached through every address of this host's interfaces.
+pub fn is_own_listener(worker: SocketAddr, listen: SocketAddr) -> bool {
+    if worker.port() != listen.port() {
+        return false;
+    }
+    let (worker_ip, listen_ip) = (canonical_ip(worker.ip()), canonical_ip(listen.ip()));
+    let local = worker_ip.is_unspecified() || worker_ip.is_loopback();
+    if listen_ip.is_unspecified() {
+        local || is_local_address(worker_ip)
+    } else {
+        worker_ip == listen_ip || (local && listen_ip.is_loopback()) || worker_ip.is_unspecified()
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` is an address of this host: only a local address can be bound (a UDP socket,
+/// so no connection is made and nothing is sent).
+fn is_local_address(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
     let mut addrs = (host, port)
         .to_socket_addrs()
@@ -497,6 +539,35 @@ mod tests {
         assert_eq!(config.workers[1].url, "http://127.0.0.1:31002/");
         assert_eq!(config.workers[1].addr, "127.0.0.1:31002".parse().unwrap());
         assert_eq!(config.workers[1].authority, "127.0.0.1:31002");
+    }
+
+    #[test]
+    fn a_worker_at_the_gateways_own_listener_is_refused() {
+        let addr = |text: &str| text.parse::<SocketAddr>().unwrap();
+        let wildcard = addr("0.0.0.0:30000");
+        let loopback = addr("127.0.0.1:30000");
+        for own in [
+            "127.0.0.1:30000",
+            "127.0.0.2:30000",
+            "[::1]:30000",
+            "0.0.0.0:30000",
+            "[::ffff:127.0.0.1]:30000",
+        ] {
+            assert!(is_own_listener(addr(own), wildcard), "{own}");
+            assert!(is_own_listener(addr(own), loopback), "{own}");
+        }
+        for other in ["127.0.0.1:30001", "192.0.2.1:30000", "[::1]:29999"] {
+            assert!(!is_own_listener(addr(other), wildcard), "{other}");
+            assert!(!is_own_listener(addr(other), loopback), "{other}");
+        }
+        let looping = parse(&[
+            "--port",
+            "30123",
+            "--worker-urls",
+            "http://localhost:30123/",
+        ]);
+        assert_eq!(looping.unwrap_err().flag, "--worker-urls");
+        assert!(parse(&["--port", "30123", "--worker-urls", "http://localhost:30124"]).is_ok());
     }
 
     #[test]

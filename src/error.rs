@@ -44,6 +44,12 @@ pub enum ErrorKind {
     /// No bearer token, or the wrong one, where one is required (answered with
     /// `WWW-Authenticate: Bearer`).
     Unauthorized,
+    /// An admin call while the admin API is closed (no `--admin-api-key`, no
+    /// `--admin-api-insecure`).
+    AdminClosed,
+    /// The request already passed through this gateway (its `Via` carries our pseudonym): a
+    /// worker URL leads back here, and forwarding again would loop.
+    LoopDetected,
     /// A routed endpoint got a body that is not JSON.
     InvalidJson,
     /// No endpoint at this path.
@@ -76,6 +82,7 @@ impl ErrorKind {
         match self {
             ErrorKind::MalformedRequest | ErrorKind::InvalidJson => 400,
             ErrorKind::Unauthorized => 401,
+            ErrorKind::AdminClosed => 403,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::RequestTimeout => 408,
@@ -88,6 +95,7 @@ impl ErrorKind {
             | ErrorKind::UpstreamMalformed => 502,
             ErrorKind::NoHealthyWorker => 503,
             ErrorKind::UpstreamTimeout => 504,
+            ErrorKind::LoopDetected => 508,
         }
     }
 
@@ -103,6 +111,8 @@ impl ErrorKind {
             | ErrorKind::ClientClosed => "invalid_request_error",
             ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
             ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::AdminClosed => "forbidden",
+            ErrorKind::LoopDetected => "loop_detected",
             ErrorKind::NoHealthyWorker => "service_unavailable",
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
@@ -122,6 +132,14 @@ impl ErrorKind {
                 "request body is not valid JSON, or a field has the wrong type (model: a string)"
             }
             ErrorKind::Unauthorized => "missing or wrong Authorization: Bearer token",
+            ErrorKind::AdminClosed => {
+                "the admin API is disabled: start kvgate with --admin-api-key (bearer token) or \
+                 --admin-api-insecure"
+            }
+            ErrorKind::LoopDetected => {
+                "the request already passed through this gateway (Via): a worker URL leads back \
+                 to it"
+            }
             ErrorKind::NotFound => "no such endpoint",
             ErrorKind::ModelNotFound => {
                 "the requested model is not served by any worker (see GET /v1/models)"

@@ -543,3 +543,28 @@ fn a_chunk_size_over_the_limit_gets_413_before_its_data() {
     assert_eq!(response.header("connection"), Some("close"));
     assert!(origin.requests().is_empty());
 }
+
+#[test]
+fn forwarded_requests_carry_our_via_and_one_that_already_does_is_a_508() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    assert_eq!(client.post_json("/v1/chat/completions", CHAT).status, 200);
+    let via = origin.requests()[0]
+        .header("via")
+        .expect("forwarded with a Via header")
+        .to_string();
+    let pseudonym = via.strip_prefix("1.1 ").expect("Via: 1.1 <pseudonym>");
+    assert!(pseudonym.starts_with("kvgate-"), "{via}");
+    // Another kvgate in front of this one is a chain, not a loop.
+    let other = [("via", "1.1 kvgate-zzzzzzzz")];
+    let chained = client.request("POST", "/v1/chat/completions", &other, CHAT.as_bytes());
+    assert_eq!(chained.status, 200);
+    // Our own pseudonym coming back is a loop: refused before any worker sees it.
+    let looped = format!("1.0 edge, 1.1 {pseudonym}");
+    let headers = [("via", looped.as_str())];
+    let response = client.request("POST", "/v1/chat/completions", &headers, CHAT.as_bytes());
+    assert_error(&response, 508);
+    assert_eq!(origin.requests().len(), 2);
+    assert_eq!(client.get("/health").status, 200, "the connection is kept");
+}

@@ -444,6 +444,47 @@ fn unknown_model_is_404_and_admin_calls_need_the_key() {
 }
 
 #[test]
+fn the_admin_api_is_closed_by_default_and_never_adds_the_gateway_itself() {
+    let sim = SimFleet::start(1, &["--instant"]);
+    let closed = Gateway::start_admin_closed(&sim.urls(), &[]);
+    let body = json!({"url": sim.url(0)}).to_string();
+    for (method, path, body) in [("GET", "/workers", ""), ("POST", "/workers", &body)] {
+        let refused = closed.request(method, path, body, None);
+        assert_eq!(refused.status, 403, "{method} {path}: {}", refused.text());
+        assert_eq!(refused.json()["error"]["code"], 403);
+        let message = refused.json()["error"]["message"].to_string();
+        assert!(message.contains("--admin-api-insecure"), "{message}");
+    }
+    let mut client = closed.client();
+    client.send_raw(
+        b"POST /workers HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 30\r\n\r\n",
+    );
+    assert_eq!(client.read_response().status, 403, "no 100 Continue first");
+    let routed = closed
+        .client()
+        .post_json("/v1/chat/completions", &ask("hi"));
+    assert_eq!(routed.status, 200, "only the admin API is closed");
+
+    // Open, it still refuses every spelling of the gateway's own listener: one request sent
+    // there would loop until file descriptors run out.
+    let open = Gateway::start(&sim.urls(), &[]);
+    for host in [
+        "127.0.0.1",
+        "localhost",
+        "0.0.0.0",
+        "LOCALHOST",
+        "[::ffff:127.0.0.1]",
+    ] {
+        let url = format!("http://{host}:{}/", open.port);
+        let r = open.request("POST", "/workers", &json!({"url": url}).to_string(), None);
+        assert_eq!(r.status, 400, "{url}: {}", r.text());
+        assert_eq!(r.json()["error"]["code"], 400);
+    }
+    let listed: serde_json::Value = serde_json::from_str(&open.workers_json()).unwrap();
+    assert_eq!(listed["total"], 1);
+}
+
+#[test]
 fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
     let sim = SimFleet::start(2, &[]);
     // Identical prompts must reach the re-added worker (cache_aware would stick to one).

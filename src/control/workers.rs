@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use super::monitor::{Change, WorkerMonitor};
 use super::probes::{probe_new_worker, ProbeRound};
+use crate::config::is_own_listener;
 use crate::ids::WorkerId;
 use crate::limits::WORKERS_MAX;
 use crate::shared::{AdminReply, AdminRequest, Shared};
@@ -246,6 +247,14 @@ impl WorkerDriver {
         // A host name is resolved here, on the control core: admin calls are rare.
         let mut spec = WorkerSpec::resolve(&url)
             .map_err(|e| refuse(AdminError::new(400, "invalid_request_error", e.to_string())))?;
+        if is_own_listener(spec.addr, shared.config.listen_addr) {
+            let e = AdminError::new(
+                400,
+                "invalid_request_error",
+                format!("worker {url} is this gateway's own listener: requests would loop"),
+            );
+            return Err(refuse(e));
+        }
         spec.kv_events = added.kv_events;
         let health = self.monitor.config().health.clone();
         let (tx, probed) = mpsc::channel();

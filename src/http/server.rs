@@ -24,7 +24,7 @@ use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, R
 use crate::net::socket::{read_spare, Socket};
 use crate::policy::Prepared;
 use crate::request::{Endpoint, Handling, Method};
-use crate::workers::admin::{check_auth, route_admin};
+use crate::workers::admin::{check_access, route_admin};
 
 /// How a request was answered: the status (for metrics) and what becomes of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +140,16 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
         }
     }
     let started = Instant::now();
-    let (answered, head_timed) = match endpoint.handling(method) {
+    let handling = endpoint.handling(method);
+    let looped = handling == Handling::Proxy
+        && request
+            .head
+            .via_names(&down.read_buf, core.shared.config.via_pseudonym.as_bytes());
+    let (answered, head_timed) = match handling {
+        Handling::Proxy if looped => (
+            answer_error(down, ErrorKind::LoopDetected, connection).await,
+            false,
+        ),
         Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint, started).await
         {
             // The proxy timed the response head when it wrote it.
@@ -365,16 +374,18 @@ async fn read_request_head(
 }
 
 /// Why a request is refused whatever its body says, read from its head alone: an admin call
-/// without the admin key. `None`: read the body.
+/// while the admin API is closed or without its key. `None`: read the body.
 fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Option<ErrorKind> {
     let path = std::str::from_utf8(head.path(buf)).ok()?;
     // Any admin path, even one with the wrong method: authentication answers first.
     route_admin(head.method_text(buf), path).map(|_| ())?;
     let authorization = head.headers.get(buf, "authorization");
-    let api_key = config.worker_settings.admin_api_key.as_deref();
-    check_auth(api_key, authorization)
-        .err()
-        .map(|_| ErrorKind::Unauthorized)
+    let refused = check_access(&config.worker_settings.admin_access, authorization).err()?;
+    Some(if refused.status == 403 {
+        ErrorKind::AdminClosed
+    } else {
+        ErrorKind::Unauthorized
+    })
 }
 
 /// Answers `Expect: 100-continue` when the body has not fully arrived yet.

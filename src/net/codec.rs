@@ -130,6 +130,21 @@ impl RequestHead {
         std::str::from_utf8(&buf[self.method_span.clone()]).unwrap_or("")
     }
 
+    /// Whether a `Via` header names `pseudonym` as a proxy the request passed through (RFC 9110
+    /// 7.6.3: `protocol received-by`, comma-separated): the request has looped back.
+    pub fn via_names(&self, buf: &[u8], pseudonym: &[u8]) -> bool {
+        self.headers
+            .iter(buf)
+            .filter(|(name, _)| name.eq_ignore_ascii_case(b"via"))
+            .flat_map(|(_, value)| comma_tokens(value))
+            .any(|hop| {
+                hop.split(u8::is_ascii_whitespace)
+                    .filter(|word| !word.is_empty())
+                    .nth(1)
+                    == Some(pseudonym)
+            })
+    }
+
     /// The path without the query.
     pub fn path<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
         let target = self.target(buf);
@@ -451,6 +466,19 @@ pub fn write_upstream_request_head(
     authority: &str,
     body_len: usize,
 ) {
+    write_upstream_request_head_via(out, head, buf, authority, "", body_len);
+}
+
+/// As [`write_upstream_request_head`], adding `Via: 1.1 <pseudonym>` (RFC 9110 7.6.3) after the
+/// client's own `Via` headers, unless `pseudonym` is empty.
+pub fn write_upstream_request_head_via(
+    out: &mut Vec<u8>,
+    head: &RequestHead,
+    buf: &[u8],
+    authority: &str,
+    pseudonym: &str,
+    body_len: usize,
+) {
     out.extend_from_slice(&buf[head.method_span.clone()]);
     out.push(b' ');
     out.extend_from_slice(head.target(buf));
@@ -458,6 +486,11 @@ pub fn write_upstream_request_head(
     out.extend_from_slice(authority.as_bytes());
     out.extend_from_slice(b"\r\n");
     write_end_to_end_headers(out, buf, &head.headers, b"host");
+    if !pseudonym.is_empty() {
+        out.extend_from_slice(b"via: 1.1 ");
+        out.extend_from_slice(pseudonym.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     write_content_length(out, body_len as u64);
     out.extend_from_slice(b"\r\n");
 }

@@ -230,6 +230,28 @@ fn upstream_head_drops_hop_by_hop_headers() {
 }
 
 #[test]
+fn via_is_added_upstream_and_our_own_entry_is_recognized() {
+    let input = b"POST /generate HTTP/1.1\r\nHost: gw\r\nVia: 1.0 edge (squid), 1.1 kvgate-00c0ffee\r\n\r\n";
+    let head = parse_request_head(input).unwrap().unwrap();
+    assert!(head.via_names(input, b"kvgate-00c0ffee"));
+    assert!(head.via_names(input, b"edge"));
+    assert!(!head.via_names(input, b"kvgate-00c0ffe"));
+    assert!(!head.via_names(input, b"kvgate-12345678"));
+    let mut out = Vec::new();
+    write_upstream_request_head_via(&mut out, &head, input, "w:1", "kvgate-12345678", 0);
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("Via: 1.0 edge (squid), 1.1 kvgate-00c0ffee\r\nvia: 1.1 kvgate-12345678\r\n"),
+        "{text}"
+    );
+    let mut plain = Vec::new();
+    write_upstream_request_head(&mut plain, &head, input, "w:1", 0);
+    assert!(!String::from_utf8(plain)
+        .unwrap()
+        .contains("kvgate-12345678"));
+}
+
+#[test]
 fn response_framing_is_derived_from_status_and_headers() {
     let cases: &[(&[u8], Method, Framing, bool)] = &[
         (
