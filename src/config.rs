@@ -207,10 +207,10 @@ impl Config {
                     format!("{url} is this gateway's own --host/--port: requests would loop"),
                 ));
             }
-            if workers.iter().any(|w| w.url == spec.url) {
+            if workers.iter().any(|w| w.same_endpoint(&spec)) {
                 return Err(FlagError::new(
                     "--worker-urls",
-                    format!("{url} is given twice"),
+                    format!("{url} is given twice (spellings of one address count once)"),
                 ));
             }
             workers.push(spec);
@@ -539,6 +539,18 @@ mod tests {
         assert_eq!(config.workers[1].url, "http://127.0.0.1:31002/");
         assert_eq!(config.workers[1].addr, "127.0.0.1:31002".parse().unwrap());
         assert_eq!(config.workers[1].authority, "127.0.0.1:31002");
+    }
+
+    #[test]
+    fn spellings_of_one_worker_are_given_twice() {
+        let twice = parse(&[
+            "--worker-urls",
+            "http://localhost:31005",
+            "HTTP://127.0.0.1:31005/",
+        ]);
+        let error = twice.unwrap_err();
+        assert_eq!(error.flag, "--worker-urls");
+        assert!(error.reason.contains("twice"), "{error}");
     }
 
     #[test]

@@ -485,6 +485,53 @@ fn the_admin_api_is_closed_by_default_and_never_adds_the_gateway_itself() {
 }
 
 #[test]
+fn concurrent_adds_of_one_worker_register_it_once_whatever_its_spelling() {
+    let sim = SimFleet::start(1, &["--instant"]);
+    let gw = Gateway::start(&[], &[]);
+    let body = json!({"url": sim.url(0)}).to_string();
+    let start = std::sync::Barrier::new(5);
+    let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..5)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    let r = gw.request("POST", "/workers", &body, None);
+                    (r.status, r.json())
+                })
+            })
+            .collect();
+        calls
+            .into_iter()
+            .map(|c| c.join().expect("an admin call failed"))
+            .collect()
+    });
+    let created = answers.iter().filter(|(status, _)| *status == 201).count();
+    assert_eq!(created, 1, "{answers:?}");
+    for (status, body) in answers.iter().filter(|(status, _)| *status != 201) {
+        assert_eq!(*status, 409, "{body}");
+        assert_eq!(body["error"]["code"], 409, "{body}");
+    }
+    let port = sim.port(0);
+    for spelling in [
+        format!("http://localhost:{port}"),
+        format!("HTTP://127.0.0.1:{port}/"),
+        format!("http://LOCALHOST:{port}/"),
+    ] {
+        let r = gw.request(
+            "POST",
+            "/workers",
+            &json!({"url": spelling}).to_string(),
+            None,
+        );
+        assert_eq!(r.status, 409, "{spelling}: {}", r.text());
+    }
+    let listed: serde_json::Value = serde_json::from_str(&gw.workers_json()).unwrap();
+    assert_eq!(listed["total"], 1, "{listed}");
+    let series = format!("smg_worker_health{{worker=\"{}\"}}", sim.url(0));
+    assert_eq!(gw.metrics().matches(&series).count(), 1);
+}
+
+#[test]
 fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
     let sim = SimFleet::start(2, &[]);
     // Identical prompts must reach the re-added worker (cache_aware would stick to one).

@@ -231,19 +231,6 @@ impl WorkerDriver {
         let refuse = |e| (e, reply.clone());
         let added = parse_add_worker(body).map_err(refuse)?;
         let url = added.url;
-        let roster = shared.table.roster();
-        if roster
-            .workers
-            .iter()
-            .any(|w| w.spec.normalized_url() == url)
-        {
-            let e = AdminError::new(
-                409,
-                "conflict",
-                format!("worker {url} is already registered"),
-            );
-            return Err(refuse(e));
-        }
         // A host name is resolved here, on the control core: admin calls are rare.
         let mut spec = WorkerSpec::resolve(&url)
             .map_err(|e| refuse(AdminError::new(400, "invalid_request_error", e.to_string())))?;
@@ -252,6 +239,26 @@ impl WorkerDriver {
                 400,
                 "invalid_request_error",
                 format!("worker {url} is this gateway's own listener: requests would loop"),
+            );
+            return Err(refuse(e));
+        }
+        // Registered workers and those still in their admission probe alike: checking both here,
+        // in the call that then reserves the endpoint (`pending_adds`), makes concurrent adds of
+        // one worker register it once.
+        let roster = shared.table.roster();
+        let registered = roster.workers.iter().map(|w| &w.spec);
+        let probing = self.pending_adds.iter().map(|p| &p.spec);
+        if let Some(existing) = registered
+            .chain(probing)
+            .find(|w| w.same_endpoint(&spec) || w.normalized_url() == url)
+        {
+            let e = AdminError::new(
+                409,
+                "conflict",
+                format!(
+                    "worker {url} is already registered or being added (as {})",
+                    existing.url
+                ),
             );
             return Err(refuse(e));
         }

@@ -226,7 +226,7 @@ struct AddWorkerBody {
 /// A `POST /workers` body, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddWorker {
-    /// The URL without a trailing `/`.
+    /// The URL in its one spelling ([`WorkerUrl::canonical`]).
     pub url: String,
     /// Its KV-event endpoint as given (checked against the URL's host).
     pub kv_events: KvEventsSource,
@@ -257,7 +257,7 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
             .map_err(|e| bad(format!("kv_events_endpoint: {e}")))?,
     };
     Ok(AddWorker {
-        url: parsed.url.trim_end_matches('/').to_string(),
+        url: url.canonical(),
         kv_events,
     })
 }
