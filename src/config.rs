@@ -115,6 +115,12 @@ pub struct Cli {
     /// Write logs as one JSON object per line (SMG's flag).
     #[arg(long = "log-json")]
     pub log_json: bool,
+    /// Bearer token clients must send (`Authorization: Bearer <key>`) on the inference routes
+    /// (`/generate`, `/v1/chat/completions`, `/v1/completions`, `/v1/messages`); others get 401.
+    /// `/health`, `/liveness`, `/readiness`, `/v1/models` and the metrics port stay open; the
+    /// admin API has its own key (--admin-api-key). Unset: no client authentication.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Option<String>,
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long = "max-payload-size", default_value_t = limits::PAYLOAD_BYTES_DEFAULT as u64)]
     pub max_payload_size: u64,
@@ -175,6 +181,8 @@ pub struct Config {
     pub tokenizer_cache: CacheConfig,
     /// Uncached prompt bytes a data core tokenizes itself before it hands the work to the pool.
     pub tokenize_inline_max_bytes: usize,
+    /// The bearer token the inference routes require (`--api-key`); `None`: open.
+    pub api_key: Option<String>,
     /// This process's name in the `Via` header of forwarded requests (`kvgate-` and 8 random
     /// hex digits): a request that arrives carrying it has looped back (508), while a chain of
     /// distinct kvgates still works.
@@ -230,6 +238,9 @@ impl Config {
                     .map_err(|e| FlagError::new("--kv-events-endpoints", e))?;
             }
         }
+        if cli.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(FlagError::new("--api-key", "must not be empty"));
+        }
         let max_payload_bytes = usize::try_from(cli.max_payload_size).unwrap_or(usize::MAX);
         if max_payload_bytes == 0 || max_payload_bytes > limits::PAYLOAD_BYTES_MAX {
             let message = format!("must be 1..={} bytes", limits::PAYLOAD_BYTES_MAX);
@@ -275,6 +286,7 @@ impl Config {
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
             via_pseudonym: format!("kvgate-{:08x}", fastrand::u32(..)),
+            api_key: cli.api_key.clone(),
             header_read_timeout,
             client_idle_timeout,
             worker_settings,
@@ -539,6 +551,14 @@ mod tests {
         assert_eq!(config.workers[1].url, "http://127.0.0.1:31002/");
         assert_eq!(config.workers[1].addr, "127.0.0.1:31002".parse().unwrap());
         assert_eq!(config.workers[1].authority, "127.0.0.1:31002");
+    }
+
+    #[test]
+    fn api_key_is_optional_and_never_empty() {
+        assert_eq!(parse(&[]).unwrap().api_key, None);
+        let keyed = parse(&["--api-key", "sk-1"]).unwrap();
+        assert_eq!(keyed.api_key.as_deref(), Some("sk-1"));
+        assert_eq!(parse(&["--api-key", " "]).unwrap_err().flag, "--api-key");
     }
 
     #[test]

@@ -568,3 +568,55 @@ fn forwarded_requests_carry_our_via_and_one_that_already_does_is_a_508() {
     assert_eq!(origin.requests().len(), 2);
     assert_eq!(client.get("/health").status, 200, "the connection is kept");
 }
+
+#[test]
+fn api_key_guards_the_inference_routes_and_leaves_health_open() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &["--api-key", "sk-test"]);
+    let mut client = gateway.client();
+    for authorization in [
+        None,
+        Some("Bearer wrong"),
+        Some("sk-test"),
+        Some("Basic sk-test"),
+    ] {
+        let headers: Vec<(&str, &str)> = authorization
+            .map(|a| ("authorization", a))
+            .into_iter()
+            .collect();
+        for path in [
+            "/v1/chat/completions",
+            "/generate",
+            "/v1/completions",
+            "/v1/messages",
+        ] {
+            let response = client.request("POST", path, &headers, CHAT.as_bytes());
+            assert_error(&response, 401);
+            assert_eq!(response.header("www-authenticate"), Some("Bearer"));
+        }
+    }
+    assert!(
+        origin.requests().is_empty(),
+        "nothing unauthenticated reached a worker"
+    );
+    for path in ["/health", "/liveness", "/readiness", "/v1/models"] {
+        assert_ne!(client.get(path).status, 401, "{path} stays open");
+    }
+    assert!(gateway.metrics().contains("smg_http_requests_total"));
+    let key = [("authorization", "Bearer sk-test")];
+    let response = client.request("POST", "/v1/chat/completions", &key, CHAT.as_bytes());
+    assert_eq!(response.status, 200, "the connection survived the refusals");
+    // The worker gets the client's token, as SMG's --api-key forwards it.
+    assert_eq!(
+        origin.requests()[0].header("authorization"),
+        Some("Bearer sk-test")
+    );
+    // No `100 Continue` for a request refused by its head.
+    let mut client = gateway.client();
+    client.send_raw(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n",
+    );
+    let first = client.read_response();
+    assert_eq!(first.status, 401);
+    assert_eq!(first.header("connection"), Some("close"));
+}

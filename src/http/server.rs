@@ -24,7 +24,7 @@ use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, R
 use crate::net::socket::{read_spare, Socket};
 use crate::policy::Prepared;
 use crate::request::{Endpoint, Handling, Method};
-use crate::workers::admin::{check_access, route_admin};
+use crate::workers::admin::{bearer_matches, check_access, route_admin};
 
 /// How a request was answered: the status (for metrics) and what becomes of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,30 +141,28 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
     }
     let started = Instant::now();
     let handling = endpoint.handling(method);
-    let looped = handling == Handling::Proxy
-        && request
-            .head
-            .via_names(&down.read_buf, core.shared.config.via_pseudonym.as_bytes());
-    let (answered, head_timed) = match handling {
-        Handling::Proxy if looped => (
-            answer_error(down, ErrorKind::LoopDetected, connection).await,
-            false,
-        ),
-        Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint, started).await
-        {
-            // The proxy timed the response head when it wrote it.
-            Ok(answered) => (answered, true),
-            Err(error) => (answer_error(down, error.kind, connection).await, false),
-        },
-        Handling::Local => {
+    let refused = match handling {
+        Handling::Proxy => refused_routed(&core.shared.config, &request.head, &down.read_buf),
+        _ => None,
+    };
+    let (answered, head_timed) = match (handling, refused) {
+        (_, Some(kind)) => (answer_error(down, kind, connection).await, false),
+        (Handling::Proxy, None) => {
+            match proxy::proxy_request(core, down, request, endpoint, started).await {
+                // The proxy timed the response head when it wrote it.
+                Ok(answered) => (answered, true),
+                Err(error) => (answer_error(down, error.kind, connection).await, false),
+            }
+        }
+        (Handling::Local, None) => {
             let answered = answer_local(core, down, endpoint, method, connection).await;
             (answered, false)
         }
-        Handling::WrongMethod => {
+        (Handling::WrongMethod, None) => {
             let answered = answer_error(down, ErrorKind::MethodNotAllowed, connection).await;
             (answered, false)
         }
-        Handling::NotFound => (
+        (Handling::NotFound, None) => (
             answer_error(down, ErrorKind::NotFound, connection).await,
             false,
         ),
@@ -373,9 +371,26 @@ async fn read_request_head(
     }
 }
 
-/// Why a request is refused whatever its body says, read from its head alone: an admin call
-/// while the admin API is closed or without its key. `None`: read the body.
+/// Why a routed request is refused before it is prepared: without the client key
+/// (`--api-key`, 401), or looped back here (its `Via` names this process, 508). One compare of
+/// the key, no allocation.
+fn refused_routed(config: &Config, head: &RequestHead, buf: &[u8]) -> Option<ErrorKind> {
+    if let Some(key) = &config.api_key {
+        if !bearer_matches(key, head.headers.get(buf, "authorization")) {
+            return Some(ErrorKind::Unauthorized);
+        }
+    }
+    head.via_names(buf, config.via_pseudonym.as_bytes())
+        .then_some(ErrorKind::LoopDetected)
+}
+
+/// Why a request is refused whatever its body says, read from its head alone: a routed request
+/// `refused_routed` refuses, an admin call while the admin API is closed or without its key.
+/// `None`: read the body.
 fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Option<ErrorKind> {
+    if Endpoint::of_path(head.path(buf)).handling(head.method) == Handling::Proxy {
+        return refused_routed(config, head, buf);
+    }
     let path = std::str::from_utf8(head.path(buf)).ok()?;
     // Any admin path, even one with the wrong method: authentication answers first.
     route_admin(head.method_text(buf), path).map(|_| ())?;
