@@ -1,8 +1,11 @@
 //! The downstream side of a data core: one task per client connection runs `serve_connection`,
 //! which loops over keep-alive requests: parse (head, then body: `Content-Length` or chunked,
 //! `Expect: 100-continue`, limits and timeouts), classify, then either answer locally (health,
-//! models) or hand the request to the proxy driver (`proxy::proxy_request`). Bytes after a
-//! request stay in the read buffer for the next one, so pipelined requests are served in order.
+//! models), refuse (`refused_routed`: 401 without the `--api-key` token, 508 when the `Via`
+//! shows the request looped back; admin calls by `workers::admin::check_access`) or hand the
+//! request to the proxy driver (`proxy::proxy_request`). A request its head already refuses gets
+//! no `100 Continue`. Bytes after a request stay in the read buffer for the next one, so
+//! pipelined requests are served in order.
 //!
 //! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
 //! keep-or-close decision; a client that is gone gets nothing.
