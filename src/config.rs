@@ -7,7 +7,7 @@
 //! and the tokenizer files (`--model-path`, `--tokenizer-path`, `--chat-template`) read and built
 //! here, once, at start: a file that does not load is one `Error: ...` line naming its flag.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,6 +115,12 @@ pub struct Cli {
     /// Write logs as one JSON object per line (SMG's flag).
     #[arg(long = "log-json")]
     pub log_json: bool,
+    /// Bearer token clients must send (`Authorization: Bearer <key>`) on the inference routes
+    /// (`/generate`, `/v1/chat/completions`, `/v1/completions`, `/v1/messages`); others get 401.
+    /// `/health`, `/liveness`, `/readiness`, `/v1/models` and the metrics port stay open; the
+    /// admin API has its own key (--admin-api-key). Unset: no client authentication.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Option<String>,
     /// Largest request body accepted, in bytes; larger bodies get 413.
     #[arg(long = "max-payload-size", default_value_t = limits::PAYLOAD_BYTES_DEFAULT as u64)]
     pub max_payload_size: u64,
@@ -175,6 +181,12 @@ pub struct Config {
     pub tokenizer_cache: CacheConfig,
     /// Uncached prompt bytes a data core tokenizes itself before it hands the work to the pool.
     pub tokenize_inline_max_bytes: usize,
+    /// The bearer token the inference routes require (`--api-key`); `None`: open.
+    pub api_key: Option<String>,
+    /// This process's name in the `Via` header of forwarded requests (`kvgate-` and 8 random
+    /// hex digits): a request that arrives carrying it has looped back (508), while a chain of
+    /// distinct kvgates still works.
+    pub via_pseudonym: String,
 }
 
 impl Config {
@@ -197,10 +209,16 @@ impl Config {
         for url in &cli.worker_urls {
             let spec = WorkerSpec::resolve(url)
                 .map_err(|e| FlagError::new("--worker-urls", e.to_string()))?;
-            if workers.iter().any(|w| w.url == spec.url) {
+            if is_own_listener(spec.addr, listen_addr) {
                 return Err(FlagError::new(
                     "--worker-urls",
-                    format!("{url} is given twice"),
+                    format!("{url} is this gateway's own --host/--port: requests would loop"),
+                ));
+            }
+            if workers.iter().any(|w| w.same_endpoint(&spec)) {
+                return Err(FlagError::new(
+                    "--worker-urls",
+                    format!("{url} is given twice (spellings of one address count once)"),
                 ));
             }
             workers.push(spec);
@@ -219,6 +237,9 @@ impl Config {
                 spec.kv_events = KvEventsSource::parse(text, spec.host())
                     .map_err(|e| FlagError::new("--kv-events-endpoints", e))?;
             }
+        }
+        if cli.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err(FlagError::new("--api-key", "must not be empty"));
         }
         let max_payload_bytes = usize::try_from(cli.max_payload_size).unwrap_or(usize::MAX);
         if max_payload_bytes == 0 || max_payload_bytes > limits::PAYLOAD_BYTES_MAX {
@@ -264,6 +285,8 @@ impl Config {
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
+            via_pseudonym: format!("kvgate-{:08x}", fastrand::u32(..)),
+            api_key: cli.api_key.clone(),
             header_read_timeout,
             client_idle_timeout,
             worker_settings,
@@ -448,6 +471,37 @@ fn data_cores_default() -> usize {
     cores.saturating_sub(1).clamp(1, limits::DATA_CORES_MAX)
 }
 
+/// Whether a worker at `worker` is this gateway itself, listening on `listen`: a request
+/// routed there would come back, be routed again, and loop until file descriptors run out.
+/// Loopback addresses and the unspecified address reach a loopback or wildcard listener; a
+/// wildcard listener is also reached through every address of this host's interfaces.
+pub fn is_own_listener(worker: SocketAddr, listen: SocketAddr) -> bool {
+    if worker.port() != listen.port() {
+        return false;
+    }
+    let (worker_ip, listen_ip) = (canonical_ip(worker.ip()), canonical_ip(listen.ip()));
+    let local = worker_ip.is_unspecified() || worker_ip.is_loopback();
+    if listen_ip.is_unspecified() {
+        local || is_local_address(worker_ip)
+    } else {
+        worker_ip == listen_ip || (local && listen_ip.is_loopback()) || worker_ip.is_unspecified()
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` is an address of this host: only a local address can be bound (a UDP socket,
+/// so no connection is made and nothing is sent).
+fn is_local_address(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
     let mut addrs = (host, port)
         .to_socket_addrs()
@@ -497,6 +551,55 @@ mod tests {
         assert_eq!(config.workers[1].url, "http://127.0.0.1:31002/");
         assert_eq!(config.workers[1].addr, "127.0.0.1:31002".parse().unwrap());
         assert_eq!(config.workers[1].authority, "127.0.0.1:31002");
+    }
+
+    #[test]
+    fn api_key_is_optional_and_never_empty() {
+        assert_eq!(parse(&[]).unwrap().api_key, None);
+        let keyed = parse(&["--api-key", "sk-1"]).unwrap();
+        assert_eq!(keyed.api_key.as_deref(), Some("sk-1"));
+        assert_eq!(parse(&["--api-key", " "]).unwrap_err().flag, "--api-key");
+    }
+
+    #[test]
+    fn spellings_of_one_worker_are_given_twice() {
+        let twice = parse(&[
+            "--worker-urls",
+            "http://localhost:31005",
+            "HTTP://127.0.0.1:31005/",
+        ]);
+        let error = twice.unwrap_err();
+        assert_eq!(error.flag, "--worker-urls");
+        assert!(error.reason.contains("twice"), "{error}");
+    }
+
+    #[test]
+    fn a_worker_at_the_gateways_own_listener_is_refused() {
+        let addr = |text: &str| text.parse::<SocketAddr>().unwrap();
+        let wildcard = addr("0.0.0.0:30000");
+        let loopback = addr("127.0.0.1:30000");
+        for own in [
+            "127.0.0.1:30000",
+            "127.0.0.2:30000",
+            "[::1]:30000",
+            "0.0.0.0:30000",
+            "[::ffff:127.0.0.1]:30000",
+        ] {
+            assert!(is_own_listener(addr(own), wildcard), "{own}");
+            assert!(is_own_listener(addr(own), loopback), "{own}");
+        }
+        for other in ["127.0.0.1:30001", "192.0.2.1:30000", "[::1]:29999"] {
+            assert!(!is_own_listener(addr(other), wildcard), "{other}");
+            assert!(!is_own_listener(addr(other), loopback), "{other}");
+        }
+        let looping = parse(&[
+            "--port",
+            "30123",
+            "--worker-urls",
+            "http://localhost:30123/",
+        ]);
+        assert_eq!(looping.unwrap_err().flag, "--worker-urls");
+        assert!(parse(&["--port", "30123", "--worker-urls", "http://localhost:30124"]).is_ok());
     }
 
     #[test]

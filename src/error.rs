@@ -41,6 +41,15 @@ pub enum ErrorKind {
     HeadersTooLarge,
     /// The body exceeds `--max-payload-size`.
     PayloadTooLarge,
+    /// No bearer token, or the wrong one, where one is required (answered with
+    /// `WWW-Authenticate: Bearer`).
+    Unauthorized,
+    /// An admin call while the admin API is closed (no `--admin-api-key`, no
+    /// `--admin-api-insecure`).
+    AdminClosed,
+    /// The request already passed through this gateway (its `Via` carries our pseudonym): a
+    /// worker URL leads back here, and forwarding again would loop.
+    LoopDetected,
     /// A routed endpoint got a body that is not JSON.
     InvalidJson,
     /// No endpoint at this path.
@@ -72,6 +81,8 @@ impl ErrorKind {
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::MalformedRequest | ErrorKind::InvalidJson => 400,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::AdminClosed => 403,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::RequestTimeout => 408,
@@ -84,6 +95,7 @@ impl ErrorKind {
             | ErrorKind::UpstreamMalformed => 502,
             ErrorKind::NoHealthyWorker => 503,
             ErrorKind::UpstreamTimeout => 504,
+            ErrorKind::LoopDetected => 508,
         }
     }
 
@@ -98,6 +110,9 @@ impl ErrorKind {
             | ErrorKind::RequestTimeout
             | ErrorKind::ClientClosed => "invalid_request_error",
             ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::AdminClosed => "forbidden",
+            ErrorKind::LoopDetected => "loop_detected",
             ErrorKind::NoHealthyWorker => "service_unavailable",
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
@@ -113,7 +128,18 @@ impl ErrorKind {
             ErrorKind::MalformedRequest => "malformed HTTP request",
             ErrorKind::HeadersTooLarge => "request headers too large",
             ErrorKind::PayloadTooLarge => "request body exceeds --max-payload-size",
-            ErrorKind::InvalidJson => "request body is not valid JSON",
+            ErrorKind::InvalidJson => {
+                "request body is not valid JSON, or a field has the wrong type (model: a string)"
+            }
+            ErrorKind::Unauthorized => "missing or wrong Authorization: Bearer token",
+            ErrorKind::AdminClosed => {
+                "the admin API is disabled: start kvgate with --admin-api-key (bearer token) or \
+                 --admin-api-insecure"
+            }
+            ErrorKind::LoopDetected => {
+                "the request already passed through this gateway (Via): a worker URL leads back \
+                 to it"
+            }
             ErrorKind::NotFound => "no such endpoint",
             ErrorKind::ModelNotFound => {
                 "the requested model is not served by any worker (see GET /v1/models)"

@@ -48,7 +48,7 @@ fn body_over_the_limit_gets_413_for_both_framings() {
     let mut client = gateway.client();
     let chunk = "y".repeat(150);
     client.send_raw(
-        format!("POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n", chunk.len())
+        format!("POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n", chunk.len())
             .as_bytes(),
     );
     assert_error(&client.read_response(), 413);
@@ -200,6 +200,19 @@ fn chunked_request_bodies_and_100_continue_reach_the_worker_whole() {
 }
 
 #[test]
+fn a_chunk_extension_ending_in_a_bare_lf_is_a_400() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    client.send_raw(b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5;ext\nhello\r\n0\r\n\r\n");
+    let response = client.read_response();
+    // Before: the LF was read as more extension, "hello" too, and the request hung to a 408.
+    assert_error(&response, 400);
+    assert!(client.is_closed_by_peer(TIMEOUT));
+    assert!(origin.requests().is_empty());
+}
+
+#[test]
 fn hop_by_hop_headers_are_dropped_both_ways() {
     let origin = MockOrigin::start(|_| Reply::Full {
         status: 201,
@@ -243,9 +256,9 @@ fn pipelined_requests_are_answered_in_order() {
     });
     let gateway = Gateway::start(&[origin.url()], &[]);
     let mut client = gateway.client();
-    let one = "POST /generate HTTP/1.1\r\ncontent-length: 7\r\n\r\n{\"n\":1}";
-    let two = "POST /generate HTTP/1.1\r\ncontent-length: 7\r\n\r\n{\"n\":2}";
-    client.send_raw(format!("{one}{two}GET /health HTTP/1.1\r\n\r\n").as_bytes());
+    let one = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"n\":1}";
+    let two = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"n\":2}";
+    client.send_raw(format!("{one}{two}GET /health HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes());
     assert_eq!(client.read_response().json()["echo"]["n"], 1);
     assert_eq!(client.read_response().json()["echo"]["n"], 2);
     assert_eq!(client.read_response().status, 200);
@@ -286,7 +299,7 @@ fn client_disconnect_mid_stream_closes_the_upstream_request() {
     let mut client = gateway.client();
     client.send_raw(
         format!(
-            "POST /v1/completions HTTP/1.1\r\ncontent-length: {}\r\n\r\n{CHAT}",
+            "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{CHAT}",
             CHAT.len()
         )
         .as_bytes(),
@@ -419,7 +432,7 @@ fn sigterm_lets_an_inflight_stream_finish() {
     let origin = MockOrigin::start(move |_| reply.clone());
     let mut gateway = Gateway::start(&[origin.url()], &[]);
     let mut client = gateway.client();
-    client.send_raw(b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
+    client.send_raw(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}");
     std::thread::sleep(Duration::from_millis(150));
     gateway.process.signal(libc::SIGTERM);
     let response = client.read_response();
@@ -457,7 +470,8 @@ fn slow_request_heads_get_408_and_idle_connections_close() {
     );
     assert!(slow.is_closed_by_peer(TIMEOUT));
     let mut stalled_body = gateway.client();
-    stalled_body.send_raw(b"POST /generate HTTP/1.1\r\ncontent-length: 10\r\n\r\n{\"a\"");
+    stalled_body
+        .send_raw(b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n{\"a\"");
     assert_error(&stalled_body.read_response(), 408);
     let mut idle = gateway.client();
     assert_eq!(idle.post_json("/generate", "{}").status, 200);
@@ -472,4 +486,137 @@ fn slow_request_heads_get_408_and_idle_connections_close() {
         "{waited:?}"
     );
     assert!(origin.requests().len() == 1);
+}
+
+#[test]
+fn host_transfer_encoding_and_target_form_follow_rfc_9112() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    for bad in [
+        &b"GET /health HTTP/1.1\r\n\r\n"[..],
+        b"GET /health HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n",
+        b"POST /generate HTTP/1.0\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    ] {
+        let mut client = gateway.client();
+        client.send_raw(bad);
+        let response = client.read_response();
+        assert_error(&response, 400);
+        assert_eq!(response.header("connection"), Some("close"));
+        assert!(client.is_closed_by_peer(TIMEOUT));
+    }
+    // Absolute-form (RFC 9112 3.2.2) routes like origin-form, and the worker gets origin-form.
+    let mut client = gateway.client();
+    let body = CHAT;
+    client.send_raw(
+        format!(
+            "POST http://127.0.0.1:{}/v1/chat/completions?a=1 HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+            gateway.port,
+            body.len()
+        )
+        .as_bytes(),
+    );
+    assert_eq!(client.read_response().status, 200);
+    assert_eq!(origin.requests()[0].path, "/v1/chat/completions?a=1");
+}
+
+#[test]
+fn a_model_that_is_not_a_string_is_a_400_not_a_404() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let body = r#"{"model":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    assert_error(&client.post_json("/v1/chat/completions", body), 400);
+    assert!(origin.requests().is_empty());
+}
+
+#[test]
+fn a_chunk_size_over_the_limit_gets_413_before_its_data() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &["--max-payload-size", "1000"]);
+    let mut client = gateway.client();
+    // Only the size line is sent: the answer cannot wait for the 4 KiB it announces.
+    client.send_raw(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n1000\r\n",
+    );
+    let response = client.read_response();
+    assert_error(&response, 413);
+    assert_eq!(response.header("connection"), Some("close"));
+    assert!(origin.requests().is_empty());
+}
+
+#[test]
+fn forwarded_requests_carry_our_via_and_one_that_already_does_is_a_508() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    assert_eq!(client.post_json("/v1/chat/completions", CHAT).status, 200);
+    let via = origin.requests()[0]
+        .header("via")
+        .expect("forwarded with a Via header")
+        .to_string();
+    let pseudonym = via.strip_prefix("1.1 ").expect("Via: 1.1 <pseudonym>");
+    assert!(pseudonym.starts_with("kvgate-"), "{via}");
+    // Another kvgate in front of this one is a chain, not a loop.
+    let other = [("via", "1.1 kvgate-zzzzzzzz")];
+    let chained = client.request("POST", "/v1/chat/completions", &other, CHAT.as_bytes());
+    assert_eq!(chained.status, 200);
+    // Our own pseudonym coming back is a loop: refused before any worker sees it.
+    let looped = format!("1.0 edge, 1.1 {pseudonym}");
+    let headers = [("via", looped.as_str())];
+    let response = client.request("POST", "/v1/chat/completions", &headers, CHAT.as_bytes());
+    assert_error(&response, 508);
+    assert_eq!(origin.requests().len(), 2);
+    assert_eq!(client.get("/health").status, 200, "the connection is kept");
+}
+
+#[test]
+fn api_key_guards_the_inference_routes_and_leaves_health_open() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &["--api-key", "sk-test"]);
+    let mut client = gateway.client();
+    for authorization in [
+        None,
+        Some("Bearer wrong"),
+        Some("sk-test"),
+        Some("Basic sk-test"),
+    ] {
+        let headers: Vec<(&str, &str)> = authorization
+            .map(|a| ("authorization", a))
+            .into_iter()
+            .collect();
+        for path in [
+            "/v1/chat/completions",
+            "/generate",
+            "/v1/completions",
+            "/v1/messages",
+        ] {
+            let response = client.request("POST", path, &headers, CHAT.as_bytes());
+            assert_error(&response, 401);
+            assert_eq!(response.header("www-authenticate"), Some("Bearer"));
+        }
+    }
+    assert!(
+        origin.requests().is_empty(),
+        "nothing unauthenticated reached a worker"
+    );
+    for path in ["/health", "/liveness", "/readiness", "/v1/models"] {
+        assert_ne!(client.get(path).status, 401, "{path} stays open");
+    }
+    assert!(gateway.metrics().contains("smg_http_requests_total"));
+    let key = [("authorization", "Bearer sk-test")];
+    let response = client.request("POST", "/v1/chat/completions", &key, CHAT.as_bytes());
+    assert_eq!(response.status, 200, "the connection survived the refusals");
+    // The worker gets the client's token, as SMG's --api-key forwards it.
+    assert_eq!(
+        origin.requests()[0].header("authorization"),
+        Some("Bearer sk-test")
+    );
+    // No `100 Continue` for a request refused by its head.
+    let mut client = gateway.client();
+    client.send_raw(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n",
+    );
+    let first = client.read_response();
+    assert_eq!(first.status, 401);
+    assert_eq!(first.header("connection"), Some("close"));
 }

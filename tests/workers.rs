@@ -422,13 +422,113 @@ fn unknown_model_is_404_and_admin_calls_need_the_key() {
     let r = gw.client().post_json("/v1/chat/completions", unknown);
     assert_eq!(r.status, 404);
     assert!(r.text().contains("not served by any worker"));
-    assert_eq!(gw.request("GET", "/workers", "", None).status, 401);
+    let refused = gw.request("GET", "/workers", "", None);
+    assert_eq!(refused.status, 401);
+    assert_eq!(refused.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(refused.json()["error"]["code"], 401);
     assert_eq!(gw.request("GET", "/workers", "", Some("wrong")).status, 401);
+    // No `100 Continue` invites the body of a call that is refused anyway.
+    let mut client = gw.client();
+    client.send_raw(
+        b"POST /workers HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 30\r\n\r\n",
+    );
+    let first = client.read_response();
+    assert_eq!(first.status, 401, "{}", first.text());
+    assert_eq!(first.header("www-authenticate"), Some("Bearer"));
+    assert_eq!(first.header("connection"), Some("close"));
     let ok = gw.request("GET", "/workers", "", Some("s3cret"));
     assert_eq!(ok.status, 200);
     assert!(ok.text().contains(&sim.url(0)));
     let bad = gw.request("POST", "/workers", r#"{"url":"ftp://x"}"#, Some("s3cret"));
     assert_eq!(bad.status, 400);
+}
+
+#[test]
+fn the_admin_api_is_closed_by_default_and_never_adds_the_gateway_itself() {
+    let sim = SimFleet::start(1, &["--instant"]);
+    let closed = Gateway::start_admin_closed(&sim.urls(), &[]);
+    let body = json!({"url": sim.url(0)}).to_string();
+    for (method, path, body) in [("GET", "/workers", ""), ("POST", "/workers", &body)] {
+        let refused = closed.request(method, path, body, None);
+        assert_eq!(refused.status, 403, "{method} {path}: {}", refused.text());
+        assert_eq!(refused.json()["error"]["code"], 403);
+        let message = refused.json()["error"]["message"].to_string();
+        assert!(message.contains("--admin-api-insecure"), "{message}");
+    }
+    let mut client = closed.client();
+    client.send_raw(
+        b"POST /workers HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 30\r\n\r\n",
+    );
+    assert_eq!(client.read_response().status, 403, "no 100 Continue first");
+    let routed = closed
+        .client()
+        .post_json("/v1/chat/completions", &ask("hi"));
+    assert_eq!(routed.status, 200, "only the admin API is closed");
+
+    // Open, it still refuses every spelling of the gateway's own listener: one request sent
+    // there would loop until file descriptors run out.
+    let open = Gateway::start(&sim.urls(), &[]);
+    for host in [
+        "127.0.0.1",
+        "localhost",
+        "0.0.0.0",
+        "LOCALHOST",
+        "[::ffff:127.0.0.1]",
+    ] {
+        let url = format!("http://{host}:{}/", open.port);
+        let r = open.request("POST", "/workers", &json!({"url": url}).to_string(), None);
+        assert_eq!(r.status, 400, "{url}: {}", r.text());
+        assert_eq!(r.json()["error"]["code"], 400);
+    }
+    let listed: serde_json::Value = serde_json::from_str(&open.workers_json()).unwrap();
+    assert_eq!(listed["total"], 1);
+}
+
+#[test]
+fn concurrent_adds_of_one_worker_register_it_once_whatever_its_spelling() {
+    let sim = SimFleet::start(1, &["--instant"]);
+    let gw = Gateway::start(&[], &[]);
+    let body = json!({"url": sim.url(0)}).to_string();
+    let start = std::sync::Barrier::new(5);
+    let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..5)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    let r = gw.request("POST", "/workers", &body, None);
+                    (r.status, r.json())
+                })
+            })
+            .collect();
+        calls
+            .into_iter()
+            .map(|c| c.join().expect("an admin call failed"))
+            .collect()
+    });
+    let created = answers.iter().filter(|(status, _)| *status == 201).count();
+    assert_eq!(created, 1, "{answers:?}");
+    for (status, body) in answers.iter().filter(|(status, _)| *status != 201) {
+        assert_eq!(*status, 409, "{body}");
+        assert_eq!(body["error"]["code"], 409, "{body}");
+    }
+    let port = sim.port(0);
+    for spelling in [
+        format!("http://localhost:{port}"),
+        format!("HTTP://127.0.0.1:{port}/"),
+        format!("http://LOCALHOST:{port}/"),
+    ] {
+        let r = gw.request(
+            "POST",
+            "/workers",
+            &json!({"url": spelling}).to_string(),
+            None,
+        );
+        assert_eq!(r.status, 409, "{spelling}: {}", r.text());
+    }
+    let listed: serde_json::Value = serde_json::from_str(&gw.workers_json()).unwrap();
+    assert_eq!(listed["total"], 1, "{listed}");
+    let series = format!("smg_worker_health{{worker=\"{}\"}}", sim.url(0));
+    assert_eq!(gw.metrics().matches(&series).count(), 1);
 }
 
 #[test]

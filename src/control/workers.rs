@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use super::monitor::{Change, WorkerMonitor};
 use super::probes::{probe_new_worker, ProbeRound};
+use crate::config::is_own_listener;
 use crate::ids::WorkerId;
 use crate::limits::WORKERS_MAX;
 use crate::shared::{AdminReply, AdminRequest, Shared};
@@ -230,22 +231,37 @@ impl WorkerDriver {
         let refuse = |e| (e, reply.clone());
         let added = parse_add_worker(body).map_err(refuse)?;
         let url = added.url;
+        // A host name is resolved here, on the control core: admin calls are rare.
+        let mut spec = WorkerSpec::resolve(&url)
+            .map_err(|e| refuse(AdminError::new(400, "invalid_request_error", e.to_string())))?;
+        if is_own_listener(spec.addr, shared.config.listen_addr) {
+            let e = AdminError::new(
+                400,
+                "invalid_request_error",
+                format!("worker {url} is this gateway's own listener: requests would loop"),
+            );
+            return Err(refuse(e));
+        }
+        // Registered workers and those still in their admission probe alike: checking both here,
+        // in the call that then reserves the endpoint (`pending_adds`), makes concurrent adds of
+        // one worker register it once.
         let roster = shared.table.roster();
-        if roster
-            .workers
-            .iter()
-            .any(|w| w.spec.normalized_url() == url)
+        let registered = roster.workers.iter().map(|w| &w.spec);
+        let probing = self.pending_adds.iter().map(|p| &p.spec);
+        if let Some(existing) = registered
+            .chain(probing)
+            .find(|w| w.same_endpoint(&spec) || w.normalized_url() == url)
         {
             let e = AdminError::new(
                 409,
                 "conflict",
-                format!("worker {url} is already registered"),
+                format!(
+                    "worker {url} is already registered or being added (as {})",
+                    existing.url
+                ),
             );
             return Err(refuse(e));
         }
-        // A host name is resolved here, on the control core: admin calls are rare.
-        let mut spec = WorkerSpec::resolve(&url)
-            .map_err(|e| refuse(AdminError::new(400, "invalid_request_error", e.to_string())))?;
         spec.kv_events = added.kv_events;
         let health = self.monitor.config().health.clone();
         let (tx, probed) = mpsc::channel();

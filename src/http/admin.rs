@@ -3,8 +3,9 @@
 //! core, and write it back. The rules (routes, authentication, bodies) are `workers::admin`'s;
 //! the control core serves the calls in `control::workers`.
 //!
-//! Owns [`serve_admin`]. Errors are JSON bodies with their status (401 without the bearer token,
-//! 503 when the admin queue is full, 504 when the control core does not answer in time).
+//! Owns [`serve_admin`]. Errors are JSON bodies with their status (403 while the admin API is
+//! closed, 401 without the bearer token, 503 when the admin queue is full, 504 when the control
+//! core does not answer in time).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +15,7 @@ use super::server::{write_to_client, Answered, Downstream, Request};
 use crate::limits::{ADMIN_REPLY_POLL, ADMIN_REPLY_TIMEOUT};
 use crate::net::codec::{self, Connection};
 use crate::shared::{AdminReply, AdminRequest};
-use crate::workers::admin::{check_auth, AdminError, AdminRoute};
+use crate::workers::admin::{check_access, AdminError, AdminRoute};
 
 /// Serves one admin request.
 pub async fn serve_admin(
@@ -25,8 +26,8 @@ pub async fn serve_admin(
 ) -> Answered {
     let connection = request.head.connection;
     let authorization = request.head.headers.get(&down.read_buf, "authorization");
-    let api_key = core.shared.config.worker_settings.admin_api_key.as_deref();
-    let (status, body) = match check_auth(api_key, authorization).and(route) {
+    let access = &core.shared.config.worker_settings.admin_access;
+    let (status, body) = match check_access(access, authorization).and(route) {
         Err(e) => (e.status, e.to_json()),
         Ok(route) => {
             let body = request.body(&down.read_buf, &down.body_buf).to_vec();

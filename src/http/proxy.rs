@@ -309,7 +309,8 @@ async fn attempt(
         .await
         .map_err(|e| fail(e, false))?;
     let reused = up.reused;
-    forward(&mut up, outgoing, &worker.spec.authority, deadline)
+    let via = core.shared.config.via_pseudonym.as_str();
+    forward(&mut up, outgoing, (&worker.spec.authority, via), deadline)
         .await
         .map_err(|e| fail(e, reused))?;
     // The worker has the request: the index learns it now, not when the response ends.
@@ -389,15 +390,16 @@ fn upstream_io_error(error: std::io::Error, context: &'static str) -> ProxyError
 async fn forward(
     up: &mut UpstreamConn,
     outgoing: Outgoing<'_>,
-    authority: &str,
+    (authority, via): (&str, &str),
     deadline: Instant,
 ) -> Result<(), ProxyError> {
     up.write_buf.clear();
-    codec::write_upstream_request_head(
+    codec::write_upstream_request_head_via(
         &mut up.write_buf,
         outgoing.head,
         outgoing.head_buf,
         authority,
+        via,
         outgoing.body.len(),
     );
     copy::extend_from_slice(&mut up.write_buf, outgoing.body);

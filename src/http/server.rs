@@ -1,8 +1,11 @@
 //! The downstream side of a data core: one task per client connection runs `serve_connection`,
 //! which loops over keep-alive requests: parse (head, then body: `Content-Length` or chunked,
 //! `Expect: 100-continue`, limits and timeouts), classify, then either answer locally (health,
-//! models) or hand the request to the proxy driver (`proxy::proxy_request`). Bytes after a
-//! request stay in the read buffer for the next one, so pipelined requests are served in order.
+//! models), refuse (`refused_routed`: 401 without the `--api-key` token, 508 when the `Via`
+//! shows the request looped back; admin calls by `workers::admin::check_access`) or hand the
+//! request to the proxy driver (`proxy::proxy_request`). A request its head already refuses gets
+//! no `100 Continue`. Bytes after a request stay in the read buffer for the next one, so
+//! pipelined requests are served in order.
 //!
 //! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
 //! keep-or-close decision; a client that is gone gets nothing.
@@ -24,7 +27,7 @@ use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, R
 use crate::net::socket::{read_spare, Socket};
 use crate::policy::Prepared;
 use crate::request::{Endpoint, Handling, Method};
-use crate::workers::admin::route_admin;
+use crate::workers::admin::{bearer_matches, check_access, route_admin};
 
 /// How a request was answered: the status (for metrics) and what becomes of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,22 +143,29 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
         }
     }
     let started = Instant::now();
-    let (answered, head_timed) = match endpoint.handling(method) {
-        Handling::Proxy => match proxy::proxy_request(core, down, request, endpoint, started).await
-        {
-            // The proxy timed the response head when it wrote it.
-            Ok(answered) => (answered, true),
-            Err(error) => (answer_error(down, error.kind, connection).await, false),
-        },
-        Handling::Local => {
+    let handling = endpoint.handling(method);
+    let refused = match handling {
+        Handling::Proxy => refused_routed(&core.shared.config, &request.head, &down.read_buf),
+        _ => None,
+    };
+    let (answered, head_timed) = match (handling, refused) {
+        (_, Some(kind)) => (answer_error(down, kind, connection).await, false),
+        (Handling::Proxy, None) => {
+            match proxy::proxy_request(core, down, request, endpoint, started).await {
+                // The proxy timed the response head when it wrote it.
+                Ok(answered) => (answered, true),
+                Err(error) => (answer_error(down, error.kind, connection).await, false),
+            }
+        }
+        (Handling::Local, None) => {
             let answered = answer_local(core, down, endpoint, method, connection).await;
             (answered, false)
         }
-        Handling::WrongMethod => {
+        (Handling::WrongMethod, None) => {
             let answered = answer_error(down, ErrorKind::MethodNotAllowed, connection).await;
             (answered, false)
         }
-        Handling::NotFound => (
+        (Handling::NotFound, None) => (
             answer_error(down, ErrorKind::NotFound, connection).await,
             false,
         ),
@@ -305,6 +315,12 @@ pub async fn read_request(
         return Ok(None);
     };
     let head_len = head.head_len;
+    if head.expect_continue {
+        // `100 Continue` invites the body: never to a caller who will be refused anyway.
+        if let Some(kind) = refused_before_body(&head, &down.read_buf, config) {
+            return Err(ProxyError::downstream(kind, "authenticate"));
+        }
+    }
     match head.framing {
         Framing::Length(n) if n > max_payload as u64 => Err(ProxyError::downstream(
             ErrorKind::PayloadTooLarge,
@@ -358,6 +374,38 @@ async fn read_request_head(
     }
 }
 
+/// Why a routed request is refused before it is prepared: without the client key
+/// (`--api-key`, 401), or looped back here (its `Via` names this process, 508). One compare of
+/// the key, no allocation.
+fn refused_routed(config: &Config, head: &RequestHead, buf: &[u8]) -> Option<ErrorKind> {
+    if let Some(key) = &config.api_key {
+        if !bearer_matches(key, head.headers.get(buf, "authorization")) {
+            return Some(ErrorKind::Unauthorized);
+        }
+    }
+    head.via_names(buf, config.via_pseudonym.as_bytes())
+        .then_some(ErrorKind::LoopDetected)
+}
+
+/// Why a request is refused whatever its body says, read from its head alone: a routed request
+/// `refused_routed` refuses, an admin call while the admin API is closed or without its key.
+/// `None`: read the body.
+fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Option<ErrorKind> {
+    if Endpoint::of_path(head.path(buf)).handling(head.method) == Handling::Proxy {
+        return refused_routed(config, head, buf);
+    }
+    let path = std::str::from_utf8(head.path(buf)).ok()?;
+    // Any admin path, even one with the wrong method: authentication answers first.
+    route_admin(head.method_text(buf), path).map(|_| ())?;
+    let authorization = head.headers.get(buf, "authorization");
+    let refused = check_access(&config.worker_settings.admin_access, authorization).err()?;
+    Some(if refused.status == 403 {
+        ErrorKind::AdminClosed
+    } else {
+        ErrorKind::Unauthorized
+    })
+}
+
 /// Answers `Expect: 100-continue` when the body has not fully arrived yet.
 async fn send_continue_if_expected(
     down: &mut Downstream,
@@ -405,7 +453,9 @@ async fn read_chunked_body(
                 ProxyError::downstream(kind, "decode chunked request body")
             })?;
         fed += consumed;
-        if body_buf.len() > config.max_payload_bytes {
+        // The size line announces the chunk: refuse it then, not after reading it.
+        let announced = (body_buf.len() as u64).saturating_add(decoder.announced_len_pending());
+        if announced > config.max_payload_bytes as u64 {
             return Err(ProxyError::downstream(
                 ErrorKind::PayloadTooLarge,
                 "read chunked body",

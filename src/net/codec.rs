@@ -130,6 +130,21 @@ impl RequestHead {
         std::str::from_utf8(&buf[self.method_span.clone()]).unwrap_or("")
     }
 
+    /// Whether a `Via` header names `pseudonym` as a proxy the request passed through (RFC 9110
+    /// 7.6.3: `protocol received-by`, comma-separated): the request has looped back.
+    pub fn via_names(&self, buf: &[u8], pseudonym: &[u8]) -> bool {
+        self.headers
+            .iter(buf)
+            .filter(|(name, _)| name.eq_ignore_ascii_case(b"via"))
+            .flat_map(|(_, value)| comma_tokens(value))
+            .any(|hop| {
+                hop.split(u8::is_ascii_whitespace)
+                    .filter(|word| !word.is_empty())
+                    .nth(1)
+                    == Some(pseudonym)
+            })
+    }
+
     /// The path without the query.
     pub fn path<'b>(&self, buf: &'b [u8]) -> &'b [u8] {
         let target = self.target(buf);
@@ -194,6 +209,8 @@ struct FramingHeaders {
     conn_close: bool,
     conn_keep_alive: bool,
     expect_continue: bool,
+    /// `Host` header fields seen (RFC 9112 3.2: exactly one in an HTTP/1.1 request).
+    host_fields: u8,
 }
 
 fn read_framing_headers(buf: &[u8], headers: &HeaderSpans) -> Result<FramingHeaders, ()> {
@@ -218,6 +235,8 @@ fn read_framing_headers(buf: &[u8], headers: &HeaderSpans) -> Result<FramingHead
             }
         } else if name.eq_ignore_ascii_case(b"expect") {
             f.expect_continue |= value.eq_ignore_ascii_case(b"100-continue");
+        } else if name.eq_ignore_ascii_case(b"host") {
+            f.host_fields = f.host_fields.saturating_add(1);
         }
     }
     Ok(f)
@@ -287,6 +306,16 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
     if f.other_transfer_coding || (f.chunked && f.content_length.is_some()) {
         return Err(malformed());
     }
+    // RFC 9112 6.1: a Transfer-Encoding in an HTTP/1.0 request means the framing is faulty
+    // (an HTTP/1.0 peer may not know chunked); RFC 9112 3.2: an HTTP/1.1 request carries
+    // exactly one Host, and no request more than one.
+    let transfer_coding = f.chunked || f.other_transfer_coding;
+    if (version_minor == 0 && transfer_coding)
+        || f.host_fields > 1
+        || (version_minor == 1 && f.host_fields == 0)
+    {
+        return Err(malformed());
+    }
     let framing = match (f.chunked, f.content_length) {
         (true, _) => Framing::Chunked,
         (false, Some(0) | None) => Framing::Empty,
@@ -295,6 +324,7 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
     let method_start = offset_in(buf, method.as_bytes());
     let target_start = offset_in(buf, path.as_bytes());
     let target_end = (target_start + path.len()).min(buf.len());
+    let target_start = target_start + origin_form_offset(path.as_bytes()).ok_or_else(malformed)?;
     Ok(Some(RequestHead {
         method: Method::of_token(method),
         method_span: method_start..method_start + method.len(),
@@ -308,6 +338,24 @@ pub fn parse_request_head(buf: &[u8]) -> Result<Option<RequestHead>, ProxyError>
         expect_continue: f.expect_continue && version_minor == 1,
         head_len,
     }))
+}
+
+/// Where the origin-form part (`/path?query`) of a request target starts: 0 for an
+/// origin-form target; past the authority for an absolute-form one (`http://host/path`, RFC
+/// 9112 3.2.2, which a server must accept), so it routes and is forwarded like origin-form.
+/// `None` for an absolute-form target without a path.
+fn origin_form_offset(target: &[u8]) -> Option<usize> {
+    let scheme_len = [&b"http://"[..], b"https://"]
+        .into_iter()
+        .find_map(|scheme| {
+            let prefix = target.get(..scheme.len())?;
+            prefix.eq_ignore_ascii_case(scheme).then_some(scheme.len())
+        });
+    let Some(scheme_len) = scheme_len else {
+        return Some(0);
+    };
+    let authority_len = target[scheme_len..].iter().position(|&b| b == b'/')?;
+    Some(scheme_len + authority_len)
 }
 
 fn response_error() -> ProxyError {
@@ -418,6 +466,19 @@ pub fn write_upstream_request_head(
     authority: &str,
     body_len: usize,
 ) {
+    write_upstream_request_head_via(out, head, buf, authority, "", body_len);
+}
+
+/// As [`write_upstream_request_head`], adding `Via: 1.1 <pseudonym>` (RFC 9110 7.6.3) after the
+/// client's own `Via` headers, unless `pseudonym` is empty.
+pub fn write_upstream_request_head_via(
+    out: &mut Vec<u8>,
+    head: &RequestHead,
+    buf: &[u8],
+    authority: &str,
+    pseudonym: &str,
+    body_len: usize,
+) {
     out.extend_from_slice(&buf[head.method_span.clone()]);
     out.push(b' ');
     out.extend_from_slice(head.target(buf));
@@ -425,6 +486,11 @@ pub fn write_upstream_request_head(
     out.extend_from_slice(authority.as_bytes());
     out.extend_from_slice(b"\r\n");
     write_end_to_end_headers(out, buf, &head.headers, b"host");
+    if !pseudonym.is_empty() {
+        out.extend_from_slice(b"via: 1.1 ");
+        out.extend_from_slice(pseudonym.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
     write_content_length(out, body_len as u64);
     out.extend_from_slice(b"\r\n");
 }
@@ -522,6 +588,11 @@ pub fn write_local_response(
     out.extend_from_slice(b"\r\ncontent-type: ");
     out.extend_from_slice(content_type.as_bytes());
     out.extend_from_slice(b"\r\n");
+    if status == 401 {
+        // RFC 9110 11.6.1: a 401 names its scheme; every credential the gateway checks is a
+        // bearer token (`--api-key`, `--admin-api-key`).
+        out.extend_from_slice(b"www-authenticate: Bearer\r\n");
+    }
     write_content_length(out, body.len() as u64);
     if connection == Connection::Close {
         out.extend_from_slice(b"connection: close\r\n");
@@ -559,22 +630,67 @@ fn write_decimal(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&digits[i..]);
 }
 
-/// The reason phrase of the statuses the gateway answers itself.
+/// The reason phrase of a status (RFC 9110 section 15, plus 429 and 431 of RFC 6585 and
+/// nginx's 499): every status the gateway answers itself or a worker may send without one.
 pub fn reason_phrase(status: u16) -> &'static str {
     match status {
         100 => "Continue",
+        101 => "Switching Protocols",
         200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        203 => "Non-Authoritative Information",
+        204 => "No Content",
+        205 => "Reset Content",
+        206 => "Partial Content",
+        300 => "Multiple Choices",
+        301 => "Moved Permanently",
+        302 => "Found",
+        303 => "See Other",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
         400 => "Bad Request",
+        401 => "Unauthorized",
+        402 => "Payment Required",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        407 => "Proxy Authentication Required",
         408 => "Request Timeout",
-        413 => "Payload Too Large",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        415 => "Unsupported Media Type",
+        416 => "Range Not Satisfiable",
+        417 => "Expectation Failed",
+        421 => "Misdirected Request",
+        422 => "Unprocessable Content",
+        426 => "Upgrade Required",
+        428 => "Precondition Required",
+        429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
+        499 => "Client Closed Request",
         500 => "Internal Server Error",
+        501 => "Not Implemented",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
         504 => "Gateway Timeout",
-        _ => "Unknown",
+        505 => "HTTP Version Not Supported",
+        507 => "Insufficient Storage",
+        508 => "Loop Detected",
+        // Not in the table: the name of its class (RFC 9110 15).
+        _ => match status / 100 {
+            1 => "Informational",
+            2 => "Successful",
+            3 => "Redirection",
+            4 => "Client Error",
+            _ => "Server Error",
+        },
     }
 }
 
@@ -591,7 +707,8 @@ pub enum ChunkError {
 enum ChunkState {
     /// Reading hex digits of a chunk size.
     Size,
-    /// Skipping a chunk extension up to CR.
+    /// Skipping a chunk extension up to CR (a bare LF in it is refused: reading it as part of
+    /// the extension would take the chunk data for more extension and desynchronize framing).
     Extension,
     /// Expecting LF after a size line.
     SizeLf,
@@ -605,6 +722,8 @@ enum ChunkState {
     TrailerStart,
     /// Inside a trailer line.
     TrailerLine,
+    /// Expecting LF after a trailer line's CR.
+    TrailerLf,
     /// Expecting the final LF.
     FinalLf,
     /// The body is complete.
@@ -649,6 +768,17 @@ impl ChunkedDecoder {
     /// whole chunk may be written after what was passed through without breaking the framing.
     pub fn at_chunk_boundary(&self) -> bool {
         self.state == ChunkState::Size && self.size_digits == 0
+    }
+
+    /// Data bytes announced by the chunk size read so far and not yet passed on: what is left
+    /// of the current chunk, or the size on a size line still being read. Added to what was
+    /// passed on, a lower bound of the body's size, known before its data arrives.
+    pub fn announced_len_pending(&self) -> u64 {
+        match self.state {
+            ChunkState::Data(left) => left,
+            ChunkState::Size | ChunkState::Extension | ChunkState::SizeLf => self.size,
+            _ => 0,
+        }
     }
 
     /// Consumes bytes of `input` up to the end of the body, passing chunk data to `on_data`.
@@ -697,10 +827,13 @@ impl ChunkedDecoder {
                 }
                 match (self.state, byte) {
                     (TrailerStart, b'\r') => FinalLf,
-                    (_, b'\n') => TrailerStart,
+                    (TrailerLine, b'\r') => TrailerLf,
+                    // Lines end with CRLF only: a bare LF is where two parsers disagree.
+                    (_, b'\n') => return Err(ChunkError::Malformed),
                     _ => TrailerLine,
                 }
             }
+            TrailerLf if byte == b'\n' => TrailerStart,
             FinalLf if byte == b'\n' => Done,
             _ => return Err(ChunkError::Malformed),
         };
@@ -721,6 +854,7 @@ impl ChunkedDecoder {
             }
             (Size, b';' | b' ' | b'\t') if self.size_digits > 0 => Extension,
             (Size | Extension, b'\r') if self.size_digits > 0 => SizeLf,
+            (Extension, b'\n') => return Err(ChunkError::Malformed),
             (Extension, _) => Extension,
             (SizeLf, b'\n') => {
                 let size = std::mem::take(&mut self.size);

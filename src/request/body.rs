@@ -208,7 +208,7 @@ impl<'de> Visitor<'de> for BodySeed<'_, 'de> {
             match field {
                 Field::Model => {
                     input.model.clear();
-                    if let Some(model) = map.next_value::<LenientStr<'de>>()?.0 {
+                    if let Some(model) = map.next_value::<ModelName<'de>>()?.0 {
                         input.model.push_str(&model);
                     }
                 }
@@ -408,6 +408,40 @@ impl<'de> Visitor<'de> for LenientStrVisitor {
 
     ignore_scalars!(visit_bool(bool), visit_f64(f64));
     ignore_map!();
+}
+
+/// `model`: a string, or `null` (no model named). Anything else is a 400: read leniently as
+/// other fields are, `"model": 5` became the model "5" and a 404 that blamed the catalog.
+struct ModelName<'de>(Option<Cow<'de, str>>);
+
+impl<'de> de::Deserialize<'de> for ModelName<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(ModelNameVisitor)
+            .map(ModelName)
+    }
+}
+
+struct ModelNameVisitor;
+
+impl<'de> Visitor<'de> for ModelNameVisitor {
+    type Value = Option<Cow<'de, str>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a model name (a string)")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Borrowed(s)))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(Some(Cow::Owned(s.to_owned())))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
 }
 
 /// `prompt` / `text`: a string, or the first string of a batch.

@@ -250,11 +250,28 @@ fn malformed_json_is_a_typed_400() {
 fn wrong_typed_fields_are_ignored_not_errors() {
     let input = plain(
         Endpoint::ChatCompletions,
-        r#"{"model":7,"messages":{"a":1},"cache_salt":null,"extra_key":true,"stream":true}"#,
+        r#"{"model":null,"messages":{"a":1},"cache_salt":null,"extra_key":true,"stream":true}"#,
     );
     assert_eq!(input.key(), RoutingKey::Text(""));
-    assert_eq!(input.model(), "7");
+    assert_eq!(input.model(), "");
     assert!(input.namespace().is_unpartitioned());
+}
+
+#[test]
+fn a_model_that_is_not_a_string_is_a_400() {
+    // A number read as its digits named a model nobody serves: a 404 for a client error.
+    for model in ["5", "-1", "1.5", "true", "[\"m\"]", "{\"m\":1}"] {
+        let body = format!(r#"{{"model":{model},"messages":[]}}"#);
+        let mut input = RoutingInput::new();
+        let err = extract(
+            Endpoint::ChatCompletions,
+            body.as_bytes(),
+            RoutingHeaders::default(),
+            &mut input,
+        )
+        .expect_err(&body);
+        assert_eq!(err.status(), 400, "{body}");
+    }
 }
 
 #[test]

@@ -35,6 +35,7 @@ use crate::limits::{
 use crate::net::socket::Socket;
 use crate::policy::{Blocks, CacheIndexKind, Heads, IndexLookup, Router, Trees};
 use crate::shared::Shared;
+use crate::workers::admin::AdminAccess;
 
 /// The index of the configured mode (cache_aware only): its writer for the control core and
 /// one reader per data core. Without it (another policy, or the index refused to start) routing
@@ -212,6 +213,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
     }
     for notice in &shared.config.startup_notices {
         tracing::warn!("{notice}");
+    }
+    let admin_access = &shared.config.worker_settings.admin_access;
+    if *admin_access == AdminAccess::Open {
+        tracing::warn!("{}", admin_access.describe());
+    } else {
+        tracing::info!("{}", admin_access.describe());
     }
     let signal = signals.wait();
     tracing::info!("signal {signal} received, shutting down");

@@ -1,8 +1,9 @@
-//! The admin API's rules: `GET/POST /workers` and `DELETE /workers/{id}`, guarded by
-//! `--admin-api-key`, and the drain of a removed worker.
+//! The admin API's rules: `GET/POST /workers` and `DELETE /workers/{id}`, closed unless
+//! `--admin-api-key` or `--admin-api-insecure` opens them, and the drain of a removed worker.
 //!
 //! Owns the pure logic behind the endpoints: [`route_admin`] (which admin endpoint a request
-//! is), [`check_auth`] (bearer token, 401 otherwise), [`parse_add_worker`] (`{"url":
+//! is), [`check_access`] (closed: 403; bearer token: 401 without it; or open, per
+//! [`AdminAccess`]), [`parse_add_worker`] (`{"url":
 //! "http://host:port"}`, validated before the health probe), [`WorkerRef`] (a worker named by
 //! dense id or by URL), [`render_worker_list`] (the `GET /workers` JSON of [`WorkerReport`]s) and
 //! [`DrainClock`] (how long a removed worker may drain before it is purged). The data plane's
@@ -133,26 +134,77 @@ fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Check the bearer token when `--admin-api-key` is set. `authorization` is the raw
-/// `Authorization` header value, if any. Constant-time in the key length.
-pub fn check_auth(api_key: Option<&str>, authorization: Option<&[u8]>) -> Result<(), AdminError> {
-    let Some(key) = api_key else { return Ok(()) };
-    let presented = authorization
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .map(str::trim)
-        .and_then(|v| {
-            v.get(..7)
-                .filter(|p| p.eq_ignore_ascii_case("bearer "))
-                .map(|_| v[7..].trim())
-        });
-    match presented {
-        Some(token) if constant_time_eq(token.as_bytes(), key.as_bytes()) => Ok(()),
-        _ => Err(AdminError::new(
+/// Who may call the admin API: closed unless a flag opens it, since whoever can add a worker
+/// can send every request to a host of their choosing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAccess {
+    /// Neither `--admin-api-key` nor `--admin-api-insecure`: every call is a 403.
+    Closed,
+    /// `--admin-api-key`: calls carrying `Authorization: Bearer <key>`.
+    Bearer(String),
+    /// `--admin-api-insecure`: anyone who reaches the main port.
+    Open,
+}
+
+impl AdminAccess {
+    /// The start-up log line that says which it is.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            AdminAccess::Closed => {
+                "admin API closed: /workers answers 403 (set --admin-api-key, or \
+                 --admin-api-insecure on a trusted network)"
+            }
+            AdminAccess::Bearer(_) => "admin API open to Authorization: Bearer <--admin-api-key>",
+            AdminAccess::Open => {
+                "admin API open to anyone reaching the main port, without a key \
+                 (--admin-api-insecure)"
+            }
+        }
+    }
+}
+
+/// Whether a call may use the admin API: 403 when it is closed, 401 without the right bearer
+/// token. `authorization` is the raw `Authorization` header value, if any.
+pub fn check_access(access: &AdminAccess, authorization: Option<&[u8]>) -> Result<(), AdminError> {
+    match access {
+        AdminAccess::Open => Ok(()),
+        AdminAccess::Closed => Err(AdminError::new(
+            403,
+            "forbidden",
+            "the admin API is disabled: start kvgate with --admin-api-key (bearer token) or \
+             --admin-api-insecure",
+        )),
+        AdminAccess::Bearer(key) if bearer_matches(key, authorization) => Ok(()),
+        AdminAccess::Bearer(_) => Err(AdminError::new(
             401,
             "authentication_error",
             "admin API requires Authorization: Bearer <--admin-api-key>",
         )),
     }
+}
+
+/// Whether `authorization` is `Bearer <key>` (scheme case-insensitive, spaces around the
+/// token ignored), compared in constant time: `--api-key` and `--admin-api-key` alike.
+pub fn bearer_matches(key: &str, authorization: Option<&[u8]>) -> bool {
+    let presented = authorization.map(trim_ascii).and_then(|v| {
+        let scheme = v.get(..7)?;
+        scheme
+            .eq_ignore_ascii_case(b"bearer ")
+            .then(|| trim_ascii(&v[7..]))
+    });
+    presented.is_some_and(|token| constant_time_eq(token, key.as_bytes()))
+}
+
+fn trim_ascii(v: &[u8]) -> &[u8] {
+    let start = v
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(v.len());
+    let end = v
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    &v[start..end]
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -174,7 +226,7 @@ struct AddWorkerBody {
 /// A `POST /workers` body, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddWorker {
-    /// The URL without a trailing `/`.
+    /// The URL in its one spelling ([`WorkerUrl::canonical`]).
     pub url: String,
     /// Its KV-event endpoint as given (checked against the URL's host).
     pub kv_events: KvEventsSource,
@@ -205,7 +257,7 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
             .map_err(|e| bad(format!("kv_events_endpoint: {e}")))?,
     };
     Ok(AddWorker {
-        url: parsed.url.trim_end_matches('/').to_string(),
+        url: url.canonical(),
         kv_events,
     })
 }
@@ -356,9 +408,19 @@ mod tests {
 
     #[test]
     fn auth() {
-        assert!(check_auth(None, None).is_ok());
-        assert!(check_auth(Some("s3cret"), Some(b"Bearer s3cret")).is_ok());
-        assert!(check_auth(Some("s3cret"), Some(b"bearer  s3cret ")).is_ok());
+        assert!(check_access(&AdminAccess::Open, None).is_ok());
+        for authorization in [None, Some(&b"Bearer x"[..])] {
+            let closed = check_access(&AdminAccess::Closed, authorization).unwrap_err();
+            assert_eq!(closed.status, 403);
+            assert!(
+                closed.message.contains("--admin-api-insecure"),
+                "{}",
+                closed.message
+            );
+        }
+        let key = AdminAccess::Bearer("s3cret".into());
+        assert!(check_access(&key, Some(b"Bearer s3cret")).is_ok());
+        assert!(check_access(&key, Some(b"bearer  s3cret ")).is_ok());
         for bad in [
             &b"Bearer s3cre"[..],
             b"Bearer s3cret2",
@@ -367,12 +429,9 @@ mod tests {
             b"Bearer",
             b"\xff\xfe",
         ] {
-            assert_eq!(
-                check_auth(Some("s3cret"), Some(bad)).unwrap_err().status,
-                401
-            );
+            assert_eq!(check_access(&key, Some(bad)).unwrap_err().status, 401);
         }
-        assert_eq!(check_auth(Some("s3cret"), None).unwrap_err().status, 401);
+        assert_eq!(check_access(&key, None).unwrap_err().status, 401);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use super::admin::AdminAccess;
 use super::breaker::BreakerConfig;
 use super::health::HealthConfig;
 use super::load::OverloadConfig;
@@ -102,9 +103,14 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub disable_load_monitoring: bool,
 
-    /// Bearer token required by the admin API (`/workers`); unset: no authentication.
+    /// Bearer token required by the admin API (`/workers`). Without it (or
+    /// --admin-api-insecure) the admin API answers 403 to every call.
     #[arg(long)]
     pub admin_api_key: Option<String>,
+    /// Open the admin API (`/workers`) to anyone who reaches the main port, without a key: for
+    /// a trusted network or a test only.
+    #[arg(long, conflicts_with = "admin_api_key")]
+    pub admin_api_insecure: bool,
 }
 
 impl Default for WorkerArgs {
@@ -146,6 +152,7 @@ fn unreachable_defaults() -> WorkerArgs {
         load_monitor_interval: 10,
         disable_load_monitoring: false,
         admin_api_key: None,
+        admin_api_insecure: false,
     }
 }
 
@@ -213,8 +220,8 @@ pub struct WorkerSettings {
     pub load_polling: LoadPolling,
     /// Deadline of one load poll.
     pub load_timeout: Duration,
-    /// Admin bearer token.
-    pub admin_api_key: Option<String>,
+    /// Who may call the admin API.
+    pub admin_access: AdminAccess,
 }
 
 impl WorkerArgs {
@@ -240,11 +247,13 @@ impl WorkerArgs {
             load_polling,
             load_interval: secs_in_range("--load-monitor-interval", self.load_monitor_interval)?,
             load_timeout: LOAD_POLL_TIMEOUT,
-            admin_api_key: match &self.admin_api_key {
+            admin_access: match &self.admin_api_key {
                 Some(k) if k.trim().is_empty() => {
                     return Err(bad("--admin-api-key", "must not be empty"))
                 }
-                other => other.clone(),
+                Some(k) => AdminAccess::Bearer(k.clone()),
+                None if self.admin_api_insecure => AdminAccess::Open,
+                None => AdminAccess::Closed,
             },
         })
     }
@@ -399,7 +408,7 @@ mod tests {
         assert_eq!(c.overload, OverloadConfig::default());
         assert_eq!(c.load_interval, Duration::from_secs(10));
         assert_eq!(c.load_timeout, Duration::from_secs(5));
-        assert_eq!(c.admin_api_key, None);
+        assert_eq!(c.admin_access, AdminAccess::Closed);
         assert_eq!(WorkerArgs::default(), unreachable_defaults());
     }
 
@@ -451,7 +460,11 @@ mod tests {
         assert_eq!(c.overload.token_usage, Some(0.9));
         assert_eq!(c.overload.waiting_requests, Some(50));
         assert_eq!(c.load_interval, Duration::from_secs(1));
-        assert_eq!(c.admin_api_key.as_deref(), Some("k"));
+        assert_eq!(c.admin_access, AdminAccess::Bearer("k".into()));
+        let open = parse(&["--admin-api-insecure"]).validate().unwrap();
+        assert_eq!(open.admin_access, AdminAccess::Open);
+        let both = ["kvgate", "--admin-api-key", "k", "--admin-api-insecure"];
+        assert!(Cli::try_parse_from(both).is_err(), "the two flags conflict");
     }
 
     #[test]

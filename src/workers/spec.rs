@@ -6,7 +6,7 @@
 //! `x-smg-routed-worker-id` value, its resolved address and its `Host` header value). A URL that
 //! cannot be used is a [`UrlError`] saying why.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
 /// The longest host name accepted (the DNS limit).
 const HOST_LEN_MAX: usize = 253;
@@ -48,8 +48,11 @@ pub struct WorkerUrl {
 impl WorkerUrl {
     /// Parses `http://host[:port][/]`.
     pub fn parse(url: &str) -> Result<WorkerUrl, UrlError> {
+        // The scheme is case-insensitive (RFC 3986 3.1): `HTTP://` names the same worker.
         let rest = url
-            .strip_prefix("http://")
+            .get(..7)
+            .filter(|scheme| scheme.eq_ignore_ascii_case("http://"))
+            .map(|_| &url[7..])
             .ok_or_else(|| UrlError::Scheme(url.to_string()))?;
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.contains(['/', '?', '#', '@']) || authority.chars().any(char::is_whitespace) {
@@ -77,6 +80,13 @@ impl WorkerUrl {
             port,
             authority: authority.to_string(),
         })
+    }
+
+    /// One spelling per URL: `http://`, the authority in lower case (host names and the scheme
+    /// are case-insensitive), no trailing `/`. The port stays as written: the same worker with
+    /// and without `:80` is caught by [`WorkerSpec::same_endpoint`] instead.
+    pub fn canonical(&self) -> String {
+        format!("http://{}", self.authority.to_ascii_lowercase())
     }
 
     /// The first address the host resolves to (a DNS lookup for a name: call off the data path).
@@ -143,6 +153,28 @@ impl WorkerSpec {
     pub fn normalized_url(&self) -> &str {
         self.url.trim_end_matches('/')
     }
+
+    /// Whether `other` reaches the same engine: the same resolved address, every loopback
+    /// address (`localhost`, `127.0.0.1`, `::1`) and IPv4-mapped IPv6 counted as one, so no
+    /// spelling of a URL registers one engine twice.
+    pub fn same_endpoint(&self, other: &WorkerSpec) -> bool {
+        endpoint_identity(self.addr) == endpoint_identity(other.addr)
+    }
+}
+
+/// The address an endpoint is known by: loopback folded to `127.0.0.1`, IPv4-mapped IPv6 to
+/// IPv4.
+fn endpoint_identity(addr: SocketAddr) -> SocketAddr {
+    let ip = match addr.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    let ip = if ip.is_loopback() {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        ip
+    };
+    SocketAddr::new(ip, addr.port())
 }
 
 /// Where a worker publishes its KV events: `--kv-events-endpoints` (one per `--worker-urls`
@@ -350,6 +382,32 @@ mod tests {
         assert_eq!(found("{}".into()), Ok(None));
         assert!(found("not json".into()).is_err());
         assert!(found(info(r#""{oops""#)).is_err());
+    }
+
+    #[test]
+    fn spellings_of_one_worker_are_one_endpoint() {
+        let base = WorkerSpec::resolve("http://127.0.0.1:31002").unwrap();
+        for spelling in [
+            "http://127.0.0.1:31002/",
+            "HTTP://127.0.0.1:31002",
+            "http://localhost:31002",
+            "Http://LocalHost:31002/",
+            "http://[::1]:31002",
+            "http://[::ffff:127.0.0.1]:31002",
+        ] {
+            let spec = WorkerSpec::resolve(spelling).unwrap();
+            assert!(base.same_endpoint(&spec), "{spelling}");
+        }
+        for other in ["http://127.0.0.1:31003", "http://192.0.2.1:31002"] {
+            assert!(
+                !base.same_endpoint(&WorkerSpec::resolve(other).unwrap()),
+                "{other}"
+            );
+        }
+        let port80 = WorkerSpec::resolve("http://localhost").unwrap();
+        assert!(port80.same_endpoint(&WorkerSpec::resolve("http://127.0.0.1:80/").unwrap()));
+        let url = WorkerUrl::parse("HTTP://Worker-1.Local:8000/").unwrap();
+        assert_eq!(url.canonical(), "http://worker-1.local:8000");
     }
 
     #[test]

@@ -249,14 +249,29 @@ pub struct Gateway {
 
 impl Gateway {
     /// Starts kvgate on loopback in front of `workers` with extra flags `args` (defaults:
-    /// `--data-cores 1 --log-level warn` unless `args` names them); returns once its client
-    /// and metrics ports accept connections.
+    /// `--data-cores 1 --log-level warn --admin-api-insecure` unless `args` names them, or
+    /// `--admin-api-key`); returns once its client and metrics ports accept connections.
     pub fn start(workers: &[String], args: &[&str]) -> Self {
         Self::start_logging(workers, args, None)
     }
 
     /// As [`Gateway::start`], with kvgate's stderr (its logs) written to `log` when given.
+    /// The admin API is open (`--admin-api-insecure`) unless `args` gives `--admin-api-key`.
     pub fn start_logging(workers: &[String], args: &[&str], log: Option<std::fs::File>) -> Self {
+        let admin = if args.contains(&"--admin-api-key") || args.contains(&"--admin-api-insecure") {
+            &[][..]
+        } else {
+            &["--admin-api-insecure"][..]
+        };
+        Self::launch(workers, &[args, admin].concat(), log)
+    }
+
+    /// As [`Gateway::start`] with kvgate's own default for the admin API: closed (403).
+    pub fn start_admin_closed(workers: &[String], args: &[&str]) -> Self {
+        Self::launch(workers, args, None)
+    }
+
+    fn launch(workers: &[String], args: &[&str], log: Option<std::fs::File>) -> Self {
         let (port, metrics_port) = (free_port(), free_port());
         let mut command = Command::new(workspace_bin("kvgate"));
         command
