@@ -303,6 +303,51 @@ fn client_disconnect_mid_stream_closes_the_upstream_request() {
 }
 
 #[test]
+fn client_gone_before_the_response_closes_the_upstream_request() {
+    let origin = MockOrigin::start(|_| Reply::Silent);
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let body = r#"{"model":"m","prompt":"hello","max_tokens":2500}"#;
+    client.send_request("POST", "/v1/completions", &[], body.as_bytes());
+    assert!(wait_until(TIMEOUT, || origin.requests().len() == 1));
+    let active = format!("smg_worker_requests_active{{worker=\"{}\"}}", origin.url());
+    assert_eq!(gateway.metric(&active), 1.0);
+    client.close();
+    assert!(
+        wait_until(Duration::from_secs(3), || origin.hang_ups() == 1),
+        "the worker kept a request nobody waits for"
+    );
+    assert!(wait_until(Duration::from_secs(3), || gateway
+        .metric(&active)
+        == 0.0));
+    let aborted = "smg_http_responses_total{path=\"/v1/completions\",status_code=\"499\"}";
+    assert_eq!(gateway.metric(aborted), 1.0);
+    assert_eq!(gateway.metric("kvgate_downstream_aborts_total"), 1.0);
+    // Not the worker's fault: its circuit stays closed.
+    assert_eq!(gateway.metric("kvgate_upstream_timeouts_total"), 0.0);
+}
+
+#[test]
+fn pipelined_requests_behind_a_slow_answer_are_not_a_disconnect() {
+    let origin = MockOrigin::start(|r| {
+        let echo = Reply::json(&format!(
+            r#"{{"echo":{}}}"#,
+            String::from_utf8_lossy(&r.body)
+        ));
+        // Long enough for the gateway to look at the client several times meanwhile.
+        Reply::Delay(Duration::from_millis(800), Box::new(echo))
+    });
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let one = "POST /generate HTTP/1.1\r\ncontent-length: 7\r\n\r\n{\"n\":1}";
+    let two = "POST /generate HTTP/1.1\r\ncontent-length: 7\r\n\r\n{\"n\":2}";
+    client.send_raw(format!("{one}{two}").as_bytes());
+    assert_eq!(client.read_response().json()["echo"]["n"], 1);
+    assert_eq!(client.read_response().json()["echo"]["n"], 2);
+    assert_eq!(gateway.metric("kvgate_downstream_aborts_total"), 0.0);
+}
+
+#[test]
 fn close_delimited_and_http10_responses_are_framed_for_the_client() {
     let origin = MockOrigin::start(|r| {
         if r.path == "/generate" {

@@ -16,6 +16,9 @@
 //!    dispatch record with the index key for the control core.
 //! 7. **stream back** (`stream_back`): the response head, then the body as it arrives, written
 //!    through without buffering; chunked framing is tracked so the connection can be pooled.
+//!    Every upstream read also watches the client (`read_upstream`): a client gone before the
+//!    head ends the attempt as `ClientClosed` (499), one gone mid-body ends the stream; both
+//!    close the upstream connection so the engine stops generating.
 //!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
 //! retryable (refused, reset, stale pooled socket, a retryable status) are tried again on
@@ -32,13 +35,16 @@ use super::server::{Answered, Downstream, Request};
 use crate::copy;
 use crate::error::{ErrorKind, ProxyError, Retry, Side};
 use crate::ids::WorkerId;
-use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES};
+use crate::limits::{
+    CLIENT_GONE_POLL_INTERVAL, DOWNSTREAM_WRITE_TIMEOUT, STALE_CONNECTION_RETRIES_MAX,
+    UPSTREAM_READ_BYTES,
+};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{
     self, ChunkedDecoder, Connection, DownstreamFraming, Framing, GatewayHeaders, RequestHead,
     ResponseHead,
 };
-use crate::net::socket::Socket;
+use crate::net::socket::{Socket, Watched};
 use crate::policy::{Prepared, WorkerView};
 use crate::request::{
     Endpoint, Method, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
@@ -409,9 +415,34 @@ async fn forward(
     result.map_err(|e| upstream_io_error(e, "forward request"))
 }
 
-/// Reads the worker's response head, skipping interim (1xx) responses.
+/// Completes once the client has gone (closed or reset its connection), checked every
+/// `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of a pipelined request stay unread.
+async fn client_gone(client: &Socket) {
+    loop {
+        monoio::time::sleep(CLIENT_GONE_POLL_INTERVAL).await;
+        if client.peer_closed() {
+            return;
+        }
+    }
+}
+
+/// One read of the worker's response, given up (the read cancelled) when the client goes.
+async fn read_upstream(up: &mut UpstreamConn, client: &Socket, deadline: Instant) -> Watched {
+    let read_buf = std::mem::take(&mut up.read_buf);
+    let (watched, buf) = up
+        .socket
+        .read_more_unless(read_buf, UPSTREAM_READ_BYTES, deadline, client_gone(client))
+        .await;
+    up.read_buf = buf;
+    watched
+}
+
+/// Reads the worker's response head, skipping interim (1xx) responses. A client that goes
+/// meanwhile ends the attempt (`ClientClosed`, nginx's 499): the caller closes the upstream
+/// connection, so the engine stops working on a request nobody waits for.
 async fn read_response_head(
     up: &mut UpstreamConn,
+    client: &Socket,
     method: Method,
     deadline: Instant,
 ) -> Result<ResponseHead, ProxyError> {
@@ -426,12 +457,12 @@ async fn read_response_head(
             }
         }
         let nothing_yet = up.read_buf.is_empty();
-        let read_buf = std::mem::take(&mut up.read_buf);
-        let (result, buf) = up
-            .socket
-            .read_more(read_buf, UPSTREAM_READ_BYTES, deadline)
-            .await;
-        up.read_buf = buf;
+        let Watched::Read(result) = read_upstream(up, client, deadline).await else {
+            return Err(ProxyError::downstream(
+                ErrorKind::ClientClosed,
+                "client gone while waiting for the response",
+            ));
+        };
         match result {
             Ok(n) if n > 0 => {}
             Ok(_) => {
@@ -549,7 +580,7 @@ async fn stream_back(
     deadline: Instant,
     on_status: RetryableStatus,
 ) -> Result<StreamEnd, ProxyError> {
-    let head = read_response_head(up, method, deadline).await?;
+    let head = read_response_head(up, client.socket, method, deadline).await?;
     if on_status == RetryableStatus::Retry && is_retryable_status(head.status) {
         return Ok(StreamEnd::RetryableStatus(head.status));
     }
@@ -617,12 +648,11 @@ async fn stream_back(
     }
     while !tracker.is_done() {
         up.read_buf.clear();
-        let read_buf = std::mem::take(&mut up.read_buf);
-        let (result, buf) = up
-            .socket
-            .read_more(read_buf, UPSTREAM_READ_BYTES, deadline)
-            .await;
-        up.read_buf = buf;
+        let Watched::Read(result) = read_upstream(up, client.socket, deadline).await else {
+            // The client went while the worker was silent (a prefill, a slow decode).
+            core.metrics().incr(Counter::DownstreamAborts);
+            return Ok(ended(false, false));
+        };
         let n = match result {
             Ok(0) if matches!(tracker.upstream, UpstreamBody::UntilClose) => break,
             Ok(n) if n > 0 => n,
