@@ -121,6 +121,19 @@ pub struct Cli {
     /// Seconds an upstream request may take before the client gets 504.
     #[arg(long = "request-timeout-secs", default_value_t = limits::REQUEST_TIMEOUT_SECS_DEFAULT)]
     pub request_timeout_secs: u64,
+    /// Seconds a worker may take, once it has a request, to send the first byte of its
+    /// response body (its queueing and prefill time; a response without a body: its head).
+    /// Past it the client gets 504 and the worker's circuit breaker a failure: a hung engine
+    /// whose /health still answers stops taking traffic. The default (5 minutes) leaves room
+    /// for long prefills behind a queue; bounded by --request-timeout-secs.
+    #[arg(long = "upstream-first-byte-timeout-secs", default_value_t = limits::UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT)]
+    pub upstream_first_byte_timeout_secs: u64,
+    /// Seconds a worker may stay silent between two reads of a response body once it began
+    /// (not the idle time of pooled connections). Past it a stream ends with an SSE error
+    /// event (a body not yet begun: 504) and the breaker hears a failure. The default
+    /// (60 s) is far above a decode step, even of a preempted request resuming.
+    #[arg(long = "upstream-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT)]
+    pub upstream_idle_timeout_secs: u64,
     /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
     #[arg(long = "data-cores")]
     pub data_cores: Option<usize>,
@@ -157,6 +170,10 @@ pub struct Config {
     pub max_payload_bytes: usize,
     /// Upstream request deadline.
     pub request_timeout: Duration,
+    /// Longest wait for a response's first body byte once the worker has the request.
+    pub upstream_first_byte_timeout: Duration,
+    /// Longest silence between two response body reads.
+    pub upstream_idle_timeout: Duration,
     /// Number of data cores.
     pub data_cores: usize,
     /// Time to finish a request head, and the longest pause between request body reads.
@@ -231,6 +248,21 @@ impl Config {
             let message = format!("must be 1..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
             return Err(FlagError::new("--request-timeout-secs", message));
         }
+        for (flag, secs) in [
+            (
+                "--upstream-first-byte-timeout-secs",
+                cli.upstream_first_byte_timeout_secs,
+            ),
+            (
+                "--upstream-idle-timeout-secs",
+                cli.upstream_idle_timeout_secs,
+            ),
+        ] {
+            if secs == 0 || secs > limits::REQUEST_TIMEOUT_SECS_MAX {
+                let message = format!("must be 1..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+                return Err(FlagError::new(flag, message));
+            }
+        }
         let data_cores = match cli.data_cores {
             None => data_cores_default(),
             Some(n) if (1..=limits::DATA_CORES_MAX).contains(&n) => n,
@@ -280,6 +312,8 @@ impl Config {
             },
             max_payload_bytes,
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
+            upstream_first_byte_timeout: Duration::from_secs(cli.upstream_first_byte_timeout_secs),
+            upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_secs),
             data_cores,
         })
     }
@@ -481,6 +515,8 @@ mod tests {
         assert_eq!(config.policy.kind, PolicyKind::CacheAware);
         assert_eq!(config.max_payload_bytes, 512 * 1024 * 1024);
         assert_eq!(config.request_timeout, Duration::from_secs(1800));
+        assert_eq!(config.upstream_first_byte_timeout, Duration::from_secs(300));
+        assert_eq!(config.upstream_idle_timeout, Duration::from_secs(60));
         assert!(config.data_cores >= 1);
         assert!(config.workers.is_empty());
     }
@@ -514,6 +550,14 @@ mod tests {
             ),
             (&["--max-payload-size", "0"], "--max-payload-size"),
             (&["--request-timeout-secs", "0"], "--request-timeout-secs"),
+            (
+                &["--upstream-first-byte-timeout-secs", "0"],
+                "--upstream-first-byte-timeout-secs",
+            ),
+            (
+                &["--upstream-idle-timeout-secs", "0"],
+                "--upstream-idle-timeout-secs",
+            ),
             (&["--data-cores", "0"], "--data-cores"),
             (&["--data-cores", "100000"], "--data-cores"),
             (

@@ -61,7 +61,8 @@ pub enum ErrorKind {
     UpstreamClosed,
     /// The worker's answer is not valid HTTP/1.1.
     UpstreamMalformed,
-    /// The worker did not answer within `--request-timeout-secs`.
+    /// The worker did not answer within `--request-timeout-secs` or
+    /// `--upstream-first-byte-timeout-secs`, or fell silent past `--upstream-idle-timeout-secs`.
     UpstreamTimeout,
     /// A bug or resource failure in the gateway.
     Internal,
@@ -125,7 +126,9 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect => "could not connect to any worker",
             ErrorKind::UpstreamClosed => "worker closed the connection",
             ErrorKind::UpstreamMalformed => "worker sent a malformed response",
-            ErrorKind::UpstreamTimeout => "worker did not answer within --request-timeout-secs",
+            ErrorKind::UpstreamTimeout => {
+                "worker did not answer in time (--upstream-first-byte-timeout-secs, --request-timeout-secs)"
+            }
             ErrorKind::Internal => "internal gateway error",
         }
     }

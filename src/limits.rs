@@ -52,6 +52,19 @@ pub const REQUEST_TIMEOUT_SECS_DEFAULT: u64 = 1800;
 /// Ceiling on `--request-timeout-secs`: one day; beyond that a request is surely stuck.
 pub const REQUEST_TIMEOUT_SECS_MAX: u64 = 86_400;
 
+/// Default `--upstream-first-byte-timeout-secs`: how long a worker may take from having the
+/// request to its first response body byte (queueing plus prefill). A 128k-token prefill takes
+/// seconds to a minute on current engines and a request may queue behind several: five minutes
+/// is beyond any healthy wait yet ends a hung scheduler's hold on requests six times sooner
+/// than `--request-timeout-secs`.
+pub const UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT: u64 = 300;
+
+/// Default `--upstream-idle-timeout-secs`: the longest silence allowed between two response
+/// body reads once the body began. A decode step takes milliseconds to a second even for a
+/// huge batch, and a preempted request is resumed within seconds: a minute of silence is an
+/// engine that stopped.
+pub const UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT: u64 = 60;
+
 /// How long a client has to send a complete request head once its first byte arrived, and the
 /// longest pause between two reads of a request body (slowloris guard). Default of the hidden
 /// `--header-read-timeout-ms` (tests shorten it).
@@ -276,6 +289,9 @@ const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= PAYLOAD_BYTES_MAX);
 const _: () = assert!(REQUEST_TIMEOUT_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
+const _: () = assert!(UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT < REQUEST_TIMEOUT_SECS_DEFAULT);
+const _: () =
+    assert!(UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT < UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT);
 // The retry loop remembers every worker a request tried in an inline list of RETRIES_MAX + 1.
 const _: () = assert!(RETRIES_MAX >= 5 && RETRIES_MAX <= 64);
 const _: () = assert!(STALE_CONNECTION_RETRIES_MAX >= 1);

@@ -348,6 +348,70 @@ fn pipelined_requests_behind_a_slow_answer_are_not_a_disconnect() {
 }
 
 #[test]
+fn a_silent_worker_gets_504_after_the_first_byte_timeout_and_its_circuit_opens() {
+    // Its /health and /v1/models still answer (GETs): only requests hang, as in a stuck
+    // scheduler.
+    let origin = MockOrigin::start(|r| {
+        if r.method == "GET" {
+            Reply::json("{}")
+        } else {
+            Reply::Silent
+        }
+    });
+    let args = [
+        "--upstream-first-byte-timeout-secs",
+        "1",
+        "--cb-failure-threshold",
+        "2",
+        "--disable-retries",
+    ];
+    let gateway = Gateway::start(&[origin.url()], &args);
+    for i in 0..2 {
+        let started = Instant::now();
+        let response = gateway.client().post_json("/generate", r#"{"text":"a"}"#);
+        assert_error(&response, 504);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "request {i} took {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(gateway.metric("kvgate_upstream_timeouts_total"), 2.0);
+    assert!(wait_until(Duration::from_secs(3), || origin.hang_ups() == 2));
+    assert!(wait_until(TIMEOUT, || gateway.breaker_state(&origin.url()) == "open"));
+    let active = format!("smg_worker_requests_active{{worker=\"{}\"}}", origin.url());
+    assert_eq!(gateway.metric(&active), 0.0);
+}
+
+#[test]
+fn a_stream_whose_worker_falls_silent_ends_with_an_sse_error_event() {
+    let reply = Reply::Chunked {
+        chunks: vec!["data: a\n\n".into(), "data: b\n\n".into()],
+        gap: Duration::from_secs(4),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let args = ["--upstream-idle-timeout-secs", "1"];
+    let gateway = Gateway::start(&[origin.url()], &args);
+    let started = Instant::now();
+    let response = gateway.client().post_json("/v1/chat/completions", CHAT);
+    assert_eq!(response.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let data = response.sse_data();
+    assert_eq!(data.first(), Some(&"a"), "{}", response.text());
+    assert!(
+        data.last().is_some_and(|d| d.contains("\"code\":504")),
+        "{}",
+        response.text()
+    );
+    assert_eq!(gateway.metric("kvgate_upstream_timeouts_total"), 1.0);
+    assert_eq!(gateway.metric("kvgate_upstream_responses_cut_total"), 1.0);
+}
+
+#[test]
 fn close_delimited_and_http10_responses_are_framed_for_the_client() {
     let origin = MockOrigin::start(|r| {
         if r.path == "/generate" {

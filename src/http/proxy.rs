@@ -20,6 +20,11 @@
 //!    head ends the attempt as `ClientClosed` (499), one gone mid-body ends the stream; both
 //!    close the upstream connection so the engine stops generating.
 //!
+//! A worker gets `--upstream-first-byte-timeout-secs` from the request forwarded to its first
+//! body byte and `--upstream-idle-timeout-secs` between body reads after it (both within
+//! `--request-timeout-secs`): a timeout is a 504, or mid-stream an SSE error event, and a
+//! failure for the worker's circuit breaker on a pooled connection as on a new one.
+//!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
 //! retryable (refused, reset, stale pooled socket, a retryable status) are tried again on
 //! another worker, up to the first attempt plus `--retry-max-retries`, with the retry settings'
@@ -96,7 +101,8 @@ struct AttemptFailure {
 impl AttemptFailure {
     /// What the failure means for the worker's circuit (`None`: not the worker's fault).
     fn breaker_outcome(&self) -> Option<AttemptOutcome> {
-        if self.on_reused_connection {
+        // A stale pooled socket fails at once; a silent worker times out on any connection.
+        if self.is_stale_connection() {
             return None;
         }
         if self.status.is_some() {
@@ -580,7 +586,10 @@ async fn stream_back(
     deadline: Instant,
     on_status: RetryableStatus,
 ) -> Result<StreamEnd, ProxyError> {
-    let head = read_response_head(up, client.socket, method, deadline).await?;
+    let config = &core.shared.config;
+    // Until the first body byte the worker queues and prefills; after it, it decodes.
+    let first_byte_deadline = deadline.min(Instant::now() + config.upstream_first_byte_timeout);
+    let head = read_response_head(up, client.socket, method, first_byte_deadline).await?;
     if on_status == RetryableStatus::Retry && is_retryable_status(head.status) {
         return Ok(StreamEnd::RetryableStatus(head.status));
     }
@@ -618,7 +627,8 @@ async fn stream_back(
     let available = &up.read_buf[head.head_len..];
     // The first body byte is the first token (or, unstreamed, the whole answer): the prompt is
     // no longer queued work on the worker.
-    if !available.is_empty() {
+    let mut body_begun = !available.is_empty();
+    if body_begun {
         credit.prefill_done();
     }
     let consumed = tracker.advance(available, client.write_buf)?;
@@ -648,7 +658,12 @@ async fn stream_back(
     }
     while !tracker.is_done() {
         up.read_buf.clear();
-        let Watched::Read(result) = read_upstream(up, client.socket, deadline).await else {
+        let read_deadline = if body_begun {
+            deadline.min(Instant::now() + config.upstream_idle_timeout)
+        } else {
+            first_byte_deadline
+        };
+        let Watched::Read(result) = read_upstream(up, client.socket, read_deadline).await else {
             // The client went while the worker was silent (a prefill, a slow decode).
             core.metrics().incr(Counter::DownstreamAborts);
             return Ok(ended(false, false));
@@ -663,12 +678,18 @@ async fn stream_back(
                 };
                 count_error(core, kind);
                 core.metrics().incr(Counter::UpstreamResponsesCut);
-                if end_stream_with_error_event(client, &tracker, body_kind, framing) {
+                let cut = if kind == ErrorKind::UpstreamTimeout {
+                    StreamCut::WorkerSilent
+                } else {
+                    StreamCut::WorkerClosed
+                };
+                if end_stream_with_error_event(client, &tracker, (body_kind, framing), cut) {
                     write_client(client).await;
                 }
                 return Ok(StreamEnd::upstream_failed(head.status));
             }
         };
+        body_begun = true;
         credit.prefill_done();
         client.write_buf.clear();
         let consumed = match tracker.advance(&up.read_buf, client.write_buf) {
@@ -706,14 +727,42 @@ impl StreamEnd {
     }
 }
 
+/// Why a stream the client was receiving ends early: each has its SSE error event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StreamCut {
+    /// The worker closed or reset the connection, or sent garbage.
+    WorkerClosed,
+    /// The worker sent nothing within `--upstream-first-byte-timeout-secs` (body not begun) or
+    /// `--upstream-idle-timeout-secs`.
+    WorkerSilent,
+}
+
+impl StreamCut {
+    /// The event's message, `type` and `code`.
+    fn event(self) -> (&'static str, &'static str, u16) {
+        match self {
+            StreamCut::WorkerClosed => (
+                "the worker closed the stream before it finished",
+                "upstream_error",
+                502,
+            ),
+            StreamCut::WorkerSilent => (
+                "the worker sent nothing in time (--upstream-first-byte-timeout-secs, --upstream-idle-timeout-secs)",
+                "gateway_timeout",
+                504,
+            ),
+        }
+    }
+}
+
 /// Puts the SSE error event and the final chunk in `client.write_buf` when the client is being
 /// streamed chunked SSE and the body stopped between two chunks (elsewhere a new chunk would
 /// break the framing, so the connection just closes). Returns whether it did.
 fn end_stream_with_error_event(
     client: &mut ClientSide<'_>,
     tracker: &BodyTracker,
-    body_kind: BodyKind,
-    framing: DownstreamFraming,
+    (body_kind, framing): (BodyKind, DownstreamFraming),
+    cut: StreamCut,
 ) -> bool {
     let at_boundary =
         matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
@@ -722,16 +771,21 @@ fn end_stream_with_error_event(
         && at_boundary;
     if can_tell {
         client.write_buf.clear();
-        client
-            .write_buf
-            .extend_from_slice(STREAM_ABORTED_EVENT_CHUNK);
+        write_error_event_chunk(client.write_buf, cut);
     }
     can_tell
 }
 
-/// The last chunk written to a streaming client whose worker failed mid-stream: one SSE error
-/// event, then the terminating chunk, so the client sees a clear error instead of a cut stream.
-const STREAM_ABORTED_EVENT_CHUNK: &[u8] = b"72\r\ndata: {\"error\":{\"message\":\"the worker closed the stream before it finished\",\"type\":\"upstream_error\",\"code\":502}}\n\n\r\n0\r\n\r\n";
+/// The last chunk written to a streaming client whose stream is cut: one SSE error event, then
+/// the terminating chunk, so the client sees a clear error instead of a cut stream. (Failure
+/// path only: the formatting allocates.)
+fn write_error_event_chunk(out: &mut Vec<u8>, cut: StreamCut) {
+    let (message, error_type, code) = cut.event();
+    let event = format!(
+        "data: {{\"error\":{{\"message\":\"{message}\",\"type\":\"{error_type}\",\"code\":{code}}}}}\n\n"
+    );
+    out.extend_from_slice(format!("{:x}\r\n{event}\r\n0\r\n\r\n", event.len()).as_bytes());
+}
 
 /// Writes `client.write_buf` to the client.
 async fn write_client(client: &mut ClientSide<'_>) -> bool {
@@ -782,4 +836,24 @@ fn count_error(core: &DataCore, kind: ErrorKind) {
         _ => return,
     };
     core.metrics().incr(counter);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_event_chunk_is_framed_to_its_length() {
+        let mut out = Vec::new();
+        write_error_event_chunk(&mut out, StreamCut::WorkerClosed);
+        let expected: &[u8] = b"72\r\ndata: {\"error\":{\"message\":\"the worker closed the stream before it finished\",\"type\":\"upstream_error\",\"code\":502}}\n\n\r\n0\r\n\r\n";
+        assert_eq!(out, expected);
+        out.clear();
+        write_error_event_chunk(&mut out, StreamCut::WorkerSilent);
+        let text = String::from_utf8(out).unwrap();
+        let (size, rest) = text.split_once("\r\n").unwrap();
+        let event = rest.strip_suffix("\r\n0\r\n\r\n").unwrap();
+        assert_eq!(usize::from_str_radix(size, 16).unwrap(), event.len());
+        assert!(event.contains("\"code\":504"), "{event}");
+    }
 }

@@ -95,7 +95,8 @@ pub enum Counter {
     UpstreamClosedErrors,
     /// A worker answered with malformed HTTP.
     UpstreamMalformedErrors,
-    /// A worker did not answer within `--request-timeout-secs`.
+    /// A worker did not answer within `--request-timeout-secs` or
+    /// `--upstream-first-byte-timeout-secs`, or fell silent past `--upstream-idle-timeout-secs`.
     UpstreamTimeouts,
     /// Upstream attempts retried after a refused or reset connection.
     UpstreamRetries,
@@ -151,7 +152,7 @@ const COUNTER_DEFS: [(&str, &str); 15] = [
     ),
     (
         "kvgate_upstream_timeouts_total",
-        "Worker requests past --request-timeout-secs.",
+        "Worker requests past --request-timeout-secs, --upstream-first-byte-timeout-secs or --upstream-idle-timeout-secs.",
     ),
     (
         "kvgate_upstream_retries_total",
