@@ -134,6 +134,12 @@ pub struct Cli {
     /// (60 s) is far above a decode step, even of a preempted request resuming.
     #[arg(long = "upstream-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT)]
     pub upstream_idle_timeout_secs: u64,
+    /// Seconds shutdown (SIGTERM, SIGINT) lets in-flight requests finish (SMG's flag and
+    /// default). The listeners close at once and a new request on an open connection gets 503
+    /// with `Connection: close`; what still runs after this long is cut (a stream ends with an
+    /// SSE error event) and the log says how many. 0 cuts at once.
+    #[arg(long = "shutdown-grace-period-secs", default_value_t = limits::SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT)]
+    pub shutdown_grace_period_secs: u64,
     /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
     #[arg(long = "data-cores")]
     pub data_cores: Option<usize>,
@@ -174,6 +180,8 @@ pub struct Config {
     pub upstream_first_byte_timeout: Duration,
     /// Longest silence between two response body reads.
     pub upstream_idle_timeout: Duration,
+    /// How long shutdown lets in-flight requests finish.
+    pub shutdown_grace_period: Duration,
     /// Number of data cores.
     pub data_cores: usize,
     /// Time to finish a request head, and the longest pause between request body reads.
@@ -263,6 +271,10 @@ impl Config {
                 return Err(FlagError::new(flag, message));
             }
         }
+        if cli.shutdown_grace_period_secs > limits::REQUEST_TIMEOUT_SECS_MAX {
+            let message = format!("must be 0..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+            return Err(FlagError::new("--shutdown-grace-period-secs", message));
+        }
         let data_cores = match cli.data_cores {
             None => data_cores_default(),
             Some(n) if (1..=limits::DATA_CORES_MAX).contains(&n) => n,
@@ -314,6 +326,7 @@ impl Config {
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
             upstream_first_byte_timeout: Duration::from_secs(cli.upstream_first_byte_timeout_secs),
             upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_secs),
+            shutdown_grace_period: Duration::from_secs(cli.shutdown_grace_period_secs),
             data_cores,
         })
     }
@@ -517,6 +530,7 @@ mod tests {
         assert_eq!(config.request_timeout, Duration::from_secs(1800));
         assert_eq!(config.upstream_first_byte_timeout, Duration::from_secs(300));
         assert_eq!(config.upstream_idle_timeout, Duration::from_secs(60));
+        assert_eq!(config.shutdown_grace_period, Duration::from_secs(180));
         assert!(config.data_cores >= 1);
         assert!(config.workers.is_empty());
     }
@@ -557,6 +571,10 @@ mod tests {
             (
                 &["--upstream-idle-timeout-secs", "0"],
                 "--upstream-idle-timeout-secs",
+            ),
+            (
+                &["--shutdown-grace-period-secs", "86401"],
+                "--shutdown-grace-period-secs",
             ),
             (&["--data-cores", "0"], "--data-cores"),
             (&["--data-cores", "100000"], "--data-cores"),

@@ -55,6 +55,9 @@ pub enum ErrorKind {
     ClientClosed,
     /// No healthy worker to route to.
     NoHealthyWorker,
+    /// The gateway is shutting down: a new request on an open connection, or one still waiting
+    /// on its worker when `--shutdown-grace-period-secs` ran out.
+    ShuttingDown,
     /// Connecting to the worker failed.
     UpstreamConnect,
     /// The worker closed or reset the connection before answering in full.
@@ -83,7 +86,7 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
             | ErrorKind::UpstreamMalformed => 502,
-            ErrorKind::NoHealthyWorker => 503,
+            ErrorKind::NoHealthyWorker | ErrorKind::ShuttingDown => 503,
             ErrorKind::UpstreamTimeout => 504,
         }
     }
@@ -99,7 +102,7 @@ impl ErrorKind {
             | ErrorKind::RequestTimeout
             | ErrorKind::ClientClosed => "invalid_request_error",
             ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
-            ErrorKind::NoHealthyWorker => "service_unavailable",
+            ErrorKind::NoHealthyWorker | ErrorKind::ShuttingDown => "service_unavailable",
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
             | ErrorKind::UpstreamMalformed => "bad_gateway",
@@ -123,6 +126,7 @@ impl ErrorKind {
             ErrorKind::RequestTimeout => "request not received in time",
             ErrorKind::ClientClosed => "client closed the connection",
             ErrorKind::NoHealthyWorker => "no healthy worker available",
+            ErrorKind::ShuttingDown => "the gateway is shutting down",
             ErrorKind::UpstreamConnect => "could not connect to any worker",
             ErrorKind::UpstreamClosed => "worker closed the connection",
             ErrorKind::UpstreamMalformed => "worker sent a malformed response",
@@ -143,6 +147,7 @@ impl ErrorKind {
                 | ErrorKind::PayloadTooLarge
                 | ErrorKind::RequestTimeout
                 | ErrorKind::ClientClosed
+                | ErrorKind::ShuttingDown
         )
     }
 

@@ -275,8 +275,14 @@ pub const TOKENIZER_QUEUE_CAPACITY: usize = 64;
 /// How often an idle data core checks the shutdown flag.
 pub const SHUTDOWN_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
-/// How long shutdown waits for in-flight requests before the process exits anyway.
-pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `--shutdown-grace-period-secs` (SMG's): how long shutdown lets in-flight requests
+/// finish before it cuts them.
+pub const SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT: u64 = 180;
+
+/// How long a data core waits, once the grace period is over, for the requests it cut to write
+/// their error (an SSE event, a 503) before it exits anyway: a client reading normally takes
+/// a millisecond, one that stopped reading is not waited for.
+pub const SHUTDOWN_CUT_WAIT: Duration = Duration::from_secs(2);
 
 /// io_uring submission queue entries per runtime (DESIGN.md: 1024-4096).
 pub const URING_ENTRIES: u32 = 1024;
@@ -289,6 +295,9 @@ const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= PAYLOAD_BYTES_MAX);
 const _: () = assert!(REQUEST_TIMEOUT_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
+const _: () = assert!(SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
+// A cut request notices within a poll and still has time to write its error.
+const _: () = assert!(CLIENT_GONE_POLL_INTERVAL.as_millis() * 4 <= SHUTDOWN_CUT_WAIT.as_millis());
 const _: () = assert!(UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT < REQUEST_TIMEOUT_SECS_DEFAULT);
 const _: () =
     assert!(UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT < UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT);

@@ -545,6 +545,58 @@ fn sigterm_lets_an_inflight_stream_finish() {
 }
 
 #[test]
+fn sigterm_closes_the_listener_refuses_new_requests_and_cuts_streams_after_the_grace_period() {
+    let reply = Reply::Chunked {
+        chunks: vec!["data: x\n\n".into(); 100],
+        gap: Duration::from_millis(100),
+    };
+    let origin = MockOrigin::start(move |r| {
+        if r.path == "/generate" {
+            Reply::json("{}")
+        } else {
+            reply.clone()
+        }
+    });
+    let log = std::env::temp_dir().join(format!("kvgate-shutdown-{}.log", std::process::id()));
+    let file = std::fs::File::create(&log).expect("log file");
+    let args = ["--shutdown-grace-period-secs", "1"];
+    let mut gateway = Gateway::start_logging(&[origin.url()], &args, Some(file));
+    let mut kept_alive = gateway.client();
+    assert_eq!(kept_alive.post_json("/generate", "{}").status, 200);
+    let mut streaming = gateway.client();
+    streaming.send_request("POST", "/v1/completions", &[], b"{}");
+    assert_eq!(streaming.read_until_body_contains(b"data:"), 200);
+    gateway.process.signal(libc::SIGTERM);
+    let refused = wait_until(Duration::from_secs(1), || {
+        std::net::TcpStream::connect(gateway.addr()).is_err()
+    });
+    assert!(refused, "the listener still accepts after SIGTERM");
+    let response = kept_alive.post_json("/generate", "{}");
+    assert_error(&response, 503);
+    assert_eq!(response.header("connection"), Some("close"));
+    // The stream runs 10 s: the grace period (1 s) cuts it with an error event.
+    let response = streaming.read_response();
+    let data = response.sse_data();
+    assert!(data.len() < 50, "{} events: not cut", data.len());
+    let last = data.last().copied().unwrap_or_default();
+    assert!(
+        last.contains("shutting down") && last.contains("\"code\":503"),
+        "{last}"
+    );
+    let status = gateway
+        .process
+        .wait_exit(TIMEOUT)
+        .expect("kvgate exits after the grace period");
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&log).expect("read the log");
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        text.contains("cutting 1 requests still in flight"),
+        "{text}"
+    );
+}
+
+#[test]
 fn slow_request_heads_get_408_and_idle_connections_close() {
     let origin = ok_origin();
     let timeouts = [

@@ -26,6 +26,8 @@ pub struct DataCore {
     pub router: RefCell<Router>,
     /// Requests being served (for graceful shutdown).
     pub requests_in_flight: Cell<usize>,
+    /// Set when shutdown's grace period is over: requests still waiting on a worker end now.
+    pub cutting_requests: Cell<bool>,
 }
 
 impl DataCore {
@@ -37,6 +39,7 @@ impl DataCore {
             pool: RefCell::new(UpstreamPool::new()),
             router: RefCell::new(router),
             requests_in_flight: Cell::new(0),
+            cutting_requests: Cell::new(false),
         }
     }
 

@@ -421,32 +421,55 @@ async fn forward(
     result.map_err(|e| upstream_io_error(e, "forward request"))
 }
 
-/// Completes once the client has gone (closed or reset its connection), checked every
-/// `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of a pipelined request stay unread.
-async fn client_gone(client: &Socket) {
+/// Why a request stopped waiting on its worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Interrupted {
+    /// The client closed or reset its connection.
+    ClientGone,
+    /// Shutdown's grace period is over.
+    ShutdownCut,
+}
+
+/// Completes once the client has gone (closed or reset its connection) or shutdown cuts the
+/// requests still running, checked every `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of
+/// a pipelined request stay unread.
+async fn interruption(core: &DataCore, client: &Socket) {
     loop {
         monoio::time::sleep(CLIENT_GONE_POLL_INTERVAL).await;
-        if client.peer_closed() {
+        if client.peer_closed() || core.cutting_requests.get() {
             return;
         }
     }
 }
 
-/// One read of the worker's response, given up (the read cancelled) when the client goes.
-async fn read_upstream(up: &mut UpstreamConn, client: &Socket, deadline: Instant) -> Watched {
+/// One read of the worker's response, given up (the read cancelled) when the client goes or
+/// shutdown cuts the request.
+async fn read_upstream(
+    core: &DataCore,
+    up: &mut UpstreamConn,
+    client: &Socket,
+    deadline: Instant,
+) -> Result<std::io::Result<usize>, Interrupted> {
     let read_buf = std::mem::take(&mut up.read_buf);
+    let stop = interruption(core, client);
     let (watched, buf) = up
         .socket
-        .read_more_unless(read_buf, UPSTREAM_READ_BYTES, deadline, client_gone(client))
+        .read_more_unless(read_buf, UPSTREAM_READ_BYTES, deadline, stop)
         .await;
     up.read_buf = buf;
-    watched
+    match watched {
+        Watched::Read(result) => Ok(result),
+        Watched::Stopped if client.peer_closed() => Err(Interrupted::ClientGone),
+        Watched::Stopped => Err(Interrupted::ShutdownCut),
+    }
 }
 
 /// Reads the worker's response head, skipping interim (1xx) responses. A client that goes
 /// meanwhile ends the attempt (`ClientClosed`, nginx's 499): the caller closes the upstream
-/// connection, so the engine stops working on a request nobody waits for.
+/// connection, so the engine stops working on a request nobody waits for. Shutdown's cut
+/// ends it too (`ShuttingDown`, a 503).
 async fn read_response_head(
+    core: &DataCore,
     up: &mut UpstreamConn,
     client: &Socket,
     method: Method,
@@ -463,11 +486,21 @@ async fn read_response_head(
             }
         }
         let nothing_yet = up.read_buf.is_empty();
-        let Watched::Read(result) = read_upstream(up, client, deadline).await else {
-            return Err(ProxyError::downstream(
-                ErrorKind::ClientClosed,
-                "client gone while waiting for the response",
-            ));
+        let result = match read_upstream(core, up, client, deadline).await {
+            Ok(result) => result,
+            Err(Interrupted::ClientGone) => {
+                return Err(ProxyError::downstream(
+                    ErrorKind::ClientClosed,
+                    "client gone while waiting for the response",
+                ))
+            }
+            Err(Interrupted::ShutdownCut) => {
+                return Err(ProxyError::new(
+                    ErrorKind::ShuttingDown,
+                    Side::Internal,
+                    "shutdown grace period over while waiting for the response",
+                ))
+            }
         };
         match result {
             Ok(n) if n > 0 => {}
@@ -589,7 +622,7 @@ async fn stream_back(
     let config = &core.shared.config;
     // Until the first body byte the worker queues and prefills; after it, it decodes.
     let first_byte_deadline = deadline.min(Instant::now() + config.upstream_first_byte_timeout);
-    let head = read_response_head(up, client.socket, method, first_byte_deadline).await?;
+    let head = read_response_head(core, up, client.socket, method, first_byte_deadline).await?;
     if on_status == RetryableStatus::Retry && is_retryable_status(head.status) {
         return Ok(StreamEnd::RetryableStatus(head.status));
     }
@@ -663,10 +696,26 @@ async fn stream_back(
         } else {
             first_byte_deadline
         };
-        let Watched::Read(result) = read_upstream(up, client.socket, read_deadline).await else {
-            // The client went while the worker was silent (a prefill, a slow decode).
-            core.metrics().incr(Counter::DownstreamAborts);
-            return Ok(ended(false, false));
+        // A stream whose reads never wait a whole poll interval is cut here.
+        let read = if core.cutting_requests.get() {
+            Err(Interrupted::ShutdownCut)
+        } else {
+            read_upstream(core, up, client.socket, read_deadline).await
+        };
+        let result = match read {
+            Ok(result) => result,
+            Err(Interrupted::ClientGone) => {
+                // The client went while the worker was silent (a prefill, a slow decode).
+                core.metrics().incr(Counter::DownstreamAborts);
+                return Ok(ended(false, false));
+            }
+            Err(Interrupted::ShutdownCut) => {
+                let cut = StreamCut::ShuttingDown;
+                if end_stream_with_error_event(client, &tracker, (body_kind, framing), cut) {
+                    write_client(client).await;
+                }
+                return Ok(ended(false, false));
+            }
         };
         let n = match result {
             Ok(0) if matches!(tracker.upstream, UpstreamBody::UntilClose) => break,
@@ -735,6 +784,8 @@ enum StreamCut {
     /// The worker sent nothing within `--upstream-first-byte-timeout-secs` (body not begun) or
     /// `--upstream-idle-timeout-secs`.
     WorkerSilent,
+    /// Shutdown's grace period ran out first.
+    ShuttingDown,
 }
 
 impl StreamCut {
@@ -750,6 +801,11 @@ impl StreamCut {
                 "the worker sent nothing in time (--upstream-first-byte-timeout-secs, --upstream-idle-timeout-secs)",
                 "gateway_timeout",
                 504,
+            ),
+            StreamCut::ShuttingDown => (
+                "the gateway is shutting down (--shutdown-grace-period-secs)",
+                "service_unavailable",
+                503,
             ),
         }
     }

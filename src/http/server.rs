@@ -100,6 +100,16 @@ pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
                 return;
             }
         };
+        if core.shared.is_shutting_down() {
+            // Listeners are closed; a request on a connection still open is refused, and the
+            // client told to go elsewhere.
+            let answered =
+                answer_error(&mut down, ErrorKind::ShuttingDown, Connection::Close).await;
+            let endpoint = Endpoint::of_path(request.head.path(&down.read_buf));
+            core.metrics()
+                .record_request(request.head.method, endpoint, answered.status);
+            return;
+        }
         core.requests_in_flight
             .set(core.requests_in_flight.get() + 1);
         let connection = handle_request(&core, &mut down, &request).await;
