@@ -134,6 +134,13 @@ pub struct Cli {
     /// (60 s) is far above a decode step, even of a preempted request resuming.
     #[arg(long = "upstream-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT)]
     pub upstream_idle_timeout_secs: u64,
+    /// Request body bytes one data core may hold at once, over all the requests it is reading
+    /// or forwarding (each body is held once, where it was read). A request whose body would
+    /// pass it gets 503 (`kvgate_body_budget_rejections_total`): memory stays bounded whatever
+    /// clients send. Default 1 GiB, or --max-payload-size when larger; at least
+    /// --max-payload-size.
+    #[arg(long = "max-inflight-body-bytes-per-core")]
+    pub max_inflight_body_bytes_per_core: Option<u64>,
     /// Seconds shutdown (SIGTERM, SIGINT) lets in-flight requests finish (SMG's flag and
     /// default). The listeners close at once and a new request on an open connection gets 503
     /// with `Connection: close`; what still runs after this long is cut (a stream ends with an
@@ -180,6 +187,8 @@ pub struct Config {
     pub upstream_first_byte_timeout: Duration,
     /// Longest silence between two response body reads.
     pub upstream_idle_timeout: Duration,
+    /// Request body bytes one data core may hold at once.
+    pub max_inflight_body_bytes_per_core: usize,
     /// How long shutdown lets in-flight requests finish.
     pub shutdown_grace_period: Duration,
     /// Number of data cores.
@@ -271,6 +280,20 @@ impl Config {
                 return Err(FlagError::new(flag, message));
             }
         }
+        let max_inflight_body_bytes_per_core = match cli.max_inflight_body_bytes_per_core {
+            None => max_payload_bytes.max(limits::INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT),
+            Some(n) => match usize::try_from(n) {
+                Ok(n) if n >= max_payload_bytes => n,
+                _ => {
+                    let message =
+                        format!("must be at least --max-payload-size ({max_payload_bytes} bytes)");
+                    return Err(FlagError::new(
+                        "--max-inflight-body-bytes-per-core",
+                        message,
+                    ));
+                }
+            },
+        };
         if cli.shutdown_grace_period_secs > limits::REQUEST_TIMEOUT_SECS_MAX {
             let message = format!("must be 0..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
             return Err(FlagError::new("--shutdown-grace-period-secs", message));
@@ -327,6 +350,7 @@ impl Config {
             upstream_first_byte_timeout: Duration::from_secs(cli.upstream_first_byte_timeout_secs),
             upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_secs),
             shutdown_grace_period: Duration::from_secs(cli.shutdown_grace_period_secs),
+            max_inflight_body_bytes_per_core,
             data_cores,
         })
     }
@@ -531,6 +555,9 @@ mod tests {
         assert_eq!(config.upstream_first_byte_timeout, Duration::from_secs(300));
         assert_eq!(config.upstream_idle_timeout, Duration::from_secs(60));
         assert_eq!(config.shutdown_grace_period, Duration::from_secs(180));
+        assert_eq!(config.max_inflight_body_bytes_per_core, 1 << 30);
+        let big = parse(&["--max-payload-size", "2147483648"]).unwrap();
+        assert_eq!(big.max_inflight_body_bytes_per_core, 2 << 30);
         assert!(config.data_cores >= 1);
         assert!(config.workers.is_empty());
     }
@@ -571,6 +598,10 @@ mod tests {
             (
                 &["--upstream-idle-timeout-secs", "0"],
                 "--upstream-idle-timeout-secs",
+            ),
+            (
+                &["--max-inflight-body-bytes-per-core", "1000"],
+                "--max-inflight-body-bytes-per-core",
             ),
             (
                 &["--shutdown-grace-period-secs", "86401"],

@@ -55,6 +55,8 @@ pub enum ErrorKind {
     ClientClosed,
     /// No healthy worker to route to.
     NoHealthyWorker,
+    /// The data core holds `--max-inflight-body-bytes-per-core` of request bodies already.
+    BodyBudgetExceeded,
     /// The gateway is shutting down: a new request on an open connection, or one still waiting
     /// on its worker when `--shutdown-grace-period-secs` ran out.
     ShuttingDown,
@@ -86,7 +88,9 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
             | ErrorKind::UpstreamMalformed => 502,
-            ErrorKind::NoHealthyWorker | ErrorKind::ShuttingDown => 503,
+            ErrorKind::NoHealthyWorker
+            | ErrorKind::ShuttingDown
+            | ErrorKind::BodyBudgetExceeded => 503,
             ErrorKind::UpstreamTimeout => 504,
         }
     }
@@ -102,7 +106,9 @@ impl ErrorKind {
             | ErrorKind::RequestTimeout
             | ErrorKind::ClientClosed => "invalid_request_error",
             ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
-            ErrorKind::NoHealthyWorker | ErrorKind::ShuttingDown => "service_unavailable",
+            ErrorKind::NoHealthyWorker
+            | ErrorKind::ShuttingDown
+            | ErrorKind::BodyBudgetExceeded => "service_unavailable",
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
             | ErrorKind::UpstreamMalformed => "bad_gateway",
@@ -127,6 +133,9 @@ impl ErrorKind {
             ErrorKind::ClientClosed => "client closed the connection",
             ErrorKind::NoHealthyWorker => "no healthy worker available",
             ErrorKind::ShuttingDown => "the gateway is shutting down",
+            ErrorKind::BodyBudgetExceeded => {
+                "the gateway holds too many request bodies at once; retry later"
+            }
             ErrorKind::UpstreamConnect => "could not connect to any worker",
             ErrorKind::UpstreamClosed => "worker closed the connection",
             ErrorKind::UpstreamMalformed => "worker sent a malformed response",
@@ -148,6 +157,7 @@ impl ErrorKind {
                 | ErrorKind::RequestTimeout
                 | ErrorKind::ClientClosed
                 | ErrorKind::ShuttingDown
+                | ErrorKind::BodyBudgetExceeded
         )
     }
 

@@ -36,6 +36,23 @@ pub const READ_BUF_BYTES_RETAINED_MAX: usize = 256 * 1024;
 /// rest is room for extensions, which we skip but must bound.
 pub const CHUNK_LINE_BYTES_MAX: usize = 4 * 1024;
 
+/// Default `--max-inflight-body-bytes-per-core`: request body bytes one data core holds at once
+/// (bodies being read, and forwarded from where they were read). Twice SMG's 512 MiB
+/// `--max-payload-size`, so one largest body always fits beside others, yet a burst of large
+/// unauthenticated bodies cannot take the machine's memory: past it a request gets 503. Raised
+/// to `--max-payload-size` when that is larger and this flag is not given.
+pub const INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT: usize = 1024 * 1024 * 1024;
+
+/// A request body up to this size is copied behind its head and forwarded in one write (a copy
+/// this small costs less than a second syscall and packet); a larger one is written from the
+/// client's read buffer where it lies, so a body is held once.
+pub const FORWARD_BODY_COPY_BYTES_MAX: usize = 16 * 1024;
+
+/// An upstream connection's buffer that grew past this (a large response head, a long request
+/// head) is dropped when the connection goes back to the pool: an idle pooled connection keeps
+/// only what a typical request needs.
+pub const UPSTREAM_BUF_BYTES_RETAINED_MAX: usize = 64 * 1024;
+
 /// Bytes of chunked trailers we skip before giving up on a message.
 pub const CHUNK_TRAILER_BYTES_MAX: usize = 16 * 1024;
 
@@ -294,6 +311,11 @@ const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= PAYLOAD_BYTES_MAX);
+const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT);
+// The upstream write buffer holds a head and a copied small body; it keeps that much.
+const _: () =
+    assert!(HEADER_BYTES_MAX + FORWARD_BODY_COPY_BYTES_MAX <= UPSTREAM_BUF_BYTES_RETAINED_MAX);
+const _: () = assert!(UPSTREAM_READ_BYTES <= UPSTREAM_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(REQUEST_TIMEOUT_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
 const _: () = assert!(SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
 // A cut request notices within a poll and still has time to write its error.

@@ -200,6 +200,84 @@ fn chunked_request_bodies_and_100_continue_reach_the_worker_whole() {
 }
 
 #[test]
+fn large_bodies_reach_the_worker_whole_from_both_framings_with_a_pipelined_request_behind() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    // Far above the size a body is copied behind its head: written from the read buffer.
+    let text: String = (0..300_000)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let body = format!(r#"{{"text":"{text}"}}"#);
+    let mut chunked = Vec::new();
+    for piece in body.as_bytes().chunks(40_000) {
+        chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let mut wire = format!(
+        "POST /generate HTTP/1.1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    wire.extend_from_slice(b"POST /generate HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
+    wire.extend_from_slice(&chunked);
+    wire.extend_from_slice(b"POST /generate HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
+    let mut client = gateway.client();
+    client.send_raw(&wire);
+    for _ in 0..3 {
+        assert_eq!(client.read_response().status, 200);
+    }
+    let received = origin.requests();
+    assert!(received[0].body == body.as_bytes(), "sized body changed");
+    assert!(received[1].body == body.as_bytes(), "chunked body changed");
+    assert_eq!(received[2].body, b"{}");
+}
+
+#[test]
+fn bodies_past_the_cores_body_budget_get_503_until_it_frees() {
+    let origin = ok_origin();
+    let args = [
+        "--max-payload-size",
+        "1000",
+        "--max-inflight-body-bytes-per-core",
+        "1500",
+    ];
+    let gateway = Gateway::start(&[origin.url()], &args);
+    // A client announces a 1000-byte body and sends 10 bytes of it: the core holds its charge.
+    let mut holder = gateway.client();
+    holder.send_raw(b"POST /generate HTTP/1.1\r\ncontent-length: 1000\r\n\r\n{\"text\":\"a");
+    let body = format!(r#"{{"text":"{}"}}"#, "b".repeat(780));
+    let mut refused = None;
+    assert!(
+        wait_until(TIMEOUT, || {
+            let response = gateway.client().post_json("/generate", &body);
+            let is_503 = response.status == 503;
+            refused = Some(response);
+            is_503
+        }),
+        "a body past the budget was taken"
+    );
+    let refused = refused.expect("a response");
+    assert_error(&refused, 503);
+    assert_eq!(refused.header("connection"), Some("close"));
+    let mut chunked = gateway.client();
+    chunked.send_raw(b"POST /generate HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n");
+    chunked.send_raw(format!("258\r\n{}\r\n0\r\n\r\n", "c".repeat(600)).as_bytes());
+    assert_error(&chunked.read_response(), 503);
+    let rejected = gateway.metric("kvgate_body_budget_rejections_total");
+    assert!(rejected >= 2.0, "{rejected}");
+    // The holder finishes: its request is served and its charge given back.
+    holder.send_raw(format!("{}\"}}", "a".repeat(1000 - 10 - 2)).as_bytes());
+    assert_eq!(holder.read_response().status, 200);
+    assert_eq!(gateway.client().post_json("/generate", &body).status, 200);
+    assert_eq!(
+        gateway.metric("kvgate_body_budget_rejections_total"),
+        rejected
+    );
+}
+
+#[test]
 fn hop_by_hop_headers_are_dropped_both_ways() {
     let origin = MockOrigin::start(|_| Reply::Full {
         status: 201,

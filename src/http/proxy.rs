@@ -41,8 +41,8 @@ use crate::copy;
 use crate::error::{ErrorKind, ProxyError, Retry, Side};
 use crate::ids::WorkerId;
 use crate::limits::{
-    CLIENT_GONE_POLL_INTERVAL, DOWNSTREAM_WRITE_TIMEOUT, STALE_CONNECTION_RETRIES_MAX,
-    UPSTREAM_READ_BYTES,
+    CLIENT_GONE_POLL_INTERVAL, DOWNSTREAM_WRITE_TIMEOUT, FORWARD_BODY_COPY_BYTES_MAX,
+    STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES,
 };
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{
@@ -59,13 +59,23 @@ use crate::workers::breaker::AttemptOutcome;
 use crate::workers::retry::{is_retryable_status, RetryConfig, TriedWorkers};
 use crate::workers::table::{InflightCredit, WorkerEntry};
 
-/// The request as forwarded to a worker: its head and complete body, in the client's buffers.
+/// The request as the prepare phase reads it: its head and complete body, in the client's
+/// read buffer.
 #[derive(Clone, Copy)]
 struct Outgoing<'a> {
     head: &'a RequestHead,
     /// The buffer the head's spans index.
     head_buf: &'a [u8],
     body: &'a [u8],
+}
+
+/// The request as the forward phase writes it: the client's read buffer itself, so a large
+/// body is written from where it was read (the buffer is lent to the write and comes back).
+struct Forwarded<'a> {
+    head: &'a RequestHead,
+    /// The client's read buffer: the head's spans and `body` index it.
+    read_buf: &'a mut Vec<u8>,
+    body: std::ops::Range<usize>,
 }
 
 /// The client half of a connection, split from its read buffer (which holds the request).
@@ -141,19 +151,24 @@ pub async fn proxy_request(
         socket,
         read_buf,
         write_buf,
-        body_buf,
         prepared,
+        ..
     } = down;
     let outgoing = Outgoing {
         head: &request.head,
         head_buf: read_buf,
-        body: request.body(read_buf, body_buf),
+        body: request.body(read_buf),
     };
     prepare(core, prepared, endpoint, outgoing).await?;
     let catalog = core.shared.catalog.load();
     let models = catalog
         .workers_for(prepared.model())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    let mut forwarded = Forwarded {
+        head: &request.head,
+        read_buf,
+        body: request.body.clone(),
+    };
     let mut client = ClientSide {
         socket,
         write_buf,
@@ -191,7 +206,7 @@ pub async fn proxy_request(
         let attempted = attempt(
             core,
             &mut client,
-            (outgoing, prepared),
+            (&mut forwarded, prepared),
             (worker, &mut credit),
             deadline,
             on_status,
@@ -307,7 +322,7 @@ fn report_outcome(core: &DataCore, worker: WorkerId, outcome: Option<AttemptOutc
 async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
-    (outgoing, prepared): (Outgoing<'_>, &Prepared),
+    (request, prepared): (&mut Forwarded<'_>, &Prepared),
     (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     deadline: Instant,
     on_status: RetryableStatus,
@@ -321,12 +336,12 @@ async fn attempt(
         .await
         .map_err(|e| fail(e, false))?;
     let reused = up.reused;
-    forward(&mut up, outgoing, &worker.spec.authority, deadline)
+    forward(&mut up, request, &worker.spec.authority, deadline)
         .await
         .map_err(|e| fail(e, reused))?;
     // The worker has the request: the index learns it now, not when the response ends.
     record_dispatch(core, prepared, worker.id);
-    let method = outgoing.head.method;
+    let method = request.head.method;
     let gateway_headers = GatewayHeaders {
         routed_worker_line: &worker.routed_header_line,
         predicted_cached_tokens: prepared.predicted_cached_tokens(worker.id),
@@ -397,28 +412,41 @@ fn upstream_io_error(error: std::io::Error, context: &'static str) -> ProxyError
     }
 }
 
-/// The forward phase: the rebuilt head and the complete body in one write.
+/// The forward phase: the rebuilt head, then the complete body. A small body is copied behind
+/// the head (one write); a larger one is written from the client's read buffer, where it lies,
+/// so the gateway never holds a body twice.
 async fn forward(
     up: &mut UpstreamConn,
-    outgoing: Outgoing<'_>,
+    request: &mut Forwarded<'_>,
     authority: &str,
     deadline: Instant,
 ) -> Result<(), ProxyError> {
+    let body = request.body.clone();
     up.write_buf.clear();
     codec::write_upstream_request_head(
         &mut up.write_buf,
-        outgoing.head,
-        outgoing.head_buf,
+        request.head,
+        request.read_buf,
         authority,
-        outgoing.body.len(),
+        body.len(),
     );
-    copy::extend_from_slice(&mut up.write_buf, outgoing.body);
+    let body_copied = body.len() <= FORWARD_BODY_COPY_BYTES_MAX;
+    if body_copied {
+        copy::extend_from_slice(&mut up.write_buf, &request.read_buf[body.clone()]);
+    }
     let (result, buf) = up
         .socket
         .write_all(std::mem::take(&mut up.write_buf), deadline)
         .await;
     up.write_buf = buf;
-    result.map_err(|e| upstream_io_error(e, "forward request"))
+    result.map_err(|e| upstream_io_error(e, "forward request"))?;
+    if body_copied {
+        return Ok(());
+    }
+    let read_buf = std::mem::take(request.read_buf);
+    let (result, buf) = up.socket.write_range(read_buf, body, deadline).await;
+    *request.read_buf = buf;
+    result.map_err(|e| upstream_io_error(e, "forward request body"))
 }
 
 /// Why a request stopped waiting on its worker.
