@@ -724,47 +724,24 @@ async fn stream_back(
         } else {
             first_byte_deadline
         };
-        // A stream whose reads never wait a whole poll interval is cut here.
-        let read = if core.cutting_requests.get() {
-            Err(Interrupted::ShutdownCut)
-        } else {
-            read_upstream(core, up, client.socket, read_deadline).await
-        };
-        let result = match read {
-            Ok(result) => result,
-            Err(Interrupted::ClientGone) => {
-                // The client went while the worker was silent (a prefill, a slow decode).
+        let n = match next_body_read(
+            core,
+            up,
+            client,
+            &tracker,
+            (body_kind, framing),
+            read_deadline,
+        )
+        .await
+        {
+            Ok(BodyRead::Bytes(n)) => n,
+            Ok(BodyRead::End) => break,
+            Err(BodyStop::ClientGone) => {
                 core.metrics().incr(Counter::DownstreamAborts);
                 return Ok(ended(false, false));
             }
-            Err(Interrupted::ShutdownCut) => {
-                let cut = StreamCut::ShuttingDown;
-                if end_stream_with_error_event(client, &tracker, (body_kind, framing), cut) {
-                    write_client(client).await;
-                }
-                return Ok(ended(false, false));
-            }
-        };
-        let n = match result {
-            Ok(0) if matches!(tracker.upstream, UpstreamBody::UntilClose) => break,
-            Ok(n) if n > 0 => n,
-            failure => {
-                let kind = match failure {
-                    Err(e) => upstream_io_error(e, "stream body").kind,
-                    Ok(_) => ErrorKind::UpstreamClosed,
-                };
-                count_error(core, kind);
-                core.metrics().incr(Counter::UpstreamResponsesCut);
-                let cut = if kind == ErrorKind::UpstreamTimeout {
-                    StreamCut::WorkerSilent
-                } else {
-                    StreamCut::WorkerClosed
-                };
-                if end_stream_with_error_event(client, &tracker, (body_kind, framing), cut) {
-                    write_client(client).await;
-                }
-                return Ok(StreamEnd::upstream_failed(head.status));
-            }
+            Err(BodyStop::ShutdownCut) => return Ok(ended(false, false)),
+            Err(BodyStop::WorkerFailed) => return Ok(StreamEnd::upstream_failed(head.status)),
         };
         body_begun = true;
         credit.prefill_done();
@@ -788,6 +765,69 @@ async fn stream_back(
         true,
         head.connection.is_kept() && !leftover && tracker.is_done(),
     ))
+}
+
+/// What one read of a response body brought.
+enum BodyRead {
+    /// This many bytes, in `up.read_buf`.
+    Bytes(usize),
+    /// The end of a close-delimited body.
+    End,
+}
+
+/// Why a response body stopped before its end.
+enum BodyStop {
+    /// The client went while the worker was silent (a prefill, a slow decode).
+    ClientGone,
+    /// Shutdown's grace period ran out (the client was told, when the framing allows).
+    ShutdownCut,
+    /// The worker closed, reset, timed out or sent garbage (counted; the client was told,
+    /// when the framing allows).
+    WorkerFailed,
+}
+
+/// One read of a response body in the stream-back loop; a stop that the client can be told
+/// of gets its SSE error event written here.
+async fn next_body_read(
+    core: &DataCore,
+    up: &mut UpstreamConn,
+    client: &mut ClientSide<'_>,
+    tracker: &BodyTracker,
+    kinds: (BodyKind, DownstreamFraming),
+    read_deadline: Instant,
+) -> Result<BodyRead, BodyStop> {
+    // A stream whose reads never wait a whole poll interval is cut here.
+    let read = if core.cutting_requests.get() {
+        Err(Interrupted::ShutdownCut)
+    } else {
+        read_upstream(core, up, client.socket, read_deadline).await
+    };
+    let (stop, cut, kind) = match read {
+        Err(Interrupted::ClientGone) => return Err(BodyStop::ClientGone),
+        Err(Interrupted::ShutdownCut) => (BodyStop::ShutdownCut, StreamCut::ShuttingDown, None),
+        Ok(Ok(0)) if matches!(tracker.upstream, UpstreamBody::UntilClose) => {
+            return Ok(BodyRead::End)
+        }
+        Ok(Ok(n)) if n > 0 => return Ok(BodyRead::Bytes(n)),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => (
+            BodyStop::WorkerFailed,
+            StreamCut::WorkerSilent,
+            Some(ErrorKind::UpstreamTimeout),
+        ),
+        Ok(_) => (
+            BodyStop::WorkerFailed,
+            StreamCut::WorkerClosed,
+            Some(ErrorKind::UpstreamClosed),
+        ),
+    };
+    if let Some(kind) = kind {
+        count_error(core, kind);
+        core.metrics().incr(Counter::UpstreamResponsesCut);
+    }
+    if end_stream_with_error_event(client, tracker, kinds, cut) {
+        write_client(client).await;
+    }
+    Err(stop)
 }
 
 impl StreamEnd {
