@@ -129,9 +129,9 @@ pub struct Cli {
     #[arg(long = "upstream-first-byte-timeout-secs", default_value_t = limits::UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT)]
     pub upstream_first_byte_timeout_secs: u64,
     /// Seconds a worker may stay silent between two reads of a response body once it began
-    /// (not the idle time of pooled connections). Past it a stream ends with an SSE error
-    /// event (a body not yet begun: 504) and the breaker hears a failure. The default
-    /// (60 s) is far above a decode step, even of a preempted request resuming.
+    /// (not the idle time of pooled connections). Past it an SSE stream ends with an error
+    /// event (another body is cut and its connection closed) and the breaker hears a failure.
+    /// The default (60 s) is far above a decode step, even of a preempted request resuming.
     #[arg(long = "upstream-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT)]
     pub upstream_idle_timeout_secs: u64,
     /// Request body bytes one data core may hold at once, over all the requests it is reading
