@@ -127,6 +127,32 @@ pub struct Cli {
     /// Seconds an upstream request may take before the client gets 504.
     #[arg(long = "request-timeout-secs", default_value_t = limits::REQUEST_TIMEOUT_SECS_DEFAULT)]
     pub request_timeout_secs: u64,
+    /// Seconds a worker may take, once it has a request, to send the first byte of its
+    /// response body (its queueing and prefill time; a response without a body: its head).
+    /// Past it the client gets 504 and the worker's circuit breaker a failure: a hung engine
+    /// whose /health still answers stops taking traffic. The default (5 minutes) leaves room
+    /// for long prefills behind a queue; bounded by --request-timeout-secs.
+    #[arg(long = "upstream-first-byte-timeout-secs", default_value_t = limits::UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT)]
+    pub upstream_first_byte_timeout_secs: u64,
+    /// Seconds a worker may stay silent between two reads of a response body once it began
+    /// (not the idle time of pooled connections). Past it an SSE stream ends with an error
+    /// event (another body is cut and its connection closed) and the breaker hears a failure.
+    /// The default (60 s) is far above a decode step, even of a preempted request resuming.
+    #[arg(long = "upstream-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT)]
+    pub upstream_idle_timeout_secs: u64,
+    /// Request body bytes one data core may hold at once, over all the requests it is reading
+    /// or forwarding (each body is held once, where it was read). A request whose body would
+    /// pass it gets 503 (`kvgate_body_budget_rejections_total`): memory stays bounded whatever
+    /// clients send. Default 1 GiB, or --max-payload-size when larger; at least
+    /// --max-payload-size.
+    #[arg(long = "max-inflight-body-bytes-per-core")]
+    pub max_inflight_body_bytes_per_core: Option<u64>,
+    /// Seconds shutdown (SIGTERM, SIGINT) lets in-flight requests finish (SMG's flag and
+    /// default). The listeners close at once and a new request on an open connection gets 503
+    /// with `Connection: close`; what still runs after this long is cut (a stream ends with an
+    /// SSE error event) and the log says how many. 0 cuts at once.
+    #[arg(long = "shutdown-grace-period-secs", default_value_t = limits::SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT)]
+    pub shutdown_grace_period_secs: u64,
     /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
     #[arg(long = "data-cores")]
     pub data_cores: Option<usize>,
@@ -163,6 +189,14 @@ pub struct Config {
     pub max_payload_bytes: usize,
     /// Upstream request deadline.
     pub request_timeout: Duration,
+    /// Longest wait for a response's first body byte once the worker has the request.
+    pub upstream_first_byte_timeout: Duration,
+    /// Longest silence between two response body reads.
+    pub upstream_idle_timeout: Duration,
+    /// Request body bytes one data core may hold at once.
+    pub max_inflight_body_bytes_per_core: usize,
+    /// How long shutdown lets in-flight requests finish.
+    pub shutdown_grace_period: Duration,
     /// Number of data cores.
     pub data_cores: usize,
     /// Time to finish a request head, and the longest pause between request body reads.
@@ -252,6 +286,39 @@ impl Config {
             let message = format!("must be 1..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
             return Err(FlagError::new("--request-timeout-secs", message));
         }
+        for (flag, secs) in [
+            (
+                "--upstream-first-byte-timeout-secs",
+                cli.upstream_first_byte_timeout_secs,
+            ),
+            (
+                "--upstream-idle-timeout-secs",
+                cli.upstream_idle_timeout_secs,
+            ),
+        ] {
+            if secs == 0 || secs > limits::REQUEST_TIMEOUT_SECS_MAX {
+                let message = format!("must be 1..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+                return Err(FlagError::new(flag, message));
+            }
+        }
+        let max_inflight_body_bytes_per_core = match cli.max_inflight_body_bytes_per_core {
+            None => max_payload_bytes.max(limits::INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT),
+            Some(n) => match usize::try_from(n) {
+                Ok(n) if n >= max_payload_bytes => n,
+                _ => {
+                    let message =
+                        format!("must be at least --max-payload-size ({max_payload_bytes} bytes)");
+                    return Err(FlagError::new(
+                        "--max-inflight-body-bytes-per-core",
+                        message,
+                    ));
+                }
+            },
+        };
+        if cli.shutdown_grace_period_secs > limits::REQUEST_TIMEOUT_SECS_MAX {
+            let message = format!("must be 0..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+            return Err(FlagError::new("--shutdown-grace-period-secs", message));
+        }
         let data_cores = match cli.data_cores {
             None => data_cores_default(),
             Some(n) if (1..=limits::DATA_CORES_MAX).contains(&n) => n,
@@ -303,6 +370,10 @@ impl Config {
             },
             max_payload_bytes,
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
+            upstream_first_byte_timeout: Duration::from_secs(cli.upstream_first_byte_timeout_secs),
+            upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_secs),
+            shutdown_grace_period: Duration::from_secs(cli.shutdown_grace_period_secs),
+            max_inflight_body_bytes_per_core,
             data_cores,
         })
     }
@@ -535,6 +606,12 @@ mod tests {
         assert_eq!(config.policy.kind, PolicyKind::CacheAware);
         assert_eq!(config.max_payload_bytes, 512 * 1024 * 1024);
         assert_eq!(config.request_timeout, Duration::from_secs(1800));
+        assert_eq!(config.upstream_first_byte_timeout, Duration::from_secs(300));
+        assert_eq!(config.upstream_idle_timeout, Duration::from_secs(60));
+        assert_eq!(config.shutdown_grace_period, Duration::from_secs(180));
+        assert_eq!(config.max_inflight_body_bytes_per_core, 1 << 30);
+        let big = parse(&["--max-payload-size", "2147483648"]).unwrap();
+        assert_eq!(big.max_inflight_body_bytes_per_core, 2 << 30);
         assert!(config.data_cores >= 1);
         assert!(config.workers.is_empty());
     }
@@ -617,6 +694,22 @@ mod tests {
             ),
             (&["--max-payload-size", "0"], "--max-payload-size"),
             (&["--request-timeout-secs", "0"], "--request-timeout-secs"),
+            (
+                &["--upstream-first-byte-timeout-secs", "0"],
+                "--upstream-first-byte-timeout-secs",
+            ),
+            (
+                &["--upstream-idle-timeout-secs", "0"],
+                "--upstream-idle-timeout-secs",
+            ),
+            (
+                &["--max-inflight-body-bytes-per-core", "1000"],
+                "--max-inflight-body-bytes-per-core",
+            ),
+            (
+                &["--shutdown-grace-period-secs", "86401"],
+                "--shutdown-grace-period-secs",
+            ),
             (&["--data-cores", "0"], "--data-cores"),
             (&["--data-cores", "100000"], "--data-cores"),
             (

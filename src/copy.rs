@@ -30,6 +30,21 @@ pub fn extend_from_slice<T: Copy>(out: &mut Vec<T>, src: &[T]) {
     }
 }
 
+/// `buf.copy_within(src, dest)` for a move toward the buffer's start (`dest <= src.start`),
+/// copied in pieces: each piece's source lies at or after its destination, so copying them in
+/// order never overwrites bytes still to be moved.
+pub fn move_down(buf: &mut [u8], src: std::ops::Range<usize>, dest: usize) {
+    assert!(dest <= src.start, "move_down moves toward the start");
+    let mut from = src.start;
+    let mut to = dest;
+    while from < src.end {
+        let end = (from + PIECE_BYTES).min(src.end);
+        buf.copy_within(from..end, to);
+        to += end - from;
+        from = end;
+    }
+}
+
 /// `out.push_str(text)`, copied in pieces (cut at character boundaries).
 pub fn push_str(out: &mut String, text: &str) {
     out.reserve(text.len());
@@ -61,6 +76,18 @@ mod tests {
         assert_eq!(piece_len::<u8>(), PIECE_BYTES);
         assert_eq!(piece_len::<u32>(), PIECE_BYTES / 4);
         assert_eq!(piece_len::<[u8; 4096]>(), 1);
+    }
+
+    #[test]
+    fn move_down_in_pieces_matches_copy_within() {
+        let original: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        for (start, end, dest) in [(5000, 9000, 10), (3, 9999, 0), (100, 100, 50), (7, 4100, 7)] {
+            let mut expected = original.clone();
+            expected.copy_within(start..end, dest);
+            let mut moved = original.clone();
+            move_down(&mut moved, start..end, dest);
+            assert_eq!(moved, expected, "{start}..{end} to {dest}");
+        }
     }
 
     #[test]

@@ -64,13 +64,19 @@ pub enum ErrorKind {
     ClientClosed,
     /// No healthy worker to route to.
     NoHealthyWorker,
+    /// The data core holds `--max-inflight-body-bytes-per-core` of request bodies already.
+    BodyBudgetExceeded,
+    /// The gateway is shutting down: a new request on an open connection, or one still waiting
+    /// on its worker when `--shutdown-grace-period-secs` ran out.
+    ShuttingDown,
     /// Connecting to the worker failed.
     UpstreamConnect,
     /// The worker closed or reset the connection before answering in full.
     UpstreamClosed,
     /// The worker's answer is not valid HTTP/1.1.
     UpstreamMalformed,
-    /// The worker did not answer within `--request-timeout-secs`.
+    /// The worker did not answer within `--request-timeout-secs` or
+    /// `--upstream-first-byte-timeout-secs`, or fell silent past `--upstream-idle-timeout-secs`.
     UpstreamTimeout,
     /// A bug or resource failure in the gateway.
     Internal,
@@ -93,7 +99,9 @@ impl ErrorKind {
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
             | ErrorKind::UpstreamMalformed => 502,
-            ErrorKind::NoHealthyWorker => 503,
+            ErrorKind::NoHealthyWorker
+            | ErrorKind::ShuttingDown
+            | ErrorKind::BodyBudgetExceeded => 503,
             ErrorKind::UpstreamTimeout => 504,
             ErrorKind::LoopDetected => 508,
         }
@@ -113,7 +121,9 @@ impl ErrorKind {
             ErrorKind::Unauthorized => "authentication_error",
             ErrorKind::AdminClosed => "forbidden",
             ErrorKind::LoopDetected => "loop_detected",
-            ErrorKind::NoHealthyWorker => "service_unavailable",
+            ErrorKind::NoHealthyWorker
+            | ErrorKind::ShuttingDown
+            | ErrorKind::BodyBudgetExceeded => "service_unavailable",
             ErrorKind::UpstreamConnect
             | ErrorKind::UpstreamClosed
             | ErrorKind::UpstreamMalformed => "bad_gateway",
@@ -148,10 +158,16 @@ impl ErrorKind {
             ErrorKind::RequestTimeout => "request not received in time",
             ErrorKind::ClientClosed => "client closed the connection",
             ErrorKind::NoHealthyWorker => "no healthy worker available",
+            ErrorKind::ShuttingDown => "the gateway is shutting down",
+            ErrorKind::BodyBudgetExceeded => {
+                "the gateway holds too many request bodies at once; retry later"
+            }
             ErrorKind::UpstreamConnect => "could not connect to any worker",
             ErrorKind::UpstreamClosed => "worker closed the connection",
             ErrorKind::UpstreamMalformed => "worker sent a malformed response",
-            ErrorKind::UpstreamTimeout => "worker did not answer within --request-timeout-secs",
+            ErrorKind::UpstreamTimeout => {
+                "worker did not answer in time (--upstream-first-byte-timeout-secs, --request-timeout-secs)"
+            }
             ErrorKind::Internal => "internal gateway error",
         }
     }
@@ -166,6 +182,8 @@ impl ErrorKind {
                 | ErrorKind::PayloadTooLarge
                 | ErrorKind::RequestTimeout
                 | ErrorKind::ClientClosed
+                | ErrorKind::ShuttingDown
+                | ErrorKind::BodyBudgetExceeded
         )
     }
 

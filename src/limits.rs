@@ -36,6 +36,23 @@ pub const READ_BUF_BYTES_RETAINED_MAX: usize = 256 * 1024;
 /// rest is room for extensions, which we skip but must bound.
 pub const CHUNK_LINE_BYTES_MAX: usize = 4 * 1024;
 
+/// Default `--max-inflight-body-bytes-per-core`: request body bytes one data core holds at once
+/// (bodies being read, and forwarded from where they were read). Twice SMG's 512 MiB
+/// `--max-payload-size`, so one largest body always fits beside others, yet a burst of large
+/// unauthenticated bodies cannot take the machine's memory: past it a request gets 503. Raised
+/// to `--max-payload-size` when that is larger and this flag is not given.
+pub const INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT: usize = 1024 * 1024 * 1024;
+
+/// A request body up to this size is copied behind its head and forwarded in one write (a copy
+/// this small costs less than a second syscall and packet); a larger one is written from the
+/// client's read buffer where it lies, so a body is held once.
+pub const FORWARD_BODY_COPY_BYTES_MAX: usize = 16 * 1024;
+
+/// An upstream connection's buffer that grew past this (a large response head, a long request
+/// head) is dropped when the connection goes back to the pool: an idle pooled connection keeps
+/// only what a typical request needs.
+pub const UPSTREAM_BUF_BYTES_RETAINED_MAX: usize = 64 * 1024;
+
 /// Bytes of chunked trailers we skip before giving up on a message.
 pub const CHUNK_TRAILER_BYTES_MAX: usize = 16 * 1024;
 
@@ -52,6 +69,19 @@ pub const REQUEST_TIMEOUT_SECS_DEFAULT: u64 = 1800;
 /// Ceiling on `--request-timeout-secs`: one day; beyond that a request is surely stuck.
 pub const REQUEST_TIMEOUT_SECS_MAX: u64 = 86_400;
 
+/// Default `--upstream-first-byte-timeout-secs`: how long a worker may take from having the
+/// request to its first response body byte (queueing plus prefill). A 128k-token prefill takes
+/// seconds to a minute on current engines and a request may queue behind several: five minutes
+/// is beyond any healthy wait yet ends a hung scheduler's hold on requests six times sooner
+/// than `--request-timeout-secs`.
+pub const UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT: u64 = 300;
+
+/// Default `--upstream-idle-timeout-secs`: the longest silence allowed between two response
+/// body reads once the body began. A decode step takes milliseconds to a second even for a
+/// huge batch, and a preempted request is resumed within seconds: a minute of silence is an
+/// engine that stopped.
+pub const UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT: u64 = 60;
+
 /// How long a client has to send a complete request head once its first byte arrived, and the
 /// longest pause between two reads of a request body (slowloris guard). Default of the hidden
 /// `--header-read-timeout-ms` (tests shorten it).
@@ -60,6 +90,13 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a keep-alive client connection may sit idle between requests (nginx's 75 s).
 /// Default of the hidden `--client-idle-timeout-ms`.
 pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// How often a request waiting on its worker (for the response head, or between two body
+/// reads) checks whether its client has gone: a client gone is then noticed within this long,
+/// its upstream request closed and its in-flight credit released (instead of the engine
+/// generating for nobody until `--request-timeout-secs`). One non-blocking `poll` per waiting
+/// request per tick: 1,000 waiting requests cost 4,000 syscalls a second on their core.
+pub const CLIENT_GONE_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How long one write to a client may stall: a client that reads nothing for a minute is gone,
 /// and its upstream request should be closed rather than hold an engine slot.
@@ -255,8 +292,14 @@ pub const TOKENIZER_QUEUE_CAPACITY: usize = 64;
 /// How often an idle data core checks the shutdown flag.
 pub const SHUTDOWN_POLL_INTERVAL: Duration = Duration::from_millis(50);
 
-/// How long shutdown waits for in-flight requests before the process exits anyway.
-pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `--shutdown-grace-period-secs` (SMG's): how long shutdown lets in-flight requests
+/// finish before it cuts them.
+pub const SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT: u64 = 180;
+
+/// How long a data core waits, once the grace period is over, for the requests it cut to write
+/// their error (an SSE event, a 503) before it exits anyway: a client reading normally takes
+/// a millisecond, one that stopped reading is not waited for.
+pub const SHUTDOWN_CUT_WAIT: Duration = Duration::from_secs(2);
 
 /// io_uring submission queue entries per runtime (DESIGN.md: 1024-4096).
 pub const URING_ENTRIES: u32 = 1024;
@@ -268,7 +311,18 @@ const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
 const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= PAYLOAD_BYTES_MAX);
+const _: () = assert!(PAYLOAD_BYTES_DEFAULT <= INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT);
+// The upstream write buffer holds a head and a copied small body; it keeps that much.
+const _: () =
+    assert!(HEADER_BYTES_MAX + FORWARD_BODY_COPY_BYTES_MAX <= UPSTREAM_BUF_BYTES_RETAINED_MAX);
+const _: () = assert!(UPSTREAM_READ_BYTES <= UPSTREAM_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(REQUEST_TIMEOUT_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
+const _: () = assert!(SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT <= REQUEST_TIMEOUT_SECS_MAX);
+// A cut request notices within a poll and still has time to write its error.
+const _: () = assert!(CLIENT_GONE_POLL_INTERVAL.as_millis() * 4 <= SHUTDOWN_CUT_WAIT.as_millis());
+const _: () = assert!(UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT < REQUEST_TIMEOUT_SECS_DEFAULT);
+const _: () =
+    assert!(UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT < UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT);
 // The retry loop remembers every worker a request tried in an inline list of RETRIES_MAX + 1.
 const _: () = assert!(RETRIES_MAX >= 5 && RETRIES_MAX <= 64);
 const _: () = assert!(STALE_CONNECTION_RETRIES_MAX >= 1);

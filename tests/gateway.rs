@@ -213,6 +213,88 @@ fn a_chunk_extension_ending_in_a_bare_lf_is_a_400() {
 }
 
 #[test]
+fn large_bodies_reach_the_worker_whole_from_both_framings_with_a_pipelined_request_behind() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    // Far above the size a body is copied behind its head: written from the read buffer.
+    let text: String = (0..300_000)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let body = format!(r#"{{"text":"{text}"}}"#);
+    let mut chunked = Vec::new();
+    for piece in body.as_bytes().chunks(40_000) {
+        chunked.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+        chunked.extend_from_slice(piece);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let mut wire = format!(
+        "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes();
+    wire.extend_from_slice(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n",
+    );
+    wire.extend_from_slice(&chunked);
+    wire.extend_from_slice(b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}");
+    let mut client = gateway.client();
+    client.send_raw(&wire);
+    for _ in 0..3 {
+        assert_eq!(client.read_response().status, 200);
+    }
+    let received = origin.requests();
+    assert!(received[0].body == body.as_bytes(), "sized body changed");
+    assert!(received[1].body == body.as_bytes(), "chunked body changed");
+    assert_eq!(received[2].body, b"{}");
+}
+
+#[test]
+fn bodies_past_the_cores_body_budget_get_503_until_it_frees() {
+    let origin = ok_origin();
+    let args = [
+        "--max-payload-size",
+        "1000",
+        "--max-inflight-body-bytes-per-core",
+        "1500",
+    ];
+    let gateway = Gateway::start(&[origin.url()], &args);
+    // A client announces a 1000-byte body and sends 10 bytes of it: the core holds its charge.
+    let mut holder = gateway.client();
+    holder.send_raw(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"text\":\"a",
+    );
+    let body = format!(r#"{{"text":"{}"}}"#, "b".repeat(780));
+    let mut refused = None;
+    assert!(
+        wait_until(TIMEOUT, || {
+            let response = gateway.client().post_json("/generate", &body);
+            let is_503 = response.status == 503;
+            refused = Some(response);
+            is_503
+        }),
+        "a body past the budget was taken"
+    );
+    let refused = refused.expect("a response");
+    assert_error(&refused, 503);
+    assert_eq!(refused.header("connection"), Some("close"));
+    let mut chunked = gateway.client();
+    chunked.send_raw(b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n");
+    chunked.send_raw(format!("258\r\n{}\r\n0\r\n\r\n", "c".repeat(600)).as_bytes());
+    assert_error(&chunked.read_response(), 503);
+    let rejected = gateway.metric("kvgate_body_budget_rejections_total");
+    assert!(rejected >= 2.0, "{rejected}");
+    // The holder finishes: its request is served and its charge given back.
+    holder.send_raw(format!("{}\"}}", "a".repeat(1000 - 10 - 2)).as_bytes());
+    assert_eq!(holder.read_response().status, 200);
+    assert_eq!(gateway.client().post_json("/generate", &body).status, 200);
+    assert_eq!(
+        gateway.metric("kvgate_body_budget_rejections_total"),
+        rejected
+    );
+}
+
+#[test]
 fn hop_by_hop_headers_are_dropped_both_ways() {
     let origin = MockOrigin::start(|_| Reply::Full {
         status: 201,
@@ -313,6 +395,115 @@ fn client_disconnect_mid_stream_closes_the_upstream_request() {
     let active = format!("smg_worker_requests_active{{worker=\"{}\"}}", origin.url());
     assert!(wait_until(TIMEOUT, || gateway.metric(&active) == 0.0));
     assert!(gateway.metric("kvgate_downstream_aborts_total") >= 1.0);
+}
+
+#[test]
+fn client_gone_before_the_response_closes_the_upstream_request() {
+    let origin = MockOrigin::start(|_| Reply::Silent);
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let body = r#"{"model":"m","prompt":"hello","max_tokens":2500}"#;
+    client.send_request("POST", "/v1/completions", &[], body.as_bytes());
+    assert!(wait_until(TIMEOUT, || origin.requests().len() == 1));
+    let active = format!("smg_worker_requests_active{{worker=\"{}\"}}", origin.url());
+    assert_eq!(gateway.metric(&active), 1.0);
+    client.close();
+    assert!(
+        wait_until(Duration::from_secs(3), || origin.hang_ups() == 1),
+        "the worker kept a request nobody waits for"
+    );
+    assert!(wait_until(Duration::from_secs(3), || gateway
+        .metric(&active)
+        == 0.0));
+    let aborted = "smg_http_responses_total{path=\"/v1/completions\",status_code=\"499\"}";
+    assert_eq!(gateway.metric(aborted), 1.0);
+    assert_eq!(gateway.metric("kvgate_downstream_aborts_total"), 1.0);
+    // Not the worker's fault: its circuit stays closed.
+    assert_eq!(gateway.metric("kvgate_upstream_timeouts_total"), 0.0);
+}
+
+#[test]
+fn pipelined_requests_behind_a_slow_answer_are_not_a_disconnect() {
+    let origin = MockOrigin::start(|r| {
+        let echo = Reply::json(&format!(
+            r#"{{"echo":{}}}"#,
+            String::from_utf8_lossy(&r.body)
+        ));
+        // Long enough for the gateway to look at the client several times meanwhile.
+        Reply::Delay(Duration::from_millis(800), Box::new(echo))
+    });
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let one = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"n\":1}";
+    let two = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"n\":2}";
+    client.send_raw(format!("{one}{two}").as_bytes());
+    assert_eq!(client.read_response().json()["echo"]["n"], 1);
+    assert_eq!(client.read_response().json()["echo"]["n"], 2);
+    assert_eq!(gateway.metric("kvgate_downstream_aborts_total"), 0.0);
+}
+
+#[test]
+fn a_silent_worker_gets_504_after_the_first_byte_timeout_and_its_circuit_opens() {
+    // Its /health and /v1/models still answer (GETs): only requests hang, as in a stuck
+    // scheduler.
+    let origin = MockOrigin::start(|r| {
+        if r.method == "GET" {
+            Reply::json("{}")
+        } else {
+            Reply::Silent
+        }
+    });
+    let args = [
+        "--upstream-first-byte-timeout-secs",
+        "1",
+        "--cb-failure-threshold",
+        "2",
+        "--disable-retries",
+    ];
+    let gateway = Gateway::start(&[origin.url()], &args);
+    for i in 0..2 {
+        let started = Instant::now();
+        let response = gateway.client().post_json("/generate", r#"{"text":"a"}"#);
+        assert_error(&response, 504);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "request {i} took {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(gateway.metric("kvgate_upstream_timeouts_total"), 2.0);
+    assert!(wait_until(Duration::from_secs(3), || origin.hang_ups() == 2));
+    assert!(wait_until(TIMEOUT, || gateway.breaker_state(&origin.url()) == "open"));
+    let active = format!("smg_worker_requests_active{{worker=\"{}\"}}", origin.url());
+    assert_eq!(gateway.metric(&active), 0.0);
+}
+
+#[test]
+fn a_stream_whose_worker_falls_silent_ends_with_an_sse_error_event() {
+    let reply = Reply::Chunked {
+        chunks: vec!["data: a\n\n".into(), "data: b\n\n".into()],
+        gap: Duration::from_secs(4),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let args = ["--upstream-idle-timeout-secs", "1"];
+    let gateway = Gateway::start(&[origin.url()], &args);
+    let started = Instant::now();
+    let response = gateway.client().post_json("/v1/chat/completions", CHAT);
+    assert_eq!(response.status, 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let data = response.sse_data();
+    assert_eq!(data.first(), Some(&"a"), "{}", response.text());
+    assert!(
+        data.last().is_some_and(|d| d.contains("\"code\":504")),
+        "{}",
+        response.text()
+    );
+    assert_eq!(gateway.metric("kvgate_upstream_timeouts_total"), 1.0);
+    assert_eq!(gateway.metric("kvgate_upstream_responses_cut_total"), 1.0);
 }
 
 #[test]
@@ -446,6 +637,58 @@ fn sigterm_lets_an_inflight_stream_finish() {
         .wait_exit(TIMEOUT)
         .expect("kvgate exits after draining");
     assert!(status.success(), "{status:?}");
+}
+
+#[test]
+fn sigterm_closes_the_listener_refuses_new_requests_and_cuts_streams_after_the_grace_period() {
+    let reply = Reply::Chunked {
+        chunks: vec!["data: x\n\n".into(); 100],
+        gap: Duration::from_millis(100),
+    };
+    let origin = MockOrigin::start(move |r| {
+        if r.path == "/generate" {
+            Reply::json("{}")
+        } else {
+            reply.clone()
+        }
+    });
+    let log = std::env::temp_dir().join(format!("kvgate-shutdown-{}.log", std::process::id()));
+    let file = std::fs::File::create(&log).expect("log file");
+    let args = ["--shutdown-grace-period-secs", "1"];
+    let mut gateway = Gateway::start_logging(&[origin.url()], &args, Some(file));
+    let mut kept_alive = gateway.client();
+    assert_eq!(kept_alive.post_json("/generate", "{}").status, 200);
+    let mut streaming = gateway.client();
+    streaming.send_request("POST", "/v1/completions", &[], b"{}");
+    assert_eq!(streaming.read_until_body_contains(b"data:"), 200);
+    gateway.process.signal(libc::SIGTERM);
+    let refused = wait_until(Duration::from_secs(1), || {
+        std::net::TcpStream::connect(gateway.addr()).is_err()
+    });
+    assert!(refused, "the listener still accepts after SIGTERM");
+    let response = kept_alive.post_json("/generate", "{}");
+    assert_error(&response, 503);
+    assert_eq!(response.header("connection"), Some("close"));
+    // The stream runs 10 s: the grace period (1 s) cuts it with an error event.
+    let response = streaming.read_response();
+    let data = response.sse_data();
+    assert!(data.len() < 50, "{} events: not cut", data.len());
+    let last = data.last().copied().unwrap_or_default();
+    assert!(
+        last.contains("shutting down") && last.contains("\"code\":503"),
+        "{last}"
+    );
+    let status = gateway
+        .process
+        .wait_exit(TIMEOUT)
+        .expect("kvgate exits after the grace period");
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&log).expect("read the log");
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        text.contains("cutting 1 requests still in flight"),
+        "{text}"
+    );
 }
 
 #[test]

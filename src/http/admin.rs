@@ -30,7 +30,7 @@ pub async fn serve_admin(
     let (status, body) = match check_access(access, authorization).and(route) {
         Err(e) => (e.status, e.to_json()),
         Ok(route) => {
-            let body = request.body(&down.read_buf, &down.body_buf).to_vec();
+            let body = request.body(&down.read_buf).to_vec();
             ask_control_core(core, route, body).await
         }
     };

@@ -13,6 +13,49 @@ use crate::policy::{RecordKey, Router};
 use crate::shared::{AttemptRecord, DispatchRecord, Shared};
 use crate::workers::breaker::AttemptOutcome;
 
+/// The request body bytes a data core holds, against `--max-inflight-body-bytes-per-core`
+/// (one thread: a `Cell`). A connection holds a charge for the body it reads and releases it
+/// when the request is done.
+#[derive(Debug)]
+pub struct BodyBudget {
+    held_bytes: Cell<usize>,
+    max_bytes: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `max_bytes`, none held.
+    pub fn new(max_bytes: usize) -> Self {
+        BodyBudget {
+            held_bytes: Cell::new(0),
+            max_bytes,
+        }
+    }
+
+    /// Raises a connection's `charged` bytes to `bytes` when the budget has room; returns
+    /// whether it did (a charge never shrinks here).
+    pub fn charge_up_to(&self, charged: &mut usize, bytes: usize) -> bool {
+        let more = bytes.saturating_sub(*charged);
+        let held = self.held_bytes.get();
+        if more > self.max_bytes - held {
+            return false;
+        }
+        self.held_bytes.set(held + more);
+        *charged += more;
+        true
+    }
+
+    /// Gives back a connection's whole charge.
+    pub fn release(&self, charged: &mut usize) {
+        self.held_bytes.set(self.held_bytes.get() - *charged);
+        *charged = 0;
+    }
+
+    /// Bytes held now.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes.get()
+    }
+}
+
 /// One data core's state.
 #[derive(Debug)]
 pub struct DataCore {
@@ -26,17 +69,24 @@ pub struct DataCore {
     pub router: RefCell<Router>,
     /// Requests being served (for graceful shutdown).
     pub requests_in_flight: Cell<usize>,
+    /// Request body bytes held, against `--max-inflight-body-bytes-per-core`.
+    pub body_budget: BodyBudget,
+    /// Set when shutdown's grace period is over: requests still waiting on a worker end now.
+    pub cutting_requests: Cell<bool>,
 }
 
 impl DataCore {
     /// Data core `core_id` with `router` and an empty pool.
     pub fn new(core_id: usize, shared: Arc<Shared>, router: Router) -> Self {
+        let max_body_bytes = shared.config.max_inflight_body_bytes_per_core;
         DataCore {
             core_id,
             shared,
             pool: RefCell::new(UpstreamPool::new()),
             router: RefCell::new(router),
             requests_in_flight: Cell::new(0),
+            cutting_requests: Cell::new(false),
+            body_budget: BodyBudget::new(max_body_bytes),
         }
     }
 
@@ -65,5 +115,28 @@ impl DataCore {
         {
             self.metrics().incr(Counter::DispatchRecordsDropped);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_budget_charges_up_to_its_bound_and_releases_whole_charges() {
+        let budget = BodyBudget::new(100);
+        let (mut a, mut b) = (0, 0);
+        assert!(budget.charge_up_to(&mut a, 60));
+        assert!(budget.charge_up_to(&mut a, 30), "a charge never shrinks");
+        assert_eq!(a, 60);
+        assert!(!budget.charge_up_to(&mut b, 41));
+        assert_eq!((b, budget.held_bytes()), (0, 60));
+        assert!(budget.charge_up_to(&mut b, 40));
+        assert!(!budget.charge_up_to(&mut a, 61), "full");
+        budget.release(&mut a);
+        assert_eq!((a, budget.held_bytes()), (0, 40));
+        assert!(budget.charge_up_to(&mut b, 100));
+        budget.release(&mut b);
+        assert_eq!(budget.held_bytes(), 0);
     }
 }

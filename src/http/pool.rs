@@ -3,13 +3,18 @@
 //! `UPSTREAM_IDLE_TIMEOUT` is closed instead of reused, the oldest is dropped when a worker's
 //! stack is full, and `sweep` closes expired ones so engines never see us hold sockets forever.
 //! Connections remember the address they were opened to, so a reused worker id never gets a
-//! socket to its predecessor.
+//! socket to its predecessor. A connection's buffers that grew past
+//! `UPSTREAM_BUF_BYTES_RETAINED_MAX` are given back to the allocator as it enters the pool: an
+//! idle connection does not pin the memory of the largest response it ever carried.
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
 use crate::ids::WorkerId;
-use crate::limits::{UPSTREAM_IDLE_PER_WORKER_MAX, UPSTREAM_IDLE_TIMEOUT, UPSTREAM_READ_BYTES};
+use crate::limits::{
+    UPSTREAM_BUF_BYTES_RETAINED_MAX, UPSTREAM_IDLE_PER_WORKER_MAX, UPSTREAM_IDLE_TIMEOUT,
+    UPSTREAM_READ_BYTES,
+};
 use crate::net::socket::Socket;
 
 /// An upstream connection with its buffers.
@@ -36,6 +41,17 @@ impl UpstreamConn {
             write_buf: Vec::with_capacity(UPSTREAM_READ_BYTES),
             addr,
             reused: false,
+        }
+    }
+
+    /// Empties the buffers, and frees those that grew past `UPSTREAM_BUF_BYTES_RETAINED_MAX`
+    /// (a new, typical-sized one replaces each: `shrink_to` may keep the block in place).
+    fn shed_large_buffers(&mut self) {
+        for buf in [&mut self.read_buf, &mut self.write_buf] {
+            buf.clear();
+            if buf.capacity() > UPSTREAM_BUF_BYTES_RETAINED_MAX {
+                *buf = Vec::with_capacity(UPSTREAM_READ_BYTES);
+            }
         }
     }
 }
@@ -86,8 +102,7 @@ impl UpstreamPool {
         if stack.len() >= UPSTREAM_IDLE_PER_WORKER_MAX {
             stack.remove(0);
         }
-        conn.read_buf.clear();
-        conn.write_buf.clear();
+        conn.shed_large_buffers();
         stack.push(IdleConn {
             conn,
             idle_since: now,
@@ -178,6 +193,29 @@ mod tests {
                 "id reused for another worker"
             );
             assert_eq!(pool.idle_count(), 0);
+        });
+    }
+
+    #[test]
+    fn pooled_connections_give_back_buffers_past_the_retained_bound() {
+        with_conns(1, |addr, mut conns| {
+            let mut pool = UpstreamPool::new();
+            let now = Instant::now();
+            let mut conn = conns.pop().unwrap();
+            // A 60 MB response went through its read buffer; its write buffer stayed typical.
+            conn.read_buf.resize(60 << 20, b'x');
+            conn.write_buf.resize(UPSTREAM_BUF_BYTES_RETAINED_MAX, b'y');
+            let kept_write_buf = conn.write_buf.as_ptr();
+            pool.put(WorkerId(0), conn, now);
+            let conn = pool.take(WorkerId(0), addr, now).unwrap();
+            assert!(conn.read_buf.is_empty() && conn.write_buf.is_empty());
+            assert_eq!(conn.read_buf.capacity(), UPSTREAM_READ_BYTES);
+            assert_eq!(conn.write_buf.capacity(), UPSTREAM_BUF_BYTES_RETAINED_MAX);
+            assert_eq!(
+                conn.write_buf.as_ptr(),
+                kept_write_buf,
+                "a buffer within the bound is kept"
+            );
         });
     }
 

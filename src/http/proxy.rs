@@ -16,6 +16,14 @@
 //!    dispatch record with the index key for the control core.
 //! 7. **stream back** (`stream_back`): the response head, then the body as it arrives, written
 //!    through without buffering; chunked framing is tracked so the connection can be pooled.
+//!    Every upstream read also watches the client (`read_upstream`): a client gone before the
+//!    head ends the attempt as `ClientClosed` (499), one gone mid-body ends the stream; both
+//!    close the upstream connection so the engine stops generating.
+//!
+//! A worker gets `--upstream-first-byte-timeout-secs` from the request forwarded to its first
+//! body byte and `--upstream-idle-timeout-secs` between body reads after it (both within
+//! `--request-timeout-secs`): a timeout is a 504, or mid-stream an SSE error event, and a
+//! failure for the worker's circuit breaker on a pooled connection as on a new one.
 //!
 //! Errors before any response byte reached the client come back as `ProxyError`s; those marked
 //! retryable (refused, reset, stale pooled socket, a retryable status) are tried again on
@@ -32,13 +40,16 @@ use super::server::{Answered, Downstream, Request};
 use crate::copy;
 use crate::error::{ErrorKind, ProxyError, Retry, Side};
 use crate::ids::WorkerId;
-use crate::limits::{DOWNSTREAM_WRITE_TIMEOUT, STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES};
+use crate::limits::{
+    CLIENT_GONE_POLL_INTERVAL, DOWNSTREAM_WRITE_TIMEOUT, FORWARD_BODY_COPY_BYTES_MAX,
+    STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES,
+};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{
     self, ChunkedDecoder, Connection, DownstreamFraming, Framing, GatewayHeaders, RequestHead,
     ResponseHead,
 };
-use crate::net::socket::Socket;
+use crate::net::socket::{Socket, Watched};
 use crate::policy::{Prepared, WorkerView};
 use crate::request::{
     Endpoint, Method, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
@@ -48,13 +59,23 @@ use crate::workers::breaker::AttemptOutcome;
 use crate::workers::retry::{is_retryable_status, RetryConfig, TriedWorkers};
 use crate::workers::table::{InflightCredit, WorkerEntry};
 
-/// The request as forwarded to a worker: its head and complete body, in the client's buffers.
+/// The request as the prepare phase reads it: its head and complete body, in the client's
+/// read buffer.
 #[derive(Clone, Copy)]
 struct Outgoing<'a> {
     head: &'a RequestHead,
     /// The buffer the head's spans index.
     head_buf: &'a [u8],
     body: &'a [u8],
+}
+
+/// The request as the forward phase writes it: the client's read buffer itself, so a large
+/// body is written from where it was read (the buffer is lent to the write and comes back).
+struct Forwarded<'a> {
+    head: &'a RequestHead,
+    /// The client's read buffer: the head's spans and `body` index it.
+    read_buf: &'a mut Vec<u8>,
+    body: std::ops::Range<usize>,
 }
 
 /// The client half of a connection, split from its read buffer (which holds the request).
@@ -90,7 +111,8 @@ struct AttemptFailure {
 impl AttemptFailure {
     /// What the failure means for the worker's circuit (`None`: not the worker's fault).
     fn breaker_outcome(&self) -> Option<AttemptOutcome> {
-        if self.on_reused_connection {
+        // A stale pooled socket fails at once; a silent worker times out on any connection.
+        if self.is_stale_connection() {
             return None;
         }
         if self.status.is_some() {
@@ -129,19 +151,24 @@ pub async fn proxy_request(
         socket,
         read_buf,
         write_buf,
-        body_buf,
         prepared,
+        ..
     } = down;
     let outgoing = Outgoing {
         head: &request.head,
         head_buf: read_buf,
-        body: request.body(read_buf, body_buf),
+        body: request.body(read_buf),
     };
     prepare(core, prepared, endpoint, outgoing).await?;
     let catalog = core.shared.catalog.load();
     let models = catalog
         .workers_for(prepared.model())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    let mut forwarded = Forwarded {
+        head: &request.head,
+        read_buf,
+        body: request.body.clone(),
+    };
     let mut client = ClientSide {
         socket,
         write_buf,
@@ -179,7 +206,7 @@ pub async fn proxy_request(
         let attempted = attempt(
             core,
             &mut client,
-            (outgoing, prepared),
+            (&mut forwarded, prepared),
             (worker, &mut credit),
             deadline,
             on_status,
@@ -295,7 +322,7 @@ fn report_outcome(core: &DataCore, worker: WorkerId, outcome: Option<AttemptOutc
 async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
-    (outgoing, prepared): (Outgoing<'_>, &Prepared),
+    (request, prepared): (&mut Forwarded<'_>, &Prepared),
     (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     deadline: Instant,
     on_status: RetryableStatus,
@@ -310,12 +337,12 @@ async fn attempt(
         .map_err(|e| fail(e, false))?;
     let reused = up.reused;
     let via = core.shared.config.via_pseudonym.as_str();
-    forward(&mut up, outgoing, (&worker.spec.authority, via), deadline)
+    forward(&mut up, request, (&worker.spec.authority, via), deadline)
         .await
         .map_err(|e| fail(e, reused))?;
     // The worker has the request: the index learns it now, not when the response ends.
     record_dispatch(core, prepared, worker.id);
-    let method = outgoing.head.method;
+    let method = request.head.method;
     let gateway_headers = GatewayHeaders {
         routed_worker_line: &worker.routed_header_line,
         predicted_cached_tokens: prepared.predicted_cached_tokens(worker.id),
@@ -386,34 +413,95 @@ fn upstream_io_error(error: std::io::Error, context: &'static str) -> ProxyError
     }
 }
 
-/// The forward phase: the rebuilt head and the complete body in one write.
+/// The forward phase: the rebuilt head, then the complete body. A small body is copied behind
+/// the head (one write); a larger one is written from the client's read buffer, where it lies,
+/// so the gateway never holds a body twice.
 async fn forward(
     up: &mut UpstreamConn,
-    outgoing: Outgoing<'_>,
+    request: &mut Forwarded<'_>,
     (authority, via): (&str, &str),
     deadline: Instant,
 ) -> Result<(), ProxyError> {
+    let body = request.body.clone();
     up.write_buf.clear();
     codec::write_upstream_request_head_via(
         &mut up.write_buf,
-        outgoing.head,
-        outgoing.head_buf,
+        request.head,
+        request.read_buf,
         authority,
         via,
-        outgoing.body.len(),
+        body.len(),
     );
-    copy::extend_from_slice(&mut up.write_buf, outgoing.body);
+    let body_copied = body.len() <= FORWARD_BODY_COPY_BYTES_MAX;
+    if body_copied {
+        copy::extend_from_slice(&mut up.write_buf, &request.read_buf[body.clone()]);
+    }
     let (result, buf) = up
         .socket
         .write_all(std::mem::take(&mut up.write_buf), deadline)
         .await;
     up.write_buf = buf;
-    result.map_err(|e| upstream_io_error(e, "forward request"))
+    result.map_err(|e| upstream_io_error(e, "forward request"))?;
+    if body_copied {
+        return Ok(());
+    }
+    let read_buf = std::mem::take(request.read_buf);
+    let (result, buf) = up.socket.write_range(read_buf, body, deadline).await;
+    *request.read_buf = buf;
+    result.map_err(|e| upstream_io_error(e, "forward request body"))
 }
 
-/// Reads the worker's response head, skipping interim (1xx) responses.
-async fn read_response_head(
+/// Why a request stopped waiting on its worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Interrupted {
+    /// The client closed or reset its connection.
+    ClientGone,
+    /// Shutdown's grace period is over.
+    ShutdownCut,
+}
+
+/// Completes once the client has gone (closed or reset its connection) or shutdown cuts the
+/// requests still running, checked every `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of
+/// a pipelined request stay unread.
+async fn interruption(core: &DataCore, client: &Socket) {
+    loop {
+        monoio::time::sleep(CLIENT_GONE_POLL_INTERVAL).await;
+        if client.peer_closed() || core.cutting_requests.get() {
+            return;
+        }
+    }
+}
+
+/// One read of the worker's response, given up (the read cancelled) when the client goes or
+/// shutdown cuts the request.
+async fn read_upstream(
+    core: &DataCore,
     up: &mut UpstreamConn,
+    client: &Socket,
+    deadline: Instant,
+) -> Result<std::io::Result<usize>, Interrupted> {
+    let read_buf = std::mem::take(&mut up.read_buf);
+    let stop = interruption(core, client);
+    let (watched, buf) = up
+        .socket
+        .read_more_unless(read_buf, UPSTREAM_READ_BYTES, deadline, stop)
+        .await;
+    up.read_buf = buf;
+    match watched {
+        Watched::Read(result) => Ok(result),
+        Watched::Stopped if client.peer_closed() => Err(Interrupted::ClientGone),
+        Watched::Stopped => Err(Interrupted::ShutdownCut),
+    }
+}
+
+/// Reads the worker's response head, skipping interim (1xx) responses. A client that goes
+/// meanwhile ends the attempt (`ClientClosed`, nginx's 499): the caller closes the upstream
+/// connection, so the engine stops working on a request nobody waits for. Shutdown's cut
+/// ends it too (`ShuttingDown`, a 503).
+async fn read_response_head(
+    core: &DataCore,
+    up: &mut UpstreamConn,
+    client: &Socket,
     method: Method,
     deadline: Instant,
 ) -> Result<ResponseHead, ProxyError> {
@@ -428,12 +516,22 @@ async fn read_response_head(
             }
         }
         let nothing_yet = up.read_buf.is_empty();
-        let read_buf = std::mem::take(&mut up.read_buf);
-        let (result, buf) = up
-            .socket
-            .read_more(read_buf, UPSTREAM_READ_BYTES, deadline)
-            .await;
-        up.read_buf = buf;
+        let result = match read_upstream(core, up, client, deadline).await {
+            Ok(result) => result,
+            Err(Interrupted::ClientGone) => {
+                return Err(ProxyError::downstream(
+                    ErrorKind::ClientClosed,
+                    "client gone while waiting for the response",
+                ))
+            }
+            Err(Interrupted::ShutdownCut) => {
+                return Err(ProxyError::new(
+                    ErrorKind::ShuttingDown,
+                    Side::Internal,
+                    "shutdown grace period over while waiting for the response",
+                ))
+            }
+        };
         match result {
             Ok(n) if n > 0 => {}
             Ok(_) => {
@@ -551,7 +649,10 @@ async fn stream_back(
     deadline: Instant,
     on_status: RetryableStatus,
 ) -> Result<StreamEnd, ProxyError> {
-    let head = read_response_head(up, method, deadline).await?;
+    let config = &core.shared.config;
+    // Until the first body byte the worker queues and prefills; after it, it decodes.
+    let first_byte_deadline = deadline.min(Instant::now() + config.upstream_first_byte_timeout);
+    let head = read_response_head(core, up, client.socket, method, first_byte_deadline).await?;
     if on_status == RetryableStatus::Retry && is_retryable_status(head.status) {
         return Ok(StreamEnd::RetryableStatus(head.status));
     }
@@ -589,7 +690,8 @@ async fn stream_back(
     let available = &up.read_buf[head.head_len..];
     // The first body byte is the first token (or, unstreamed, the whole answer): the prompt is
     // no longer queued work on the worker.
-    if !available.is_empty() {
+    let mut body_begun = !available.is_empty();
+    if body_begun {
         credit.prefill_done();
     }
     let consumed = tracker.advance(available, client.write_buf)?;
@@ -619,28 +721,31 @@ async fn stream_back(
     }
     while !tracker.is_done() {
         up.read_buf.clear();
-        let read_buf = std::mem::take(&mut up.read_buf);
-        let (result, buf) = up
-            .socket
-            .read_more(read_buf, UPSTREAM_READ_BYTES, deadline)
-            .await;
-        up.read_buf = buf;
-        let n = match result {
-            Ok(0) if matches!(tracker.upstream, UpstreamBody::UntilClose) => break,
-            Ok(n) if n > 0 => n,
-            failure => {
-                let kind = match failure {
-                    Err(e) => upstream_io_error(e, "stream body").kind,
-                    Ok(_) => ErrorKind::UpstreamClosed,
-                };
-                count_error(core, kind);
-                core.metrics().incr(Counter::UpstreamResponsesCut);
-                if end_stream_with_error_event(client, &tracker, body_kind, framing) {
-                    write_client(client).await;
-                }
-                return Ok(StreamEnd::upstream_failed(head.status));
-            }
+        let read_deadline = if body_begun {
+            deadline.min(Instant::now() + config.upstream_idle_timeout)
+        } else {
+            first_byte_deadline
         };
+        let n = match next_body_read(
+            core,
+            up,
+            client,
+            &tracker,
+            (body_kind, framing),
+            read_deadline,
+        )
+        .await
+        {
+            Ok(BodyRead::Bytes(n)) => n,
+            Ok(BodyRead::End) => break,
+            Err(BodyStop::ClientGone) => {
+                core.metrics().incr(Counter::DownstreamAborts);
+                return Ok(ended(false, false));
+            }
+            Err(BodyStop::ShutdownCut) => return Ok(ended(false, false)),
+            Err(BodyStop::WorkerFailed) => return Ok(StreamEnd::upstream_failed(head.status)),
+        };
+        body_begun = true;
         credit.prefill_done();
         client.write_buf.clear();
         let consumed = match tracker.advance(&up.read_buf, client.write_buf) {
@@ -664,6 +769,69 @@ async fn stream_back(
     ))
 }
 
+/// What one read of a response body brought.
+enum BodyRead {
+    /// This many bytes, in `up.read_buf`.
+    Bytes(usize),
+    /// The end of a close-delimited body.
+    End,
+}
+
+/// Why a response body stopped before its end.
+enum BodyStop {
+    /// The client went while the worker was silent (a prefill, a slow decode).
+    ClientGone,
+    /// Shutdown's grace period ran out (the client was told, when the framing allows).
+    ShutdownCut,
+    /// The worker closed, reset, timed out or sent garbage (counted; the client was told,
+    /// when the framing allows).
+    WorkerFailed,
+}
+
+/// One read of a response body in the stream-back loop; a stop that the client can be told
+/// of gets its SSE error event written here.
+async fn next_body_read(
+    core: &DataCore,
+    up: &mut UpstreamConn,
+    client: &mut ClientSide<'_>,
+    tracker: &BodyTracker,
+    kinds: (BodyKind, DownstreamFraming),
+    read_deadline: Instant,
+) -> Result<BodyRead, BodyStop> {
+    // A stream whose reads never wait a whole poll interval is cut here.
+    let read = if core.cutting_requests.get() {
+        Err(Interrupted::ShutdownCut)
+    } else {
+        read_upstream(core, up, client.socket, read_deadline).await
+    };
+    let (stop, cut, kind) = match read {
+        Err(Interrupted::ClientGone) => return Err(BodyStop::ClientGone),
+        Err(Interrupted::ShutdownCut) => (BodyStop::ShutdownCut, StreamCut::ShuttingDown, None),
+        Ok(Ok(0)) if matches!(tracker.upstream, UpstreamBody::UntilClose) => {
+            return Ok(BodyRead::End)
+        }
+        Ok(Ok(n)) if n > 0 => return Ok(BodyRead::Bytes(n)),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => (
+            BodyStop::WorkerFailed,
+            StreamCut::WorkerSilent,
+            Some(ErrorKind::UpstreamTimeout),
+        ),
+        Ok(_) => (
+            BodyStop::WorkerFailed,
+            StreamCut::WorkerClosed,
+            Some(ErrorKind::UpstreamClosed),
+        ),
+    };
+    if let Some(kind) = kind {
+        count_error(core, kind);
+        core.metrics().incr(Counter::UpstreamResponsesCut);
+    }
+    if end_stream_with_error_event(client, tracker, kinds, cut) {
+        write_client(client).await;
+    }
+    Err(stop)
+}
+
 impl StreamEnd {
     /// The worker failed mid-body: the client connection closes, the breaker hears a failure.
     fn upstream_failed(status: u16) -> StreamEnd {
@@ -678,14 +846,49 @@ impl StreamEnd {
     }
 }
 
+/// Why a stream the client was receiving ends early: each has its SSE error event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StreamCut {
+    /// The worker closed or reset the connection, or sent garbage.
+    WorkerClosed,
+    /// The worker sent nothing within `--upstream-first-byte-timeout-secs` (body not begun) or
+    /// `--upstream-idle-timeout-secs`.
+    WorkerSilent,
+    /// Shutdown's grace period ran out first.
+    ShuttingDown,
+}
+
+impl StreamCut {
+    /// The event's message, `type` and `code`.
+    fn event(self) -> (&'static str, &'static str, u16) {
+        match self {
+            StreamCut::WorkerClosed => (
+                "the worker closed the stream before it finished",
+                "upstream_error",
+                502,
+            ),
+            StreamCut::WorkerSilent => (
+                "the worker sent nothing in time (--upstream-first-byte-timeout-secs, --upstream-idle-timeout-secs)",
+                "gateway_timeout",
+                504,
+            ),
+            StreamCut::ShuttingDown => (
+                "the gateway is shutting down (--shutdown-grace-period-secs)",
+                "service_unavailable",
+                503,
+            ),
+        }
+    }
+}
+
 /// Puts the SSE error event and the final chunk in `client.write_buf` when the client is being
 /// streamed chunked SSE and the body stopped between two chunks (elsewhere a new chunk would
 /// break the framing, so the connection just closes). Returns whether it did.
 fn end_stream_with_error_event(
     client: &mut ClientSide<'_>,
     tracker: &BodyTracker,
-    body_kind: BodyKind,
-    framing: DownstreamFraming,
+    (body_kind, framing): (BodyKind, DownstreamFraming),
+    cut: StreamCut,
 ) -> bool {
     let at_boundary =
         matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
@@ -694,16 +897,21 @@ fn end_stream_with_error_event(
         && at_boundary;
     if can_tell {
         client.write_buf.clear();
-        client
-            .write_buf
-            .extend_from_slice(STREAM_ABORTED_EVENT_CHUNK);
+        write_error_event_chunk(client.write_buf, cut);
     }
     can_tell
 }
 
-/// The last chunk written to a streaming client whose worker failed mid-stream: one SSE error
-/// event, then the terminating chunk, so the client sees a clear error instead of a cut stream.
-const STREAM_ABORTED_EVENT_CHUNK: &[u8] = b"72\r\ndata: {\"error\":{\"message\":\"the worker closed the stream before it finished\",\"type\":\"upstream_error\",\"code\":502}}\n\n\r\n0\r\n\r\n";
+/// The last chunk written to a streaming client whose stream is cut: one SSE error event, then
+/// the terminating chunk, so the client sees a clear error instead of a cut stream. (Failure
+/// path only: the formatting allocates.)
+fn write_error_event_chunk(out: &mut Vec<u8>, cut: StreamCut) {
+    let (message, error_type, code) = cut.event();
+    let event = format!(
+        "data: {{\"error\":{{\"message\":\"{message}\",\"type\":\"{error_type}\",\"code\":{code}}}}}\n\n"
+    );
+    out.extend_from_slice(format!("{:x}\r\n{event}\r\n0\r\n\r\n", event.len()).as_bytes());
+}
 
 /// Writes `client.write_buf` to the client.
 async fn write_client(client: &mut ClientSide<'_>) -> bool {
@@ -754,4 +962,24 @@ fn count_error(core: &DataCore, kind: ErrorKind) {
         _ => return,
     };
     core.metrics().incr(counter);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_event_chunk_is_framed_to_its_length() {
+        let mut out = Vec::new();
+        write_error_event_chunk(&mut out, StreamCut::WorkerClosed);
+        let expected: &[u8] = b"72\r\ndata: {\"error\":{\"message\":\"the worker closed the stream before it finished\",\"type\":\"upstream_error\",\"code\":502}}\n\n\r\n0\r\n\r\n";
+        assert_eq!(out, expected);
+        out.clear();
+        write_error_event_chunk(&mut out, StreamCut::WorkerSilent);
+        let text = String::from_utf8(out).unwrap();
+        let (size, rest) = text.split_once("\r\n").unwrap();
+        let event = rest.strip_suffix("\r\n0\r\n\r\n").unwrap();
+        assert_eq!(usize::from_str_radix(size, 16).unwrap(), event.len());
+        assert!(event.contains("\"code\":504"), "{event}");
+    }
 }

@@ -7,6 +7,11 @@
 //! no `100 Continue`. Bytes after a request stay in the read buffer for the next one, so
 //! pipelined requests are served in order.
 //!
+//! A body is held once, in the read buffer it arrived in: a `Content-Length` body is read into
+//! room reserved for exactly its size, a chunked one is de-chunked in place
+//! (`ChunkedDecoder::decode_in_place`), and every body is charged to the core's
+//! [`BodyBudget`](super::core::BodyBudget) while its request runs (503 past it).
+//!
 //! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
 //! keep-or-close decision; a client that is gone gets nothing.
 
@@ -17,7 +22,6 @@ use std::time::Instant;
 use super::core::DataCore;
 use super::{admin, proxy};
 use crate::config::Config;
-use crate::copy;
 use crate::error::{write_error_body, ErrorKind, ProxyError};
 use crate::limits::{
     DOWNSTREAM_WRITE_TIMEOUT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX,
@@ -47,38 +51,28 @@ pub struct Downstream {
     pub read_buf: Vec<u8>,
     /// Bytes being written to the client.
     pub write_buf: Vec<u8>,
-    /// A de-chunked request body.
-    pub body_buf: Vec<u8>,
     /// The request prepared for routing (reused from one request to the next).
     pub prepared: Prepared,
+    /// Body bytes charged to the core's body budget for the current request.
+    body_charged_bytes: usize,
 }
 
-/// Where a request's complete body lies.
-#[derive(Clone, Debug)]
-enum BodyPlace {
-    /// In `read_buf` at this range.
-    ReadBuf(Range<usize>),
-    /// In `body_buf` (it was chunked).
-    BodyBuf,
-}
-
-/// A complete request: its head and body, both inside the `Downstream` buffers.
+/// A complete request: its head and body, both inside `read_buf` (a chunked body de-chunked
+/// in place).
 #[derive(Clone, Debug)]
 pub struct Request {
     /// The parsed head (spans index `read_buf`).
     pub head: RequestHead,
-    body: BodyPlace,
+    /// Where the body lies in `read_buf`.
+    pub body: Range<usize>,
     /// Bytes of `read_buf` this request used.
     end: usize,
 }
 
 impl Request {
     /// The body bytes.
-    pub fn body<'d>(&self, down_read_buf: &'d [u8], down_body_buf: &'d [u8]) -> &'d [u8] {
-        match &self.body {
-            BodyPlace::ReadBuf(range) => &down_read_buf[range.clone()],
-            BodyPlace::BodyBuf => down_body_buf,
-        }
+    pub fn body<'d>(&self, down_read_buf: &'d [u8]) -> &'d [u8] {
+        &down_read_buf[self.body.clone()]
     }
 }
 
@@ -89,41 +83,55 @@ pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
         socket,
         read_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
         write_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
-        body_buf: Vec::new(),
         prepared: Prepared::default(),
+        body_charged_bytes: 0,
     };
+    serve_requests(&core, &mut down).await;
+    core.body_budget.release(&mut down.body_charged_bytes);
+}
+
+/// The keep-alive loop of `serve_connection`.
+async fn serve_requests(core: &Rc<DataCore>, down: &mut Downstream) {
     loop {
-        let request = match read_request(&mut down, &core.shared.config).await {
+        let request = match read_request(down, core).await {
             Ok(Some(request)) => request,
             Ok(None) => return,
             Err(error) => {
-                let answered = answer_error(&mut down, error.kind, Connection::Close).await;
+                let answered = answer_error(down, error.kind, Connection::Close).await;
                 core.metrics()
                     .record_request(Method::Other, Endpoint::Unknown, answered.status);
                 return;
             }
         };
+        if core.shared.is_shutting_down() {
+            // Listeners are closed; a request on a connection still open is refused, and the
+            // client told to go elsewhere.
+            let answered = answer_error(down, ErrorKind::ShuttingDown, Connection::Close).await;
+            let endpoint = Endpoint::of_path(request.head.path(&down.read_buf));
+            core.metrics()
+                .record_request(request.head.method, endpoint, answered.status);
+            return;
+        }
         core.requests_in_flight
             .set(core.requests_in_flight.get() + 1);
-        let connection = handle_request(&core, &mut down, &request).await;
+        let connection = handle_request(core, down, &request).await;
         core.requests_in_flight
             .set(core.requests_in_flight.get() - 1);
-        finish_request(&mut down, request.end);
+        finish_request(core, down, request.end);
         if !connection.is_kept() || core.shared.is_shutting_down() {
             return;
         }
     }
 }
 
-/// Drops the served request's bytes, keeping any pipelined bytes after it.
-fn finish_request(down: &mut Downstream, end: usize) {
+/// Drops the served request's bytes, keeping any pipelined bytes after it, and gives its body
+/// bytes back to the core's budget.
+fn finish_request(core: &DataCore, down: &mut Downstream, end: usize) {
     down.read_buf.drain(..end);
     if down.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
         down.read_buf.shrink_to(READ_BUF_BYTES_INITIAL);
     }
-    if down.body_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
-        down.body_buf = Vec::new();
-    }
+    core.body_budget.release(&mut down.body_charged_bytes);
     down.prepared.shed_large_buffers();
 }
 
@@ -278,14 +286,14 @@ enum ReadEnd {
     Closed,
 }
 
-/// Reads more client bytes into `read_buf`, mapping failures to the error kind that fits the
-/// phase of the request stream.
+/// Reads more client bytes into `read_buf` (room for at least `spare` more made first),
+/// mapping failures to the error kind that fits the phase of the request stream.
 async fn read_client(
     down: &mut Downstream,
     deadline: Instant,
     phase: ReadPhase,
+    spare: usize,
 ) -> Result<ReadEnd, ProxyError> {
-    let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
     let (result, buf) = down
         .socket
         .read_more(std::mem::take(&mut down.read_buf), spare, deadline)
@@ -305,13 +313,29 @@ async fn read_client(
     }
 }
 
+/// Charges `bytes` of body to the core's budget, or refuses the request (503, counted).
+fn charge_body(core: &DataCore, down: &mut Downstream, bytes: usize) -> Result<(), ProxyError> {
+    if core
+        .body_budget
+        .charge_up_to(&mut down.body_charged_bytes, bytes)
+    {
+        return Ok(());
+    }
+    core.metrics().incr(Counter::BodyBudgetRejections);
+    Err(ProxyError::downstream(
+        ErrorKind::BodyBudgetExceeded,
+        "charge request body",
+    ))
+}
+
 /// The parse phase: reads one complete request, or `None` when the client is done.
 pub async fn read_request(
     down: &mut Downstream,
-    config: &Config,
+    core: &DataCore,
 ) -> Result<Option<Request>, ProxyError> {
+    let config = &core.shared.config;
     let max_payload = config.max_payload_bytes;
-    let Some(head) = read_request_head(down, config).await? else {
+    let Some(head) = read_request_head(down, core).await? else {
         return Ok(None);
     };
     let head_len = head.head_len;
@@ -327,23 +351,29 @@ pub async fn read_request(
             "read request body",
         )),
         Framing::Length(n) => {
+            // Refused before a byte of it is read (or a `100 Continue` invites it).
+            charge_body(core, down, n as usize)?;
             let end = head_len + n as usize;
             send_continue_if_expected(down, &head, end).await?;
+            // Room for exactly the rest of this request: no growth by doubling past its size.
+            down.read_buf
+                .reserve_exact(end.saturating_sub(down.read_buf.len()));
             while down.read_buf.len() < end {
                 let deadline = Instant::now() + config.header_read_timeout;
+                let rest = end - down.read_buf.len();
                 // A partial request never ends cleanly: EOF is an error here.
-                read_client(down, deadline, ReadPhase::WithinRequest).await?;
+                read_client(down, deadline, ReadPhase::WithinRequest, rest).await?;
             }
             Ok(Some(Request {
                 head,
-                body: BodyPlace::ReadBuf(head_len..end),
+                body: head_len..end,
                 end,
             }))
         }
-        Framing::Chunked => read_chunked_body(down, head, config).await.map(Some),
+        Framing::Chunked => read_chunked_body(down, head, core).await.map(Some),
         Framing::Empty | Framing::UntilClose => Ok(Some(Request {
             head,
-            body: BodyPlace::ReadBuf(head_len..head_len),
+            body: head_len..head_len,
             end: head_len,
         })),
     }
@@ -351,8 +381,9 @@ pub async fn read_request(
 
 async fn read_request_head(
     down: &mut Downstream,
-    config: &Config,
+    core: &DataCore,
 ) -> Result<Option<RequestHead>, ProxyError> {
+    let config = &core.shared.config;
     let mut head_deadline = None;
     loop {
         if !down.read_buf.is_empty() {
@@ -368,7 +399,8 @@ async fn read_request_head(
                 *head_deadline.get_or_insert_with(|| Instant::now() + config.header_read_timeout);
             (ReadPhase::WithinRequest, head_deadline)
         };
-        if let ReadEnd::Closed = read_client(down, deadline, phase).await? {
+        let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
+        if let ReadEnd::Closed = read_client(down, deadline, phase, spare).await? {
             return Ok(None);
         }
     }
@@ -428,23 +460,22 @@ async fn send_continue_if_expected(
     }
 }
 
+/// Reads a chunked body, de-chunking it in place: the body's data ends up right after the head
+/// in `read_buf` and the framing is dropped as it is read, so the buffer holds the body once.
 async fn read_chunked_body(
     down: &mut Downstream,
     head: RequestHead,
-    config: &Config,
+    core: &DataCore,
 ) -> Result<Request, ProxyError> {
+    let config = &core.shared.config;
     let mut decoder = ChunkedDecoder::new();
-    let mut fed = head.head_len;
-    down.body_buf.clear();
+    let body_start = head.head_len;
+    // Body data lies in `body_start..kept`; bytes after `kept` are not decoded yet.
+    let mut kept = body_start;
     send_continue_if_expected(down, &head, usize::MAX).await?;
     loop {
-        let Downstream {
-            read_buf, body_buf, ..
-        } = &mut *down;
-        let consumed = decoder
-            .feed(&read_buf[fed..], |data| {
-                copy::extend_from_slice(body_buf, data)
-            })
+        let (consumed, decoded) = decoder
+            .decode_in_place(&mut down.read_buf, kept, kept)
             .map_err(|e| {
                 let kind = match e {
                     ChunkError::Malformed => ErrorKind::MalformedRequest,
@@ -452,23 +483,28 @@ async fn read_chunked_body(
                 };
                 ProxyError::downstream(kind, "decode chunked request body")
             })?;
-        fed += consumed;
+        // The framing read is dropped; what follows the body (a pipelined request) moves down.
+        down.read_buf.drain(decoded..consumed);
+        kept = decoded;
+        let body_len = kept - body_start;
         // The size line announces the chunk: refuse it then, not after reading it.
-        let announced = (body_buf.len() as u64).saturating_add(decoder.announced_len_pending());
+        let announced = (body_len as u64).saturating_add(decoder.announced_len_pending());
         if announced > config.max_payload_bytes as u64 {
             return Err(ProxyError::downstream(
                 ErrorKind::PayloadTooLarge,
                 "read chunked body",
             ));
         }
+        charge_body(core, down, body_len)?;
         if decoder.is_done() {
             return Ok(Request {
                 head,
-                body: BodyPlace::BodyBuf,
-                end: fed,
+                body: body_start..kept,
+                end: kept,
             });
         }
         let deadline = Instant::now() + config.header_read_timeout;
-        read_client(down, deadline, ReadPhase::WithinRequest).await?;
+        let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
+        read_client(down, deadline, ReadPhase::WithinRequest, spare).await?;
     }
 }

@@ -95,7 +95,8 @@ pub enum Counter {
     UpstreamClosedErrors,
     /// A worker answered with malformed HTTP.
     UpstreamMalformedErrors,
-    /// A worker did not answer within `--request-timeout-secs`.
+    /// A worker did not answer within `--request-timeout-secs` or
+    /// `--upstream-first-byte-timeout-secs`, or fell silent past `--upstream-idle-timeout-secs`.
     UpstreamTimeouts,
     /// Upstream attempts retried after a refused or reset connection.
     UpstreamRetries,
@@ -116,6 +117,9 @@ pub enum Counter {
     /// Responses cut short because the worker failed after bytes reached the client (these
     /// cannot be retried; streaming clients get an SSE error event when the framing allows).
     UpstreamResponsesCut,
+    /// Requests answered 503 because their body would take their data core past
+    /// `--max-inflight-body-bytes-per-core`.
+    BodyBudgetRejections,
 }
 
 impl Counter {
@@ -124,7 +128,7 @@ impl Counter {
 }
 
 /// Name and help of each `Counter`, in variant order.
-const COUNTER_DEFS: [(&str, &str); 15] = [
+const COUNTER_DEFS: [(&str, &str); 16] = [
     (
         "kvgate_downstream_connections_accepted_total",
         "Client connections accepted.",
@@ -151,7 +155,7 @@ const COUNTER_DEFS: [(&str, &str); 15] = [
     ),
     (
         "kvgate_upstream_timeouts_total",
-        "Worker requests past --request-timeout-secs.",
+        "Worker requests past --request-timeout-secs, --upstream-first-byte-timeout-secs or --upstream-idle-timeout-secs.",
     ),
     (
         "kvgate_upstream_retries_total",
@@ -184,6 +188,10 @@ const COUNTER_DEFS: [(&str, &str); 15] = [
     (
         "kvgate_upstream_responses_cut_total",
         "Responses cut short by a worker failure after bytes reached the client.",
+    ),
+    (
+        "kvgate_body_budget_rejections_total",
+        "Requests answered 503 because their body would pass --max-inflight-body-bytes-per-core.",
     ),
 ];
 

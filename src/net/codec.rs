@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 
+use crate::copy;
 use crate::error::{ErrorKind, ProxyError};
 use crate::limits::{CHUNK_LINE_BYTES_MAX, CHUNK_TRAILER_BYTES_MAX, HEADERS_MAX, HEADER_BYTES_MAX};
 use crate::request::Method;
@@ -808,6 +809,37 @@ impl ChunkedDecoder {
         Ok(i)
     }
 
+    /// As `feed`, decoding in place so a chunked body needs no second buffer: the chunk data
+    /// found in `buf[read..]` is moved down to `write` (`write <= read`; data only ever moves
+    /// toward the start, since the framing dropped before it is at least as long as the gap).
+    /// Returns the new `(read, write)`: past the body bytes consumed, and past the data kept.
+    pub fn decode_in_place(
+        &mut self,
+        buf: &mut [u8],
+        mut read: usize,
+        mut write: usize,
+    ) -> Result<(usize, usize), ChunkError> {
+        debug_assert!(write <= read);
+        while read < buf.len() && self.state != ChunkState::Done {
+            if let ChunkState::Data(left) = self.state {
+                let take = left.min((buf.len() - read) as u64) as usize;
+                copy::move_down(buf, read..read + take, write);
+                read += take;
+                write += take;
+                let left = left - take as u64;
+                self.state = if left == 0 {
+                    ChunkState::DataCr
+                } else {
+                    ChunkState::Data(left)
+                };
+                continue;
+            }
+            self.step(buf[read])?;
+            read += 1;
+        }
+        Ok((read, write))
+    }
+
     fn step(&mut self, byte: u8) -> Result<(), ChunkError> {
         use ChunkState::*;
         self.state = match self.state {
@@ -873,3 +905,59 @@ impl ChunkedDecoder {
 
 #[cfg(test)]
 mod tests;
+
+/// `ChunkedDecoder::decode_in_place` against `feed`, apart from the parser's own tests.
+#[cfg(test)]
+mod in_place_tests {
+    use super::*;
+
+    /// Decodes `wire` (after a 5-byte stand-in head) in place, `step` bytes arriving at a time
+    /// as a connection's read buffer receives them; returns the body and what followed it.
+    fn decode_arriving(wire: &[u8], step: usize) -> (Vec<u8>, Vec<u8>) {
+        let mut decoder = ChunkedDecoder::new();
+        let mut buf = b"HEAD:".to_vec();
+        let (mut read, mut write) = (buf.len(), buf.len());
+        let mut arrived = 0;
+        while !decoder.is_done() {
+            let end = (arrived + step).min(wire.len());
+            buf.extend_from_slice(&wire[arrived..end]);
+            arrived = end;
+            (read, write) = decoder.decode_in_place(&mut buf, read, write).unwrap();
+            // The framing consumed is dropped, as the server does.
+            buf.drain(write..read);
+            read = write;
+        }
+        buf.extend_from_slice(&wire[arrived..]);
+        assert_eq!(&buf[..5], b"HEAD:");
+        (buf[5..write].to_vec(), buf[write..].to_vec())
+    }
+
+    #[test]
+    fn in_place_decoding_keeps_the_body_and_what_follows() {
+        let body: Vec<u8> = (0..20_000u32).map(|i| b'a' + (i % 26) as u8).collect();
+        let mut wire = Vec::new();
+        for piece in body.chunks(3000).chain(body.chunks(7)) {
+            wire.extend_from_slice(format!("{:x};ext=1\r\n", piece.len()).as_bytes());
+            wire.extend_from_slice(piece);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"0\r\ntrailer: x\r\n\r\nGET /next HTTP/1.1\r\n\r\n");
+        let mut expected = body.clone();
+        expected.extend_from_slice(&body);
+        for step in [1, 2, 5, 100, 4096, wire.len()] {
+            let (decoded, rest) = decode_arriving(&wire, step);
+            assert!(decoded == expected, "step {step}");
+            assert_eq!(rest, b"GET /next HTTP/1.1\r\n\r\n", "step {step}");
+        }
+    }
+
+    #[test]
+    fn in_place_decoding_refuses_what_feed_refuses() {
+        let mut buf = b"zz\r\n".to_vec();
+        let mut decoder = ChunkedDecoder::new();
+        assert_eq!(
+            decoder.decode_in_place(&mut buf, 0, 0),
+            Err(ChunkError::Malformed)
+        );
+    }
+}

@@ -55,6 +55,21 @@ macro_rules! with_deadline {
     }};
 }
 
+/// What cut a read short.
+enum ReadCut {
+    Deadline,
+    Stop,
+}
+
+/// How a read raced against a `stop` future ended (`Socket::read_more_unless`).
+#[derive(Debug)]
+pub enum Watched {
+    /// The read ended first (or `stop` came too late to keep the bytes from arriving).
+    Read(io::Result<usize>),
+    /// `stop` completed first: the read was cancelled and nothing was read.
+    Stopped,
+}
+
 impl Socket {
     /// Wraps an accepted or connected stream.
     pub fn new(stream: TcpStream) -> Self {
@@ -92,20 +107,64 @@ impl Socket {
     /// `buf`, first making room for at least `spare` more bytes.
     pub async fn read_more(
         &mut self,
-        mut buf: Vec<u8>,
+        buf: Vec<u8>,
         spare: usize,
         deadline: Instant,
     ) -> (io::Result<usize>, Vec<u8>) {
+        let stop = std::future::pending::<()>();
+        match self.read_more_unless(buf, spare, deadline, stop).await {
+            (Watched::Read(result), buf) => (result, buf),
+            // `pending` never completes.
+            (Watched::Stopped, buf) => (Err(timed_out()), buf),
+        }
+    }
+
+    /// As `read_more`, unless `stop` completes first: then the read is cancelled (and awaited,
+    /// so the kernel lets go of the buffer and of the socket, which can then really close).
+    pub async fn read_more_unless(
+        &mut self,
+        mut buf: Vec<u8>,
+        spare: usize,
+        deadline: Instant,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> (Watched, Vec<u8>) {
         if buf.capacity() - buf.len() < spare {
             buf.reserve(spare);
         }
         let start = buf.len();
         let Socket { stream, canceller } = self;
         let tail = buf.slice_mut(start..);
-        let (result, tail) = with_deadline!(canceller, deadline, |handle| {
-            stream.cancelable_read(tail, handle)
-        });
-        (result, tail.into_inner())
+        let mut read = std::pin::pin!(stream.cancelable_read(tail, canceller.handle()));
+        let sleep = monoio::time::sleep_until(monoio::time::Instant::from_std(deadline));
+        let cut = monoio::select! {
+            (result, tail) = &mut read => return (Watched::Read(result), tail.into_inner()),
+            _ = sleep => ReadCut::Deadline,
+            _ = stop => ReadCut::Stop,
+        };
+        *canceller = std::mem::take(canceller).cancel();
+        let (result, tail) = read.await;
+        let watched = match (result, cut) {
+            (Ok(n), _) if n > 0 => Watched::Read(Ok(n)),
+            (_, ReadCut::Deadline) => Watched::Read(Err(timed_out())),
+            (_, ReadCut::Stop) => Watched::Stopped,
+        };
+        (watched, tail.into_inner())
+    }
+
+    /// Whether the peer has closed (or reset) its side: a poll without waiting, so bytes it
+    /// sent before are left unread (a pipelined request is not a close). A peer that shut down
+    /// only its sending side counts as gone, as nginx counts it.
+    pub fn peer_closed(&self) -> bool {
+        use std::os::unix::io::AsRawFd;
+        let mut poll = libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: `poll` is one valid, exclusively borrowed `pollfd` (nfds 1) and a zero
+        // timeout returns at once; the fd stays open while `self` is borrowed.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// Writes `buf[range]` completely and hands `buf` back.

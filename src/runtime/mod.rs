@@ -6,8 +6,11 @@
 //! for the control core, one reader per data core), starts the control core (`kvgate-control`)
 //! and the data cores (`kvgate-data-N`), each a pinned thread with its own monoio `FusionDriver`
 //! runtime (io_uring when the kernel allows it, epoll otherwise; detected and logged at start),
-//! then waits for SIGINT or SIGTERM. Shutdown: data cores stop accepting, let in-flight requests
-//! finish for up to `SHUTDOWN_DRAIN_TIMEOUT`, and exit. Start-up failures come back as a
+//! then waits for SIGINT or SIGTERM. Shutdown: data cores close their listeners at once (new
+//! connections are refused; a new request on an open connection gets 503 and `Connection:
+//! close`), let in-flight requests finish for `--shutdown-grace-period-secs`, then cut what
+//! remains (`DataCore::cutting_requests`: a stream ends with an SSE error event), log how many,
+//! and exit. Start-up failures come back as a
 //! `StartError` whose text names the flag to fix.
 
 pub mod signals;
@@ -19,6 +22,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use monoio::io::Canceller;
 use monoio::net::TcpListener;
 
 use crate::config::{Config, PolicyKind};
@@ -30,7 +34,7 @@ use crate::index::hash::HashIndexWriter;
 use crate::index::kv::KvIndexWriter;
 use crate::index::{IndexConfig, IndexWriter};
 use crate::limits::{
-    PLACEMENT_HEADS_MAX, SHUTDOWN_DRAIN_TIMEOUT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
+    PLACEMENT_HEADS_MAX, SHUTDOWN_CUT_WAIT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
 };
 use crate::net::socket::Socket;
 use crate::policy::{Blocks, CacheIndexKind, Heads, IndexLookup, Router, Trees};
@@ -223,7 +227,8 @@ pub fn run(config: Config) -> Result<(), StartError> {
     let signal = signals.wait();
     tracing::info!("signal {signal} received, shutting down");
     shared.begin_shutdown();
-    let deadline = Instant::now() + SHUTDOWN_DRAIN_TIMEOUT + Duration::from_secs(1);
+    let grace = shared.config.shutdown_grace_period;
+    let deadline = Instant::now() + grace + SHUTDOWN_CUT_WAIT + Duration::from_secs(1);
     for _ in 0..threads {
         let left = deadline.saturating_duration_since(Instant::now());
         if done_rx.recv_timeout(left).is_err() {
@@ -359,25 +364,37 @@ fn run_data_core(
         let _ = ready.send(Ok(()));
         let core = Rc::new(core);
         monoio::spawn(sweep_pool_forever(core.clone()));
-        accept_until_shutdown(&listener, &core).await;
+        accept_until_shutdown(listener, &core).await;
         drain_requests(&core).await;
     });
 }
 
-async fn accept_until_shutdown(listener: &TcpListener, core: &Rc<DataCore>) {
+/// Accepts connections until shutdown begins, then closes the listener: its pending accept is
+/// cancelled and awaited first (an io_uring accept in flight would keep the socket listening).
+async fn accept_until_shutdown(listener: TcpListener, core: &Rc<DataCore>) {
+    let mut canceller = Canceller::new();
     loop {
-        monoio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
+        let mut accept = std::pin::pin!(listener.cancelable_accept(canceller.handle()));
+        let accepted = monoio::select! {
+            accepted = &mut accept => accepted,
+            _ = wait_for_shutdown(&core.shared) => {
+                let _ = std::mem::take(&mut canceller).cancel();
+                // Accepted before the cancel landed: served (its request gets the 503).
+                if let Ok((stream, _)) = accept.await {
                     monoio::spawn(serve_connection(core.clone(), Socket::new(stream)));
                 }
-                Err(e) => {
-                    // Out of file descriptors or similar: back off instead of spinning.
-                    tracing::warn!("accept failed: {e}");
-                    monoio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = wait_for_shutdown(&core.shared) => return,
+                return;
+            }
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                monoio::spawn(serve_connection(core.clone(), Socket::new(stream)));
+            }
+            Err(e) => {
+                // Out of file descriptors or similar: back off instead of spinning.
+                tracing::warn!("accept failed: {e}");
+                monoio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 }
@@ -388,9 +405,27 @@ async fn wait_for_shutdown(shared: &Shared) {
     }
 }
 
-/// Lets in-flight requests finish, up to `SHUTDOWN_DRAIN_TIMEOUT`.
+/// Lets in-flight requests finish for `--shutdown-grace-period-secs`, then cuts those left
+/// (they notice within `CLIENT_GONE_POLL_INTERVAL` and write their error) and gives them
+/// `SHUTDOWN_CUT_WAIT` to do so.
 async fn drain_requests(core: &DataCore) {
-    let deadline = Instant::now() + SHUTDOWN_DRAIN_TIMEOUT;
+    let grace = core.shared.config.shutdown_grace_period;
+    let deadline = Instant::now() + grace;
+    while core.requests_in_flight.get() > 0 && Instant::now() < deadline {
+        monoio::time::sleep(SHUTDOWN_POLL_INTERVAL).await;
+    }
+    let left = core.requests_in_flight.get();
+    if left == 0 {
+        return;
+    }
+    tracing::warn!(
+        core = core.core_id,
+        cut = left,
+        "shutdown grace period ({}s) over: cutting {left} requests still in flight",
+        grace.as_secs()
+    );
+    core.cutting_requests.set(true);
+    let deadline = Instant::now() + SHUTDOWN_CUT_WAIT;
     while core.requests_in_flight.get() > 0 && Instant::now() < deadline {
         monoio::time::sleep(SHUTDOWN_POLL_INTERVAL).await;
     }

@@ -58,6 +58,9 @@ pub enum Reply {
     Close,
     /// Reset the connection (RST) without answering.
     Reset,
+    /// Never answer: a hung engine. Reads until the gateway closes the connection (counted by
+    /// `hang_ups`) or `TIMEOUT` three times over passes.
+    Silent,
 }
 
 impl Reply {
@@ -78,6 +81,7 @@ struct OriginState {
     /// Connections that carried at least one POST.
     accepted: AtomicUsize,
     stream_cut_offs: AtomicUsize,
+    hang_ups: AtomicUsize,
     requests: Mutex<Vec<RecordedRequest>>,
     stopping: AtomicBool,
 }
@@ -130,6 +134,11 @@ impl MockOrigin {
     /// Chunked replies that could not be written completely (the peer went away).
     pub fn stream_cut_offs(&self) -> usize {
         self.state.stream_cut_offs.load(Ordering::Relaxed)
+    }
+
+    /// Connections the gateway closed while a `Reply::Silent` request was unanswered.
+    pub fn hang_ups(&self) -> usize {
+        self.state.hang_ups.load(Ordering::Relaxed)
     }
 
     /// POST requests received so far (data-path traffic).
@@ -267,6 +276,25 @@ fn reply(stream: &mut TcpStream, state: &OriginState, reply: &Reply) -> bool {
         Reply::Close => false,
         Reply::Reset => {
             let _ = socket2::SockRef::from(&*stream).set_linger(Some(Duration::ZERO));
+            false
+        }
+        Reply::Silent => {
+            let mut byte = [0u8; 1024];
+            for _ in 0..3 {
+                match stream.read(&mut byte) {
+                    Ok(0) => {
+                        state.hang_ups.fetch_add(1, Ordering::Relaxed);
+                        return false;
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                    Err(_) => {
+                        state.hang_ups.fetch_add(1, Ordering::Relaxed);
+                        return false;
+                    }
+                }
+            }
             false
         }
     }
