@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: formatting, lints, then every test of the workspace.
-# Needs the Rust toolchain (nightly too for the sanitizer pass, which is skipped without it), npm
-# and python3 (installed with apt-get when missing) for the tokenizer fixtures and the KV-event
-# compatibility test, perf (likewise) for the flame-graph test; integration tests start
-# sim-engine and kvgate on loopback.
+# Needs the Rust toolchain (nightly too for the sanitizer pass and the fuzz targets, which are
+# skipped without it), npm and python3 (installed with apt-get when missing) for the tokenizer
+# fixtures and the KV-event compatibility test, perf (likewise) for the flame-graph test;
+# integration tests start sim-engine and kvgate on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo fmt --all -- --check
@@ -31,3 +31,6 @@ KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 KVGATE_REQUIR
     cargo test --workspace
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
+# Each fuzz target for 30 s, two at a time on two cores (needs nightly; skipped with a note
+# without it). Installs cargo-fuzz under target/ on first use.
+FUZZ_JOBS=2 scripts/fuzz.sh 30

@@ -379,6 +379,11 @@ pub fn parse_response_head(
     let (Some(status), Some(version_minor)) = (response.code, response.version) else {
         return Err(response_error());
     };
+    // httparse takes any three digits; below 100 is no status (RFC 9110 15), and would pass
+    // as bodiless yet final, leaving its body on the connection.
+    if status < 100 {
+        return Err(response_error());
+    }
     let reason = response.reason.unwrap_or("");
     let reason_start = if reason.is_empty() {
         0

@@ -321,6 +321,25 @@ fn response_framing_is_derived_from_status_and_headers() {
     assert_eq!(e.kind, ErrorKind::UpstreamMalformed);
 }
 
+/// Found by the `http_head` fuzz target: `httparse` takes any three digits, and a status below
+/// 100 fell under the "below 200 has no body" rule while the driver, skipping only 100..200 as
+/// interim, relayed it as final: its body stayed on the pooled connection as the start of the
+/// next client's response.
+#[test]
+fn status_below_100_is_malformed() {
+    for input in [
+        &b"HTTP/1.1 000 OK\r\nContent-Length: 5\r\n\r\nhello"[..],
+        b"HTTP/1.1 099 X\r\n\r\n",
+    ] {
+        let e = parse_response_head(input, Method::Post).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::UpstreamMalformed);
+    }
+    let head = parse_response_head(b"HTTP/1.1 100 Continue\r\n\r\n", Method::Post)
+        .unwrap()
+        .unwrap();
+    assert_eq!((head.status, head.framing), (100, Framing::Empty));
+}
+
 #[test]
 fn downstream_head_adds_routed_worker_and_framing() {
     let input = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nx-smg-routed-worker-id: spoofed\r\n\r\n";
