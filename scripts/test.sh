@@ -29,5 +29,10 @@ else
 fi
 KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 KVGATE_REQUIRE_PROMTOOL=1 \
     cargo test --workspace
+# One short seed of the chaos test (about a minute; scripts/chaos.sh, bench-harness/src/chaos/),
+# on the debug binaries built above. --abort-probes 0 and the 30 s drain keep it green until the
+# gateway ends a request when its client leaves (issue 23, defect 1): today such a request holds
+# its credit until the engine answers. Drop both flags with that fix.
+scripts/chaos.sh 20 --minutes 0.75 --fault-every-s 1.5 --abort-probes 0 --drain-timeout-s 30
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
