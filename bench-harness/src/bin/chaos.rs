@@ -134,7 +134,13 @@ fn main() {
         Ok(runtime) => runtime,
         Err(e) => exit_with(&format!("cannot start the async runtime: {e}")),
     };
-    let result = runtime.block_on(run_chaos(options));
+    // On Ctrl-C the run is dropped, and with it the child processes (killed on drop).
+    let result = runtime.block_on(async {
+        tokio::select! {
+            result = run_chaos(options) => result,
+            _ = tokio::signal::ctrl_c() => Err("interrupted".to_string()),
+        }
+    });
     drop(runtime);
     let report = match result {
         Ok(report) => report,
