@@ -174,7 +174,7 @@ fn plan_requests(config: &PlanConfig, rng: &mut fastrand::Rng) -> Vec<PlannedReq
             Duration::from_millis(rng.u64(0..=max))
         });
         let max_tokens = if rng.f64() < LONG_RATE {
-            rng.u32(1_000..=4_000)
+            rng.u32(1_000..=2_000)
         } else {
             rng.u32(1..=48)
         };
