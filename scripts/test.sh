@@ -29,6 +29,10 @@ else
 fi
 KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 KVGATE_REQUIRE_PROMTOOL=1 \
     cargo test --workspace
+# One short seed of the chaos test (about a minute; scripts/chaos.sh, bench-harness/src/chaos/),
+# on the debug binaries built above; its abort probes check that a departed client's request
+# gives its credit back at once.
+scripts/chaos.sh 20 --minutes 0.75 --fault-every-s 1.5
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
 # Each fuzz target for 30 s, two at a time on two cores (needs nightly; skipped with a note
