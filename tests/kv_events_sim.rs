@@ -23,13 +23,14 @@ use utils::wait_until;
 const BLOCK: usize = 16;
 const QUIESCENCE: Duration = Duration::from_secs(20);
 
-/// A fleet publishing KV events in `format` with caches of `capacity` tokens.
+/// A fleet publishing KV events in `format` with caches of `capacity` tokens. Its KV-event ports
+/// are a second block: a start that fails (a port taken meanwhile) is tried on fresh blocks.
 fn fleet(engines: u16, format: &str, capacity: u32) -> SimFleet {
-    let kv_base = free_port_block(2 * engines).to_string();
+    const ATTEMPTS: usize = 5;
     let capacity = capacity.to_string();
-    SimFleet::start(
-        engines,
-        &[
+    for _ in 0..ATTEMPTS {
+        let kv_base = free_port_block(2 * engines).to_string();
+        let args = [
             "--speedup",
             "50",
             "--kv-capacity-tokens",
@@ -38,8 +39,12 @@ fn fleet(engines: u16, format: &str, capacity: u32) -> SimFleet {
             &kv_base,
             "--kv-events-format",
             format,
-        ],
-    )
+        ];
+        if let Some(fleet) = SimFleet::try_start(engines, &args) {
+            return fleet;
+        }
+    }
+    panic!("a {format} fleet did not start on {ATTEMPTS} blocks of ports (KVGATE_TEST_LOGS=1)");
 }
 
 /// `blocks` whole blocks of family `family`, then 5 more tokens.

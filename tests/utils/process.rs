@@ -19,10 +19,12 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-/// The first of `n` consecutive ports that were all free a moment ago.
+/// The first of `n` consecutive ports that were all free a moment ago, below Linux's ephemeral
+/// range (32768 up): there the test's own outgoing connections cannot take one before the
+/// process it is for binds it.
 pub fn free_port_block(n: u16) -> u16 {
     for _ in 0..200 {
-        let base = 20_000 + fastrand::u16(..30_000);
+        let base = 20_000 + fastrand::u16(..12_000 - n);
         let all_free = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
         if all_free {
             return base;
@@ -163,7 +165,7 @@ impl SimFleet {
     }
 
     /// One start on a fresh block of ports: `None` if sim-engine exited before it was ready.
-    fn try_start(engines: u16, args: &[&str]) -> Option<Self> {
+    pub fn try_start(engines: u16, args: &[&str]) -> Option<Self> {
         let base_port = free_port_block(engines);
         let mut command = Command::new(workspace_bin("sim-engine"));
         command
