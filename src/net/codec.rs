@@ -797,15 +797,9 @@ impl ChunkedDecoder {
         let mut i = 0;
         while i < input.len() && self.state != ChunkState::Done {
             if let ChunkState::Data(left) = self.state {
-                let take = left.min((input.len() - i) as u64) as usize;
+                let take = self.take_data(left, input.len() - i);
                 on_data(&input[i..i + take]);
                 i += take;
-                let left = left - take as u64;
-                self.state = if left == 0 {
-                    ChunkState::DataCr
-                } else {
-                    ChunkState::Data(left)
-                };
                 continue;
             }
             self.step(input[i])?;
@@ -827,22 +821,29 @@ impl ChunkedDecoder {
         debug_assert!(write <= read);
         while read < buf.len() && self.state != ChunkState::Done {
             if let ChunkState::Data(left) = self.state {
-                let take = left.min((buf.len() - read) as u64) as usize;
+                let take = self.take_data(left, buf.len() - read);
                 copy::move_down(buf, read..read + take, write);
                 read += take;
                 write += take;
-                let left = left - take as u64;
-                self.state = if left == 0 {
-                    ChunkState::DataCr
-                } else {
-                    ChunkState::Data(left)
-                };
                 continue;
             }
             self.step(buf[read])?;
             read += 1;
         }
         Ok((read, write))
+    }
+
+    /// Takes what of `available` bytes belongs to the chunk (`left` of it unread) and moves past
+    /// it: to the chunk's CRLF once it is whole.
+    fn take_data(&mut self, left: u64, available: usize) -> usize {
+        let take = left.min(available as u64) as usize;
+        let left = left - take as u64;
+        self.state = if left == 0 {
+            ChunkState::DataCr
+        } else {
+            ChunkState::Data(left)
+        };
+        take
     }
 
     fn step(&mut self, byte: u8) -> Result<(), ChunkError> {
