@@ -265,13 +265,13 @@ async fn scrape(metrics: SocketAddr) -> Option<Scrape> {
     (status == 200).then(|| Scrape::parse(&body))
 }
 
-/// Requests an engine has taken and not finished (`/sim/stats`).
+/// Requests an engine has queued and neither finished nor cancelled (`/sim/stats`).
 async fn engine_in_flight(port: u16) -> Option<i64> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let (_, body) = get(addr, "/sim/stats", None).await?;
     let stats: serde_json::Value = serde_json::from_str(&body).ok()?;
     let n = |key: &str| stats[key].as_i64().unwrap_or(0);
-    Some(n("requests_admitted") - n("requests_finished") - n("requests_cancelled"))
+    Some(n("requests_queued") - n("requests_finished") - n("requests_cancelled"))
 }
 
 fn percent_encode(text: &str) -> String {
@@ -493,7 +493,8 @@ async fn drive(fleet: &mut Fleet, plan: &Plan) -> Result<ChaosReport, String> {
             .map(|s| s.sum("smg_worker_requests_active"));
         let mut on_engines = 0;
         for engine in &fleet.engines {
-            on_engines += engine_in_flight(engine.port).await.unwrap_or(-1).abs();
+            // An engine that does not answer counts as one request in flight: not drained.
+            on_engines += engine_in_flight(engine.port).await.unwrap_or(1).abs();
         }
         last = format!("gateway in flight {active:?}, engines in flight {on_engines}");
         if active == Some(0.0) && on_engines == 0 {

@@ -135,6 +135,9 @@ pub struct LoadSnapshot {
 /// Counters since the start (Prometheus).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineTotals {
+    /// Requests accepted into the waiting queue: the sum of the finished, the cancelled (from
+    /// the queue or from the batch) and the ones still waiting or running.
+    pub requests_queued: u64,
     pub requests_admitted: u64,
     pub requests_finished: u64,
     pub requests_cancelled: u64,
@@ -316,6 +319,7 @@ impl Engine {
             request.tokens.len() as u64 - cached.min(request.tokens.len() as u64);
         let id = self.next_id;
         self.next_id += 1;
+        self.totals.requests_queued += 1;
         self.waiting.push_back(Waiting {
             arrival_us,
             id,

@@ -461,3 +461,34 @@ fn admissions_evict_and_report_it_and_restarts_report_nothing() {
     assert_eq!(engine.totals().requests_cancelled, 1);
     assert_eq!(engine.totals().evicted_pages, 3, "counters survive");
 }
+
+/// Requests queued = finished + cancelled + still waiting or running, whether a request is
+/// cancelled from the queue (never admitted), from the batch, or dropped by a restart: the chaos
+/// test's drain check reads an engine's in-flight count this way.
+#[test]
+fn queued_requests_are_finished_cancelled_or_in_flight() {
+    let mut engine = Engine::new(config(4096, 8));
+    let in_flight = |engine: &Engine| {
+        let totals = engine.totals();
+        totals.requests_queued - totals.requests_finished - totals.requests_cancelled
+    };
+    let running = engine.submit(request(0, 1000, 500)).unwrap();
+    engine.begin_step(0);
+    engine.finish_step();
+    let waiting = engine.submit(request(1, 1000, 500)).unwrap();
+    assert_eq!(in_flight(&engine), 2);
+    assert!(engine.cancel(waiting));
+    assert_eq!(engine.totals().requests_admitted, 1);
+    assert_eq!(in_flight(&engine), 1);
+    assert!(engine.cancel(running));
+    assert_eq!(in_flight(&engine), 0);
+    engine.submit(request(2, 1000, 5)).unwrap();
+    engine.submit(request(3, 1000, 5)).unwrap();
+    engine.restart();
+    assert_eq!(in_flight(&engine), 0);
+    engine.submit(request(4, 100, 5)).unwrap();
+    engine.run_until_idle(1000);
+    assert!(engine.is_idle());
+    assert_eq!(engine.totals().requests_finished, 1);
+    assert_eq!(in_flight(&engine), 0);
+}

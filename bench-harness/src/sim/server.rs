@@ -616,6 +616,7 @@ impl EngineServer {
             "connections_accepted": self.connections_accepted.load(Ordering::Relaxed),
             "connections_open": self.connections_open.load(Ordering::Relaxed),
             "requests_total": self.requests_total.load(Ordering::Relaxed),
+            "requests_queued": totals.requests_queued,
             "requests_admitted": totals.requests_admitted,
             "requests_finished": totals.requests_finished,
             "requests_cancelled": totals.requests_cancelled,
