@@ -28,6 +28,11 @@ pub const READ_BUF_BYTES_INITIAL: usize = 8 * 1024;
 /// latency low (a read returns as soon as any bytes are there) and bulk copies efficient.
 pub const UPSTREAM_READ_BYTES: usize = 16 * 1024;
 
+/// Empty I/O buffers a data core keeps for waiting streams to borrow back (`http::buffers`):
+/// 256 of `UPSTREAM_READ_BYTES` is 4 MiB a core, enough for the streams that move bytes at one
+/// moment; more are freed.
+pub const SPARE_BUFFERS_KEPT_MAX: usize = 256;
+
 /// A read buffer that grew past this is dropped after its request instead of kept for the next:
 /// one 36 KB prompt should not pin 512 MB for the life of a keep-alive connection.
 pub const READ_BUF_BYTES_RETAINED_MAX: usize = 256 * 1024;

@@ -6,6 +6,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
+use super::buffers::SpareBuffers;
 use super::pool::UpstreamPool;
 use crate::ids::WorkerId;
 use crate::metrics::{CoreMetrics, Counter};
@@ -65,6 +66,8 @@ pub struct DataCore {
     pub shared: Arc<Shared>,
     /// Idle upstream connections.
     pub pool: RefCell<UpstreamPool>,
+    /// Empty buffers lent by streams while they wait for their worker.
+    pub spare_buffers: RefCell<SpareBuffers>,
     /// The routing policy and what this core remembers of its dispatches.
     pub router: RefCell<Router>,
     /// Requests being served (for graceful shutdown).
@@ -83,6 +86,7 @@ impl DataCore {
             core_id,
             shared,
             pool: RefCell::new(UpstreamPool::new()),
+            spare_buffers: RefCell::new(SpareBuffers::new()),
             router: RefCell::new(router),
             requests_in_flight: Cell::new(0),
             cutting_requests: Cell::new(false),

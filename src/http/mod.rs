@@ -8,8 +8,10 @@
 //!   it, answer it locally (health, models) or hand it on; errors become JSON answers.
 //! - `proxy`: the request driver of routed endpoints, the phases and the one retry loop.
 //! - `pool`: the upstream keep-alive pool. `admin`: the admin API's handler.
+//! - `buffers`: the core's spare I/O buffers, lent by streams while they wait.
 
 pub mod admin;
+pub mod buffers;
 pub mod core;
 pub mod pool;
 pub mod proxy;

@@ -13,7 +13,6 @@ use std::time::Instant;
 use crate::ids::WorkerId;
 use crate::limits::{
     UPSTREAM_BUF_BYTES_RETAINED_MAX, UPSTREAM_IDLE_PER_WORKER_MAX, UPSTREAM_IDLE_TIMEOUT,
-    UPSTREAM_READ_BYTES,
 };
 use crate::net::socket::Socket;
 
@@ -37,20 +36,21 @@ impl UpstreamConn {
     pub fn new(socket: Socket, addr: SocketAddr) -> Self {
         UpstreamConn {
             socket,
-            read_buf: Vec::with_capacity(UPSTREAM_READ_BYTES),
-            write_buf: Vec::with_capacity(UPSTREAM_READ_BYTES),
+            // Borrowed from the core's spare buffers when the connection has bytes to move.
+            read_buf: Vec::new(),
+            write_buf: Vec::new(),
             addr,
             reused: false,
         }
     }
 
     /// Empties the buffers, and frees those that grew past `UPSTREAM_BUF_BYTES_RETAINED_MAX`
-    /// (a new, typical-sized one replaces each: `shrink_to` may keep the block in place).
+    /// (the next use borrows a typical-sized one: `shrink_to` may keep the block in place).
     fn shed_large_buffers(&mut self) {
         for buf in [&mut self.read_buf, &mut self.write_buf] {
             buf.clear();
             if buf.capacity() > UPSTREAM_BUF_BYTES_RETAINED_MAX {
-                *buf = Vec::with_capacity(UPSTREAM_READ_BYTES);
+                *buf = Vec::new();
             }
         }
     }
@@ -209,7 +209,7 @@ mod tests {
             pool.put(WorkerId(0), conn, now);
             let conn = pool.take(WorkerId(0), addr, now).unwrap();
             assert!(conn.read_buf.is_empty() && conn.write_buf.is_empty());
-            assert_eq!(conn.read_buf.capacity(), UPSTREAM_READ_BYTES);
+            assert_eq!(conn.read_buf.capacity(), 0);
             assert_eq!(conn.write_buf.capacity(), UPSTREAM_BUF_BYTES_RETAINED_MAX);
             assert_eq!(
                 conn.write_buf.as_ptr(),

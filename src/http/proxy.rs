@@ -337,9 +337,15 @@ async fn attempt(
         .map_err(|e| fail(e, false))?;
     let reused = up.reused;
     let via = core.shared.config.via_pseudonym.as_str();
+    core.spare_buffers
+        .borrow_mut()
+        .borrow_into(&mut up.write_buf);
     forward(&mut up, request, (&worker.spec.authority, via), deadline)
         .await
         .map_err(|e| fail(e, reused))?;
+    // Sent: the request's buffer is not needed while the response streams.
+    up.write_buf.clear();
+    core.spare_buffers.borrow_mut().lend(&mut up.write_buf);
     // The worker has the request: the index learns it now, not when the response ends.
     record_dispatch(core, prepared, worker.id);
     let method = request.head.method;
@@ -371,6 +377,9 @@ async fn attempt(
         StreamEnd::Done(streamed) => streamed,
     };
     if streamed.upstream_reusable {
+        // Reusable means every byte read was forwarded: an idle connection holds no buffer.
+        up.read_buf.clear();
+        core.spare_buffers.borrow_mut().lend(&mut up.read_buf);
         core.pool.borrow_mut().put(worker.id, up, Instant::now());
     }
     // The head's outcome was recorded when it arrived; a body cut short adds a failure.
@@ -473,13 +482,37 @@ async fn interruption(core: &DataCore, client: &Socket) {
 }
 
 /// One read of the worker's response, given up (the read cancelled) when the client goes or
-/// shutdown cuts the request.
+/// shutdown cuts the request. With nothing partial in the read buffer (the usual case: between
+/// two tokens of a stream, or while the prompt queues), the wait holds no buffer: the empty one
+/// is lent to the core and one is borrowed back when bytes are ready.
 async fn read_upstream(
     core: &DataCore,
     up: &mut UpstreamConn,
     client: &Socket,
     deadline: Instant,
 ) -> Result<std::io::Result<usize>, Interrupted> {
+    let interrupted = || {
+        if client.peer_closed() {
+            Interrupted::ClientGone
+        } else {
+            Interrupted::ShutdownCut
+        }
+    };
+    if up.read_buf.is_empty() {
+        core.spare_buffers.borrow_mut().lend(&mut up.read_buf);
+        let ready = up
+            .socket
+            .readable_unless(deadline, interruption(core, client))
+            .await;
+        core.spare_buffers
+            .borrow_mut()
+            .borrow_into(&mut up.read_buf);
+        match ready {
+            None => return Err(interrupted()),
+            Some(Err(e)) => return Ok(Err(e)),
+            Some(Ok(())) => {}
+        }
+    }
     let read_buf = std::mem::take(&mut up.read_buf);
     let stop = interruption(core, client);
     let (watched, buf) = up
@@ -489,8 +522,7 @@ async fn read_upstream(
     up.read_buf = buf;
     match watched {
         Watched::Read(result) => Ok(result),
-        Watched::Stopped if client.peer_closed() => Err(Interrupted::ClientGone),
-        Watched::Stopped => Err(Interrupted::ShutdownCut),
+        Watched::Stopped => Err(interrupted()),
     }
 }
 
@@ -720,7 +752,10 @@ async fn stream_back(
         return Ok(ended(false, false));
     }
     while !tracker.is_done() {
+        // Between two reads a stream holds no buffer (see `read_upstream`).
         up.read_buf.clear();
+        client.write_buf.clear();
+        core.spare_buffers.borrow_mut().lend(client.write_buf);
         let read_deadline = if body_begun {
             deadline.min(Instant::now() + config.upstream_idle_timeout)
         } else {
@@ -747,7 +782,11 @@ async fn stream_back(
         };
         body_begun = true;
         credit.prefill_done();
-        client.write_buf.clear();
+        if tracker.dechunk {
+            core.spare_buffers
+                .borrow_mut()
+                .borrow_into(client.write_buf);
+        }
         let consumed = match tracker.advance(&up.read_buf, client.write_buf) {
             Ok(consumed) => consumed,
             Err(e) => {

@@ -151,6 +151,23 @@ impl Socket {
         (watched, tail.into_inner())
     }
 
+    /// Waits, holding no buffer, until the connection has bytes to read (or its end, or an
+    /// error: the read that follows tells which). `None` when `stop` completes first; a missed
+    /// deadline is `TimedOut`. Dropping the wait cancels the kernel's poll.
+    pub async fn readable_unless(
+        &self,
+        deadline: Instant,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Option<io::Result<()>> {
+        let ready = self.stream.readable(false);
+        let sleep = monoio::time::sleep_until(monoio::time::Instant::from_std(deadline));
+        monoio::select! {
+            result = ready => Some(result),
+            _ = sleep => Some(Err(timed_out())),
+            _ = stop => None,
+        }
+    }
+
     /// Whether the peer has closed (or reset) its side: a poll without waiting, so bytes it
     /// sent before are left unread (a pipelined request is not a close). A peer that shut down
     /// only its sending side counts as gone, as nginx counts it.

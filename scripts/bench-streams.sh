@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# SSE streams held at once through one data core: the same --streams streamed completions sent
+# straight to the engines, then through kvgate (one data core). Reports the gaps between a
+# stream's consecutive chunks (p50/p99) in both runs, their difference (the delay kvgate adds)
+# and kvgate's RSS per stream. bench-harness's `streams` is the client.
+#
+#   scripts/bench-streams.sh [--streams 9000] [--step-ms 1000] [--measure-s 15] [--debug]
+#
+# Descriptors: kvgate holds two per stream (client and engine), and one process may hold at
+# most the hard open-file limit (`ulimit -Hn`), so --streams is capped at (limit - 200) / 2.
+# The engines decode one token per --step-ms for every running stream (a flat decode cost).
+# Writes target/bench-streams/{direct,kvgate}.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
+
+STREAMS=9000
+STEP_MS=1000
+MEASURE_S=15
+PROFILE=release
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --streams) STREAMS="$2"; shift 2 ;;
+    --step-ms) STEP_MS="$2"; shift 2 ;;
+    --measure-s) MEASURE_S="$2"; shift 2 ;;
+    --debug) PROFILE=debug; shift ;;
+    *) echo "Error: unknown flag $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+if [ "$PROFILE" = release ]; then
+  cargo build --release -p kvgate -p bench-harness --bins >&2
+else
+  cargo build -p kvgate -p bench-harness --bins >&2
+fi
+BIN="target/$PROFILE"
+ulimit -n "$(ulimit -Hn)"
+MAX=$(( ($(ulimit -n) - 200) / 2 ))
+if [ "$STREAMS" -gt "$MAX" ]; then
+  echo "Error: --streams $STREAMS needs $((2 * STREAMS + 200)) descriptors in kvgate; the limit is $(ulimit -n) (at most $MAX streams)" >&2
+  exit 1
+fi
+# Long enough to outlast the ramp-up (about 1 s per 1,000 streams) and the measured window.
+MAX_TOKENS=$(( (STREAMS / 1000 + MEASURE_S + 20) * 1000 / STEP_MS ))
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+mkdir -p target/bench-streams
+run() {
+  local name="$1"
+  fleet_init
+  local sim_port gw_port prom_port
+  sim_port=$(free_port)
+  # Two engines, each running every stream it gets in one batch, a flat --step-ms per token.
+  fleet_start_sim "$BIN" "$sim_port" --engines 2 --max-running-requests "$STREAMS" \
+    --kv-capacity-tokens $(( STREAMS * 2 * (MAX_TOKENS + 64) )) \
+    --decode-constant-ms "$STEP_MS" --decode-linear-ms 0 --decode-quadratic-ms 0 \
+    --decode-min-ms "$STEP_MS"
+  fleet_wait_port sim-engine "$sim_port"
+  fleet_wait_port sim-engine $((sim_port + 1))
+  local targets=("127.0.0.1:$sim_port" "127.0.0.1:$((sim_port + 1))") rss=()
+  if [ "$name" = kvgate ]; then
+    gw_port=$(free_port)
+    prom_port=$(free_port)
+    fleet_start_kvgate "$BIN" "$gw_port" "$prom_port" \
+      "http://127.0.0.1:$sim_port http://127.0.0.1:$((sim_port + 1))" --policy round_robin
+    fleet_wait_port kvgate "$gw_port"
+    sleep 1
+    targets=("127.0.0.1:$gw_port")
+    rss=(--rss-pid "$KVGATE_PID")
+  fi
+  "$BIN/streams" --target "${targets[@]}" --streams "$STREAMS" --max-tokens "$MAX_TOKENS" \
+    --measure-s "$MEASURE_S" "${rss[@]}" --out "target/bench-streams/$name.json" >/dev/null
+  if [ "$name" = kvgate ]; then
+    echo "panics in the kvgate log: $(grep -c panicked "$FLEET_WORK/kvgate.log" || true)" >&2
+  fi
+  fleet_stop
+  trap - EXIT
+}
+run direct
+run kvgate
+python3 - "$STREAMS" <<'PY'
+import json, sys
+d = json.load(open("target/bench-streams/direct.json"))
+k = json.load(open("target/bench-streams/kvgate.json"))
+print(f"{sys.argv[1]} streams, one kvgate data core")
+print(f"{'':10} {'gap p50 ms':>11} {'gap p99 ms':>11} {'gap max ms':>11} {'chunks':>8} {'failed':>6}")
+for name, r in (("direct", d), ("kvgate", k)):
+    print(f"{name:10} {r['gap_p50_ms']:11.2f} {r['gap_p99_ms']:11.2f} {r['gap_max_ms']:11.2f} {r['chunks_measured']:8} {r['failed']:6}")
+print(f"added by kvgate: p50 {k['gap_p50_ms'] - d['gap_p50_ms']:+.2f} ms, p99 {k['gap_p99_ms'] - d['gap_p99_ms']:+.2f} ms")
+print(f"kvgate RSS: {k['rss_before_kb']} KiB idle, {k['rss_window_end_kb']} KiB with the streams: {k['rss_per_stream_kb']:.1f} KiB per stream")
+PY
