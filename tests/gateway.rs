@@ -371,6 +371,39 @@ fn streamed_responses_arrive_chunk_by_chunk() {
 }
 
 #[test]
+fn a_stream_lets_go_of_its_request_and_the_request_pipelined_behind_it_is_answered() {
+    // A committed stream drops its request's bytes from the client's read buffer at once
+    // (http::proxy, `Forwarded::release`); bytes pipelined behind it must survive that.
+    let chunks: Vec<String> = (0..3).map(|i| format!("data: {{\"i\":{i}}}\n\n")).collect();
+    let stream = Reply::Chunked {
+        chunks: chunks.clone(),
+        gap: Duration::from_millis(100),
+    };
+    let origin = MockOrigin::start(move |r| {
+        if r.body.starts_with(b"{\"stream\"") {
+            stream.clone()
+        } else {
+            Reply::json(&format!(
+                r#"{{"echo":{}}}"#,
+                String::from_utf8_lossy(&r.body)
+            ))
+        }
+    });
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let one = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 15\r\n\r\n{\"stream\":true}";
+    let two = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"n\":2}";
+    client.send_raw(format!("{one}{two}").as_bytes());
+    let streamed = client.read_response();
+    assert_eq!(streamed.status, 200);
+    assert_eq!(streamed.text(), chunks.concat());
+    assert_eq!(client.read_response().json()["echo"]["n"], 2);
+    // And a third request on the same connection, after the read buffer was emptied.
+    let three = client.post_json("/generate", r#"{"n":3}"#);
+    assert_eq!(three.json()["echo"]["n"], 3);
+}
+
+#[test]
 fn client_disconnect_mid_stream_closes_the_upstream_request() {
     let reply = Reply::Chunked {
         chunks: vec!["data: x\n\n".into(); 50],

@@ -34,6 +34,7 @@
 
 use std::time::Instant;
 
+use super::buffers::SpareBuffers;
 use super::core::DataCore;
 use super::pool::UpstreamConn;
 use super::server::{Answered, Downstream, Request};
@@ -76,6 +77,19 @@ struct Forwarded<'a> {
     /// The client's read buffer: the head's spans and `body` index it.
     read_buf: &'a mut Vec<u8>,
     body: std::ops::Range<usize>,
+    /// How many bytes at the front of `read_buf` are this request's.
+    request_end: &'a mut usize,
+}
+
+impl Forwarded<'_> {
+    /// Lets go of the request once its response is committed to the client (no attempt will
+    /// send it again): its bytes leave the client's read buffer now instead of when a stream
+    /// that may last minutes ends, and the emptied buffer is lent to the core. The head's
+    /// spans and `body` are stale afterwards.
+    fn release(&mut self, spare: &mut SpareBuffers) {
+        self.read_buf.drain(..std::mem::take(self.request_end));
+        spare.lend(self.read_buf);
+    }
 }
 
 /// The client half of a connection, split from its read buffer (which holds the request).
@@ -152,6 +166,7 @@ pub async fn proxy_request(
         read_buf,
         write_buf,
         prepared,
+        request_end,
         ..
     } = down;
     let outgoing = Outgoing {
@@ -168,6 +183,7 @@ pub async fn proxy_request(
         head: &request.head,
         read_buf,
         body: request.body.clone(),
+        request_end,
     };
     let mut client = ClientSide {
         socket,
@@ -206,7 +222,7 @@ pub async fn proxy_request(
         let attempted = attempt(
             core,
             &mut client,
-            (&mut forwarded, prepared),
+            (&mut forwarded, &mut *prepared),
             (worker, &mut credit),
             deadline,
             on_status,
@@ -322,7 +338,7 @@ fn report_outcome(core: &DataCore, worker: WorkerId, outcome: Option<AttemptOutc
 async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
-    (request, prepared): (&mut Forwarded<'_>, &Prepared),
+    (request, prepared): (&mut Forwarded<'_>, &mut Prepared),
     (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     deadline: Instant,
     on_status: RetryableStatus,
@@ -348,7 +364,6 @@ async fn attempt(
     core.spare_buffers.borrow_mut().lend(&mut up.write_buf);
     // The worker has the request: the index learns it now, not when the response ends.
     record_dispatch(core, prepared, worker.id);
-    let method = request.head.method;
     let gateway_headers = GatewayHeaders {
         routed_worker_line: &worker.routed_header_line,
         predicted_cached_tokens: prepared.predicted_cached_tokens(worker.id),
@@ -358,7 +373,7 @@ async fn attempt(
         &mut up,
         client,
         (worker, credit, gateway_headers),
-        method,
+        (request, prepared),
         deadline,
         on_status,
     )
@@ -481,14 +496,23 @@ async fn interruption(core: &DataCore, client: &Socket) {
     }
 }
 
+/// How a read waits for the worker's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waiting {
+    /// With the read buffer handed to the kernel: one operation, for answers that come soon.
+    Buffered,
+    /// Holding no buffer until bytes are ready (a poll, then the read): for a stream between
+    /// two tokens, which waits far longer than it moves bytes.
+    Unbuffered,
+}
+
 /// One read of the worker's response, given up (the read cancelled) when the client goes or
-/// shutdown cuts the request. With nothing partial in the read buffer (the usual case: between
-/// two tokens of a stream, or while the prompt queues), the wait holds no buffer: the empty one
-/// is lent to the core and one is borrowed back when bytes are ready.
+/// shutdown cuts the request. Waiting `Unbuffered` with nothing partial in the read buffer,
+/// the empty buffer is lent to the core and one is borrowed back when bytes are ready.
 async fn read_upstream(
     core: &DataCore,
     up: &mut UpstreamConn,
-    client: &Socket,
+    (client, waiting): (&Socket, Waiting),
     deadline: Instant,
 ) -> Result<std::io::Result<usize>, Interrupted> {
     let interrupted = || {
@@ -498,7 +522,7 @@ async fn read_upstream(
             Interrupted::ShutdownCut
         }
     };
-    if up.read_buf.is_empty() {
+    if waiting == Waiting::Unbuffered && up.read_buf.is_empty() {
         core.spare_buffers.borrow_mut().lend(&mut up.read_buf);
         let ready = up
             .socket
@@ -548,7 +572,7 @@ async fn read_response_head(
             }
         }
         let nothing_yet = up.read_buf.is_empty();
-        let result = match read_upstream(core, up, client, deadline).await {
+        let result = match read_upstream(core, up, (client, Waiting::Buffered), deadline).await {
             Ok(result) => result,
             Err(Interrupted::ClientGone) => {
                 return Err(ProxyError::downstream(
@@ -677,11 +701,12 @@ async fn stream_back(
     up: &mut UpstreamConn,
     client: &mut ClientSide<'_>,
     (worker, credit, gateway_headers): (&WorkerEntry, &mut InflightCredit<'_>, GatewayHeaders<'_>),
-    method: Method,
+    (request, prepared): (&mut Forwarded<'_>, &mut Prepared),
     deadline: Instant,
     on_status: RetryableStatus,
 ) -> Result<StreamEnd, ProxyError> {
     let config = &core.shared.config;
+    let method = request.head.method;
     // Until the first body byte the worker queues and prefills; after it, it decodes.
     let first_byte_deadline = deadline.min(Instant::now() + config.upstream_first_byte_timeout);
     let head = read_response_head(core, up, client.socket, method, first_byte_deadline).await?;
@@ -750,6 +775,12 @@ async fn stream_back(
     if !head_written {
         core.metrics().incr(Counter::DownstreamAborts);
         return Ok(ended(false, false));
+    }
+    if body_kind == BodyKind::EventStream {
+        // Committed, and a stream may last minutes: it keeps nothing of its request (bytes,
+        // routing scratch) while the tokens trickle in.
+        request.release(&mut core.spare_buffers.borrow_mut());
+        *prepared = Prepared::default();
     }
     while !tracker.is_done() {
         // Between two reads a stream holds no buffer (see `read_upstream`).
@@ -841,7 +872,12 @@ async fn next_body_read(
     let read = if core.cutting_requests.get() {
         Err(Interrupted::ShutdownCut)
     } else {
-        read_upstream(core, up, client.socket, read_deadline).await
+        let waiting = if kinds.0 == BodyKind::EventStream {
+            Waiting::Unbuffered
+        } else {
+            Waiting::Buffered
+        };
+        read_upstream(core, up, (client.socket, waiting), read_deadline).await
     };
     let (stop, cut, kind) = match read {
         Err(Interrupted::ClientGone) => return Err(BodyStop::ClientGone),

@@ -55,6 +55,9 @@ pub struct Downstream {
     pub prepared: Prepared,
     /// Body bytes charged to the core's body budget for the current request.
     body_charged_bytes: usize,
+    /// Bytes at the front of `read_buf` that belong to the request being served (0 once a
+    /// committed stream let go of them early).
+    pub request_end: usize,
 }
 
 /// A complete request: its head and body, both inside `read_buf` (a chunked body de-chunked
@@ -85,6 +88,7 @@ pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
         write_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),
         prepared: Prepared::default(),
         body_charged_bytes: 0,
+        request_end: 0,
     };
     serve_requests(&core, &mut down).await;
     core.body_budget.release(&mut down.body_charged_bytes);
@@ -114,10 +118,11 @@ async fn serve_requests(core: &Rc<DataCore>, down: &mut Downstream) {
         }
         core.requests_in_flight
             .set(core.requests_in_flight.get() + 1);
+        down.request_end = request.end;
         let connection = handle_request(core, down, &request).await;
         core.requests_in_flight
             .set(core.requests_in_flight.get() - 1);
-        finish_request(core, down, request.end);
+        finish_request(core, down);
         if !connection.is_kept() || core.shared.is_shutting_down() {
             return;
         }
@@ -126,8 +131,8 @@ async fn serve_requests(core: &Rc<DataCore>, down: &mut Downstream) {
 
 /// Drops the served request's bytes, keeping any pipelined bytes after it, and gives its body
 /// bytes back to the core's budget.
-fn finish_request(core: &DataCore, down: &mut Downstream, end: usize) {
-    down.read_buf.drain(..end);
+fn finish_request(core: &DataCore, down: &mut Downstream) {
+    down.read_buf.drain(..std::mem::take(&mut down.request_end));
     if down.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
         down.read_buf.shrink_to(READ_BUF_BYTES_INITIAL);
     }
