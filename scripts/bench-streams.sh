@@ -43,7 +43,21 @@ fi
 # Long enough to outlast the ramp-up (about 1 s per 1,000 streams) and the measured window.
 MAX_TOKENS=$(( (STREAMS / 1000 + MEASURE_S + 20) * 1000 / STEP_MS ))
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Ports below the ephemeral range: a run's thousands of client sockets (and their TIME_WAITs)
+# take ephemeral ports, so an engine's port + 1 there is often taken. Prints a port whose
+# successor is free too.
+free_port() {
+  python3 -c '
+import random, socket
+for _ in range(100):
+    p = random.randrange(20000, 32000, 2)
+    try:
+        for q in (p, p + 1):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+        print(p); break
+    except OSError:
+        pass'
+}
 mkdir -p target/bench-streams
 run() {
   local name="$1"

@@ -28,6 +28,12 @@ pub const READ_BUF_BYTES_INITIAL: usize = 8 * 1024;
 /// latency low (a read returns as soon as any bytes are there) and bulk copies efficient.
 pub const UPSTREAM_READ_BYTES: usize = 16 * 1024;
 
+/// Bytes asked of the kernel per read of an event stream that waited for its next token: one
+/// token's event is a few hundred bytes, and when a decode step ends every stream of the core
+/// reads at once, so the size of this read, times the core's streams, is the burst's memory.
+/// A larger burst of bytes takes more reads.
+pub const STREAM_READ_BYTES: usize = 2 * 1024;
+
 /// Empty I/O buffers a data core keeps for waiting streams to borrow back (`http::buffers`):
 /// 256 of `UPSTREAM_READ_BYTES` is 4 MiB a core, enough for the streams that move bytes at one
 /// moment; more are freed.

@@ -43,14 +43,14 @@ use crate::error::{ErrorKind, ProxyError, Retry, Side};
 use crate::ids::WorkerId;
 use crate::limits::{
     CLIENT_GONE_POLL_INTERVAL, DOWNSTREAM_WRITE_TIMEOUT, FORWARD_BODY_COPY_BYTES_MAX,
-    STALE_CONNECTION_RETRIES_MAX, UPSTREAM_READ_BYTES,
+    STALE_CONNECTION_RETRIES_MAX, STREAM_READ_BYTES, UPSTREAM_READ_BYTES,
 };
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{
     self, ChunkedDecoder, Connection, DownstreamFraming, Framing, GatewayHeaders, RequestHead,
     ResponseHead,
 };
-use crate::net::socket::{Socket, Watched};
+use crate::net::socket::{Cut, Socket, Watched};
 use crate::policy::{Prepared, WorkerView};
 use crate::request::{
     Endpoint, Method, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
@@ -484,14 +484,19 @@ enum Interrupted {
     ShutdownCut,
 }
 
-/// Completes once the client has gone (closed or reset its connection) or shutdown cuts the
-/// requests still running, checked every `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of
-/// a pipelined request stay unread.
-async fn interruption(core: &DataCore, client: &Socket) {
+/// Completes at `deadline` (`Cut::Deadline`), or once the client has gone (closed or reset its
+/// connection) or shutdown cuts the requests still running (`Cut::Stop`), checked every
+/// `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of a pipelined request stay unread. One
+/// timer serves both.
+async fn interruption(core: &DataCore, client: &Socket, deadline: Instant) -> Cut {
     loop {
-        monoio::time::sleep(CLIENT_GONE_POLL_INTERVAL).await;
+        let wake = deadline.min(Instant::now() + CLIENT_GONE_POLL_INTERVAL);
+        monoio::time::sleep_until(monoio::time::Instant::from_std(wake)).await;
         if client.peer_closed() || core.cutting_requests.get() {
-            return;
+            return Cut::Stop;
+        }
+        if Instant::now() >= deadline {
+            return Cut::Deadline;
         }
     }
 }
@@ -526,23 +531,25 @@ async fn read_upstream(
         core.spare_buffers.borrow_mut().lend(&mut up.read_buf);
         let ready = up
             .socket
-            .readable_unless(deadline, interruption(core, client))
+            .readable_unless(std::pin::pin!(interruption(core, client, deadline)))
             .await;
-        core.spare_buffers
-            .borrow_mut()
-            .borrow_into(&mut up.read_buf);
+        // A token's event is a few hundred bytes; a small buffer (from the allocator's
+        // thread-local free list) keeps the burst of a decode step, when every stream of the
+        // core reads at once, small too.
+        up.read_buf.reserve_exact(STREAM_READ_BYTES);
         match ready {
             None => return Err(interrupted()),
             Some(Err(e)) => return Ok(Err(e)),
             Some(Ok(())) => {}
         }
     }
+    let read_bytes = match waiting {
+        Waiting::Buffered => UPSTREAM_READ_BYTES,
+        Waiting::Unbuffered => STREAM_READ_BYTES,
+    };
     let read_buf = std::mem::take(&mut up.read_buf);
-    let stop = interruption(core, client);
-    let (watched, buf) = up
-        .socket
-        .read_more_unless(read_buf, UPSTREAM_READ_BYTES, deadline, stop)
-        .await;
+    let stop = std::pin::pin!(interruption(core, client, deadline));
+    let (watched, buf) = up.socket.read_more_unless(read_buf, read_bytes, stop).await;
     up.read_buf = buf;
     match watched {
         Watched::Read(result) => Ok(result),
@@ -709,57 +716,64 @@ async fn stream_back(
     let method = request.head.method;
     // Until the first body byte the worker queues and prefills; after it, it decodes.
     let first_byte_deadline = deadline.min(Instant::now() + config.upstream_first_byte_timeout);
-    let head = read_response_head(core, up, client.socket, method, first_byte_deadline).await?;
-    if on_status == RetryableStatus::Retry && is_retryable_status(head.status) {
-        return Ok(StreamEnd::RetryableStatus(head.status));
+    // The head (1 KB of header spans) lives in this block only: a stream does not carry it
+    // through its waits.
+    let (status, upstream_keeps_connection, body_kind, framing, connection);
+    let (mut tracker, mut body_begun, mut leftover);
+    {
+        let head = read_response_head(core, up, client.socket, method, first_byte_deadline).await?;
+        if on_status == RetryableStatus::Retry && is_retryable_status(head.status) {
+            return Ok(StreamEnd::RetryableStatus(head.status));
+        }
+        // The breaker hears the answer now, not when a long stream ends: otherwise successes would
+        // lag failures by a generation's length and a burst of quick errors would look consecutive.
+        let head_outcome = if head.status >= 500 || is_retryable_status(head.status) {
+            AttemptOutcome::Failure
+        } else {
+            AttemptOutcome::Success
+        };
+        core.report_attempt(worker.id, head_outcome);
+        let event_stream = head
+            .headers
+            .get(&up.read_buf, "content-type")
+            .is_some_and(|v| v.starts_with(b"text/event-stream"));
+        body_kind = if event_stream {
+            BodyKind::EventStream
+        } else {
+            BodyKind::Other
+        };
+        framing = DownstreamFraming::choose(head.framing, client.version_minor);
+        connection = client.connection.and(Connection::keep_if(
+            framing != DownstreamFraming::UntilClose && !core.shared.is_shutting_down(),
+        ));
+        tracker = BodyTracker::new(head.framing, framing);
+        client.write_buf.clear();
+        codec::write_downstream_response_head(
+            client.write_buf,
+            &head,
+            &up.read_buf,
+            gateway_headers,
+            framing,
+            connection,
+        );
+        let available = &up.read_buf[head.head_len..];
+        // The first body byte is the first token (or, unstreamed, the whole answer): the prompt is
+        // no longer queued work on the worker.
+        body_begun = !available.is_empty();
+        if body_begun {
+            credit.prefill_done();
+        }
+        let consumed = tracker.advance(available, client.write_buf)?;
+        if !tracker.dechunk {
+            copy::extend_from_slice(client.write_buf, &available[..consumed]);
+        }
+        leftover = consumed < available.len();
+        (status, upstream_keeps_connection) = (head.status, head.connection.is_kept());
     }
-    // The breaker hears the answer now, not when a long stream ends: otherwise successes would
-    // lag failures by a generation's length and a burst of quick errors would look consecutive.
-    let head_outcome = if head.status >= 500 || is_retryable_status(head.status) {
-        AttemptOutcome::Failure
-    } else {
-        AttemptOutcome::Success
-    };
-    core.report_attempt(worker.id, head_outcome);
-    let event_stream = head
-        .headers
-        .get(&up.read_buf, "content-type")
-        .is_some_and(|v| v.starts_with(b"text/event-stream"));
-    let body_kind = if event_stream {
-        BodyKind::EventStream
-    } else {
-        BodyKind::Other
-    };
-    let framing = DownstreamFraming::choose(head.framing, client.version_minor);
-    let connection = client.connection.and(Connection::keep_if(
-        framing != DownstreamFraming::UntilClose && !core.shared.is_shutting_down(),
-    ));
-    let mut tracker = BodyTracker::new(head.framing, framing);
-    client.write_buf.clear();
-    codec::write_downstream_response_head(
-        client.write_buf,
-        &head,
-        &up.read_buf,
-        gateway_headers,
-        framing,
-        connection,
-    );
-    let available = &up.read_buf[head.head_len..];
-    // The first body byte is the first token (or, unstreamed, the whole answer): the prompt is
-    // no longer queued work on the worker.
-    let mut body_begun = !available.is_empty();
-    if body_begun {
-        credit.prefill_done();
-    }
-    let consumed = tracker.advance(available, client.write_buf)?;
-    if !tracker.dechunk {
-        copy::extend_from_slice(client.write_buf, &available[..consumed]);
-    }
-    let mut leftover = consumed < available.len();
     let ended = |complete: bool, reusable: bool| {
         StreamEnd::Done(Streamed {
             answered: Answered {
-                status: head.status,
+                status,
                 connection: connection.and(Connection::keep_if(complete)),
             },
             upstream_reusable: reusable,
@@ -809,7 +823,7 @@ async fn stream_back(
                 return Ok(ended(false, false));
             }
             Err(BodyStop::ShutdownCut) => return Ok(ended(false, false)),
-            Err(BodyStop::WorkerFailed) => return Ok(StreamEnd::upstream_failed(head.status)),
+            Err(BodyStop::WorkerFailed) => return Ok(StreamEnd::upstream_failed(status)),
         };
         body_begun = true;
         credit.prefill_done();
@@ -823,7 +837,7 @@ async fn stream_back(
             Err(e) => {
                 count_error(core, e.kind);
                 core.metrics().incr(Counter::UpstreamResponsesCut);
-                return Ok(StreamEnd::upstream_failed(head.status));
+                return Ok(StreamEnd::upstream_failed(status));
             }
         };
         leftover |= consumed < n;
@@ -835,7 +849,7 @@ async fn stream_back(
     }
     Ok(ended(
         true,
-        head.connection.is_kept() && !leftover && tracker.is_done(),
+        upstream_keeps_connection && !leftover && tracker.is_done(),
     ))
 }
 

@@ -375,7 +375,12 @@ pub async fn read_request(
                 end,
             }))
         }
-        Framing::Chunked => read_chunked_body(down, head, core).await.map(Some),
+        // Boxed: the de-chunking reader's state (4 KB) would otherwise be part of every
+        // connection's task for its whole life, streams included; chunked request bodies are
+        // the rare framing, and one allocation each is cheap beside reading them.
+        Framing::Chunked => Box::pin(read_chunked_body(down, head, core))
+            .await
+            .map(Some),
         Framing::Empty | Framing::UntilClose => Ok(Some(Request {
             head,
             body: head_len..head_len,

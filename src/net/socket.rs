@@ -55,10 +55,21 @@ macro_rules! with_deadline {
     }};
 }
 
-/// What cut a read short.
-enum ReadCut {
+/// What ends a watched operation early (`Socket::read_more_unless`, `Socket::readable_unless`):
+/// the caller's one future decides both, so an operation arms one timer, not two (a monoio
+/// timer is 640 bytes of the connection's task, and a stream waits in one for every token).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cut {
+    /// The operation's deadline passed: it ends as `TimedOut`.
     Deadline,
+    /// The caller stopped it (`Watched::Stopped`).
     Stop,
+}
+
+/// A `Cut::Deadline` at `deadline`: the stop future of an operation nothing else interrupts.
+pub async fn at_deadline(deadline: Instant) -> Cut {
+    monoio::time::sleep_until(monoio::time::Instant::from_std(deadline)).await;
+    Cut::Deadline
 }
 
 /// How a read raced against a `stop` future ended (`Socket::read_more_unless`).
@@ -111,22 +122,22 @@ impl Socket {
         spare: usize,
         deadline: Instant,
     ) -> (io::Result<usize>, Vec<u8>) {
-        let stop = std::future::pending::<()>();
-        match self.read_more_unless(buf, spare, deadline, stop).await {
+        let stop = std::pin::pin!(at_deadline(deadline));
+        match self.read_more_unless(buf, spare, stop).await {
             (Watched::Read(result), buf) => (result, buf),
-            // `pending` never completes.
+            // `at_deadline` only ever cuts at the deadline.
             (Watched::Stopped, buf) => (Err(timed_out()), buf),
         }
     }
 
-    /// As `read_more`, unless `stop` completes first: then the read is cancelled (and awaited,
-    /// so the kernel lets go of the buffer and of the socket, which can then really close).
+    /// As `read_more`, until `stop` cuts it: then the read is cancelled (and awaited, so the
+    /// kernel lets go of the buffer and of the socket, which can then really close). `stop` is
+    /// pinned by the caller: a future passed by value would sit twice in this one's state.
     pub async fn read_more_unless(
         &mut self,
         mut buf: Vec<u8>,
         spare: usize,
-        deadline: Instant,
-        stop: impl std::future::Future<Output = ()>,
+        stop: impl std::future::Future<Output = Cut> + Unpin,
     ) -> (Watched, Vec<u8>) {
         if buf.capacity() - buf.len() < spare {
             buf.reserve(spare);
@@ -135,36 +146,34 @@ impl Socket {
         let Socket { stream, canceller } = self;
         let tail = buf.slice_mut(start..);
         let mut read = std::pin::pin!(stream.cancelable_read(tail, canceller.handle()));
-        let sleep = monoio::time::sleep_until(monoio::time::Instant::from_std(deadline));
         let cut = monoio::select! {
             (result, tail) = &mut read => return (Watched::Read(result), tail.into_inner()),
-            _ = sleep => ReadCut::Deadline,
-            _ = stop => ReadCut::Stop,
+            cut = stop => cut,
         };
         *canceller = std::mem::take(canceller).cancel();
         let (result, tail) = read.await;
         let watched = match (result, cut) {
             (Ok(n), _) if n > 0 => Watched::Read(Ok(n)),
-            (_, ReadCut::Deadline) => Watched::Read(Err(timed_out())),
-            (_, ReadCut::Stop) => Watched::Stopped,
+            (_, Cut::Deadline) => Watched::Read(Err(timed_out())),
+            (_, Cut::Stop) => Watched::Stopped,
         };
         (watched, tail.into_inner())
     }
 
     /// Waits, holding no buffer, until the connection has bytes to read (or its end, or an
-    /// error: the read that follows tells which). `None` when `stop` completes first; a missed
-    /// deadline is `TimedOut`. Dropping the wait cancels the kernel's poll.
+    /// error: the read that follows tells which). `None` when `stop` cuts it with `Cut::Stop`;
+    /// `Cut::Deadline` is `TimedOut`. Dropping the wait cancels the kernel's poll.
     pub async fn readable_unless(
         &self,
-        deadline: Instant,
-        stop: impl std::future::Future<Output = ()>,
+        stop: impl std::future::Future<Output = Cut> + Unpin,
     ) -> Option<io::Result<()>> {
         let ready = self.stream.readable(false);
-        let sleep = monoio::time::sleep_until(monoio::time::Instant::from_std(deadline));
         monoio::select! {
             result = ready => Some(result),
-            _ = sleep => Some(Err(timed_out())),
-            _ = stop => None,
+            cut = stop => match cut {
+                Cut::Deadline => Some(Err(timed_out())),
+                Cut::Stop => None,
+            },
         }
     }
 
