@@ -535,3 +535,23 @@ mod never_panics {
         }
     }
 }
+
+#[test]
+fn headers_at_the_end_of_the_largest_head_are_read_whole() {
+    // Spans are u16 offsets: a head ending at HEADER_BYTES_MAX must still read exactly.
+    let start = "POST /v1/completions HTTP/1.1\r\nhost: x\r\nx-fill: ";
+    let end = "\r\nx-last: yes\r\ncontent-length: 0\r\n\r\n";
+    let fill = "f".repeat(HEADER_BYTES_MAX - start.len() - end.len());
+    let mut buf = format!("{start}{fill}{end}").into_bytes();
+    assert_eq!(buf.len(), HEADER_BYTES_MAX);
+    buf.extend_from_slice(&[b'b'; 70_000]);
+    let head = parse_request_head(&buf).unwrap().unwrap();
+    assert_eq!(head.head_len, HEADER_BYTES_MAX);
+    assert_eq!(head.headers.get(&buf, "x-last"), Some(&b"yes"[..]));
+    assert_eq!(
+        head.headers.get(&buf, "x-fill").map(<[u8]>::len),
+        Some(fill.len())
+    );
+    let one_more = format!("{start}{fill}x{end}");
+    assert!(parse_request_head(one_more.as_bytes()).is_err());
+}
