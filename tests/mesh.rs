@@ -216,6 +216,50 @@ fn a_killed_gateway_is_declared_down_and_the_others_keep_sharing() {
 }
 
 #[test]
+fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
+    let mut mesh = Mesh::start(3);
+    let taught = teach(&mesh.gateways[0], 0..6);
+    for gateway in &mesh.gateways[1..] {
+        wait_applied(gateway, 6.0);
+    }
+    // D joins through B after the families were learned.
+    let port = free_port();
+    let late = start_gateway(&mesh.fleet, port, &mesh.mesh_ports[1..2]);
+    for gateway in mesh.gateways.iter().chain([&late]) {
+        assert!(wait_until(MEMBERSHIP_WAIT, || alive(gateway) == 3.0));
+    }
+    // A dies; before SWIM notices, D hears a delta of an unknown path said to come from A, so
+    // its repair asks A first, stalls, and moves on.
+    mesh.gateways[0].process.kill();
+    let batch = DeltaBatch {
+        model: kvgate::policy::model_hash("sim-model"),
+        worker_urls: vec![mesh.fleet.url(0)],
+        deltas: vec![Delta {
+            kind: wire::TreeKind::Token as i32,
+            path_hash: 0x5eed,
+            worker: 0,
+        }],
+    };
+    let a = format!("127.0.0.1:{}", mesh.mesh_ports[0]);
+    let frame = wire::frame(&a, Body::Deltas(batch));
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("mesh port");
+    stream.write_all(&wire::encode(&frame)).expect("write");
+    let repairs = |outcome: &str| {
+        late.metric(&format!(
+            "kvgate_mesh_repairs_total{{outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, || repairs("completed") >= 1.0),
+        "{}",
+        mesh_metrics(&late)
+    );
+    assert!(repairs("retried") >= 1.0, "{}", mesh_metrics(&late));
+    assert_eq!(repairs("abandoned"), 0.0);
+    assert_routes_like(&late, &taught, "late gateway");
+}
+
+#[test]
 fn a_paused_gateway_rejoins_after_sigcont() {
     let mesh = Mesh::start(3);
     let c = &mesh.gateways[2];

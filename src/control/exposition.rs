@@ -85,10 +85,11 @@ pub fn render_mesh(counters: &MeshCounters, out: &mut String) {
         out,
         name,
         "counter",
-        "Tree repairs by outcome: started, completed, abandoned",
+        "Tree repairs by outcome: started, retried (stalled 5 s), completed, abandoned",
     );
     for (label, counter) in [
         ("started", MeshCounter::RepairsStarted),
+        ("retried", MeshCounter::RepairsRetried),
         ("completed", MeshCounter::RepairsCompleted),
         ("abandoned", MeshCounter::RepairsAbandoned),
     ] {

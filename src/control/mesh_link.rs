@@ -433,6 +433,7 @@ impl Node {
         for outcome in self.repairs.check_stalls(&live, now) {
             match outcome {
                 StallOutcome::Retried(ask) => {
+                    self.link().counters.add(MeshCounter::RepairsRetried, 1);
                     tracing::debug!(model = ask.model, peer = %ask.peer, "mesh: repair retried");
                     self.ask(ask);
                 }

@@ -186,6 +186,8 @@ pub enum MeshCounter {
     DeltasDropped,
     /// Repairs begun (a delta named a path this gateway does not know).
     RepairsStarted,
+    /// Stalled repairs asked again (another peer when there is one).
+    RepairsRetried,
     /// Repairs that received their model's last page.
     RepairsCompleted,
     /// Repairs given up after their retries.
@@ -203,7 +205,7 @@ pub enum MeshCounter {
 }
 
 impl MeshCounter {
-    const COUNT: usize = 11;
+    const COUNT: usize = 12;
 }
 
 /// SWIM states of a peer, for the peers gauge.
