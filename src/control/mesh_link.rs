@@ -356,6 +356,7 @@ impl Node {
             model: ask.model,
             repair_id: ask.repair_id,
             after: ask.after,
+            epoch: ask.epoch,
         };
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairRequest(request))).into();
         // A request lost to a backed-up stream stalls, and the stall retries it.
@@ -363,9 +364,8 @@ impl Node {
     }
 
     fn serve_repair(&mut self, peer: SocketAddr, request: RepairRequest) {
-        let page = self
-            .known
-            .page(request.model, request.repair_id, request.after);
+        let (model, id) = (request.model, request.repair_id);
+        let page = self.known.page(model, id, request.epoch, request.after);
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairPage(page))).into();
         let _ = self.send(peer, bytes);
     }
@@ -404,9 +404,10 @@ impl Node {
             }
         }
         let now = Instant::now();
+        let mark = (page.epoch, page.next_after);
         match self
             .repairs
-            .on_page(page.model, page.repair_id, page.next_after, page.done, now)
+            .on_page(page.model, page.repair_id, mark, page.done, now)
         {
             PageOutcome::Stale => {}
             PageOutcome::Next(ask) => self.ask(ask),

@@ -7,6 +7,10 @@
 //! units: the oldest path goes first. Evictions of the trees are not mirrored (the spec shares
 //! inserts, not evictions); this map has its own bound.
 //!
+//! Each path carries a sequence number, renewed whenever it is learned or a holder is named: a
+//! repair pages through a model's paths in that order and the asker keeps, per peer and model,
+//! the last number it received, so the next repair from that peer sends only what is newer.
+//!
 //! Hashes agree across gateways because every seed is fixed: [`path_hash`] is xxh3 with
 //! [`PATH_HASH_SEED`], the token tree's pages are `index::page_hash` (fixed lane seeds), models
 //! and partitions are unseeded xxh3 of their ids. A per-process random seed would make crafted
@@ -17,7 +21,7 @@
 //! read back). Text paths cross only as their path hash: a repair names a text path's holders
 //! and a gateway applies them only to a text path it saw itself.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::Arc;
 
@@ -81,12 +85,19 @@ impl KnownPath {
     }
 }
 
-/// The known paths by (model, path hash), bounded.
+/// The known paths by (model, path hash), bounded, each with a sequence number: a path's number
+/// is renewed whenever it is learned or a holder is named, so a repair can resume from the last
+/// number a peer already has (`page`) and an incremental repair sends only what changed since.
+/// Numbers are this run's (`epoch`, random per start): a peer that restarted serves from 0.
 #[derive(Debug)]
 pub struct KnownPaths {
-    paths: BTreeMap<(u64, u64), KnownPath>,
-    /// Insertion order, for eviction.
-    order: VecDeque<(u64, u64)>,
+    paths: HashMap<(u64, u64), (KnownPath, u64)>,
+    /// (model, sequence number) → path hash: the repair order.
+    by_model: BTreeMap<(u64, u64), u64>,
+    /// Sequence number → (model, path hash): the eviction order, least recently named first.
+    by_seq: BTreeMap<u64, (u64, u64)>,
+    next_seq: u64,
+    epoch: u64,
     units: usize,
     paths_max: usize,
     units_max: usize,
@@ -96,12 +107,20 @@ impl KnownPaths {
     /// An empty map holding at most `paths_max` paths and `units_max` bytes of keys.
     pub fn new(paths_max: usize, units_max: usize) -> Self {
         KnownPaths {
-            paths: BTreeMap::new(),
-            order: VecDeque::new(),
+            paths: HashMap::new(),
+            by_model: BTreeMap::new(),
+            by_seq: BTreeMap::new(),
+            next_seq: 1,
+            epoch: fastrand::u64(1..),
             units: 0,
             paths_max,
             units_max,
         }
+    }
+
+    /// This run's numbering of paths.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Paths held.
@@ -128,8 +147,7 @@ impl KnownPaths {
     ) -> Option<u64> {
         let hash = path_hash(namespace, &key)?;
         let slot = (namespace.model, hash);
-        if let Some(known) = self.paths.get_mut(&slot) {
-            known.name(worker_url);
+        if self.name_holder(slot.0, slot.1, worker_url).is_some() {
             return Some(hash);
         }
         let mut known = KnownPath {
@@ -139,54 +157,73 @@ impl KnownPaths {
         };
         known.name(worker_url);
         self.units += known.units();
-        self.paths.insert(slot, known);
-        self.order.push_back(slot);
+        let seq = self.take_seq();
+        self.paths.insert(slot, (known, seq));
+        self.by_model.insert((slot.0, seq), slot.1);
+        self.by_seq.insert(seq, slot);
         self.evict();
         Some(hash)
     }
 
-    /// Names `worker_url` a holder of a known path; `None` when the path is unknown.
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Names `worker_url` a holder of a known path (renewing its number); `None` when the path
+    /// is unknown.
     pub fn name_holder(
         &mut self,
         model: u64,
         hash: u64,
         worker_url: &Arc<str>,
     ) -> Option<&KnownPath> {
-        let known = self.paths.get_mut(&(model, hash))?;
+        let seq = self.next_seq;
+        let (known, old) = self.paths.get_mut(&(model, hash))?;
         known.name(worker_url);
-        Some(known)
+        let old = std::mem::replace(old, seq);
+        self.next_seq += 1;
+        self.by_model.remove(&(model, old));
+        self.by_seq.remove(&old);
+        self.by_model.insert((model, seq), hash);
+        self.by_seq.insert(seq, (model, hash));
+        self.paths.get(&(model, hash)).map(|(known, _)| known)
     }
 
     /// The path, if known.
     pub fn get(&self, model: u64, hash: u64) -> Option<&KnownPath> {
-        self.paths.get(&(model, hash))
+        self.paths.get(&(model, hash)).map(|(known, _)| known)
     }
 
     fn evict(&mut self) {
         while self.paths.len() > self.paths_max || self.units > self.units_max {
-            let Some(oldest) = self.order.pop_front() else {
+            let Some((seq, slot)) = self.by_seq.pop_first() else {
                 return;
             };
-            if let Some(gone) = self.paths.remove(&oldest) {
+            self.by_model.remove(&(slot.0, seq));
+            if let Some((gone, _)) = self.paths.remove(&slot) {
                 self.units -= gone.units();
             }
         }
     }
 
-    /// One repair page of `model`'s paths, those hashed above `after` (all of them for 0).
-    pub fn page(&self, model: u64, repair_id: u64, after: u64) -> RepairPage {
-        let start = if after == 0 {
-            Bound::Included((model, 0))
-        } else {
-            Bound::Excluded((model, after))
-        };
+    /// One repair page of `model`'s paths numbered above `after` in `epoch` (from the first
+    /// when `epoch` is not this run's: the asker's mark is of an earlier run).
+    pub fn page(&self, model: u64, repair_id: u64, epoch: u64, after: u64) -> RepairPage {
+        let after = if epoch == self.epoch { after } else { 0 };
+        let start = Bound::Excluded((model, after));
         let mut urls = UrlList::default();
         let mut entries = Vec::new();
         let mut next_after = after;
         let mut range = self
-            .paths
+            .by_model
             .range((start, Bound::Included((model, u64::MAX))));
-        for (&(_, hash), known) in range.by_ref().take(MESH_REPAIR_PAGE_ENTRIES) {
+        for (&(_, seq), &hash) in range.by_ref().take(MESH_REPAIR_PAGE_ENTRIES) {
+            next_after = seq;
+            let Some((known, _)) = self.paths.get(&(model, hash)) else {
+                continue;
+            };
             let (kind, pages, block_size) = match &known.key {
                 KeyData::Text(_) => (wire::TreeKind::Text, Vec::new(), 0),
                 KeyData::Tokens(tokens) => (
@@ -205,7 +242,6 @@ impl KnownPaths {
                 block_size,
                 workers,
             });
-            next_after = hash;
         }
         RepairPage {
             model,
@@ -214,6 +250,7 @@ impl KnownPaths {
             entries,
             next_after,
             done: range.next().is_none(),
+            epoch: self.epoch,
         }
     }
 }

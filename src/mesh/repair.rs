@@ -1,5 +1,6 @@
 //! Repairs: a gateway that hears of a path it does not know asks one live peer for that model's
-//! paths, page by page (the spec's repair). The first ask goes to the peer whose delta named the
+//! paths, page by page (the spec's repair), resuming after the last path it received from that
+//! peer (`KnownPaths`'s sequence numbers): a later repair sends only what changed since. The first ask goes to the peer whose delta named the
 //! path when it is live (the spec says a random live peer; with three gateways that random peer
 //! has often heard the same delta and knows no more), retries to random others. One repair per model at a time. A repair resumes
 //! where its last page ended; one that makes no progress for `MESH_REPAIR_STALL` is retried,
@@ -21,8 +22,10 @@ pub struct Ask {
     pub model: u64,
     /// The repair's id (pages of older tries are ignored).
     pub repair_id: u64,
-    /// The last path hash received.
+    /// The last sequence number received from this peer for this model.
     pub after: u64,
+    /// The peer's epoch `after` counts in.
+    pub epoch: u64,
 }
 
 /// What a page meant for its repair.
@@ -54,17 +57,25 @@ struct Repair {
     id: u64,
     peer: SocketAddr,
     after: u64,
+    epoch: u64,
     progress_at: Instant,
     retries: u32,
     /// A delta named an unknown path while this repair ran.
     again: bool,
 }
 
+/// Marks kept (peer and model pairs); past it they are all forgotten and the next repairs start
+/// from the first path: a bound, not a case that arises with a handful of gateways and models.
+const MARKS_MAX: usize = 4096;
+
 /// The running repairs, by model.
 #[derive(Debug, Default)]
 pub struct Repairs {
     running: HashMap<u64, Repair>,
     next_id: u64,
+    /// Per peer and model: the epoch and last sequence number received, where the next repair
+    /// from that peer resumes.
+    marks: HashMap<(SocketAddr, u64), (u64, u64)>,
 }
 
 impl Repairs {
@@ -100,10 +111,12 @@ impl Repairs {
             _ => live[fastrand::usize(..live.len())],
         };
         self.next_id += 1;
+        let (epoch, after) = self.mark(peer, model);
         let repair = Repair {
             id: self.next_id,
             peer,
-            after: 0,
+            after,
+            epoch,
             progress_at: now,
             retries: 0,
             again: false,
@@ -112,12 +125,17 @@ impl Repairs {
         Some(ask(model, &repair))
     }
 
-    /// A page arrived for `model`: progress, the next request, or the end.
+    fn mark(&self, peer: SocketAddr, model: u64) -> (u64, u64) {
+        self.marks.get(&(peer, model)).copied().unwrap_or((0, 0))
+    }
+
+    /// A page arrived for `model`: progress, the next request, or the end. `epoch` and
+    /// `next_after` are where the sender's numbering stands after it.
     pub fn on_page(
         &mut self,
         model: u64,
         repair_id: u64,
-        next_after: u64,
+        (epoch, next_after): (u64, u64),
         done: bool,
         now: Instant,
     ) -> PageOutcome {
@@ -127,6 +145,11 @@ impl Repairs {
         if repair.id != repair_id {
             return PageOutcome::Stale;
         }
+        if self.marks.len() >= MARKS_MAX {
+            self.marks.clear();
+        }
+        self.marks.insert((repair.peer, model), (epoch, next_after));
+        repair.epoch = epoch;
         if done {
             let again = repair.again;
             self.running.remove(&model);
@@ -153,7 +176,13 @@ impl Repairs {
             let others: Vec<SocketAddr> =
                 live.iter().copied().filter(|p| *p != repair.peer).collect();
             let choices = if others.is_empty() { live } else { &others };
-            repair.peer = choices[fastrand::usize(..choices.len())];
+            let peer = choices[fastrand::usize(..choices.len())];
+            if peer != repair.peer {
+                // Another peer numbers its paths its own way: resume from its mark.
+                let (epoch, after) = self.marks.get(&(peer, model)).copied().unwrap_or((0, 0));
+                (repair.epoch, repair.after) = (epoch, after);
+                repair.peer = peer;
+            }
             self.next_id += 1;
             repair.id = self.next_id;
             repair.progress_at = now;
@@ -173,5 +202,6 @@ fn ask(model: u64, repair: &Repair) -> Ask {
         model,
         repair_id: repair.id,
         after: repair.after,
+        epoch: repair.epoch,
     }
 }

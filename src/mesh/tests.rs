@@ -135,8 +135,10 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
     let mut seen = Vec::new();
     let mut after = 0;
     let mut pages = 0;
+    let epoch = known.epoch();
     loop {
-        let page = known.page(1, 9, after);
+        let page = known.page(1, 9, epoch, after);
+        assert_eq!(page.epoch, epoch);
         pages += 1;
         assert_eq!(page.repair_id, 9);
         for entry in &page.entries {
@@ -162,7 +164,23 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
     expected.sort_unstable();
     seen.sort_unstable();
     assert_eq!(seen, expected);
-    let encoded = known.page(1, 9, 0).encode_to_vec();
+    // The next repair from this mark gets only what changed: two new paths, one newly named
+    // holder of an old one.
+    let new_a = known.learn(ns(1, 0), tokens(&[1 << 40]), &w).unwrap();
+    let new_b = known.learn(ns(1, 0), tokens(&[1 << 41]), &w).unwrap();
+    known.name_holder(1, expected[0], &url("http://other"));
+    let page = known.page(1, 10, epoch, after);
+    let mut changed: Vec<u64> = page.entries.iter().map(|e| e.path_hash).collect();
+    changed.sort_unstable();
+    let mut want = vec![new_a, new_b, expected[0]];
+    want.sort_unstable();
+    assert_eq!((changed, page.done), (want, true));
+    // A mark of another epoch (this gateway restarted) starts from the first path.
+    assert_eq!(
+        known.page(1, 11, epoch ^ 1, after).entries.len(),
+        MESH_REPAIR_PAGE_ENTRIES
+    );
+    let encoded = known.page(1, 9, 0, 0).encode_to_vec();
     assert!(!encoded.windows(6).any(|w| w == b"secret"));
 }
 
@@ -170,7 +188,7 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
 fn a_repair_entry_whose_pages_do_not_hash_to_its_path_is_refused() {
     let mut known = KnownPaths::new(10, 1 << 20);
     known.learn(ns(1, 0), tokens(&[1, 2]), &url("http://w"));
-    let mut page = known.page(1, 1, 0);
+    let mut page = known.page(1, 1, 0, 0);
     let entry = &mut page.entries[0];
     entry.pages[1] ^= 1;
     assert!(entry_key(&KnownPaths::new(1, 1), 1, entry).is_none());
@@ -360,12 +378,12 @@ fn a_stalled_repair_moves_to_another_peer_then_is_abandoned() {
         None,
         "one repair per model"
     );
-    // A page resumes the repair after its last hash.
-    let next = match repairs.on_page(5, first.repair_id, 42, false, t0) {
+    // A page resumes the repair after its last sequence number.
+    let next = match repairs.on_page(5, first.repair_id, (7, 42), false, t0) {
         PageOutcome::Next(ask) => ask,
         other => panic!("{other:?}"),
     };
-    assert_eq!((next.peer, next.after), (first.peer, 42));
+    assert_eq!((next.peer, next.epoch, next.after), (first.peer, 7, 42));
     assert!(repairs
         .check_stalls(&live, t0 + MESH_REPAIR_STALL / 2)
         .is_empty());
@@ -378,11 +396,13 @@ fn a_stalled_repair_moves_to_another_peer_then_is_abandoned() {
             panic!("retry {retry}: {outcomes:?}");
         };
         assert_ne!(ask.peer, peer, "another peer when there is one");
-        assert_eq!(ask.after, 42, "resumed where it stopped");
+        // Each peer numbers its own paths: the first resumes at 42, the other from its start.
+        let mark = if ask.peer == first.peer { 42 } else { 0 };
+        assert_eq!(ask.after, mark, "resumed at that peer's mark");
         peer = ask.peer;
         // A page of an older try is ignored.
         assert_eq!(
-            repairs.on_page(5, first.repair_id, 99, true, at),
+            repairs.on_page(5, first.repair_id, (7, 99), true, at),
             PageOutcome::Stale
         );
     }
@@ -392,18 +412,18 @@ fn a_stalled_repair_moves_to_another_peer_then_is_abandoned() {
         [StallOutcome::Abandoned(5)]
     );
     assert!(repairs.is_empty());
-    // The next unknown path starts it again.
-    let again = repairs.start(5, None, &live, at).unwrap();
-    assert_eq!(again.after, 0);
+    // The next unknown path starts it again, at the asked peer's mark.
+    let again = repairs.start(5, Some(first.peer), &live, at).unwrap();
+    assert_eq!((again.epoch, again.after), (7, 42));
     assert_eq!(
-        repairs.on_page(5, again.repair_id, 0, true, at),
+        repairs.on_page(5, again.repair_id, (7, 50), true, at),
         PageOutcome::Completed { again: false }
     );
     // An unknown path heard while a repair runs asks for one more repair when it completes.
     let ask = repairs.start(5, None, &live, at).unwrap();
     assert_eq!(repairs.start(5, None, &live, at), None);
     assert_eq!(
-        repairs.on_page(5, ask.repair_id, 0, true, at),
+        repairs.on_page(5, ask.repair_id, (7, 50), true, at),
         PageOutcome::Completed { again: true }
     );
 }
