@@ -29,7 +29,7 @@ use crate::limits::{
     MESH_KNOWN_BYTES_MAX, MESH_KNOWN_PATHS_MAX, MESH_PEER_QUEUE_FRAMES, MESH_ROUND,
 };
 use crate::mesh::membership::{Change, Membership};
-use crate::mesh::paths::{entry_key, Batched, DeltaRound, KnownPaths};
+use crate::mesh::paths::{entry_key, Batched, Change as PathChange, DeltaRound, KnownPaths};
 use crate::mesh::repair::{Ask, PageOutcome, Repairs, StallOutcome};
 use crate::mesh::wire::{self, frame::Body, DeltaBatch, Frame, RepairPage, RepairRequest};
 use crate::mesh::{
@@ -264,7 +264,7 @@ impl Node {
             let learned = self
                 .known
                 .learn(insert.namespace, insert.key, &insert.worker_url);
-            if let Some(hash) = learned {
+            if let Some((hash, _)) = learned {
                 if self.round.add(model, kind, hash, &insert.worker_url) == Batched::Full {
                     dropped += 1;
                 }
@@ -324,8 +324,10 @@ impl Node {
             if !is_shareable_worker(url) {
                 continue;
             }
+            // A known holder is inserted again all the same: the peer just dispatched there, and
+            // the insert refreshes the tree's recency (or restores what it evicted).
             match self.known.name_holder(batch.model, delta.path_hash, url) {
-                Some(path) => {
+                Some((path, _)) => {
                     let insert = RemoteInsert {
                         namespace: path.namespace,
                         key: path.key.clone(),
@@ -392,7 +394,12 @@ impl Node {
                 if !is_shareable_worker(url) {
                     continue;
                 }
-                self.known.learn(namespace, key.clone(), url);
+                let learned = self.known.learn(namespace, key.clone(), url);
+                // What this gateway knew already is in its trees (or was evicted from them on
+                // purpose): only news is inserted.
+                if !matches!(learned, Some((_, PathChange::News))) {
+                    continue;
+                }
                 let insert = RemoteInsert {
                     namespace,
                     key: key.clone(),

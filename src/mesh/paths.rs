@@ -7,7 +7,7 @@
 //! units: the oldest path goes first. Evictions of the trees are not mirrored (the spec shares
 //! inserts, not evictions); this map has its own bound.
 //!
-//! Each path carries a sequence number, renewed whenever it is learned or a holder is named: a
+//! Each path carries a sequence number, renewed when it is learned or gains a holder: a
 //! repair pages through a model's paths in that order and the asker keeps, per peer and model,
 //! the last number it received, so the next repair from that peer sends only what is newer.
 //!
@@ -78,15 +78,28 @@ impl KnownPath {
         }
     }
 
-    fn name(&mut self, worker_url: &Arc<str>) {
+    /// Names `worker_url` the most recent holder; whether it was not a holder before.
+    fn name(&mut self, worker_url: &Arc<str>) -> bool {
+        let before = self.tenants.len();
         self.tenants.retain(|t| t != worker_url);
+        let added = self.tenants.len() == before;
         self.tenants.insert(0, worker_url.clone());
         self.tenants.truncate(MESH_PATH_TENANTS_MAX);
+        added
     }
 }
 
+/// Whether learning a holder told this gateway something new.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// A new path, or a new holder of a known one.
+    News,
+    /// The worker already held the path here.
+    Known,
+}
+
 /// The known paths by (model, path hash), bounded, each with a sequence number: a path's number
-/// is renewed whenever it is learned or a holder is named, so a repair can resume from the last
+/// is renewed when it is learned or gains a holder, so a repair can resume from the last
 /// number a peer already has (`page`) and an incremental repair sends only what changed since.
 /// Numbers are this run's (`epoch`, random per start): a peer that restarted serves from 0.
 #[derive(Debug)]
@@ -138,17 +151,18 @@ impl KnownPaths {
         self.units
     }
 
-    /// Learns that `worker_url` holds `key`; returns its path hash (`None`: heads, not shared).
+    /// Learns that `worker_url` holds `key`; returns its path hash and whether that was news (a
+    /// new path or a new holder). `None`: heads, never shared.
     pub fn learn(
         &mut self,
         namespace: Namespace,
         key: KeyData,
         worker_url: &Arc<str>,
-    ) -> Option<u64> {
+    ) -> Option<(u64, Change)> {
         let hash = path_hash(namespace, &key)?;
         let slot = (namespace.model, hash);
-        if self.name_holder(slot.0, slot.1, worker_url).is_some() {
-            return Some(hash);
+        if let Some((_, change)) = self.name_holder(slot.0, slot.1, worker_url) {
+            return Some((hash, change));
         }
         let mut known = KnownPath {
             namespace,
@@ -162,7 +176,7 @@ impl KnownPaths {
         self.by_model.insert((slot.0, seq), slot.1);
         self.by_seq.insert(seq, slot);
         self.evict();
-        Some(hash)
+        Some((hash, Change::News))
     }
 
     fn take_seq(&mut self) -> u64 {
@@ -171,24 +185,30 @@ impl KnownPaths {
         seq
     }
 
-    /// Names `worker_url` a holder of a known path (renewing its number); `None` when the path
-    /// is unknown.
+    /// Names `worker_url` a holder of a known path; `None` when the path is unknown. A new
+    /// holder renews the path's number (the next repair sends it); a known one does not, or
+    /// paths would circle between gateways, each repair renewing what the last one sent.
     pub fn name_holder(
         &mut self,
         model: u64,
         hash: u64,
         worker_url: &Arc<str>,
-    ) -> Option<&KnownPath> {
+    ) -> Option<(&KnownPath, Change)> {
         let seq = self.next_seq;
         let (known, old) = self.paths.get_mut(&(model, hash))?;
-        known.name(worker_url);
-        let old = std::mem::replace(old, seq);
+        let old = if known.name(worker_url) {
+            std::mem::replace(old, seq)
+        } else {
+            let known = self.paths.get(&(model, hash)).map(|(known, _)| known)?;
+            return Some((known, Change::Known));
+        };
         self.next_seq += 1;
         self.by_model.remove(&(model, old));
         self.by_seq.remove(&old);
         self.by_model.insert((model, seq), hash);
         self.by_seq.insert(seq, (model, hash));
-        self.paths.get(&(model, hash)).map(|(known, _)| known)
+        let known = self.paths.get(&(model, hash)).map(|(known, _)| known)?;
+        Some((known, Change::News))
     }
 
     /// The path, if known.

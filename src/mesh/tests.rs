@@ -6,7 +6,7 @@ use clap::Parser;
 use prost::Message;
 
 use super::membership::{Change, Membership};
-use super::paths::{entry_key, path_hash, Batched, DeltaRound, KnownPaths};
+use super::paths::{entry_key, path_hash, Batched, Change as PathChange, DeltaRound, KnownPaths};
 use super::repair::{PageOutcome, Repairs, StallOutcome};
 use super::wire::{self, frame::Body, DeltaBatch, Frame, FrameError};
 use super::*;
@@ -93,7 +93,7 @@ fn known_paths_stay_within_their_bounds_oldest_first() {
     let mut known = KnownPaths::new(3, 1 << 20);
     let w = url("http://w0");
     let hashes: Vec<u64> = (0..5u64)
-        .map(|i| known.learn(ns(1, 0), tokens(&[i, i + 1]), &w).unwrap())
+        .map(|i| known.learn(ns(1, 0), tokens(&[i, i + 1]), &w).unwrap().0)
         .collect();
     assert_eq!(known.len(), 3);
     assert!(known.get(1, hashes[0]).is_none() && known.get(1, hashes[1]).is_none());
@@ -109,9 +109,18 @@ fn known_paths_stay_within_their_bounds_oldest_first() {
 #[test]
 fn holders_are_most_recent_first_and_bounded() {
     let mut known = KnownPaths::new(10, 1 << 20);
-    let hash = known
+    let (hash, change) = known
         .learn(ns(1, 0), tokens(&[9]), &url("http://a"))
         .unwrap();
+    assert_eq!(change, PathChange::News);
+    let again = known
+        .learn(ns(1, 0), tokens(&[9]), &url("http://a"))
+        .unwrap();
+    assert_eq!(
+        again,
+        (hash, PathChange::Known),
+        "a known holder is no news"
+    );
     for name in ["http://b", "http://c", "http://d", "http://e", "http://b"] {
         known.name_holder(1, hash, &url(name)).unwrap();
     }
@@ -128,7 +137,7 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
     let w = url("http://w");
     let n = MESH_REPAIR_PAGE_ENTRIES * 2 + 7;
     let mut expected: Vec<u64> = (0..n as u64)
-        .map(|i| known.learn(ns(1, 0), tokens(&[i]), &w).unwrap())
+        .map(|i| known.learn(ns(1, 0), tokens(&[i]), &w).unwrap().0)
         .collect();
     known.learn(ns(2, 0), tokens(&[1]), &w);
     known.learn(ns(1, 0), KeyData::Text(Arc::from("secret prompt")), &w);
@@ -166,9 +175,12 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
     assert_eq!(seen, expected);
     // The next repair from this mark gets only what changed: two new paths, one newly named
     // holder of an old one.
-    let new_a = known.learn(ns(1, 0), tokens(&[1 << 40]), &w).unwrap();
-    let new_b = known.learn(ns(1, 0), tokens(&[1 << 41]), &w).unwrap();
+    let new_a = known.learn(ns(1, 0), tokens(&[1 << 40]), &w).unwrap().0;
+    let new_b = known.learn(ns(1, 0), tokens(&[1 << 41]), &w).unwrap().0;
     known.name_holder(1, expected[0], &url("http://other"));
+    // A holder named again is no change: paths do not circle between gateways.
+    known.name_holder(1, expected[1], &w);
+    known.learn(ns(1, 0), tokens(&[5]), &w);
     let page = known.page(1, 10, epoch, after);
     let mut changed: Vec<u64> = page.entries.iter().map(|e| e.path_hash).collect();
     changed.sort_unstable();
