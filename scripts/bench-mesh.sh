@@ -7,6 +7,7 @@
 #   scripts/bench-mesh.sh [OUT_DIR]     (default target/bench-mesh; SKIP_BUILD=1 reuses the
 #                                        binaries; about 8 minutes on 2 cores)
 #   BIN=target/debug REQUESTS=200 SKIP_BUILD=1 scripts/bench-mesh.sh   (a quick check of the script)
+#   RESUME=1 ...: keep the runs whose report is in OUT_DIR, run the rest
 #
 # Workloads, sent as token ids (`--form generate-ids`: the token tree, whose paths cross the
 # mesh as page hashes; a text path crosses only as its hash, see ARCHITECTURE.md):
@@ -63,7 +64,9 @@ run() {
   local sim_args=()
   while [ "$1" != "--" ]; do sim_args+=("$1"); shift; done
   shift
-  local base=$((20000 + RANDOM % 20000))
+  if [ -n "${RESUME:-}" ] && [ -s "$out/$name.json" ]; then return 0; fi
+  # Below the ephemeral range (32768 and up), where outgoing connections could take a port.
+  local base=$((10000 + RANDOM % 20000))
   "$bin/sim-engine" --engines 8 --base-port "$base" "${sim_args[@]}" >"$work/sim.log" 2>&1 &
   pids+=($!)
   local workers=() i
@@ -121,7 +124,7 @@ EOF
   stop_all
 }
 
-: >"$out/summary.txt"
+[ -n "${RESUME:-}" ] || : >"$out/summary.txt"
 synthetic=(--synthetic --groups 64 --prompts-per-group 8 --system-prompt-len 2048
   --question-len 64 --output-len 16 --max-requests "$requests" --rate 40 --form generate-ids)
 mooncake=(--trace "$trace" --max-requests "$requests" --speedup 20 --form generate-ids)
