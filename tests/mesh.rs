@@ -1,7 +1,8 @@
 //! The mesh end to end: three (or four) `kvgate` processes on loopback in front of one
 //! `sim-engine` fleet, joined with `--enable-mesh`. A prefix one gateway learned routes to the
 //! same worker from the others; a gateway that joins late catches up by repair; a killed gateway
-//! is declared down and the rest keep sharing; a paused one (SIGSTOP) rejoins after SIGCONT; a
+//! is declared down and the rest keep sharing (a repair asked of it moves to another peer); a
+//! restarted one rejoins; a paused one (SIGSTOP) rejoins after SIGCONT; a
 //! flood of deltas leaves memory bounded; a newer message version is read.
 
 mod utils;
@@ -257,6 +258,31 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
     assert!(repairs("retried") >= 1.0, "{}", mesh_metrics(&late));
     assert_eq!(repairs("abandoned"), 0.0);
     assert_routes_like(&late, &taught, "late gateway");
+}
+
+#[test]
+fn a_restarted_gateway_rejoins_and_learns_again() {
+    let mut mesh = Mesh::start(3);
+    mesh.gateways[2].process.kill();
+    let a = &mesh.gateways[0];
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, || alive(a) == 1.0),
+        "{}",
+        mesh_metrics(a)
+    );
+    // The same address again, a newer incarnation: it wins the address and rejoins.
+    let port = mesh.mesh_ports[2];
+    let restarted = start_gateway(&mesh.fleet, port, &mesh.mesh_ports[..1]);
+    for gateway in mesh.gateways[..2].iter().chain([&restarted]) {
+        assert!(
+            wait_until(MEMBERSHIP_WAIT, || alive(gateway) == 2.0),
+            "{}",
+            mesh_metrics(gateway)
+        );
+    }
+    let taught = teach(a, 0..6);
+    wait_applied(&restarted, 6.0);
+    assert_routes_like(&restarted, &taught, "restarted gateway");
 }
 
 #[test]
