@@ -6,6 +6,9 @@
 //! no `.git`, not a repository) it is `unknown`, and the build still succeeds. The script reruns
 //! when HEAD moves (the HEAD file, the branch's ref, `packed-refs`), so the version follows commits;
 //! only paths that exist are watched, since a missing watched path would rerun it on every build.
+//!
+//! It also compiles `proto/mesh.proto` into prost types (`OUT_DIR/kvgate.mesh.rs`, included by
+//! `mesh::wire`): `protox` parses the file in Rust, so no `protoc` is needed on the build machine.
 
 use std::path::Path;
 use std::process::Command;
@@ -21,6 +24,23 @@ fn main() {
         }
     };
     println!("cargo:rustc-env=KVGATE_GIT_COMMIT={commit}");
+    // `tests/deploy.rs` compiles this file alone with rustc (no build dependencies) and
+    // `--cfg kvgate_commit_only` to check the commit logic outside a repository.
+    #[cfg(not(kvgate_commit_only))]
+    compile_protos();
+}
+
+/// Compiles the mesh's messages; a `.proto` that does not parse fails the build with its error.
+#[cfg(not(kvgate_commit_only))]
+fn compile_protos() {
+    println!("cargo:rerun-if-changed=proto/mesh.proto");
+    let descriptors = match protox::compile(["mesh.proto"], ["proto"]) {
+        Ok(descriptors) => descriptors,
+        Err(e) => panic!("proto/mesh.proto: {e}"),
+    };
+    if let Err(e) = prost_build::Config::new().compile_fds(descriptors) {
+        panic!("proto/mesh.proto: prost-build: {e}");
+    }
 }
 
 /// Asks cargo to rerun this script when HEAD or the branch it names changes.

@@ -16,6 +16,7 @@ use clap::{Parser, ValueEnum};
 
 use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
+use crate::mesh::{MeshArgs, MeshConfig};
 use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
@@ -168,6 +169,9 @@ pub struct Cli {
     /// Tokenizers, chat templates and the tokenization cache.
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
+    /// The mesh between gateways (`--enable-mesh`, `--mesh-*`).
+    #[command(flatten)]
+    pub mesh: MeshArgs,
 }
 
 /// The validated configuration every other module reads.
@@ -221,6 +225,8 @@ pub struct Config {
     /// hex digits): a request that arrives carrying it has looped back (508), while a chain of
     /// distinct kvgates still works.
     pub via_pseudonym: String,
+    /// The mesh between gateways (`--enable-mesh`); `None`: this gateway learns alone.
+    pub mesh: Option<MeshConfig>,
 }
 
 impl Config {
@@ -348,7 +354,18 @@ impl Config {
             startup_notices.extend(model.notes().iter().cloned());
         }
         let tokenizer_cache = tokenizer_cache(&cli.tokenizer, data_cores)?;
+        let mesh = cli.mesh.config()?;
+        let trees = cli.policy.policy == PolicyKind::CacheAware
+            && cli.policy.cache_index == crate::policy::CacheIndexKind::Tree;
+        if mesh.is_some() && !trees {
+            startup_notices.push(
+                "--enable-mesh shares only the string and token trees (cache_aware, --cache-index \
+                 tree): this gateway's membership runs, its routing state stays local"
+                    .to_string(),
+            );
+        }
         Ok(Config {
+            mesh,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,

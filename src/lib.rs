@@ -7,7 +7,7 @@
 //!
 //! 1. leaves: `limits`, `ids`, `error`, `copy`;
 //! 2. the domain, free of I/O: `config`, `request`, `index`, `policy`, `tokenize`, `workers`,
-//!    `metrics`;
+//!    `metrics`, `mesh`;
 //! 3. `shared`: the state published between threads and the messages on their channels;
 //! 4. the planes: `net` (HTTP/1.1 on sockets, for both), the data plane `http` and the control
 //!    plane `control`, which never import each other;
@@ -23,6 +23,7 @@ pub mod ids;
 pub mod index;
 pub mod kv_events;
 pub mod limits;
+pub mod mesh;
 pub mod metrics;
 pub mod net;
 pub mod policy;

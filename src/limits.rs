@@ -318,6 +318,41 @@ pub const URING_ENTRIES: u32 = 1024;
 /// HTTP status codes 100..=599 are counted exactly; anything else lands in one overflow slot.
 pub const STATUS_CODES_COUNTED: usize = 500;
 
+// ---- Mesh (gateway-to-gateway sync, `mesh` and `control::mesh_link`) ----
+
+/// Peers named on the command line: a mesh is a handful of gateways behind one balancer.
+pub const MESH_PEERS_MAX: usize = 64;
+/// One gossip round: deltas recorded in it go out at its end, batched per model. Short enough
+/// that a peer learns a prefix before the requests that share it arrive there.
+pub const MESH_ROUND: Duration = Duration::from_millis(100);
+/// Local inserts waiting for the next round (control core → mesh thread); full: dropped and
+/// counted, the control core never waits. A round at 50k dispatches/s needs 5,000.
+pub const MESH_OUTBOUND_QUEUE_CAPACITY: usize = 16_384;
+/// Peers' inserts waiting for the control core; full: dropped and counted.
+pub const MESH_INBOUND_QUEUE_CAPACITY: usize = 16_384;
+/// Deltas in one round over all models; the rest of a burst is dropped (counted).
+pub const MESH_ROUND_DELTAS_MAX: usize = 16_384;
+/// Encoded frames queued for one peer's stream; a stream that backs up past it drops batches
+/// (counted) instead of holding memory or blocking the round.
+pub const MESH_PEER_QUEUE_FRAMES: usize = 64;
+/// Largest frame a peer may send: a full round's batch (16k deltas of ~14 bytes) or a repair
+/// page of long token paths fits; a bigger length prefix closes the stream.
+pub const MESH_FRAME_BYTES_MAX: usize = 4 << 20;
+/// Paths the mesh knows by hash (its own dispatches and repaired ones); the oldest go first.
+pub const MESH_KNOWN_PATHS_MAX: usize = 262_144;
+/// Bytes of keys those paths hold (text bytes, 8 per page hash): bounds the map's memory.
+pub const MESH_KNOWN_BYTES_MAX: usize = 256 << 20;
+/// Workers named per known path, most recent first (a tree node's tenants, `MATCH_TENANTS_MAX`).
+pub const MESH_PATH_TENANTS_MAX: usize = 4;
+/// Paths in one repair page.
+pub const MESH_REPAIR_PAGE_ENTRIES: usize = 256;
+/// A repair without a page for this long is retried (the spec's 5 seconds).
+pub const MESH_REPAIR_STALL: Duration = Duration::from_secs(5);
+/// Retries of a stalled repair before it is abandoned (the spec's three).
+pub const MESH_REPAIR_RETRIES: u32 = 3;
+/// Peer inserts the control core applies per turn; the rest wait in the queue.
+pub const MESH_INSERTS_PER_TURN_MAX: usize = 4_096;
+
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
@@ -376,3 +411,7 @@ const _: () = assert!(TOKENIZE_INLINE_BYTES_DEFAULT <= READ_BUF_BYTES_INITIAL);
 // L0 at its default bound stays within a few hundred MiB.
 const _: () =
     assert!(TOKENIZER_CACHE_L0_ENTRIES_DEFAULT * TOKENIZER_L0_ENTRY_TOKENS_MAX * 4 <= 256 << 20);
+// A repair page of the longest token paths fits a frame: 256 paths of 2,048 pages.
+const _: () = assert!(MESH_REPAIR_PAGE_ENTRIES * 2048 * 8 <= MESH_FRAME_BYTES_MAX);
+const _: () = assert!(MESH_PATH_TENANTS_MAX <= MATCH_TENANTS_MAX);
+const _: () = assert!(MESH_INSERTS_PER_TURN_MAX <= MESH_INBOUND_QUEUE_CAPACITY);

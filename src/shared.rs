@@ -24,6 +24,7 @@ use crate::ids::WorkerId;
 use crate::index::ModelGauges;
 use crate::kv_events::{IndexGauges, StreamStats};
 use crate::limits::{ADMIN_QUEUE_CAPACITY, ATTEMPT_QUEUE_CAPACITY, DISPATCH_QUEUE_CAPACITY};
+use crate::mesh::MeshLink;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyMetrics, RecordKey};
 use crate::workers::admin::AdminRoute;
@@ -58,6 +59,9 @@ pub struct Shared {
     pub metrics: Metrics,
     /// Per-data-core cache_aware decision counters (`smg_cache_aware_*`).
     pub policy_metrics: Box<[Arc<PolicyMetrics>]>,
+    /// The mesh's queues and counters (`--enable-mesh`), shared by the control core and the
+    /// mesh thread; data cores never touch it.
+    pub mesh: Option<MeshLink>,
     shutdown: AtomicBool,
     started: Instant,
 }
@@ -82,6 +86,7 @@ impl Shared {
             admin_queue: ArrayQueue::new(ADMIN_QUEUE_CAPACITY),
             metrics: Metrics::new(cores),
             policy_metrics: (0..cores).map(|_| Arc::default()).collect(),
+            mesh: config.mesh.as_ref().map(|_| MeshLink::default()),
             shutdown: AtomicBool::new(false),
             started: Instant::now(),
             config,

@@ -22,6 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "tokenize",
             "workers",
             "metrics",
+            "mesh",
         ],
     ),
     ("shared", &["shared"]),

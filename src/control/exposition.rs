@@ -18,6 +18,7 @@ use crate::ids::WorkerId;
 use crate::index::ModelGauges;
 use crate::kv_events::{Failure, IndexGauges, Reset, StreamStats};
 use crate::limits::{HEADER_READ_TIMEOUT, READ_BUF_BYTES_INITIAL};
+use crate::mesh::{MeshCounter, MeshCounters, PeerState};
 use crate::net::codec::{self, Connection};
 use crate::net::socket::Socket;
 use crate::request::Method;
@@ -39,6 +40,97 @@ pub fn render(shared: &Shared, out: &mut String) {
         out,
     );
     render_worker_gauges(&shared.table, &shared.catalog.load(), out);
+    if let Some(link) = &shared.mesh {
+        render_mesh(&link.counters, out);
+    }
+}
+
+/// The mesh's families (`--enable-mesh`): peers by SWIM state, deltas, repairs, inserts from
+/// peers, bytes sent, and the gossip rounds' count and total duration (a summary's two series).
+pub fn render_mesh(counters: &MeshCounters, out: &mut String) {
+    let header = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    let name = "kvgate_mesh_peers";
+    header(
+        out,
+        name,
+        "gauge",
+        "Mesh peers by SWIM state (down: those still remembered)",
+    );
+    for state in [PeerState::Alive, PeerState::Suspect, PeerState::Down] {
+        let n = counters.peers(state);
+        let _ = writeln!(out, "{name}{{state=\"{}\"}} {n}", state.label());
+    }
+    let name = "kvgate_mesh_deltas_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Tree deltas: sent (per peer), received, dropped (a backed-up peer stream or a full queue)",
+    );
+    for (label, counter) in [
+        ("sent", MeshCounter::DeltasSent),
+        ("received", MeshCounter::DeltasReceived),
+        ("dropped", MeshCounter::DeltasDropped),
+    ] {
+        let _ = writeln!(
+            out,
+            "{name}{{outcome=\"{label}\"}} {}",
+            counters.get(counter)
+        );
+    }
+    let name = "kvgate_mesh_repairs_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Tree repairs by outcome: started, retried (stalled 5 s), completed, abandoned",
+    );
+    for (label, counter) in [
+        ("started", MeshCounter::RepairsStarted),
+        ("retried", MeshCounter::RepairsRetried),
+        ("completed", MeshCounter::RepairsCompleted),
+        ("abandoned", MeshCounter::RepairsAbandoned),
+    ] {
+        let _ = writeln!(
+            out,
+            "{name}{{outcome=\"{label}\"}} {}",
+            counters.get(counter)
+        );
+    }
+    for (name, kind, help, value) in [
+        (
+            "kvgate_mesh_inserts_applied_total",
+            "counter",
+            "Peers' tree inserts applied to this gateway's trees",
+            counters.get(MeshCounter::InsertsApplied),
+        ),
+        (
+            "kvgate_mesh_frames_malformed_total",
+            "counter",
+            "Mesh frames that did not decode (their stream was closed)",
+            counters.get(MeshCounter::FramesMalformed),
+        ),
+        (
+            "kvgate_mesh_sent_bytes_total",
+            "counter",
+            "Bytes of mesh frames queued to peers' streams",
+            counters.get(MeshCounter::BytesSent),
+        ),
+    ] {
+        header(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    let name = "kvgate_mesh_sync_round_duration_seconds";
+    header(out, name, "summary", "Duration of the mesh's gossip rounds");
+    let micros = counters.get(MeshCounter::SyncRoundMicros);
+    let _ = writeln!(out, "{name}_sum {}", micros as f64 / 1e6);
+    let _ = writeln!(
+        out,
+        "{name}_count {}",
+        counters.get(MeshCounter::SyncRounds)
+    );
 }
 
 /// `smg_cache_placement_entries` per model: the hash index's live heads after its last sweep.

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use crate::ids::WorkerId;
 use crate::index::hash::HashIndexWriter;
-use crate::index::IndexWriter;
+use crate::index::{IndexWriter, LookupHint, Namespace};
 use crate::limits::TREE_OVER_BUDGET_FACTOR;
 use crate::metrics::Counter;
 use crate::policy::{KeyData, PolicyConfig};
@@ -79,6 +79,35 @@ impl IndexUpkeep {
         };
         if let Err(e) = inserted {
             tracing::debug!("dispatch record dropped by the index: {e}");
+        }
+    }
+
+    /// A peer's insert (the mesh): the trees learn that `worker` holds `key`. Never broadcast
+    /// again, and never into the hash index (which the mesh does not share).
+    pub fn apply_remote(
+        &mut self,
+        namespace: Namespace,
+        key: &KeyData,
+        worker: WorkerId,
+        tick: u64,
+    ) -> bool {
+        let IndexWriters::Trees(trees) = &mut self.writer else {
+            return false;
+        };
+        let hint = LookupHint::default();
+        let inserted = match key {
+            KeyData::Text(text) => trees.insert_text_shared(namespace, text, worker, tick, &hint),
+            KeyData::Tokens(tokens) => {
+                trees.insert_tokens_shared(namespace, tokens, worker, tick, &hint)
+            }
+            KeyData::Heads(_) => return false,
+        };
+        match inserted {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!("peer insert dropped by the index: {e}");
+                false
+            }
         }
     }
 

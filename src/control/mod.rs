@@ -8,26 +8,35 @@
 //! admin calls, drains and purges), purges removed workers from the index, and keeps the index
 //! within budget; in tree mode it also runs the KV-event side (`kv_events`: subscriptions on
 //! their own thread, `kv_subscriber`, and the events they hand on, applied to the KV-event
-//! index). Beside the loop, `exposition` serves Prometheus `/metrics`.
+//! index). Beside the loop, `exposition` serves Prometheus `/metrics`. With `--enable-mesh`,
+//! `mesh_link` runs the mesh on a thread of its own: the control core queues its tree inserts
+//! for it (`MeshOut`) and applies the peers' inserts it queues back.
 
 pub mod exposition;
 pub mod index_upkeep;
 pub mod kv_events;
 pub mod kv_subscriber;
+pub mod mesh_link;
 pub mod monitor;
 pub mod probes;
 pub mod workers;
 
+use std::collections::HashMap;
 use std::net::TcpListener as StdTcpListener;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use monoio::net::TcpListener;
 
+use crate::ids::WorkerId;
 use crate::index::kv::KvIndexWriter;
 use crate::limits::CONTROL_TURN;
+use crate::limits::MESH_INSERTS_PER_TURN_MAX;
+use crate::mesh::{is_shareable_worker, tree_kind, LocalInsert, MeshCounter};
 use crate::metrics::Counter;
-use crate::shared::Shared;
+use crate::policy::MeshShare;
+use crate::shared::{DispatchRecord, Shared};
+use crate::workers::table::Roster;
 use index_upkeep::{IndexUpkeep, IndexWriters};
 use kv_events::KvEvents;
 use workers::WorkerDriver;
@@ -40,6 +49,37 @@ pub struct ControlCore {
     index: Option<IndexUpkeep>,
     /// The KV-event index and its subscriptions (cache_aware in tree mode).
     kv_events: Option<KvEvents>,
+    /// Worker URLs by id for the mesh (which names workers by URL), per published roster.
+    mesh_urls: MeshUrls,
+}
+
+/// The roster's URLs, rebuilt when the control core publishes a new roster.
+#[derive(Debug, Default)]
+struct MeshUrls {
+    roster: Option<Arc<Roster>>,
+    by_id: HashMap<WorkerId, Arc<str>>,
+    by_url: HashMap<Arc<str>, WorkerId>,
+}
+
+impl MeshUrls {
+    fn refresh(&mut self, shared: &Shared) {
+        let roster = shared.table.roster();
+        if self
+            .roster
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, &roster))
+        {
+            return;
+        }
+        self.by_id.clear();
+        self.by_url.clear();
+        for worker in &roster.workers {
+            let url: Arc<str> = Arc::from(worker.spec.url.as_str());
+            self.by_id.insert(worker.id, url.clone());
+            self.by_url.insert(url, worker.id);
+        }
+        self.roster = Some(Arc::clone(&roster));
+    }
 }
 
 impl ControlCore {
@@ -57,6 +97,7 @@ impl ControlCore {
             shared,
             index,
             kv_events,
+            mesh_urls: MeshUrls::default(),
         }
     }
 
@@ -75,6 +116,7 @@ impl ControlCore {
         let mut workers = WorkerDriver::new(&shared);
         while !shared.is_shutting_down() {
             self.drain_records();
+            self.apply_mesh_inserts();
             for id in workers.turn(&shared) {
                 if let Some(index) = &mut self.index {
                     index.purge_worker(id, &shared);
@@ -97,8 +139,10 @@ impl ControlCore {
     /// Applies every queued dispatch record.
     fn drain_records(&mut self) {
         let mut applied = 0u64;
-        for queue in self.shared.dispatch_queues.iter() {
+        let shared = self.shared.clone();
+        for queue in shared.dispatch_queues.iter() {
             while let Some(record) = queue.pop() {
+                self.share_with_mesh(&record);
                 if let Some(index) = &mut self.index {
                     index.apply_record(record, &self.shared);
                 }
@@ -109,5 +153,60 @@ impl ControlCore {
             let counters = self.shared.metrics.control();
             counters.add(Counter::DispatchRecordsApplied, applied);
         }
+    }
+
+    /// Queues a tree insert for the mesh's next gossip round (`--enable-mesh`): string and
+    /// token trees only, not KV-pressure picks, never a host-local worker. A full queue drops
+    /// it (counted); the control core never waits for the mesh.
+    fn share_with_mesh(&mut self, record: &DispatchRecord) {
+        let Some(link) = self.shared.mesh.as_ref() else {
+            return;
+        };
+        if self.index.is_none()
+            || record.key.mesh == MeshShare::Local
+            || tree_kind(&record.key.key).is_none()
+        {
+            return;
+        }
+        self.mesh_urls.refresh(&self.shared);
+        let Some(url) = self.mesh_urls.by_id.get(&record.worker) else {
+            return;
+        };
+        if !is_shareable_worker(url) {
+            return;
+        }
+        let insert = LocalInsert {
+            namespace: record.key.namespace,
+            key: record.key.key.clone(),
+            worker_url: url.clone(),
+        };
+        if link.outbound.push(insert).is_err() {
+            link.counters.add(MeshCounter::DeltasDropped, 1);
+        }
+    }
+
+    /// Applies the inserts peers taught the mesh, for workers this gateway routes to too.
+    fn apply_mesh_inserts(&mut self) {
+        let (Some(link), Some(index)) = (self.shared.mesh.as_ref(), self.index.as_mut()) else {
+            return;
+        };
+        if link.inbound.is_empty() {
+            return;
+        }
+        self.mesh_urls.refresh(&self.shared);
+        let tick = self.shared.tick_now();
+        let mut applied = 0;
+        for _ in 0..MESH_INSERTS_PER_TURN_MAX {
+            let Some(insert) = link.inbound.pop() else {
+                break;
+            };
+            let Some(&worker) = self.mesh_urls.by_url.get(&insert.worker_url) else {
+                continue;
+            };
+            if index.apply_remote(insert.namespace, &insert.key, worker, tick) {
+                applied += 1;
+            }
+        }
+        link.counters.add(MeshCounter::InsertsApplied, applied);
     }
 }

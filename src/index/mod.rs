@@ -653,6 +653,15 @@ impl TokenKey {
     }
 }
 
+/// A token key from page hashes a peer sent (the mesh's repair pages), computed with
+/// `block_size` tokens per page.
+pub fn token_key_of_pages(pages: &[u64], block_size: usize) -> TokenKey {
+    TokenKey {
+        pages: raw::buffer_of(pages),
+        block_size,
+    }
+}
+
 /// The dispatch record's key of `tokens`.
 pub fn token_key(tokens: &TokenPages) -> TokenKey {
     TokenKey {

@@ -36,7 +36,7 @@ pub use metrics::{render_prometheus, PolicyMetrics, TokenizerFigures, MATCH_RATI
 pub use placements::PLACEMENT_HALF_LIFE_MS;
 pub use prepared::{IndexKey, Lookup, Prepared};
 pub use recent::{RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};
-pub use record::{model_hash, KeyData, RecordKey};
+pub use record::{model_hash, KeyData, MeshShare, RecordKey};
 pub use router::{Router, WorkerView, LOG_TARGET};
 pub use simple::{
     consistent_hashing, least_load, power_of_two, prefix_hash, prefix_hash_key, random,

@@ -70,6 +70,9 @@ pub struct Prepared {
     /// Whether a decision for this request was counted in the branch counter: a retry selects
     /// again, but the request counts once (its first decision), as in SMG.
     pub(super) decision_counted: Cell<bool>,
+    /// The worker the last decision picked under KV pressure (step 2), if it did: that
+    /// dispatch's insert stays local (the spec does not broadcast KV-pressure inserts).
+    pub(super) kv_pressure_pick: Cell<Option<WorkerId>>,
 }
 
 impl Prepared {

@@ -45,6 +45,18 @@ pub struct RecordKey {
     /// Where the data core's lookup of the key ended: the control core's insert starts there
     /// while the hint is still valid (it checks), instead of comparing the prefix again.
     pub hint: LookupHint,
+    /// Whether the mesh may tell peers of this insert (`--enable-mesh`).
+    pub mesh: MeshShare,
+}
+
+/// Whether a tree insert is broadcast to the mesh's peers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MeshShare {
+    /// Broadcast (a decision of the string or token tree).
+    #[default]
+    Broadcast,
+    /// Kept local: the KV-pressure fallback's pick (the spec does not broadcast it).
+    Local,
 }
 
 /// The model half of a namespace: a hash of the model id.

@@ -32,7 +32,7 @@ use super::placements::Placements;
 use super::prepared::IndexKey;
 use super::prepared::{prompt_tokens, Lookup, Prepared};
 use super::recent::RecentDispatches;
-use super::record::{model_hash, KeyData, RecordKey};
+use super::record::{model_hash, KeyData, MeshShare, RecordKey};
 use super::{
     cache_aware, simple, Affinity, Branch, CacheIndexKind, Decision, PolicyConfig, PolicyKind,
     PolicyMetrics, TokenizerFigures, WorkerLoad, WorkerRing, WorkerStatus,
@@ -220,6 +220,7 @@ impl Router {
         extract(endpoint, body, headers, &mut prepared.input)?;
         prepared.now_ms = now_ms;
         prepared.decision_counted.set(false);
+        prepared.kv_pressure_pick.set(None);
         prepared.namespace = Namespace {
             model: model_hash(prepared.input.model()),
             partition: prepared.input.namespace().0,
@@ -504,6 +505,10 @@ impl Router {
             output_tokens: prepared.input.max_output_tokens(),
         };
         let decision = cache_aware::select(affinity, &self.statuses, config, size, &mut self.rng)?;
+        let pressed = decision.branch == Branch::KvPressure;
+        prepared
+            .kv_pressure_pick
+            .set(pressed.then_some(decision.worker));
         let (worker, model_id) = (self.ring.url(decision.worker), prepared.input.model());
         if let Some(Lookup::Blocks(blocks)) = &prepared.lookup {
             // KV-event decisions are logged, not counted (the branch counter covers the trees).
@@ -632,11 +637,18 @@ impl Router {
             self.announced_models.push(model);
             Some(Box::from(prepared.input.model()))
         };
+        // Step 2's KV-pressure picks are inserted here but not broadcast to the mesh.
+        let mesh = if prepared.kv_pressure_pick.get() == Some(worker) {
+            MeshShare::Local
+        } else {
+            MeshShare::Broadcast
+        };
         let record = RecordKey {
             namespace,
             key: KeyData::of(prepared.index_key()),
             model_name,
             hint,
+            mesh,
         };
         self.recent
             .push(namespace, record.key.clone(), worker, tick_ms);
@@ -737,6 +749,37 @@ mod tests {
     fn route_idle(router: &mut Router, urls: &[&str], prompt: &str) -> WorkerId {
         let body = serde_json::json!({"model": "m", "prompt": prompt}).to_string();
         prepare_and_route_idle(router, urls, (Endpoint::Completions, &body), 10).0
+    }
+
+    #[test]
+    fn a_kv_pressure_pick_is_recorded_but_not_broadcast_to_the_mesh() {
+        let args = PolicyArgs {
+            overload_token_usage_threshold: Some(0.9),
+            ..PolicyArgs::default()
+        };
+        let config = args.validate().unwrap();
+        let mut router = Router::new(config, 5, None, Arc::new(PolicyMetrics::default()));
+        let urls = ["http://w0", "http://w1"];
+        let body = br#"{"model":"m","prompt":"a prompt long enough to be a key"}"#;
+        for (hottest, share) in [(0.95, MeshShare::Local), (0.5, MeshShare::Broadcast)] {
+            let prepared = prepare(&mut router, Endpoint::Completions, body, 10);
+            let workers = urls
+                .iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), *url));
+            let status_of = |id: WorkerId| WorkerStatus {
+                eligible: true,
+                load: Some(crate::policy::WorkerLoad {
+                    token_usage: if id.index() == 0 { hottest } else { 0.1 },
+                    gen_throughput: 1000.0,
+                    ..Default::default()
+                }),
+                ..WorkerStatus::default()
+            };
+            let worker = router.choose(&prepared, workers, status_of).unwrap();
+            let record = router.record(&prepared, worker, 10).unwrap();
+            assert_eq!(record.mesh, share, "hottest worker at {hottest}");
+        }
     }
 
     #[test]

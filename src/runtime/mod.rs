@@ -27,6 +27,7 @@ use monoio::net::TcpListener;
 
 use crate::config::{Config, PolicyKind};
 use crate::control::index_upkeep::IndexWriters;
+use crate::control::mesh_link::{self, MeshSockets};
 use crate::control::ControlCore;
 use crate::http::core::DataCore;
 use crate::http::server::serve_connection;
@@ -173,6 +174,15 @@ pub fn run(config: Config) -> Result<(), StartError> {
                 "cannot listen on {addr} (--prometheus-host/--prometheus-port): {e}"
             ))
         })?;
+    let mesh_sockets = match &config.mesh {
+        Some(mesh) => Some(MeshSockets::bind(mesh).map_err(|e| {
+            let addr = mesh.bind_addr;
+            StartError(format!(
+                "cannot listen on {addr}, UDP and TCP (--mesh-host/--mesh-port): {e}"
+            ))
+        })?),
+        None => None,
+    };
     let listen_addr = listeners[0].local_addr().unwrap_or(config.listen_addr);
     let driver = if monoio::utils::detect_uring() {
         "io_uring"
@@ -187,6 +197,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
         Some(tokenizer_pool::start()?)
     };
     let shared = Arc::new(Shared::new(config));
+    if let (Some(sockets), Some(mesh)) = (mesh_sockets, shared.config.mesh.clone()) {
+        let shared_m = shared.clone();
+        spawn_named("kvgate-mesh".into(), move || {
+            mesh_link::run(sockets, mesh, shared_m)
+        })?;
+    }
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let cores = CoreParts {

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The mesh's benchmark (issue 20): cache hit rate and TTFT when replay spreads requests round
+# robin over 1, 2 and 4 gateways (`replay --gateway URL1,URL2,...`), without and with
+# --enable-mesh, on 8 simulated engines; and the mesh's cost per 1,000 dispatches: bytes its
+# frames put on the wire and CPU of the gateways' kvgate-mesh and kvgate-control threads.
+#
+#   scripts/bench-mesh.sh [OUT_DIR]     (default target/bench-mesh; SKIP_BUILD=1 reuses the
+#                                        binaries; about 8 minutes on 2 cores)
+#   BIN=target/debug REQUESTS=200 SKIP_BUILD=1 scripts/bench-mesh.sh   (a quick check of the script)
+#   RESUME=1 ...: keep the runs whose report is in OUT_DIR, run the rest
+#
+# Workloads, sent as token ids (`--form generate-ids`: the token tree, whose paths cross the
+# mesh as page hashes; a text path crosses only as its hash, see ARCHITECTURE.md):
+#   shared-prefix  64 groups of 2,048-token system prompts, 8 conversations each, 64-token
+#                  questions, Poisson 40 req/s, 2,000 requests, 65,536 KV tokens per engine.
+#   mooncake       the first 2,000 rows of the Mooncake conversation trace paced 20x, engines
+#                  simulated 20x faster, 2,097,152 KV tokens per engine.
+# Each run writes OUT_DIR/NAME.json (replay's report) and one line of OUT_DIR/summary.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-target/bench-mesh}"
+mkdir -p "$out"
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release --workspace --bins
+bin="${BIN:-target/release}"
+requests="${REQUESTS:-2000}"
+trace=../shared/traces/mooncake_conversation_trace.jsonl
+work="$(mktemp -d)"
+pids=()
+stop_all() {
+  local pid
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_all; rm -rf "$work"' EXIT
+
+wait_port() {
+  for _ in $(seq 200); do
+    (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "Error: nothing listens on port $1 after 20 s" >&2
+  return 1
+}
+
+metric() { # PORT SERIES: the series' value in that gateway's /metrics (0 when absent)
+  curl -s "http://127.0.0.1:$1/metrics" | awk -v s="$2" '$1 == s { print $2; found = 1 } END { if (!found) print 0 }'
+}
+
+thread_ticks() { # PID NAME: CPU clock ticks (user + system) of the process's threads named NAME
+  local total=0 task
+  for task in /proc/"$1"/task/*; do
+    if [ "$(cat "$task/comm" 2>/dev/null)" = "$2" ]; then
+      total=$((total + $(awk '{ print $14 + $15 }' "$task/stat")))
+    fi
+  done
+  echo "$total"
+}
+
+# run NAME GATEWAYS MESH(on|off) SIM_ARGS -- REPLAY_ARGS...
+run() {
+  local name="$1" n="$2" mesh="$3"
+  shift 3
+  local sim_args=()
+  while [ "$1" != "--" ]; do sim_args+=("$1"); shift; done
+  shift
+  if [ -n "${RESUME:-}" ] && [ -s "$out/$name.json" ]; then return 0; fi
+  # Below the ephemeral range (32768 and up), where outgoing connections could take a port.
+  local base=$((10000 + RANDOM % 20000))
+  "$bin/sim-engine" --engines 8 --base-port "$base" "${sim_args[@]}" >"$work/sim.log" 2>&1 &
+  pids+=($!)
+  local workers=() i
+  for i in $(seq 0 7); do workers+=("http://127.0.0.1:$((base + i))"); wait_port $((base + i)); done
+  local urls=() metrics_ports=() gw_pids=() first_mesh=$((base + 100))
+  for i in $(seq 0 $((n - 1))); do
+    local port=$((base + 200 + i)) mport=$((base + 300 + i)) meshport=$((base + 100 + i))
+    local args=(--host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1
+      --prometheus-port "$mport" --data-cores 1 --log-level warn --worker-urls "${workers[@]}")
+    if [ "$mesh" = on ]; then
+      args+=(--enable-mesh --mesh-host 127.0.0.1 --mesh-port "$meshport")
+      [ "$i" -gt 0 ] && args+=(--mesh-peer-urls "127.0.0.1:$first_mesh")
+    fi
+    "$bin/kvgate" "${args[@]}" >"$work/kvgate-$i.log" 2>&1 &
+    pids+=($!)
+    gw_pids+=($!)
+    urls+=("http://127.0.0.1:$port")
+    metrics_ports+=("$mport")
+  done
+  for i in $(seq 0 $((n - 1))); do wait_port $((base + 200 + i)); done
+  if [ "$mesh" = on ]; then
+    for mport in "${metrics_ports[@]}"; do
+      for _ in $(seq 300); do
+        [ "$(metric "$mport" 'kvgate_mesh_peers{state="alive"}')" = "$((n - 1))" ] && break
+        sleep 0.1
+      done
+    done
+  fi
+  local ticks_before=0 pid
+  for pid in "${gw_pids[@]}"; do
+    ticks_before=$((ticks_before + $(thread_ticks "$pid" kvgate-mesh) + $(thread_ticks "$pid" kvgate-control)))
+  done
+  echo "== $name: replay --gateway $(IFS=,; echo "${urls[*]}") $*" >&2
+  "$bin/replay" --gateway "$(IFS=,; echo "${urls[*]}")" "$@" --no-progress \
+    --out "$out/$name.json" --plot "$out/$name.svg" >"$out/$name.txt"
+  local ticks_after=0 bytes=0 dispatches=0
+  for pid in "${gw_pids[@]}"; do
+    ticks_after=$((ticks_after + $(thread_ticks "$pid" kvgate-mesh) + $(thread_ticks "$pid" kvgate-control)))
+  done
+  for mport in "${metrics_ports[@]}"; do
+    bytes=$(awk -v a="$bytes" -v b="$(metric "$mport" kvgate_mesh_sent_bytes_total)" 'BEGIN { print a + b }')
+    dispatches=$(awk -v a="$dispatches" -v b="$(metric "$mport" kvgate_dispatch_records_applied_total)" 'BEGIN { print a + b }')
+  done
+  python3 - "$out/$name.json" "$name" "$n" "$mesh" "$bytes" "$dispatches" \
+    "$((ticks_after - ticks_before))" "$(getconf CLK_TCK)" <<'EOF' | tee -a "$out/summary.txt"
+import json, sys
+path, name, n, mesh, sent, dispatches, ticks, hz = sys.argv[1:]
+r = json.load(open(path))
+d = max(float(dispatches), 1.0)
+print(f"{name:28s} gateways {n} mesh {mesh:3s} hit {r['cache_hit_rate']:.1%} "
+      f"TTFT p50 {r['ttft_ms']['p50']:.0f} p99 {r['ttft_ms']['p99']:.0f} ms "
+      f"errors {r.get('errors', 0)}  per 1k dispatches: {float(sent) / d:.0f} kB sent, "
+      f"control+mesh CPU {int(ticks) / int(hz) * 1000 / d * 1000:.0f} ms")
+EOF
+  stop_all
+}
+
+[ -n "${RESUME:-}" ] || : >"$out/summary.txt"
+synthetic=(--synthetic --groups 64 --prompts-per-group 8 --system-prompt-len 2048
+  --question-len 64 --output-len 16 --max-requests "$requests" --rate 40 --form generate-ids)
+mooncake=(--trace "$trace" --max-requests "$requests" --speedup 20 --form generate-ids)
+for config in "1 off" "2 off" "2 on" "4 off" "4 on"; do
+  set -- $config
+  run "shared-prefix-$1gw-mesh-$2" "$1" "$2" --kv-capacity-tokens 65536 --speedup 1 -- \
+    "${synthetic[@]}"
+done
+for config in "1 off" "2 off" "2 on" "4 off" "4 on"; do
+  set -- $config
+  run "mooncake-$1gw-mesh-$2" "$1" "$2" --kv-capacity-tokens 2097152 --speedup 20 -- \
+    "${mooncake[@]}"
+done
+cat "$out/summary.txt"

@@ -1,0 +1,288 @@
+//! The mesh: several gateways that share what their string and token trees learn (the spec's
+//! "Mesh State Synchronization"). This module is the mesh's logic without I/O; the thread that
+//! runs it, its sockets and its runtime are `control::mesh_link`.
+//!
+//! - [`MeshArgs`] / [`MeshConfig`]: SMG's flags (`--enable-mesh`, `--mesh-host`, `--mesh-port`,
+//!   `--mesh-advertise-host`, `--mesh-peer-urls`, `--mesh-server-name`) and their validation.
+//! - [`membership`]: who the peers are and whether they are alive, from foca (SWIM): joins,
+//!   leaves, suspicion, failure, a restarted or paused gateway rejoining under a new incarnation.
+//! - [`wire`]: the prost messages of `proto/mesh.proto` and their length-prefixed framing.
+//! - [`paths`]: the paths this gateway knows by hash (its own dispatches and what repairs
+//!   taught it), the deltas of a gossip round, and the pages a repair serves.
+//! - [`repair`]: one repair at a time per model: resumable, retried, abandoned.
+//! - [`MeshLink`]: what the control core and the mesh thread share: two bounded queues (local
+//!   inserts out, peers' inserts in) and the counters; a full queue drops and counts, never
+//!   waits.
+//!
+//! Errors: a frame that does not decode is dropped and counted; a peer that cannot be reached
+//! is SWIM's business (it is suspected, then declared down). Nothing here answers a client.
+
+pub mod membership;
+pub mod paths;
+pub mod repair;
+pub mod wire;
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use clap::Args;
+use crossbeam_queue::ArrayQueue;
+
+use crate::error::FlagError;
+use crate::index::{Namespace, TreeKind};
+use crate::limits::{MESH_INBOUND_QUEUE_CAPACITY, MESH_OUTBOUND_QUEUE_CAPACITY, MESH_PEERS_MAX};
+use crate::policy::KeyData;
+
+/// SMG's default mesh port.
+pub const MESH_PORT_DEFAULT: u16 = 39527;
+
+/// The mesh flags, as clap parses them (SMG's names and defaults).
+#[derive(Debug, Clone, Args)]
+pub struct MeshArgs {
+    /// Share tree inserts with other gateways (mesh HA). Off: this gateway learns alone.
+    #[arg(long = "enable-mesh")]
+    pub enable_mesh: bool,
+    /// Address the mesh listens on (UDP for membership, TCP for deltas and repairs).
+    #[arg(long = "mesh-host", default_value = "0.0.0.0")]
+    pub mesh_host: String,
+    /// Port the mesh listens on, UDP and TCP.
+    #[arg(long = "mesh-port", default_value_t = MESH_PORT_DEFAULT)]
+    pub mesh_port: u16,
+    /// Address peers reach this gateway at; default: --mesh-host, or 127.0.0.1 when that is an
+    /// unspecified address (0.0.0.0, ::).
+    #[arg(long = "mesh-advertise-host")]
+    pub mesh_advertise_host: Option<String>,
+    /// Gateways to join at start, `HOST:PORT` (their mesh ports); the rest are learned from them.
+    #[arg(long = "mesh-peer-urls", num_args = 0.., value_name = "HOST:PORT")]
+    pub mesh_peer_urls: Vec<String>,
+    /// This gateway's name in the mesh's logs; default: its advertised `host:port`.
+    #[arg(long = "mesh-server-name")]
+    pub mesh_server_name: Option<String>,
+}
+
+/// The validated mesh configuration (present only with `--enable-mesh`).
+#[derive(Clone, Debug)]
+pub struct MeshConfig {
+    /// Where the mesh binds (UDP and TCP).
+    pub bind_addr: SocketAddr,
+    /// Where peers reach this gateway.
+    pub advertise_addr: SocketAddr,
+    /// Gateways to announce to at start and while they are not alive.
+    pub peers: Vec<SocketAddr>,
+    /// This gateway's name in logs.
+    pub server_name: String,
+}
+
+impl MeshArgs {
+    /// The mesh configuration, `None` without `--enable-mesh`.
+    pub fn config(&self) -> Result<Option<MeshConfig>, FlagError> {
+        if !self.enable_mesh {
+            return Ok(None);
+        }
+        if self.mesh_port == 0 {
+            return Err(FlagError::new("--mesh-port", "must be 1..=65535"));
+        }
+        let bind_addr = resolve("--mesh-host", &self.mesh_host, self.mesh_port)?;
+        let advertise_addr = match &self.mesh_advertise_host {
+            Some(host) => resolve("--mesh-advertise-host", host, self.mesh_port)?,
+            None if bind_addr.ip().is_unspecified() => {
+                SocketAddr::from(([127, 0, 0, 1], self.mesh_port))
+            }
+            None => bind_addr,
+        };
+        if self.mesh_peer_urls.len() > MESH_PEERS_MAX {
+            let message = format!("at most {MESH_PEERS_MAX} peers");
+            return Err(FlagError::new("--mesh-peer-urls", message));
+        }
+        let mut peers = Vec::with_capacity(self.mesh_peer_urls.len());
+        for url in &self.mesh_peer_urls {
+            let peer = resolve_peer(url)?;
+            if peer != advertise_addr && !peers.contains(&peer) {
+                peers.push(peer);
+            }
+        }
+        let server_name = match &self.mesh_server_name {
+            Some(name) if name.trim().is_empty() => {
+                return Err(FlagError::new("--mesh-server-name", "must not be empty"));
+            }
+            Some(name) => name.clone(),
+            None => advertise_addr.to_string(),
+        };
+        Ok(Some(MeshConfig {
+            bind_addr,
+            advertise_addr,
+            peers,
+            server_name,
+        }))
+    }
+}
+
+fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
+    let mut addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| FlagError::new(flag, format!("{host}: {e}")))?;
+    addrs
+        .next()
+        .ok_or_else(|| FlagError::new(flag, format!("{host}: no address")))
+}
+
+fn resolve_peer(url: &str) -> Result<SocketAddr, FlagError> {
+    let flag = "--mesh-peer-urls";
+    let Some((host, port)) = url.rsplit_once(':') else {
+        return Err(FlagError::new(flag, format!("{url}: expected HOST:PORT")));
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match port.parse::<u16>() {
+        Ok(port) if port > 0 => resolve(flag, host, port),
+        _ => Err(FlagError::new(flag, format!("{url}: bad port"))),
+    }
+}
+
+/// Whether a worker may be named to peers: host-local workers (`ipc://`) never are.
+pub fn is_shareable_worker(url: &str) -> bool {
+    !url.starts_with("ipc://")
+}
+
+/// A tree insert this gateway made, for the mesh to broadcast (control core → mesh thread).
+#[derive(Clone, Debug)]
+pub struct LocalInsert {
+    /// Model and partition.
+    pub namespace: Namespace,
+    /// The inserted key (text or page hashes), shared with the record: no copy.
+    pub key: KeyData,
+    /// The worker, by URL.
+    pub worker_url: Arc<str>,
+}
+
+/// A tree insert a peer taught this gateway (mesh thread → control core).
+#[derive(Clone, Debug)]
+pub struct RemoteInsert {
+    /// Model and partition.
+    pub namespace: Namespace,
+    /// The path to insert.
+    pub key: KeyData,
+    /// The worker, by URL; the control core inserts it only if it routes to that URL too.
+    pub worker_url: Arc<str>,
+}
+
+/// The mesh's counters, one set per gateway (written by the mesh thread and the control core).
+#[derive(Debug, Default)]
+pub struct MeshCounters {
+    counts: [AtomicU64; MeshCounter::COUNT],
+    /// Peers by SWIM state, published each round.
+    peers: [AtomicU64; 3],
+}
+
+/// The mesh's counters (`kvgate_mesh_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MeshCounter {
+    /// Deltas sent, counted once per delta and peer.
+    DeltasSent,
+    /// Deltas received from peers.
+    DeltasReceived,
+    /// Deltas not delivered: a batch dropped because a peer's stream was backed up, or an
+    /// insert the control core's queue had no room for.
+    DeltasDropped,
+    /// Repairs begun (a delta named a path this gateway does not know).
+    RepairsStarted,
+    /// Stalled repairs asked again (another peer when there is one).
+    RepairsRetried,
+    /// Repairs that received their model's last page.
+    RepairsCompleted,
+    /// Repairs given up after their retries.
+    RepairsAbandoned,
+    /// Peers' inserts the control core applied to its trees.
+    InsertsApplied,
+    /// Frames that did not decode.
+    FramesMalformed,
+    /// Bytes of frames sent.
+    BytesSent,
+    /// Gossip rounds run.
+    SyncRounds,
+    /// Total duration of the gossip rounds, microseconds.
+    SyncRoundMicros,
+}
+
+impl MeshCounter {
+    const COUNT: usize = 12;
+}
+
+/// SWIM states of a peer, for the peers gauge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PeerState {
+    /// Answering probes.
+    Alive,
+    /// Missed a probe; not yet declared down.
+    Suspect,
+    /// Declared down (or left).
+    Down,
+}
+
+impl PeerState {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            PeerState::Alive => "alive",
+            PeerState::Suspect => "suspect",
+            PeerState::Down => "down",
+        }
+    }
+}
+
+impl MeshCounters {
+    /// Adds `n` to `counter`.
+    pub fn add(&self, counter: MeshCounter, n: u64) {
+        self.counts[counter as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The value of `counter`.
+    pub fn get(&self, counter: MeshCounter) -> u64 {
+        self.counts[counter as usize].load(Ordering::Relaxed)
+    }
+
+    /// Publishes how many peers are in each state.
+    pub fn set_peers(&self, alive: u64, suspect: u64, down: u64) {
+        for (slot, n) in self.peers.iter().zip([alive, suspect, down]) {
+            slot.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Peers in `state`.
+    pub fn peers(&self, state: PeerState) -> u64 {
+        self.peers[state as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// What the control core and the mesh thread share.
+#[derive(Debug)]
+pub struct MeshLink {
+    /// This gateway's inserts, for the next gossip round.
+    pub outbound: ArrayQueue<LocalInsert>,
+    /// Peers' inserts, for the control core to apply.
+    pub inbound: ArrayQueue<RemoteInsert>,
+    /// The counters.
+    pub counters: MeshCounters,
+}
+
+impl Default for MeshLink {
+    fn default() -> Self {
+        MeshLink {
+            outbound: ArrayQueue::new(MESH_OUTBOUND_QUEUE_CAPACITY),
+            inbound: ArrayQueue::new(MESH_INBOUND_QUEUE_CAPACITY),
+            counters: MeshCounters::default(),
+        }
+    }
+}
+
+/// The tree kind of a key, `None` for the hash index's heads (never shared).
+pub fn tree_kind(key: &KeyData) -> Option<TreeKind> {
+    match key {
+        KeyData::Text(_) => Some(TreeKind::Text),
+        KeyData::Tokens(_) => Some(TreeKind::Tokens),
+        KeyData::Heads(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

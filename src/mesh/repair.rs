@@ -1,0 +1,207 @@
+//! Repairs: a gateway that hears of a path it does not know asks one live peer for that model's
+//! paths, page by page (the spec's repair), resuming after the last path it received from that
+//! peer (`KnownPaths`'s sequence numbers): a later repair sends only what changed since. The first ask goes to the peer whose delta named the
+//! path when it is live (the spec says a random live peer; with three gateways that random peer
+//! has often heard the same delta and knows no more), retries to random others. One repair per model at a time. A repair resumes
+//! where its last page ended; one that makes no progress for `MESH_REPAIR_STALL` is retried,
+//! preferably with another peer, up to `MESH_REPAIR_RETRIES` times, then abandoned until the
+//! next unknown path. Pure state: the caller sends the requests and counts.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use crate::limits::{MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
+
+/// A request to send: ask `peer` for `model`'s page after `after`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    /// The peer asked.
+    pub peer: SocketAddr,
+    /// The model.
+    pub model: u64,
+    /// The repair's id (pages of older tries are ignored).
+    pub repair_id: u64,
+    /// The last sequence number received from this peer for this model.
+    pub after: u64,
+    /// The peer's epoch `after` counts in.
+    pub epoch: u64,
+}
+
+/// What a page meant for its repair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageOutcome {
+    /// Not the page of a running repair (late, or of an abandoned try): ignored.
+    Stale,
+    /// More pages follow: ask for the next.
+    Next(Ask),
+    /// The model's last page. `again`: a delta named an unknown path while it ran, and the
+    /// peer may have served its pages before it learned that path: the caller repairs again.
+    Completed {
+        /// Repair once more.
+        again: bool,
+    },
+}
+
+/// What a stall check decided for one repair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallOutcome {
+    /// Asked again (another peer when there is one).
+    Retried(Ask),
+    /// Out of retries, or no live peer: given up.
+    Abandoned(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Repair {
+    id: u64,
+    peer: SocketAddr,
+    after: u64,
+    epoch: u64,
+    progress_at: Instant,
+    retries: u32,
+    /// A delta named an unknown path while this repair ran.
+    again: bool,
+}
+
+/// Marks kept (peer and model pairs); past it they are all forgotten and the next repairs start
+/// from the first path: a bound, not a case that arises with a handful of gateways and models.
+const MARKS_MAX: usize = 4096;
+
+/// The running repairs, by model.
+#[derive(Debug, Default)]
+pub struct Repairs {
+    running: HashMap<u64, Repair>,
+    next_id: u64,
+    /// Per peer and model: the epoch and last sequence number received, where the next repair
+    /// from that peer resumes.
+    marks: HashMap<(SocketAddr, u64), (u64, u64)>,
+}
+
+impl Repairs {
+    /// Repairs running.
+    pub fn len(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Whether none runs.
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+
+    /// Starts `model`'s repair, unless one runs or no peer is live: with `named_by`, the live
+    /// peer whose delta named the unknown path (it knows that path; a random peer may have
+    /// heard the same delta and know no more than this gateway), else a random live peer.
+    pub fn start(
+        &mut self,
+        model: u64,
+        named_by: Option<SocketAddr>,
+        live: &[SocketAddr],
+        now: Instant,
+    ) -> Option<Ask> {
+        if let Some(running) = self.running.get_mut(&model) {
+            running.again = true;
+            return None;
+        }
+        if live.is_empty() {
+            return None;
+        }
+        let peer = match named_by {
+            Some(peer) if live.contains(&peer) => peer,
+            _ => live[fastrand::usize(..live.len())],
+        };
+        self.next_id += 1;
+        let (epoch, after) = self.mark(peer, model);
+        let repair = Repair {
+            id: self.next_id,
+            peer,
+            after,
+            epoch,
+            progress_at: now,
+            retries: 0,
+            again: false,
+        };
+        self.running.insert(model, repair);
+        Some(ask(model, &repair))
+    }
+
+    fn mark(&self, peer: SocketAddr, model: u64) -> (u64, u64) {
+        self.marks.get(&(peer, model)).copied().unwrap_or((0, 0))
+    }
+
+    /// A page arrived for `model`: progress, the next request, or the end. `epoch` and
+    /// `next_after` are where the sender's numbering stands after it.
+    pub fn on_page(
+        &mut self,
+        model: u64,
+        repair_id: u64,
+        (epoch, next_after): (u64, u64),
+        done: bool,
+        now: Instant,
+    ) -> PageOutcome {
+        let Some(repair) = self.running.get_mut(&model) else {
+            return PageOutcome::Stale;
+        };
+        if repair.id != repair_id {
+            return PageOutcome::Stale;
+        }
+        if self.marks.len() >= MARKS_MAX {
+            self.marks.clear();
+        }
+        self.marks.insert((repair.peer, model), (epoch, next_after));
+        repair.epoch = epoch;
+        if done {
+            let again = repair.again;
+            self.running.remove(&model);
+            return PageOutcome::Completed { again };
+        }
+        repair.after = next_after;
+        repair.progress_at = now;
+        PageOutcome::Next(ask(model, repair))
+    }
+
+    /// Retries or abandons every repair without progress for `MESH_REPAIR_STALL`.
+    pub fn check_stalls(&mut self, live: &[SocketAddr], now: Instant) -> Vec<StallOutcome> {
+        let mut outcomes = Vec::new();
+        let mut abandoned = Vec::new();
+        for (&model, repair) in self.running.iter_mut() {
+            if now.duration_since(repair.progress_at) < MESH_REPAIR_STALL {
+                continue;
+            }
+            repair.retries += 1;
+            if repair.retries > MESH_REPAIR_RETRIES || live.is_empty() {
+                abandoned.push(model);
+                continue;
+            }
+            let others: Vec<SocketAddr> =
+                live.iter().copied().filter(|p| *p != repair.peer).collect();
+            let choices = if others.is_empty() { live } else { &others };
+            let peer = choices[fastrand::usize(..choices.len())];
+            if peer != repair.peer {
+                // Another peer numbers its paths its own way: resume from its mark.
+                let (epoch, after) = self.marks.get(&(peer, model)).copied().unwrap_or((0, 0));
+                (repair.epoch, repair.after) = (epoch, after);
+                repair.peer = peer;
+            }
+            self.next_id += 1;
+            repair.id = self.next_id;
+            repair.progress_at = now;
+            outcomes.push(StallOutcome::Retried(ask(model, repair)));
+        }
+        for model in abandoned {
+            self.running.remove(&model);
+            outcomes.push(StallOutcome::Abandoned(model));
+        }
+        outcomes
+    }
+}
+
+fn ask(model: u64, repair: &Repair) -> Ask {
+    Ask {
+        peer: repair.peer,
+        model,
+        repair_id: repair.id,
+        after: repair.after,
+        epoch: repair.epoch,
+    }
+}

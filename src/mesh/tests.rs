@@ -1,0 +1,507 @@
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use prost::Message;
+
+use super::membership::{Change, Membership};
+use super::paths::{entry_key, path_hash, Batched, Change as PathChange, DeltaRound, KnownPaths};
+use super::repair::{PageOutcome, Repairs, StallOutcome};
+use super::wire::{self, frame::Body, DeltaBatch, Frame, FrameError};
+use super::*;
+use crate::index::{page_hash, token_key_of_pages};
+use crate::limits::{MESH_REPAIR_PAGE_ENTRIES, MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
+
+fn ns(model: u64, partition: u64) -> Namespace {
+    Namespace { model, partition }
+}
+
+fn tokens(pages: &[u64]) -> KeyData {
+    KeyData::Tokens(token_key_of_pages(pages, 16))
+}
+
+fn url(s: &str) -> Arc<str> {
+    Arc::from(s)
+}
+
+#[derive(Debug, Parser)]
+struct Flags {
+    #[command(flatten)]
+    mesh: MeshArgs,
+}
+
+fn mesh_config(args: &[&str]) -> Result<Option<MeshConfig>, FlagError> {
+    let flags = Flags::try_parse_from([&["kvgate"], args].concat()).expect("flags parse");
+    flags.mesh.config()
+}
+
+#[test]
+fn flags_keep_smg_defaults_and_check_peers() {
+    assert!(mesh_config(&[]).unwrap().is_none());
+    let config = mesh_config(&["--enable-mesh"]).unwrap().unwrap();
+    assert_eq!(config.bind_addr.port(), MESH_PORT_DEFAULT);
+    assert_eq!(MESH_PORT_DEFAULT, 39527);
+    // An unspecified bind address is not something a peer can dial.
+    assert_eq!(config.advertise_addr, "127.0.0.1:39527".parse().unwrap());
+    assert_eq!(config.server_name, "127.0.0.1:39527");
+    let config = mesh_config(&[
+        "--enable-mesh",
+        "--mesh-host",
+        "127.0.0.1",
+        "--mesh-port",
+        "4000",
+        "--mesh-server-name",
+        "gw-a",
+        "--mesh-peer-urls",
+        "127.0.0.1:4001",
+        "127.0.0.1:4000",
+        "127.0.0.1:4001",
+    ])
+    .unwrap()
+    .unwrap();
+    // This gateway itself and a repeat are dropped from the peer list.
+    assert_eq!(config.peers, vec!["127.0.0.1:4001".parse().unwrap()]);
+    assert_eq!(config.server_name, "gw-a");
+    let refused = mesh_config(&["--enable-mesh", "--mesh-peer-urls", "127.0.0.1"]);
+    assert_eq!(refused.unwrap_err().flag, "--mesh-peer-urls");
+    let refused = mesh_config(&["--enable-mesh", "--mesh-peer-urls", "127.0.0.1:0"]);
+    assert_eq!(refused.unwrap_err().flag, "--mesh-peer-urls");
+}
+
+#[test]
+fn path_hashes_are_fixed_across_processes_and_separate_namespaces_and_kinds() {
+    let pages = [page_hash(&[1, 2, 3, 4]), page_hash(&[5, 6, 7, 8])];
+    let a = path_hash(ns(7, 0), &tokens(&pages)).unwrap();
+    // The value every gateway computes: a changed seed or layout breaks meshes of mixed builds.
+    assert_eq!(a, path_hash(ns(7, 0), &tokens(&pages)).unwrap());
+    assert_eq!(a, GOLDEN_TOKEN_PATH_HASH, "{a:#x}");
+    assert_ne!(a, path_hash(ns(7, 1), &tokens(&pages)).unwrap());
+    assert_ne!(a, path_hash(ns(8, 0), &tokens(&pages)).unwrap());
+    let text = KeyData::Text(Arc::from("hello"));
+    assert_ne!(path_hash(ns(7, 0), &text), Some(a));
+    assert_eq!(
+        path_hash(ns(7, 0), &KeyData::Heads(Arc::from(&[1u64][..]))),
+        None
+    );
+}
+
+const GOLDEN_TOKEN_PATH_HASH: u64 = 0xba21_38b7_2fda_48f0;
+
+#[test]
+fn known_paths_stay_within_their_bounds_oldest_first() {
+    let mut known = KnownPaths::new(3, 1 << 20);
+    let w = url("http://w0");
+    let hashes: Vec<u64> = (0..5u64)
+        .map(|i| known.learn(ns(1, 0), tokens(&[i, i + 1]), &w).unwrap().0)
+        .collect();
+    assert_eq!(known.len(), 3);
+    assert!(known.get(1, hashes[0]).is_none() && known.get(1, hashes[1]).is_none());
+    assert!(known.get(1, hashes[4]).is_some());
+    // Bytes bound: 10 bytes of text allowed.
+    let mut known = KnownPaths::new(100, 10);
+    known.learn(ns(1, 0), KeyData::Text(Arc::from("abcdef")), &w);
+    known.learn(ns(1, 0), KeyData::Text(Arc::from("ghijkl")), &w);
+    assert_eq!(known.len(), 1);
+    assert!(known.units() <= 10);
+}
+
+#[test]
+fn holders_are_most_recent_first_and_bounded() {
+    let mut known = KnownPaths::new(10, 1 << 20);
+    let (hash, change) = known
+        .learn(ns(1, 0), tokens(&[9]), &url("http://a"))
+        .unwrap();
+    assert_eq!(change, PathChange::News);
+    let again = known
+        .learn(ns(1, 0), tokens(&[9]), &url("http://a"))
+        .unwrap();
+    assert_eq!(
+        again,
+        (hash, PathChange::Known),
+        "a known holder is no news"
+    );
+    for name in ["http://b", "http://c", "http://d", "http://e", "http://b"] {
+        known.name_holder(1, hash, &url(name)).unwrap();
+    }
+    let path = known.get(1, hash).unwrap();
+    let tenants: Vec<&str> = path.tenants.iter().map(|t| &**t).collect();
+    assert_eq!(tenants, ["http://b", "http://e", "http://d", "http://c"]);
+    assert!(known.name_holder(1, hash ^ 1, &url("http://a")).is_none());
+    assert!(known.name_holder(2, hash, &url("http://a")).is_none());
+}
+
+#[test]
+fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
+    let mut known = KnownPaths::new(10_000, 1 << 24);
+    let w = url("http://w");
+    let n = MESH_REPAIR_PAGE_ENTRIES * 2 + 7;
+    let mut expected: Vec<u64> = (0..n as u64)
+        .map(|i| known.learn(ns(1, 0), tokens(&[i]), &w).unwrap().0)
+        .collect();
+    known.learn(ns(2, 0), tokens(&[1]), &w);
+    known.learn(ns(1, 0), KeyData::Text(Arc::from("secret prompt")), &w);
+    let mut seen = Vec::new();
+    let mut after = 0;
+    let mut pages = 0;
+    let epoch = known.epoch();
+    loop {
+        let page = known.page(1, 9, epoch, after);
+        assert_eq!(page.epoch, epoch);
+        pages += 1;
+        assert_eq!(page.repair_id, 9);
+        for entry in &page.entries {
+            if entry.kind == wire::TreeKind::Token as i32 {
+                seen.push(entry.path_hash);
+                // The receiver rebuilds the path from the page hashes alone.
+                let (namespace, key) = entry_key(&KnownPaths::new(1, 1), 1, entry).unwrap();
+                assert_eq!(namespace, ns(1, 0));
+                assert_eq!(path_hash(namespace, &key), Some(entry.path_hash));
+            } else {
+                // Text never crosses the wire: only its hash.
+                assert!(entry.pages.is_empty());
+                assert!(entry_key(&KnownPaths::new(1, 1), 1, entry).is_none());
+            }
+            assert_eq!(page.worker_urls[entry.workers[0] as usize], "http://w");
+        }
+        after = page.next_after;
+        if page.done {
+            break;
+        }
+    }
+    assert_eq!(pages, 3);
+    expected.sort_unstable();
+    seen.sort_unstable();
+    assert_eq!(seen, expected);
+    // The next repair from this mark gets only what changed: two new paths, one newly named
+    // holder of an old one.
+    let new_a = known.learn(ns(1, 0), tokens(&[1 << 40]), &w).unwrap().0;
+    let new_b = known.learn(ns(1, 0), tokens(&[1 << 41]), &w).unwrap().0;
+    known.name_holder(1, expected[0], &url("http://other"));
+    // A holder named again is no change: paths do not circle between gateways.
+    known.name_holder(1, expected[1], &w);
+    known.learn(ns(1, 0), tokens(&[5]), &w);
+    let page = known.page(1, 10, epoch, after);
+    let mut changed: Vec<u64> = page.entries.iter().map(|e| e.path_hash).collect();
+    changed.sort_unstable();
+    let mut want = vec![new_a, new_b, expected[0]];
+    want.sort_unstable();
+    assert_eq!((changed, page.done), (want, true));
+    // A mark of another epoch (this gateway restarted) starts from the first path.
+    assert_eq!(
+        known.page(1, 11, epoch ^ 1, after).entries.len(),
+        MESH_REPAIR_PAGE_ENTRIES
+    );
+    let encoded = known.page(1, 9, 0, 0).encode_to_vec();
+    assert!(!encoded.windows(6).any(|w| w == b"secret"));
+}
+
+#[test]
+fn a_repair_entry_whose_pages_do_not_hash_to_its_path_is_refused() {
+    let mut known = KnownPaths::new(10, 1 << 20);
+    known.learn(ns(1, 0), tokens(&[1, 2]), &url("http://w"));
+    let mut page = known.page(1, 1, 0, 0);
+    let entry = &mut page.entries[0];
+    entry.pages[1] ^= 1;
+    assert!(entry_key(&KnownPaths::new(1, 1), 1, entry).is_none());
+}
+
+#[test]
+fn a_round_batches_per_model_and_names_each_path_and_worker_once() {
+    let mut round = DeltaRound::default();
+    assert_eq!(
+        round.add(1, TreeKind::Tokens, 10, "http://a"),
+        Batched::Added
+    );
+    assert_eq!(
+        round.add(1, TreeKind::Tokens, 10, "http://a"),
+        Batched::Duplicate
+    );
+    assert_eq!(
+        round.add(1, TreeKind::Tokens, 10, "http://b"),
+        Batched::Added
+    );
+    assert_eq!(round.add(2, TreeKind::Text, 11, "http://a"), Batched::Added);
+    assert_eq!(round.len(), 3);
+    let mut batches = round.take();
+    batches.sort_by_key(|b| b.model);
+    assert_eq!(batches.len(), 2);
+    assert_eq!(batches[0].deltas.len(), 2);
+    assert_eq!(batches[0].worker_urls, ["http://a", "http://b"]);
+    assert_eq!(batches[1].deltas[0].kind, wire::TreeKind::Text as i32);
+    assert!(round.is_empty() && round.take().is_empty());
+    // The round's cap: the rest of a burst is dropped.
+    for i in 0..crate::limits::MESH_ROUND_DELTAS_MAX as u64 {
+        assert_eq!(
+            round.add(1, TreeKind::Tokens, i, "http://a"),
+            Batched::Added
+        );
+    }
+    assert_eq!(
+        round.add(1, TreeKind::Tokens, u64::MAX, "http://a"),
+        Batched::Full
+    );
+}
+
+fn delta_frame() -> Frame {
+    let batch = DeltaBatch {
+        model: 3,
+        worker_urls: vec!["http://a".into()],
+        deltas: vec![wire::Delta {
+            kind: wire::TreeKind::Token as i32,
+            path_hash: 77,
+            worker: 0,
+        }],
+    };
+    wire::frame("127.0.0.1:1", Body::Deltas(batch))
+}
+
+#[test]
+fn frames_are_taken_whole_from_a_stream() {
+    let frame = delta_frame();
+    let bytes = [wire::encode(&frame), wire::encode(&frame)].concat();
+    let mut buffer = bytes[..5].to_vec();
+    assert_eq!(wire::take_frame(&mut buffer), Ok(None));
+    buffer.extend_from_slice(&bytes[5..]);
+    assert_eq!(wire::take_frame(&mut buffer), Ok(Some(frame.clone())));
+    assert_eq!(wire::take_frame(&mut buffer), Ok(Some(frame)));
+    assert!(buffer.is_empty());
+    let mut huge = (u32::MAX).to_be_bytes().to_vec();
+    assert!(matches!(
+        wire::take_frame(&mut huge),
+        Err(FrameError::TooLarge(_))
+    ));
+    let mut garbage = [3u32.to_be_bytes().to_vec(), vec![0xff, 0xff, 0xff]].concat();
+    assert!(matches!(
+        wire::take_frame(&mut garbage),
+        Err(FrameError::Malformed(_))
+    ));
+}
+
+/// A version-2 frame as a newer gateway might send it: the version-1 fields, a new field in the
+/// frame and in a delta, and a body this version does not know.
+mod v2 {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Frame {
+        #[prost(uint32, tag = "1")]
+        pub version: u32,
+        #[prost(string, tag = "2")]
+        pub sender: String,
+        #[prost(message, optional, tag = "3")]
+        pub deltas: Option<DeltaBatch>,
+        #[prost(message, optional, tag = "9")]
+        pub future_body: Option<DeltaBatch>,
+        #[prost(string, tag = "15")]
+        pub zone: String,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DeltaBatch {
+        #[prost(fixed64, tag = "1")]
+        pub model: u64,
+        #[prost(string, repeated, tag = "2")]
+        pub worker_urls: Vec<String>,
+        #[prost(message, repeated, tag = "3")]
+        pub deltas: Vec<Delta>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Delta {
+        #[prost(int32, tag = "1")]
+        pub kind: i32,
+        #[prost(fixed64, tag = "2")]
+        pub path_hash: u64,
+        #[prost(uint32, tag = "3")]
+        pub worker: u32,
+        #[prost(uint64, tag = "4")]
+        pub tick: u64,
+    }
+}
+
+#[test]
+fn a_newer_versions_frames_are_read_for_the_fields_this_version_knows() {
+    let newer = v2::Frame {
+        version: 2,
+        sender: "127.0.0.1:9".into(),
+        deltas: Some(v2::DeltaBatch {
+            model: 3,
+            worker_urls: vec!["http://a".into()],
+            deltas: vec![v2::Delta {
+                kind: 1,
+                path_hash: 77,
+                worker: 0,
+                tick: 123,
+            }],
+        }),
+        future_body: None,
+        zone: "eu-1".into(),
+    };
+    let read = Frame::decode(newer.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(read.version, 2);
+    let Some(Body::Deltas(batch)) = read.body else {
+        panic!("the deltas body is read: {read:?}");
+    };
+    assert_eq!((batch.model, batch.deltas[0].path_hash), (3, 77));
+    // A body only the newer version knows reads as no body (the mesh skips the frame).
+    let unknown = v2::Frame {
+        version: 2,
+        future_body: newer.deltas.clone(),
+        deltas: None,
+        ..newer.clone()
+    };
+    let read = Frame::decode(unknown.encode_to_vec().as_slice()).unwrap();
+    assert_eq!(read.body, None);
+    // And the other way: a version-1 frame reads as a version-2 one, new fields empty.
+    let older = v2::Frame::decode(delta_frame().encode_to_vec().as_slice()).unwrap();
+    assert_eq!(older.version, 1);
+    assert_eq!(older.deltas.unwrap().deltas[0].tick, 0);
+}
+
+fn peers(ports: &[u16]) -> Vec<SocketAddr> {
+    ports
+        .iter()
+        .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+        .collect()
+}
+
+#[test]
+fn a_stalled_repair_moves_to_another_peer_then_is_abandoned() {
+    let mut repairs = Repairs::default();
+    let live = peers(&[1, 2]);
+    let t0 = Instant::now();
+    assert_eq!(
+        repairs.start(5, None, &[], t0),
+        None,
+        "no live peer, no repair"
+    );
+    let named = repairs.start(5, Some(live[1]), &live, t0).unwrap();
+    assert_eq!(
+        named.peer, live[1],
+        "the peer that named the path is asked first"
+    );
+    let mut repairs = Repairs::default();
+    let first = repairs.start(5, Some(peers(&[9])[0]), &live, t0).unwrap();
+    assert!(
+        live.contains(&first.peer),
+        "a named peer that is not live is not asked"
+    );
+    assert_eq!(
+        repairs.start(5, None, &live, t0),
+        None,
+        "one repair per model"
+    );
+    // A page resumes the repair after its last sequence number.
+    let next = match repairs.on_page(5, first.repair_id, (7, 42), false, t0) {
+        PageOutcome::Next(ask) => ask,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((next.peer, next.epoch, next.after), (first.peer, 7, 42));
+    assert!(repairs
+        .check_stalls(&live, t0 + MESH_REPAIR_STALL / 2)
+        .is_empty());
+    let mut at = t0;
+    let mut peer = first.peer;
+    for retry in 1..=MESH_REPAIR_RETRIES {
+        at += MESH_REPAIR_STALL;
+        let outcomes = repairs.check_stalls(&live, at);
+        let [StallOutcome::Retried(ask)] = outcomes[..] else {
+            panic!("retry {retry}: {outcomes:?}");
+        };
+        assert_ne!(ask.peer, peer, "another peer when there is one");
+        // Each peer numbers its own paths: the first resumes at 42, the other from its start.
+        let mark = if ask.peer == first.peer { 42 } else { 0 };
+        assert_eq!(ask.after, mark, "resumed at that peer's mark");
+        peer = ask.peer;
+        // A page of an older try is ignored.
+        assert_eq!(
+            repairs.on_page(5, first.repair_id, (7, 99), true, at),
+            PageOutcome::Stale
+        );
+    }
+    at += MESH_REPAIR_STALL;
+    assert_eq!(
+        repairs.check_stalls(&live, at),
+        [StallOutcome::Abandoned(5)]
+    );
+    assert!(repairs.is_empty());
+    // The next unknown path starts it again, at the asked peer's mark.
+    let again = repairs.start(5, Some(first.peer), &live, at).unwrap();
+    assert_eq!((again.epoch, again.after), (7, 42));
+    assert_eq!(
+        repairs.on_page(5, again.repair_id, (7, 50), true, at),
+        PageOutcome::Completed { again: false }
+    );
+    // An unknown path heard while a repair runs asks for one more repair when it completes.
+    let ask = repairs.start(5, None, &live, at).unwrap();
+    assert_eq!(repairs.start(5, None, &live, at), None);
+    assert_eq!(
+        repairs.on_page(5, ask.repair_id, (7, 50), true, at),
+        PageOutcome::Completed { again: true }
+    );
+}
+
+/// Delivers every datagram between in-memory memberships until none is left.
+fn exchange(nodes: &mut [Membership], now: Instant) -> Vec<Vec<Change>> {
+    let mut changes = vec![Vec::new(); nodes.len()];
+    for _ in 0..50 {
+        let mut mail = Vec::new();
+        for node in nodes.iter_mut() {
+            mail.extend(node.take_sends());
+        }
+        if mail.is_empty() {
+            break;
+        }
+        for (to, data) in mail {
+            if let Some(node) = nodes.iter_mut().find(|n| n.me().addr == to) {
+                node.handle_datagram(&data, now);
+            }
+        }
+    }
+    for (node, changes) in nodes.iter_mut().zip(&mut changes) {
+        changes.extend(node.take_changes());
+    }
+    changes
+}
+
+#[test]
+fn gateways_join_through_one_peer_and_a_silent_one_is_declared_down() {
+    let addrs = peers(&[10, 11, 12]);
+    let mut nodes: Vec<Membership> = addrs.iter().map(|a| Membership::new(*a)).collect();
+    let now = Instant::now();
+    // B and C know only A.
+    nodes[1].announce(addrs[0], now);
+    nodes[2].announce(addrs[0], now);
+    let mut at = now;
+    for _ in 0..20 {
+        at += Duration::from_millis(250);
+        for node in nodes.iter_mut() {
+            node.tick(at);
+        }
+        exchange(&mut nodes, at);
+    }
+    for node in &nodes {
+        assert_eq!(node.live_peers().len(), 2, "{node:?}");
+    }
+    // C goes silent: A and B suspect it, then declare it down.
+    let mut silent = nodes.pop().unwrap();
+    let mut downs = Vec::new();
+    for _ in 0..200 {
+        at += Duration::from_millis(250);
+        for node in nodes.iter_mut() {
+            node.tick(at);
+        }
+        for changes in exchange(&mut nodes, at) {
+            downs.extend(changes.into_iter().filter(|c| matches!(c, Change::Down(_))));
+        }
+        silent.take_sends();
+    }
+    assert_eq!(
+        downs.len(),
+        2,
+        "A and B each declare C down once: {downs:?}"
+    );
+    assert_eq!(nodes[0].live_peers(), vec![addrs[1]]);
+    let counts = nodes[0].counts();
+    assert_eq!(counts[0], (PeerState::Alive, 1));
+    assert_eq!(counts[2], (PeerState::Down, 1));
+}

@@ -1,0 +1,366 @@
+//! The mesh end to end: three (or four) `kvgate` processes on loopback in front of one
+//! `sim-engine` fleet, joined with `--enable-mesh`. A prefix one gateway learned routes to the
+//! same worker from the others; a gateway that joins late catches up by repair; a killed gateway
+//! is declared down and the rest keep sharing (a repair asked of it moves to another peer); a
+//! restarted one rejoins; a paused one (SIGSTOP) rejoins after SIGCONT; a
+//! flood of deltas leaves memory bounded; a newer message version is read.
+
+mod utils;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::Duration;
+
+use kvgate::mesh::wire::{self, frame::Body, Delta, DeltaBatch};
+use utils::process::{free_port, Gateway, SimFleet};
+use utils::wait_until;
+
+/// Long enough for SWIM to suspect and declare a peer down (LAN settings: about 10 s) with room.
+const MEMBERSHIP_WAIT: Duration = Duration::from_secs(40);
+
+struct Mesh {
+    fleet: SimFleet,
+    gateways: Vec<Gateway>,
+    mesh_ports: Vec<u16>,
+}
+
+fn mesh_args(port: u16, peers: &[u16]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "--enable-mesh",
+        "--mesh-host",
+        "127.0.0.1",
+        "--mesh-port",
+        &port.to_string(),
+        "--mesh-server-name",
+        &format!("gw-{port}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if !peers.is_empty() {
+        args.push("--mesh-peer-urls".into());
+        args.extend(peers.iter().map(|p| format!("127.0.0.1:{p}")));
+    }
+    args
+}
+
+fn start_gateway(fleet: &SimFleet, port: u16, peers: &[u16]) -> Gateway {
+    let args = mesh_args(port, peers);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Gateway::start(&fleet.urls(), &args)
+}
+
+impl Mesh {
+    /// `n` gateways; each after the first announces itself to the first only.
+    fn start(n: usize) -> Mesh {
+        let fleet = SimFleet::start(4, &["--instant"]);
+        let mesh_ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let gateways = (0..n)
+            .map(|i| {
+                let peers = if i == 0 { &[][..] } else { &mesh_ports[..1] };
+                start_gateway(&fleet, mesh_ports[i], peers)
+            })
+            .collect();
+        let mesh = Mesh {
+            fleet,
+            gateways,
+            mesh_ports,
+        };
+        for (i, gateway) in mesh.gateways.iter().enumerate() {
+            assert!(
+                wait_until(MEMBERSHIP_WAIT, || alive(gateway) == n as f64 - 1.0),
+                "gateway {i} sees {} alive peers of {}",
+                alive(gateway),
+                n - 1
+            );
+        }
+        mesh
+    }
+}
+
+fn alive(gateway: &Gateway) -> f64 {
+    gateway.metric("kvgate_mesh_peers{state=\"alive\"}")
+}
+
+fn down(gateway: &Gateway) -> f64 {
+    gateway.metric("kvgate_mesh_peers{state=\"down\"}")
+}
+
+fn applied(gateway: &Gateway) -> f64 {
+    gateway.metric("kvgate_mesh_inserts_applied_total")
+}
+
+/// A `/generate` body whose 128 token ids are `family`'s own.
+fn generate(family: u32) -> String {
+    let ids: Vec<u32> = (0..128).map(|i| family * 1000 + i).collect();
+    serde_json::json!({
+        "model": "sim-model",
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 1},
+    })
+    .to_string()
+}
+
+fn route(gateway: &Gateway, family: u32) -> String {
+    let response = gateway.client().post_json("/generate", &generate(family));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let worker = response.routed_worker().expect("routed worker header");
+    worker.to_string()
+}
+
+/// Sends each family once to `gateway`; returns the worker each went to.
+fn teach(gateway: &Gateway, families: std::ops::Range<u32>) -> HashMap<u32, String> {
+    families.map(|f| (f, route(gateway, f))).collect()
+}
+
+/// Waits until `gateway` received at least `n` deltas, applied at least `n` peer inserts, and
+/// runs no repair.
+fn wait_applied(gateway: &Gateway, n: f64) {
+    wait_settled(gateway, n, n);
+}
+
+/// As [`wait_applied`], with `received` deltas and `n` inserts.
+fn wait_settled(gateway: &Gateway, received: f64, n: f64) {
+    let settled = || {
+        let repairs = |outcome: &str| {
+            gateway.metric(&format!(
+                "kvgate_mesh_repairs_total{{outcome=\"{outcome}\"}}"
+            ))
+        };
+        let idle = repairs("started") == repairs("completed") + repairs("abandoned");
+        let heard = gateway.metric("kvgate_mesh_deltas_total{outcome=\"received\"}");
+        idle && heard >= received && applied(gateway) >= n
+    };
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, settled),
+        "peer inserts applied: {} of {n}; metrics:\n{}",
+        applied(gateway),
+        mesh_metrics(gateway)
+    );
+}
+
+fn mesh_metrics(gateway: &Gateway) -> String {
+    let metrics = gateway.metrics();
+    let lines = metrics.lines().filter(|l| l.starts_with("kvgate_mesh"));
+    lines.collect::<Vec<_>>().join("\n")
+}
+
+fn assert_routes_like(gateway: &Gateway, taught: &HashMap<u32, String>, who: &str) {
+    for (&family, worker) in taught {
+        assert_eq!(&route(gateway, family), worker, "{who}: family {family}");
+    }
+}
+
+#[test]
+fn a_prefix_learned_on_one_gateway_routes_to_the_same_worker_from_the_others() {
+    let mesh = Mesh::start(3);
+    let (a, b, c) = (&mesh.gateways[0], &mesh.gateways[1], &mesh.gateways[2]);
+    let taught = teach(a, 0..8);
+    let spread: std::collections::HashSet<&String> = taught.values().collect();
+    assert!(
+        spread.len() > 1,
+        "the families spread over workers: {taught:?}"
+    );
+    for (gateway, who) in [(b, "b"), (c, "c")] {
+        wait_applied(gateway, 8.0);
+        assert_routes_like(gateway, &taught, who);
+    }
+    assert!(a.metric("kvgate_mesh_deltas_total{outcome=\"sent\"}") >= 16.0);
+    assert!(b.metric("kvgate_mesh_deltas_total{outcome=\"received\"}") >= 8.0);
+    assert!(a.metric("kvgate_mesh_sync_round_duration_seconds_count") > 0.0);
+    // B's dispatches of A's families were B's own decisions: they go to A and C as deltas.
+    let sent = || b.metric("kvgate_mesh_deltas_total{outcome=\"sent\"}");
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, || sent() >= 16.0),
+        "b sent {}",
+        sent()
+    );
+}
+
+#[test]
+fn a_gateway_that_joins_late_catches_up_by_repair() {
+    let mut mesh = Mesh::start(2);
+    let taught = teach(&mesh.gateways[0], 0..20);
+    wait_applied(&mesh.gateways[1], 20.0);
+    // D joins through B, after A learned the families.
+    let port = free_port();
+    mesh.mesh_ports.push(port);
+    let late = start_gateway(&mesh.fleet, port, &mesh.mesh_ports[1..2]);
+    // Every gateway knows every other (A learns of D from B's gossip).
+    for gateway in mesh.gateways.iter().chain([&late]) {
+        assert!(wait_until(MEMBERSHIP_WAIT, || alive(gateway) == 2.0));
+    }
+    // One new prefix on A: its delta names a path D does not know, and D repairs.
+    let more = teach(&mesh.gateways[0], 100..101);
+    wait_settled(&late, 1.0, 21.0);
+    assert!(late.metric("kvgate_mesh_repairs_total{outcome=\"completed\"}") >= 1.0);
+    assert_routes_like(&late, &taught, "late gateway");
+    assert_routes_like(&late, &more, "late gateway");
+}
+
+#[test]
+fn a_killed_gateway_is_declared_down_and_the_others_keep_sharing() {
+    let mut mesh = Mesh::start(3);
+    mesh.gateways[2].process.kill();
+    for gateway in &mesh.gateways[..2] {
+        assert!(
+            wait_until(MEMBERSHIP_WAIT, || alive(gateway) == 1.0
+                && down(gateway) >= 1.0),
+            "{}",
+            mesh_metrics(gateway)
+        );
+    }
+    let taught = teach(&mesh.gateways[0], 0..6);
+    wait_applied(&mesh.gateways[1], 6.0);
+    assert_routes_like(&mesh.gateways[1], &taught, "b");
+}
+
+#[test]
+fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
+    let mut mesh = Mesh::start(3);
+    let taught = teach(&mesh.gateways[0], 0..6);
+    for gateway in &mesh.gateways[1..] {
+        wait_applied(gateway, 6.0);
+    }
+    // D joins through B after the families were learned.
+    let port = free_port();
+    let late = start_gateway(&mesh.fleet, port, &mesh.mesh_ports[1..2]);
+    for gateway in mesh.gateways.iter().chain([&late]) {
+        assert!(wait_until(MEMBERSHIP_WAIT, || alive(gateway) == 3.0));
+    }
+    // A dies; before SWIM notices, D hears a delta of an unknown path said to come from A, so
+    // its repair asks A first, stalls, and moves on.
+    mesh.gateways[0].process.kill();
+    let batch = DeltaBatch {
+        model: kvgate::policy::model_hash("sim-model"),
+        worker_urls: vec![mesh.fleet.url(0)],
+        deltas: vec![Delta {
+            kind: wire::TreeKind::Token as i32,
+            path_hash: 0x5eed,
+            worker: 0,
+        }],
+    };
+    let a = format!("127.0.0.1:{}", mesh.mesh_ports[0]);
+    let frame = wire::frame(&a, Body::Deltas(batch));
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("mesh port");
+    stream.write_all(&wire::encode(&frame)).expect("write");
+    let repairs = |outcome: &str| {
+        late.metric(&format!(
+            "kvgate_mesh_repairs_total{{outcome=\"{outcome}\"}}"
+        ))
+    };
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, || repairs("completed") >= 1.0),
+        "{}",
+        mesh_metrics(&late)
+    );
+    assert!(repairs("retried") >= 1.0, "{}", mesh_metrics(&late));
+    assert_eq!(repairs("abandoned"), 0.0);
+    assert_routes_like(&late, &taught, "late gateway");
+}
+
+#[test]
+fn a_restarted_gateway_rejoins_and_learns_again() {
+    let mut mesh = Mesh::start(3);
+    mesh.gateways[2].process.kill();
+    let a = &mesh.gateways[0];
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, || alive(a) == 1.0),
+        "{}",
+        mesh_metrics(a)
+    );
+    // The same address again, a newer incarnation: it wins the address and rejoins.
+    let port = mesh.mesh_ports[2];
+    let restarted = start_gateway(&mesh.fleet, port, &mesh.mesh_ports[..1]);
+    for gateway in mesh.gateways[..2].iter().chain([&restarted]) {
+        assert!(
+            wait_until(MEMBERSHIP_WAIT, || alive(gateway) == 2.0),
+            "{}",
+            mesh_metrics(gateway)
+        );
+    }
+    let taught = teach(a, 0..6);
+    wait_applied(&restarted, 6.0);
+    assert_routes_like(&restarted, &taught, "restarted gateway");
+}
+
+#[test]
+fn a_paused_gateway_rejoins_after_sigcont() {
+    let mesh = Mesh::start(3);
+    let c = &mesh.gateways[2];
+    c.process.signal(libc::SIGSTOP);
+    let a = &mesh.gateways[0];
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, || alive(a) == 1.0),
+        "{}",
+        mesh_metrics(a)
+    );
+    c.process.signal(libc::SIGCONT);
+    for gateway in &mesh.gateways {
+        assert!(
+            wait_until(MEMBERSHIP_WAIT, || alive(gateway) == 2.0),
+            "{}",
+            mesh_metrics(gateway)
+        );
+    }
+    let taught = teach(a, 0..6);
+    wait_applied(c, 6.0);
+    assert_routes_like(c, &taught, "resumed c");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    let kib = line.split_whitespace().nth(1).expect("a value");
+    kib.parse().expect("a number")
+}
+
+#[test]
+fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
+    let mesh = Mesh::start(2);
+    let a = &mesh.gateways[0];
+    let taught = teach(a, 0..2);
+    let before = rss_kib(a.process.pid());
+    let mut stream = TcpStream::connect(("127.0.0.1", mesh.mesh_ports[0])).expect("mesh port");
+    let frames = 200;
+    let per_frame = 10_000u64;
+    for f in 0..frames {
+        let batch = DeltaBatch {
+            model: 7,
+            worker_urls: vec![mesh.fleet.url(0)],
+            deltas: (0..per_frame)
+                .map(|i| Delta {
+                    kind: wire::TreeKind::Token as i32,
+                    path_hash: f * per_frame + i + 1,
+                    worker: 0,
+                })
+                .collect(),
+        };
+        let mut frame = wire::frame("127.0.0.1:1", Body::Deltas(batch));
+        // A newer sender's version number: read all the same.
+        frame.version = wire::WIRE_VERSION + 1;
+        stream.write_all(&wire::encode(&frame)).expect("write");
+    }
+    let total = (frames * per_frame) as f64;
+    assert!(wait_until(MEMBERSHIP_WAIT, || {
+        a.metric("kvgate_mesh_deltas_total{outcome=\"received\"}") >= total
+    }));
+    let after = rss_kib(a.process.pid());
+    // Two million unknown paths cost nothing to keep: they are not kept.
+    assert!(
+        after < before + 64 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    // A garbage frame closes that stream and is counted; the gateway still routes as it did.
+    stream
+        .write_all(&[0, 0, 0, 3, 0xff, 0xff, 0xff])
+        .expect("write");
+    assert!(wait_until(MEMBERSHIP_WAIT, || {
+        a.metric("kvgate_mesh_frames_malformed_total") >= 1.0
+    }));
+    assert_routes_like(a, &taught, "a");
+}
