@@ -281,10 +281,17 @@ fn value(depth: u32) -> BoxedStrategy<String> {
             "nul",
         ])
         .prop_map(String::from),
-        prop::collection::vec(0u32..200_000, 0..12).prop_map(|ids| {
-            let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
-            format!("[{}]", ids.join(","))
-        }),
+        (
+            prop::collection::vec(
+                prop_oneof![0u32..200_000, Just(0), Just(u32::MAX), 10_000_000u32..],
+                0..12
+            ),
+            prop::sample::select(vec![",", ", ", " , ", ",\n  "]),
+        )
+            .prop_map(|(ids, separator)| {
+                let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+                format!("[{}]", ids.join(separator))
+            }),
     ];
     if depth == 0 {
         return leaf.boxed();

@@ -638,38 +638,85 @@ impl<'b> Scan<'b> {
             return Ok(());
         }
         loop {
-            let (id, len) = parse_id(self.b, self.i).ok_or(Handoff)?;
-            tokens.push(id);
-            self.i += len;
-            // The common separators first: `,` and `, `.
-            match self.b.get(self.i) {
+            // The common case from one 8-byte load: an ID of 1-7 digits, then `,` or `]`,
+            // and after the comma, if it fits in the word, the one space some encoders add.
+            if let Some(word) = load_word(self.b, self.i) {
+                if let Some((id, len)) = word_id(word) {
+                    tokens.push(id);
+                    let byte = |n: usize| (word >> (8 * n)) as u8;
+                    match byte(len) {
+                        b',' => {
+                            self.i += len + 1;
+                            if len + 1 < 8 && byte(len + 1) == b' ' {
+                                self.i += 1;
+                            }
+                            // More whitespace, or a word boundary: the general path reads it.
+                            if let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
+                                self.ws();
+                            }
+                            continue;
+                        }
+                        b']' => {
+                            self.i += len + 1;
+                            return Ok(());
+                        }
+                        b'.' | b'e' | b'E' => return Err(Handoff),
+                        _ => self.i += len,
+                    }
+                } else {
+                    self.slow_id(tokens)?;
+                }
+            } else {
+                self.slow_id(tokens)?;
+            }
+            match self.ws() {
                 Some(b',') => {
                     self.i += 1;
-                    if self.b.get(self.i) == Some(&b' ') {
-                        self.i += 1;
-                    }
-                    if let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
-                        self.ws();
-                    }
+                    self.ws();
                 }
                 Some(b']') => {
                     self.i += 1;
                     return Ok(());
                 }
-                _ => match self.ws() {
-                    Some(b',') => {
-                        self.i += 1;
-                        self.ws();
-                    }
-                    Some(b']') => {
-                        self.i += 1;
-                        return Ok(());
-                    }
-                    _ => return Err(Handoff),
-                },
+                _ => return Err(Handoff),
             }
         }
     }
+
+    /// One ID read digit by digit (near the body's end, or of eight digits and more).
+    fn slow_id(&mut self, tokens: &mut Vec<u32>) -> Step {
+        let (id, len) = parse_id(self.b, self.i).ok_or(Handoff)?;
+        tokens.push(id);
+        self.i += len;
+        Ok(())
+    }
+}
+
+/// The eight bytes at `at`, the first in the lowest byte.
+fn load_word(b: &[u8], at: usize) -> Option<u64> {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(b.get(at..at + 8)?);
+    Some(u64::from_le_bytes(bytes))
+}
+
+/// The ID a word starts with and its length, when it has 1-7 digits (no leading zero) and the
+/// next byte is in the word; `None` otherwise (the caller reads it byte by byte).
+fn word_id(word: u64) -> Option<(u32, usize)> {
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const TEN_UP: u64 = 0x7676_7676_7676_7676;
+    // Each byte's digit value (0-9 for a digit, something else otherwise).
+    let x = word ^ ZEROS;
+    // The high bit of each byte that is not a digit (a value above 9).
+    let not_digit = (((x & LOW7) + TEN_UP) | x) & HIGH;
+    let len = (not_digit.trailing_zeros() / 8) as usize;
+    if len == 0 || len == 8 || (len > 1 && x & 0xFF == 0) {
+        return None;
+    }
+    // Keep the digits and move them to the top bytes: leading zero digits.
+    let digits = (x & ((1u64 << (8 * len)) - 1)) << (8 * (8 - len));
+    Some((eight_digits(digits), len))
 }
 
 /// The position of the first quote, backslash or control byte at or after `from` (the body's
@@ -727,18 +774,17 @@ fn hex4(b: &[u8], at: usize) -> Step<u32> {
     })
 }
 
-/// Appends a string's content with its escapes decoded (checked by [`Scan::string`]); the text
-/// between escapes must be UTF-8.
+/// Appends a string's content with its escapes decoded (checked by [`Scan::string`]); the
+/// content is UTF-8 checked once, whole (escapes are ASCII, so the text between them is too).
 fn decode(raw: &[u8], out: &mut String) -> Step {
+    let text = std::str::from_utf8(raw).map_err(|_| Handoff)?;
+    out.reserve(raw.len());
     let mut at = 0;
     while at < raw.len() {
-        let rest = raw.get(at..).unwrap_or_default();
-        let run = rest.iter().position(|&c| c == b'\\').unwrap_or(rest.len());
-        if run > 0 {
-            let text = rest.get(..run).unwrap_or_default();
-            let text = std::str::from_utf8(text).map_err(|_| Handoff)?;
-            crate::copy::push_str(out, text);
-            at += run;
+        let next = find_byte(raw, at, b'\\');
+        if next > at {
+            crate::copy::push_str(out, text.get(at..next).ok_or(Handoff)?);
+            at = next;
             continue;
         }
         let (c, len) = match raw.get(at + 1) {
@@ -768,34 +814,38 @@ fn decode(raw: &[u8], out: &mut String) -> Step {
     Ok(())
 }
 
-/// A token ID at `at`: its value and length in bytes, when it is an integer that fits in a
-/// `u32` (no sign, fraction or exponent, no leading zero). Up to seven digits are converted
-/// together from one 8-byte load.
-fn parse_id(b: &[u8], at: usize) -> Option<(u32, usize)> {
-    const ZEROS: u64 = 0x3030_3030_3030_3030;
-    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    const TEN_UP: u64 = 0x7676_7676_7676_7676;
-    let (value, len) = match b.get(at..at + 8) {
-        Some(word) => {
-            let mut bytes = [0u8; 8];
-            bytes.copy_from_slice(word);
-            // Each byte's digit value (0-9 for a digit, something else otherwise).
-            let x = u64::from_le_bytes(bytes) ^ ZEROS;
-            // The high bit of each byte that is not a digit (a value above 9).
-            let not_digit = (((x & LOW7) + TEN_UP) | x) & HIGH;
-            let len = (not_digit.trailing_zeros() / 8) as usize;
-            match len {
-                0 => return None,
-                8 => slow_id(b, at)?,
-                _ => {
-                    // Keep the digits and move them to the top bytes: leading zero digits.
-                    let digits = (x & ((1u64 << (8 * len)) - 1)) << (8 * (8 - len));
-                    (eight_digits(digits), len)
-                }
+/// The position of the first `byte` at or after `from` (the slice's length if none), sixteen
+/// bytes at a time as [`find_special`].
+fn find_byte(b: &[u8], from: usize, byte: u8) -> usize {
+    const CHUNK: usize = 16;
+    let mut at = from;
+    if let Some(rest) = b.get(from..) {
+        for chunk in rest.chunks_exact(CHUNK) {
+            let mut hit = 0u8;
+            for &c in chunk {
+                hit |= u8::from(c == byte);
             }
+            if hit != 0 {
+                break;
+            }
+            at += CHUNK;
         }
-        None => slow_id(b, at)?,
+    }
+    while let Some(&c) = b.get(at) {
+        if c == byte {
+            return at;
+        }
+        at += 1;
+    }
+    at
+}
+
+/// A token ID at `at`: its value and length in bytes, when it is an integer that fits in a
+/// `u32` (no sign, fraction or exponent, no leading zero).
+fn parse_id(b: &[u8], at: usize) -> Option<(u32, usize)> {
+    let (value, len) = match load_word(b, at).and_then(word_id) {
+        Some(found) => found,
+        None => digit_by_digit(b, at)?,
     };
     if len > 1 && b.get(at) == Some(&b'0') {
         return None;
@@ -818,7 +868,7 @@ fn eight_digits(x: u64) -> u32 {
 }
 
 /// A token ID read digit by digit (near the body's end, or eight digits and more).
-fn slow_id(b: &[u8], at: usize) -> Option<(u32, usize)> {
+fn digit_by_digit(b: &[u8], at: usize) -> Option<(u32, usize)> {
     let mut value: u64 = 0;
     let mut len = 0;
     while let Some(c @ b'0'..=b'9') = b.get(at + len).copied() {
