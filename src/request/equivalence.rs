@@ -254,6 +254,13 @@ fn the_fast_reader_reads_common_bodies_itself() {
         let read = scan::read(endpoint, body, body::KeyFields::Read, &mut input);
         assert!(read.is_ok(), "{}", String::from_utf8_lossy(body));
     }
+    // A list long enough to be read in two halves.
+    let ids: Vec<u32> = (0..3000).map(|i| i * 37 % 128_000).collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "input_ids": ids })).expect("json");
+    let mut input = RoutingInput::new();
+    let read = scan::read(Endpoint::Generate, &body, body::KeyFields::Read, &mut input);
+    assert!(read.is_ok());
+    assert_eq!(input.tokens, ids);
 }
 
 /// A JSON-ish value rendered as bytes: mostly valid, with the keys the readers look for, the
@@ -414,5 +421,29 @@ proptest! {
         kind in any::<u8>(),
     ) {
         assert_same(&mutated(body, at, byte, kind));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Lists long enough to be read in two halves, with every separator, and now and then one
+    /// byte replaced by something that breaks or ends the list early.
+    #[test]
+    fn long_id_lists_match_the_reference(
+        ids in prop::collection::vec(prop_oneof![0u32..200_000, 10_000_000u32..], 150..700),
+        separator in prop::sample::select(vec![",", ", ", " , ", ",\n  "]),
+        edit in prop::option::of((any::<usize>(), prop::sample::select(b"x.]-e[ \n,0".to_vec()))),
+        batch in any::<bool>(),
+    ) {
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        let list = format!("[{}]", ids.join(separator));
+        let list = if batch { format!("[{list},[1,2]]") } else { list };
+        let mut body = format!(r#"{{"input_ids":{list},"text":"t"}}"#).into_bytes();
+        if let Some((at, byte)) = edit {
+            let at = 14 + at % (body.len() - 30);
+            body[at] = byte;
+        }
+        assert_same(&body);
     }
 }
