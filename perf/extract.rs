@@ -127,7 +127,7 @@ fn generate_body(tokens: usize, rng: &mut Rng) -> Vec<u8> {
 }
 
 /// The bodies of `extract/*`: name, endpoint, bytes.
-fn bodies(sizes: &Sizes) -> Vec<(String, Endpoint, Vec<u8>)> {
+pub fn bodies(sizes: &Sizes) -> Vec<(String, Endpoint, Vec<u8>)> {
     let mut rng = Rng::with_seed(42);
     let tokens = sizes.prompt_tokens;
     vec![

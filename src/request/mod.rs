@@ -127,6 +127,8 @@ pub struct RoutingInput {
     target_worker: String,
     /// Scratch for the Messages API `system` field, prepended to the messages' text.
     system: String,
+    /// Scratch for decoding strings with escapes (`scan`).
+    scratch: Vec<u8>,
     /// The request's output budget: `max_completion_tokens` or `max_tokens`, or `/generate`'s
     /// `sampling_params.max_new_tokens`.
     max_output_tokens: Option<u32>,
@@ -212,6 +214,7 @@ impl RoutingInput {
             + self.tokens.capacity() * std::mem::size_of::<u32>()
             + self.target_worker.capacity()
             + self.system.capacity()
+            + self.scratch.capacity()
     }
 
     fn clear(&mut self) {

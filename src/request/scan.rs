@@ -46,29 +46,48 @@ pub(super) fn read(
     key_fields: KeyFields,
     input: &mut RoutingInput,
 ) -> Result<PartitionNamespace, Handoff> {
-    let mut scan = Scan { b: body, i: 0 };
-    let mut partition = RawPartition::default();
-    if scan.ws() != Some(b'{') {
-        return Err(Handoff);
+    let mut scan = Scan {
+        b: body,
+        i: 0,
+        scratch: std::mem::take(&mut input.scratch),
+    };
+    let read = scan.top(endpoint, key_fields, input);
+    input.scratch = scan.scratch;
+    read
+}
+
+impl<'b> Scan<'b> {
+    /// The body: one object, then nothing but whitespace.
+    fn top(
+        &mut self,
+        endpoint: Endpoint,
+        key_fields: KeyFields,
+        input: &mut RoutingInput,
+    ) -> Result<PartitionNamespace, Handoff> {
+        let scan = self;
+        let mut partition = RawPartition::default();
+        if scan.ws() != Some(b'{') {
+            return Err(Handoff);
+        }
+        let collect = key_fields == KeyFields::Read;
+        let mut budgets = Budgets::default();
+        scan.object(1, |scan, key| {
+            top_field(
+                scan,
+                &key,
+                endpoint,
+                collect,
+                input,
+                &mut partition,
+                &mut budgets,
+            )
+        })?;
+        if scan.ws().is_some() {
+            return Err(Handoff);
+        }
+        input.max_output_tokens = budgets.max_completion_tokens.or(budgets.max_tokens);
+        Ok(partition.fields().namespace())
     }
-    let collect = key_fields == KeyFields::Read;
-    let mut budgets = Budgets::default();
-    scan.object(1, |scan, key| {
-        top_field(
-            scan,
-            &key,
-            endpoint,
-            collect,
-            input,
-            &mut partition,
-            &mut budgets,
-        )
-    })?;
-    if scan.ws().is_some() {
-        return Err(Handoff);
-    }
-    input.max_output_tokens = budgets.max_completion_tokens.or(budgets.max_tokens);
-    Ok(partition.fields().namespace())
 }
 
 #[derive(Default)]
@@ -93,10 +112,7 @@ fn top_field<'b>(
         "model" => {
             input.model.clear();
             match scan.peek() {
-                Some(b'"') => {
-                    let raw = scan.string()?;
-                    raw.append_to(&mut input.model)?;
-                }
+                Some(b'"') => scan.string_into(&mut input.model)?,
                 Some(b'n') => scan.literal(b"null")?,
                 _ => return Err(Handoff),
             }
@@ -178,17 +194,6 @@ impl<'b> RawStr<'b> {
         }
     }
 
-    /// Appends the decoded string to `out`.
-    fn append_to(self, out: &mut String) -> Step {
-        if self.escaped {
-            decode(self.bytes, out)
-        } else {
-            let text = std::str::from_utf8(self.bytes).map_err(|_| Handoff)?;
-            crate::copy::push_str(out, text);
-            Ok(())
-        }
-    }
-
     /// Checks what reading the string checks (its UTF-8) without keeping it.
     fn validate(self) -> Step {
         if self.bytes.is_ascii() || std::str::from_utf8(self.bytes).is_ok() {
@@ -196,18 +201,6 @@ impl<'b> RawStr<'b> {
         } else {
             Err(Handoff)
         }
-    }
-
-    /// Appends one piece of prompt text, one space between pieces (as the reference's
-    /// `push_text`).
-    fn push_text(self, buf: &mut String) -> Step {
-        if self.bytes.is_empty() {
-            return Ok(());
-        }
-        if !buf.is_empty() {
-            buf.push(' ');
-        }
-        self.append_to(buf)
     }
 }
 
@@ -222,6 +215,9 @@ enum Number {
 struct Scan<'b> {
     b: &'b [u8],
     i: usize,
+    /// Decoded strings with escapes, before their UTF-8 check (the input's, kept between
+    /// requests).
+    scratch: Vec<u8>,
 }
 
 impl<'b> Scan<'b> {
@@ -271,6 +267,62 @@ impl<'b> Scan<'b> {
                 _ => return Err(Handoff),
             }
         }
+    }
+
+    /// At an opening quote: appends the string, decoded, to `out`; moves past the closing
+    /// quote. A string without escapes is UTF-8 checked and copied once; one with escapes is
+    /// decoded into the scratch buffer as its end is found, then checked whole and copied (as
+    /// the reference reader does: a check per run between escapes costs more). On a hand-over
+    /// `out` may hold part of it (the caller starts again).
+    fn string_into(&mut self, out: &mut String) -> Step {
+        let start = self.i + 1;
+        let mut at = find_special(self.b, start);
+        if self.b.get(at) == Some(&b'"') {
+            let text = self.b.get(start..at).ok_or(Handoff)?;
+            let text = std::str::from_utf8(text).map_err(|_| Handoff)?;
+            crate::copy::push_str(out, text);
+            self.i = at + 1;
+            return Ok(());
+        }
+        self.scratch.clear();
+        let mut run = start;
+        loop {
+            let text = self.b.get(run..at).ok_or(Handoff)?;
+            crate::copy::extend_from_slice(&mut self.scratch, text);
+            match self.b.get(at) {
+                Some(b'"') => {
+                    self.i = at + 1;
+                    let text = std::str::from_utf8(&self.scratch).map_err(|_| Handoff)?;
+                    crate::copy::push_str(out, text);
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    let len = escape_len(self.b, at)?;
+                    let c = escape_char(self.b, at)?.0;
+                    let mut utf8 = [0u8; 4];
+                    self.scratch
+                        .extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+                    at += len;
+                    run = at;
+                }
+                // A control byte, or the end of the body.
+                _ => return Err(Handoff),
+            }
+            at = find_special(self.b, at);
+        }
+    }
+
+    /// At an opening quote: one piece of prompt text, one space between pieces (as the
+    /// reference's `push_text`; an empty string adds nothing).
+    fn push_text(&mut self, out: &mut String) -> Step {
+        if self.b.get(self.i + 1) == Some(&b'"') {
+            self.i += 2;
+            return Ok(());
+        }
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        self.string_into(out)
     }
 
     /// At `-` or a digit: checks the number's grammar; `None` for a fraction, an exponent or an
@@ -495,7 +547,7 @@ impl<'b> Scan<'b> {
     /// `prompt` / `text`: a string, or the first string of a batch (at any depth).
     fn first_text(&mut self, depth: u32, out: &mut String) -> Step {
         match self.peek() {
-            Some(b'"') => self.string()?.push_text(out),
+            Some(b'"') => self.push_text(out),
             Some(b'[') => self.array(depth, |scan, index| {
                 if index == 0 {
                     scan.first_text(depth + 1, out)
@@ -519,7 +571,7 @@ impl<'b> Scan<'b> {
     /// a bare string taken as text.
     fn text_of(&mut self, name: &str, depth: u32, out: &mut String) -> Step {
         match self.peek() {
-            Some(b'"') => self.string()?.push_text(out),
+            Some(b'"') => self.push_text(out),
             Some(b'{') => self.object(depth, |scan, key| {
                 if key == name {
                     scan.content(depth + 1, out)
@@ -534,7 +586,7 @@ impl<'b> Scan<'b> {
     /// Content: a string, or a list of parts whose `text` fields are taken in order.
     fn content(&mut self, depth: u32, out: &mut String) -> Step {
         match self.peek() {
-            Some(b'"') => self.string()?.push_text(out),
+            Some(b'"') => self.push_text(out),
             Some(b'[') => self.array(depth, |scan, _| scan.text_of("text", depth + 1, out)),
             _ => self.read_ignored(depth),
         }
@@ -787,31 +839,37 @@ fn decode(raw: &[u8], out: &mut String) -> Step {
             at = next;
             continue;
         }
-        let (c, len) = match raw.get(at + 1) {
-            Some(b'"') => ('"', 2),
-            Some(b'\\') => ('\\', 2),
-            Some(b'/') => ('/', 2),
-            Some(b'b') => ('\u{8}', 2),
-            Some(b'f') => ('\u{c}', 2),
-            Some(b'n') => ('\n', 2),
-            Some(b'r') => ('\r', 2),
-            Some(b't') => ('\t', 2),
-            Some(b'u') => {
-                let high = hex4(raw, at + 2)?;
-                if (0xD800..=0xDBFF).contains(&high) {
-                    let low = hex4(raw, at + 8)?;
-                    let code = 0x1_0000 + ((high - 0xD800) << 10 | (low.wrapping_sub(0xDC00)));
-                    (char::from_u32(code).ok_or(Handoff)?, 12)
-                } else {
-                    (char::from_u32(high).ok_or(Handoff)?, 6)
-                }
-            }
-            _ => return Err(Handoff),
-        };
+        let (c, len) = escape_char(raw, at)?;
         out.push(c);
         at += len;
     }
     Ok(())
+}
+
+/// The character an escape at `at` (a backslash, checked by [`escape_len`]) stands for, and
+/// the escape's length.
+fn escape_char(raw: &[u8], at: usize) -> Step<(char, usize)> {
+    Ok(match raw.get(at + 1) {
+        Some(b'"') => ('"', 2),
+        Some(b'\\') => ('\\', 2),
+        Some(b'/') => ('/', 2),
+        Some(b'b') => ('\u{8}', 2),
+        Some(b'f') => ('\u{c}', 2),
+        Some(b'n') => ('\n', 2),
+        Some(b'r') => ('\r', 2),
+        Some(b't') => ('\t', 2),
+        Some(b'u') => {
+            let high = hex4(raw, at + 2)?;
+            if (0xD800..=0xDBFF).contains(&high) {
+                let low = hex4(raw, at + 8)?;
+                let code = 0x1_0000 + ((high - 0xD800) << 10 | (low.wrapping_sub(0xDC00)));
+                (char::from_u32(code).ok_or(Handoff)?, 12)
+            } else {
+                (char::from_u32(high).ok_or(Handoff)?, 6)
+            }
+        }
+        _ => return Err(Handoff),
+    })
 }
 
 /// The position of the first `byte` at or after `from` (the slice's length if none), sixteen
@@ -925,7 +983,11 @@ mod tests {
     #[test]
     fn strings_end_at_the_first_unescaped_quote_and_refuse_control_bytes() {
         let body = br#""abcdefghijklmnopqrstuvwxyz \" 0123456789 \\" tail"#;
-        let mut scan = Scan { b: body, i: 0 };
+        let mut scan = Scan {
+            b: body,
+            i: 0,
+            scratch: Vec::new(),
+        };
         let raw = scan.string().unwrap();
         assert!(raw.escaped);
         assert_eq!(&body[scan.i..], b" tail");
@@ -938,7 +1000,13 @@ mod tests {
             b"\"\\x\"",
             b"\"\\ud800\"",
         ] {
-            assert!(Scan { b: refused, i: 0 }.string().is_err());
+            assert!(Scan {
+                b: refused,
+                i: 0,
+                scratch: Vec::new(),
+            }
+            .string()
+            .is_err());
         }
     }
 
