@@ -288,7 +288,11 @@ impl<'b> Scan<'b> {
         let mut run = start;
         loop {
             let text = self.b.get(run..at).ok_or(Handoff)?;
-            crate::copy::extend_from_slice(&mut self.scratch, text);
+            if text.len() <= crate::copy::PIECE_BYTES {
+                self.scratch.extend_from_slice(text);
+            } else {
+                crate::copy::extend_from_slice(&mut self.scratch, text);
+            }
             match self.b.get(at) {
                 Some(b'"') => {
                     self.i = at + 1;
@@ -297,11 +301,19 @@ impl<'b> Scan<'b> {
                     return Ok(());
                 }
                 Some(b'\\') => {
-                    let len = escape_len(self.b, at)?;
-                    let c = escape_char(self.b, at)?.0;
-                    let mut utf8 = [0u8; 4];
-                    self.scratch
-                        .extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+                    // `\u` escapes are checked for surrogate pairs first; the one-letter ones
+                    // are checked by `escape_char` itself.
+                    if self.b.get(at + 1) == Some(&b'u') {
+                        escape_len(self.b, at)?;
+                    }
+                    let (c, len) = escape_char(self.b, at)?;
+                    if c.is_ascii() {
+                        self.scratch.push(c as u8);
+                    } else {
+                        let mut utf8 = [0u8; 4];
+                        self.scratch
+                            .extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+                    }
                     at += len;
                     run = at;
                 }
