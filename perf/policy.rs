@@ -1,6 +1,7 @@
 //! Criterion benchmarks of routing-input extraction and the cache_aware decision.
 //!
-//! - `extract/*`: the routing-input reader (hand-written serde visitors, borrowed strings) against
+//! - `extract/*`: the routing-input reader (`request::extract`: since issue 21 the one-pass scanner;
+//!   `perf/extract.rs` compares it with the serde visitors it replaced) against
 //!   a bare validation pass (`IgnoredAny`, what the gateway did before routing read the body) and
 //!   a full `serde_json::Value` DOM parse of the same body, side by side; throughput in bytes, so
 //!   criterion prints the cost per KB.

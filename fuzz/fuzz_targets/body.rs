@@ -10,13 +10,16 @@
 //!   partition namespace equal what the parsed document says;
 //! - the text, model and token IDs are no longer than the body;
 //! - a `RoutingInput` reused from the previous input extracts exactly what a fresh one does (its
-//!   buffers are cleared, not appended to).
+//!   buffers are cleared, not appended to);
+//! - the one-pass scanner (`extract`) reads exactly what the reference `serde_json` visitors
+//!   (`extract_reference`) read, error or not (issue 21).
 #![no_main]
 
 use std::cell::RefCell;
 
 use kvgate::request::{
-    extract, Endpoint, PartitionFields, RoutingHeaders, RoutingInput, RoutingKey,
+    extract, extract_reference, Endpoint, PartitionFields, RoutingHeaders, RoutingInput,
+    RoutingKey,
 };
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -138,6 +141,14 @@ fuzz_target!(|data: &[u8]| {
     }
     check_against_document(endpoint, body, ok, &input);
     let fresh = seen(ok, &input);
+    let mut reference = RoutingInput::new();
+    let reference_ok =
+        extract_reference(endpoint, body, RoutingHeaders::default(), &mut reference).is_ok();
+    assert_eq!(
+        fresh,
+        seen(reference_ok, &reference),
+        "the scanner and the reference reader differ"
+    );
     let reused = REUSED.with(|reused| {
         let mut reused = reused.borrow_mut();
         let ok = extract(endpoint, body, RoutingHeaders::default(), &mut reused).is_ok();

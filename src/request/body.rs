@@ -1,7 +1,8 @@
-//! Reads the routing fields of a JSON body in one pass, without building a DOM: `serde_json`
-//! drives hand-written visitors that append text straight into the caller's buffers and skip
-//! every other value with `IgnoredAny`. Strings without escapes are borrowed from the body, so a
-//! request allocates only when a buffer must grow or a partition value contains escapes.
+//! The reference reader of a body's routing fields: `serde_json` drives hand-written visitors
+//! that append text straight into the caller's buffers and skip every other value with
+//! `IgnoredAny`. The gateway reads bodies with the faster `scan` first; this reader reads the
+//! bodies `scan` hands over (invalid JSON, whose error it reports, and rare shapes) and is the
+//! oracle `scan` is tested against (`equivalence.rs`): what it does is the specification.
 //!
 //! Shapes accepted (anything else in these fields is ignored, never an error):
 //! - `prompt` (Completions) and `text` (`/generate`): a string, or a batch whose first string is used;

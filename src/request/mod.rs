@@ -15,6 +15,7 @@ mod body;
 mod endpoint;
 mod header;
 mod partition;
+mod scan;
 
 pub use endpoint::{Endpoint, Handling, Method};
 pub use header::{parse_routing_tokens, ROUTING_TOKENS_BYTES_MAX, ROUTING_TOKENS_IDS_MAX};
@@ -126,6 +127,8 @@ pub struct RoutingInput {
     target_worker: String,
     /// Scratch for the Messages API `system` field, prepended to the messages' text.
     system: String,
+    /// Scratch for decoding strings with escapes (`scan`).
+    scratch: Vec<u8>,
     /// The request's output budget: `max_completion_tokens` or `max_tokens`, or `/generate`'s
     /// `sampling_params.max_new_tokens`.
     max_output_tokens: Option<u32>,
@@ -211,6 +214,7 @@ impl RoutingInput {
             + self.tokens.capacity() * std::mem::size_of::<u32>()
             + self.target_worker.capacity()
             + self.system.capacity()
+            + self.scratch.capacity()
     }
 
     fn clear(&mut self) {
@@ -228,8 +232,41 @@ impl RoutingInput {
 }
 
 /// Fills `input` with the routing input of one request: classify-then-extract is the gateway's
-/// job; this reads the body (without building a DOM) and the routing headers.
+/// job; this reads the body (one pass, without building a DOM: `scan`, which hands invalid and
+/// unusual bodies to the reference reader `body`) and the routing headers.
 pub fn extract(
+    endpoint: Endpoint,
+    body: &[u8],
+    headers: RoutingHeaders<'_>,
+    input: &mut RoutingInput,
+) -> Result<(), RequestError> {
+    extract_with(BodyReader::Scan, endpoint, body, headers, input)
+}
+
+/// [`extract`] with the reference body reader alone (`serde_json` visitors), which the fast
+/// reader hands unusual bodies to: the oracle of the equivalence tests and the baseline of the
+/// extraction benchmark (`perf/extract.rs`). Not for the gateway's use.
+#[doc(hidden)]
+pub fn extract_reference(
+    endpoint: Endpoint,
+    body: &[u8],
+    headers: RoutingHeaders<'_>,
+    input: &mut RoutingInput,
+) -> Result<(), RequestError> {
+    extract_with(BodyReader::Reference, endpoint, body, headers, input)
+}
+
+/// Which reader reads the body.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BodyReader {
+    /// The one-pass scanner (`scan`), handing what it is unsure of to the reference reader.
+    Scan,
+    /// The `serde_json` visitors (`body`) alone.
+    Reference,
+}
+
+fn extract_with(
+    reader: BodyReader,
     endpoint: Endpoint,
     body: &[u8],
     headers: RoutingHeaders<'_>,
@@ -249,7 +286,24 @@ pub fn extract(
     } else {
         body::KeyFields::Read
     };
-    let partition = body::read(endpoint, body, key_fields, input)?;
+    let scanned = match reader {
+        BodyReader::Scan => scan::read(endpoint, body, key_fields, input).ok(),
+        BodyReader::Reference => None,
+    };
+    let partition = match scanned {
+        Some(partition) => partition,
+        None => {
+            // The scanner may have read part of the body: start again from a clean input (the
+            // header's IDs, when they are the key, were never touched).
+            input.model.clear();
+            input.text.clear();
+            input.system.clear();
+            if !header_tokens {
+                input.tokens.clear();
+            }
+            body::read(endpoint, body, key_fields, input)?
+        }
+    };
     input.namespace = partition;
     input.source = Some(if header_tokens {
         KeySource::TokensHeader
@@ -289,3 +343,6 @@ fn read_hashing_headers(headers: RoutingHeaders<'_>, input: &mut RoutingInput) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod equivalence;
