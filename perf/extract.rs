@@ -29,13 +29,15 @@ use kvgate::ids::WorkerId;
 use kvgate::index::{Namespace, TreeMatch};
 use kvgate::policy::{
     CacheIndexKind, IndexKey, IndexLookup, Lookup, PolicyArgs, PolicyMetrics, Prepared, Router,
-    WorkerLoad, WorkerStatus,
 };
 use kvgate::request::{extract, extract_reference, Endpoint, RoutingHeaders, RoutingInput};
 #[cfg(feature = "bench-sonic")]
 use sonic_rs::JsonValueTrait;
 
 /// Workers in the decision snapshot.
+#[path = "fleet.rs"]
+mod fleet;
+
 const WORKERS: usize = 16;
 
 /// The sizes the benchmarks run.
@@ -262,27 +264,6 @@ fn bench_extract(c: &mut Criterion, sizes: &Sizes) -> u64 {
     checksum
 }
 
-fn fleet(rng: &mut Rng) -> Vec<WorkerStatus> {
-    (0..WORKERS)
-        .map(|_| WorkerStatus {
-            eligible: true,
-            in_flight: rng.u32(0..40),
-            load: Some(WorkerLoad {
-                running: rng.u32(0..32),
-                waiting: rng.u32(0..8),
-                waiting_uncached_tokens: rng.u64(0..20_000),
-                token_usage: rng.f64() * 0.8,
-                gen_throughput: 2_000.0 + rng.f64() * 1_000.0,
-                kv_capacity_tokens: 1 << 20,
-            }),
-            credited_tokens: rng.u64(0..4_000),
-            resident_tokens: rng.u64(0..40_000),
-            drained_tokens: rng.u64(0..2_000),
-            placed_tokens: rng.f64() * 100.0,
-        })
-        .collect()
-}
-
 /// An index mode that answers every tree lookup with one match: 80% of the key, on 4 workers.
 #[derive(Debug)]
 struct FixedLookup;
@@ -329,7 +310,7 @@ fn router(hash_mode: bool) -> Router {
 
 fn bench_routed(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(7);
-    let workers = fleet(&mut rng);
+    let workers = fleet::fleet(&mut rng, WORKERS);
     let urls: Vec<String> = (0..WORKERS).map(|i| format!("http://w{i}:8000")).collect();
     let active = || {
         urls.iter()

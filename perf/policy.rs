@@ -27,11 +27,14 @@ use kvgate::ids::WorkerId;
 use kvgate::index::{Namespace, TreeMatch};
 use kvgate::policy::{
     cache_aware, CacheAwareConfig, IndexKey, IndexLookup, Lookup, PolicyArgs, PolicyMetrics,
-    Prepared, Router, WorkerLoad, WorkerStatus,
+    Prepared, Router,
 };
 use kvgate::request::{extract, Endpoint, RoutingHeaders, RoutingInput, RoutingKey};
 
 /// Workers in the decision snapshot.
+#[path = "fleet.rs"]
+mod fleet;
+
 const WORKERS: usize = 16;
 
 /// The prompt sizes the benchmarks run, in tokens (one word = one token, as in sim-engine).
@@ -188,30 +191,9 @@ fn key_len(input: &RoutingInput) -> usize {
     }
 }
 
-fn fleet(rng: &mut Rng) -> Vec<WorkerStatus> {
-    (0..WORKERS)
-        .map(|_| WorkerStatus {
-            eligible: true,
-            in_flight: rng.u32(0..40),
-            load: Some(WorkerLoad {
-                running: rng.u32(0..32),
-                waiting: rng.u32(0..8),
-                waiting_uncached_tokens: rng.u64(0..20_000),
-                token_usage: rng.f64() * 0.8,
-                gen_throughput: 2_000.0 + rng.f64() * 1_000.0,
-                kv_capacity_tokens: 1 << 20,
-            }),
-            credited_tokens: rng.u64(0..4_000),
-            resident_tokens: rng.u64(0..40_000),
-            drained_tokens: rng.u64(0..2_000),
-            placed_tokens: rng.f64() * 100.0,
-        })
-        .collect()
-}
-
 fn bench_decide(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(7);
-    let workers = fleet(&mut rng);
+    let workers = fleet::fleet(&mut rng, WORKERS);
     let config = CacheAwareConfig::default();
     let load_aware = CacheAwareConfig {
         load_aware_affinity: true,
@@ -334,7 +316,7 @@ impl IndexLookup for FixedLookup {
 /// `Router::choose` for one chat request under three logging set-ups, and `select` alone.
 fn bench_decide_logging(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(11);
-    let workers = fleet(&mut rng);
+    let workers = fleet::fleet(&mut rng, WORKERS);
     let urls: Vec<String> = (0..WORKERS).map(|i| format!("http://w{i}:8000")).collect();
     let tokens = sizes.logging_prompt_tokens;
     let body = chat_body(tokens, &mut rng);
