@@ -34,6 +34,10 @@ pub const UPSTREAM_READ_BYTES: usize = 16 * 1024;
 /// A larger burst of bytes takes more reads.
 pub const STREAM_READ_BYTES: usize = 2 * 1024;
 
+/// How long a kept-alive client connection waits for its next request with its read buffer in
+/// the kernel's hands; idle longer, it waits holding no buffer (`http::server`).
+pub const KEEPALIVE_BUFFERED_WAIT: Duration = Duration::from_secs(1);
+
 /// Empty I/O buffers a data core keeps for waiting streams to borrow back (`http::buffers`):
 /// 256 of `UPSTREAM_READ_BYTES` is 4 MiB a core, enough for the streams that move bytes at one
 /// moment; more are freed.

@@ -24,11 +24,12 @@ use super::{admin, proxy};
 use crate::config::Config;
 use crate::error::{write_error_body, ErrorKind, ProxyError};
 use crate::limits::{
-    DOWNSTREAM_WRITE_TIMEOUT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX,
+    DOWNSTREAM_WRITE_TIMEOUT, KEEPALIVE_BUFFERED_WAIT, READ_BUF_BYTES_INITIAL,
+    READ_BUF_BYTES_RETAINED_MAX,
 };
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
-use crate::net::socket::{read_spare, Socket};
+use crate::net::socket::{self, read_spare, Socket};
 use crate::policy::Prepared;
 use crate::request::{Endpoint, Handling, Method};
 use crate::workers::admin::{bearer_matches, check_access, route_admin};
@@ -409,10 +410,55 @@ async fn read_request_head(
                 *head_deadline.get_or_insert_with(|| Instant::now() + config.header_read_timeout);
             (ReadPhase::WithinRequest, head_deadline)
         };
-        let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
-        if let ReadEnd::Closed = read_client(down, deadline, phase, spare).await? {
+        let read = if phase == ReadPhase::BetweenRequests {
+            wait_for_next_request(down, core, deadline).await?
+        } else {
+            let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
+            read_client(down, deadline, phase, spare).await?
+        };
+        if let ReadEnd::Closed = read {
             return Ok(None);
         }
+    }
+}
+
+/// Reads the first bytes of a kept-alive connection's next request. For its first
+/// `KEEPALIVE_BUFFERED_WAIT` it waits in a read (one operation: a busy client's next request
+/// comes at once); a connection idle longer gives its empty buffers to the core and waits for
+/// readiness holding none, so thousands of idle connections cost their tasks, not their
+/// buffers. `Closed` when the client closes or `idle_deadline` passes.
+async fn wait_for_next_request(
+    down: &mut Downstream,
+    core: &DataCore,
+    idle_deadline: Instant,
+) -> Result<ReadEnd, ProxyError> {
+    let buffered_until = idle_deadline.min(Instant::now() + KEEPALIVE_BUFFERED_WAIT);
+    let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
+    let (result, buf) = down
+        .socket
+        .read_more(std::mem::take(&mut down.read_buf), spare, buffered_until)
+        .await;
+    down.read_buf = buf;
+    match result {
+        Ok(n) if n > 0 => return Ok(ReadEnd::Data),
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut && buffered_until < idle_deadline => {}
+        _ => return Ok(ReadEnd::Closed),
+    }
+    {
+        let mut spare_buffers = core.spare_buffers.borrow_mut();
+        spare_buffers.lend(&mut down.read_buf);
+        spare_buffers.lend(&mut down.write_buf);
+    }
+    let ready = down
+        .socket
+        .readable_unless(std::pin::pin!(socket::at_deadline(idle_deadline)))
+        .await;
+    core.spare_buffers
+        .borrow_mut()
+        .borrow_into(&mut down.read_buf);
+    match ready {
+        Some(Ok(())) => read_client(down, idle_deadline, ReadPhase::BetweenRequests, spare).await,
+        _ => Ok(ReadEnd::Closed),
     }
 }
 
