@@ -257,6 +257,9 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
     );
     assert!(repairs("retried") >= 1.0, "{}", mesh_metrics(&late));
     assert_eq!(repairs("abandoned"), 0.0);
+    // A completed repair is on the mesh thread; its inserts reach the index when the control
+    // core drains them.
+    wait_settled(&late, 1.0, 6.0);
     assert_routes_like(&late, &taught, "late gateway");
 }
 
