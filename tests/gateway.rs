@@ -460,11 +460,17 @@ fn a_connection_idle_past_the_buffered_wait_serves_its_next_requests() {
     // After KEEPALIVE_BUFFERED_WAIT (1 s) an idle connection waits holding no buffer
     // (http::server::wait_for_next_request); what arrives then must be read whole.
     let origin = MockOrigin::start(|r| {
-        Reply::json(&format!(r#"{{"echo":{}}}"#, String::from_utf8_lossy(&r.body)))
+        Reply::json(&format!(
+            r#"{{"echo":{}}}"#,
+            String::from_utf8_lossy(&r.body)
+        ))
     });
     let gateway = Gateway::start(&[origin.url()], &[]);
     let mut client = gateway.client();
-    assert_eq!(client.post_json("/generate", r#"{"n":1}"#).json()["echo"]["n"], 1);
+    assert_eq!(
+        client.post_json("/generate", r#"{"n":1}"#).json()["echo"]["n"],
+        1
+    );
     std::thread::sleep(Duration::from_millis(1_500));
     let two = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"n\":2}";
     let three = "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 7\r\n\r\n{\"n\":3}";
