@@ -716,7 +716,7 @@ async fn stream_back(
     let method = request.head.method;
     // Until the first body byte the worker queues and prefills; after it, it decodes.
     let first_byte_deadline = deadline.min(Instant::now() + config.upstream_first_byte_timeout);
-    // The head (1 KB of header spans) lives in this block only: a stream does not carry it
+    // The head (512 bytes of header spans) lives in this block only: a stream does not carry it
     // through its waits.
     let (status, upstream_keeps_connection, body_kind, framing, connection);
     let (mut tracker, mut body_begun, mut leftover);
