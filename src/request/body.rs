@@ -16,7 +16,8 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::{Endpoint, PartitionFields, PartitionNamespace, RequestError, RoutingInput};
+use super::partition::RawPartition;
+use super::{Endpoint, PartitionNamespace, RequestError, RoutingInput};
 
 /// Whether the body's key fields (text, `input_ids`) are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,26 +104,6 @@ macro_rules! ignore_map {
             Ok(Default::default())
         }
     };
-}
-
-/// Partition values as found in the body, borrowed unless they contained escapes.
-#[derive(Default)]
-struct RawPartition<'de> {
-    cache_salt: Option<Cow<'de, str>>,
-    extra_key: Option<Cow<'de, str>>,
-    lora_path: Option<Cow<'de, str>>,
-    lora_id: Option<Cow<'de, str>>,
-}
-
-impl RawPartition<'_> {
-    fn fields(&self) -> PartitionFields<'_> {
-        PartitionFields {
-            cache_salt: self.cache_salt.as_deref(),
-            extra_key: self.extra_key.as_deref(),
-            lora_path: self.lora_path.as_deref(),
-            lora_id: self.lora_id.as_deref(),
-        }
-    }
 }
 
 /// The top-level keys the router reads.

@@ -6,6 +6,8 @@
 //! can make one partition's encoding equal another's (`salt="ab", key=""` and `salt="a",
 //! key="b"` differ by their lengths; a salt and an equal extra key differ by their tags).
 
+use std::borrow::Cow;
+
 use xxhash_rust::xxh3::Xxh3;
 
 /// A request's cache namespace. The unpartitioned namespace is 0; every partitioned request hashes
@@ -61,5 +63,27 @@ impl PartitionFields<'_> {
         }
         // 0 is reserved for "unpartitioned": a partitioned request never lands there.
         PartitionNamespace(hasher.digest().max(1))
+    }
+}
+
+/// Partition values as found in a body, borrowed unless they contained escapes: what both body
+/// readers (`scan`, and its reference `body`) fill.
+#[derive(Default)]
+pub(super) struct RawPartition<'b> {
+    pub(super) cache_salt: Option<Cow<'b, str>>,
+    pub(super) extra_key: Option<Cow<'b, str>>,
+    pub(super) lora_path: Option<Cow<'b, str>>,
+    pub(super) lora_id: Option<Cow<'b, str>>,
+}
+
+impl RawPartition<'_> {
+    /// The fields, borrowed, for hashing into a namespace.
+    pub(super) fn fields(&self) -> PartitionFields<'_> {
+        PartitionFields {
+            cache_salt: self.cache_salt.as_deref(),
+            extra_key: self.extra_key.as_deref(),
+            lora_path: self.lora_path.as_deref(),
+            lora_id: self.lora_id.as_deref(),
+        }
     }
 }

@@ -25,7 +25,8 @@
 use std::borrow::Cow;
 
 use super::body::KeyFields;
-use super::{Endpoint, PartitionFields, PartitionNamespace, RoutingInput};
+use super::partition::RawPartition;
+use super::{Endpoint, PartitionNamespace, RoutingInput};
 
 /// The body is left to the reference reader (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,26 +151,6 @@ fn top_field<'b>(
         _ => scan.skip()?,
     }
     Ok(())
-}
-
-/// Partition values as found in the body, borrowed unless they contained escapes.
-#[derive(Default)]
-struct RawPartition<'b> {
-    cache_salt: Option<Cow<'b, str>>,
-    extra_key: Option<Cow<'b, str>>,
-    lora_path: Option<Cow<'b, str>>,
-    lora_id: Option<Cow<'b, str>>,
-}
-
-impl RawPartition<'_> {
-    fn fields(&self) -> PartitionFields<'_> {
-        PartitionFields {
-            cache_salt: self.cache_salt.as_deref(),
-            extra_key: self.extra_key.as_deref(),
-            lora_path: self.lora_path.as_deref(),
-            lora_id: self.lora_id.as_deref(),
-        }
-    }
 }
 
 /// A string's content between its quotes, checked for control bytes and well-formed escapes (a
