@@ -16,7 +16,8 @@
 # and turn it into a regression test in the main crate.
 #
 # Builds once with `cargo +nightly fuzz build` (release, debug assertions and overflow checks on,
-# no sanitizer: the code under test has no `unsafe`, and ASan would halve the executions; 16
+# no sanitizer: the one `unsafe` the targets reach, the index's shared text buffer, runs under ASan
+# in scripts/test-sanitized.sh, and ASan would halve the executions; 16
 # codegen units, so the large crates build on both cores).
 # Needs a nightly toolchain (libFuzzer's instrumentation is unstable); without one it says so
 # and exits 0, so the normal suite still runs on a stable-only machine. cargo-fuzz itself is

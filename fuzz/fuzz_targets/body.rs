@@ -12,14 +12,15 @@
 //! - a `RoutingInput` reused from the previous input extracts exactly what a fresh one does (its
 //!   buffers are cleared, not appended to);
 //! - the one-pass scanner (`extract`) reads exactly what the reference `serde_json` visitors
-//!   (`extract_reference`) read, error or not (issue 21).
+//!   (`extract_reference`) read, error or not (issue 21), and so does the scanner building the
+//!   text in a shared buffer as it does for large bodies (`extract_shared_text`).
 #![no_main]
 
 use std::cell::RefCell;
 
 use kvgate::request::{
-    extract, extract_reference, Endpoint, PartitionFields, RoutingHeaders, RoutingInput,
-    RoutingKey,
+    extract, extract_reference, extract_shared_text, Endpoint, PartitionFields, RoutingHeaders,
+    RoutingInput, RoutingKey,
 };
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
@@ -148,6 +149,14 @@ fuzz_target!(|data: &[u8]| {
         fresh,
         seen(reference_ok, &reference),
         "the scanner and the reference reader differ"
+    );
+    let mut shared = RoutingInput::new();
+    let shared_ok =
+        extract_shared_text(endpoint, body, RoutingHeaders::default(), &mut shared).is_ok();
+    assert_eq!(
+        fresh,
+        seen(shared_ok, &shared),
+        "the scanner building a shared text differs"
     );
     let reused = REUSED.with(|reused| {
         let mut reused = reused.borrow_mut();

@@ -32,8 +32,8 @@ use crate::ids::WorkerId;
 use crate::limits::{MATCH_TENANTS_MAX, MODELS_MAX};
 pub use keys::{common_prefix, count_chars, page_hash, TokenPages};
 use keys::{PageKeys, TextKeys};
-pub use raw::READERS_MAX;
 use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
+pub use raw::{TextWriter, READERS_MAX};
 pub use tree::{HintCounts, KindGauges, KindMemory, LookupHint, KEY_ELEMENTS_MAX, NAMESPACES_MAX};
 use tree::{Key, SharedTree, TreeWriter, WriteCtx};
 
@@ -673,6 +673,16 @@ pub fn token_key(tokens: &TokenPages) -> TokenKey {
 /// A dispatch record's text key; see `token_key`.
 pub fn text_key(text: &str) -> Arc<str> {
     raw::text_buffer(text)
+}
+
+/// A dispatch record's text key of `len` bytes, written in order by `fill` (text assembled from
+/// pieces, built once where the record keeps it); `None` when `fill` gives up or writes other
+/// than `len` bytes of UTF-8.
+pub fn text_key_written(
+    len: usize,
+    fill: impl FnOnce(&mut TextWriter<'_>) -> Option<()>,
+) -> Option<Arc<str>> {
+    raw::text_buffer_written(len, fill)
 }
 
 fn saturating_u32(value: u64) -> u32 {

@@ -608,6 +608,55 @@ pub fn text_buffer(text: &str) -> Arc<str> {
     unsafe { Arc::from_raw(Arc::into_raw(bytes) as *const str) }
 }
 
+/// A new shared string of exactly `len` bytes that `fill` writes in order through a
+/// [`TextWriter`]: text assembled from pieces (a prompt's strings, decoded) is built once, in
+/// the buffer the dispatch record and the index keep, instead of being assembled elsewhere and
+/// copied. `None` when `fill` gives up, writes fewer than `len` bytes, or writes bytes that are
+/// not UTF-8.
+pub fn text_buffer_written(
+    len: usize,
+    fill: impl FnOnce(&mut TextWriter<'_>) -> Option<()>,
+) -> Option<Arc<str>> {
+    let mut buffer = Arc::<[u8]>::new_uninit_slice(len);
+    let slots = Arc::get_mut(&mut buffer)?;
+    let mut writer = TextWriter { slots, written: 0 };
+    fill(&mut writer)?;
+    if writer.written != len {
+        return None;
+    }
+    // SAFETY: the writer wrote every one of the `len` slots: it writes only at `written`,
+    // advances `written` by what it wrote and never past `len`, and `written == len` here.
+    let bytes = unsafe { buffer.assume_init() };
+    std::str::from_utf8(&bytes).ok()?;
+    // SAFETY: the bytes were checked to be UTF-8 just above; the cast is `text_buffer`'s.
+    Some(unsafe { Arc::from_raw(Arc::into_raw(bytes) as *const str) })
+}
+
+/// Writes a [`text_buffer_written`] buffer front to back.
+pub struct TextWriter<'a> {
+    slots: &'a mut [std::mem::MaybeUninit<u8>],
+    written: usize,
+}
+
+impl TextWriter<'_> {
+    /// Appends `bytes` (in pieces, as `buffer_of`); false, writing nothing, when they do not
+    /// fit in what is left.
+    pub fn push(&mut self, bytes: &[u8]) -> bool {
+        let end = self.written.saturating_add(bytes.len());
+        let Some(slots) = self.slots.get_mut(self.written..end) else {
+            return false;
+        };
+        let piece = crate::copy::PIECE_BYTES;
+        for (slots, part) in slots.chunks_mut(piece).zip(bytes.chunks(piece)) {
+            for (slot, byte) in slots.iter_mut().zip(part) {
+                slot.write(*byte);
+            }
+        }
+        self.written = end;
+        true
+    }
+}
+
 /// One cache line of eight atomic words: the hash index's table is made of them.
 #[derive(Debug)]
 #[repr(C, align(64))]
@@ -1080,6 +1129,42 @@ unsafe fn free_retired<E: Element>(item: Retired, slab: &Slab<E>, free_ids: &mut
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn written_text_buffers_hold_exactly_what_was_written() {
+        let text = "préfixe partagé, ".repeat(500);
+        let (head, tail) = text.as_bytes().split_at(7);
+        let written = text_buffer_written(text.len(), |w| {
+            (w.push(head) && w.push(b"") && w.push(tail)).then_some(())
+        });
+        assert_eq!(written.as_deref(), Some(text.as_str()));
+        assert_eq!(text_buffer_written(0, |_| Some(())).as_deref(), Some(""));
+        // Short, refused by the writer, given up, or not UTF-8: no buffer.
+        assert_eq!(
+            text_buffer_written(4, |w| w.push(b"abc").then_some(())),
+            None
+        );
+        assert_eq!(
+            text_buffer_written(4, |w| {
+                assert!(w.push(b"abc"));
+                assert!(!w.push(b"de"), "a push past the end is refused");
+                w.push(b"d").then_some(())
+            })
+            .as_deref(),
+            Some("abcd")
+        );
+        assert_eq!(
+            text_buffer_written(3, |w| {
+                w.push(b"abc");
+                None
+            }),
+            None
+        );
+        assert_eq!(
+            text_buffer_written(2, |w| w.push(&[0xC3, 0x28]).then_some(())),
+            None
+        );
+    }
 
     #[test]
     fn buffers_hold_copies_of_long_keys() {

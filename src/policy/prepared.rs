@@ -11,7 +11,9 @@
 //! connection keeps.
 
 use std::cell::Cell;
+use std::sync::Arc;
 
+use super::record::KeyData;
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use crate::ids::WorkerId;
 use crate::index::hash::{Head, HeadMatch};
@@ -130,6 +132,15 @@ impl Prepared {
         }
     }
 
+    /// The dispatch record's key: the request's shared text itself when extraction built one
+    /// (a large body's text is not copied again), a copy of [`Prepared::index_key`] otherwise.
+    pub fn record_key(&self) -> KeyData {
+        match (self.index_key(), self.input.shared_text()) {
+            (IndexKey::Text(_), Some(text)) => KeyData::Text(Arc::clone(text)),
+            (key, _) => KeyData::of(key),
+        }
+    }
+
     /// Drops buffers that grew past what a connection keeps between requests (the bound of its
     /// read buffer: one large prompt should not pin memory for the life of the connection).
     pub fn shed_large_buffers(&mut self) {
@@ -139,6 +150,7 @@ impl Prepared {
         if retained > READ_BUF_BYTES_RETAINED_MAX {
             *self = Prepared::default();
         }
+        self.input.release_shared_text();
     }
 }
 

@@ -645,7 +645,7 @@ impl Router {
         };
         let record = RecordKey {
             namespace,
-            key: KeyData::of(prepared.index_key()),
+            key: prepared.record_key(),
             model_name,
             hint,
             mesh,
@@ -779,6 +779,39 @@ mod tests {
             let worker = router.choose(&prepared, workers, status_of).unwrap();
             let record = router.record(&prepared, worker, 10).unwrap();
             assert_eq!(record.mesh, share, "hottest worker at {hottest}");
+        }
+    }
+
+    #[test]
+    fn a_large_bodys_record_keeps_its_text_as_extracted_and_a_small_ones_copies_it() {
+        let (mut router, _) = router();
+        let urls = ["http://w0", "http://w1"];
+        let line = "a line of a long document, with a newline escape\\n";
+        let large = line.repeat(crate::request::SHARED_TEXT_BODY_BYTES_MIN / line.len() + 1);
+        for (prompt, shared) in [(large.as_str(), true), ("a short prompt\\n", false)] {
+            let body =
+                format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{prompt}"}}]}}"#);
+            let prepared = prepare(&mut router, Endpoint::ChatCompletions, body.as_bytes(), 10);
+            let expected = prompt.replace("\\n", "\n");
+            assert_eq!(prepared.input.text(), expected);
+            assert_eq!(prepared.input.shared_text().is_some(), shared);
+            let workers = urls
+                .iter()
+                .enumerate()
+                .map(|(slot, url)| (WorkerId(slot as u16), *url));
+            let idle = |_| WorkerStatus {
+                eligible: true,
+                ..WorkerStatus::default()
+            };
+            let worker = router.choose(&prepared, workers, idle).unwrap();
+            let record = router.record(&prepared, worker, 10).unwrap();
+            let KeyData::Text(key) = &record.key else {
+                panic!("a text key, got {:?}", record.key);
+            };
+            assert_eq!(&**key, expected);
+            // One copy of the text: the record holds the very buffer extraction built.
+            let same_buffer = std::ptr::eq(key.as_ptr(), prepared.input.text().as_ptr());
+            assert_eq!(same_buffer, shared, "{} bytes", body.len());
         }
     }
 

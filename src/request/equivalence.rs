@@ -2,7 +2,8 @@
 //! ([`extract_reference`], the `serde_json` visitors): on every body of a corpus (the unit
 //! tests' bodies, edge cases of escapes, numbers and shapes, the committed fuzz corpus, and
 //! generated bodies, valid and mutated) both give the same result, error position included,
-//! and the same routing input, on every endpoint, with and without a routing-tokens header.
+//! and the same routing input, on every endpoint, with and without a routing-tokens header,
+//! with the text built in the reused buffer and in a shared one (as large bodies have it).
 //! A second test checks the fast reader really reads the common bodies itself, so the first
 //! cannot pass by handing everything over.
 
@@ -49,18 +50,22 @@ fn assert_same(body: &[u8]) {
     for endpoint in Endpoint::ALL {
         for headers in header_cases {
             let mut fast = RoutingInput::new();
+            let mut shared = RoutingInput::new();
             let mut reference = RoutingInput::new();
-            for input in [&mut fast, &mut reference] {
+            for input in [&mut fast, &mut shared, &mut reference] {
                 let previous = br#"{"model":"old","prompt":"old","input_ids":[9],"max_tokens":3}"#;
                 let _ = extract_reference(endpoint, previous, headers, input);
             }
             let fast_result = extract(endpoint, body, headers, &mut fast);
+            let shared_result = extract_shared_text(endpoint, body, headers, &mut shared);
             let reference_result = extract_reference(endpoint, body, headers, &mut reference);
+            let expected = seen(reference_result, &reference);
+            let body = String::from_utf8_lossy(body);
+            assert_eq!(seen(fast_result, &fast), expected, "{endpoint:?} {body:?}");
             assert_eq!(
-                seen(fast_result, &fast),
-                seen(reference_result, &reference),
-                "{endpoint:?} {:?}",
-                String::from_utf8_lossy(body)
+                seen(shared_result, &shared),
+                expected,
+                "shared text: {endpoint:?} {body:?}"
             );
         }
     }
@@ -249,16 +254,29 @@ fn the_fast_reader_reads_common_bodies_itself() {
         ),
     ];
     for (endpoint, body) in bodies {
-        let mut input = RoutingInput::new();
-        input.clear();
-        let read = scan::read(endpoint, body, body::KeyFields::Read, &mut input);
-        assert!(read.is_ok(), "{}", String::from_utf8_lossy(body));
+        for text_mode in [scan::TextMode::Reused, scan::TextMode::Shared] {
+            let mut input = RoutingInput::new();
+            input.clear();
+            let read = scan::read(endpoint, body, body::KeyFields::Read, text_mode, &mut input);
+            assert!(
+                read.is_ok(),
+                "{text_mode:?} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
     // A list long enough to be read in two halves.
     let ids: Vec<u32> = (0..3000).map(|i| i * 37 % 128_000).collect();
     let body = serde_json::to_vec(&serde_json::json!({ "input_ids": ids })).expect("json");
     let mut input = RoutingInput::new();
-    let read = scan::read(Endpoint::Generate, &body, body::KeyFields::Read, &mut input);
+    let reused = scan::TextMode::Reused;
+    let read = scan::read(
+        Endpoint::Generate,
+        &body,
+        body::KeyFields::Read,
+        reused,
+        &mut input,
+    );
     assert!(read.is_ok());
     assert_eq!(input.tokens, ids);
 }

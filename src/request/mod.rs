@@ -21,6 +21,17 @@ pub use endpoint::{Endpoint, Handling, Method};
 pub use header::{parse_routing_tokens, ROUTING_TOKENS_BYTES_MAX, ROUTING_TOKENS_IDS_MAX};
 pub use partition::{PartitionFields, PartitionNamespace};
 
+use std::sync::Arc;
+
+use scan::{TextMode, TextPiece};
+
+/// Bodies from this size up have their prompt text built once in a shared buffer that the
+/// dispatch record and the index keep as they are (`RoutingInput::shared_text`), instead of in
+/// the connection's text buffer, which the record then copies: the text of a large body exists
+/// once besides the body. Below it the reused buffer saves an allocation per request; at it a
+/// connection sheds that buffer after the request anyway (the read buffer's bound).
+pub const SHARED_TEXT_BODY_BYTES_MIN: usize = crate::limits::READ_BUF_BYTES_RETAINED_MAX;
+
 /// The header carrying the prompt's leading token IDs (comma-separated decimals).
 pub const ROUTING_TOKENS_HEADER: &str = "x-smg-routing-tokens";
 /// The header naming a routing key for `--policy consistent_hashing`.
@@ -120,6 +131,10 @@ pub struct RoutingInput {
     endpoint: Option<Endpoint>,
     model: String,
     text: String,
+    /// The text of a large body (`SHARED_TEXT_BODY_BYTES_MIN`), instead of `text`.
+    shared_text: Option<Arc<str>>,
+    /// Where the scanner found the text, for `shared_text`.
+    text_pieces: Vec<TextPiece>,
     tokens: Vec<u32>,
     source: Option<KeySource>,
     namespace: PartitionNamespace,
@@ -127,6 +142,8 @@ pub struct RoutingInput {
     target_worker: String,
     /// Scratch for the Messages API `system` field, prepended to the messages' text.
     system: String,
+    /// Where the scanner found the `system` field's text, for `shared_text`.
+    system_pieces: Vec<TextPiece>,
     /// Scratch for decoding strings with escapes (`scan`).
     scratch: Vec<u8>,
     /// The request's output budget: `max_completion_tokens` or `max_tokens`, or `/generate`'s
@@ -162,7 +179,7 @@ impl RoutingInput {
             Some(KeySource::TokensHeader | KeySource::InputIds | KeySource::Tokenized) => {
                 RoutingKey::Tokens(&self.tokens)
             }
-            _ => RoutingKey::Text(&self.text),
+            _ => RoutingKey::Text(self.text()),
         }
     }
 
@@ -189,7 +206,18 @@ impl RoutingInput {
     /// The prompt text extracted (the routing key unless the request carries or was given
     /// token IDs; a completions prompt exactly as sent).
     pub fn text(&self) -> &str {
-        &self.text
+        self.shared_text.as_deref().unwrap_or(&self.text)
+    }
+
+    /// The text when it was built in a shared buffer (a body of `SHARED_TEXT_BODY_BYTES_MIN`
+    /// or more): the dispatch record keeps it as it is instead of copying it.
+    pub fn shared_text(&self) -> Option<&Arc<str>> {
+        self.shared_text.as_ref()
+    }
+
+    /// Lets go of a shared text (the record and the index keep their own references).
+    pub fn release_shared_text(&mut self) {
+        self.shared_text = None;
     }
 
     /// The buffer, emptied, that the gateway's tokenizer fills with the prompt's IDs;
@@ -215,18 +243,23 @@ impl RoutingInput {
             + self.target_worker.capacity()
             + self.system.capacity()
             + self.scratch.capacity()
+            + (self.text_pieces.capacity() + self.system_pieces.capacity())
+                * std::mem::size_of::<TextPiece>()
     }
 
     fn clear(&mut self) {
         self.endpoint = None;
         self.model.clear();
         self.text.clear();
+        self.shared_text = None;
+        self.text_pieces.clear();
         self.tokens.clear();
         self.source = None;
         self.namespace = PartitionNamespace::UNPARTITIONED;
         self.routing_key_hash = None;
         self.target_worker.clear();
         self.system.clear();
+        self.system_pieces.clear();
         self.max_output_tokens = None;
     }
 }
@@ -240,7 +273,26 @@ pub fn extract(
     headers: RoutingHeaders<'_>,
     input: &mut RoutingInput,
 ) -> Result<(), RequestError> {
-    extract_with(BodyReader::Scan, endpoint, body, headers, input)
+    let text_mode = if body.len() >= SHARED_TEXT_BODY_BYTES_MIN {
+        TextMode::Shared
+    } else {
+        TextMode::Reused
+    };
+    extract_with(BodyReader::Scan(text_mode), endpoint, body, headers, input)
+}
+
+/// [`extract`] building the text in a shared buffer whatever the body's size: the equivalence
+/// tests and the fuzz target check it against the reference on small bodies too. Not for the
+/// gateway's use.
+#[doc(hidden)]
+pub fn extract_shared_text(
+    endpoint: Endpoint,
+    body: &[u8],
+    headers: RoutingHeaders<'_>,
+    input: &mut RoutingInput,
+) -> Result<(), RequestError> {
+    let reader = BodyReader::Scan(TextMode::Shared);
+    extract_with(reader, endpoint, body, headers, input)
 }
 
 /// [`extract`] with the reference body reader alone (`serde_json` visitors), which the fast
@@ -260,7 +312,7 @@ pub fn extract_reference(
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum BodyReader {
     /// The one-pass scanner (`scan`), handing what it is unsure of to the reference reader.
-    Scan,
+    Scan(TextMode),
     /// The `serde_json` visitors (`body`) alone.
     Reference,
 }
@@ -287,7 +339,9 @@ fn extract_with(
         body::KeyFields::Read
     };
     let scanned = match reader {
-        BodyReader::Scan => scan::read(endpoint, body, key_fields, input).ok(),
+        BodyReader::Scan(text_mode) => {
+            scan::read(endpoint, body, key_fields, text_mode, input).ok()
+        }
         BodyReader::Reference => None,
     };
     let partition = match scanned {
@@ -298,6 +352,7 @@ fn extract_with(
             input.model.clear();
             input.text.clear();
             input.system.clear();
+            input.shared_text = None;
             if !header_tokens {
                 input.tokens.clear();
             }

@@ -23,6 +23,7 @@
 //! time (SWAR), straight into the token buffer.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use super::body::KeyFields;
 use super::partition::RawPartition;
@@ -40,11 +41,33 @@ const VISIT_DEPTH_MAX: u32 = 100;
 /// Nesting inside one skipped value beyond which it hands over (the reference has no limit there).
 const SKIP_DEPTH_MAX: u32 = 128;
 
+/// Where the reader puts a prompt's text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TextMode {
+    /// Decoded into the input's text buffer, kept between requests (the dispatch record then
+    /// copies it): no allocation in the steady state.
+    Reused,
+    /// Built once, after the pass, in a new shared buffer that the dispatch record and the
+    /// index keep as they are (`RoutingInput::shared_text`): a large body's text exists once
+    /// besides the body.
+    Shared,
+}
+
+/// A piece of prompt text in the body: the content of one non-empty string between its quotes,
+/// checked by [`Scan::string`] except for its UTF-8.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TextPiece {
+    start: usize,
+    end: usize,
+    escaped: bool,
+}
+
 /// Reads `body` into `input` (which the caller has cleared) and returns the partition namespace.
 pub(super) fn read(
     endpoint: Endpoint,
     body: &[u8],
     key_fields: KeyFields,
+    text_mode: TextMode,
     input: &mut RoutingInput,
 ) -> Result<PartitionNamespace, Handoff> {
     let mut scan = Scan {
@@ -52,9 +75,108 @@ pub(super) fn read(
         i: 0,
         scratch: std::mem::take(&mut input.scratch),
     };
-    let read = scan.top(endpoint, key_fields, input);
+    let read = scan.top(endpoint, key_fields, text_mode, input);
     input.scratch = scan.scratch;
-    read
+    let partition = read?;
+    if text_mode == TextMode::Shared {
+        input.shared_text = shared_text(body, &input.system_pieces, &input.text_pieces)?;
+    }
+    Ok(partition)
+}
+
+/// The prompt text of [`TextMode::Shared`], built once where the dispatch record keeps it: the
+/// pieces (the system prompt's first) decoded and joined with one space, as `push_text` and
+/// `join_system_prompt` join them. `None` when there is no text.
+fn shared_text(body: &[u8], system: &[TextPiece], text: &[TextPiece]) -> Step<Option<Arc<str>>> {
+    let pieces = || system.iter().chain(text);
+    let Some(spaces) = (system.len() + text.len()).checked_sub(1) else {
+        return Ok(None);
+    };
+    let mut len = spaces;
+    for piece in pieces() {
+        let raw = body.get(piece.start..piece.end).ok_or(Handoff)?;
+        len += if piece.escaped {
+            decoded_len(raw)?
+        } else {
+            raw.len()
+        };
+    }
+    let written = crate::index::text_key_written(len, |out| {
+        for (n, piece) in pieces().enumerate() {
+            if n > 0 && !out.push(b" ") {
+                return None;
+            }
+            let raw = body.get(piece.start..piece.end)?;
+            if piece.escaped {
+                decode_with(raw, |s| out.push(s.as_bytes()).then_some(()).ok_or(Handoff)).ok()?;
+            } else if !out.push(raw) {
+                return None;
+            }
+        }
+        Some(())
+    });
+    // Not UTF-8 (a piece without escapes is checked only here): the reference decides.
+    written.map(Some).ok_or(Handoff)
+}
+
+/// A prompt text's destination for one field (see [`TextMode`]).
+enum TextOut<'o> {
+    /// Decoded, appended to a string.
+    Decoded(&'o mut String),
+    /// Noted as pieces of the body, for [`shared_text`].
+    Pieces(&'o mut Vec<TextPiece>),
+}
+
+impl TextOut<'_> {
+    /// At an opening quote: takes the string as one piece of the text (an empty one adds
+    /// nothing); moves past it.
+    fn push_string(&mut self, scan: &mut Scan<'_>) -> Step {
+        match self {
+            TextOut::Decoded(out) => scan.push_text(out),
+            TextOut::Pieces(pieces) => {
+                let start = scan.i + 1;
+                let raw = scan.string()?;
+                if !raw.bytes.is_empty() {
+                    pieces.push(TextPiece {
+                        start,
+                        end: start + raw.bytes.len(),
+                        escaped: raw.escaped,
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl RoutingInput {
+    /// The prompt text's destination, emptied (a field read again replaces what it gave).
+    fn text_out(&mut self, mode: TextMode) -> TextOut<'_> {
+        match mode {
+            TextMode::Reused => {
+                self.text.clear();
+                TextOut::Decoded(&mut self.text)
+            }
+            TextMode::Shared => {
+                self.text_pieces.clear();
+                TextOut::Pieces(&mut self.text_pieces)
+            }
+        }
+    }
+
+    /// The Messages API `system` prompt's destination, emptied.
+    fn system_out(&mut self, mode: TextMode) -> TextOut<'_> {
+        match mode {
+            TextMode::Reused => {
+                self.system.clear();
+                TextOut::Decoded(&mut self.system)
+            }
+            TextMode::Shared => {
+                self.system_pieces.clear();
+                TextOut::Pieces(&mut self.system_pieces)
+            }
+        }
+    }
 }
 
 impl<'b> Scan<'b> {
@@ -63,36 +185,30 @@ impl<'b> Scan<'b> {
         &mut self,
         endpoint: Endpoint,
         key_fields: KeyFields,
+        text_mode: TextMode,
         input: &mut RoutingInput,
     ) -> Result<PartitionNamespace, Handoff> {
         let scan = self;
-        let mut partition = RawPartition::default();
         if scan.ws() != Some(b'{') {
             return Err(Handoff);
         }
         let collect = key_fields == KeyFields::Read;
-        let mut budgets = Budgets::default();
+        let mut found = Found::default();
         scan.object(1, |scan, key| {
-            top_field(
-                scan,
-                &key,
-                endpoint,
-                collect,
-                input,
-                &mut partition,
-                &mut budgets,
-            )
+            top_field(scan, &key, endpoint, collect, text_mode, input, &mut found)
         })?;
         if scan.ws().is_some() {
             return Err(Handoff);
         }
-        input.max_output_tokens = budgets.max_completion_tokens.or(budgets.max_tokens);
-        Ok(partition.fields().namespace())
+        input.max_output_tokens = found.max_completion_tokens.or(found.max_tokens);
+        Ok(found.partition.fields().namespace())
     }
 }
 
+/// What the pass found that is settled only at the body's end.
 #[derive(Default)]
-struct Budgets {
+struct Found<'b> {
+    partition: RawPartition<'b>,
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
 }
@@ -103,9 +219,9 @@ fn top_field<'b>(
     key: &str,
     endpoint: Endpoint,
     collect: bool,
+    text_mode: TextMode,
     input: &mut RoutingInput,
-    partition: &mut RawPartition<'b>,
-    budgets: &mut Budgets,
+    found: &mut Found<'b>,
 ) -> Step {
     use Endpoint::{ChatCompletions, Completions, Generate, Messages};
     const DEPTH: u32 = 2;
@@ -119,34 +235,30 @@ fn top_field<'b>(
             }
         }
         "prompt" if collect && endpoint == Completions => {
-            input.text.clear();
-            scan.first_text(DEPTH, &mut input.text)?;
+            scan.first_text(DEPTH, &mut input.text_out(text_mode))?;
         }
         "text" if collect && endpoint == Generate => {
-            input.text.clear();
-            scan.first_text(DEPTH, &mut input.text)?;
+            scan.first_text(DEPTH, &mut input.text_out(text_mode))?;
         }
         "input_ids" if collect && endpoint == Generate => {
             scan.input_ids(DEPTH, &mut input.tokens)?;
         }
         "messages" if collect && matches!(endpoint, ChatCompletions | Messages) => {
-            input.text.clear();
-            scan.message_list(DEPTH, &mut input.text)?;
+            scan.message_list(DEPTH, &mut input.text_out(text_mode))?;
         }
         "system" if collect && endpoint == Messages => {
-            input.system.clear();
-            scan.content(DEPTH, &mut input.system)?;
+            scan.content(DEPTH, &mut input.system_out(text_mode))?;
         }
-        "cache_salt" => partition.cache_salt = scan.lenient_str(DEPTH)?,
-        "extra_key" => partition.extra_key = scan.lenient_str(DEPTH)?,
-        "lora_path" => partition.lora_path = scan.lenient_str(DEPTH)?,
-        "lora_id" if endpoint == Generate => partition.lora_id = scan.lenient_str(DEPTH)?,
-        "max_tokens" if endpoint != Generate => budgets.max_tokens = scan.token_budget(DEPTH)?,
+        "cache_salt" => found.partition.cache_salt = scan.lenient_str(DEPTH)?,
+        "extra_key" => found.partition.extra_key = scan.lenient_str(DEPTH)?,
+        "lora_path" => found.partition.lora_path = scan.lenient_str(DEPTH)?,
+        "lora_id" if endpoint == Generate => found.partition.lora_id = scan.lenient_str(DEPTH)?,
+        "max_tokens" if endpoint != Generate => found.max_tokens = scan.token_budget(DEPTH)?,
         "max_completion_tokens" if endpoint == ChatCompletions => {
-            budgets.max_completion_tokens = scan.token_budget(DEPTH)?;
+            found.max_completion_tokens = scan.token_budget(DEPTH)?;
         }
         "sampling_params" if endpoint == Generate => {
-            budgets.max_tokens = scan.sampling_params(DEPTH)?;
+            found.max_tokens = scan.sampling_params(DEPTH)?;
         }
         _ => scan.skip()?,
     }
@@ -538,9 +650,9 @@ impl<'b> Scan<'b> {
     }
 
     /// `prompt` / `text`: a string, or the first string of a batch (at any depth).
-    fn first_text(&mut self, depth: u32, out: &mut String) -> Step {
+    fn first_text(&mut self, depth: u32, out: &mut TextOut<'_>) -> Step {
         match self.peek() {
-            Some(b'"') => self.push_text(out),
+            Some(b'"') => out.push_string(self),
             Some(b'[') => self.array(depth, |scan, index| {
                 if index == 0 {
                     scan.first_text(depth + 1, out)
@@ -553,7 +665,7 @@ impl<'b> Scan<'b> {
     }
 
     /// `messages`: each message's content, in order.
-    fn message_list(&mut self, depth: u32, out: &mut String) -> Step {
+    fn message_list(&mut self, depth: u32, out: &mut TextOut<'_>) -> Step {
         match self.peek() {
             Some(b'[') => self.array(depth, |scan, _| scan.text_of("content", depth + 1, out)),
             _ => self.read_ignored(depth),
@@ -562,9 +674,9 @@ impl<'b> Scan<'b> {
 
     /// An object whose field `name` holds content (a message's `content`, a part's `text`), or
     /// a bare string taken as text.
-    fn text_of(&mut self, name: &str, depth: u32, out: &mut String) -> Step {
+    fn text_of(&mut self, name: &str, depth: u32, out: &mut TextOut<'_>) -> Step {
         match self.peek() {
-            Some(b'"') => self.push_text(out),
+            Some(b'"') => out.push_string(self),
             Some(b'{') => self.object(depth, |scan, key| {
                 if key == name {
                     scan.content(depth + 1, out)
@@ -577,9 +689,9 @@ impl<'b> Scan<'b> {
     }
 
     /// Content: a string, or a list of parts whose `text` fields are taken in order.
-    fn content(&mut self, depth: u32, out: &mut String) -> Step {
+    fn content(&mut self, depth: u32, out: &mut TextOut<'_>) -> Step {
         match self.peek() {
-            Some(b'"') => self.push_text(out),
+            Some(b'"') => out.push_string(self),
             Some(b'[') => self.array(depth, |scan, _| scan.text_of("text", depth + 1, out)),
             _ => self.read_ignored(depth),
         }
@@ -819,21 +931,40 @@ fn hex4(b: &[u8], at: usize) -> Step<u32> {
     })
 }
 
-/// Appends a string's content with its escapes decoded (checked by [`Scan::string`]); the
-/// content is UTF-8 checked once, whole (escapes are ASCII, so the text between them is too).
+/// Appends a string's content with its escapes decoded (checked by [`Scan::string`]).
 fn decode(raw: &[u8], out: &mut String) -> Step {
-    let text = std::str::from_utf8(raw).map_err(|_| Handoff)?;
     out.reserve(raw.len());
+    decode_with(raw, |text| {
+        crate::copy::push_str(out, text);
+        Ok(())
+    })
+}
+
+/// The length of a string's content once its escapes are decoded.
+fn decoded_len(raw: &[u8]) -> Step<usize> {
+    let mut len = 0;
+    decode_with(raw, |text| {
+        len += text.len();
+        Ok(())
+    })?;
+    Ok(len)
+}
+
+/// Hands `emit` a string's content, escapes decoded, in order: the runs between escapes and
+/// each escape's character. The content is UTF-8 checked once, whole (escapes are ASCII, so
+/// the text between them is too).
+fn decode_with(raw: &[u8], mut emit: impl FnMut(&str) -> Step) -> Step {
+    let text = std::str::from_utf8(raw).map_err(|_| Handoff)?;
     let mut at = 0;
     while at < raw.len() {
         let next = find_byte(raw, at, b'\\');
         if next > at {
-            crate::copy::push_str(out, text.get(at..next).ok_or(Handoff)?);
+            emit(text.get(at..next).ok_or(Handoff)?)?;
             at = next;
             continue;
         }
         let (c, len) = escape_char(raw, at)?;
-        out.push(c);
+        emit(c.encode_utf8(&mut [0; 4]))?;
         at += len;
     }
     Ok(())
