@@ -6,10 +6,17 @@
 # integration tests start sim-engine and kvgate on loopback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each step's duration on stderr when it ends, so a slow CI run shows where its time went.
+step_start=$SECONDS
+step_done() {
+  echo "test.sh: $1 done after $((SECONDS - step_start)) s ($SECONDS s in all)" >&2
+  step_start=$SECONDS
+}
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 # Binaries first: the integration tests start target/debug/{kvgate,sim-engine,replay}.
 cargo build --workspace --bins
+step_done "fmt, clippy and the build"
 # Real tokenizer files and the Python reference IDs (cached under target/tokenizers), pyzmq and
 # msgspec for the KV-event compatibility test (under target/kv-events-python), promtool for the
 # exposition check (Debian's prometheus package); the tests that need them fail rather than skip
@@ -29,12 +36,16 @@ else
 fi
 KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 KVGATE_REQUIRE_PROMTOOL=1 \
     cargo test --workspace
+step_done "cargo test"
 # One short seed of the chaos test (about a minute; scripts/chaos.sh, bench-harness/src/chaos/),
 # on the debug binaries built above; its abort probes check that a departed client's request
 # gives its credit back at once.
 scripts/chaos.sh 20 --minutes 0.75 --fault-every-s 1.5
+step_done "the chaos seed"
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
+step_done "the sanitizer pass"
 # Each fuzz target for 30 s, two at a time on two cores (needs nightly; skipped with a note
 # without it). Installs cargo-fuzz under target/ on first use.
 FUZZ_JOBS=2 scripts/fuzz.sh 30
+step_done "the fuzz pass"
