@@ -347,12 +347,14 @@ fn extract_with(
     let partition = match scanned {
         Some(partition) => partition,
         None => {
-            // The scanner may have read part of the body: start again from a clean input (the
-            // header's IDs, when they are the key, were never touched).
+            // The scanner may have read part of the body, or all of it before the shared
+            // text's UTF-8 check refused it: start again from a clean input (the header's
+            // IDs, when they are the key, were never touched).
             input.model.clear();
             input.text.clear();
             input.system.clear();
             input.shared_text = None;
+            input.max_output_tokens = None;
             if !header_tokens {
                 input.tokens.clear();
             }
