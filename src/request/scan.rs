@@ -54,7 +54,7 @@ pub(super) enum TextMode {
 }
 
 /// A piece of prompt text in the body: the content of one non-empty string between its quotes,
-/// checked by [`Scan::string`] except for its UTF-8.
+/// checked by [`Scan::string`] and for its UTF-8.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TextPiece {
     start: usize,
@@ -115,7 +115,6 @@ fn shared_text(body: &[u8], system: &[TextPiece], text: &[TextPiece]) -> Step<Op
         }
         Some(())
     });
-    // Not UTF-8 (a piece without escapes is checked only here): the reference decides.
     written.map(Some).ok_or(Handoff)
 }
 
@@ -136,6 +135,9 @@ impl TextOut<'_> {
             TextOut::Pieces(pieces) => {
                 let start = scan.i + 1;
                 let raw = scan.string()?;
+                // Checked now, as the reference reads it: a field read again drops its pieces,
+                // but the reference has refused the body all the same.
+                raw.validate()?;
                 if !raw.bytes.is_empty() {
                     pieces.push(TextPiece {
                         start,
