@@ -41,6 +41,10 @@ triple="$(rustc -vV | sed -n 's/^host: //p')"
 only=()
 if [ ${#targets[@]} -eq 1 ]; then only=("${targets[0]}"); fi
 cargo +nightly fuzz build --sanitizer none --codegen-units 16 --target "$triple" "${only[@]}" >&2
+# FUZZ_BUILD_ONLY=1: build and stop (scripts/test.sh builds at low priority during the tests).
+if [ "${FUZZ_BUILD_ONLY:-0}" = 1 ]; then
+    exit 0
+fi
 bin_dir="fuzz/target/$triple/release"
 work="target/fuzz"
 

@@ -26,6 +26,12 @@ export RUSTDOCFLAGS="$RUSTFLAGS"
 run() {
     cargo +nightly test -p kvgate --target "$target" --target-dir target/asan "$@"
 }
+# SANITIZED_BUILD_ONLY=1: build the three test binaries and stop (scripts/test.sh builds them
+# at low priority while the normal tests run).
+if [ "${SANITIZED_BUILD_ONLY:-0}" = 1 ]; then
+    run --no-run --lib --test index_model --test index_stress
+    exit 0
+fi
 run --lib -- index::
 run --test index_model
 run --test index_stress

@@ -17,6 +17,17 @@ cargo clippy --workspace --all-targets -- -D warnings
 # Binaries first: the integration tests start target/debug/{kvgate,sim-engine,replay}.
 cargo build --workspace --bins
 step_done "fmt, clippy and the build"
+# The sanitizer and fuzz passes' builds (nightly, their own target directories) start now at
+# the lowest priority: they take the CPU the tests leave idle while waiting on processes and
+# sockets, and the passes below then find them built. Their output goes to a log, printed if
+# they fail (the passes would then fail the same way).
+prebuild_log=target/prebuild.log
+mkdir -p target
+# Its own process group (setsid), so an early exit stops the whole build with it.
+setsid nice -n 19 bash -c 'SANITIZED_BUILD_ONLY=1 scripts/test-sanitized.sh \
+    && FUZZ_BUILD_ONLY=1 scripts/fuzz.sh' >"$prebuild_log" 2>&1 &
+prebuild=$!
+trap 'kill -- "-$prebuild" 2>/dev/null || true' EXIT
 # Real tokenizer files and the Python reference IDs (cached under target/tokenizers), pyzmq and
 # msgspec for the KV-event compatibility test (under target/kv-events-python), promtool for the
 # exposition check (Debian's prometheus package); the tests that need them fail rather than skip
@@ -42,6 +53,12 @@ step_done "cargo test"
 # gives its credit back at once.
 scripts/chaos.sh 20 --minutes 0.75 --fault-every-s 1.5
 step_done "the chaos seed"
+if ! wait "$prebuild"; then
+  cat "$prebuild_log" >&2
+  echo "test.sh: building the sanitizer or fuzz pass failed (log above)" >&2
+  exit 1
+fi
+step_done "waiting for the sanitizer and fuzz builds"
 # The index's unsafe code under AddressSanitizer (needs nightly; skipped with a note without it).
 scripts/test-sanitized.sh
 step_done "the sanitizer pass"
