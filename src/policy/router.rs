@@ -217,6 +217,9 @@ impl Router {
         body: &[u8],
         now_ms: u64,
     ) -> Result<Option<ColdWork>, RequestError> {
+        // Tree mode records text keys: the string tree keeps a large body's text as built.
+        let records_text = self.uses_index() && self.config.cache_index == CacheIndexKind::Tree;
+        prepared.input.build_text_for_index(records_text);
         extract(endpoint, body, headers, &mut prepared.input)?;
         prepared.now_ms = now_ms;
         prepared.decision_counted.set(false);
@@ -896,6 +899,12 @@ mod tests {
         let worker = router.choose(&prepared, only, status_of);
         assert_eq!(worker, Some(WorkerId(0)));
         assert_eq!(router.record(&prepared, WorkerId(0), 0), None);
+        // Nor do they build a large body's text for the index: it stays in the reused buffer.
+        let prompt = "p".repeat(crate::request::SHARED_TEXT_BODY_BYTES_MIN);
+        let body = format!(r#"{{"prompt":"{prompt}"}}"#);
+        let prepared = prepare(&mut router, Endpoint::Completions, body.as_bytes(), 0);
+        assert_eq!(prepared.input.text(), prompt);
+        assert!(prepared.input.shared_text().is_none());
     }
 }
 

@@ -25,12 +25,13 @@ use std::sync::Arc;
 
 use scan::{TextMode, TextPiece};
 
-/// Bodies from this size up have their prompt text built once in a shared buffer that the
-/// dispatch record and the index keep as they are (`RoutingInput::shared_text`), instead of in
-/// the connection's text buffer, which the record then copies: the text of a large body exists
-/// once besides the body. Below it the reused buffer saves an allocation per request; at it a
-/// connection sheds that buffer after the request anyway (the read buffer's bound).
-pub const SHARED_TEXT_BODY_BYTES_MIN: usize = crate::limits::READ_BUF_BYTES_RETAINED_MAX;
+/// When the policy records text keys ([`RoutingInput::build_text_for_index`]), bodies from this
+/// size up have their prompt text built once in a shared buffer that the dispatch record and
+/// the index keep as they are (`RoutingInput::shared_text`), instead of in the connection's
+/// text buffer, which the record would then copy into a fresh buffer: the text exists once
+/// besides the body, and the gateway writes it once. Below it the reused buffer saves an
+/// allocation (the record's copy of a short text is cheap).
+pub const SHARED_TEXT_BODY_BYTES_MIN: usize = 4096;
 
 /// The header carrying the prompt's leading token IDs (comma-separated decimals).
 pub const ROUTING_TOKENS_HEADER: &str = "x-smg-routing-tokens";
@@ -149,6 +150,8 @@ pub struct RoutingInput {
     /// The request's output budget: `max_completion_tokens` or `max_tokens`, or `/generate`'s
     /// `sampling_params.max_new_tokens`.
     max_output_tokens: Option<u32>,
+    /// Set by `build_text_for_index`; kept across extractions.
+    text_for_index: bool,
 }
 
 impl RoutingInput {
@@ -235,6 +238,13 @@ impl RoutingInput {
         }
     }
 
+    /// Whether the next extractions build a large body's text for the index (see
+    /// [`SHARED_TEXT_BODY_BYTES_MIN`]): set when the policy records text keys, left off by
+    /// policies that never keep the text (a reused buffer serves them best).
+    pub fn build_text_for_index(&mut self, yes: bool) {
+        self.text_for_index = yes;
+    }
+
     /// Bytes of buffer kept for the next extraction.
     pub fn retained_bytes(&self) -> usize {
         self.model.capacity()
@@ -273,7 +283,7 @@ pub fn extract(
     headers: RoutingHeaders<'_>,
     input: &mut RoutingInput,
 ) -> Result<(), RequestError> {
-    let text_mode = if body.len() >= SHARED_TEXT_BODY_BYTES_MIN {
+    let text_mode = if input.text_for_index && body.len() >= SHARED_TEXT_BODY_BYTES_MIN {
         TextMode::Shared
     } else {
         TextMode::Reused
