@@ -24,11 +24,7 @@ while [ $# -gt 0 ]; do
     *) echo "Error: unknown flag $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-if [ "$PROFILE" = release ]; then
-  cargo build --release -p kvgate -p bench-harness --bins >&2
-else
-  cargo build -p kvgate -p bench-harness --bins >&2
-fi
+fleet_build "$PROFILE"
 BIN="target/$PROFILE"
 BUILDS=("$BIN")
 if [ -n "${KVGATE_BIN:-}" ]; then

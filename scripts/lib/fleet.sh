@@ -2,6 +2,8 @@
 # (flamegraph.sh). Every process goes to the background with its log in $FLEET_WORK and its pid
 # in FLEET_PIDS; the EXIT trap that fleet_init sets kills them all and removes $FLEET_WORK.
 #
+#   fleet_build PROFILE                         builds kvgate and bench-harness's binaries
+#                                               (release or debug) into target/PROFILE
 #   fleet_init                                  FLEET_WORK (a new temporary folder), the trap
 #   fleet_start_sim BIN_DIR PORT ARGS...        sim-engine, engine 0 on PORT (--engines N: more)
 #   fleet_start_kvgate BIN_DIR PORT METRICS_PORT WORKERS ARGS...
@@ -10,6 +12,14 @@
 #                                               KVGATE_PID
 #   fleet_wait_port NAME PORT                   waits up to 20 s for a listener on PORT, else
 #                                               fails with the tail of NAME's log
+
+fleet_build() {
+  if [ "$1" = release ]; then
+    cargo build --release -p kvgate -p bench-harness --bins >&2
+  else
+    cargo build -p kvgate -p bench-harness --bins >&2
+  fi
+}
 
 fleet_init() {
   FLEET_WORK="$(mktemp -d)"
