@@ -21,6 +21,10 @@
 //! strings are not UTF-8 validated (`serde_json` does not validate them either); text without
 //! escapes is validated once and copied once; `input_ids` digits are converted eight bytes at a
 //! time (SWAR), straight into the token buffer.
+//!
+//! Where the text goes is [`TextMode`]'s choice: the input's reused buffer, or, for a large
+//! body whose text the index keeps, nowhere during the pass: its strings are noted
+//! ([`TextPiece`]) and decoded once after it, into the buffer the dispatch record keeps.
 
 use std::borrow::Cow;
 use std::sync::Arc;
