@@ -259,15 +259,24 @@ impl RoutingInput {
 
     fn clear(&mut self) {
         self.endpoint = None;
-        self.model.clear();
-        self.text.clear();
-        self.shared_text = None;
-        self.text_pieces.clear();
-        self.tokens.clear();
+        self.clear_body_fields(TokensRead::FromBody);
         self.source = None;
         self.namespace = PartitionNamespace::UNPARTITIONED;
         self.routing_key_hash = None;
         self.target_worker.clear();
+    }
+
+    /// Forgets what a body reader writes: before a request, and before the reference reader
+    /// starts again where the scanner gave up. The token IDs stay when they came from the
+    /// routing-tokens header, which no body reader touches.
+    fn clear_body_fields(&mut self, tokens: TokensRead) {
+        self.model.clear();
+        self.text.clear();
+        self.shared_text = None;
+        self.text_pieces.clear();
+        if tokens == TokensRead::FromBody {
+            self.tokens.clear();
+        }
         self.system.clear();
         self.system_pieces.clear();
         self.max_output_tokens = None;
@@ -318,6 +327,15 @@ pub fn extract_reference(
     extract_with(BodyReader::Reference, endpoint, body, headers, input)
 }
 
+/// Where a request's token IDs are read from (see `RoutingInput::clear_body_fields`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TokensRead {
+    /// The routing-tokens header, already parsed into the input.
+    FromHeader,
+    /// The body (`input_ids`), or nowhere.
+    FromBody,
+}
+
 /// Which reader reads the body.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum BodyReader {
@@ -358,16 +376,13 @@ fn extract_with(
         Some(partition) => partition,
         None => {
             // The scanner may have read part of the body, or all of it before the shared
-            // text's UTF-8 check refused it: start again from a clean input (the header's
-            // IDs, when they are the key, were never touched).
-            input.model.clear();
-            input.text.clear();
-            input.system.clear();
-            input.shared_text = None;
-            input.max_output_tokens = None;
-            if !header_tokens {
-                input.tokens.clear();
-            }
+            // text's UTF-8 check refused it: start again from a clean input.
+            let tokens = if header_tokens {
+                TokensRead::FromHeader
+            } else {
+                TokensRead::FromBody
+            };
+            input.clear_body_fields(tokens);
             body::read(endpoint, body, key_fields, input)?
         }
     };

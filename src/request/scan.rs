@@ -155,33 +155,32 @@ impl TextOut<'_> {
     }
 }
 
-impl RoutingInput {
-    /// The prompt text's destination, emptied (a field read again replaces what it gave).
-    fn text_out(&mut self, mode: TextMode) -> TextOut<'_> {
+impl<'o> TextOut<'o> {
+    /// The string or the pieces `mode` writes to, emptied (a field read again replaces what it
+    /// gave).
+    fn emptied(mode: TextMode, text: &'o mut String, pieces: &'o mut Vec<TextPiece>) -> Self {
         match mode {
             TextMode::Reused => {
-                self.text.clear();
-                TextOut::Decoded(&mut self.text)
+                text.clear();
+                TextOut::Decoded(text)
             }
             TextMode::Shared => {
-                self.text_pieces.clear();
-                TextOut::Pieces(&mut self.text_pieces)
+                pieces.clear();
+                TextOut::Pieces(pieces)
             }
         }
+    }
+}
+
+impl RoutingInput {
+    /// The prompt text's destination, emptied.
+    fn text_out(&mut self, mode: TextMode) -> TextOut<'_> {
+        TextOut::emptied(mode, &mut self.text, &mut self.text_pieces)
     }
 
     /// The Messages API `system` prompt's destination, emptied.
     fn system_out(&mut self, mode: TextMode) -> TextOut<'_> {
-        match mode {
-            TextMode::Reused => {
-                self.system.clear();
-                TextOut::Decoded(&mut self.system)
-            }
-            TextMode::Shared => {
-                self.system_pieces.clear();
-                TextOut::Pieces(&mut self.system_pieces)
-            }
-        }
+        TextOut::emptied(mode, &mut self.system, &mut self.system_pieces)
     }
 }
 

@@ -113,8 +113,8 @@ type CoreRuntime = monoio::FusionRuntime<
 >;
 
 /// A runtime; a data core's has the tokenizer pool attached (`monoio::spawn_blocking` queues
-/// there), the control core's runs nothing off its thread. Its ring runs completions
-/// cooperatively where the kernel can (Linux 5.19+), as it was before elsewhere.
+/// there), the control core's runs nothing off its thread. Its ring posts completions
+/// cooperatively where the kernel can (Linux 5.19+), and as the kernel's default elsewhere.
 fn build_runtime(pool: Option<&tokenizer_pool::PoolHandle>) -> std::io::Result<CoreRuntime> {
     build_runtime_with(pool, RingSetup::CooperativeTaskRun)
         .or_else(|_| build_runtime_with(pool, RingSetup::KernelDefault))
