@@ -37,6 +37,7 @@ use std::time::Instant;
 use super::buffers::SpareBuffers;
 use super::core::DataCore;
 use super::pool::UpstreamConn;
+use super::server::PreparedSlot;
 use super::server::{Answered, Downstream, Request};
 use crate::copy;
 use crate::error::{ErrorKind, ProxyError, Retry, Side};
@@ -174,10 +175,10 @@ pub async fn proxy_request(
         head_buf: read_buf,
         body: request.body(read_buf),
     };
-    prepare(core, prepared, endpoint, outgoing).await?;
+    prepare(core, prepared.get(), endpoint, outgoing).await?;
     let catalog = core.shared.catalog.load();
     let models = catalog
-        .workers_for(prepared.model())
+        .workers_for(prepared.get().model())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
     let mut forwarded = Forwarded {
         head: &request.head,
@@ -206,14 +207,14 @@ pub async fn proxy_request(
             table: &core.shared.table,
             models,
         };
-        let picked = select_worker(core, prepared, view, &mut tried);
+        let picked = select_worker(core, prepared.get(), view, &mut tried);
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
         let mut credit =
             core.shared
                 .table
-                .credit(core.core_id, worker.id, prepared.request_tokens());
+                .credit(core.core_id, worker.id, prepared.get().request_tokens());
         let on_status = if attempts + 1 < attempts_max {
             RetryableStatus::Retry
         } else {
@@ -338,7 +339,7 @@ fn report_outcome(core: &DataCore, worker: WorkerId, outcome: Option<AttemptOutc
 async fn attempt(
     core: &DataCore,
     client: &mut ClientSide<'_>,
-    (request, prepared): (&mut Forwarded<'_>, &mut Prepared),
+    (request, prepared): (&mut Forwarded<'_>, &mut PreparedSlot),
     (worker, credit): (&WorkerEntry, &mut InflightCredit<'_>),
     deadline: Instant,
     on_status: RetryableStatus,
@@ -363,10 +364,10 @@ async fn attempt(
     up.write_buf.clear();
     core.spare_buffers.borrow_mut().lend(&mut up.write_buf);
     // The worker has the request: the index learns it now, not when the response ends.
-    record_dispatch(core, prepared, worker.id);
+    record_dispatch(core, prepared.get(), worker.id);
     let gateway_headers = GatewayHeaders {
         routed_worker_line: &worker.routed_header_line,
-        predicted_cached_tokens: prepared.predicted_cached_tokens(worker.id),
+        predicted_cached_tokens: prepared.get().predicted_cached_tokens(worker.id),
     };
     let streamed = stream_back(
         core,
@@ -708,7 +709,7 @@ async fn stream_back(
     up: &mut UpstreamConn,
     client: &mut ClientSide<'_>,
     (worker, credit, gateway_headers): (&WorkerEntry, &mut InflightCredit<'_>, GatewayHeaders<'_>),
-    (request, prepared): (&mut Forwarded<'_>, &mut Prepared),
+    (request, prepared): (&mut Forwarded<'_>, &mut PreparedSlot),
     deadline: Instant,
     on_status: RetryableStatus,
 ) -> Result<StreamEnd, ProxyError> {
@@ -794,7 +795,7 @@ async fn stream_back(
         // Committed, and a stream may last minutes: it keeps nothing of its request (bytes,
         // routing scratch) while the tokens trickle in.
         request.release(&mut core.spare_buffers.borrow_mut());
-        *prepared = Prepared::default();
+        prepared.release();
     }
     while !tracker.is_done() {
         // Between two reads a stream holds no buffer (see `read_upstream`).
