@@ -36,7 +36,8 @@ struct Args {
     /// The model asked for.
     #[arg(long, default_value = "sim-model")]
     model: String,
-    /// A process whose RSS is read at the measured window's start and end (the gateway).
+    /// A process whose RSS and CPU time are read at the measured window's start and end (the
+    /// gateway).
     #[arg(long)]
     rss_pid: Option<u32>,
     /// Where to write the results as JSON (also printed).
@@ -126,8 +127,10 @@ async fn run(args: Args) -> Result<(), String> {
     let end = start + Duration::from_secs(args.measure_s);
     *lock(&shared.window) = Some((start, end));
     let rss_start_kb = args.rss_pid.and_then(procstat::rss_kb);
+    let cpu_start_s = args.rss_pid.and_then(procstat::cpu_s);
     tokio::time::sleep_until(end).await;
     let rss_end_kb = args.rss_pid.and_then(procstat::rss_kb);
+    let cpu_end_s = args.rss_pid.and_then(procstat::cpu_s);
     let gaps = lock(&shared.gaps_us).clone();
     let failed = shared.failed.load(Ordering::Relaxed);
     for task in &tasks {
@@ -140,13 +143,22 @@ async fn run(args: Args) -> Result<(), String> {
         }
         _ => serde_json::Value::Null,
     };
+    let chunks = shared.chunks.load(Ordering::Relaxed);
+    // The watched process's CPU per chunk the streams received in the window (every chunk it
+    // relayed, when it is the gateway).
+    let cpu_per_chunk_us = match (cpu_start_s, cpu_end_s) {
+        (Some(start), Some(end)) if chunks > 0 => {
+            serde_json::json!((end - start) * 1e6 / chunks as f64)
+        }
+        _ => serde_json::Value::Null,
+    };
     let result = serde_json::json!({
         "targets": args.target.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "streams": args.streams,
         "failed": failed,
         "ramp_s": ramp_s,
         "measure_s": args.measure_s,
-        "chunks_measured": shared.chunks.load(Ordering::Relaxed),
+        "chunks_measured": chunks,
         "gap_p50_ms": ms(0.5),
         "gap_p90_ms": ms(0.9),
         "gap_p99_ms": ms(0.99),
@@ -155,6 +167,7 @@ async fn run(args: Args) -> Result<(), String> {
         "rss_window_start_kb": rss_start_kb,
         "rss_window_end_kb": rss_end_kb,
         "rss_per_stream_kb": per_stream_kb(rss_end_kb),
+        "cpu_per_chunk_us": cpu_per_chunk_us,
     });
     let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
     println!("{text}");

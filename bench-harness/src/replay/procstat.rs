@@ -110,7 +110,16 @@ fn status_field(path: &str, name: &str) -> Option<u64> {
 }
 
 fn self_cpu_s() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    stat_cpu_s("/proc/self/stat")
+}
+
+/// User + system CPU seconds `pid` has spent so far.
+pub fn cpu_s(pid: u32) -> Option<f64> {
+    stat_cpu_s(&format!("/proc/{pid}/stat"))
+}
+
+fn stat_cpu_s(path: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let after_name = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = after_name.split_whitespace().collect();
@@ -129,6 +138,7 @@ mod tests {
         assert!(usage.max_rss_kb.is_some_and(|kb| kb > 100));
         assert!(usage.cpu_s.is_some_and(|s| s >= 0.0));
         assert!(rss_kb(std::process::id()).is_some_and(|kb| kb > 100));
+        assert!(cpu_s(std::process::id()).is_some_and(|s| s >= 0.0));
     }
 
     #[test]
