@@ -28,10 +28,11 @@ pub const READ_BUF_BYTES_INITIAL: usize = 8 * 1024;
 /// latency low (a read returns as soon as any bytes are there) and bulk copies efficient.
 pub const UPSTREAM_READ_BYTES: usize = 16 * 1024;
 
-/// Bytes asked of the kernel per read of an event stream that waited for its next token: one
-/// token's event is a few hundred bytes, and when a decode step ends every stream of the core
-/// reads at once, so the size of this read, times the core's streams, is the burst's memory.
-/// A larger burst of bytes takes more reads.
+/// Room an event stream's read has at least. A stream woken by its next token reads with a
+/// spare buffer and relays before yielding (`http::proxy::read_upstream`), so that buffer is
+/// the core's, not the stream's; a stream holding part of an event waits for the rest in a
+/// ring read of this size, its buffer in the kernel's hands (one token's event is a few
+/// hundred bytes, and such waits are rare and short).
 pub const STREAM_READ_BYTES: usize = 2 * 1024;
 
 /// How long a kept-alive client connection waits for its next request with its read buffer in

@@ -371,6 +371,39 @@ fn streamed_responses_arrive_chunk_by_chunk() {
 }
 
 #[test]
+fn a_stream_to_a_client_that_stops_reading_arrives_whole_and_in_order() {
+    // An event stream's bytes go to the client at once, as far as its socket takes them
+    // (`Relay::Now`); past a full socket the rest goes through a ring write. 16 MB of events,
+    // each numbered, against a client that reads nothing for half a second, cross that edge.
+    let chunks: Vec<String> = (0..64)
+        .map(|i| format!("data: {i:02} {}\n\n", "x".repeat(256 * 1024)))
+        .collect();
+    let reply = Reply::Chunked {
+        chunks: chunks.clone(),
+        gap: Duration::ZERO,
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let body = r#"{"stream":true}"#;
+    client.send_raw(
+        format!(
+            "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let response = client.read_response();
+    assert_eq!(response.status, 200);
+    assert!(
+        response.text() == chunks.concat(),
+        "the events arrived cut or out of order"
+    );
+    assert_eq!(client.post_json("/generate", r#"{"n":1}"#).status, 200);
+}
+
+#[test]
 fn a_stream_lets_go_of_its_request_and_the_request_pipelined_behind_it_is_answered() {
     // A committed stream drops its request's bytes from the client's read buffer at once
     // (http::proxy, `Forwarded::release`); bytes pipelined behind it must survive that.

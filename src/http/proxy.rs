@@ -530,18 +530,29 @@ async fn read_upstream(
     };
     if waiting == Waiting::Unbuffered && up.read_buf.is_empty() {
         core.spare_buffers.borrow_mut().lend(&mut up.read_buf);
-        let ready = up
-            .socket
-            .readable_unless(std::pin::pin!(interruption(core, client, deadline)))
-            .await;
-        // A token's event is a few hundred bytes; a small buffer (from the allocator's
-        // thread-local free list) keeps the burst of a decode step, when every stream of the
-        // core reads at once, small too.
-        up.read_buf.reserve_exact(STREAM_READ_BYTES);
-        match ready {
-            None => return Err(interrupted()),
-            Some(Err(e)) => return Ok(Err(e)),
-            Some(Ok(())) => {}
+        loop {
+            let ready = up
+                .socket
+                .readable_unless(std::pin::pin!(interruption(core, client, deadline)))
+                .await;
+            match ready {
+                None => return Err(interrupted()),
+                Some(Err(e)) => return Ok(Err(e)),
+                Some(Ok(())) => {}
+            }
+            // Read now, and the caller relays now (`write_client_from` with `Relay::Now`):
+            // when a decode step ends every stream of the core wakes at once, and a stream
+            // that held its buffer across a ring read and write would make that burst cost a
+            // buffer per stream. Within one poll of the task, one buffer serves them all.
+            core.spare_buffers
+                .borrow_mut()
+                .borrow_into(&mut up.read_buf);
+            match up.socket.read_now(&mut up.read_buf, STREAM_READ_BYTES) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    core.spare_buffers.borrow_mut().lend(&mut up.read_buf);
+                }
+                read => return Ok(read),
+            }
         }
     }
     let read_bytes = match waiting {
@@ -843,7 +854,11 @@ async fn stream_back(
         };
         leftover |= consumed < n;
         let raw = (!tracker.dechunk).then_some(consumed);
-        if !write_client_from(client, up, raw).await {
+        let relay = match body_kind {
+            BodyKind::EventStream => Relay::Now,
+            BodyKind::Other => Relay::Queued,
+        };
+        if !write_client_from(client, up, raw, relay).await {
             core.metrics().incr(Counter::DownstreamAborts);
             return Ok(ended(false, false));
         }
@@ -1014,22 +1029,49 @@ async fn write_client(client: &mut ClientSide<'_>) -> bool {
     result.is_ok()
 }
 
+/// When body bytes leave for the client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Relay {
+    /// Through a ring write, awaited.
+    Queued,
+    /// What the client's socket takes at once, before the task yields (the rest through a ring
+    /// write): an event stream's bytes, read with `Socket::read_now`, so its buffer is free
+    /// again before the next stream of the same decode step reads.
+    Now,
+}
+
 /// Writes body bytes: `raw = Some(n)` writes the first `n` bytes of the worker's read buffer
 /// without copying; `None` writes the de-chunked bytes in `client.write_buf`.
 async fn write_client_from(
     client: &mut ClientSide<'_>,
     up: &mut UpstreamConn,
     raw: Option<usize>,
+    relay: Relay,
 ) -> bool {
-    let Some(n) = raw else {
-        return write_client(client).await;
+    let (buf, len) = match raw {
+        Some(n) => (&mut up.read_buf, n),
+        None => {
+            let len = client.write_buf.len();
+            (&mut *client.write_buf, len)
+        }
     };
+    let sent = match relay {
+        Relay::Queued => 0,
+        Relay::Now => match client.socket.write_now(&buf[..len]) {
+            Ok(sent) => sent,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+            Err(_) => return false,
+        },
+    };
+    if sent == len {
+        return true;
+    }
     let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
-    let (result, buf) = client
+    let (result, written) = client
         .socket
-        .write_range(std::mem::take(&mut up.read_buf), 0..n, deadline)
+        .write_range(std::mem::take(buf), sent..len, deadline)
         .await;
-    up.read_buf = buf;
+    *buf = written;
     result.is_ok()
 }
 

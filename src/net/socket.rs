@@ -193,6 +193,53 @@ impl Socket {
         ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
+    /// Reads what the kernel holds now, without waiting, into `buf`'s spare room (at least
+    /// `spare` bytes of it): a stream woken by readiness reads and relays its bytes within one
+    /// poll of its task, so a decode step that wakes every stream of the core at once does not
+    /// hold a buffer per stream (see `http::proxy::read_upstream`). `WouldBlock` when nothing
+    /// is there (a spurious wake); 0 at the end of the stream.
+    pub fn read_now(&self, buf: &mut Vec<u8>, spare: usize) -> io::Result<usize> {
+        use std::os::unix::io::AsRawFd;
+        buf.reserve(spare);
+        let room = buf.spare_capacity_mut();
+        // SAFETY: `room` is `buf`'s spare capacity, valid for writes of `room.len()` bytes and
+        // exclusively borrowed; the fd stays open while `self` is borrowed; MSG_DONTWAIT makes
+        // the call return at once.
+        let read = unsafe {
+            libc::recv(
+                self.stream.as_raw_fd(),
+                room.as_mut_ptr().cast(),
+                room.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        let Ok(n) = usize::try_from(read) else {
+            return Err(io::Error::last_os_error());
+        };
+        // SAFETY: the kernel initialized the first `n` bytes of the spare capacity (`n` is at
+        // most `room.len()`).
+        unsafe { buf.set_len(buf.len() + n) };
+        Ok(n)
+    }
+
+    /// Writes as much of `bytes` as the kernel takes now, without waiting: how many bytes it
+    /// took (`WouldBlock` when none). A small event to a client that keeps up goes out whole.
+    pub fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: `bytes` is valid for reads of its length; the fd stays open while `self` is
+        // borrowed; MSG_DONTWAIT makes the call return at once, MSG_NOSIGNAL turns a closed
+        // peer into EPIPE instead of a signal.
+        let sent = unsafe {
+            libc::send(
+                self.stream.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        usize::try_from(sent).map_err(|_| io::Error::last_os_error())
+    }
+
     /// Writes `buf[range]` completely and hands `buf` back.
     pub async fn write_range(
         &mut self,
@@ -248,6 +295,49 @@ mod tests {
             .enable_timer()
             .build()
             .unwrap()
+    }
+
+    /// `read_now` retried for up to 5 s while nothing has arrived.
+    async fn read_soon(socket: &Socket, buf: &mut Vec<u8>) -> usize {
+        for _ in 0..1000 {
+            match socket.read_now(buf, 64) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    monoio::time::sleep(Duration::from_millis(5)).await;
+                }
+                read => return read.unwrap(),
+            }
+        }
+        panic!("nothing arrived in 5 s");
+    }
+
+    #[test]
+    fn reads_and_writes_now_move_what_the_kernel_has_without_waiting() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(b"first").unwrap();
+            let mut b = [0u8; 4];
+            s.read_exact(&mut b).unwrap();
+            b
+        });
+        runtime().block_on(async move {
+            let socket = Socket::connect(addr).await.unwrap();
+            let mut buf = b"kept:".to_vec();
+            // Nothing may have arrived yet: a read now does not wait for it.
+            let first = read_soon(&socket, &mut buf).await;
+            assert_eq!(first, 5);
+            assert_eq!(buf, b"kept:first");
+            let nothing = socket.read_now(&mut buf, 64).unwrap_err();
+            assert_eq!(nothing.kind(), io::ErrorKind::WouldBlock);
+            assert_eq!(buf, b"kept:first");
+            assert_eq!(socket.write_now(b"back").unwrap(), 4);
+            // The peer has read its four bytes and closed: the end of the stream reads as 0.
+            let end = read_soon(&socket, &mut buf).await;
+            assert_eq!(end, 0);
+            assert_eq!(buf, b"kept:first");
+        });
+        assert_eq!(&peer.join().unwrap(), b"back");
     }
 
     #[test]
