@@ -130,6 +130,19 @@ fn generate_body(tokens: usize, rng: &mut Rng) -> Vec<u8> {
     }))
 }
 
+/// The `/generate` body as Python's `json.dumps` writes it (what a Python client sends): a
+/// space after every comma and colon.
+fn generate_body_spaced(tokens: usize, rng: &mut Rng) -> Vec<u8> {
+    let ids: Vec<String> = (0..tokens)
+        .map(|_| rng.u32(..128_000).to_string())
+        .collect();
+    format!(
+        r#"{{"input_ids": [{}], "sampling_params": {{"temperature": 0.0, "max_new_tokens": 128}}, "stream": false}}"#,
+        ids.join(", ")
+    )
+    .into_bytes()
+}
+
 /// The bodies of `extract/*`: name, endpoint, bytes.
 pub fn bodies(sizes: &Sizes) -> Vec<(String, Endpoint, Vec<u8>)> {
     let mut rng = Rng::with_seed(42);
@@ -159,6 +172,11 @@ pub fn bodies(sizes: &Sizes) -> Vec<(String, Endpoint, Vec<u8>)> {
             format!("generate_{tokens}_ids"),
             Endpoint::Generate,
             generate_body(tokens, &mut rng),
+        ),
+        (
+            format!("generate_{tokens}_ids_spaced"),
+            Endpoint::Generate,
+            generate_body_spaced(tokens, &mut rng),
         ),
     ]
 }

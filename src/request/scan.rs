@@ -20,7 +20,9 @@
 //! backslash or a control byte (a loop the compiler turns into vector compares) and skipped
 //! strings are not UTF-8 validated (`serde_json` does not validate them either); text without
 //! escapes is validated once and copied once; `input_ids` digits are converted eight bytes at a
-//! time (SWAR), straight into the token buffer.
+//! time (SWAR), straight into the token buffer, and a long list of the common shape is read 64
+//! bytes at a time: one pass finds every ID's first and last digit, so the IDs convert
+//! independently of one another instead of each waiting for the one before to be measured.
 //!
 //! Where the text goes is [`TextMode`]'s choice: the input's reused buffer, or, for a large
 //! body whose text the index keeps, nowhere during the pass: its strings are noted
@@ -799,6 +801,9 @@ impl<'b> Scan<'b> {
             self.i += 1;
             return Ok(());
         }
+        // IDs read one at a time before blocks are tried again (a list of another shape, such
+        // as one ID per line, does not pay for a failed block at every ID).
+        let mut read_alone = 0;
         loop {
             // The common case from one 8-byte load: an ID of 1-7 digits, then `,` or `]`,
             // and after the comma, if it fits in the word, the one space some encoders add.
@@ -808,11 +813,17 @@ impl<'b> Scan<'b> {
                     let byte = |n: usize| (word >> (8 * n)) as u8;
                     match byte(len) {
                         b',' => {
-                            self.i += len + 1;
-                            if len + 1 < 8 && byte(len + 1) == b' ' {
-                                self.i += 1;
+                            self.i += len;
+                            if read_alone == 0 {
+                                let comma = self.i;
+                                self.i = ids_by_block(self.b, comma, tokens);
+                                if self.i == comma {
+                                    read_alone = IDS_READ_ALONE_AFTER_A_BLOCK_FAILS;
+                                }
+                            } else {
+                                read_alone -= 1;
                             }
-                            // More whitespace, or a word boundary: the general path reads it.
+                            self.i += 1;
                             if let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
                                 self.ws();
                             }
@@ -854,6 +865,98 @@ impl<'b> Scan<'b> {
     }
 }
 
+/// After a block of IDs that read nothing, how many IDs are read one at a time before the next.
+const IDS_READ_ALONE_AFTER_A_BLOCK_FAILS: u32 = 16;
+
+/// The bytes an ID block scans; it needs 8 more in the body, for the last ID's 8-byte load.
+const ID_BLOCK_BYTES: usize = 64;
+
+/// From `at`, the comma just after an ID: the IDs that follow, read [`ID_BLOCK_BYTES`] at a time
+/// while they keep the common shape (1-7 digits, no leading zero, then a comma and at most one
+/// space). Returns where it stopped: the comma after the last ID it read (`at` when none), so
+/// whatever breaks the shape (the list's end, other whitespace, a long or malformed number) is
+/// read by the general path, exactly as without blocks.
+fn ids_by_block(b: &[u8], mut at: usize, tokens: &mut Vec<u32>) -> usize {
+    loop {
+        let stopped = id_block(b, at, tokens);
+        if stopped == at {
+            return at;
+        }
+        at = stopped;
+    }
+}
+
+/// One block of [`ids_by_block`]: every byte's digit bit first, then each ID from its first and
+/// last digit (the byte before the block's first, the comma at `at`, ends an ID).
+fn id_block(b: &[u8], at: usize, tokens: &mut Vec<u32>) -> usize {
+    let Some(bytes) = b.get(at..at + ID_BLOCK_BYTES + 8) else {
+        return at;
+    };
+    let Ok(bytes) = <&[u8; ID_BLOCK_BYTES + 8]>::try_from(bytes) else {
+        return at;
+    };
+    let mut digit = 0u64;
+    for k in 0..ID_BLOCK_BYTES / 8 {
+        digit |= digit_bits(block_word(bytes, 8 * k)) << (8 * k);
+    }
+    let after_digit = (digit << 1) | 1;
+    // In order: each ID's first digit, and the byte after its last (IDs cut by the block's end
+    // have a first digit only).
+    let mut firsts = digit & !after_digit;
+    let mut ends = !digit & after_digit & !1;
+    let mut ids = [0u32; ID_BLOCK_BYTES / 2];
+    let mut read = 0;
+    let mut end = 0;
+    while ends != 0 {
+        let first = firsts.trailing_zeros() as usize;
+        let stop = ends.trailing_zeros() as usize;
+        let len = stop - first;
+        let x = block_word(bytes, first) ^ ZEROS;
+        let separator = (x >> (8 * (len & 7))) as u8 ^ (b',' ^ b'0');
+        let gap = first - end;
+        let common = len <= 7
+            && (len == 1 || x & 0xFF != 0)
+            && separator == 0
+            && (gap == 1 || (gap == 2 && bytes[end + 1] == b' '));
+        if !common {
+            break;
+        }
+        // The digits moved to the top bytes: zero digits lead. (An ID and its comma take two
+        // bytes at least, so `read` stays below the array's length; `%` spares the check.)
+        ids[read % ids.len()] = eight_digits(x << (8 * (8 - len)));
+        read += 1;
+        end = stop;
+        firsts &= firsts - 1;
+        ends &= ends - 1;
+    }
+    tokens.extend_from_slice(&ids[..read.min(ids.len())]);
+    at + end
+}
+
+/// The eight bytes of a block at `at` (below [`ID_BLOCK_BYTES`]), the first in the lowest byte.
+fn block_word(bytes: &[u8; ID_BLOCK_BYTES + 8], at: usize) -> u64 {
+    let at = at % ID_BLOCK_BYTES;
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// One bit per byte of `word` (the first byte's in bit 0): set where the byte is a digit.
+fn digit_bits(word: u64) -> u64 {
+    let x = word ^ ZEROS;
+    let digit_high = !(((x & LOW7) + TEN_UP) | x) & HIGH;
+    // The eight high bits gathered into the top byte, the first byte's lowest (no two partial
+    // products land on the same bit, so nothing carries).
+    (digit_high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
+}
+
+/// `'0'` in every byte of a word: XORed with it, digits become their values.
+const ZEROS: u64 = 0x3030_3030_3030_3030;
+const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+/// Added to a byte's low seven bits, sets its high bit when they are 10 or more.
+const TEN_UP: u64 = 0x7676_7676_7676_7676;
+
 /// The eight bytes at `at`, the first in the lowest byte.
 fn load_word(b: &[u8], at: usize) -> Option<u64> {
     let mut bytes = [0u8; 8];
@@ -864,10 +967,6 @@ fn load_word(b: &[u8], at: usize) -> Option<u64> {
 /// The ID a word starts with and its length, when it has 1-7 digits (no leading zero) and the
 /// next byte is in the word; `None` otherwise (the caller reads it byte by byte).
 fn word_id(word: u64) -> Option<(u32, usize)> {
-    const ZEROS: u64 = 0x3030_3030_3030_3030;
-    const LOW7: u64 = 0x7F7F_7F7F_7F7F_7F7F;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    const TEN_UP: u64 = 0x7676_7676_7676_7676;
     // Each byte's digit value (0-9 for a digit, something else otherwise).
     let x = word ^ ZEROS;
     // The high bit of each byte that is not a digit (a value above 9).
@@ -1107,6 +1206,82 @@ mod tests {
             let body = format!("{refused},0,0,0,0,0");
             assert_eq!(parse_id(body.as_bytes(), 0), None, "{refused}");
         }
+    }
+
+    #[test]
+    fn digit_bits_mark_exactly_the_digits() {
+        for byte in 0..=255u8 {
+            for at in 0..8 {
+                let mut word = *b"ab:/.-x~";
+                word[at] = byte;
+                let expected = u64::from(byte.is_ascii_digit()) << at;
+                assert_eq!(
+                    digit_bits(u64::from_le_bytes(word)),
+                    expected,
+                    "{byte} at {at}"
+                );
+            }
+        }
+        for pattern in 0..=255u64 {
+            let word: [u8; 8] = std::array::from_fn(|i| {
+                if pattern >> i & 1 == 1 {
+                    b'0' + i as u8
+                } else {
+                    b'/'
+                }
+            });
+            assert_eq!(digit_bits(u64::from_le_bytes(word)), pattern);
+        }
+    }
+
+    #[test]
+    fn id_blocks_read_the_common_shape_and_stop_at_the_comma_before_anything_else() {
+        let ids: Vec<String> = (0..60u32)
+            .map(|i| (i * 7919 % 128_000).to_string())
+            .collect();
+        let parsed =
+            |ids: &[String]| -> Vec<u32> { ids.iter().map(|id| id.parse().unwrap()).collect() };
+        let padding = " ".repeat(100);
+        for separator in [",", ", "] {
+            let body = format!("[{}]{padding}", ids.join(separator));
+            let comma = body.find(',').unwrap();
+            let mut tokens = Vec::new();
+            let stopped = ids_by_block(body.as_bytes(), comma, &mut tokens);
+            assert!(tokens.len() > 40, "{separator:?}: {} IDs", tokens.len());
+            assert_eq!(tokens, parsed(&ids[1..=tokens.len()]));
+            assert_eq!(body.as_bytes()[stopped], b',');
+            assert!(body[..stopped].ends_with(&ids[tokens.len()]));
+        }
+        // Whatever breaks the shape is left to the general path, from the comma before it.
+        let breakers = [
+            "\n7", "  7", "\t7", "01", "12345678", "1.5", "1e5", "-1", "x", "",
+        ];
+        for separator in [",", ", "] {
+            for breaker in breakers {
+                let mut items = ids.clone();
+                items[10] = breaker.to_owned();
+                let body = format!("[{}]{padding}", items.join(separator));
+                let comma = body.find(',').unwrap();
+                let mut tokens = Vec::new();
+                let stopped = ids_by_block(body.as_bytes(), comma, &mut tokens);
+                assert_eq!(
+                    tokens,
+                    parsed(&ids[1..10]),
+                    "{breaker:?} after {separator:?}"
+                );
+                let before_breaker = body.find(&format!("{separator}{breaker}{separator}"));
+                assert_eq!(
+                    Some(stopped),
+                    before_breaker,
+                    "{breaker:?} after {separator:?}"
+                );
+            }
+        }
+        // Too near the body's end for a block: nothing read.
+        let short = "[1,2,3]";
+        let mut tokens = Vec::new();
+        assert_eq!(ids_by_block(short.as_bytes(), 2, &mut tokens), 2);
+        assert!(tokens.is_empty());
     }
 
     #[test]
