@@ -110,8 +110,8 @@ pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);
 /// How often a request waiting on its worker (for the response head, or between two body
 /// reads) checks whether its client has gone: a client gone is then noticed within this long,
 /// its upstream request closed and its in-flight credit released (instead of the engine
-/// generating for nobody until `--request-timeout-secs`). One non-blocking `poll` over every
-/// waiting request's client per tick and core (`http::client_watch`).
+/// generating for nobody until `--request-timeout-secs`). One non-blocking `poll` per waiting
+/// request per tick: 1,000 waiting requests cost 4,000 syscalls a second on their core.
 pub const CLIENT_GONE_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How long one write to a client may stall: a client that reads nothing for a minute is gone,

@@ -7,7 +7,6 @@ use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 
 use super::buffers::SpareBuffers;
-use super::client_watch::ClientWatch;
 use super::pool::UpstreamPool;
 use crate::ids::WorkerId;
 use crate::metrics::{CoreMetrics, Counter};
@@ -77,8 +76,6 @@ pub struct DataCore {
     pub body_budget: BodyBudget,
     /// Set when shutdown's grace period is over: requests still waiting on a worker end now.
     pub cutting_requests: Cell<bool>,
-    /// The clients of requests waiting on their worker, swept for closes all at once.
-    pub client_watch: RefCell<ClientWatch>,
 }
 
 impl DataCore {
@@ -93,7 +90,6 @@ impl DataCore {
             router: RefCell::new(router),
             requests_in_flight: Cell::new(0),
             cutting_requests: Cell::new(false),
-            client_watch: RefCell::new(ClientWatch::default()),
             body_budget: BodyBudget::new(max_body_bytes),
         }
     }

@@ -9,11 +9,9 @@
 //! - `proxy`: the request driver of routed endpoints, the phases and the one retry loop.
 //! - `pool`: the upstream keep-alive pool. `admin`: the admin API's handler.
 //! - `buffers`: the core's spare I/O buffers, lent by streams while they wait.
-//! - `client_watch`: the clients of waiting requests, checked for a close all at once.
 
 pub mod admin;
 pub mod buffers;
-pub mod client_watch;
 pub mod core;
 pub mod pool;
 pub mod proxy;

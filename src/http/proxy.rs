@@ -35,7 +35,6 @@
 use std::time::Instant;
 
 use super::buffers::SpareBuffers;
-use super::client_watch::ClientGone;
 use super::core::DataCore;
 use super::pool::UpstreamConn;
 use super::server::PreparedSlot;
@@ -44,8 +43,8 @@ use crate::copy;
 use crate::error::{ErrorKind, ProxyError, Retry, Side};
 use crate::ids::WorkerId;
 use crate::limits::{
-    DOWNSTREAM_WRITE_TIMEOUT, FORWARD_BODY_COPY_BYTES_MAX, STALE_CONNECTION_RETRIES_MAX,
-    STREAM_READ_BYTES, UPSTREAM_READ_BYTES,
+    CLIENT_GONE_POLL_INTERVAL, DOWNSTREAM_WRITE_TIMEOUT, FORWARD_BODY_COPY_BYTES_MAX,
+    STALE_CONNECTION_RETRIES_MAX, STREAM_READ_BYTES, UPSTREAM_READ_BYTES,
 };
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{
@@ -487,15 +486,19 @@ enum Interrupted {
 }
 
 /// Completes at `deadline` (`Cut::Deadline`), or once the client has gone (closed or reset its
-/// connection) or shutdown cuts the requests still running (`Cut::Stop`), as the core's
-/// [`ClientWatch`](super::client_watch::ClientWatch) finds in its sweep every
-/// `CLIENT_GONE_POLL_INTERVAL`, without reading: bytes of a pipelined request stay unread.
+/// connection) or shutdown cuts the requests still running (`Cut::Stop`), checked every
+/// `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of a pipelined request stay unread. One
+/// timer serves both.
 async fn interruption(core: &DataCore, client: &Socket, deadline: Instant) -> Cut {
-    let gone = ClientGone::new(&core.client_watch, client.raw_fd());
-    let at_deadline = monoio::time::sleep_until(monoio::time::Instant::from_std(deadline));
-    monoio::select! {
-        () = gone => Cut::Stop,
-        () = at_deadline => Cut::Deadline,
+    loop {
+        let wake = deadline.min(Instant::now() + CLIENT_GONE_POLL_INTERVAL);
+        monoio::time::sleep_until(monoio::time::Instant::from_std(wake)).await;
+        if client.peer_closed() || core.cutting_requests.get() {
+            return Cut::Stop;
+        }
+        if Instant::now() >= deadline {
+            return Cut::Deadline;
+        }
     }
 }
 

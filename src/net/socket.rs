@@ -9,7 +9,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::io::{AsRawFd, RawFd};
 use std::time::Instant;
 
 use monoio::buf::{IoBuf, IoBufMut};
@@ -182,14 +181,16 @@ impl Socket {
     /// sent before are left unread (a pipelined request is not a close). A peer that shut down
     /// only its sending side counts as gone, as nginx counts it.
     pub fn peer_closed(&self) -> bool {
-        let mut poll = [PeerPoll::new(self.raw_fd())];
-        poll_peers(&mut poll);
-        poll[0].peer_closed()
-    }
-
-    /// The socket's descriptor, for [`poll_peers`] (open while `self` lives).
-    pub fn raw_fd(&self) -> RawFd {
-        self.stream.as_raw_fd()
+        use std::os::unix::io::AsRawFd;
+        let mut poll = libc::pollfd {
+            fd: self.stream.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: `poll` is one valid, exclusively borrowed `pollfd` (nfds 1) and a zero
+        // timeout returns at once; the fd stays open while `self` is borrowed.
+        let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+        ready > 0 && poll.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
     }
 
     /// Reads what the kernel holds now, without waiting, into `buf`'s spare room (at least
@@ -198,6 +199,7 @@ impl Socket {
     /// hold a buffer per stream (see `http::proxy::read_upstream`). `WouldBlock` when nothing
     /// is there (a spurious wake); 0 at the end of the stream.
     pub fn read_now(&self, buf: &mut Vec<u8>, spare: usize) -> io::Result<usize> {
+        use std::os::unix::io::AsRawFd;
         buf.reserve(spare);
         let room = buf.spare_capacity_mut();
         // SAFETY: `room` is `buf`'s spare capacity, valid for writes of `room.len()` bytes and
@@ -205,7 +207,7 @@ impl Socket {
         // the call return at once.
         let read = unsafe {
             libc::recv(
-                self.raw_fd(),
+                self.stream.as_raw_fd(),
                 room.as_mut_ptr().cast(),
                 room.len(),
                 libc::MSG_DONTWAIT,
@@ -223,12 +225,13 @@ impl Socket {
     /// Writes as much of `bytes` as the kernel takes now, without waiting: how many bytes it
     /// took (`WouldBlock` when none). A small event to a client that keeps up goes out whole.
     pub fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
+        use std::os::unix::io::AsRawFd;
         // SAFETY: `bytes` is valid for reads of its length; the fd stays open while `self` is
         // borrowed; MSG_DONTWAIT makes the call return at once, MSG_NOSIGNAL turns a closed
         // peer into EPIPE instead of a signal.
         let sent = unsafe {
             libc::send(
-                self.raw_fd(),
+                self.stream.as_raw_fd(),
                 bytes.as_ptr().cast(),
                 bytes.len(),
                 libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
@@ -270,43 +273,6 @@ impl Socket {
     ) -> (io::Result<()>, Vec<u8>) {
         let len = buf.len();
         self.write_range(buf, 0..len, deadline).await
-    }
-}
-
-/// One socket in a [`poll_peers`] batch.
-#[derive(Clone, Copy, Debug)]
-#[repr(transparent)]
-pub struct PeerPoll(libc::pollfd);
-
-impl PeerPoll {
-    /// Asks about `fd`'s peer closing.
-    pub fn new(fd: RawFd) -> Self {
-        PeerPoll(libc::pollfd {
-            fd,
-            events: libc::POLLRDHUP,
-            revents: 0,
-        })
-    }
-
-    /// Whether the last [`poll_peers`] found the peer closed, reset or the socket in error.
-    pub fn peer_closed(&self) -> bool {
-        self.0.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
-    }
-}
-
-/// Asks the kernel, without waiting and in one call, which of `polls`' peers have closed (see
-/// [`PeerPoll::peer_closed`]). A failed call finds none closed: the next one asks again.
-pub fn poll_peers(polls: &mut [PeerPoll]) {
-    for poll in polls.iter_mut() {
-        poll.0.revents = 0;
-    }
-    let Ok(count) = libc::nfds_t::try_from(polls.len()) else {
-        return;
-    };
-    // SAFETY: `PeerPoll` is a `repr(transparent)` wrapper of `pollfd`, so the slice is `count` valid, exclusively borrowed `pollfd`s; a zero timeout returns at once.
-    // The descriptors belong to sockets registered by waiting requests, open while registered.
-    unsafe {
-        libc::poll(polls.as_mut_ptr().cast(), count, 0);
     }
 }
 

@@ -29,7 +29,6 @@ use crate::config::{Config, PolicyKind};
 use crate::control::index_upkeep::IndexWriters;
 use crate::control::mesh_link::{self, MeshSockets};
 use crate::control::ControlCore;
-use crate::http::client_watch;
 use crate::http::core::DataCore;
 use crate::http::server::serve_connection;
 use crate::index::hash::HashIndexWriter;
@@ -407,7 +406,6 @@ fn run_data_core(
         let _ = ready.send(Ok(()));
         let core = Rc::new(core);
         monoio::spawn(sweep_pool_forever(core.clone()));
-        monoio::spawn(client_watch::sweep_forever(core.clone()));
         accept_until_shutdown(listener, &core).await;
         drain_requests(&core).await;
     });
