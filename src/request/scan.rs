@@ -805,8 +805,8 @@ impl<'b> Scan<'b> {
         // as one ID per line, does not pay for a failed block at every ID).
         let mut read_alone = 0;
         loop {
-            // The common case from one 8-byte load: an ID of 1-7 digits, then `,` or `]`,
-            // and after the comma, if it fits in the word, the one space some encoders add.
+            // The common case from one 8-byte load: an ID of 1-7 digits, then `,` or `]`; after
+            // a comma, a block reads on while the list keeps that shape.
             if let Some(word) = load_word(self.b, self.i) {
                 if let Some((id, len)) = word_id(word) {
                     tokens.push(id);
