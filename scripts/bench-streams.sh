@@ -2,7 +2,8 @@
 # SSE streams held at once through one data core: the same --streams streamed completions sent
 # straight to the engines, then through kvgate (one data core). Reports the gaps between a
 # stream's consecutive chunks (p50/p99) in both runs, their difference (the delay kvgate adds),
-# kvgate's RSS per stream and its CPU per chunk relayed. bench-harness's `streams` is the
+# kvgate's RSS per stream (at the window's end, and the median of a reading every 250 ms) and
+# its CPU per chunk relayed. bench-harness's `streams` is the
 # client.
 #
 #   scripts/bench-streams.sh [--streams 9000] [--step-ms 1000] [--measure-s 15] [--debug]
@@ -99,5 +100,6 @@ for name, r in (("direct", d), ("kvgate", k)):
     print(f"{name:10} {r['gap_p50_ms']:11.2f} {r['gap_p99_ms']:11.2f} {r['gap_max_ms']:11.2f} {r['chunks_measured']:8} {r['failed']:6}")
 print(f"added by kvgate: p50 {k['gap_p50_ms'] - d['gap_p50_ms']:+.2f} ms, p99 {k['gap_p99_ms'] - d['gap_p99_ms']:+.2f} ms")
 print(f"kvgate RSS: {k['rss_before_kb']} KiB idle, {k['rss_window_end_kb']} KiB with the streams: {k['rss_per_stream_kb']:.1f} KiB per stream")
+print(f"kvgate RSS over the window (every 250 ms): {k['rss_window_min_kb']}-{k['rss_window_max_kb']} KiB, median {k['rss_window_median_kb']}: {k['rss_per_stream_median_kb']:.1f} KiB per stream")
 print(f"kvgate CPU per chunk relayed: {k['cpu_per_chunk_us']:.2f} us")
 PY

@@ -128,7 +128,17 @@ async fn run(args: Args) -> Result<(), String> {
     *lock(&shared.window) = Some((start, end));
     let rss_start_kb = args.rss_pid.and_then(procstat::rss_kb);
     let cpu_start_s = args.rss_pid.and_then(procstat::cpu_s);
-    tokio::time::sleep_until(end).await;
+    // RSS every 250 ms through the window: one reading can fall in a decode step's burst.
+    let mut rss_samples_kb = Vec::new();
+    while Instant::now() < end {
+        tokio::time::sleep(
+            Duration::from_millis(250).min(end.saturating_duration_since(Instant::now())),
+        )
+        .await;
+        rss_samples_kb.extend(args.rss_pid.and_then(procstat::rss_kb));
+    }
+    rss_samples_kb.sort_unstable();
+    let rss_median_kb = rss_samples_kb.get(rss_samples_kb.len() / 2).copied();
     let rss_end_kb = args.rss_pid.and_then(procstat::rss_kb);
     let cpu_end_s = args.rss_pid.and_then(procstat::cpu_s);
     let gaps = lock(&shared.gaps_us).clone();
@@ -167,6 +177,10 @@ async fn run(args: Args) -> Result<(), String> {
         "rss_window_start_kb": rss_start_kb,
         "rss_window_end_kb": rss_end_kb,
         "rss_per_stream_kb": per_stream_kb(rss_end_kb),
+        "rss_window_median_kb": rss_median_kb,
+        "rss_window_min_kb": rss_samples_kb.first(),
+        "rss_window_max_kb": rss_samples_kb.last(),
+        "rss_per_stream_median_kb": per_stream_kb(rss_median_kb),
         "cpu_per_chunk_us": cpu_per_chunk_us,
     });
     let text = serde_json::to_string_pretty(&result).map_err(|e| e.to_string())?;
