@@ -3,8 +3,7 @@
 # straight to the engines, then through kvgate (one data core). Reports the gaps between a
 # stream's consecutive chunks (p50/p99) in both runs, their difference (the delay kvgate adds),
 # kvgate's RSS per stream (at the window's end, and the median of a reading every 250 ms) and
-# its CPU per chunk relayed. bench-harness's `streams` is the
-# client.
+# its CPU per chunk relayed. bench-harness's `streams` is the client.
 #
 #   scripts/bench-streams.sh [--streams 9000] [--step-ms 1000] [--measure-s 15] [--debug]
 #
