@@ -9,6 +9,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::os::unix::io::AsRawFd;
 use std::time::Instant;
 
 use monoio::buf::{IoBuf, IoBufMut};
@@ -181,7 +182,6 @@ impl Socket {
     /// sent before are left unread (a pipelined request is not a close). A peer that shut down
     /// only its sending side counts as gone, as nginx counts it.
     pub fn peer_closed(&self) -> bool {
-        use std::os::unix::io::AsRawFd;
         let mut poll = libc::pollfd {
             fd: self.stream.as_raw_fd(),
             events: libc::POLLRDHUP,
@@ -199,7 +199,6 @@ impl Socket {
     /// hold a buffer per stream (see `http::proxy::read_upstream`). `WouldBlock` when nothing
     /// is there (a spurious wake); 0 at the end of the stream.
     pub fn read_now(&self, buf: &mut Vec<u8>, spare: usize) -> io::Result<usize> {
-        use std::os::unix::io::AsRawFd;
         buf.reserve(spare);
         let room = buf.spare_capacity_mut();
         // SAFETY: `room` is `buf`'s spare capacity, valid for writes of `room.len()` bytes and
@@ -225,7 +224,6 @@ impl Socket {
     /// Writes as much of `bytes` as the kernel takes now, without waiting: how many bytes it
     /// took (`WouldBlock` when none). A small event to a client that keeps up goes out whole.
     pub fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
-        use std::os::unix::io::AsRawFd;
         // SAFETY: `bytes` is valid for reads of its length; the fd stays open while `self` is
         // borrowed; MSG_DONTWAIT makes the call return at once, MSG_NOSIGNAL turns a closed
         // peer into EPIPE instead of a signal.

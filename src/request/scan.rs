@@ -943,11 +943,16 @@ fn block_word(bytes: &[u8; ID_BLOCK_BYTES + 8], at: usize) -> u64 {
 
 /// One bit per byte of `word` (the first byte's in bit 0): set where the byte is a digit.
 fn digit_bits(word: u64) -> u64 {
-    let x = word ^ ZEROS;
-    let digit_high = !(((x & LOW7) + TEN_UP) | x) & HIGH;
+    let digit_high = !not_digit_high(word ^ ZEROS) & HIGH;
     // The eight high bits gathered into the top byte, the first byte's lowest (no two partial
     // products land on the same bit, so nothing carries).
     (digit_high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
+}
+
+/// The high bit of each byte of `x` (a word XORed with [`ZEROS`]) that is not a digit: a value
+/// above 9.
+fn not_digit_high(x: u64) -> u64 {
+    (((x & LOW7) + TEN_UP) | x) & HIGH
 }
 
 /// `'0'` in every byte of a word: XORed with it, digits become their values.
@@ -969,8 +974,7 @@ fn load_word(b: &[u8], at: usize) -> Option<u64> {
 fn word_id(word: u64) -> Option<(u32, usize)> {
     // Each byte's digit value (0-9 for a digit, something else otherwise).
     let x = word ^ ZEROS;
-    // The high bit of each byte that is not a digit (a value above 9).
-    let not_digit = (((x & LOW7) + TEN_UP) | x) & HIGH;
+    let not_digit = not_digit_high(x);
     let len = (not_digit.trailing_zeros() / 8) as usize;
     if len == 0 || len == 8 || (len > 1 && x & 0xFF == 0) {
         return None;
