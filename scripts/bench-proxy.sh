@@ -16,6 +16,9 @@
 # Usage: scripts/bench-proxy.sh [ROUNDS]   (default 3 rounds = A B A B A B)
 #        BENCH_BODY=36k scripts/bench-proxy.sh   (36 KB bodies sharing one system prompt)
 #        KVGATE_BIN=path/to/kvgate scripts/bench-proxy.sh   (another build, e.g. a baseline)
+#        BENCH_FLOOR=1 scripts/bench-proxy.sh   (adds the floor: perf/floor_proxy.rs, a monoio
+#          proxy that only relays bytes, on kvgate's ring setup; its ratio to nginx is the ceiling
+#          of kvgate's on this host)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS="${1:-3}"
@@ -31,6 +34,12 @@ fi
 cargo build --release -q -p kvgate --bin kvgate
 KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
 cargo build --release -q -p bench-harness --bin sim-engine
+FLOOR="${BENCH_FLOOR:-0}"
+SYSTEMS=(kvgate nginx)
+if [ "$FLOOR" = 1 ]; then
+  cargo build --release -q -p kvgate --example floor_proxy
+  SYSTEMS+=(floor)
+fi
 
 WORK="$(mktemp -d)"
 PIDS=()
@@ -38,7 +47,7 @@ cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; r
 trap cleanup EXIT
 
 # Below the ephemeral range (32768+), so an outgoing connection never holds one of them.
-SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; METRICS_PORT=21099
+SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; FLOOR_PORT=21002; METRICS_PORT=21099
 "${LOADGEN[@]}" target/release/sim-engine --engines 1 --base-port "$SIM_PORT" --instant --threads 1 >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
 "${PROXY[@]}" "$KVGATE_BIN" --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
@@ -72,7 +81,12 @@ http {
 EOF
 "${PROXY[@]}" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
 PIDS+=($!)
-KVGATE_PID="${PIDS[1]}"; NGINX_PID="${PIDS[2]}"
+KVGATE_PID="${PIDS[1]}"; NGINX_PID="${PIDS[2]}"; FLOOR_PID=""
+if [ "$FLOOR" = 1 ]; then
+  "${PROXY[@]}" target/release/examples/floor_proxy "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT" \
+    >"$WORK/floor.log" 2>&1 &
+  PIDS+=($!); FLOOR_PID=$!
+fi
 
 # Several distinct chat bodies, cycled per request: small (~250 B), or with BENCH_BODY=36k a
 # shared system prompt of about 36 KB (~9k words) before each distinct question.
@@ -95,7 +109,7 @@ request = function()
 end
 EOF
 
-for port in "$SIM_PORT" "$KVGATE_PORT" "$NGINX_PORT"; do
+for port in "$SIM_PORT" "$KVGATE_PORT" "$NGINX_PORT" ${FLOOR_PID:+"$FLOOR_PORT"}; do
   for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
 done
 sleep 1  # let kvgate's control core fetch /v1/models once
@@ -108,7 +122,11 @@ cpu_ticks() { # pids... -> summed utime+stime clock ticks
   echo "$total"
 }
 proxy_pids() { # system -> its pids (nginx: master and workers)
-  if [ "$1" = kvgate ]; then echo "$KVGATE_PID"; else echo "$NGINX_PID" $(pgrep -P "$NGINX_PID"); fi
+  case "$1" in
+    kvgate) echo "$KVGATE_PID" ;;
+    floor) echo "$FLOOR_PID" ;;
+    *) echo "$NGINX_PID" $(pgrep -P "$NGINX_PID") ;;
+  esac
 }
 
 run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req"
@@ -133,8 +151,8 @@ echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "# system req/s p50 p99 non2xx cpu_us_per_req"
 RESULTS=()
 for _ in $(seq "$ROUNDS"); do
-  for system in kvgate nginx; do
-    port=$KVGATE_PORT; [ "$system" = nginx ] && port=$NGINX_PORT
+  for system in "${SYSTEMS[@]}"; do
+    case "$system" in kvgate) port=$KVGATE_PORT ;; nginx) port=$NGINX_PORT ;; floor) port=$FLOOR_PORT ;; esac
     line="$(run "$system" "$port")"
     echo "$line"
     RESULTS+=("$line")
@@ -148,4 +166,9 @@ K="$(median kvgate 2)"; N="$(median nginx 2)"
 awk -v k="$K" -v n="$N" 'BEGIN {printf "median req/s: kvgate %.0f, nginx %.0f, ratio kvgate/nginx %.2f\n", k, n, k / n}'
 KC="$(median kvgate 6)"; NC="$(median nginx 6)"
 awk -v k="$KC" -v n="$NC" 'BEGIN {printf "median proxy CPU us/request: kvgate %.1f, nginx %.1f, ratio nginx/kvgate %.2f\n", k, n, n / k}'
+if [ "$FLOOR" = 1 ]; then
+  F="$(median floor 2)"; FC="$(median floor 6)"
+  awk -v f="$F" -v n="$N" -v k="$K" 'BEGIN {printf "median req/s: floor %.0f, ratio floor/nginx %.2f, kvgate/floor %.2f\n", f, f / n, k / f}'
+  awk -v f="$FC" -v n="$NC" -v k="$KC" 'BEGIN {printf "median proxy CPU us/request: floor %.1f, ratio floor/nginx %.2f, kvgate/floor %.2f\n", f, f / n, k / f}'
+fi
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
