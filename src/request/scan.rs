@@ -985,30 +985,87 @@ fn word_id(word: u64) -> Option<(u32, usize)> {
 }
 
 /// The position of the first quote, backslash or control byte at or after `from` (the body's
-/// length if none). Sixteen bytes at a time: the fixed-size inner loop has no early exit, so
-/// the compiler turns it into vector compares.
+/// length if none). Checked in fixed-size chunks without an early exit inside, which the compiler
+/// turns into vector compares: up to four chunks of 16 bytes (a key, a short value or a line of
+/// text between two escapes ends there); past them, out of line, 64 bytes at a time (a prompt's
+/// text: 2.3x faster than 16 at a time over 36 KB) and 16 at a time. The chunk that holds the
+/// byte is then read eight bytes at a time ([`special_high`] finds the byte in a word), and the
+/// body's last few bytes one at a time.
 fn find_special(b: &[u8], from: usize) -> usize {
-    const CHUNK: usize = 16;
-    let mut at = from;
-    if let Some(rest) = b.get(from..) {
-        for chunk in rest.chunks_exact(CHUNK) {
-            let mut hit = 0u8;
-            for &c in chunk {
-                hit |= u8::from(c == b'"') | u8::from(c == b'\\') | u8::from(c < 0x20);
-            }
-            if hit != 0 {
-                break;
-            }
-            at += CHUNK;
+    const SHORT_CHUNKS: usize = 4;
+    let chunks = b.get(from..).unwrap_or_default().chunks_exact(16);
+    let plain = chunks
+        .take(SHORT_CHUNKS)
+        .take_while(|chunk| is_plain(chunk))
+        .count();
+    let mut at = from + plain * 16;
+    if plain == SHORT_CHUNKS {
+        at = skip_plain_text(b, at);
+    }
+    while let Some(word) = load_word(b, at) {
+        let special = special_high(word);
+        if special != 0 {
+            return at + special.trailing_zeros() as usize / 8;
         }
+        at += 8;
     }
     while let Some(&c) = b.get(at) {
-        if c == b'"' || c == b'\\' || c < 0x20 {
+        if is_special(c) {
             return at;
         }
         at += 1;
     }
     at
+}
+
+/// The high bit of each byte of `word` that is a quote, a backslash or a control byte. In each
+/// term a byte's high bit is set when it is not that kind: its low seven bits plus the constant
+/// reach the high bit (nothing carries into the next byte), or it had the bit already.
+fn special_high(word: u64) -> u64 {
+    let not_below = |x: u64, up: u64| ((x & LOW7) + up) | x;
+    let not_quote = not_below(word ^ QUOTES, LOW7);
+    let not_backslash = not_below(word ^ BACKSLASHES, LOW7);
+    let not_control = not_below(word, CONTROL_UP);
+    !(not_quote & not_backslash & not_control) & HIGH
+}
+
+/// A quote, and a backslash, in every byte of a word: XORed with it, those bytes become zero.
+const QUOTES: u64 = 0x2222_2222_2222_2222;
+const BACKSLASHES: u64 = 0x5C5C_5C5C_5C5C_5C5C;
+/// Added to a byte's low seven bits, sets its high bit when they are 0x20 or more.
+const CONTROL_UP: u64 = 0x6060_6060_6060_6060;
+
+/// Past the plain chunks of a long string: 64 bytes at a time, then 16.
+#[inline(never)]
+fn skip_plain_text(b: &[u8], at: usize) -> usize {
+    skip_plain::<16>(b, skip_plain::<64>(b, at))
+}
+
+/// Past the whole chunks of `N` bytes from `at` on that hold no quote, backslash or control byte.
+fn skip_plain<const N: usize>(b: &[u8], mut at: usize) -> usize {
+    for chunk in b.get(at..).unwrap_or_default().chunks_exact(N) {
+        if !is_plain(chunk) {
+            break;
+        }
+        at += N;
+    }
+    at
+}
+
+/// No byte of `chunk` ends or escapes a string, nor is a control byte (which a string may not
+/// hold): every byte is looked at, so that the loop vectorizes.
+#[inline(always)]
+fn is_plain(chunk: &[u8]) -> bool {
+    let mut hit = 0u8;
+    for &c in chunk {
+        hit |= u8::from(c == b'"') | u8::from(c == b'\\') | u8::from(c < 0x20);
+    }
+    hit == 0
+}
+
+/// A byte that ends or escapes a string, or a control byte.
+fn is_special(c: u8) -> bool {
+    (c == b'"') | (c == b'\\') | (c < 0x20)
 }
 
 /// The length of the escape at `at` (a backslash), checked: a known escape letter, four hex
@@ -1105,7 +1162,7 @@ fn escape_char(raw: &[u8], at: usize) -> Step<(char, usize)> {
 }
 
 /// The position of the first `byte` at or after `from` (the slice's length if none), sixteen
-/// bytes at a time as [`find_special`].
+/// bytes at a time as [`find_special`] starts.
 fn find_byte(b: &[u8], from: usize, byte: u8) -> usize {
     const CHUNK: usize = 16;
     let mut at = from;
@@ -1209,6 +1266,55 @@ mod tests {
         for refused in ["4294967296", "01", "1.5", "2e3", "-1", "x", "", ",1"] {
             let body = format!("{refused},0,0,0,0,0");
             assert_eq!(parse_id(body.as_bytes(), 0), None, "{refused}");
+        }
+    }
+
+    #[test]
+    fn special_high_marks_exactly_the_special_bytes() {
+        for byte in 0..=255u8 {
+            for at in 0..8 {
+                // Neighbours just above and below each kind, and high bytes.
+                let mut word = [b'!', b'#', b'[', b']', b' ', 0x7F, 0x80, 0xFF];
+                word[at] = byte;
+                let expected: u64 = (0..8)
+                    .filter(|&i| is_special(word[i]))
+                    .map(|i| 0x80 << (8 * i))
+                    .sum();
+                assert_eq!(
+                    special_high(u64::from_le_bytes(word)),
+                    expected,
+                    "{byte} at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn find_special_finds_the_first_special_byte_at_every_distance() {
+        // Every start and every distance to the byte through the 16-byte chunks, the 64-byte
+        // ones and the word and byte tails, for each kind of special byte, and none at all.
+        let reference = |b: &[u8], from: usize| {
+            (from..b.len())
+                .find(|&i| is_special(b[i]))
+                .unwrap_or(b.len())
+        };
+        for special in [b'"', b'\\', 0x00, 0x1F] {
+            for len in [0usize, 1, 7, 8, 15, 16, 17, 63, 64, 65, 80, 81, 200, 333] {
+                for from in (0..len.min(20)).chain([len]) {
+                    for place in std::iter::once(None).chain((from..len).map(Some)) {
+                        let mut body = vec![b'a'; len];
+                        body.iter_mut().step_by(3).for_each(|c| *c = 0xE2);
+                        if let Some(at) = place {
+                            body[at] = special;
+                        }
+                        assert_eq!(
+                            find_special(&body, from),
+                            reference(&body, from),
+                            "{special} len {len} from {from} at {place:?}"
+                        );
+                    }
+                }
+            }
         }
     }
 
