@@ -9,12 +9,16 @@
 #     scripts/bench-scaling.sh [CORE_COUNTS...]
 # Prints one line per run and, per N, the ratio kvgate/nginx; small (~250 B) chat bodies at every
 # N, and 36 KB bodies (a shared ~8k-word system prompt) at N=1.
+# FLOOR=target/release/examples/floor_proxy (`cargo build --release --example floor_proxy`) adds
+# the floor at N=1: a one-core monoio proxy that only relays bytes (perf/floor_proxy.rs), the
+# ceiling of kvgate's ratio to nginx on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KVGATE="${KVGATE:-target/release/kvgate}"
 SIM="${SIM:-target/release/sim-engine}"
 WRK="${WRK:-wrk}"
 NGINX="${NGINX:-nginx}"
+FLOOR="${FLOOR:-}"
 DURATION="${BENCH_DURATION:-8s}"
 CONNECTIONS="${BENCH_CONNECTIONS:-256}"
 COUNTS=("$@"); [ ${#COUNTS[@]} -gt 0 ] || COUNTS=(1 2 4 8)
@@ -25,7 +29,7 @@ PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; METRICS_PORT=21099
+SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; FLOOR_PORT=21002; METRICS_PORT=21099
 taskset -c 0-3 "$SIM" --engines 1 --base-port "$SIM_PORT" --instant --threads 4 >"$WORK/sim.log" 2>&1 &
 PIDS+=($!)
 
@@ -62,6 +66,11 @@ EOF
   taskset -c "8-$((8 + $1 - 1))" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
   NGINX_PID=$!
   wait_port "$NGINX_PORT"
+}
+start_floor() {
+  taskset -c 8 "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT" >"$WORK/floor.log" 2>&1 &
+  FLOOR_PID=$!
+  wait_port "$FLOOR_PORT"
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; sleep 0.5; }
 
@@ -109,9 +118,17 @@ for n in "${COUNTS[@]}"; do
     start_nginx "$n"; run nginx "$n" "$NGINX_PORT" "$SMALL" small
     [ "$n" = 1 ] && run nginx "$n" "$NGINX_PORT" "$LARGE" 36KB
     stop "$NGINX_PID"
+    if [ "$n" = 1 ] && [ -n "$FLOOR" ]; then
+      start_floor; run floor 1 "$FLOOR_PORT" "$SMALL" small; run floor 1 "$FLOOR_PORT" "$LARGE" 36KB
+      stop "$FLOOR_PID"
+    fi
   done
 done
 echo "# ratios kvgate/nginx (mean req/s per workload and N)"
 awk '{k = $1 " " $3; s[k " " $2] += $4; c[k " " $2]++; keys[k] = 1}
-  END {for (k in keys) printf "%s kvgate/nginx %.2f\n", k, (s[k " kvgate"] / c[k " kvgate"]) / (s[k " nginx"] / c[k " nginx"])}' \
+  END {for (k in keys) {
+    n = s[k " nginx"] / c[k " nginx"]
+    printf "%s kvgate/nginx %.2f\n", k, (s[k " kvgate"] / c[k " kvgate"]) / n
+    if (c[k " floor"]) printf "%s floor/nginx %.2f\n", k, (s[k " floor"] / c[k " floor"]) / n
+  }}' \
   "$WORK/results" | sort -k1,1 -k2,2n
