@@ -1058,7 +1058,7 @@ fn skip_plain<const N: usize>(b: &[u8], mut at: usize) -> usize {
 fn is_plain(chunk: &[u8]) -> bool {
     let mut hit = 0u8;
     for &c in chunk {
-        hit |= u8::from(c == b'"') | u8::from(c == b'\\') | u8::from(c < 0x20);
+        hit |= u8::from(is_special(c));
     }
     hit == 0
 }
