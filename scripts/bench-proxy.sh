@@ -12,6 +12,9 @@
 # Besides req/s and latency (which swing with whatever else runs on the box), each run reports
 # the proxy's own CPU time per request (utime+stime of its processes from /proc, divided by the
 # requests wrk completed): a cost figure that other load on the machine disturbs far less.
+# Pinned, it also reports how busy each CPU was during the run and the hypervisor's steal time
+# (/proc/stat): when CPU 0 (wrk and sim-engine) is full, the load generator, not the proxy, sets
+# req/s.
 #
 # Usage: scripts/bench-proxy.sh [ROUNDS]   (default 3 rounds = A B A B A B)
 #        BENCH_BODY=36k scripts/bench-proxy.sh   (36 KB bodies sharing one system prompt)
@@ -129,12 +132,24 @@ proxy_pids() { # system -> its pids (nginx: master and workers)
   esac
 }
 
-run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req"
-  local out pids before after
+cpu_times() { # -> "busy total steal" jiffies of CPU 0, then of CPU 1 (/proc/stat)
+  awk '$1 == "cpu0" || $1 == "cpu1" {printf "%d %d %d ", $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $9}' /proc/stat
+}
+busy_shares() { # times_before times_after -> "cpu0_busy% cpu1_busy% steal%"
+  awk -v a="$1" -v b="$2" 'BEGIN {
+    split(a, x, " "); split(b, y, " ")
+    total = y[2] - x[2] + y[5] - x[5]
+    printf "%.0f%% %.0f%% %.0f%%", 100 * (y[1] - x[1]) / (y[2] - x[2]), 100 * (y[4] - x[4]) / (y[5] - x[5]),
+      100 * (y[3] - x[3] + y[6] - x[6]) / total
+  }'
+}
+
+run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1_busy steal]"
+  local out pids before after times_before times_after
   pids="$(proxy_pids "$1")"
-  before="$(cpu_ticks $pids)"
+  before="$(cpu_ticks $pids)"; times_before="$(cpu_times)"
   out="$("${LOADGEN[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/chat.lua" "http://127.0.0.1:$2")"
-  after="$(cpu_ticks $pids)"
+  after="$(cpu_ticks $pids)"; times_after="$(cpu_times)"
   local rps p50 p99 non2xx requests
   rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
   p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
@@ -143,12 +158,14 @@ run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req"
   requests="$(awk '/requests in/ {print $1}' <<<"$out")"
   local cpu_us
   cpu_us="$(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')"
-  echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us"
+  local shares=""
+  [ "$PIN" = 1 ] && shares=" $(busy_shares "$times_before" "$times_after")"
+  echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us$shares"
 }
 
 echo "# wrk -t1 -c$CONNECTIONS -d$DURATION --latency, ${BENCH_BODY:-small} chat bodies, sim-engine --instant, pin=$PIN"
 echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# system req/s p50 p99 non2xx cpu_us_per_req"
+echo "# system req/s p50 p99 non2xx cpu_us_per_req$([ "$PIN" = 1 ] && echo " cpu0_busy cpu1_busy steal")"
 RESULTS=()
 for _ in $(seq "$ROUNDS"); do
   for system in "${SYSTEMS[@]}"; do
