@@ -1019,12 +1019,22 @@ fn write_error_event_chunk(out: &mut Vec<u8>, cut: StreamCut) {
 
 /// Writes `client.write_buf` to the client.
 async fn write_client(client: &mut ClientSide<'_>) -> bool {
+    let len = client.write_buf.len();
+    write_to_client(client.socket, client.write_buf, 0..len).await
+}
+
+/// Writes `buf[range]` to the client through a ring write, within `DOWNSTREAM_WRITE_TIMEOUT`:
+/// the ring holds `buf` meanwhile, and it is put back.
+async fn write_to_client(
+    socket: &mut Socket,
+    buf: &mut Vec<u8>,
+    range: std::ops::Range<usize>,
+) -> bool {
     let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
-    let (result, buf) = client
-        .socket
-        .write_all(std::mem::take(client.write_buf), deadline)
+    let (result, written) = socket
+        .write_range(std::mem::take(buf), range, deadline)
         .await;
-    *client.write_buf = buf;
+    *buf = written;
     result.is_ok()
 }
 
@@ -1062,16 +1072,7 @@ async fn write_client_from(
             Err(_) => return false,
         },
     };
-    if sent == len {
-        return true;
-    }
-    let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
-    let (result, written) = client
-        .socket
-        .write_range(std::mem::take(buf), sent..len, deadline)
-        .await;
-    *buf = written;
-    result.is_ok()
+    sent == len || write_to_client(client.socket, buf, sent..len).await
 }
 
 /// The record phase (spec step 7): the index learns where this request went.

@@ -308,12 +308,19 @@ mod tests {
         panic!("nothing arrived in 5 s");
     }
 
-    #[test]
-    fn reads_and_writes_now_move_what_the_kernel_has_without_waiting() {
+    /// A loopback listener whose first connection `serve` handles on a thread of its own.
+    fn peer<T: Send + 'static>(
+        serve: impl FnOnce(std::net::TcpStream) -> T + Send + 'static,
+    ) -> (SocketAddr, std::thread::JoinHandle<T>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let peer = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
+        let peer = std::thread::spawn(move || serve(listener.accept().unwrap().0));
+        (addr, peer)
+    }
+
+    #[test]
+    fn reads_and_writes_now_move_what_the_kernel_has_without_waiting() {
+        let (addr, peer) = peer(|mut s| {
             s.write_all(b"first").unwrap();
             let mut b = [0u8; 4];
             s.read_exact(&mut b).unwrap();
@@ -340,10 +347,7 @@ mod tests {
 
     #[test]
     fn read_deadline_cancels_and_returns_the_buffer() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let peer = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
+        let (addr, peer) = peer(|mut s| {
             let mut b = [0u8; 5];
             s.read_exact(&mut b).unwrap();
             std::thread::sleep(Duration::from_millis(300));
