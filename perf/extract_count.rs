@@ -5,7 +5,7 @@
 //!
 //! Usage: `extract_count BODY COUNT`, BODY one of `perf/extract.rs`'s body names
 //! (`chat_small`, `chat_36k`, `chat_8192_tokens`, `chat_8192_tokens_newlines`,
-//! `generate_8192_ids`, ...).
+//! `generate_8192_ids`, ...); `extract_count --list` prints the names.
 
 use std::hint::black_box;
 
@@ -18,11 +18,17 @@ mod bench;
 fn main() {
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_default();
+    let bodies = bench::bodies(&bench::Sizes::full());
+    if name == "--list" {
+        bodies
+            .iter()
+            .for_each(|(body_name, ..)| println!("{body_name}"));
+        return;
+    }
     let Some(count) = args.next().and_then(|count| count.parse::<usize>().ok()) else {
         eprintln!("usage: extract_count BODY COUNT");
         std::process::exit(2);
     };
-    let bodies = bench::bodies(&bench::Sizes::full());
     let Some((_, endpoint, body)) = bodies.iter().find(|(body_name, ..)| *body_name == name) else {
         let names: Vec<&str> = bodies
             .iter()

@@ -19,7 +19,7 @@ if [ -z "${EXTRACT_COUNT_BIN:-}" ]; then
   EXTRACT_COUNT_BIN=target/release/examples/extract_count
 fi
 BODIES=("$@")
-[ ${#BODIES[@]} -gt 0 ] || BODIES=(chat_small chat_36k chat_8192_tokens chat_8192_tokens_newlines generate_8192_ids generate_8192_ids_spaced)
+[ ${#BODIES[@]} -gt 0 ] || mapfile -t BODIES < <("$EXTRACT_COUNT_BIN" --list)
 
 instructions() { # body count -> instructions of the whole run
   valgrind --tool=callgrind --callgrind-out-file=/dev/null "$EXTRACT_COUNT_BIN" "$1" "$2" 2>&1 |
