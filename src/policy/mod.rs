@@ -2,8 +2,9 @@
 //! expected-wait scorer, and the simpler policies (`random`, `round_robin`, `power_of_two`,
 //! `least_load`, `prefix_hash`, `consistent_hashing`).
 //!
-//! Key types: [`Router`] (one per data core: prepare a request, select a worker per attempt,
-//! record the dispatch; the spec's steps read top to bottom there), [`Prepared`] (one request
+//! Key types: [`Router`] (one per data core, its state in `router.rs`: prepare a request in
+//! `prepare.rs`, select a worker per attempt in `decide.rs`, record the dispatch in
+//! `record.rs`; the spec's steps read top to bottom across the three), [`Prepared`] (one request
 //! prepared once: routing input, namespace, page hashes, index lookup), [`IndexLookup`] (the
 //! seam to the index modes), [`cache_aware::select`] (the decision flow as one pure function),
 //! [`WorkerStatus`] (what a decision knows about one worker), [`RecordKey`] (what the index
@@ -14,11 +15,13 @@
 
 mod args;
 pub mod cache_aware;
+mod decide;
 mod expected_wait;
 mod hashing;
 mod lookup;
 mod metrics;
 mod placements;
+mod prepare;
 mod prepared;
 mod recent;
 mod record;

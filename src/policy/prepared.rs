@@ -1,19 +1,17 @@
 //! [`Prepared`]: one request prepared for routing, once. The router fills it from the request's
 //! body and routing headers (`Router::prepare`) and every later step reads it: each attempt's
 //! worker selection (a retry selects again from the same value: nothing is parsed twice), the
-//! dispatch credit, and the record the index learns from (spec step 7).
+//! dispatch credit, and the record the index learns from (spec step 7, `record.rs`, which
+//! reads it; it reads nothing of the record).
 //!
 //! It holds the routing input (model, token IDs or text, partition, hashing headers), the cache
 //! namespace, the page hashes of token IDs (and, in hash mode, the heads they make), and the
-//! index lookup. It lives in the
-//! client connection's storage and keeps its buffers' capacity from one request to the next, so
-//! the steady state does not allocate; [`Prepared::shed_large_buffers`] bounds what an idle
-//! connection keeps.
+//! index lookup. It lives in the client connection's storage and keeps its buffers' capacity
+//! from one request to the next, so the steady state does not allocate;
+//! [`Prepared::shed_large_buffers`] bounds what an idle connection keeps.
 
 use std::cell::Cell;
-use std::sync::Arc;
 
-use super::record::KeyData;
 use super::simple::PREFIX_HASH_CHARS_PER_TOKEN;
 use crate::ids::WorkerId;
 use crate::index::hash::{Head, HeadMatch};
@@ -129,15 +127,6 @@ impl Prepared {
             RoutingKey::Text(text) => IndexKey::Text(text),
             RoutingKey::Tokens(_) if !self.heads.is_empty() => IndexKey::Heads(&self.heads),
             RoutingKey::Tokens(_) => IndexKey::Tokens(&self.pages),
-        }
-    }
-
-    /// The dispatch record's key: the request's shared text itself when extraction built one
-    /// (a large body's text is not copied again), a copy of [`Prepared::index_key`] otherwise.
-    pub fn record_key(&self) -> KeyData {
-        match (self.index_key(), self.input.shared_text()) {
-            (IndexKey::Text(_), Some(text)) => KeyData::Text(Arc::clone(text)),
-            (key, _) => KeyData::of(key),
         }
     }
 

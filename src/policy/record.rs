@@ -1,15 +1,20 @@
-//! Spec step 7's message: [`RecordKey`], what the index learns from one dispatch ("the tree
-//! learns from every dispatch"; the hash index records the worker at every head). A data core builds it from the prepared request and the worker
-//! that took it; the control core inserts it (`control::index_upkeep`). Its key is one shared
-//! copy ([`KeyData`]) that the recent-dispatch map keeps too, and that a new leaf of the index
-//! may keep instead of copying again.
+//! Spec step 7, the router's third call ([`Router::record`], once the worker has the request)
+//! and its message: [`RecordKey`], what the index learns from one dispatch ("the tree learns
+//! from every dispatch"; the hash index records the worker at every head). A data core builds
+//! it from the prepared request and the worker that took it; the control core inserts it
+//! (`control::index_upkeep`). Its key is one shared copy ([`KeyData`]) that the
+//! recent-dispatch map keeps too, and that a new leaf of the index may keep instead of copying
+//! again.
 
 use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::prepared::IndexKey;
+use super::prepared::{IndexKey, Lookup, Prepared};
+use super::Router;
+use crate::ids::WorkerId;
 use crate::index::{self, LookupHint, Namespace, TokenKey};
+use crate::limits::MODELS_MAX;
 
 /// A dispatched routing key, shared by the dispatch record and the recent map (one copy).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,4 +67,65 @@ pub enum MeshShare {
 /// The model half of a namespace: a hash of the model id.
 pub fn model_hash(model: &str) -> u64 {
     xxh3_64(model.as_bytes())
+}
+
+/// The dispatch record's key: the request's shared text itself when extraction built one (a
+/// large body's text is not copied again), a copy of [`Prepared::index_key`] otherwise.
+fn record_key(prepared: &Prepared) -> KeyData {
+    match (prepared.index_key(), prepared.input.shared_text()) {
+        (IndexKey::Text(_), Some(text)) => KeyData::Text(Arc::clone(text)),
+        (key, _) => KeyData::of(key),
+    }
+}
+
+impl Router {
+    /// Step 7: the record the control core inserts for `worker`, which now has the request
+    /// (cache_aware with a non-empty key only: other policies do not build the index). It is
+    /// remembered in this core's recent-dispatch map too, for bursts the index has not learned.
+    pub fn record(
+        &mut self,
+        prepared: &Prepared,
+        worker: WorkerId,
+        tick_ms: u64,
+    ) -> Option<RecordKey> {
+        let hint = match prepared.lookup.as_ref()? {
+            Lookup::Tree { hint, .. } => *hint,
+            Lookup::Heads(heads) if heads.len > 0 => Default::default(),
+            // No token IDs, or fewer than the smallest boundary: nothing to record.
+            Lookup::Heads(_) | Lookup::Short => return None,
+            // Step 7: only engine events change the KV-event index; this core remembers the
+            // dispatch for the burst that may follow before the engine reports its blocks.
+            Lookup::Blocks(_) => {
+                let key = KeyData::of(IndexKey::Tokens(&prepared.pages));
+                self.recent.push(prepared.namespace, key, worker, tick_ms);
+                return None;
+            }
+        };
+        let namespace = prepared.namespace;
+        let model = namespace.model;
+        let model_name = if self.announced_models.contains(&model)
+            || self.announced_models.len() >= MODELS_MAX
+        {
+            None
+        } else {
+            self.announced_models.push(model);
+            Some(Box::from(prepared.input.model()))
+        };
+        // Step 2's KV-pressure picks are inserted here but not broadcast to the mesh.
+        let mesh = if prepared.kv_pressure_pick.get() == Some(worker) {
+            MeshShare::Local
+        } else {
+            MeshShare::Broadcast
+        };
+        let record = RecordKey {
+            namespace,
+            key: record_key(prepared),
+            model_name,
+            hint,
+            mesh,
+        };
+        self.recent
+            .push(namespace, record.key.clone(), worker, tick_ms);
+        Some(record)
+    }
 }
