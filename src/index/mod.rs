@@ -13,8 +13,10 @@
 //!   them and drops the record (routing stays correct, only affinity is lost).
 //!
 //! Layout: `raw` holds every `unsafe` block (reclamation, slab, published tables, shared label
-//! buffers), `tree` the walk and the copy-on-write writer, `entries` the writer's recency
-//! lists, `keys` the unit rules (characters, pages).
+//! buffers), `tree` the walk and the copy-on-write writer (one file per job under `tree/`:
+//! `walk`, `insert`, `split`, `merge`, `evict`, `purge`, with `nodes`, `children` and
+//! `namespaces` beneath them), `entries` the writer's recency lists, `keys` the unit rules
+//! (characters, pages). [`IndexWriter`] and its readers share one `PublishedTrees`.
 
 #![deny(unsafe_code)]
 
@@ -183,8 +185,11 @@ pub struct IndexMemory {
     pub token: KindMemory,
 }
 
+/// What the writer publishes and every reader walks: both trees, their reclamation domain
+/// (readers' epochs, the writer's token), the token tree's block size, and the retired lists
+/// of writers that went before their readers (freed when the last handle drops).
 #[derive(Debug)]
-struct Shared {
+struct PublishedTrees {
     domain: Domain,
     text: SharedTree<u8>,
     tokens: SharedTree<u64>,
@@ -192,7 +197,7 @@ struct Shared {
     orphans: Mutex<Vec<(RetireList, RetireList)>>,
 }
 
-impl Drop for Shared {
+impl Drop for PublishedTrees {
     fn drop(&mut self) {
         let orphans = self
             .orphans
@@ -209,7 +214,7 @@ impl Drop for Shared {
 /// The control core's handle: the only writer of the index.
 #[derive(Debug)]
 pub struct IndexWriter {
-    shared: Arc<Shared>,
+    trees: Arc<PublishedTrees>,
     token: WriterToken,
     text: TreeWriter<TextKeys>,
     tokens: TreeWriter<PageKeys>,
@@ -222,18 +227,18 @@ impl IndexWriter {
             return Err(IndexError::BlockSizeZero);
         }
         let block_size = config.block_size as usize;
-        let shared = Arc::new(Shared {
+        let trees = Arc::new(PublishedTrees {
             domain: Domain::default(),
             text: SharedTree::default(),
             tokens: SharedTree::default(),
             block_size,
             orphans: Mutex::new(Vec::new()),
         });
-        let token = shared.domain.take_writer().ok_or(IndexError::WriterTaken)?;
+        let token = trees.domain.take_writer().ok_or(IndexError::WriterTaken)?;
         let text = TreeWriter::new(TextKeys);
         let tokens = TreeWriter::new(PageKeys { block_size });
         Ok(Self {
-            shared,
+            trees,
             token,
             text,
             tokens,
@@ -242,12 +247,12 @@ impl IndexWriter {
 
     /// A new reader handle with its own epoch slot (one per data core).
     pub fn reader(&self) -> Result<IndexReader, IndexError> {
-        IndexReader::register(&self.shared)
+        IndexReader::register(&self.trees)
     }
 
     /// Tokens per page of the token tree (`--block-size`): the block size of its `TokenPages`.
     pub fn block_size(&self) -> usize {
-        self.shared.block_size
+        self.trees.block_size
     }
 
     /// Records that `worker` was sent `text` in namespace `ns` at `tick`.
@@ -299,8 +304,8 @@ impl IndexWriter {
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
         let ctx = WriteCtx {
-            tree: &self.shared.text,
-            domain: &self.shared.domain,
+            tree: &self.trees.text,
+            domain: &self.trees.domain,
             token: &self.token,
         };
         let inserted = self.text.insert(&ctx, ns, key, worker, tick, hint);
@@ -317,7 +322,7 @@ impl IndexWriter {
         worker: WorkerId,
         tick: u64,
     ) -> Result<(), IndexError> {
-        let pages = TokenPages::of(tokens, self.shared.block_size);
+        let pages = TokenPages::of(tokens, self.trees.block_size);
         self.insert_tokens_hinted(ns, &pages, worker, tick, &LookupHint::default())
     }
 
@@ -359,12 +364,12 @@ impl IndexWriter {
         tick: u64,
         hint: &LookupHint,
     ) -> Result<(), IndexError> {
-        if block_size != self.shared.block_size {
+        if block_size != self.trees.block_size {
             return Err(IndexError::BlockSizeMismatch(block_size));
         }
         let ctx = WriteCtx {
-            tree: &self.shared.tokens,
-            domain: &self.shared.domain,
+            tree: &self.trees.tokens,
+            domain: &self.trees.domain,
             token: &self.token,
         };
         let inserted = self.tokens.insert(&ctx, ns, key, worker, tick, hint);
@@ -380,16 +385,16 @@ impl IndexWriter {
 
     /// Purges `worker` from every tree now; returns the entries removed.
     pub fn remove_worker(&mut self, worker: WorkerId) -> u64 {
-        let shared = &self.shared;
+        let trees = &self.trees;
         let text = WriteCtx {
-            tree: &shared.text,
-            domain: &shared.domain,
+            tree: &trees.text,
+            domain: &trees.domain,
             token: &self.token,
         };
         let mut removed = self.text.remove_worker(&text, worker);
         let tokens = WriteCtx {
-            tree: &shared.tokens,
-            domain: &shared.domain,
+            tree: &trees.tokens,
+            domain: &trees.domain,
             token: &self.token,
         };
         removed += self.tokens.remove_worker(&tokens, worker);
@@ -409,16 +414,16 @@ impl IndexWriter {
         budget: u64,
         report: &mut Option<&mut dyn FnMut(Evicted)>,
     ) -> EvictStats {
-        let shared = &self.shared;
+        let trees = &self.trees;
         let text = WriteCtx {
-            tree: &shared.text,
-            domain: &shared.domain,
+            tree: &trees.text,
+            domain: &trees.domain,
             token: &self.token,
         };
         let (entries, units) = self.text.evict(&text, budget, report);
         let tokens = WriteCtx {
-            tree: &shared.tokens,
-            domain: &shared.domain,
+            tree: &trees.tokens,
+            domain: &trees.domain,
             token: &self.token,
         };
         let (more_entries, more_units) = self.tokens.evict(&tokens, budget, report);
@@ -431,13 +436,13 @@ impl IndexWriter {
 
     /// Frees retired memory every reader has passed; returns the items freed.
     pub fn reclaim(&mut self) -> usize {
-        let shared = &self.shared;
+        let trees = &self.trees;
         let text = self
             .text
-            .reclaim(&shared.text, &shared.domain, &mut self.token);
+            .reclaim(&trees.text, &trees.domain, &mut self.token);
         text + self
             .tokens
-            .reclaim(&shared.tokens, &shared.domain, &mut self.token)
+            .reclaim(&trees.tokens, &trees.domain, &mut self.token)
     }
 
     /// How inserts of both trees used their lookup hints (tests, debugging).
@@ -487,12 +492,12 @@ impl IndexWriter {
 
     /// A lookup on the writer's own view (the control core, tests).
     pub fn lookup_text(&self, ns: Namespace, text: &str) -> TreeMatch {
-        lookup_text(&self.shared, &self.token.guard(), ns, text).0
+        lookup_text(&self.trees, &self.token.guard(), ns, text).0
     }
 
     /// A token lookup on the writer's own view.
     pub fn lookup_tokens(&self, ns: Namespace, tokens: &TokenPages) -> TreeMatch {
-        lookup_tokens(&self.shared, &self.token.guard(), ns, tokens).0
+        lookup_tokens(&self.trees, &self.token.guard(), ns, tokens).0
     }
 
     /// `lookup_tokens` with the hint for an insert of the same key (tests).
@@ -501,7 +506,7 @@ impl IndexWriter {
         ns: Namespace,
         tokens: &TokenPages,
     ) -> (TreeMatch, LookupHint) {
-        lookup_tokens(&self.shared, &self.token.guard(), ns, tokens)
+        lookup_tokens(&self.trees, &self.token.guard(), ns, tokens)
     }
 }
 
@@ -509,7 +514,7 @@ impl Drop for IndexWriter {
     fn drop(&mut self) {
         self.reclaim();
         let lists = (self.text.take_retired(), self.tokens.take_retired());
-        if let Ok(mut orphans) = self.shared.orphans.lock() {
+        if let Ok(mut orphans) = self.trees.orphans.lock() {
             orphans.push(lists);
         }
     }
@@ -519,7 +524,7 @@ impl Drop for IndexWriter {
 /// handles: a configuration error caught at startup; use `try_clone` to handle it).
 #[derive(Debug)]
 pub struct IndexReader {
-    shared: Arc<Shared>,
+    trees: Arc<PublishedTrees>,
     slot: ReaderSlot,
 }
 
@@ -530,28 +535,28 @@ const _: fn() = || {
 };
 
 impl IndexReader {
-    fn register(shared: &Arc<Shared>) -> Result<Self, IndexError> {
-        let slot = shared
+    fn register(trees: &Arc<PublishedTrees>) -> Result<Self, IndexError> {
+        let slot = trees
             .domain
             .claim_reader()
             .ok_or(IndexError::ReadersExhausted)?;
         Ok(Self {
-            shared: Arc::clone(shared),
+            trees: Arc::clone(trees),
             slot,
         })
     }
 
     /// A new handle with its own slot, or an error when every slot is taken.
     pub fn try_clone(&self) -> Result<Self, IndexError> {
-        Self::register(&self.shared)
+        Self::register(&self.trees)
     }
 
     /// Enters a read-side section: references borrowed from the guard stay valid until it is
     /// dropped, and `quiesce` cannot be called meanwhile.
     pub fn guard(&self) -> ReadGuard<'_> {
         ReadGuard {
-            shared: &self.shared,
-            guard: self.shared.domain.guard(&self.slot),
+            trees: &self.trees,
+            guard: self.trees.domain.guard(&self.slot),
         }
     }
 
@@ -569,7 +574,7 @@ impl IndexReader {
     /// (`IndexWriter::insert_text_hinted`).
     pub fn lookup_text_hinted(&self, ns: Namespace, text: &str) -> (TreeMatch, LookupHint) {
         let guard = self.guard();
-        lookup_text(guard.shared, &guard.guard, ns, text)
+        lookup_text(guard.trees, &guard.guard, ns, text)
     }
 
     /// `lookup_tokens`, with the hint for `IndexWriter::insert_tokens_hinted`.
@@ -579,23 +584,23 @@ impl IndexReader {
         tokens: &TokenPages,
     ) -> (TreeMatch, LookupHint) {
         let guard = self.guard();
-        lookup_tokens(guard.shared, &guard.guard, ns, tokens)
+        lookup_tokens(guard.trees, &guard.guard, ns, tokens)
     }
 
     /// Tokens per page of the token tree: the block size to hash a request's `TokenPages` with.
     pub fn block_size(&self) -> usize {
-        self.shared.block_size
+        self.trees.block_size
     }
 
     /// Announces that this core holds no index reference (once per event-loop turn): one load
     /// and, when the epoch moved, one store to this core's own cache line.
     pub fn quiesce(&mut self) {
-        self.shared.domain.quiesce(&mut self.slot);
+        self.trees.domain.quiesce(&mut self.slot);
     }
 
     /// Takes this core out of reclamation while it idles; the next lookup brings it back.
     pub fn go_offline(&mut self) {
-        self.shared.domain.go_offline(&mut self.slot);
+        self.trees.domain.go_offline(&mut self.slot);
     }
 }
 
@@ -610,26 +615,26 @@ impl Clone for IndexReader {
 
 impl Drop for IndexReader {
     fn drop(&mut self) {
-        self.shared.domain.release_reader(&self.slot);
+        self.trees.domain.release_reader(&self.slot);
     }
 }
 
 /// A read-side section of one reader; see [`IndexReader::guard`].
 #[derive(Debug)]
 pub struct ReadGuard<'r> {
-    shared: &'r Shared,
+    trees: &'r PublishedTrees,
     guard: Guard<'r>,
 }
 
 impl ReadGuard<'_> {
     /// Longest-prefix match of `text` in namespace `ns` (string tree).
     pub fn lookup_text(&self, ns: Namespace, text: &str) -> TreeMatch {
-        lookup_text(self.shared, &self.guard, ns, text).0
+        lookup_text(self.trees, &self.guard, ns, text).0
     }
 
     /// Longest whole-page match of `tokens` in namespace `ns` (token tree).
     pub fn lookup_tokens(&self, ns: Namespace, tokens: &TokenPages) -> TreeMatch {
-        lookup_tokens(self.shared, &self.guard, ns, tokens).0
+        lookup_tokens(self.trees, &self.guard, ns, tokens).0
     }
 }
 
@@ -710,14 +715,14 @@ fn tree_match<E: raw::Element>(
 }
 
 fn lookup_text(
-    shared: &Shared,
+    trees: &PublishedTrees,
     guard: &Guard<'_>,
     ns: Namespace,
     text: &str,
 ) -> (TreeMatch, LookupHint) {
     let bytes = text.as_bytes();
     let bytes = &bytes[..keys::Keying::floor(&TextKeys, bytes, KEY_ELEMENTS_MAX)];
-    let walk = shared.text.walk(&TextKeys, guard, ns, bytes);
+    let walk = trees.text.walk(&TextKeys, guard, ns, bytes);
     let matched = count_chars(&bytes[..walk.matched]);
     let request = matched + count_chars(&text.as_bytes()[walk.matched..]);
     let hint = walk.hint(TreeKind::Text, bytes.len());
@@ -725,23 +730,23 @@ fn lookup_text(
 }
 
 fn lookup_tokens(
-    shared: &Shared,
+    trees: &PublishedTrees,
     guard: &Guard<'_>,
     ns: Namespace,
     tokens: &TokenPages,
 ) -> (TreeMatch, LookupHint) {
     let keys = PageKeys {
-        block_size: shared.block_size,
+        block_size: trees.block_size,
     };
     // Pages hashed with another block size match nothing (a caller's mistake: the data core
     // hashes with `--block-size`, as the index was built).
-    let pages = if tokens.block_size() == shared.block_size {
+    let pages = if tokens.block_size() == trees.block_size {
         tokens.pages()
     } else {
         &[]
     };
     let key = &pages[..keys::Keying::floor(&keys, pages, KEY_ELEMENTS_MAX)];
-    let walk = shared.tokens.walk(&keys, guard, ns, key);
+    let walk = trees.tokens.walk(&keys, guard, ns, key);
     let hint = walk.hint(TreeKind::Tokens, key.len());
     let matched = keys::Keying::units(&keys, &key[..walk.matched]);
     (
