@@ -6,12 +6,14 @@
 //! checks this, and `ARCHITECTURE.md` is the map):
 //!
 //! 1. leaves: `limits`, `ids`, `error`, `copy`;
-//! 2. the domain, free of I/O: `config`, `request`, `index`, `policy`, `tokenize`, `workers`,
-//!    `metrics`, `mesh`;
+//! 2. the domain, free of I/O: `config`, `request`, `index`, `kv_events`, `policy`, `tokenize`,
+//!    `workers`, `metrics`, `mesh` (importing each other only as `ARCHITECTURE.md`'s edge
+//!    table lists);
 //! 3. `shared`: the state published between threads and the messages on their channels;
-//! 4. the planes: `net` (HTTP/1.1 on sockets, for both), the data plane `http` and the control
-//!    plane `control`, which never import each other;
-//! 5. `runtime`: threads, pinning, listeners and shutdown, imported by `main.rs` alone.
+//! 4. `net`: HTTP/1.1 on sockets, for both planes;
+//! 5. the planes: the data plane `http` and the control plane `control`, which never import
+//!    each other;
+//! 6. `runtime`: threads, pinning, listeners and shutdown, imported by `main.rs` alone.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod config;
