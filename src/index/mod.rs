@@ -14,7 +14,7 @@
 //!
 //! Layout: `raw` holds every `unsafe` block (reclamation, slab, published tables, shared label
 //! buffers), `tree` the walk and the copy-on-write writer (one file per job under `tree/`:
-//! `walk`, `insert`, `split`, `merge`, `evict`, `purge`, with `nodes`, `children` and
+//! `walk`, `insert`, `split`, `merge`, `eviction`, `purge`, with `nodes`, `children` and
 //! `namespaces` beneath them), `entries` the writer's recency lists, `keys` the unit rules
 //! (characters, pages). [`IndexWriter`] and its readers share one `PublishedTrees`.
 

@@ -25,7 +25,7 @@
 //!   the recency touch of every node on the path;
 //! - `split.rs` and `merge.rs`: cutting an edge where a key leaves it, and joining a node with
 //!   its only child when nothing tells them apart;
-//! - `evict.rs`: `TreeWriter::evict`, the models' budgets kept by removing least-recently-used
+//! - `eviction.rs`: `TreeWriter::evict`, the models' budgets kept by removing least-recently-used
 //!   entries (`remove_entry`, which the purge uses too);
 //! - `purge.rs`: `TreeWriter::remove_worker`, every entry of a worker that left;
 //! - `nodes.rs`: a node's slot, label buffer, stamp, metadata and tenant list, and its
@@ -33,7 +33,7 @@
 //! - `namespaces.rs`: model budget slots and namespace roots, and the table readers probe.
 
 mod children;
-mod evict;
+mod eviction;
 mod insert;
 mod merge;
 mod namespaces;

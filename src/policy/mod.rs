@@ -3,7 +3,7 @@
 //! `least_load`, `prefix_hash`, `consistent_hashing`).
 //!
 //! Key types: [`Router`] (one per data core, its state in `router.rs`: prepare a request in
-//! `prepare.rs`, select a worker per attempt in `decide.rs`, record the dispatch in
+//! `preparation.rs`, select a worker per attempt in `decision.rs`, record the dispatch in
 //! `record.rs`; the spec's steps read top to bottom across the three), [`Prepared`] (one request
 //! prepared once: routing input, namespace, page hashes, index lookup), [`IndexLookup`] (the
 //! seam to the index modes), [`cache_aware::select`] (the decision flow as one pure function),
@@ -15,13 +15,13 @@
 
 mod args;
 pub mod cache_aware;
-mod decide;
+mod decision;
 mod expected_wait;
 mod hashing;
 mod lookup;
 mod metrics;
 mod placements;
-mod prepare;
+mod preparation;
 mod prepared;
 mod recent;
 mod record;

@@ -3,7 +3,7 @@
 //! calls them around its own phases (connect, forward, stream back). This file holds the
 //! router's state; each call lives in a file of its own:
 //!
-//! 1. [`Router::prepare`] (`prepare.rs`), once per request: extract the routing input (model,
+//! 1. [`Router::prepare`] (`preparation.rs`), once per request: extract the routing input (model,
 //!    token IDs or text, partition namespace) from the body and headers ("How the Prefix Index
 //!    Works"); for a chat, completions or messages request whose model has a tokenizer,
 //!    tokenize its prompt through this core's cache (`tokenize`), the IDs becoming the key; hash
@@ -14,7 +14,7 @@
 //!    lifetime. The data core calls [`Router::prepare_or_defer`], which hands back cold
 //!    tokenization too long for the core as a `ColdWork` to run on the tokenizer pool before
 //!    [`Router::finish_prepare`].
-//! 2. [`Router::select`] (`decide.rs`), once per attempt: steps 1-6 of the decision flow. It
+//! 2. [`Router::select`] (`decision.rs`), once per attempt: steps 1-6 of the decision flow. It
 //!    reads each worker's published state into a [`WorkerStatus`] (eligibility, in-flight count,
 //!    load report, dispatch credits; a worker this request already tried is not eligible) and
 //!    runs the configured policy: `cache_aware::select` for cache_aware, `simple` for the
@@ -34,7 +34,7 @@ use fastrand::Rng;
 
 use super::lookup::{Blocks, IndexLookup};
 use super::placements::Placements;
-use super::prepare::Tokenizing;
+use super::preparation::Tokenizing;
 use super::recent::RecentDispatches;
 use super::{CacheIndexKind, PolicyConfig, PolicyKind, PolicyMetrics, WorkerRing, WorkerStatus};
 use crate::ids::WorkerId;
