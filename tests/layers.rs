@@ -398,6 +398,29 @@ fn use_tree(tokens: &[(usize, Token)], at: &mut usize, prefix: &[String], out: &
     }
 }
 
+/// `crate_paths`' reading of a path in code (not a `use`) from its first segment at
+/// `tokens[*at]`: the segments as long as `::` and a name follow; `*at` ends after them.
+fn code_path(tokens: &[(usize, Token)], at: &mut usize) -> Written {
+    let line = tokens[*at].0;
+    let mut segments = Vec::new();
+    if let Token::Ident(first) = &tokens[*at].1 {
+        segments.push(first.clone());
+    }
+    *at += 1;
+    while let (Some(Token::PathSep), Some(Token::Ident(next))) = (
+        tokens.get(*at).map(|t| &t.1),
+        tokens.get(*at + 1).map(|t| &t.1),
+    ) {
+        segments.push(next.clone());
+        *at += 2;
+    }
+    Written {
+        segments,
+        glob: false,
+        line,
+    }
+}
+
 /// Every path into the crate that `text` (a file of module `module`) names, resolved.
 fn crate_paths(module: &[String], text: &str) -> Vec<CratePath> {
     let tokens = tokens(&code_only(text));
@@ -446,22 +469,7 @@ fn crate_paths(module: &[String], text: &str) -> Vec<CratePath> {
                     && before != Some(&Token::PathSep)
                     && tokens.get(at + 1).map(|t| &t.1) == Some(&Token::PathSep) =>
             {
-                let line = tokens[at].0;
-                let mut segments = vec![word.clone()];
-                at += 1;
-                while let (Some(Token::PathSep), Some(Token::Ident(next))) = (
-                    tokens.get(at).map(|t| &t.1),
-                    tokens.get(at + 1).map(|t| &t.1),
-                ) {
-                    segments.push(next.clone());
-                    at += 2;
-                }
-                let path = Written {
-                    segments,
-                    glob: false,
-                    line,
-                };
-                written.push((here(&inline), path));
+                written.push((here(&inline), code_path(&tokens, &mut at)));
                 continue;
             }
             _ => {}
