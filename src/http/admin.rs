@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::core::DataCore;
-use super::server::{write_to_client, Answered, Downstream, Request};
+use super::downstream::{write_to_client, Answered, Downstream, Request};
 use crate::limits::{ADMIN_REPLY_POLL, ADMIN_REPLY_TIMEOUT};
 use crate::net::codec::{self, Connection};
 use crate::shared::{AdminReply, AdminRequest};
@@ -42,7 +42,7 @@ pub async fn serve_admin(
         body.as_bytes(),
         connection,
     );
-    let written = write_to_client(down).await;
+    let written = write_to_client(&mut down.socket, &mut down.write_buf, 0).await;
     Answered {
         status,
         connection: connection.and(Connection::keep_if(written)),

@@ -4,6 +4,8 @@
 //! know is pushed onto the core's own bounded queues.
 //!
 //! - `core`: [`core::DataCore`], one data core's state (its router, upstream pool, counters).
+//! - `downstream`: the client connection's types ([`downstream::Downstream`], `Request`,
+//!   `Answered`, `PreparedSlot`) and the one write to the client, shared by the modules below.
 //! - `server`: the client connection loop: read a request (parse, limits, timeouts), classify
 //!   it, answer it locally (health, models) or hand it on; errors become JSON answers.
 //! - `proxy`: the request driver of routed endpoints, the phases and the one retry loop.
@@ -13,6 +15,7 @@
 pub mod admin;
 pub mod buffers;
 pub mod core;
+pub mod downstream;
 pub mod pool;
 pub mod proxy;
 pub mod server;

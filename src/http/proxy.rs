@@ -36,14 +36,14 @@ use std::time::Instant;
 
 use super::buffers::SpareBuffers;
 use super::core::DataCore;
+use super::downstream::{write_to_client, Answered, Downstream, PreparedSlot, Request};
 use super::pool::UpstreamConn;
-use super::server::{Answered, Downstream, PreparedSlot, Request};
 use crate::copy;
 use crate::error::{ErrorKind, ProxyError, Retry, Side};
 use crate::ids::WorkerId;
 use crate::limits::{
-    CLIENT_GONE_POLL_INTERVAL, DOWNSTREAM_WRITE_TIMEOUT, FORWARD_BODY_COPY_BYTES_MAX,
-    STALE_CONNECTION_RETRIES_MAX, STREAM_READ_BYTES, UPSTREAM_READ_BYTES,
+    CLIENT_GONE_POLL_INTERVAL, FORWARD_BODY_COPY_BYTES_MAX, STALE_CONNECTION_RETRIES_MAX,
+    STREAM_READ_BYTES, UPSTREAM_READ_BYTES,
 };
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{
@@ -1019,23 +1019,7 @@ fn write_error_event_chunk(out: &mut Vec<u8>, cut: StreamCut) {
 
 /// Writes `client.write_buf` to the client.
 async fn write_client(client: &mut ClientSide<'_>) -> bool {
-    let len = client.write_buf.len();
-    write_to_client(client.socket, client.write_buf, 0..len).await
-}
-
-/// Writes `buf[range]` to the client through a ring write, within `DOWNSTREAM_WRITE_TIMEOUT`:
-/// the ring holds `buf` meanwhile, and it is put back.
-async fn write_to_client(
-    socket: &mut Socket,
-    buf: &mut Vec<u8>,
-    range: std::ops::Range<usize>,
-) -> bool {
-    let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
-    let (result, written) = socket
-        .write_range(std::mem::take(buf), range, deadline)
-        .await;
-    *buf = written;
-    result.is_ok()
+    write_to_client(client.socket, client.write_buf, 0).await
 }
 
 /// When body bytes leave for the client.
@@ -1050,29 +1034,30 @@ enum Relay {
 }
 
 /// Writes body bytes: `raw = Some(n)` writes the first `n` bytes of the worker's read buffer
-/// without copying; `None` writes the de-chunked bytes in `client.write_buf`.
+/// without copying (what follows them is not the body's, and is dropped); `None` writes the
+/// de-chunked bytes in `client.write_buf`.
 async fn write_client_from(
     client: &mut ClientSide<'_>,
     up: &mut UpstreamConn,
     raw: Option<usize>,
     relay: Relay,
 ) -> bool {
-    let (buf, len) = match raw {
-        Some(n) => (&mut up.read_buf, n),
-        None => {
-            let len = client.write_buf.len();
-            (&mut *client.write_buf, len)
+    let buf = match raw {
+        Some(n) => {
+            up.read_buf.truncate(n);
+            &mut up.read_buf
         }
+        None => &mut *client.write_buf,
     };
     let sent = match relay {
         Relay::Queued => 0,
-        Relay::Now => match client.socket.write_now(&buf[..len]) {
+        Relay::Now => match client.socket.write_now(buf) {
             Ok(sent) => sent,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
             Err(_) => return false,
         },
     };
-    sent == len || write_to_client(client.socket, buf, sent..len).await
+    sent == buf.len() || write_to_client(client.socket, buf, sent).await
 }
 
 /// The record phase (spec step 7): the index learns where this request went.

@@ -1,0 +1,97 @@
+//! The client side of a data core's connections, as every module of `http` sees it: the
+//! connection ([`Downstream`]: socket, buffers, the routing scratch), one complete request
+//! ([`Request`]), how it was answered ([`Answered`]), and the one ring write that sends bytes to
+//! the client ([`write_to_client`]). `server` reads requests into these; `proxy` and `admin`
+//! answer them. No errors of its own: a failed write is `false`, and the caller closes.
+
+use std::ops::Range;
+use std::time::Instant;
+
+use crate::limits::DOWNSTREAM_WRITE_TIMEOUT;
+use crate::net::codec::{Connection, RequestHead};
+use crate::net::socket::Socket;
+use crate::policy::Prepared;
+
+/// How a request was answered: the status (for metrics) and what becomes of the connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answered {
+    /// The status the client got (or would have got, when it was gone).
+    pub status: u16,
+    /// Whether the connection serves another request.
+    pub connection: Connection,
+}
+
+/// A client connection and its buffers.
+#[derive(Debug)]
+pub struct Downstream {
+    /// The socket.
+    pub socket: Socket,
+    /// Bytes read from the client; requests are parsed in place.
+    pub read_buf: Vec<u8>,
+    /// Bytes being written to the client.
+    pub write_buf: Vec<u8>,
+    /// The request prepared for routing (reused from one request to the next).
+    pub prepared: PreparedSlot,
+    /// Body bytes charged to the core's body budget for the current request.
+    pub(super) body_charged_bytes: usize,
+    /// Bytes at the front of `read_buf` that belong to the request being served (0 once a
+    /// committed stream let go of them early).
+    pub request_end: usize,
+}
+
+/// A connection's routing scratch ([`Prepared`]), boxed: allocated by the connection's first
+/// routed request and reused by the next, and dropped when a response commits to a stream, so
+/// that a connection holding a stream for minutes does not carry it (904 bytes, and the buffers
+/// it grew) in its task.
+#[derive(Debug, Default)]
+pub struct PreparedSlot(Option<Box<Prepared>>);
+
+impl PreparedSlot {
+    /// The scratch, allocated if the connection has none.
+    pub fn get(&mut self) -> &mut Prepared {
+        self.0.get_or_insert_with(Box::default)
+    }
+
+    /// Drops the scratch: the request it prepared is committed and will not be routed again.
+    pub fn release(&mut self) {
+        self.0 = None;
+    }
+
+    /// Bounds what a connection keeps between requests ([`Prepared::shed_large_buffers`]).
+    pub(super) fn shed_large_buffers(&mut self) {
+        if let Some(prepared) = &mut self.0 {
+            prepared.shed_large_buffers();
+        }
+    }
+}
+
+/// A complete request: its head and body, both inside `read_buf` (a chunked body de-chunked
+/// in place).
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The parsed head (spans index `read_buf`).
+    pub head: RequestHead,
+    /// Where the body lies in `read_buf`.
+    pub body: Range<usize>,
+    /// Bytes of `read_buf` this request used.
+    pub(super) end: usize,
+}
+
+impl Request {
+    /// The body bytes.
+    pub fn body<'d>(&self, down_read_buf: &'d [u8]) -> &'d [u8] {
+        &down_read_buf[self.body.clone()]
+    }
+}
+
+/// Writes `buf[from..]` to the client through a ring write, within `DOWNSTREAM_WRITE_TIMEOUT`:
+/// the ring holds `buf` meanwhile, and it is put back. Returns whether it all went out.
+pub async fn write_to_client(socket: &mut Socket, buf: &mut Vec<u8>, from: usize) -> bool {
+    let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
+    let len = buf.len();
+    let (result, written) = socket
+        .write_range(std::mem::take(buf), from..len, deadline)
+        .await;
+    *buf = written;
+    result.is_ok()
+}
