@@ -46,9 +46,9 @@ use crate::limits::{
     STREAM_READ_BYTES, UPSTREAM_READ_BYTES,
 };
 use crate::metrics::{Counter, Latency};
+use crate::net::body::BodyFramer;
 use crate::net::codec::{
-    self, ChunkedDecoder, Connection, DownstreamFraming, Framing, GatewayHeaders, RequestHead,
-    ResponseHead,
+    self, Connection, DownstreamFraming, Framing, GatewayHeaders, RequestHead, ResponseHead,
 };
 use crate::net::socket::{Cut, Socket, Watched};
 use crate::policy::{Prepared, WorkerView};
@@ -640,60 +640,35 @@ enum BodyKind {
     Other,
 }
 
-/// How a response body is tracked on its way through: where it ends, and (for HTTP/1.0
-/// clients of a chunked worker) its de-chunked bytes.
+/// How a response body is tracked on its way through: where it ends ([`BodyFramer`]), and
+/// whether it is de-chunked for an HTTP/1.0 client of a chunked worker.
 struct BodyTracker {
-    upstream: UpstreamBody,
+    body: BodyFramer,
     dechunk: bool,
-}
-
-enum UpstreamBody {
-    Length(u64),
-    Chunked(ChunkedDecoder),
-    UntilClose,
 }
 
 impl BodyTracker {
     fn new(up: Framing, down: DownstreamFraming) -> Self {
-        let upstream = match up {
-            Framing::Empty => UpstreamBody::Length(0),
-            Framing::Length(n) => UpstreamBody::Length(n),
-            Framing::Chunked => UpstreamBody::Chunked(ChunkedDecoder::new()),
-            Framing::UntilClose => UpstreamBody::UntilClose,
-        };
         let dechunk = up == Framing::Chunked && down == DownstreamFraming::UntilClose;
-        BodyTracker { upstream, dechunk }
+        BodyTracker {
+            body: BodyFramer::new(up),
+            dechunk,
+        }
     }
 
     fn is_done(&self) -> bool {
-        match &self.upstream {
-            UpstreamBody::Length(left) => *left == 0,
-            UpstreamBody::Chunked(decoder) => decoder.is_done(),
-            UpstreamBody::UntilClose => false,
-        }
+        self.body.is_done()
     }
 
     /// Consumes the body's share of `input`; appends de-chunked data to `decoded` when
     /// de-chunking. Returns the bytes consumed.
     fn advance(&mut self, input: &[u8], decoded: &mut Vec<u8>) -> Result<usize, ProxyError> {
-        match &mut self.upstream {
-            UpstreamBody::Length(left) => {
-                let take = (*left).min(input.len() as u64);
-                *left -= take;
-                Ok(take as usize)
+        let dechunk = self.dechunk;
+        self.body.advance(input, |data| {
+            if dechunk {
+                copy::extend_from_slice(decoded, data)
             }
-            UpstreamBody::Chunked(decoder) => {
-                let dechunk = self.dechunk;
-                decoder
-                    .feed(input, |data| {
-                        if dechunk {
-                            copy::extend_from_slice(decoded, data)
-                        }
-                    })
-                    .map_err(|_| ProxyError::upstream(ErrorKind::UpstreamMalformed, "chunked body"))
-            }
-            UpstreamBody::UntilClose => Ok(input.len()),
-        }
+        })
     }
 }
 
@@ -911,9 +886,7 @@ async fn next_body_read(
     let (stop, cut, kind) = match read {
         Err(Interrupted::ClientGone) => return Err(BodyStop::ClientGone),
         Err(Interrupted::ShutdownCut) => (BodyStop::ShutdownCut, StreamCut::ShuttingDown, None),
-        Ok(Ok(0)) if matches!(tracker.upstream, UpstreamBody::UntilClose) => {
-            return Ok(BodyRead::End)
-        }
+        Ok(Ok(0)) if tracker.body.ends_at_close() => return Ok(BodyRead::End),
         Ok(Ok(n)) if n > 0 => return Ok(BodyRead::Bytes(n)),
         Ok(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => (
             BodyStop::WorkerFailed,
@@ -994,8 +967,7 @@ fn end_stream_with_error_event(
     (body_kind, framing): (BodyKind, DownstreamFraming),
     cut: StreamCut,
 ) -> bool {
-    let at_boundary =
-        matches!(&tracker.upstream, UpstreamBody::Chunked(d) if d.at_chunk_boundary());
+    let at_boundary = tracker.body.at_chunk_boundary();
     let can_tell = body_kind == BodyKind::EventStream
         && framing == DownstreamFraming::ChunkedPassthrough
         && at_boundary;
