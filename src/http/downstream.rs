@@ -2,15 +2,20 @@
 //! connection ([`Downstream`]: socket, buffers, the routing scratch), one complete request
 //! ([`Request`]), how it was answered ([`Answered`]), and the one ring write that sends bytes to
 //! the client ([`write_to_client`]). `server` reads requests into these; `proxy` and `admin`
-//! answer them. No errors of its own: a failed write is `false`, and the caller closes.
+//! answer them. While a routed request is proxied its connection is split in two:
+//! [`Forwarded`] (the request, in the read buffer, and its routing scratch) and [`ClientSide`]
+//! (the socket and the write buffer the response goes through). No errors of its own: a failed
+//! write is `false`, and the caller closes.
 
 use std::ops::Range;
 use std::time::Instant;
 
+use super::buffers::SpareBuffers;
 use crate::limits::DOWNSTREAM_WRITE_TIMEOUT;
 use crate::net::codec::{Connection, RequestHead};
 use crate::net::socket::Socket;
 use crate::policy::Prepared;
+use crate::request::Endpoint;
 
 /// How a request was answered: the status (for metrics) and what becomes of the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +87,54 @@ impl Request {
     pub fn body<'d>(&self, down_read_buf: &'d [u8]) -> &'d [u8] {
         &down_read_buf[self.body.clone()]
     }
+}
+
+/// A routed request as its attempts forward it: the client's read buffer itself, so a large
+/// body is written from where it was read (the buffer is lent to the write and comes back), and
+/// the connection's routing scratch, which every attempt selects from.
+#[derive(Debug)]
+pub struct Forwarded<'a> {
+    /// The request's head (its spans index `read_buf`).
+    pub head: &'a RequestHead,
+    /// The client's read buffer: the head's spans and `body` index it.
+    pub read_buf: &'a mut Vec<u8>,
+    /// Where the body lies in `read_buf`.
+    pub body: Range<usize>,
+    /// How many bytes at the front of `read_buf` are this request's.
+    pub request_end: &'a mut usize,
+    /// The request prepared for routing.
+    pub prepared: &'a mut PreparedSlot,
+}
+
+impl Forwarded<'_> {
+    /// Lets go of the request once its response is committed to the client (no attempt will
+    /// send it again): its bytes leave the client's read buffer now instead of when a stream
+    /// that may last minutes ends, the emptied buffer is lent to the core, and the routing
+    /// scratch is dropped. The head's spans and `body` are stale afterwards.
+    pub fn release(&mut self, spare: &mut SpareBuffers) {
+        self.read_buf.drain(..std::mem::take(self.request_end));
+        spare.lend(self.read_buf);
+        self.prepared.release();
+    }
+}
+
+/// The client half of a connection while its request is proxied, split from its read buffer
+/// (which holds the request): where the response goes.
+#[derive(Debug)]
+pub struct ClientSide<'a> {
+    /// The client's socket.
+    pub socket: &'a mut Socket,
+    /// The response's head and the bytes relayed through the gateway's own buffer.
+    pub write_buf: &'a mut Vec<u8>,
+    /// The client's HTTP/1.x minor version (an HTTP/1.0 client gets no chunked framing).
+    pub version_minor: u8,
+    /// What the client asked of its connection.
+    pub connection: Connection,
+    /// The path's metrics slot.
+    pub endpoint: Endpoint,
+    /// When the request was read: the time to first byte is observed when the response head
+    /// is written.
+    pub started: Instant,
 }
 
 /// Writes `buf[from..]` to the client through a ring write, within `DOWNSTREAM_WRITE_TIMEOUT`:

@@ -9,6 +9,9 @@
 //! - `server`: the client connection loop: read a request (parse, limits, timeouts), classify
 //!   it, answer it locally (health, models) or hand it on; errors become JSON answers.
 //! - `proxy`: the request driver of routed endpoints, the phases and the one retry loop.
+//! - `upstream`: the upstream seam, how a request reaches its worker and the answer comes back
+//!   ([`upstream::Exchange`]; HTTP/1.1 today). `relay`: the stream-back phase, which writes the
+//!   answer through to the client (SSE events as they come).
 //! - `pool`: the upstream keep-alive pool. `admin`: the admin API's handler.
 //! - `buffers`: the core's spare I/O buffers, lent by streams while they wait.
 
@@ -18,4 +21,6 @@ pub mod core;
 pub mod downstream;
 pub mod pool;
 pub mod proxy;
+pub mod relay;
 pub mod server;
+pub mod upstream;
