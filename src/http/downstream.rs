@@ -1,7 +1,8 @@
 //! The client side of a data core's connections, as every module of `http` sees it: the
 //! connection ([`Downstream`]: socket, buffers, the routing scratch), one complete request
-//! ([`Request`]), how it was answered ([`Answered`]), and the one ring write that sends bytes to
-//! the client ([`write_to_client`]). `server` reads requests into these; `proxy` and `admin`
+//! ([`Request`]), how it was answered ([`Answered`]), the one ring write that sends bytes to
+//! the client ([`write_to_client`]), and the one error answer ([`answer_error`]: an
+//! `ErrorKind`'s JSON body, status and keep-or-close decision). `server` reads requests into these; `proxy` and `admin`
 //! answer them. While a routed request is proxied its connection is split in two:
 //! [`Forwarded`] (the request, in the read buffer, and its routing scratch) and [`ClientSide`]
 //! (the socket and the write buffer the response goes through). No errors of its own: a failed
@@ -11,8 +12,9 @@ use std::ops::Range;
 use std::time::Instant;
 
 use super::buffers::SpareBuffers;
+use crate::error::{write_error_body, ErrorKind};
 use crate::limits::DOWNSTREAM_WRITE_TIMEOUT;
-use crate::net::codec::{Connection, RequestHead};
+use crate::net::codec::{self, Connection, RequestHead};
 use crate::net::socket::Socket;
 use crate::policy::Prepared;
 use crate::request::Endpoint;
@@ -135,6 +137,35 @@ pub struct ClientSide<'a> {
     /// When the request was read: the time to first byte is observed when the response head
     /// is written.
     pub started: Instant,
+}
+
+/// Writes the JSON error answer for `kind` (unless the client is gone): the connection stays
+/// as the request asked only when `kind` allows it.
+pub async fn answer_error(
+    down: &mut Downstream,
+    kind: ErrorKind,
+    connection: Connection,
+) -> Answered {
+    let connection = connection.and(Connection::keep_if(kind.keeps_connection()));
+    let answered = Answered {
+        status: kind.status(),
+        connection,
+    };
+    if !kind.answers_client() {
+        return answered;
+    }
+    let mut body = Vec::with_capacity(128);
+    write_error_body(&mut body, kind);
+    down.write_buf.clear();
+    codec::write_local_response(
+        &mut down.write_buf,
+        kind.status(),
+        "application/json",
+        &body,
+        connection,
+    );
+    write_to_client(&mut down.socket, &mut down.write_buf, 0).await;
+    answered
 }
 
 /// Writes `buf[from..]` to the client through a ring write, within `DOWNSTREAM_WRITE_TIMEOUT`:

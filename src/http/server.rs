@@ -19,10 +19,12 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use super::core::DataCore;
-use super::downstream::{write_to_client, Answered, Downstream, PreparedSlot, Request};
+use super::downstream::{
+    answer_error, write_to_client, Answered, Downstream, PreparedSlot, Request,
+};
 use super::{admin, proxy};
 use crate::config::Config;
-use crate::error::{write_error_body, ErrorKind, ProxyError};
+use crate::error::{ErrorKind, ProxyError};
 use crate::limits::{KEEPALIVE_BUFFERED_WAIT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
@@ -109,7 +111,7 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
         let path = std::str::from_utf8(request.head.path(&down.read_buf)).unwrap_or("");
         let method_text = request.head.method_text(&down.read_buf);
         if let Some(route) = route_admin(method_text, path) {
-            let answered = admin::serve_admin(core, down, request, route).await;
+            let answered = admin::answer_admin_call(core, down, request, route).await;
             core.metrics()
                 .record_request(method, endpoint, answered.status);
             return answered.connection;
@@ -191,35 +193,6 @@ async fn answer_local(
         status,
         connection: connection.and(Connection::keep_if(written)),
     }
-}
-
-/// Writes the JSON error answer for `kind` (unless the client is gone): the connection stays
-/// as the request asked only when `kind` allows it.
-pub async fn answer_error(
-    down: &mut Downstream,
-    kind: ErrorKind,
-    connection: Connection,
-) -> Answered {
-    let connection = connection.and(Connection::keep_if(kind.keeps_connection()));
-    let answered = Answered {
-        status: kind.status(),
-        connection,
-    };
-    if !kind.answers_client() {
-        return answered;
-    }
-    let mut body = Vec::with_capacity(128);
-    write_error_body(&mut body, kind);
-    down.write_buf.clear();
-    codec::write_local_response(
-        &mut down.write_buf,
-        kind.status(),
-        "application/json",
-        &body,
-        connection,
-    );
-    write_to_client(&mut down.socket, &mut down.write_buf, 0).await;
-    answered
 }
 
 /// Where in the request stream a read happens: between requests the client may close (a clean
@@ -434,12 +407,7 @@ fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Optio
     // Any admin path, even one with the wrong method: authentication answers first.
     route_admin(head.method_text(buf), path).map(|_| ())?;
     let authorization = head.headers.get(buf, "authorization");
-    let refused = check_access(&config.worker_settings.admin_access, authorization).err()?;
-    Some(if refused.status == 403 {
-        ErrorKind::AdminClosed
-    } else {
-        ErrorKind::Unauthorized
-    })
+    check_access(&config.worker_settings.admin_access, authorization).err()
 }
 
 /// Answers `Expect: 100-continue` when the body has not fully arrived yet.
