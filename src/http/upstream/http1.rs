@@ -141,7 +141,7 @@ impl Http1Exchange {
             deadline,
         )
         .await?;
-        if !context.relays(core, head.status) {
+        if !context.admit_status(core, head.status) {
             return Ok(HeadRead::RetryableStatus(head.status));
         }
         self.start_response(core, client, &head, context.gateway_headers)

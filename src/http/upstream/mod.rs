@@ -6,7 +6,7 @@
 //! 1. **connect or reuse** ([`Exchange::open`]): a pooled connection or a new one;
 //! 2. **forward** ([`Exchange::forward`]): the request, complete;
 //! 3. **read the head** ([`Exchange::read_head`]): the worker's answer begins; a retryable status
-//!    is handed back unrelayed while another attempt may follow ([`HeadContext::relays`], which
+//!    is handed back unrelayed while another attempt may follow ([`HeadContext::admit_status`], which
 //!    also tells the worker's circuit breaker), otherwise the client's response head is written
 //!    into its buffer with the body bytes that came with it ([`ResponseStart`]);
 //! 4. **relay the body** ([`Exchange::read_body`], once per read, until [`Exchange::body_done`]):
@@ -82,11 +82,12 @@ pub struct HeadContext<'a> {
 }
 
 impl HeadContext<'_> {
-    /// Whether the attempt relays an answer of `status`: not a retryable one while another
-    /// attempt may follow. A status that is relayed is reported to the worker's circuit breaker
-    /// now, not when a long stream ends: otherwise successes would lag failures by a
-    /// generation's length and a burst of quick errors would look consecutive.
-    pub fn relays(&self, core: &DataCore, status: u16) -> bool {
+    /// Admits the worker's answer of `status` into the relay, or not: a retryable status is
+    /// not relayed while another attempt may follow (`false`; the driver notes the failure).
+    /// An admitted status is reported to the worker's circuit breaker now, not when a long
+    /// stream ends: otherwise successes would lag failures by a generation's length and a
+    /// burst of quick errors would look consecutive.
+    pub fn admit_status(&self, core: &DataCore, status: u16) -> bool {
         if self.on_status == RetryableStatus::Retry && is_retryable_status(status) {
             return false;
         }
