@@ -38,7 +38,7 @@ use std::time::Instant;
 use super::core::DataCore;
 use super::downstream::{Answered, ClientSide, Downstream, Forwarded, Request};
 use super::relay::{stream_back, StreamEnd};
-use super::upstream::{Attempt, Exchange, RetryableStatus};
+use super::upstream::{self, Attempt, Exchange, RetryableStatus};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::ids::WorkerId;
 use crate::limits::STALE_CONNECTION_RETRIES_MAX;
@@ -146,7 +146,7 @@ pub async fn proxy_request(
         }
         if failure.on_reused_connection {
             // Its siblings in the pool are most likely stale too (engine restart).
-            core.pool.borrow_mut().clear_worker(worker.id);
+            upstream::drop_idle_connections(core, worker.id);
             stale_retries += 1;
         } else {
             attempts += 1;

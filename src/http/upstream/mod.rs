@@ -156,7 +156,7 @@ pub enum BodyStop {
 
 /// Why a request stopped waiting on its worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Interrupted {
+enum Interrupted {
     /// The client closed or reset its connection.
     ClientGone,
     /// Shutdown's grace period is over.
@@ -178,7 +178,7 @@ impl Interrupted {
 /// connection) or shutdown cuts the requests still running (`Cut::Stop`), checked every
 /// `CLIENT_GONE_POLL_INTERVAL` without reading: bytes of a pipelined request stay unread. One
 /// timer serves both; every kind of upstream races its waits against it.
-pub async fn interruption(core: &DataCore, client: &Socket, deadline: Instant) -> Cut {
+async fn interruption(core: &DataCore, client: &Socket, deadline: Instant) -> Cut {
     loop {
         let wake = deadline.min(Instant::now() + CLIENT_GONE_POLL_INTERVAL);
         monoio::time::sleep_until(monoio::time::Instant::from_std(wake)).await;
@@ -189,6 +189,12 @@ pub async fn interruption(core: &DataCore, client: &Socket, deadline: Instant) -
             return Cut::Deadline;
         }
     }
+}
+
+/// Closes every idle connection to `worker`: after one reused connection turned out dead (an
+/// engine restart), its siblings most likely are too.
+pub fn drop_idle_connections(core: &DataCore, worker: WorkerId) {
+    core.pool.borrow_mut().clear_worker(worker);
 }
 
 /// One attempt's exchange with its worker, by the protocol the worker speaks.
