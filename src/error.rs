@@ -45,7 +45,8 @@ pub enum ErrorKind {
     /// `WWW-Authenticate: Bearer`).
     Unauthorized,
     /// An admin call while the admin API is closed (no `--admin-api-key`, no
-    /// `--admin-api-insecure`).
+    /// `--admin-api-insecure`): `workers::admin::check_access`'s refusal, as `Unauthorized` is
+    /// its refusal of a call without the key.
     AdminClosed,
     /// The request already passed through this gateway (its `Via` carries our pseudonym): a
     /// worker URL leads back here, and forwarding again would loop.
@@ -141,7 +142,10 @@ impl ErrorKind {
             ErrorKind::InvalidJson => {
                 "request body is not valid JSON, or a field has the wrong type (model: a string)"
             }
-            ErrorKind::Unauthorized => "missing or wrong Authorization: Bearer token",
+            ErrorKind::Unauthorized => {
+                "missing or wrong Authorization: Bearer token (--api-key; on the admin API, \
+                 --admin-api-key)"
+            }
             ErrorKind::AdminClosed => {
                 "the admin API is disabled: start kvgate with --admin-api-key (bearer token) or \
                  --admin-api-insecure"
@@ -303,15 +307,22 @@ impl FlagError {
     }
 }
 
-/// Appends the JSON error body `{"error":{"message","type","code"}}` for `kind` to `out`.
-pub fn write_error_body(out: &mut Vec<u8>, kind: ErrorKind) {
-    let body = serde_json::json!({
+/// The gateway's JSON error body, `{"error":{"message","type","code"}}`: every error answer the
+/// gateway writes itself has this shape, whether an [`ErrorKind`]'s (`write_error_body`) or an
+/// admin call's (`workers::admin::AdminError`).
+pub fn error_body(status: u16, error_type: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({
         "error": {
-            "message": kind.message(),
-            "type": kind.error_type(),
-            "code": kind.status(),
+            "message": message,
+            "type": error_type,
+            "code": status,
         }
-    });
+    })
+}
+
+/// Appends the JSON error body for `kind` to `out`.
+pub fn write_error_body(out: &mut Vec<u8>, kind: ErrorKind) {
+    let body = error_body(kind.status(), kind.error_type(), kind.message());
     // Serializing a `Value` into a Vec cannot fail.
     let _ = serde_json::to_writer(out, &body);
 }

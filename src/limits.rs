@@ -29,7 +29,7 @@ pub const READ_BUF_BYTES_INITIAL: usize = 8 * 1024;
 pub const UPSTREAM_READ_BYTES: usize = 16 * 1024;
 
 /// Room an event stream's read has at least. A stream woken by its next token reads with a
-/// spare buffer and relays before yielding (`http::proxy::read_upstream`), so that buffer is
+/// spare buffer and relays before yielding (`http::upstream::http1`), so that buffer is
 /// the core's, not the stream's; a stream holding part of an event waits for the rest in a
 /// ring read of this size, its buffer in the kernel's hands (one token's event is a few
 /// hundred bytes, and such waits are rare and short).

@@ -436,6 +436,10 @@ fn unknown_model_is_404_and_admin_calls_need_the_key() {
     assert_eq!(first.status, 401, "{}", first.text());
     assert_eq!(first.header("www-authenticate"), Some("Bearer"));
     assert_eq!(first.header("connection"), Some("close"));
+    // One answer for a refused caller, whether refused from its head or with its body.
+    assert_eq!(first.json()["error"], refused.json()["error"]);
+    let message = refused.json()["error"]["message"].to_string();
+    assert!(message.contains("--admin-api-key"), "{message}");
     let ok = gw.request("GET", "/workers", "", Some("s3cret"));
     assert_eq!(ok.status, 200);
     assert!(ok.text().contains(&sim.url(0)));
@@ -459,7 +463,10 @@ fn the_admin_api_is_closed_by_default_and_never_adds_the_gateway_itself() {
     client.send_raw(
         b"POST /workers HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: 30\r\n\r\n",
     );
-    assert_eq!(client.read_response().status, 403, "no 100 Continue first");
+    let first = client.read_response();
+    assert_eq!(first.status, 403, "no 100 Continue first");
+    let refused = closed.request("GET", "/workers", "", None);
+    assert_eq!(first.json()["error"], refused.json()["error"], "one answer");
     let routed = closed
         .client()
         .post_json("/v1/chat/completions", &ask("hi"));

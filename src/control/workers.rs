@@ -90,7 +90,7 @@ impl WorkerDriver {
                 .tick(now, |id| u64::from(shared.table.inflight(id))),
         );
         while let Some(request) = shared.admin_queue.pop() {
-            self.serve_admin(shared, request, now);
+            self.carry_out_admin_call(shared, request, now);
         }
         self.finish_adds(shared);
         self.publish(shared, changes)
@@ -147,7 +147,9 @@ impl WorkerDriver {
         shared.catalog.store(Arc::new(catalog));
     }
 
-    fn serve_admin(&mut self, shared: &Shared, request: AdminRequest, now: Instant) {
+    /// Carries out one admin call the data cores queued (list, remove, or start an add whose
+    /// admission probe a later turn finishes) and sets its reply.
+    fn carry_out_admin_call(&mut self, shared: &Shared, request: AdminRequest, now: Instant) {
         let answer = match request.route {
             AdminRoute::ListWorkers => Ok((200, self.list_workers(shared))),
             AdminRoute::RemoveWorker(worker) => self.remove_worker(shared, &worker, now),

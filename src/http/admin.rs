@@ -3,22 +3,25 @@
 //! core, and write it back. The rules (routes, authentication, bodies) are `workers::admin`'s;
 //! the control core serves the calls in `control::workers`.
 //!
-//! Owns [`serve_admin`]. Errors are JSON bodies with their status (403 while the admin API is
-//! closed, 401 without the bearer token, 503 when the admin queue is full, 504 when the control
-//! core does not answer in time).
+//! Owns [`answer_admin_call`]. Errors are JSON bodies with their status: a refused caller gets
+//! the gateway's error answer (`answer_error`: 403 `AdminClosed` while the admin API is closed,
+//! 401 `Unauthorized` without the bearer token, as when the call is refused before its body);
+//! a call that cannot be served its `AdminError` (503 when the admin queue is full, 504 when
+//! the control core does not answer in time, the control core's own refusals).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::core::DataCore;
-use super::server::{write_to_client, Answered, Downstream, Request};
+use super::downstream::{answer_error, write_to_client, Answered, Downstream, Request};
 use crate::limits::{ADMIN_REPLY_POLL, ADMIN_REPLY_TIMEOUT};
 use crate::net::codec::{self, Connection};
 use crate::shared::{AdminReply, AdminRequest};
 use crate::workers::admin::{check_access, AdminError, AdminRoute};
 
-/// Serves one admin request.
-pub async fn serve_admin(
+/// Answers one admin call: authenticated here, served by the control core (the only writer of
+/// worker state), its answer written back.
+pub async fn answer_admin_call(
     core: &DataCore,
     down: &mut Downstream,
     request: &Request,
@@ -27,7 +30,10 @@ pub async fn serve_admin(
     let connection = request.head.connection;
     let authorization = request.head.headers.get(&down.read_buf, "authorization");
     let access = &core.shared.config.worker_settings.admin_access;
-    let (status, body) = match check_access(access, authorization).and(route) {
+    if let Err(refused) = check_access(access, authorization) {
+        return answer_error(down, refused, connection).await;
+    }
+    let (status, body) = match route {
         Err(e) => (e.status, e.to_json()),
         Ok(route) => {
             let body = request.body(&down.read_buf).to_vec();
@@ -42,7 +48,7 @@ pub async fn serve_admin(
         body.as_bytes(),
         connection,
     );
-    let written = write_to_client(down).await;
+    let written = write_to_client(&mut down.socket, &mut down.write_buf, 0).await;
     Answered {
         status,
         connection: connection.and(Connection::keep_if(written)),

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::buffers::SpareBuffers;
 use super::pool::UpstreamPool;
+use crate::error::ErrorKind;
 use crate::ids::WorkerId;
 use crate::metrics::{CoreMetrics, Counter};
 use crate::policy::{RecordKey, Router};
@@ -97,6 +98,20 @@ impl DataCore {
     /// This core's counters.
     pub fn metrics(&self) -> &CoreMetrics {
         self.shared.metrics.core(self.core_id)
+    }
+
+    /// Counts a failed exchange with a worker, or a client that went, by its kind (other kinds
+    /// are counted by the status they are answered with).
+    pub fn count_error(&self, kind: ErrorKind) {
+        let counter = match kind {
+            ErrorKind::UpstreamConnect => Counter::UpstreamConnectErrors,
+            ErrorKind::UpstreamClosed => Counter::UpstreamClosedErrors,
+            ErrorKind::UpstreamMalformed => Counter::UpstreamMalformedErrors,
+            ErrorKind::UpstreamTimeout => Counter::UpstreamTimeouts,
+            ErrorKind::ClientClosed => Counter::DownstreamAborts,
+            _ => return,
+        };
+        self.metrics().incr(counter);
     }
 
     /// Tells the control core what an attempt means for `worker`'s circuit breaker.

@@ -15,96 +15,22 @@
 //! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
 //! keep-or-close decision; a client that is gone gets nothing.
 
-use std::ops::Range;
 use std::rc::Rc;
 use std::time::Instant;
 
 use super::core::DataCore;
+use super::downstream::{
+    answer_error, write_to_client, Answered, Downstream, PreparedSlot, Request,
+};
 use super::{admin, proxy};
 use crate::config::Config;
-use crate::error::{write_error_body, ErrorKind, ProxyError};
-use crate::limits::{
-    DOWNSTREAM_WRITE_TIMEOUT, KEEPALIVE_BUFFERED_WAIT, READ_BUF_BYTES_INITIAL,
-    READ_BUF_BYTES_RETAINED_MAX,
-};
+use crate::error::{ErrorKind, ProxyError};
+use crate::limits::{KEEPALIVE_BUFFERED_WAIT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
 use crate::net::socket::{self, read_spare, Socket};
-use crate::policy::Prepared;
 use crate::request::{Endpoint, Handling, Method};
 use crate::workers::admin::{bearer_matches, check_access, route_admin};
-
-/// How a request was answered: the status (for metrics) and what becomes of the connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Answered {
-    /// The status the client got (or would have got, when it was gone).
-    pub status: u16,
-    /// Whether the connection serves another request.
-    pub connection: Connection,
-}
-
-/// A client connection and its buffers.
-#[derive(Debug)]
-pub struct Downstream {
-    /// The socket.
-    pub socket: Socket,
-    /// Bytes read from the client; requests are parsed in place.
-    pub read_buf: Vec<u8>,
-    /// Bytes being written to the client.
-    pub write_buf: Vec<u8>,
-    /// The request prepared for routing (reused from one request to the next).
-    pub prepared: PreparedSlot,
-    /// Body bytes charged to the core's body budget for the current request.
-    body_charged_bytes: usize,
-    /// Bytes at the front of `read_buf` that belong to the request being served (0 once a
-    /// committed stream let go of them early).
-    pub request_end: usize,
-}
-
-/// A connection's routing scratch ([`Prepared`]), boxed: allocated by the connection's first
-/// routed request and reused by the next, and dropped when a response commits to a stream, so
-/// that a connection holding a stream for minutes does not carry it (904 bytes, and the buffers
-/// it grew) in its task.
-#[derive(Debug, Default)]
-pub struct PreparedSlot(Option<Box<Prepared>>);
-
-impl PreparedSlot {
-    /// The scratch, allocated if the connection has none.
-    pub fn get(&mut self) -> &mut Prepared {
-        self.0.get_or_insert_with(Box::default)
-    }
-
-    /// Drops the scratch: the request it prepared is committed and will not be routed again.
-    pub fn release(&mut self) {
-        self.0 = None;
-    }
-
-    /// Bounds what a connection keeps between requests ([`Prepared::shed_large_buffers`]).
-    fn shed_large_buffers(&mut self) {
-        if let Some(prepared) = &mut self.0 {
-            prepared.shed_large_buffers();
-        }
-    }
-}
-
-/// A complete request: its head and body, both inside `read_buf` (a chunked body de-chunked
-/// in place).
-#[derive(Clone, Debug)]
-pub struct Request {
-    /// The parsed head (spans index `read_buf`).
-    pub head: RequestHead,
-    /// Where the body lies in `read_buf`.
-    pub body: Range<usize>,
-    /// Bytes of `read_buf` this request used.
-    end: usize,
-}
-
-impl Request {
-    /// The body bytes.
-    pub fn body<'d>(&self, down_read_buf: &'d [u8]) -> &'d [u8] {
-        &down_read_buf[self.body.clone()]
-    }
-}
 
 /// Serves one client connection until it closes, errs or the gateway shuts down.
 pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
@@ -185,7 +111,7 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
         let path = std::str::from_utf8(request.head.path(&down.read_buf)).unwrap_or("");
         let method_text = request.head.method_text(&down.read_buf);
         if let Some(route) = route_admin(method_text, path) {
-            let answered = admin::serve_admin(core, down, request, route).await;
+            let answered = admin::answer_admin_call(core, down, request, route).await;
             core.metrics()
                 .record_request(method, endpoint, answered.status);
             return answered.connection;
@@ -262,51 +188,11 @@ async fn answer_local(
     if method == Method::Head {
         down.write_buf.truncate(down.write_buf.len() - body.len());
     }
-    let written = write_to_client(down).await;
+    let written = write_to_client(&mut down.socket, &mut down.write_buf, 0).await;
     Answered {
         status,
         connection: connection.and(Connection::keep_if(written)),
     }
-}
-
-/// Writes the JSON error answer for `kind` (unless the client is gone): the connection stays
-/// as the request asked only when `kind` allows it.
-pub async fn answer_error(
-    down: &mut Downstream,
-    kind: ErrorKind,
-    connection: Connection,
-) -> Answered {
-    let connection = connection.and(Connection::keep_if(kind.keeps_connection()));
-    let answered = Answered {
-        status: kind.status(),
-        connection,
-    };
-    if !kind.answers_client() {
-        return answered;
-    }
-    let mut body = Vec::with_capacity(128);
-    write_error_body(&mut body, kind);
-    down.write_buf.clear();
-    codec::write_local_response(
-        &mut down.write_buf,
-        kind.status(),
-        "application/json",
-        &body,
-        connection,
-    );
-    write_to_client(down).await;
-    answered
-}
-
-/// Writes `down.write_buf`; returns whether it all went out.
-pub async fn write_to_client(down: &mut Downstream) -> bool {
-    let deadline = Instant::now() + DOWNSTREAM_WRITE_TIMEOUT;
-    let (result, buf) = down
-        .socket
-        .write_all(std::mem::take(&mut down.write_buf), deadline)
-        .await;
-    down.write_buf = buf;
-    result.is_ok()
 }
 
 /// Where in the request stream a read happens: between requests the client may close (a clean
@@ -521,12 +407,7 @@ fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Optio
     // Any admin path, even one with the wrong method: authentication answers first.
     route_admin(head.method_text(buf), path).map(|_| ())?;
     let authorization = head.headers.get(buf, "authorization");
-    let refused = check_access(&config.worker_settings.admin_access, authorization).err()?;
-    Some(if refused.status == 403 {
-        ErrorKind::AdminClosed
-    } else {
-        ErrorKind::Unauthorized
-    })
+    check_access(&config.worker_settings.admin_access, authorization).err()
 }
 
 /// Answers `Expect: 100-continue` when the body has not fully arrived yet.
@@ -541,7 +422,7 @@ async fn send_continue_if_expected(
     down.write_buf.clear();
     down.write_buf
         .extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-    if write_to_client(down).await {
+    if write_to_client(&mut down.socket, &mut down.write_buf, 0).await {
         Ok(())
     } else {
         Err(ProxyError::downstream(

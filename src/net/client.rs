@@ -1,7 +1,8 @@
 //! A one-shot HTTP/1.1 `GET` for the control core's requests to workers (health checks, load
 //! polls, model discovery, the admin API's admission probe): one connection per request, closed
 //! after it, the whole body buffered up to a cap, everything within one deadline. It speaks
-//! through the same codec and socket as the proxy. Not for the data path, which pools.
+//! through the same codec, body framer (`body::BodyFramer`) and socket as the proxy. Not for
+//! the data path, which pools.
 //!
 //! Failures are `ProxyError`s on the upstream side: `UpstreamConnect` (refused, unreachable),
 //! `UpstreamTimeout` (the deadline passed), `UpstreamClosed` (closed early) and
@@ -10,7 +11,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::codec::{self, ChunkedDecoder, Framing, ResponseHead};
+use super::body::BodyFramer;
+use super::codec::{self, Framing, ResponseHead};
 use super::socket::Socket;
 use crate::error::{ErrorKind, ProxyError};
 use crate::limits::UPSTREAM_READ_BYTES;
@@ -93,34 +95,14 @@ async fn read_body(
     body_max: usize,
 ) -> Result<Vec<u8>, ProxyError> {
     let mut body = Vec::new();
-    let mut decoder = ChunkedDecoder::new();
+    let mut framer = BodyFramer::new(head.framing);
     let mut fed = head.head_len;
     loop {
-        let fresh = &buf[fed..];
-        let done = match head.framing {
-            Framing::Empty => true,
-            Framing::Length(n) => {
-                let take = (n as usize).saturating_sub(body.len()).min(fresh.len());
-                body.extend_from_slice(&fresh[..take]);
-                body.len() as u64 >= n
-            }
-            Framing::Chunked => {
-                decoder
-                    .feed(fresh, |d| body.extend_from_slice(d))
-                    .map_err(|_| {
-                        ProxyError::upstream(ErrorKind::UpstreamMalformed, "chunked body")
-                    })?;
-                decoder.is_done()
-            }
-            Framing::UntilClose => {
-                body.extend_from_slice(fresh);
-                false
-            }
-        };
+        framer.advance(&buf[fed..], |data| body.extend_from_slice(data))?;
         if body.len() > body_max {
             return Err(too_large());
         }
-        if done {
+        if framer.is_done() {
             return Ok(body);
         }
         // Only the unread tail is kept: a long body never sits twice in memory.
@@ -129,7 +111,7 @@ async fn read_body(
         let (result, b) = socket.read_more(buf, UPSTREAM_READ_BYTES, deadline).await;
         buf = b;
         match result.map_err(|e| io_error(e, "read response body"))? {
-            0 if head.framing == Framing::UntilClose => return Ok(body),
+            0 if framer.ends_at_close() => return Ok(body),
             0 => return Err(closed("read response body")),
             _ => {}
         }

@@ -6,8 +6,11 @@
 //!   the kernel operation and give the buffer back.
 //! - `codec`: the one HTTP/1.1 codec, sans I/O: head parsing, body framing, the chunked decoder,
 //!   head writers.
+//! - `body`: the one response-body framer (where a body ends, which bytes are data), for the
+//!   proxy and the client alike.
 //! - `client`: a one-shot `GET` on a fresh connection, for the control core's probes.
 
+pub mod body;
 pub mod client;
 pub mod codec;
 pub mod socket;

@@ -196,8 +196,8 @@ impl Socket {
     /// Reads what the kernel holds now, without waiting, into `buf`'s spare room (at least
     /// `spare` bytes of it): a stream woken by readiness reads and relays its bytes within one
     /// poll of its task, so a decode step that wakes every stream of the core at once does not
-    /// hold a buffer per stream (see `http::proxy::read_upstream`). `WouldBlock` when nothing
-    /// is there (a spurious wake); 0 at the end of the stream.
+    /// hold a buffer per stream (see `http::upstream::http1::read_upstream`). `WouldBlock` when
+    /// nothing is there (a spurious wake); 0 at the end of the stream.
     pub fn read_now(&self, buf: &mut Vec<u8>, spare: usize) -> io::Result<usize> {
         buf.reserve(spare);
         let room = buf.spare_capacity_mut();

@@ -8,8 +8,9 @@
 //! dense id or by URL), [`render_worker_list`] (the `GET /workers` JSON of [`WorkerReport`]s) and
 //! [`DrainClock`] (how long a removed worker may drain before it is purged). The data plane's
 //! handler (`http::admin`) authenticates and hands calls to the control core, which serves them
-//! (`control::workers`). Every failure is an [`AdminError`] that knows its HTTP status and renders
-//! SMG's JSON error body.
+//! (`control::workers`). A refused caller gets the gateway's own error kinds (`AdminClosed`,
+//! `Unauthorized`, answered as every `ErrorKind` is); a call that cannot be served is an
+//! [`AdminError`] that knows its HTTP status and renders the same JSON error body.
 
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,7 @@ use super::breaker::BreakerState;
 use super::catalog::ListedModel;
 use super::load::LoadReport;
 use super::spec::{KvEventsSource, WorkerUrl};
+use crate::error::{error_body, ErrorKind};
 use crate::ids::WorkerId;
 use crate::limits::ADMIN_BODY_BYTES_MAX;
 
@@ -42,12 +44,10 @@ impl AdminError {
         }
     }
 
-    /// `{"error":{"message","type","code"}}`, the gateway's JSON error shape.
+    /// `{"error":{"message","type","code"}}`, the gateway's JSON error shape
+    /// ([`error_body`]).
     pub fn to_json(&self) -> String {
-        serde_json::json!({
-            "error": {"message": self.message, "type": self.kind, "code": self.status}
-        })
-        .to_string()
+        error_body(self.status, self.kind, &self.message).to_string()
     }
 }
 
@@ -163,23 +163,16 @@ impl AdminAccess {
     }
 }
 
-/// Whether a call may use the admin API: 403 when it is closed, 401 without the right bearer
-/// token. `authorization` is the raw `Authorization` header value, if any.
-pub fn check_access(access: &AdminAccess, authorization: Option<&[u8]>) -> Result<(), AdminError> {
+/// Whether a call may use the admin API: `AdminClosed` (403) when it is closed, `Unauthorized`
+/// (401) without the right bearer token. `authorization` is the raw `Authorization` header
+/// value, if any. The refusal is an [`ErrorKind`], answered as every gateway error is, whether
+/// the call is refused from its head alone (before a `100 Continue`) or with its body.
+pub fn check_access(access: &AdminAccess, authorization: Option<&[u8]>) -> Result<(), ErrorKind> {
     match access {
         AdminAccess::Open => Ok(()),
-        AdminAccess::Closed => Err(AdminError::new(
-            403,
-            "forbidden",
-            "the admin API is disabled: start kvgate with --admin-api-key (bearer token) or \
-             --admin-api-insecure",
-        )),
+        AdminAccess::Closed => Err(ErrorKind::AdminClosed),
         AdminAccess::Bearer(key) if bearer_matches(key, authorization) => Ok(()),
-        AdminAccess::Bearer(_) => Err(AdminError::new(
-            401,
-            "authentication_error",
-            "admin API requires Authorization: Bearer <--admin-api-key>",
-        )),
+        AdminAccess::Bearer(_) => Err(ErrorKind::Unauthorized),
     }
 }
 
@@ -411,11 +404,11 @@ mod tests {
         assert!(check_access(&AdminAccess::Open, None).is_ok());
         for authorization in [None, Some(&b"Bearer x"[..])] {
             let closed = check_access(&AdminAccess::Closed, authorization).unwrap_err();
-            assert_eq!(closed.status, 403);
+            assert_eq!((closed, closed.status()), (ErrorKind::AdminClosed, 403));
             assert!(
-                closed.message.contains("--admin-api-insecure"),
+                closed.message().contains("--admin-api-insecure"),
                 "{}",
-                closed.message
+                closed.message()
             );
         }
         let key = AdminAccess::Bearer("s3cret".into());
@@ -429,9 +422,11 @@ mod tests {
             b"Bearer",
             b"\xff\xfe",
         ] {
-            assert_eq!(check_access(&key, Some(bad)).unwrap_err().status, 401);
+            assert_eq!(check_access(&key, Some(bad)), Err(ErrorKind::Unauthorized));
         }
-        assert_eq!(check_access(&key, None).unwrap_err().status, 401);
+        let refused = check_access(&key, None).unwrap_err();
+        assert_eq!(refused.status(), 401);
+        assert!(refused.message().contains("--admin-api-key"));
     }
 
     #[test]
