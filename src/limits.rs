@@ -143,6 +143,14 @@ pub const STALE_CONNECTION_RETRIES_MAX: usize = 3;
 /// Data cores one gateway runs. Per-core counter arrays are sized by it.
 pub const DATA_CORES_MAX: usize = 256;
 
+/// How long start-up waits for a port in use to be let go before it refuses to start: a stopped
+/// kvgate's listener can outlive its exit by tens of milliseconds (measured 10-42 ms), so a
+/// restart right after a stop would otherwise fail; a live holder keeps it longer and is refused.
+pub const PORT_RELEASE_WAIT: Duration = Duration::from_secs(1);
+
+/// How often start-up tries a port in use again while waiting for it (`PORT_RELEASE_WAIT`).
+pub const PORT_RELEASE_POLL: Duration = Duration::from_millis(20);
+
 /// Dispatch records queued from one data core to the control core. At 100k req/s per core and a
 /// 10 ms control turn one turn produces 1,000 records; 16k absorbs a stalled turn of ~160 ms.
 pub const DISPATCH_QUEUE_CAPACITY: usize = 16 * 1024;

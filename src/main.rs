@@ -1,5 +1,8 @@
 //! The `kvgate` binary: parse flags, validate them into a config, run the gateway.
-//! Any failure is one `Error: ...` line on stderr and a non-zero exit.
+//! A flag clap refuses gets clap's whole message (its hints), a value kvgate refuses one
+//! `Error: ...` line; either exits 2.
+
+use std::io::IsTerminal;
 
 use clap::Parser;
 use kvgate::config::{Cli, Config, LogFormat};
@@ -8,30 +11,36 @@ use kvgate::config::{Cli, Config, LogFormat};
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => e.exit(),
-        Err(e) => fail(
-            e.to_string()
-                .lines()
-                .next()
-                .unwrap_or("bad arguments")
-                .trim_start_matches("error: "),
-        ),
-    };
+    // clap's whole message on a bad flag: its hints ("a similar argument exists", the accepted
+    // values, the usage line) are what the operator needs to fix the command line.
+    let cli = Cli::try_parse().unwrap_or_else(|e| e.exit());
     let config = Config::from_cli(&cli).unwrap_or_else(|e| fail(&e.to_string()));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(config.log_level.as_filter()));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(colour_wanted());
     match config.log_format {
         LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
+        // SMG's layout: the event's fields at the top level beside `message`, and where it
+        // was logged from.
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_file(true)
+            .with_line_number(true)
+            .init(),
     }
     if let Err(e) = kvgate::runtime::run(config) {
         fail(&e.to_string());
     }
+}
+
+/// Colour codes only for a person at a terminal: a file or a pipe (journald, a log shipper)
+/// gets plain text, and `NO_COLOR` (no-color.org) turns them off everywhere.
+fn colour_wanted() -> bool {
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
 fn fail(message: &str) -> ! {

@@ -669,16 +669,138 @@ fn bad_flags_exit_nonzero_with_one_error_line() {
         stderr.starts_with("Error: ") && stderr.contains("--data-cores"),
         "{stderr}"
     );
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
-        .args(["--port", "notaport"])
-        .output()
-        .expect("run kvgate");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success());
+}
+
+/// A flag clap itself refuses keeps clap's whole message: the value it could not read, the
+/// accepted values, the flag it looks like, and where to read more.
+#[test]
+fn flags_clap_refuses_keep_its_hints() {
+    let refused = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(args)
+            .env_remove("CLICOLOR_FORCE")
+            .output()
+            .expect("run kvgate");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let stderr = refused(&["--port", "notaport"]);
     assert!(
-        stderr.starts_with("Error: ") && stderr.contains("--port") && stderr.lines().count() == 1,
+        stderr.starts_with("error: invalid value 'notaport' for '--port <PORT>'")
+            && stderr.contains("try '--help'"),
         "{stderr}"
     );
+    let stderr = refused(&["--policy", "fastest"]);
+    assert!(
+        stderr.contains("[possible values: cache_aware, random, round_robin"),
+        "{stderr}"
+    );
+    let stderr = refused(&["--prot", "3000"]);
+    assert!(
+        stderr.contains("a similar argument exists: '--port'"),
+        "{stderr}"
+    );
+}
+
+/// Another process listening on the data port (even one that allows `SO_REUSEPORT` sharing,
+/// as a second kvgate's listeners do) or on the metrics port stops the start with one line
+/// naming the flag, instead of splitting the clients between the two processes.
+#[test]
+fn a_port_another_process_listens_on_is_refused() {
+    for (flag, sharing) in [
+        ("--port", true),
+        ("--port", false),
+        ("--prometheus-port", false),
+    ] {
+        let holder = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        holder.set_reuse_address(true).expect("SO_REUSEADDR");
+        holder.set_reuse_port(sharing).expect("SO_REUSEPORT");
+        let addr: std::net::SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        holder.bind(&addr.into()).expect("bind");
+        holder.listen(16).expect("listen");
+        let port = holder
+            .local_addr()
+            .expect("local addr")
+            .as_socket()
+            .expect("inet")
+            .port()
+            .to_string();
+        let free = free_port().to_string();
+        let (data, metrics) = if flag == "--port" {
+            (port.as_str(), free.as_str())
+        } else {
+            (free.as_str(), port.as_str())
+        };
+        // Its stderr goes to a file and the wait is bounded: a kvgate that shares the port runs
+        // on, and must fail this test rather than hang it.
+        let log = std::env::temp_dir().join(format!("kvgate-port-{}-{port}", std::process::id()));
+        let file = std::fs::File::create(&log).expect("stderr file");
+        let mut process = utils::process::ChildProcess::spawn_with_stderr(
+            "kvgate",
+            std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+                .args(["--host", "127.0.0.1", "--port", data])
+                .args([
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    metrics,
+                ])
+                .args(["--worker-urls", "http://127.0.0.1:9"]),
+            file.into(),
+        );
+        let status = process.wait_exit(TIMEOUT);
+        let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{flag} shared={sharing}: kvgate did not refuse to start ({status:?}): {stderr}"
+        );
+        let error = stderr.lines().last().unwrap_or_default();
+        assert!(
+            error.starts_with("Error: ") && error.contains(flag) && error.contains("in use"),
+            "{flag} shared={sharing}: {stderr}"
+        );
+    }
+}
+
+/// A restart right after a stop takes the same ports again, every time.
+#[test]
+fn a_restart_right_after_a_stop_takes_the_same_ports() {
+    let origin = ok_origin();
+    let port = free_port().to_string();
+    let metrics = free_port().to_string();
+    for round in 0..20 {
+        let mut process = utils::process::ChildProcess::spawn_with_stderr(
+            "kvgate",
+            std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+                .args(["--host", "127.0.0.1", "--port", &port, "--data-cores", "1"])
+                .args([
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    &metrics,
+                ])
+                .args(["--worker-urls", &origin.url()]),
+            std::process::Stdio::null(),
+        );
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        assert!(
+            utils::process::wait_for_port(addr.port(), TIMEOUT),
+            "round {round}: kvgate did not listen"
+        );
+        let mut client = utils::client::HttpClient::connect(addr);
+        assert_eq!(
+            client.post_json("/generate", "{}").status,
+            200,
+            "round {round}"
+        );
+        process.signal(libc::SIGTERM);
+        let status = process
+            .wait_exit(TIMEOUT)
+            .expect("kvgate exits after SIGTERM");
+        assert!(status.success(), "round {round}: {status:?}");
+    }
 }
 
 #[test]

@@ -379,7 +379,7 @@ fn logged(log: &std::path::Path, message: &str, worker: &str) -> Vec<serde_json:
             serde_json::from_str::<serde_json::Value>(line)
                 .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line:?}"))
         })
-        .filter(|v| v["fields"]["message"] == message && v["fields"]["worker"] == worker)
+        .filter(|v| v["message"] == message && v["worker"] == worker)
         .collect()
 }
 
@@ -442,15 +442,12 @@ fn log_json_lines_record_each_worker_state_change() {
         !logged(&log, "admin: worker added", &url0).is_empty()
     }));
     let health = logged(&log, "worker health changed", &url0);
-    let verdicts: Vec<_> = health
-        .iter()
-        .map(|v| v["fields"]["healthy"].clone())
-        .collect();
+    let verdicts: Vec<_> = health.iter().map(|v| v["healthy"].clone()).collect();
     assert_eq!(verdicts, [false, true], "{health:?}");
     let breaker = logged(&log, "circuit breaker state changed", &url1);
     let states: Vec<_> = breaker
         .iter()
-        .map(|v| v["fields"]["state"].as_str().unwrap_or(""))
+        .map(|v| v["state"].as_str().unwrap_or(""))
         .collect();
     assert_eq!(states.first(), Some(&"open"), "{breaker:?}");
     assert_eq!(states.last(), Some(&"closed"), "{breaker:?}");
@@ -458,8 +455,62 @@ fn log_json_lines_record_each_worker_state_change() {
     for line in health.iter().chain(&breaker) {
         assert_eq!(line["level"], "INFO", "{line}");
         assert!(line["timestamp"].is_string(), "{line}");
+        // SMG's layout: the event's fields beside the message, and where it was logged.
+        assert!(line.get("fields").is_none(), "{line}");
+        assert!(
+            line["target"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("kvgate")),
+            "{line}"
+        );
+        assert!(
+            line["filename"].is_string() && line["line_number"].is_u64(),
+            "{line}"
+        );
     }
     let _ = std::fs::remove_file(&log);
+}
+
+/// What an operator reading the log at start must learn at once: a worker that does not answer
+/// its first health check, and a gateway started with no worker at all. A log that goes to a
+/// file carries no colour codes.
+#[test]
+fn start_up_warns_of_an_unreachable_worker_and_of_an_empty_fleet() {
+    let dir = std::env::temp_dir();
+    let log = dir.join(format!("kvgate-start-warnings-{}.log", std::process::id()));
+    let read = |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default();
+    let unreachable = format!("http://127.0.0.1:{}", utils::process::free_port());
+    let file = std::fs::File::create(&log).expect("log file");
+    let _gw = Gateway::start_logging(
+        std::slice::from_ref(&unreachable),
+        &["--log-level", "info"],
+        Some(file),
+    );
+    assert!(
+        wait_until(TIMEOUT, || read(&log).lines().any(|l| l.contains("WARN")
+            && l.contains("worker failed its first health check")
+            && l.contains(&unreachable))),
+        "{}",
+        read(&log)
+    );
+    assert!(
+        !read(&log).contains('\x1b'),
+        "colour codes in a file: {}",
+        read(&log)
+    );
+
+    let empty = dir.join(format!("kvgate-no-workers-{}.log", std::process::id()));
+    let file = std::fs::File::create(&empty).expect("log file");
+    let _gw = Gateway::start_logging(&[], &["--log-level", "info"], Some(file));
+    assert!(
+        wait_until(TIMEOUT, || read(&empty)
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("no workers"))),
+        "{}",
+        read(&empty)
+    );
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&empty);
 }
 
 #[test]

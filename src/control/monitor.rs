@@ -75,6 +75,10 @@ pub enum Change {
     Models(WorkerId),
     /// A removed worker finished draining: purge it from every index and free its slot.
     Purge(WorkerId),
+    /// A worker's health check failed before it ever passed one (why): said at once, since
+    /// the verdict waits for `--health-failure-threshold` checks and a URL mistyped at start
+    /// would otherwise go unmentioned for minutes while requests to it fail over.
+    FirstCheckFailed(WorkerId, String),
 }
 
 /// The control core's private state for one worker.
@@ -88,6 +92,9 @@ struct Watched {
     load: Option<LoadReport>,
     models: Option<Vec<ListedModel>>,
     drain: Option<DrainClock>,
+    /// Whether its first health check's verdict is in (a failure of that one is said at once,
+    /// `Change::FirstCheckFailed`).
+    first_check_settled: bool,
 }
 
 /// Per-worker health, breaker, load and drain state, and the probe schedule.
@@ -128,6 +135,7 @@ impl WorkerMonitor {
             load: None,
             models: None,
             drain: None,
+            first_check_settled: false,
         };
         self.workers.insert(id, watched);
     }
@@ -249,6 +257,16 @@ impl WorkerMonitor {
                         Ok(r) => ProbeOutcome::from_status(r.status),
                         Err(_) => ProbeOutcome::Failure,
                     };
+                    if !w.first_check_settled {
+                        w.first_check_settled = true;
+                        if outcome == ProbeOutcome::Failure {
+                            let why = match &result.response {
+                                Ok(r) => format!("health check answered {}", r.status),
+                                Err(e) => e.to_string(),
+                            };
+                            changes.push(Change::FirstCheckFailed(result.id, why));
+                        }
+                    }
                     match w.health.record(outcome, &self.config.health) {
                         Some(HealthTransition::BecameHealthy) => {
                             changes.push(Change::Health(result.id, true))
@@ -395,6 +413,31 @@ mod tests {
     }
 
     #[test]
+    fn only_a_failed_first_health_check_is_said_and_only_once() {
+        let t0 = Instant::now();
+        let mut m = WorkerMonitor::new(config(), t0);
+        m.add(WorkerId(0), &spec(1));
+        m.add(WorkerId(1), &spec(2));
+        let first = m.apply(vec![
+            result(0, ProbeKind::Health, ok(503, "")),
+            result(1, ProbeKind::Health, ok(200, "")),
+        ]);
+        assert_eq!(
+            first,
+            vec![Change::FirstCheckFailed(
+                WorkerId(0),
+                "health check answered 503".into()
+            )]
+        );
+        // Later failures of either go through the thresholds alone.
+        let later = m.apply(vec![
+            result(0, ProbeKind::Health, timed_out()),
+            result(1, ProbeKind::Health, timed_out()),
+        ]);
+        assert_eq!(later, vec![Change::Health(WorkerId(0), false)]);
+    }
+
+    #[test]
     fn disabled_health_checks_send_no_health_probes() {
         let mut c = config();
         c.health.disabled = true;
@@ -410,7 +453,11 @@ mod tests {
         let mut m = WorkerMonitor::new(config(), t0);
         m.add(WorkerId(0), &spec(1));
         let fail = || vec![result(0, ProbeKind::Health, timed_out())];
-        assert!(m.apply(fail()).is_empty());
+        // The first check failing is said at once; the verdict waits for the threshold.
+        assert!(matches!(
+            m.apply(fail()).as_slice(),
+            [Change::FirstCheckFailed(WorkerId(0), why)] if why.contains("probe")
+        ));
         assert_eq!(m.apply(fail()), vec![Change::Health(WorkerId(0), false)]);
         assert_eq!(
             m.apply(vec![result(0, ProbeKind::Health, ok(200, ""))]),

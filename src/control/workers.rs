@@ -126,6 +126,9 @@ impl WorkerDriver {
                     }
                 }
                 Change::Models(_) => models_changed = true,
+                Change::FirstCheckFailed(id, why) => {
+                    tracing::warn!(worker = %url_of(shared, id), reason = %why, "worker failed its first health check: unreachable or not ready; requests sent to it fail over until it passes");
+                }
                 Change::Purge(id) => {
                     tracing::info!(worker = %url_of(shared, id), "worker drained and removed");
                     remove_from_roster(shared, id);

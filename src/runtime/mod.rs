@@ -35,7 +35,8 @@ use crate::index::hash::HashIndexWriter;
 use crate::index::kv::KvIndexWriter;
 use crate::index::{IndexConfig, IndexWriter};
 use crate::limits::{
-    PLACEMENT_HEADS_MAX, SHUTDOWN_CUT_WAIT, SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
+    PLACEMENT_HEADS_MAX, PORT_RELEASE_POLL, PORT_RELEASE_WAIT, SHUTDOWN_CUT_WAIT,
+    SHUTDOWN_POLL_INTERVAL, URING_ENTRIES,
 };
 use crate::net::socket::Socket;
 use crate::policy::{Blocks, CacheIndexKind, Heads, IndexLookup, Router, Trees};
@@ -160,16 +161,42 @@ enum PortSharing {
     Exclusive,
 }
 
-/// Binds one `SO_REUSEPORT` listener per data core on `addr` (port 0 picks one port for all).
+/// Binds one `SO_REUSEPORT` listener per data core on `addr` (port 0 picks one port for all),
+/// once the port is known to be free: `SO_REUSEPORT` would let this process join another's
+/// listener on the same port (a second kvgate started by mistake, or one not yet gone), and the
+/// kernel would then split the clients between the two. An exclusive bind first makes such a
+/// holder an error (`bind_exclusive`); the listeners then take the port it found free. Two kvgates
+/// started within the same few microseconds could both pass that check; one started by mistake
+/// later cannot.
 fn bind_data_listeners(addr: SocketAddr, count: usize) -> std::io::Result<Vec<StdTcpListener>> {
+    let mut bound = bind_exclusive(addr)?.local_addr()?;
     let mut listeners = Vec::with_capacity(count);
-    let mut bound = addr;
     for _ in 0..count {
         let listener = bind_listener(bound, PortSharing::PerDataCore)?;
         bound = listener.local_addr()?;
         listeners.push(listener);
     }
     Ok(listeners)
+}
+
+/// An exclusive listener on `addr`, retried while the port is in use for up to
+/// `PORT_RELEASE_WAIT`: an old process's listener can outlive its exit by some milliseconds.
+fn bind_exclusive(addr: SocketAddr) -> std::io::Result<StdTcpListener> {
+    let deadline = Instant::now() + PORT_RELEASE_WAIT;
+    loop {
+        match bind_listener(addr, PortSharing::Exclusive) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(PORT_RELEASE_POLL);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    "the port is in use by another process (another kvgate?)",
+                ))
+            }
+            result => return result,
+        }
+    }
 }
 
 fn bind_listener(addr: SocketAddr, sharing: PortSharing) -> std::io::Result<StdTcpListener> {
@@ -193,13 +220,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
             config.listen_addr
         ))
     })?;
-    let metrics_listener =
-        bind_listener(config.prometheus_addr, PortSharing::Exclusive).map_err(|e| {
-            let addr = config.prometheus_addr;
-            StartError(format!(
-                "cannot listen on {addr} (--prometheus-host/--prometheus-port): {e}"
-            ))
-        })?;
+    let metrics_listener = bind_exclusive(config.prometheus_addr).map_err(|e| {
+        let addr = config.prometheus_addr;
+        StartError(format!(
+            "cannot listen on {addr} (--prometheus-host/--prometheus-port): {e}"
+        ))
+    })?;
     let mesh_sockets = match &config.mesh {
         Some(mesh) => Some(MeshSockets::bind(mesh).map_err(|e| {
             let addr = mesh.bind_addr;
@@ -256,6 +282,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
     );
     for worker in &shared.config.workers {
         tracing::info!(worker = %worker.url, "worker added");
+    }
+    if shared.config.workers.is_empty() {
+        tracing::warn!(
+            "no workers: every routed request is answered 503 until one is added \
+             (--worker-urls at start, or POST /workers)"
+        );
     }
     for notice in &shared.config.startup_notices {
         tracing::warn!("{notice}");
