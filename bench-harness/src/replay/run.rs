@@ -14,7 +14,6 @@ use super::client::{Client, Endpoint};
 use super::form::{build_request, FormOptions};
 use super::limits::{IN_FLIGHT_OPEN_LOOP_MAX, OUTCOME_CHANNEL_CAPACITY};
 use super::pacing::{dispatch, Clock, Dispatch, Pacing, Schedule, TokioClock};
-use super::procstat::{self_usage, WatchedProcess};
 use super::progress::{show_progress, ProgressCounters, ProgressMode};
 use super::report::{Completion, Recorder, ReplayReport};
 use super::sharegpt::{ShareGptOptions, ShareGptWorkload};
@@ -22,6 +21,7 @@ use super::synthetic::{SyntheticSpec, SyntheticWorkload};
 use super::token_ids::TokenDecoder;
 use super::trace::{TraceFormat, TraceWorkload};
 use super::workload::{Limited, Workload};
+use crate::fleet::procstat::{self_usage, WatchedProcess};
 
 /// Where requests come from.
 #[derive(Clone, Debug, PartialEq)]
