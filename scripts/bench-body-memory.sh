@@ -31,10 +31,9 @@ if [ -n "${KVGATE_BIN:-}" ]; then
   BUILDS=("$(dirname "$KVGATE_BIN")" "$BIN")
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 kb_of() { awk -v key="$2:" '$1 == key {print $2}' "/proc/$1/status"; }
 
-fleet_init
+fleet_init "$BIN"
 python3 - "$FLEET_WORK" "$MB" <<'EOF'
 import json, sys
 work, mb = sys.argv[1], int(sys.argv[2])
@@ -49,7 +48,7 @@ with open(f"{work}/chat.json", "w") as f:
     json.dump({"messages": messages, "max_tokens": 1}, f)
 EOF
 
-SIM_PORT=$(free_port)
+SIM_PORT=$(fleet_ports 1)
 fleet_start_sim "$BIN" "$SIM_PORT" --speedup 1000 --kv-capacity-tokens 100000000
 fleet_wait_port sim-engine "$SIM_PORT"
 
@@ -61,8 +60,8 @@ for case in completions chat; do
   [ "$case" = chat ] && path=/v1/chat/completions
   for framing in sized chunked; do
     for build in "${BUILDS[@]}"; do
-      GW_PORT=$(free_port)
-      PROM_PORT=$(free_port)
+      GW_PORT=$(fleet_ports 2)
+      PROM_PORT=$((GW_PORT + 1))
       fleet_start_kvgate "$build" "$GW_PORT" "$PROM_PORT" "http://127.0.0.1:$SIM_PORT"
       fleet_wait_port kvgate "$GW_PORT"
       sleep 1
@@ -80,7 +79,7 @@ for case in completions chat; do
       fi
       rise=$(((peak - before) / 1000))
       printf '%-34s %-8s %-8s %12d %8s\n' "$build" "$case" "$framing" "$rise" \
-        "$(awk -v r="$rise" -v b="$body_mb" 'BEGIN {printf "%.2f", r / b}')"
+        "$(printf '%.2f' "$(fleet_stats ratio "$rise" "$body_mb")")"
     done
   done
 done

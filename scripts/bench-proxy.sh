@@ -24,19 +24,21 @@
 #          of kvgate's on this host)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
 ROUNDS="${1:-3}"
 DURATION="${BENCH_DURATION:-8s}"
 CONNECTIONS="${BENCH_CONNECTIONS:-64}"
 PIN="${BENCH_PIN:-$([ "$(nproc)" -ge 2 ] && echo 1 || echo 0)}"
-LOADGEN=(); PROXY=()
-if [ "$PIN" = 1 ]; then LOADGEN=(taskset -c 0); PROXY=(taskset -c 1); fi
+LOADGEN=(); LOADGEN_CPU=""; PROXY_CPU=""
+if [ "$PIN" = 1 ]; then LOADGEN=(taskset -c 0); LOADGEN_CPU=0; PROXY_CPU=1; fi
 
 if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
 fi
 cargo build --release -q -p kvgate --bin kvgate
 KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
-cargo build --release -q -p bench-harness --bin sim-engine
+cargo build --release -q -p bench-harness --bin sim-engine --bin fleet
 FLOOR="${BENCH_FLOOR:-0}"
 SYSTEMS=(kvgate nginx)
 if [ "$FLOOR" = 1 ]; then
@@ -44,19 +46,13 @@ if [ "$FLOOR" = 1 ]; then
   SYSTEMS+=(floor)
 fi
 
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-# Below the ephemeral range (32768+), so an outgoing connection never holds one of them.
-SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; FLOOR_PORT=21002; METRICS_PORT=21099
-"${LOADGEN[@]}" target/release/sim-engine --engines 1 --base-port "$SIM_PORT" --instant --threads 1 >"$WORK/sim.log" 2>&1 &
-PIDS+=($!)
-"${PROXY[@]}" "$KVGATE_BIN" --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
-  --prometheus-port "$METRICS_PORT" --data-cores 1 --log-level warn \
-  --worker-urls "http://127.0.0.1:$SIM_PORT" >"$WORK/kvgate.log" 2>&1 &
-PIDS+=($!)
+fleet_init target/release
+WORK="$FLEET_WORK"
+read -r SIM_PORT KVGATE_PORT NGINX_PORT FLOOR_PORT < <(fleet_ports 1 2 1 1)
+METRICS_PORT=$((KVGATE_PORT + 1))
+FLEET_PIN="$LOADGEN_CPU" fleet_start_sim target/release "$SIM_PORT" --engines 1 --instant --threads 1
+FLEET_PIN="$PROXY_CPU" fleet_start_kvgate "$KVGATE_BIN" "$KVGATE_PORT" "$METRICS_PORT" \
+  "http://127.0.0.1:$SIM_PORT"
 
 mkdir -p "$WORK/nginx/logs"
 cat >"$WORK/nginx/nginx.conf" <<EOF
@@ -82,13 +78,12 @@ http {
   }
 }
 EOF
-"${PROXY[@]}" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
-PIDS+=($!)
-KVGATE_PID="${PIDS[1]}"; NGINX_PID="${PIDS[2]}"; FLOOR_PID=""
+FLEET_PIN="$PROXY_CPU" fleet_start nginx nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;"
+NGINX_PID=$FLEET_PID; FLOOR_PID=""
 if [ "$FLOOR" = 1 ]; then
-  "${PROXY[@]}" target/release/examples/floor_proxy "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT" \
-    >"$WORK/floor.log" 2>&1 &
-  PIDS+=($!); FLOOR_PID=$!
+  FLEET_PIN="$PROXY_CPU" fleet_start floor target/release/examples/floor_proxy \
+    "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT"
+  FLOOR_PID=$FLEET_PID
 fi
 
 # Several distinct chat bodies, cycled per request: small (~250 B), or with BENCH_BODY=36k a
@@ -112,18 +107,12 @@ request = function()
 end
 EOF
 
-for port in "$SIM_PORT" "$KVGATE_PORT" "$NGINX_PORT" ${FLOOR_PID:+"$FLOOR_PORT"}; do
-  for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
-done
+fleet_wait_port sim-engine "$SIM_PORT"
+fleet_wait_port kvgate "$KVGATE_PORT"
+fleet_wait_port nginx "$NGINX_PORT"
+[ -z "$FLOOR_PID" ] || fleet_wait_port floor "$FLOOR_PORT"
 sleep 1  # let kvgate's control core fetch /v1/models once
 
-cpu_ticks() { # pids... -> summed utime+stime clock ticks
-  local total=0 pid
-  for pid in "$@"; do
-    total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
-  done
-  echo "$total"
-}
 proxy_pids() { # system -> its pids (nginx: master and workers)
   case "$1" in
     kvgate) echo "$KVGATE_PID" ;;
@@ -132,24 +121,20 @@ proxy_pids() { # system -> its pids (nginx: master and workers)
   esac
 }
 
-cpu_times() { # -> "busy total steal" jiffies of CPU 0, then of CPU 1 (/proc/stat)
-  awk '$1 == "cpu0" || $1 == "cpu1" {printf "%d %d %d ", $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $9}' /proc/stat
-}
-busy_shares() { # times_before times_after -> "cpu0_busy% cpu1_busy% steal%"
-  awk -v a="$1" -v b="$2" 'BEGIN {
-    split(a, x, " "); split(b, y, " ")
-    total = y[2] - x[2] + y[5] - x[5]
-    printf "%.0f%% %.0f%% %.0f%%", 100 * (y[1] - x[1]) / (y[2] - x[2]), 100 * (y[4] - x[4]) / (y[5] - x[5]),
-      100 * (y[3] - x[3] + y[6] - x[6]) / total
-  }'
+busy_shares() { # times_before times_after ("busy total steal" of CPU 0, then of CPU 1) -> "cpu0_busy% cpu1_busy% steal%"
+  local x y
+  read -ra x <<<"$1"; read -ra y <<<"$2"
+  printf '%.0f%% %.0f%% %.0f%%' "$(fleet_stats share $((y[0] - x[0])) $((y[1] - x[1])))" \
+    "$(fleet_stats share $((y[3] - x[3])) $((y[4] - x[4])))" \
+    "$(fleet_stats share $((y[2] - x[2] + y[5] - x[5])) $((y[1] - x[1] + y[4] - x[4])))"
 }
 
 run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1_busy steal]"
   local out pids before after times_before times_after
   pids="$(proxy_pids "$1")"
-  before="$(cpu_ticks $pids)"; times_before="$(cpu_times)"
+  before="$(fleet_cpu_us $pids)"; times_before="$(fleet_host_cpu 0 1)"
   out="$("${LOADGEN[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/chat.lua" "http://127.0.0.1:$2")"
-  after="$(cpu_ticks $pids)"; times_after="$(cpu_times)"
+  after="$(fleet_cpu_us $pids)"; times_after="$(fleet_host_cpu 0 1)"
   local rps p50 p99 non2xx requests
   rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
   p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
@@ -157,7 +142,7 @@ run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1
   non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
   requests="$(awk '/requests in/ {print $1}' <<<"$out")"
   local cpu_us
-  cpu_us="$(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')"
+  cpu_us="$(printf '%.1f' "$(fleet_stats ratio $((after - before)) "$requests")")"
   local shares=""
   [ "$PIN" = 1 ] && shares=" $(busy_shares "$times_before" "$times_after")"
   echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us$shares"
@@ -176,16 +161,21 @@ for _ in $(seq "$ROUNDS"); do
   done
 done
 median() { # system column -> median of that column over the system's runs
-  printf '%s\n' "${RESULTS[@]}" | awk -v s="$1" -v c="$2" '$1 == s {print $c}' | sort -n |
-    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+  local line fields values=()
+  for line in "${RESULTS[@]}"; do
+    read -ra fields <<<"$line"
+    [ "${fields[0]}" = "$1" ] && values+=("${fields[$2 - 1]}")
+  done
+  fleet_stats median "${values[@]}"
 }
+ratio() { fleet_stats ratio "$1" "$2"; }
 K="$(median kvgate 2)"; N="$(median nginx 2)"
-awk -v k="$K" -v n="$N" 'BEGIN {printf "median req/s: kvgate %.0f, nginx %.0f, ratio kvgate/nginx %.2f\n", k, n, k / n}'
+printf 'median req/s: kvgate %.0f, nginx %.0f, ratio kvgate/nginx %.2f\n' "$K" "$N" "$(ratio "$K" "$N")"
 KC="$(median kvgate 6)"; NC="$(median nginx 6)"
-awk -v k="$KC" -v n="$NC" 'BEGIN {printf "median proxy CPU us/request: kvgate %.1f, nginx %.1f, ratio nginx/kvgate %.2f\n", k, n, n / k}'
+printf 'median proxy CPU us/request: kvgate %.1f, nginx %.1f, ratio nginx/kvgate %.2f\n' "$KC" "$NC" "$(ratio "$NC" "$KC")"
 if [ "$FLOOR" = 1 ]; then
   F="$(median floor 2)"; FC="$(median floor 6)"
-  awk -v f="$F" -v n="$N" -v k="$K" 'BEGIN {printf "median req/s: floor %.0f, ratio floor/nginx %.2f, kvgate/floor %.2f\n", f, f / n, k / f}'
-  awk -v f="$FC" -v n="$NC" -v k="$KC" 'BEGIN {printf "median proxy CPU us/request: floor %.1f, ratio floor/nginx %.2f, kvgate/floor %.2f\n", f, f / n, k / f}'
+  printf 'median req/s: floor %.0f, ratio floor/nginx %.2f, kvgate/floor %.2f\n' "$F" "$(ratio "$F" "$N")" "$(ratio "$K" "$F")"
+  printf 'median proxy CPU us/request: floor %.1f, ratio floor/nginx %.2f, kvgate/floor %.2f\n' "$FC" "$(ratio "$FC" "$NC")" "$(ratio "$KC" "$FC")"
 fi
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -5,8 +5,8 @@
 # CPUs 0-3, wrk on CPUs 4-7, the proxy under test on CPUs 8..8+N-1. Needs 16 CPUs.
 #
 # It builds nothing: it runs prebuilt binaries, so it also runs on a machine without cargo.
-#   KVGATE=target/release/kvgate SIM=target/release/sim-engine WRK=wrk NGINX=nginx \
-#     scripts/bench-scaling.sh [CORE_COUNTS...]
+#   KVGATE=target/release/kvgate SIM=target/release/sim-engine FLEET=target/release/fleet \
+#     WRK=wrk NGINX=nginx scripts/bench-scaling.sh [CORE_COUNTS...]
 # Prints one line per run and, per N, the ratio kvgate/nginx; small (~250 B) chat bodies at every
 # N, and 36 KB bodies (a shared ~8k-word system prompt) at N=1.
 # FLOOR=target/release/examples/floor_proxy (`cargo build --release --example floor_proxy`) adds
@@ -14,8 +14,11 @@
 # ceiling of kvgate's ratio to nginx on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
 KVGATE="${KVGATE:-target/release/kvgate}"
 SIM="${SIM:-target/release/sim-engine}"
+FLEET_TOOL="${FLEET:-target/release/fleet}"
 WRK="${WRK:-wrk}"
 NGINX="${NGINX:-nginx}"
 FLOOR="${FLOOR:-}"
@@ -24,23 +27,18 @@ CONNECTIONS="${BENCH_CONNECTIONS:-256}"
 COUNTS=("$@"); [ ${#COUNTS[@]} -gt 0 ] || COUNTS=(1 2 4 8)
 [ "$(nproc)" -ge 16 ] || { echo "Error: bench-scaling.sh needs 16 CPUs, this machine has $(nproc)" >&2; exit 1; }
 
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; FLOOR_PORT=21002; METRICS_PORT=21099
-taskset -c 0-3 "$SIM" --engines 1 --base-port "$SIM_PORT" --instant --threads 4 >"$WORK/sim.log" 2>&1 &
-PIDS+=($!)
-
-wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+fleet_init "$(dirname "$FLEET_TOOL")"
+WORK="$FLEET_WORK"
+read -r SIM_PORT KVGATE_PORT NGINX_PORT FLOOR_PORT < <(fleet_ports 1 2 1 1)
+METRICS_PORT=$((KVGATE_PORT + 1))
+FLEET_PIN=0-3 fleet_start_sim "$SIM" "$SIM_PORT" --engines 1 --instant --threads 4
 
 start_kvgate() { # cores
-  taskset -c "8-$((8 + $1 - 1))" "$KVGATE" --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
-    --prometheus-port "$METRICS_PORT" --data-cores "$1" --log-level warn \
-    --worker-urls "http://127.0.0.1:$SIM_PORT" >"$WORK/kvgate.log" 2>&1 &
-  KVGATE_PID=$!
-  wait_port "$KVGATE_PORT"; sleep 1
+  FLEET_PIN="8-$((8 + $1 - 1))" fleet_start kvgate "$KVGATE" --host 127.0.0.1 --port "$KVGATE_PORT" \
+    --prometheus-host 127.0.0.1 --prometheus-port "$METRICS_PORT" --data-cores "$1" --log-level warn \
+    --worker-urls "http://127.0.0.1:$SIM_PORT"
+  KVGATE_PID=$FLEET_PID
+  fleet_wait_port kvgate "$KVGATE_PORT"; sleep 1
 }
 start_nginx() { # workers
   mkdir -p "$WORK/nginx/logs"
@@ -63,14 +61,14 @@ http {
   }
 }
 EOF
-  taskset -c "8-$((8 + $1 - 1))" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
-  NGINX_PID=$!
-  wait_port "$NGINX_PORT"
+  FLEET_PIN="8-$((8 + $1 - 1))" fleet_start nginx "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;"
+  NGINX_PID=$FLEET_PID
+  fleet_wait_port nginx "$NGINX_PORT"
 }
 start_floor() {
-  taskset -c 8 "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT" >"$WORK/floor.log" 2>&1 &
-  FLOOR_PID=$!
-  wait_port "$FLOOR_PORT"
+  FLEET_PIN=8 fleet_start floor "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT"
+  FLOOR_PID=$FLEET_PID
+  fleet_wait_port floor "$FLOOR_PORT"
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; sleep 0.5; }
 
@@ -107,7 +105,7 @@ run() { # system cores port script label
   echo "$5 $1 $2 $rps" >>"$WORK/results"
 }
 
-wait_port "$SIM_PORT"
+fleet_wait_port sim-engine "$SIM_PORT"
 echo "# wrk -t4 -c$CONNECTIONS -d$DURATION; sim-engine --instant on CPUs 0-3; wrk on 4-7; proxy on 8..; $(nproc) CPUs"
 for n in "${COUNTS[@]}"; do
   rounds=1; [ "$n" = 1 ] && rounds=2
@@ -125,10 +123,17 @@ for n in "${COUNTS[@]}"; do
   done
 done
 echo "# ratios kvgate/nginx (mean req/s per workload and N)"
-awk '{k = $1 " " $3; s[k " " $2] += $4; c[k " " $2]++; keys[k] = 1}
-  END {for (k in keys) {
-    n = s[k " nginx"] / c[k " nginx"]
-    printf "%s kvgate/nginx %.2f\n", k, (s[k " kvgate"] / c[k " kvgate"]) / n
-    if (c[k " floor"]) printf "%s floor/nginx %.2f\n", k, (s[k " floor"] / c[k " floor"]) / n
-  }}' \
-  "$WORK/results" | sort -k1,1 -k2,2n
+mean_rps() { # label system cores -> mean req/s of those runs (empty when there are none)
+  local label system cores rps values=()
+  while read -r label system cores rps; do
+    [ "$label $system $cores" = "$1 $2 $3" ] && values+=("$rps")
+  done <"$WORK/results"
+  [ ${#values[@]} -eq 0 ] || fleet_stats mean "${values[@]}"
+}
+while read -r label cores; do
+  n="$(mean_rps "$label" nginx "$cores")"
+  printf '%s %s kvgate/nginx %.2f\n' "$label" "$cores" "$(fleet_stats ratio "$(mean_rps "$label" kvgate "$cores")" "$n")"
+  f="$(mean_rps "$label" floor "$cores")"
+  [ -z "$f" ] || printf '%s %s floor/nginx %.2f\n' "$label" "$cores" "$(fleet_stats ratio "$f" "$n")"
+done < <(while read -r label _ cores _; do echo "$label $cores"; done <"$WORK/results" | sort -u) |
+  sort -k1,1 -k2,2n

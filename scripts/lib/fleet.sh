@@ -14,11 +14,11 @@
 #                                       ephemeral range; the blocks do not overlap)
 #   fleet_start NAME COMMAND...         COMMAND in the background, its output in $FLEET_WORK/NAME.log
 #                                       (appended with FLEET_LOG_APPEND=1); its pid in FLEET_PID
-#   fleet_start_sim BIN_DIR PORT ARGS...
-#                                       sim-engine, engine 0 on PORT (--engines N: more); SIM_PID
-#   fleet_start_kvgate BIN_DIR PORT METRICS_PORT WORKERS ARGS...
+#   fleet_start_sim BIN PORT ARGS...    sim-engine, engine 0 on PORT (--engines N: more); SIM_PID
+#   fleet_start_kvgate BIN PORT METRICS_PORT WORKERS ARGS...
 #                                       kvgate on 127.0.0.1:PORT with one data core; WORKERS:
 #                                       space-separated URLs; its pid in KVGATE_PID
+#                                       (BIN: the folder that holds the binary, or the binary)
 #   FLEET_PIN=CPUS fleet_start...       the process pinned to CPUS (taskset -c)
 #   fleet_wait NAME URL...              waits up to 20 s (FLEET_WAIT_S) until each URL answers
 #                                       GET with 200, else fails with the tail of NAME's log
@@ -81,18 +81,22 @@ fleet_start() {
   FLEET_PIDS+=("$FLEET_PID")
 }
 
+fleet_binary() { # BIN NAME -> BIN/NAME when BIN is a folder, else BIN
+  if [ -d "$1" ]; then echo "$1/$2"; else echo "$1"; fi
+}
+
 fleet_start_sim() {
-  local bin_dir="$1" port="$2"
+  local bin="$1" port="$2"
   shift 2
-  fleet_start sim-engine "$bin_dir/sim-engine" --base-port "$port" "$@"
+  fleet_start sim-engine "$(fleet_binary "$bin" sim-engine)" --base-port "$port" "$@"
   SIM_PID=$FLEET_PID
 }
 
 fleet_start_kvgate() {
-  local bin_dir="$1" port="$2" metrics_port="$3" workers="$4"
+  local bin="$1" port="$2" metrics_port="$3" workers="$4"
   shift 4
   # shellcheck disable=SC2086 # WORKERS is a list of URLs
-  fleet_start kvgate "$bin_dir/kvgate" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
+  fleet_start kvgate "$(fleet_binary "$bin" kvgate)" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
     --prometheus-port "$metrics_port" --data-cores 1 --log-level warn \
     --worker-urls $workers "$@"
   KVGATE_PID=$FLEET_PID

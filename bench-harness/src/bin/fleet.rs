@@ -72,21 +72,39 @@ enum Command {
     },
 }
 
+/// The statistics; numbers may be negative (`fleet stats sum 5 -3`).
 #[derive(Subcommand, Debug)]
 enum Statistic {
     /// The median.
-    Median { values: Vec<f64> },
+    Median {
+        #[arg(allow_negative_numbers = true)]
+        values: Vec<f64>,
+    },
     /// The arithmetic mean.
-    Mean { values: Vec<f64> },
+    Mean {
+        #[arg(allow_negative_numbers = true)]
+        values: Vec<f64>,
+    },
     /// The smallest.
-    Min { values: Vec<f64> },
+    Min {
+        #[arg(allow_negative_numbers = true)]
+        values: Vec<f64>,
+    },
     /// The largest.
-    Max { values: Vec<f64> },
+    Max {
+        #[arg(allow_negative_numbers = true)]
+        values: Vec<f64>,
+    },
     /// The sum.
-    Sum { values: Vec<f64> },
+    Sum {
+        #[arg(allow_negative_numbers = true)]
+        values: Vec<f64>,
+    },
     /// NUMERATOR / DENOMINATOR.
+    #[command(allow_negative_numbers = true)]
     Ratio { numerator: f64, denominator: f64 },
     /// 100 * PART / WHOLE.
+    #[command(allow_negative_numbers = true)]
     Share { part: f64, whole: f64 },
 }
 

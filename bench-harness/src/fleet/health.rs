@@ -51,7 +51,7 @@ pub async fn wait_until_healthy(
         }
         if tokio::time::Instant::now() > deadline {
             return Err(format!(
-                "GET {path} on {addr} did not answer 200 within {timeout:?} ({last})"
+                "GET {path} on {addr} did not answer 200 within {timeout:.1?} ({last})"
             ));
         }
         tokio::select! {
