@@ -40,7 +40,7 @@ run() { # name pid port
   out="$(taskset -c 0 wrk -t1 -c64 -d8s --latency -s "$WORK/chat.lua" "http://127.0.0.1:$3")"
   after=$(fleet_cpu_us "$2")
   n="$(awk '/requests in/ {print $1}' <<<"$out")"; rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
-  printf '%s %s req/s %.1f us/req\n' "$1" "$rps" "$(fleet_stats ratio $((after - before)) "$n")"
+  echo "$1 $rps req/s $(fleet_stats --decimals 1 ratio $((after - before)) "$n") us/req"
 }
 echo "# $BODY bodies, $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for _ in $(seq "$ROUNDS"); do run before "$BEFORE_PID" "$BEFORE_PORT"; run after "$AFTER_PID" "$AFTER_PORT"; done

@@ -79,7 +79,7 @@ for case in completions chat; do
       fi
       rise=$(((peak - before) / 1000))
       printf '%-34s %-8s %-8s %12d %8s\n' "$build" "$case" "$framing" "$rise" \
-        "$(printf '%.2f' "$(fleet_stats ratio "$rise" "$body_mb")")"
+        "$(fleet_stats --decimals 2 ratio "$rise" "$body_mb")"
     done
   done
 done

@@ -65,23 +65,23 @@ echo "# scrapes answered: $(wc -l <"$out/scrapes")"
 column() { # condition field -> that field of the condition's runs (runs.txt)
     local condition field rest
     while read -r condition rest; do
-        [ "$condition" = "$1" ] && { read -ra field <<<"$rest"; echo "${field[$2 - 2]}"; }
+        if [ "$condition" = "$1" ]; then read -ra field <<<"$rest"; echo "${field[$2 - 2]}"; fi
     done <"$out/runs.txt"
 }
 declare -A median
 for condition in never scraped; do
     rps=($(column "$condition" 3)); cpu=($(column "$condition" 5))
     median[$condition-rps]=$(fleet_stats median "${rps[@]}"); median[$condition-cpu]=$(fleet_stats median "${cpu[@]}")
-    printf '%-8s req/s median %.0f (range %.0f-%.0f), CPU/request median %.1f us (range %.1f-%.1f)\n' "$condition" \
-        "${median[$condition-rps]}" "$(fleet_stats min "${rps[@]}")" "$(fleet_stats max "${rps[@]}")" \
-        "${median[$condition-cpu]}" "$(fleet_stats min "${cpu[@]}")" "$(fleet_stats max "${cpu[@]}")"
+    printf '%-8s req/s median %s (range %s-%s), CPU/request median %s us (range %s-%s)\n' "$condition" \
+        "$(fleet_round 0 "${median[$condition-rps]}")" "$(fleet_stats --decimals 0 min "${rps[@]}")" \
+        "$(fleet_stats --decimals 0 max "${rps[@]}")" "$(fleet_round 1 "${median[$condition-cpu]}")" \
+        "$(fleet_stats --decimals 1 min "${cpu[@]}")" "$(fleet_stats --decimals 1 max "${cpu[@]}")"
 done
 spread() { # values... -> (max - min) / median, in percent
     local range
     range=$(fleet_stats sum "$(fleet_stats max "$@")" "-$(fleet_stats min "$@")")
-    fleet_stats share "$range" "$(fleet_stats median "$@")"
+    fleet_stats --decimals 1 share "$range" "$(fleet_stats median "$@")"
 }
-printf 'scraped/never: req/s %.3f, CPU/request %.3f (run-to-run spread of never: req/s %.1f%%, CPU/request %.1f%%)\n' \
-    "$(fleet_stats ratio "${median[scraped-rps]}" "${median[never-rps]}")" \
-    "$(fleet_stats ratio "${median[scraped-cpu]}" "${median[never-cpu]}")" \
-    "$(spread $(column never 3))" "$(spread $(column never 5))"
+echo "scraped/never: req/s $(fleet_stats --decimals 3 ratio "${median[scraped-rps]}" "${median[never-rps]}")," \
+    "CPU/request $(fleet_stats --decimals 3 ratio "${median[scraped-cpu]}" "${median[never-cpu]}")" \
+    "(run-to-run spread of never: req/s $(spread $(column never 3))%, CPU/request $(spread $(column never 5))%)"

@@ -124,9 +124,9 @@ proxy_pids() { # system -> its pids (nginx: master and workers)
 busy_shares() { # times_before times_after ("busy total steal" of CPU 0, then of CPU 1) -> "cpu0_busy% cpu1_busy% steal%"
   local x y
   read -ra x <<<"$1"; read -ra y <<<"$2"
-  printf '%.0f%% %.0f%% %.0f%%' "$(fleet_stats share $((y[0] - x[0])) $((y[1] - x[1])))" \
-    "$(fleet_stats share $((y[3] - x[3])) $((y[4] - x[4])))" \
-    "$(fleet_stats share $((y[2] - x[2] + y[5] - x[5])) $((y[1] - x[1] + y[4] - x[4])))"
+  printf '%s%% %s%% %s%%' "$(fleet_stats --decimals 0 share $((y[0] - x[0])) $((y[1] - x[1])))" \
+    "$(fleet_stats --decimals 0 share $((y[3] - x[3])) $((y[4] - x[4])))" \
+    "$(fleet_stats --decimals 0 share $((y[2] - x[2] + y[5] - x[5])) $((y[1] - x[1] + y[4] - x[4])))"
 }
 
 run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1_busy steal]"
@@ -142,7 +142,7 @@ run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1
   non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
   requests="$(awk '/requests in/ {print $1}' <<<"$out")"
   local cpu_us
-  cpu_us="$(printf '%.1f' "$(fleet_stats ratio $((after - before)) "$requests")")"
+  cpu_us="$(fleet_stats --decimals 1 ratio $((after - before)) "$requests")"
   local shares=""
   [ "$PIN" = 1 ] && shares=" $(busy_shares "$times_before" "$times_after")"
   echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us$shares"
@@ -164,18 +164,18 @@ median() { # system column -> median of that column over the system's runs
   local line fields values=()
   for line in "${RESULTS[@]}"; do
     read -ra fields <<<"$line"
-    [ "${fields[0]}" = "$1" ] && values+=("${fields[$2 - 1]}")
+    if [ "${fields[0]}" = "$1" ]; then values+=("${fields[$2 - 1]}"); fi
   done
   fleet_stats median "${values[@]}"
 }
-ratio() { fleet_stats ratio "$1" "$2"; }
+ratio() { fleet_stats --decimals 2 ratio "$1" "$2"; }
 K="$(median kvgate 2)"; N="$(median nginx 2)"
-printf 'median req/s: kvgate %.0f, nginx %.0f, ratio kvgate/nginx %.2f\n' "$K" "$N" "$(ratio "$K" "$N")"
+echo "median req/s: kvgate $(fleet_round 0 "$K"), nginx $(fleet_round 0 "$N"), ratio kvgate/nginx $(ratio "$K" "$N")"
 KC="$(median kvgate 6)"; NC="$(median nginx 6)"
-printf 'median proxy CPU us/request: kvgate %.1f, nginx %.1f, ratio nginx/kvgate %.2f\n' "$KC" "$NC" "$(ratio "$NC" "$KC")"
+echo "median proxy CPU us/request: kvgate $(fleet_round 1 "$KC"), nginx $(fleet_round 1 "$NC"), ratio nginx/kvgate $(ratio "$NC" "$KC")"
 if [ "$FLOOR" = 1 ]; then
   F="$(median floor 2)"; FC="$(median floor 6)"
-  printf 'median req/s: floor %.0f, ratio floor/nginx %.2f, kvgate/floor %.2f\n' "$F" "$(ratio "$F" "$N")" "$(ratio "$K" "$F")"
-  printf 'median proxy CPU us/request: floor %.1f, ratio floor/nginx %.2f, kvgate/floor %.2f\n' "$FC" "$(ratio "$FC" "$NC")" "$(ratio "$KC" "$FC")"
+  echo "median req/s: floor $(fleet_round 0 "$F"), ratio floor/nginx $(ratio "$F" "$N"), kvgate/floor $(ratio "$K" "$F")"
+  echo "median proxy CPU us/request: floor $(fleet_round 1 "$FC"), ratio floor/nginx $(ratio "$FC" "$NC"), kvgate/floor $(ratio "$KC" "$FC")"
 fi
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

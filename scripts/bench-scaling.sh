@@ -126,14 +126,14 @@ echo "# ratios kvgate/nginx (mean req/s per workload and N)"
 mean_rps() { # label system cores -> mean req/s of those runs (empty when there are none)
   local label system cores rps values=()
   while read -r label system cores rps; do
-    [ "$label $system $cores" = "$1 $2 $3" ] && values+=("$rps")
+    if [ "$label $system $cores" = "$1 $2 $3" ]; then values+=("$rps"); fi
   done <"$WORK/results"
   [ ${#values[@]} -eq 0 ] || fleet_stats mean "${values[@]}"
 }
 while read -r label cores; do
   n="$(mean_rps "$label" nginx "$cores")"
-  printf '%s %s kvgate/nginx %.2f\n' "$label" "$cores" "$(fleet_stats ratio "$(mean_rps "$label" kvgate "$cores")" "$n")"
+  echo "$label $cores kvgate/nginx $(fleet_stats --decimals 2 ratio "$(mean_rps "$label" kvgate "$cores")" "$n")"
   f="$(mean_rps "$label" floor "$cores")"
-  [ -z "$f" ] || printf '%s %s floor/nginx %.2f\n' "$label" "$cores" "$(fleet_stats ratio "$f" "$n")"
+  if [ -n "$f" ]; then echo "$label $cores floor/nginx $(fleet_stats --decimals 2 ratio "$f" "$n")"; fi
 done < <(while read -r label _ cores _; do echo "$label $cores"; done <"$WORK/results" | sort -u) |
   sort -k1,1 -k2,2n

@@ -28,7 +28,8 @@
 #                                       CPU microseconds (user + system) the processes (their
 #                                       threads of those names) have used so far
 #   fleet_host_cpu CPU...               "busy total steal" clock ticks of each CPU
-#   fleet_stats median|mean|min|max|sum X... / ratio A B / share PART WHOLE
+#   fleet_stats [--decimals N] median|mean|min|max|sum X... / ratio A B / share PART WHOLE
+#   fleet_round N X                     X with N decimals (as printf's %.Nf rounds a double)
 
 fleet_build() {
   if [ "$1" = release ]; then
@@ -67,6 +68,7 @@ fleet_ports() { "$FLEET_TOOL" ports "$@"; }
 fleet_cpu_us() { "$FLEET_TOOL" cpu "$@"; }
 fleet_host_cpu() { "$FLEET_TOOL" host-cpu "$@"; }
 fleet_stats() { "$FLEET_TOOL" stats "$@"; }
+fleet_round() { "$FLEET_TOOL" stats --decimals "$1" sum "$2"; }
 
 fleet_start() {
   local name="$1" pin=()

@@ -8,7 +8,7 @@
 //!                                         until each URL answers GET with 200
 //!   fleet cpu [--thread NAME]... PID...   CPU microseconds (user + system) used so far
 //!   fleet host-cpu CPU...                 "busy total steal" clock ticks of each CPU
-//!   fleet stats median|mean|min|max|sum X... / ratio A B / share PART WHOLE
+//!   fleet stats [--decimals N] median|mean|min|max|sum X... / ratio A B / share PART WHOLE
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -67,6 +67,9 @@ enum Command {
     },
     /// Prints one statistic of the numbers given ("nan" when it has none).
     Stats {
+        /// Rounded to this many decimals (as C's printf rounds the double); else in full.
+        #[arg(long)]
+        decimals: Option<usize>,
         #[command(subcommand)]
         statistic: Statistic,
     },
@@ -147,7 +150,10 @@ fn run(command: Command) -> Result<(), Failure> {
             }
             times.join(" ")
         }
-        Command::Stats { statistic } => {
+        Command::Stats {
+            decimals,
+            statistic,
+        } => {
             let value = match statistic {
                 Statistic::Median { values } => stats::median(&values),
                 Statistic::Mean { values } => stats::mean(&values),
@@ -160,7 +166,11 @@ fn run(command: Command) -> Result<(), Failure> {
                 } => stats::ratio(numerator, denominator),
                 Statistic::Share { part, whole } => stats::share(part, whole),
             };
-            value.map_or("nan".to_string(), |v| v.to_string())
+            match (value, decimals) {
+                (None, _) => "nan".to_string(),
+                (Some(v), Some(decimals)) => format!("{v:.decimals$}"),
+                (Some(v), None) => v.to_string(),
+            }
         }
     };
     println!("{answer}");

@@ -165,6 +165,8 @@ async fn hold(target: SocketAddr, slow: bool, interval: Duration, hostile: &Host
         };
         open.fetch_add(1, Ordering::Relaxed);
         if slow {
+            // Raw bytes on purpose: the attack is a request head that never ends, one header
+            // line at a time, which no HTTP client library writes.
             let mut line = 0u64;
             let mut ok = stream
                 .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\n")

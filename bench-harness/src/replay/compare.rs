@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::process::Command;
 use tokio::sync::watch;
 
-use crate::fleet::{free_ports, Children};
+use crate::fleet::{free_port_blocks, free_ports, Children};
 
 use super::limits::{COMPARE_POLICIES_MAX, FLEET_ENGINES_MAX};
 use super::report::{AddedLatency, ReplayReport};
@@ -217,15 +217,19 @@ async fn start_engines(
     fleet: &mut Children,
     stop: watch::Receiver<bool>,
 ) -> Result<Vec<String>, String> {
-    let base_port = free_ports(options.engines)?;
+    // With KV events, PUB sockets on kv_base + i and replay sockets on kv_base + engines + i.
+    let blocks = match policy {
+        CACHE_AWARE_KV => vec![options.engines, 2 * options.engines],
+        _ => vec![options.engines],
+    };
+    let ports = free_port_blocks(&blocks)?;
+    let base_port = ports[0];
     let mut sim = Command::new(&options.sim_engine);
     let (engines, base) = (options.engines.to_string(), base_port.to_string());
     sim.args(["--engines", &engines, "--base-port", &base]);
     sim.args(&options.sim_args);
-    if policy == CACHE_AWARE_KV {
-        // PUB sockets on kv_base + i, replay sockets on kv_base + engines + i.
-        let kv_base = free_ports(2 * options.engines)?.to_string();
-        sim.args(["--kv-events-base-port", &kv_base]);
+    if let Some(kv_base) = ports.get(1) {
+        sim.args(["--kv-events-base-port", &kv_base.to_string()]);
     }
     let log = options
         .log_dir
