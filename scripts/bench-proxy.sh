@@ -54,32 +54,8 @@ FLEET_PIN="$LOADGEN_CPU" fleet_start_sim target/release "$SIM_PORT" --engines 1 
 FLEET_PIN="$PROXY_CPU" fleet_start_kvgate "$KVGATE_BIN" "$KVGATE_PORT" "$METRICS_PORT" \
   "http://127.0.0.1:$SIM_PORT"
 
-mkdir -p "$WORK/nginx/logs"
-cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-  keepalive_requests 1000000;
-  client_body_buffer_size 128k;
-  upstream sim { server 127.0.0.1:$SIM_PORT; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NGINX_PORT reuseport;
-    location / {
-      proxy_pass http://sim;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-EOF
-FLEET_PIN="$PROXY_CPU" fleet_start nginx nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;"
-NGINX_PID=$FLEET_PID; FLOOR_PID=""
+FLEET_PIN="$PROXY_CPU" fleet_start_nginx nginx "$NGINX_PORT" "$SIM_PORT" 1 4096
+FLOOR_PID=""
 if [ "$FLOOR" = 1 ]; then
   FLEET_PIN="$PROXY_CPU" fleet_start floor target/release/examples/floor_proxy \
     "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT"

@@ -34,35 +34,13 @@ METRICS_PORT=$((KVGATE_PORT + 1))
 FLEET_PIN=0-3 fleet_start_sim "$SIM" "$SIM_PORT" --engines 1 --instant --threads 4
 
 start_kvgate() { # cores
-  FLEET_PIN="8-$((8 + $1 - 1))" fleet_start kvgate "$KVGATE" --host 127.0.0.1 --port "$KVGATE_PORT" \
-    --prometheus-host 127.0.0.1 --prometheus-port "$METRICS_PORT" --data-cores "$1" --log-level warn \
-    --worker-urls "http://127.0.0.1:$SIM_PORT"
-  KVGATE_PID=$FLEET_PID
+  FLEET_PIN="8-$((8 + $1 - 1))" FLEET_DATA_CORES="$1" fleet_start_kvgate "$KVGATE" "$KVGATE_PORT" \
+    "$METRICS_PORT" "http://127.0.0.1:$SIM_PORT"
   fleet_wait_port kvgate "$KVGATE_PORT"; sleep 1
 }
 start_nginx() { # workers
-  mkdir -p "$WORK/nginx/logs"
-  cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes $1;
-worker_cpu_affinity auto;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/logs/error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-  keepalive_requests 1000000;
-  client_body_buffer_size 128k;
-  upstream sim { server 127.0.0.1:$SIM_PORT; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NGINX_PORT reuseport;
-    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
-  }
-}
-EOF
-  FLEET_PIN="8-$((8 + $1 - 1))" fleet_start nginx "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;"
-  NGINX_PID=$FLEET_PID
+  FLEET_PIN="8-$((8 + $1 - 1))" fleet_start_nginx "$NGINX" "$NGINX_PORT" "$SIM_PORT" "$1" 8192 \
+    "worker_cpu_affinity auto;"
   fleet_wait_port nginx "$NGINX_PORT"
 }
 start_floor() {

@@ -16,9 +16,14 @@
 #                                       (appended with FLEET_LOG_APPEND=1); its pid in FLEET_PID
 #   fleet_start_sim BIN PORT ARGS...    sim-engine, engine 0 on PORT (--engines N: more); SIM_PID
 #   fleet_start_kvgate BIN PORT METRICS_PORT WORKERS ARGS...
-#                                       kvgate on 127.0.0.1:PORT with one data core; WORKERS:
+#                                       kvgate on 127.0.0.1:PORT with one data core (or
+#                                       FLEET_DATA_CORES), log level warn; WORKERS:
 #                                       space-separated URLs; its pid in KVGATE_PID
 #                                       (BIN: the folder that holds the binary, or the binary)
+#   fleet_start_nginx NGINX PORT UPSTREAM_PORT WORKERS CONNECTIONS [MAIN_DIRECTIVES]
+#                                       nginx on 127.0.0.1:PORT in front of UPSTREAM_PORT with
+#                                       upstream keepalive (the proxy the benchmarks compare kvgate
+#                                       with), WORKERS workers of CONNECTIONS each; NGINX_PID
 #   FLEET_PIN=CPUS fleet_start...       the process pinned to CPUS (taskset -c)
 #   fleet_wait NAME URL...              waits up to 20 s (FLEET_WAIT_S) until each URL answers
 #                                       GET with 200, else fails with the tail of NAME's log
@@ -99,9 +104,41 @@ fleet_start_kvgate() {
   shift 4
   # shellcheck disable=SC2086 # WORKERS is a list of URLs
   fleet_start kvgate "$(fleet_binary "$bin" kvgate)" --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
-    --prometheus-port "$metrics_port" --data-cores 1 --log-level warn \
+    --prometheus-port "$metrics_port" --data-cores "${FLEET_DATA_CORES:-1}" --log-level warn \
     --worker-urls $workers "$@"
   KVGATE_PID=$FLEET_PID
+}
+
+fleet_start_nginx() {
+  local nginx="$1" port="$2" upstream="$3" workers="$4" connections="$5" main="${6:-}"
+  local dir="$FLEET_WORK/nginx"
+  mkdir -p "$dir/logs"
+  cat >"$dir/nginx.conf" <<EOF
+worker_processes $workers;
+$main
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections $connections; }
+http {
+  access_log off;
+  client_body_temp_path $dir/body; proxy_temp_path $dir/proxy;
+  fastcgi_temp_path $dir/fastcgi; uwsgi_temp_path $dir/uwsgi; scgi_temp_path $dir/scgi;
+  keepalive_requests 1000000;
+  client_body_buffer_size 128k;
+  upstream sim { server 127.0.0.1:$upstream; keepalive 256; }
+  server {
+    listen 127.0.0.1:$port reuseport;
+    location / {
+      proxy_pass http://sim;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF
+  fleet_start nginx "$nginx" -p "$dir" -c "$dir/nginx.conf" -g "daemon off;"
+  NGINX_PID=$FLEET_PID
 }
 
 fleet_wait() {
