@@ -1,11 +1,11 @@
 //! What every bench-harness binary does the same way: start its tokio runtime ([`runtime`]) and
 //! end with one exit-code convention ([`exit_with`], [`Failure`]):
 //!
-//! | code | meaning |
-//! |---|---|
-//! | 0 | the run finished (and the check it makes held) |
-//! | [`EXIT_FAILED`] (1) | the run or its check failed: a violation, a request error, a process that did not come up |
-//! | [`EXIT_USAGE`] (2) | the command line or the setup is wrong (a flag, a missing file or binary, no runtime): nothing was measured; clap exits with 2 for a bad flag too |
+//! - 0: the run finished (and the check it makes held);
+//! - [`EXIT_FAILED`] (1): the run or its check failed: a violation, a request error, a process
+//!   that did not come up;
+//! - [`EXIT_USAGE`] (2): the command line or the setup is wrong (a flag, a missing file or
+//!   binary, no runtime): nothing was measured. clap exits with 2 for a bad flag too.
 
 /// The run, or the check it makes, failed.
 pub const EXIT_FAILED: i32 = 1;

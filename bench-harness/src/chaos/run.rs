@@ -18,14 +18,15 @@ use tokio::time::Instant;
 use super::http::{send, Exchange, Verdict};
 use super::metrics::{tree_and_worker_gauges_agree, Scrape};
 use super::plan::{generate, Action, FaultEvent, Plan, PlanConfig, PlannedRequest, RequestKind};
-use crate::fleet::{self, free_port_blocks, free_ports, procstat, spawn_logged, LogMode};
+use crate::fleet::{
+    self, free_port_blocks, free_ports, procstat, spawn_logged, LogMode, STARTUP_TIMEOUT,
+};
 
 /// The admin key the driver starts kvgate with (sent as a bearer token on admin calls).
 pub const ADMIN_KEY: &str = "chaos-admin-key";
 const MODEL: &str = "sim-model";
 /// Allowed growth of the gateway's RSS from the end of the warm-up to the end of the drain.
 pub const RSS_GROWTH_MAX: f64 = 1.2;
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a probe of the gateway's or an engine's state may take.
 const GET_TIMEOUT: Duration = Duration::from_secs(10);

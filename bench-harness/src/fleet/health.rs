@@ -10,6 +10,10 @@ use tokio::sync::watch;
 
 use super::http;
 
+/// How long a started engine or gateway may take to answer its health check: seconds for a
+/// debug build on a loaded two-core machine, so 30 s means it is not coming up.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How often a wait tries again: short next to a process's start-up, long next to a probe.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
 

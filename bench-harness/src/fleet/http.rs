@@ -85,10 +85,9 @@ mod tests {
                 let n = socket.read(&mut buf).await.unwrap();
                 head.extend_from_slice(&buf[..n]);
             }
-            socket
-                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
-                .await
-                .unwrap();
+            let answer: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+                3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+            socket.write_all(answer).await.unwrap();
             String::from_utf8(head).unwrap()
         });
         let answer = get(addr, "/workers", Some("k3y"), Duration::from_secs(5)).await;

@@ -8,12 +8,11 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use tokio::process::Command;
 use tokio::sync::watch;
 
-use crate::fleet::{free_port_blocks, free_ports, Children};
+use crate::fleet::{free_port_blocks, free_ports, Children, STARTUP_TIMEOUT};
 
 use super::limits::{COMPARE_POLICIES_MAX, FLEET_ENGINES_MAX};
 use super::report::{AddedLatency, ReplayReport};
@@ -59,9 +58,6 @@ fn policy_flags(policy: &str) -> Vec<&str> {
         _ => vec!["--policy", policy],
     }
 }
-
-/// How long a fleet or gateway may take to start answering.
-pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Tries to start a fleet and its gateway before giving up.
 const STARTUP_ATTEMPTS: u32 = 3;
