@@ -7,8 +7,9 @@
 //! [`records`], generated prompts kept as seeded [`content`] segments, real ones as
 //! [`conversation`] text) → [`pacing`] (when each request is due) → [`form`] (the request body)
 //! → [`client`] (pooled keep-alive HTTP, [`sse`] streaming) → [`report`] (histograms and the one
-//! serializable result) → printers (text table, JSON, [`plot`]). [`run`] wires one replay; [`compare`] runs one per policy against fresh
-//! `sim-engine` fleets and `kvgate`s. Bounds live in [`limits`]; the command line in [`cli`].
+//! serializable result) → printers (text table, JSON, [`plot`]). [`run`] wires one replay;
+//! [`compare`] runs one per policy against fresh `sim-engine` fleets and `kvgate`s. Bounds live
+//! in [`limits`]; the command line in [`cli`].
 //! Errors are `String`s naming the flag or file to fix; [`run_cli`] tells a wrong command line
 //! from a failed run ([`crate::cli::Failure`]) and the binary prints them as `Error: ...`.
 
