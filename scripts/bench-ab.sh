@@ -11,6 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/fleet.sh
 source scripts/lib/fleet.sh
+# shellcheck source=lib/wrk.sh
+source scripts/lib/wrk.sh
 BEFORE_BIN="$1"; AFTER_BIN="$2"; ROUNDS="${3:-5}"; BODY="${BENCH_BODY:-small}"
 command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 cargo build --release -q -p bench-harness --bin sim-engine --bin fleet
@@ -26,21 +28,18 @@ start() { # name bin port (metrics on port + 1)
 start before "$BEFORE_BIN" "$BEFORE_PORT"; BEFORE_PID=$FLEET_PID
 start after "$AFTER_BIN" "$AFTER_PORT"; AFTER_PID=$FLEET_PID
 SYSTEM_WORDS=0; [ "$BODY" = 36k ] && SYSTEM_WORDS=3600
-# The request bodies are bench-proxy.sh's (its wrk script, taken from between its heredoc marks).
-{ echo "local system_words = $SYSTEM_WORDS"
-  sed -n '/^cat >>"\$WORK\/chat.lua" <<.EOF.$/,/^EOF$/p' scripts/bench-proxy.sh | sed '1d;$d'
-} >"$WORK/chat.lua"
+# The request bodies are bench-proxy.sh's.
+wrk_chat_script "$WORK/chat.lua" "$SYSTEM_WORDS" keeper
 fleet_wait_port sim-engine "$SIM_PORT"
 fleet_wait_port before "$BEFORE_PORT"
 fleet_wait_port after "$AFTER_PORT"
 sleep 1  # let each kvgate's control core fetch /v1/models once
 run() { # name pid port
-  local before after out n rps
+  local before after
   before=$(fleet_cpu_us "$2")
-  out="$(taskset -c 0 wrk -t1 -c64 -d8s --latency -s "$WORK/chat.lua" "http://127.0.0.1:$3")"
+  wrk_read "$(taskset -c 0 wrk -t1 -c64 -d8s --latency -s "$WORK/chat.lua" "http://127.0.0.1:$3")"
   after=$(fleet_cpu_us "$2")
-  n="$(awk '/requests in/ {print $1}' <<<"$out")"; rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
-  echo "$1 $rps req/s $(fleet_stats --decimals 1 ratio $((after - before)) "$n") us/req"
+  echo "$1 $WRK_RPS req/s $(fleet_stats --decimals 1 ratio $((after - before)) "$WRK_REQUESTS") us/req"
 }
 echo "# $BODY bodies, $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for _ in $(seq "$ROUNDS"); do run before "$BEFORE_PID" "$BEFORE_PORT"; run after "$AFTER_PID" "$AFTER_PORT"; done

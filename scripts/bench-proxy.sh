@@ -26,6 +26,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/fleet.sh
 source scripts/lib/fleet.sh
+# shellcheck source=lib/wrk.sh
+source scripts/lib/wrk.sh
 ROUNDS="${1:-3}"
 DURATION="${BENCH_DURATION:-8s}"
 CONNECTIONS="${BENCH_CONNECTIONS:-64}"
@@ -65,23 +67,7 @@ fi
 # Several distinct chat bodies, cycled per request: small (~250 B), or with BENCH_BODY=36k a
 # shared system prompt of about 36 KB (~9k words) before each distinct question.
 SYSTEM_WORDS=0; [ "${BENCH_BODY:-small}" = 36k ] && SYSTEM_WORDS=3600
-echo "local system_words = $SYSTEM_WORDS" >"$WORK/chat.lua"
-cat >>"$WORK/chat.lua" <<'EOF'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local words = {}
-for i = 1, system_words do words[i] = "keeper" .. (i % 997) end
-local system = "You are a helpful assistant. " .. table.concat(words, " ")
-local bodies = {}
-for i = 1, 16 do
-  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"%s"},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', system, i)
-end
-local n = 0
-request = function()
-  n = n % #bodies + 1
-  return wrk.format(nil, "/v1/chat/completions", nil, bodies[n])
-end
-EOF
+wrk_chat_script "$WORK/chat.lua" "$SYSTEM_WORDS" keeper
 
 fleet_wait_port sim-engine "$SIM_PORT"
 fleet_wait_port kvgate "$KVGATE_PORT"
@@ -111,17 +97,12 @@ run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1
   before="$(fleet_cpu_us $pids)"; times_before="$(fleet_host_cpu 0 1)"
   out="$("${LOADGEN[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/chat.lua" "http://127.0.0.1:$2")"
   after="$(fleet_cpu_us $pids)"; times_after="$(fleet_host_cpu 0 1)"
-  local rps p50 p99 non2xx requests
-  rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
-  p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
-  p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
-  non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
-  requests="$(awk '/requests in/ {print $1}' <<<"$out")"
+  wrk_read "$out"
   local cpu_us
-  cpu_us="$(fleet_stats --decimals 1 ratio $((after - before)) "$requests")"
+  cpu_us="$(fleet_stats --decimals 1 ratio $((after - before)) "$WRK_REQUESTS")"
   local shares=""
   [ "$PIN" = 1 ] && shares=" $(busy_shares "$times_before" "$times_after")"
-  echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us$shares"
+  echo "$1 $WRK_RPS $WRK_P50 $WRK_P99 $WRK_NON2XX $cpu_us$shares"
 }
 
 echo "# wrk -t1 -c$CONNECTIONS -d$DURATION --latency, ${BENCH_BODY:-small} chat bodies, sim-engine --instant, pin=$PIN"

@@ -16,6 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/fleet.sh
 source scripts/lib/fleet.sh
+# shellcheck source=lib/wrk.sh
+source scripts/lib/wrk.sh
 KVGATE="${KVGATE:-target/release/kvgate}"
 SIM="${SIM:-target/release/sim-engine}"
 FLEET_TOOL="${FLEET:-target/release/fleet}"
@@ -50,37 +52,13 @@ start_floor() {
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; sleep 0.5; }
 
-lua() { # words_of_system_prompt -> script path
-  local f="$WORK/chat-$1.lua"
-  cat >"$f" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local words = {}
-for i = 1, $1 do words[i] = "w" .. (i % 997) end
-local system = "You are a helpful assistant. " .. table.concat(words, " ")
-local bodies = {}
-for i = 1, 16 do
-  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"%s"},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', system, i)
-end
-local n = 0
-request = function()
-  n = n % #bodies + 1
-  return wrk.format(nil, "/v1/chat/completions", nil, bodies[n])
-end
-EOF
-  echo "$f"
-}
-SMALL="$(lua 0)"; LARGE="$(lua 6000)"
+wrk_chat_script "$WORK/chat-0.lua" 0 w; wrk_chat_script "$WORK/chat-6000.lua" 6000 w
+SMALL="$WORK/chat-0.lua"; LARGE="$WORK/chat-6000.lua"
 
 run() { # system cores port script label
-  local out rps p50 p99 non2xx
-  out="$(taskset -c 4-7 "$WRK" -t4 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$4" "http://127.0.0.1:$3")"
-  rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
-  p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
-  p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
-  non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
-  echo "$5 $1 cores=$2 req/s=$rps p50=$p50 p99=$p99 non2xx=${non2xx:-0}"
-  echo "$5 $1 $2 $rps" >>"$WORK/results"
+  wrk_read "$(taskset -c 4-7 "$WRK" -t4 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$4" "http://127.0.0.1:$3")"
+  echo "$5 $1 cores=$2 req/s=$WRK_RPS p50=$WRK_P50 p99=$WRK_P99 non2xx=$WRK_NON2XX"
+  echo "$5 $1 $2 $WRK_RPS" >>"$WORK/results"
 }
 
 fleet_wait_port sim-engine "$SIM_PORT"
