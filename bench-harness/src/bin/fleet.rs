@@ -181,12 +181,11 @@ fn run(command: Command) -> Result<(), Failure> {
 fn wait(urls: &[String], timeout: Duration) -> Result<(), String> {
     let runtime = cli::runtime(Threads::Current);
     let deadline = tokio::time::Instant::now() + timeout;
-    let (_never, no_stop) = tokio::sync::watch::channel(false);
     runtime.block_on(async {
         for url in urls {
             let (addr, path) = split_url(url)?;
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            fleet::wait_until_healthy(addr, path, left, no_stop.clone(), || Ok(())).await?;
+            fleet::wait_until_healthy(addr, path, left, fleet::never_stopped(), || Ok(())).await?;
         }
         Ok(())
     })

@@ -165,8 +165,8 @@ impl Fleet {
 
 /// Waits until `addr` answers `GET /health` with 200 (a fresh engine or gateway has no faults).
 async fn wait_healthy(addr: SocketAddr, what: &str) -> Result<(), String> {
-    let (_never, no_stop) = tokio::sync::watch::channel(false);
-    fleet::wait_until_healthy(addr, "/health", STARTUP_TIMEOUT, no_stop, || Ok(()))
+    let never = fleet::never_stopped();
+    fleet::wait_until_healthy(addr, "/health", STARTUP_TIMEOUT, never, || Ok(()))
         .await
         .map_err(|e| format!("{what}: {e}"))
 }

@@ -60,11 +60,21 @@ pub async fn wait_until_healthy(
         }
         tokio::select! {
             _ = tokio::time::sleep(POLL_INTERVAL) => {}
-            stopped = stop.wait_for(|s| *s) => if stopped.is_ok() {
-                return Err("stopped".into());
-            },
+            _ = stop_requested(&mut stop) => return Err("stopped".into()),
         }
     }
+}
+
+/// Resolves once `stop` turns true; never when its sender is gone (no stop can come then).
+pub async fn stop_requested(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A stop signal that never fires, for a wait nobody can interrupt.
+pub fn never_stopped() -> watch::Receiver<bool> {
+    watch::channel(false).1
 }
 
 #[cfg(test)]
@@ -104,6 +114,16 @@ mod tests {
             .await
             .unwrap_err();
         assert!(error.contains("status 503"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_wait_nobody_can_stop_still_times_out() {
+        let addr = SocketAddr::from(([127, 0, 0, 1], crate::fleet::free_ports(1).unwrap()));
+        let timeout = Duration::from_millis(300);
+        let error = wait_until_healthy(addr, "/health", timeout, never_stopped(), || Ok(()))
+            .await
+            .unwrap_err();
+        assert!(error.contains("did not answer 200"), "{error}");
     }
 
     #[tokio::test]

@@ -19,6 +19,8 @@ pub mod ports;
 pub mod process;
 pub mod procstat;
 
-pub use health::{wait_for_port, wait_until_healthy, STARTUP_TIMEOUT};
+pub use health::{
+    never_stopped, stop_requested, wait_for_port, wait_until_healthy, STARTUP_TIMEOUT,
+};
 pub use ports::{free_port_blocks, free_ports};
 pub use process::{log_tail, sibling_binary, spawn_logged, Children, LogMode};

@@ -22,6 +22,7 @@ use super::token_ids::TokenDecoder;
 use super::trace::{TraceFormat, TraceWorkload};
 use super::workload::{Limited, Workload};
 use crate::fleet::procstat::{self_usage, WatchedProcess};
+use crate::fleet::stop_requested;
 
 /// Where requests come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -229,13 +230,6 @@ impl RequestSender {
             let _ = completions.send(completion).await;
             drop(slot);
         });
-    }
-}
-
-/// Resolves when a stop is requested; never, if no one can request it any more.
-pub async fn stop_requested(stop: &mut watch::Receiver<bool>) {
-    if stop.wait_for(|s| *s).await.is_err() {
-        std::future::pending::<()>().await;
     }
 }
 
