@@ -31,7 +31,6 @@ if [ -n "${KVGATE_BIN:-}" ]; then
   BUILDS=("$(dirname "$KVGATE_BIN")" "$BIN")
 fi
 
-kb_of() { awk -v key="$2:" '$1 == key {print $2}' "/proc/$1/status"; }
 
 fleet_init "$BIN"
 python3 - "$FLEET_WORK" "$MB" <<'EOF'
@@ -65,12 +64,12 @@ for case in completions chat; do
       fleet_start_kvgate "$build" "$GW_PORT" "$PROM_PORT" "http://127.0.0.1:$SIM_PORT"
       fleet_wait_port kvgate "$GW_PORT"
       sleep 1
-      before=$(kb_of "$KVGATE_PID" VmRSS)
+      before=$(fleet_rss_kb "$KVGATE_PID")
       extra=()
       [ "$framing" = chunked ] && extra=(-H 'Transfer-Encoding: chunked')
       status=$(curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' \
         "${extra[@]}" --data-binary "@$body" "http://127.0.0.1:$GW_PORT$path")
-      peak=$(kb_of "$KVGATE_PID" VmHWM)
+      peak=$(fleet_rss_kb --peak "$KVGATE_PID")
       kill "$KVGATE_PID"
       wait "$KVGATE_PID" 2>/dev/null || true
       if [ "$status" != 200 ]; then

@@ -51,5 +51,5 @@ sleep 2
 mkdir -p target/bench-hostile
 "$BIN/slowloris" --target "127.0.0.1:$GW_PORT" --idle "$IDLE" --slow "$SLOW" \
   --measure-s "$MEASURE_S" --out target/bench-hostile/result.json
-echo "kvgate RSS after the run: $(awk '/VmRSS/ {print $2, $3}' "/proc/$KVGATE_PID/status")" >&2
+echo "kvgate RSS after the run: $(fleet_rss_kb "$KVGATE_PID") kB" >&2
 echo "panics in the kvgate log: $(grep -c panicked "$FLEET_WORK/kvgate.log" || true)" >&2

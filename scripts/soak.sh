@@ -101,7 +101,7 @@ RESTART_AT=0
 DEADLINE=$((START + SOAK_SECS + 120))
 while kill -0 "$REPLAY_PID" 2>/dev/null && [ "$(date +%s)" -lt "$DEADLINE" ]; do
   NOW=$(date +%s)
-  RSS=$(awk '/VmRSS/ {print $2}' "/proc/$GW_PID/status" 2>/dev/null || echo 0)
+  RSS=$(fleet_rss_kb "$GW_PID" 2>/dev/null || echo 0)
   echo "$((NOW - START)),$RSS" >>"$OUT_DIR/rss.csv"
   if [ "$NOW" -ge "$NEXT_KILL" ] && [ "$DOWN_PID_IDX" -lt 0 ]; then
     kill -9 "${ENGINE_PIDS[$VICTIM]}" 2>/dev/null || true

@@ -33,6 +33,7 @@
 #                                       CPU microseconds (user + system) the processes (their
 #                                       threads of those names) have used so far
 #   fleet_host_cpu CPU...               "busy total steal" clock ticks of each CPU
+#   fleet_rss_kb [--peak] PID           resident memory (VmRSS; its peak, VmHWM) in KiB
 #   fleet_stats [--decimals N] median|mean|min|max|sum X... / ratio A B / share PART WHOLE
 #   fleet_round N X                     X with N decimals (as printf's %.Nf rounds a double)
 
@@ -72,6 +73,7 @@ fleet_stop() {
 fleet_ports() { "$FLEET_TOOL" ports "$@"; }
 fleet_cpu_us() { "$FLEET_TOOL" cpu "$@"; }
 fleet_host_cpu() { "$FLEET_TOOL" host-cpu "$@"; }
+fleet_rss_kb() { "$FLEET_TOOL" rss "$@"; }
 fleet_stats() { "$FLEET_TOOL" stats "$@"; }
 fleet_round() { "$FLEET_TOOL" stats --decimals "$1" sum "$2"; }
 

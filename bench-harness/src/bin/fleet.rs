@@ -8,6 +8,7 @@
 //!                                         until each URL answers GET with 200
 //!   fleet cpu [--thread NAME]... PID...   CPU microseconds (user + system) used so far
 //!   fleet host-cpu CPU...                 "busy total steal" clock ticks of each CPU
+//!   fleet rss [--peak] PID                resident memory (or its peak) in KiB
 //!   fleet stats [--decimals N] median|mean|min|max|sum X... / ratio A B / share PART WHOLE
 
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -64,6 +65,13 @@ enum Command {
     HostCpu {
         #[arg(required = true)]
         cpus: Vec<usize>,
+    },
+    /// Prints the process's resident memory (VmRSS) in KiB; with `--peak`, the most it has had
+    /// (VmHWM).
+    Rss {
+        #[arg(long)]
+        peak: bool,
+        pid: u32,
     },
     /// Prints one statistic of the numbers given ("nan" when it has none).
     Stats {
@@ -149,6 +157,14 @@ fn run(command: Command) -> Result<(), Failure> {
                 times.push(format!("{} {} {}", t.busy, t.total, t.steal));
             }
             times.join(" ")
+        }
+        Command::Rss { peak, pid } => {
+            let kb = match peak {
+                true => procstat::peak_rss_kb(pid),
+                false => procstat::rss_kb(pid),
+            };
+            kb.ok_or_else(|| Failure::run(format!("no process {pid} in /proc")))?
+                .to_string()
         }
         Command::Stats {
             decimals,

@@ -1,6 +1,6 @@
 //! Process measurements from `/proc` (Linux): CPU time of a process ([`cpu_s`]) or of its
 //! threads of one name ([`thread_cpu_s`]), how busy each of the host's CPUs was
-//! ([`host_cpu`]), resident memory ([`rss_kb`]), and for `replay` its own CPU time and peak
+//! ([`host_cpu`]), resident memory now and at its peak ([`rss_kb`], [`peak_rss_kb`]), and for `replay` its own CPU time and peak
 //! memory ([`self_usage`]) and a watched process's memory at 10%, 50% and 100% of a run
 //! ([`WatchedProcess`]), so no benchmark needs an external sampler. Elsewhere every reading is
 //! `None`.
@@ -82,6 +82,11 @@ impl WatchedProcess {
 /// Resident memory of `pid` (VmRSS), in KiB.
 pub fn rss_kb(pid: u32) -> Option<u64> {
     status_field(&format!("/proc/{pid}/status"), "VmRSS:")
+}
+
+/// The most resident memory `pid` has had (VmHWM), in KiB.
+pub fn peak_rss_kb(pid: u32) -> Option<u64> {
+    status_field(&format!("/proc/{pid}/status"), "VmHWM:")
 }
 
 /// The replay process's CPU time and peak memory so far.
@@ -190,6 +195,8 @@ mod tests {
         assert!(usage.max_rss_kb.is_some_and(|kb| kb > 100));
         assert!(usage.cpu_s.is_some_and(|s| s >= 0.0));
         assert!(rss_kb(std::process::id()).is_some_and(|kb| kb > 100));
+        let (rss, peak) = (rss_kb(std::process::id()), peak_rss_kb(std::process::id()));
+        assert!(rss.is_some() && peak >= rss, "{rss:?} {peak:?}");
         assert!(cpu_s(std::process::id()).is_some_and(|s| s >= 0.0));
     }
 
