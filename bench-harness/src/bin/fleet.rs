@@ -149,15 +149,7 @@ fn run(command: Command) -> Result<(), Failure> {
             return Ok(());
         }
         Command::Cpu { threads, pids } => cpu_us(&threads, &pids)?.to_string(),
-        Command::HostCpu { cpus } => {
-            let mut times = Vec::with_capacity(cpus.len());
-            for cpu in cpus {
-                let t = procstat::host_cpu(cpu)
-                    .ok_or_else(|| Failure::run(format!("no cpu{cpu} in /proc/stat")))?;
-                times.push(format!("{} {} {}", t.busy, t.total, t.steal));
-            }
-            times.join(" ")
-        }
+        Command::HostCpu { cpus } => host_cpu_times(&cpus)?,
         Command::Rss { peak, pid } => {
             let kb = match peak {
                 true => procstat::peak_rss_kb(pid),
@@ -169,28 +161,42 @@ fn run(command: Command) -> Result<(), Failure> {
         Command::Stats {
             decimals,
             statistic,
-        } => {
-            let value = match statistic {
-                Statistic::Median { values } => stats::median(&values),
-                Statistic::Mean { values } => stats::mean(&values),
-                Statistic::Min { values } => stats::min(&values),
-                Statistic::Max { values } => stats::max(&values),
-                Statistic::Sum { values } => Some(stats::sum(&values)),
-                Statistic::Ratio {
-                    numerator,
-                    denominator,
-                } => stats::ratio(numerator, denominator),
-                Statistic::Share { part, whole } => stats::share(part, whole),
-            };
-            match (value, decimals) {
-                (None, _) => "nan".to_string(),
-                (Some(v), Some(decimals)) => format!("{v:.decimals$}"),
-                (Some(v), None) => v.to_string(),
-            }
-        }
+        } => statistic_text(statistic, decimals),
     };
     println!("{answer}");
     Ok(())
+}
+
+/// "busy total steal" of each CPU, one after the other.
+fn host_cpu_times(cpus: &[usize]) -> Result<String, Failure> {
+    let mut times = Vec::with_capacity(cpus.len());
+    for &cpu in cpus {
+        let t = procstat::host_cpu(cpu)
+            .ok_or_else(|| Failure::run(format!("no cpu{cpu} in /proc/stat")))?;
+        times.push(format!("{} {} {}", t.busy, t.total, t.steal));
+    }
+    Ok(times.join(" "))
+}
+
+/// The statistic in full, or rounded to `decimals`; "nan" when it has no value.
+fn statistic_text(statistic: Statistic, decimals: Option<usize>) -> String {
+    let value = match statistic {
+        Statistic::Median { values } => stats::median(&values),
+        Statistic::Mean { values } => stats::mean(&values),
+        Statistic::Min { values } => stats::min(&values),
+        Statistic::Max { values } => stats::max(&values),
+        Statistic::Sum { values } => Some(stats::sum(&values)),
+        Statistic::Ratio {
+            numerator,
+            denominator,
+        } => stats::ratio(numerator, denominator),
+        Statistic::Share { part, whole } => stats::share(part, whole),
+    };
+    match (value, decimals) {
+        (None, _) => "nan".to_string(),
+        (Some(v), Some(decimals)) => format!("{v:.decimals$}"),
+        (Some(v), None) => v.to_string(),
+    }
 }
 
 /// Waits for every URL within one `timeout`.
@@ -241,6 +247,21 @@ fn cpu_us(threads: &[String], pids: &[u32]) -> Result<u64, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn statistics_print_in_full_rounded_or_as_nan() {
+        let median = || Statistic::Median {
+            values: vec![166.7, 200.0],
+        };
+        assert_eq!(statistic_text(median(), None), "183.35");
+        // As printf rounds the double nearest 183.35 (just below it).
+        assert_eq!(statistic_text(median(), Some(1)), "183.3");
+        let by_zero = Statistic::Ratio {
+            numerator: 1.0,
+            denominator: 0.0,
+        };
+        assert_eq!(statistic_text(by_zero, Some(2)), "nan");
+    }
 
     #[test]
     fn a_url_splits_into_its_address_and_path() {
