@@ -35,8 +35,8 @@ use kvgate::request::{extract, extract_reference, Endpoint, RoutingHeaders, Rout
 use sonic_rs::JsonValueTrait;
 
 /// Workers in the decision snapshot.
-#[path = "fleet.rs"]
-mod fleet;
+#[path = "worker_loads.rs"]
+mod worker_loads;
 
 const WORKERS: usize = 16;
 
@@ -328,7 +328,7 @@ fn router(hash_mode: bool) -> Router {
 
 fn bench_routed(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(7);
-    let workers = fleet::fleet(&mut rng, WORKERS);
+    let workers = worker_loads::random_workers(&mut rng, WORKERS);
     let urls: Vec<String> = (0..WORKERS).map(|i| format!("http://w{i}:8000")).collect();
     let active = || {
         urls.iter()

@@ -32,8 +32,8 @@ use kvgate::policy::{
 use kvgate::request::{extract, Endpoint, RoutingHeaders, RoutingInput, RoutingKey};
 
 /// Workers in the decision snapshot.
-#[path = "fleet.rs"]
-mod fleet;
+#[path = "worker_loads.rs"]
+mod worker_loads;
 
 const WORKERS: usize = 16;
 
@@ -193,7 +193,7 @@ fn key_len(input: &RoutingInput) -> usize {
 
 fn bench_decide(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(7);
-    let workers = fleet::fleet(&mut rng, WORKERS);
+    let workers = worker_loads::random_workers(&mut rng, WORKERS);
     let config = CacheAwareConfig::default();
     let load_aware = CacheAwareConfig {
         load_aware_affinity: true,
@@ -316,7 +316,7 @@ impl IndexLookup for FixedLookup {
 /// `Router::choose` for one chat request under three logging set-ups, and `select` alone.
 fn bench_decide_logging(c: &mut Criterion, sizes: &Sizes) -> u64 {
     let mut rng = Rng::with_seed(11);
-    let workers = fleet::fleet(&mut rng, WORKERS);
+    let workers = worker_loads::random_workers(&mut rng, WORKERS);
     let urls: Vec<String> = (0..WORKERS).map(|i| format!("http://w{i}:8000")).collect();
     let tokens = sizes.logging_prompt_tokens;
     let body = chat_body(tokens, &mut rng);

@@ -9,36 +9,37 @@
 #        BENCH_BODY=36k scripts/bench-ab.sh ...              (36 KB bodies)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
+# shellcheck source=lib/wrk.sh
+source scripts/lib/wrk.sh
 BEFORE_BIN="$1"; AFTER_BIN="$2"; ROUNDS="${3:-5}"; BODY="${BENCH_BODY:-small}"
 command -v wrk >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
-cargo build --release -q -p bench-harness --bin sim-engine
-WORK="$(mktemp -d)"; PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
-taskset -c 0 target/release/sim-engine --engines 1 --base-port 22100 --instant --threads 1 >"$WORK/sim.log" 2>&1 &
-PIDS+=($!)
-start() { # bin port metrics_port
-  taskset -c 1 "$1" --host 127.0.0.1 --port "$2" --prometheus-host 127.0.0.1 --prometheus-port "$3" \
-    --data-cores 1 --log-level warn --worker-urls http://127.0.0.1:22100 >"$WORK/$2.log" 2>&1 &
-  PIDS+=($!)
+cargo build --release -q -p bench-harness --bin sim-engine --bin fleet
+fleet_init target/release
+WORK="$FLEET_WORK"
+read -r SIM_PORT BEFORE_PORT AFTER_PORT < <(fleet_ports 1 2 2)
+FLEET_PIN=0 fleet_start_sim target/release "$SIM_PORT" --engines 1 --instant --threads 1
+start() { # name bin port (metrics on port + 1)
+  FLEET_PIN=1 fleet_start "$1" "$2" --host 127.0.0.1 --port "$3" --prometheus-host 127.0.0.1 \
+    --prometheus-port $(($3 + 1)) --data-cores 1 --log-level warn \
+    --worker-urls "http://127.0.0.1:$SIM_PORT"
 }
-start "$BEFORE_BIN" 22001 22091; BEFORE_PID=${PIDS[-1]}
-start "$AFTER_BIN" 22002 22092; AFTER_PID=${PIDS[-1]}
+start before "$BEFORE_BIN" "$BEFORE_PORT"; BEFORE_PID=$FLEET_PID
+start after "$AFTER_BIN" "$AFTER_PORT"; AFTER_PID=$FLEET_PID
 SYSTEM_WORDS=0; [ "$BODY" = 36k ] && SYSTEM_WORDS=3600
-# The request bodies are bench-proxy.sh's (its wrk script, taken from between its heredoc marks).
-{ echo "local system_words = $SYSTEM_WORDS"
-  sed -n '/^cat >>"\$WORK\/chat.lua" <<.EOF.$/,/^EOF$/p' scripts/bench-proxy.sh | sed '1d;$d'
-} >"$WORK/chat.lua"
-sleep 2
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The request bodies are bench-proxy.sh's.
+wrk_chat_script "$WORK/chat.lua" "$SYSTEM_WORDS" keeper
+fleet_wait_port sim-engine "$SIM_PORT"
+fleet_wait_port before "$BEFORE_PORT"
+fleet_wait_port after "$AFTER_PORT"
+sleep 1  # let each kvgate's control core fetch /v1/models once
 run() { # name pid port
-  local before after out n rps
-  before=$(ticks "$2")
-  out="$(taskset -c 0 wrk -t1 -c64 -d8s --latency -s "$WORK/chat.lua" "http://127.0.0.1:$3")"
-  after=$(ticks "$2")
-  n="$(awk '/requests in/ {print $1}' <<<"$out")"; rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
-  awk -v name="$1" -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$n" -v rps="$rps" \
-    'BEGIN {printf "%s %s req/s %.1f us/req\n", name, rps, t / hz * 1e6 / n}'
+  local before after
+  before=$(fleet_cpu_us "$2")
+  wrk_read "$(taskset -c 0 wrk -t1 -c64 -d8s --latency -s "$WORK/chat.lua" "http://127.0.0.1:$3")"
+  after=$(fleet_cpu_us "$2")
+  echo "$1 $WRK_RPS req/s $(fleet_stats --decimals 1 ratio $((after - before)) "$WRK_REQUESTS") us/req"
 }
 echo "# $BODY bodies, $(date -u +%FT%TZ), load average $(cut -d' ' -f1-3 /proc/loadavg)"
-for _ in $(seq "$ROUNDS"); do run before "$BEFORE_PID" 22001; run after "$AFTER_PID" 22002; done
+for _ in $(seq "$ROUNDS"); do run before "$BEFORE_PID" "$BEFORE_PORT"; run after "$AFTER_PID" "$AFTER_PORT"; done

@@ -31,10 +31,8 @@ if [ -n "${KVGATE_BIN:-}" ]; then
   BUILDS=("$(dirname "$KVGATE_BIN")" "$BIN")
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-kb_of() { awk -v key="$2:" '$1 == key {print $2}' "/proc/$1/status"; }
 
-fleet_init
+fleet_init "$BIN"
 python3 - "$FLEET_WORK" "$MB" <<'EOF'
 import json, sys
 work, mb = sys.argv[1], int(sys.argv[2])
@@ -49,7 +47,7 @@ with open(f"{work}/chat.json", "w") as f:
     json.dump({"messages": messages, "max_tokens": 1}, f)
 EOF
 
-SIM_PORT=$(free_port)
+SIM_PORT=$(fleet_ports 1)
 fleet_start_sim "$BIN" "$SIM_PORT" --speedup 1000 --kv-capacity-tokens 100000000
 fleet_wait_port sim-engine "$SIM_PORT"
 
@@ -61,17 +59,17 @@ for case in completions chat; do
   [ "$case" = chat ] && path=/v1/chat/completions
   for framing in sized chunked; do
     for build in "${BUILDS[@]}"; do
-      GW_PORT=$(free_port)
-      PROM_PORT=$(free_port)
+      GW_PORT=$(fleet_ports 2)
+      PROM_PORT=$((GW_PORT + 1))
       fleet_start_kvgate "$build" "$GW_PORT" "$PROM_PORT" "http://127.0.0.1:$SIM_PORT"
       fleet_wait_port kvgate "$GW_PORT"
       sleep 1
-      before=$(kb_of "$KVGATE_PID" VmRSS)
+      before=$(fleet_rss_kb "$KVGATE_PID")
       extra=()
       [ "$framing" = chunked ] && extra=(-H 'Transfer-Encoding: chunked')
       status=$(curl -s -o /dev/null -w '%{http_code}' -H 'content-type: application/json' \
         "${extra[@]}" --data-binary "@$body" "http://127.0.0.1:$GW_PORT$path")
-      peak=$(kb_of "$KVGATE_PID" VmHWM)
+      peak=$(fleet_rss_kb --peak "$KVGATE_PID")
       kill "$KVGATE_PID"
       wait "$KVGATE_PID" 2>/dev/null || true
       if [ "$status" != 200 ]; then
@@ -80,7 +78,7 @@ for case in completions chat; do
       fi
       rise=$(((peak - before) / 1000))
       printf '%-34s %-8s %-8s %12d %8s\n' "$build" "$case" "$framing" "$rise" \
-        "$(awk -v r="$rise" -v b="$body_mb" 'BEGIN {printf "%.2f", r / b}')"
+        "$(fleet_stats --decimals 2 ratio "$rise" "$body_mb")"
     done
   done
 done

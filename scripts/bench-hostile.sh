@@ -36,12 +36,10 @@ if [ "$(ulimit -n)" -lt "$NEED" ]; then
 fi
 echo "open-file limit $(ulimit -n)" >&2
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-fleet_init
-SIM_PORT=$(free_port)
+fleet_init "$BIN"
+read -r SIM_PORT GW_PORT < <(fleet_ports 2 2)
 SIM_PORT2=$((SIM_PORT + 1))
-GW_PORT=$(free_port)
-PROM_PORT=$(free_port)
+PROM_PORT=$((GW_PORT + 1))
 fleet_start_sim "$BIN" "$SIM_PORT" --engines 2 --speedup 50
 fleet_wait_port sim-engine "$SIM_PORT"
 fleet_wait_port sim-engine "$SIM_PORT2"
@@ -53,5 +51,5 @@ sleep 2
 mkdir -p target/bench-hostile
 "$BIN/slowloris" --target "127.0.0.1:$GW_PORT" --idle "$IDLE" --slow "$SLOW" \
   --measure-s "$MEASURE_S" --out target/bench-hostile/result.json
-echo "kvgate RSS after the run: $(awk '/VmRSS/ {print $2, $3}' "/proc/$KVGATE_PID/status")" >&2
+echo "kvgate RSS after the run: $(fleet_rss_kb "$KVGATE_PID") kB" >&2
 echo "panics in the kvgate log: $(grep -c panicked "$FLEET_WORK/kvgate.log" || true)" >&2

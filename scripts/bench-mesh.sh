@@ -18,44 +18,20 @@
 # Each run writes OUT_DIR/NAME.json (replay's report) and one line of OUT_DIR/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
 out="${1:-target/bench-mesh}"
 mkdir -p "$out"
 [ -n "${SKIP_BUILD:-}" ] || cargo build --release --workspace --bins
 bin="${BIN:-target/release}"
 requests="${REQUESTS:-2000}"
 trace=../shared/traces/mooncake_conversation_trace.jsonl
-work="$(mktemp -d)"
-pids=()
-stop_all() {
-  local pid
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  pids=()
-}
-trap 'stop_all; rm -rf "$work"' EXIT
-
-wait_port() {
-  for _ in $(seq 200); do
-    (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "Error: nothing listens on port $1 after 20 s" >&2
-  return 1
-}
+fleet_init "$bin"
 
 metric() { # PORT SERIES: the series' value in that gateway's /metrics (0 when absent)
   curl -s "http://127.0.0.1:$1/metrics" | awk -v s="$2" '$1 == s { print $2; found = 1 } END { if (!found) print 0 }'
 }
 
-thread_ticks() { # PID NAME: CPU clock ticks (user + system) of the process's threads named NAME
-  local total=0 task
-  for task in /proc/"$1"/task/*; do
-    if [ "$(cat "$task/comm" 2>/dev/null)" = "$2" ]; then
-      total=$((total + $(awk '{ print $14 + $15 }' "$task/stat")))
-    fi
-  done
-  echo "$total"
-}
 
 # run NAME GATEWAYS MESH(on|off) SIM_ARGS -- REPLAY_ARGS...
 run() {
@@ -65,28 +41,27 @@ run() {
   while [ "$1" != "--" ]; do sim_args+=("$1"); shift; done
   shift
   if [ -n "${RESUME:-}" ] && [ -s "$out/$name.json" ]; then return 0; fi
-  # Below the ephemeral range (32768 and up), where outgoing connections could take a port.
-  local base=$((10000 + RANDOM % 20000))
-  "$bin/sim-engine" --engines 8 --base-port "$base" "${sim_args[@]}" >"$work/sim.log" 2>&1 &
-  pids+=($!)
+  local base mesh_base gw_base metrics_base
+  read -r base mesh_base gw_base metrics_base < <(fleet_ports 8 "$n" "$n" "$n")
+  fleet_start_sim "$bin" "$base" --engines 8 "${sim_args[@]}"
   local workers=() i
-  for i in $(seq 0 7); do workers+=("http://127.0.0.1:$((base + i))"); wait_port $((base + i)); done
-  local urls=() metrics_ports=() gw_pids=() first_mesh=$((base + 100))
+  for i in $(seq 0 7); do workers+=("http://127.0.0.1:$((base + i))"); done
+  fleet_wait sim-engine "${workers[@]/%//health}"
+  local urls=() metrics_ports=() gw_pids=() first_mesh=$mesh_base
   for i in $(seq 0 $((n - 1))); do
-    local port=$((base + 200 + i)) mport=$((base + 300 + i)) meshport=$((base + 100 + i))
+    local port=$((gw_base + i)) mport=$((metrics_base + i)) meshport=$((mesh_base + i))
     local args=(--host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1
       --prometheus-port "$mport" --data-cores 1 --log-level warn --worker-urls "${workers[@]}")
     if [ "$mesh" = on ]; then
       args+=(--enable-mesh --mesh-host 127.0.0.1 --mesh-port "$meshport")
       [ "$i" -gt 0 ] && args+=(--mesh-peer-urls "127.0.0.1:$first_mesh")
     fi
-    "$bin/kvgate" "${args[@]}" >"$work/kvgate-$i.log" 2>&1 &
-    pids+=($!)
-    gw_pids+=($!)
+    fleet_start "kvgate-$i" "$bin/kvgate" "${args[@]}"
+    gw_pids+=("$FLEET_PID")
     urls+=("http://127.0.0.1:$port")
     metrics_ports+=("$mport")
   done
-  for i in $(seq 0 $((n - 1))); do wait_port $((base + 200 + i)); done
+  for i in $(seq 0 $((n - 1))); do fleet_wait_port "kvgate-$i" $((gw_base + i)); done
   if [ "$mesh" = on ]; then
     for mport in "${metrics_ports[@]}"; do
       for _ in $(seq 300); do
@@ -95,33 +70,29 @@ run() {
       done
     done
   fi
-  local ticks_before=0 pid
-  for pid in "${gw_pids[@]}"; do
-    ticks_before=$((ticks_before + $(thread_ticks "$pid" kvgate-mesh) + $(thread_ticks "$pid" kvgate-control)))
-  done
+  local cpu_before
+  cpu_before=$(fleet_cpu_us --thread kvgate-mesh --thread kvgate-control "${gw_pids[@]}")
   echo "== $name: replay --gateway $(IFS=,; echo "${urls[*]}") $*" >&2
   "$bin/replay" --gateway "$(IFS=,; echo "${urls[*]}")" "$@" --no-progress \
     --out "$out/$name.json" --plot "$out/$name.svg" >"$out/$name.txt"
-  local ticks_after=0 bytes=0 dispatches=0
-  for pid in "${gw_pids[@]}"; do
-    ticks_after=$((ticks_after + $(thread_ticks "$pid" kvgate-mesh) + $(thread_ticks "$pid" kvgate-control)))
-  done
+  local cpu_after bytes=0 dispatches=0
+  cpu_after=$(fleet_cpu_us --thread kvgate-mesh --thread kvgate-control "${gw_pids[@]}")
   for mport in "${metrics_ports[@]}"; do
-    bytes=$(awk -v a="$bytes" -v b="$(metric "$mport" kvgate_mesh_sent_bytes_total)" 'BEGIN { print a + b }')
-    dispatches=$(awk -v a="$dispatches" -v b="$(metric "$mport" kvgate_dispatch_records_applied_total)" 'BEGIN { print a + b }')
+    bytes=$(fleet_stats sum "$bytes" "$(metric "$mport" kvgate_mesh_sent_bytes_total)")
+    dispatches=$(fleet_stats sum "$dispatches" "$(metric "$mport" kvgate_dispatch_records_applied_total)")
   done
   python3 - "$out/$name.json" "$name" "$n" "$mesh" "$bytes" "$dispatches" \
-    "$((ticks_after - ticks_before))" "$(getconf CLK_TCK)" <<'EOF' | tee -a "$out/summary.txt"
+    "$((cpu_after - cpu_before))" 1000000 <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
-path, name, n, mesh, sent, dispatches, ticks, hz = sys.argv[1:]
+path, name, n, mesh, sent, dispatches, cpu_us, us_per_s = sys.argv[1:]
 r = json.load(open(path))
 d = max(float(dispatches), 1.0)
 print(f"{name:28s} gateways {n} mesh {mesh:3s} hit {r['cache_hit_rate']:.1%} "
       f"TTFT p50 {r['ttft_ms']['p50']:.0f} p99 {r['ttft_ms']['p99']:.0f} ms "
       f"errors {r.get('errors', 0)}  per 1k dispatches: {float(sent) / d:.0f} kB sent, "
-      f"control+mesh CPU {int(ticks) / int(hz) * 1000 / d * 1000:.0f} ms")
+      f"control+mesh CPU {int(cpu_us) / int(us_per_s) * 1000 / d * 1000:.0f} ms")
 EOF
-  stop_all
+  fleet_kill_all
 }
 
 [ -n "${RESUME:-}" ] || : >"$out/summary.txt"

@@ -11,28 +11,24 @@
 #                                                        BENCH_REQUESTS requests a run, 60000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
 rounds="${1:-6}"
 out="${2:-target/bench-observability}"
 requests="${BENCH_REQUESTS:-60000}"
 mkdir -p "$out"
 cargo build --release -q --workspace --bins
-pids=()
-cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
-trap cleanup EXIT
-sim_port=23100 port=23000 metrics_port=23090
-taskset -c 0 target/release/sim-engine --engines 4 --base-port "$sim_port" --instant --threads 1 \
-    >"$out/sim.log" 2>&1 &
-pids+=($!)
+fleet_init target/release "$out"
+read -r sim_port port < <(fleet_ports 4 2)
+metrics_port=$((port + 1))
+FLEET_PIN=0 fleet_start_sim target/release "$sim_port" --engines 4 --instant --threads 1
 workers=()
 for i in 0 1 2 3; do workers+=("http://127.0.0.1:$((sim_port + i))"); done
-taskset -c 1 target/release/kvgate --host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1 \
-    --prometheus-port "$metrics_port" --data-cores 1 --log-level warn \
-    --worker-urls "${workers[@]}" >"$out/kvgate.log" 2>&1 &
-kvgate_pid=$!
-pids+=("$kvgate_pid")
+FLEET_PIN=1 fleet_start_kvgate target/release "$port" "$metrics_port" "${workers[*]}"
+kvgate_pid=$KVGATE_PID
+fleet_wait sim-engine "${workers[@]/%//health}"
+fleet_wait_port kvgate "$port"
 sleep 2
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-scrapes=0
 run() { # condition (scraped | never), round
     local scraper="" before after
     if [ "$1" = scraped ]; then
@@ -40,17 +36,17 @@ run() { # condition (scraped | never), round
             && echo >>'$out/scrapes'; sleep 1; done" &
         scraper=$!
     fi
-    before=$(ticks "$kvgate_pid")
+    before=$(fleet_cpu_us "$kvgate_pid")
     taskset -c 0 target/release/replay --gateway "http://127.0.0.1:$port" --synthetic --groups 64 \
         --system-prompt-len 256 --question-len 32 --output-len 4 --concurrency 32 \
         --max-requests "$requests" --seed "$2" --no-progress --out "$out/$1-$2.json" >/dev/null
-    after=$(ticks "$kvgate_pid")
+    after=$(fleet_cpu_us "$kvgate_pid")
     [ -n "$scraper" ] && kill "$scraper" && wait "$scraper" 2>/dev/null || true
-    python3 - "$out/$1-$2.json" "$1" "$((after - before))" "$(getconf CLK_TCK)" <<'EOF' | tee -a "$out/runs.txt"
+    python3 - "$out/$1-$2.json" "$1" "$((after - before))" <<'EOF' | tee -a "$out/runs.txt"
 import json, sys
-report, condition, ticks, hz = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+report, condition, cpu_us = json.load(open(sys.argv[1])), sys.argv[2], int(sys.argv[3])
 n = report["successes"]
-print(f"{condition} req/s {report['throughput_rps']:.0f} cpu_us/req {ticks / hz * 1e6 / n:.1f} "
+print(f"{condition} req/s {report['throughput_rps']:.0f} cpu_us/req {cpu_us / n:.1f} "
       f"errors {report['errors']} duration_s {report['duration_s']:.1f}")
 EOF
 }
@@ -66,20 +62,26 @@ for round in $(seq "$rounds"); do
     else run scraped "$round"; run never "$round"; fi
 done
 echo "# scrapes answered: $(wc -l <"$out/scrapes")"
-python3 - "$out/runs.txt" <<'EOF'
-import statistics, sys
-runs = {}
-for line in open(sys.argv[1]):
-    f = line.split()
-    runs.setdefault(f[0], []).append((float(f[2]), float(f[4])))
-for condition in ("never", "scraped"):
-    rps = [r for r, _ in runs[condition]]
-    cpu = [c for _, c in runs[condition]]
-    print(f"{condition:8} req/s median {statistics.median(rps):.0f} (range {min(rps):.0f}-{max(rps):.0f}), "
-          f"CPU/request median {statistics.median(cpu):.1f} us (range {min(cpu):.1f}-{max(cpu):.1f})")
-never, scraped = runs["never"], runs["scraped"]
-ratio = lambda i: statistics.median(s[i] for s in scraped) / statistics.median(n[i] for n in never)
-spread = lambda i: (max(n[i] for n in never) - min(n[i] for n in never)) / statistics.median(n[i] for n in never)
-print(f"scraped/never: req/s {ratio(0):.3f}, CPU/request {ratio(1):.3f} "
-      f"(run-to-run spread of never: req/s {spread(0):.1%}, CPU/request {spread(1):.1%})")
-EOF
+column() { # condition field -> that field of the condition's runs (runs.txt)
+    local condition field rest
+    while read -r condition rest; do
+        if [ "$condition" = "$1" ]; then read -ra field <<<"$rest"; echo "${field[$2 - 2]}"; fi
+    done <"$out/runs.txt"
+}
+declare -A median
+for condition in never scraped; do
+    rps=($(column "$condition" 3)); cpu=($(column "$condition" 5))
+    median[$condition-rps]=$(fleet_stats median "${rps[@]}"); median[$condition-cpu]=$(fleet_stats median "${cpu[@]}")
+    printf '%-8s req/s median %s (range %s-%s), CPU/request median %s us (range %s-%s)\n' "$condition" \
+        "$(fleet_round 0 "${median[$condition-rps]}")" "$(fleet_stats --decimals 0 min "${rps[@]}")" \
+        "$(fleet_stats --decimals 0 max "${rps[@]}")" "$(fleet_round 1 "${median[$condition-cpu]}")" \
+        "$(fleet_stats --decimals 1 min "${cpu[@]}")" "$(fleet_stats --decimals 1 max "${cpu[@]}")"
+done
+spread() { # values... -> (max - min) / median, in percent
+    local range
+    range=$(fleet_stats sum "$(fleet_stats max "$@")" "-$(fleet_stats min "$@")")
+    fleet_stats --decimals 1 share "$range" "$(fleet_stats median "$@")"
+}
+echo "scraped/never: req/s $(fleet_stats --decimals 3 ratio "${median[scraped-rps]}" "${median[never-rps]}")," \
+    "CPU/request $(fleet_stats --decimals 3 ratio "${median[scraped-cpu]}" "${median[never-cpu]}")" \
+    "(run-to-run spread of never: req/s $(spread $(column never 3))%, CPU/request $(spread $(column never 5))%)"

@@ -24,19 +24,23 @@
 #          of kvgate's on this host)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
+# shellcheck source=lib/wrk.sh
+source scripts/lib/wrk.sh
 ROUNDS="${1:-3}"
 DURATION="${BENCH_DURATION:-8s}"
 CONNECTIONS="${BENCH_CONNECTIONS:-64}"
 PIN="${BENCH_PIN:-$([ "$(nproc)" -ge 2 ] && echo 1 || echo 0)}"
-LOADGEN=(); PROXY=()
-if [ "$PIN" = 1 ]; then LOADGEN=(taskset -c 0); PROXY=(taskset -c 1); fi
+LOADGEN=(); LOADGEN_CPU=""; PROXY_CPU=""
+if [ "$PIN" = 1 ]; then LOADGEN=(taskset -c 0); LOADGEN_CPU=0; PROXY_CPU=1; fi
 
 if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
 fi
 cargo build --release -q -p kvgate --bin kvgate
 KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
-cargo build --release -q -p bench-harness --bin sim-engine
+cargo build --release -q -p bench-harness --bin sim-engine --bin fleet
 FLOOR="${BENCH_FLOOR:-0}"
 SYSTEMS=(kvgate nginx)
 if [ "$FLOOR" = 1 ]; then
@@ -44,86 +48,33 @@ if [ "$FLOOR" = 1 ]; then
   SYSTEMS+=(floor)
 fi
 
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
-trap cleanup EXIT
+fleet_init target/release
+WORK="$FLEET_WORK"
+read -r SIM_PORT KVGATE_PORT NGINX_PORT FLOOR_PORT < <(fleet_ports 1 2 1 1)
+METRICS_PORT=$((KVGATE_PORT + 1))
+FLEET_PIN="$LOADGEN_CPU" fleet_start_sim target/release "$SIM_PORT" --engines 1 --instant --threads 1
+FLEET_PIN="$PROXY_CPU" fleet_start_kvgate "$KVGATE_BIN" "$KVGATE_PORT" "$METRICS_PORT" \
+  "http://127.0.0.1:$SIM_PORT"
 
-# Below the ephemeral range (32768+), so an outgoing connection never holds one of them.
-SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; FLOOR_PORT=21002; METRICS_PORT=21099
-"${LOADGEN[@]}" target/release/sim-engine --engines 1 --base-port "$SIM_PORT" --instant --threads 1 >"$WORK/sim.log" 2>&1 &
-PIDS+=($!)
-"${PROXY[@]}" "$KVGATE_BIN" --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
-  --prometheus-port "$METRICS_PORT" --data-cores 1 --log-level warn \
-  --worker-urls "http://127.0.0.1:$SIM_PORT" >"$WORK/kvgate.log" 2>&1 &
-PIDS+=($!)
-
-mkdir -p "$WORK/nginx/logs"
-cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes 1;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-  keepalive_requests 1000000;
-  client_body_buffer_size 128k;
-  upstream sim { server 127.0.0.1:$SIM_PORT; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NGINX_PORT reuseport;
-    location / {
-      proxy_pass http://sim;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-EOF
-"${PROXY[@]}" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
-PIDS+=($!)
-KVGATE_PID="${PIDS[1]}"; NGINX_PID="${PIDS[2]}"; FLOOR_PID=""
+FLEET_PIN="$PROXY_CPU" fleet_start_nginx nginx "$NGINX_PORT" "$SIM_PORT" 1 4096
+FLOOR_PID=""
 if [ "$FLOOR" = 1 ]; then
-  "${PROXY[@]}" target/release/examples/floor_proxy "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT" \
-    >"$WORK/floor.log" 2>&1 &
-  PIDS+=($!); FLOOR_PID=$!
+  FLEET_PIN="$PROXY_CPU" fleet_start floor target/release/examples/floor_proxy \
+    "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT"
+  FLOOR_PID=$FLEET_PID
 fi
 
 # Several distinct chat bodies, cycled per request: small (~250 B), or with BENCH_BODY=36k a
 # shared system prompt of about 36 KB (~9k words) before each distinct question.
 SYSTEM_WORDS=0; [ "${BENCH_BODY:-small}" = 36k ] && SYSTEM_WORDS=3600
-echo "local system_words = $SYSTEM_WORDS" >"$WORK/chat.lua"
-cat >>"$WORK/chat.lua" <<'EOF'
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local words = {}
-for i = 1, system_words do words[i] = "keeper" .. (i % 997) end
-local system = "You are a helpful assistant. " .. table.concat(words, " ")
-local bodies = {}
-for i = 1, 16 do
-  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"%s"},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', system, i)
-end
-local n = 0
-request = function()
-  n = n % #bodies + 1
-  return wrk.format(nil, "/v1/chat/completions", nil, bodies[n])
-end
-EOF
+wrk_chat_script "$WORK/chat.lua" "$SYSTEM_WORDS" keeper
 
-for port in "$SIM_PORT" "$KVGATE_PORT" "$NGINX_PORT" ${FLOOR_PID:+"$FLOOR_PORT"}; do
-  for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$port") 2>/dev/null && break; sleep 0.1; done
-done
+fleet_wait_port sim-engine "$SIM_PORT"
+fleet_wait_port kvgate "$KVGATE_PORT"
+fleet_wait_port nginx "$NGINX_PORT"
+[ -z "$FLOOR_PID" ] || fleet_wait_port floor "$FLOOR_PORT"
 sleep 1  # let kvgate's control core fetch /v1/models once
 
-cpu_ticks() { # pids... -> summed utime+stime clock ticks
-  local total=0 pid
-  for pid in "$@"; do
-    total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
-  done
-  echo "$total"
-}
 proxy_pids() { # system -> its pids (nginx: master and workers)
   case "$1" in
     kvgate) echo "$KVGATE_PID" ;;
@@ -132,35 +83,26 @@ proxy_pids() { # system -> its pids (nginx: master and workers)
   esac
 }
 
-cpu_times() { # -> "busy total steal" jiffies of CPU 0, then of CPU 1 (/proc/stat)
-  awk '$1 == "cpu0" || $1 == "cpu1" {printf "%d %d %d ", $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $9}' /proc/stat
-}
-busy_shares() { # times_before times_after -> "cpu0_busy% cpu1_busy% steal%"
-  awk -v a="$1" -v b="$2" 'BEGIN {
-    split(a, x, " "); split(b, y, " ")
-    total = y[2] - x[2] + y[5] - x[5]
-    printf "%.0f%% %.0f%% %.0f%%", 100 * (y[1] - x[1]) / (y[2] - x[2]), 100 * (y[4] - x[4]) / (y[5] - x[5]),
-      100 * (y[3] - x[3] + y[6] - x[6]) / total
-  }'
+busy_shares() { # times_before times_after ("busy total steal" of CPU 0, then of CPU 1) -> "cpu0_busy% cpu1_busy% steal%"
+  local x y
+  read -ra x <<<"$1"; read -ra y <<<"$2"
+  printf '%s%% %s%% %s%%' "$(fleet_stats --decimals 0 share $((y[0] - x[0])) $((y[1] - x[1])))" \
+    "$(fleet_stats --decimals 0 share $((y[3] - x[3])) $((y[4] - x[4])))" \
+    "$(fleet_stats --decimals 0 share $((y[2] - x[2] + y[5] - x[5])) $((y[1] - x[1] + y[4] - x[4])))"
 }
 
 run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1_busy steal]"
   local out pids before after times_before times_after
   pids="$(proxy_pids "$1")"
-  before="$(cpu_ticks $pids)"; times_before="$(cpu_times)"
+  before="$(fleet_cpu_us $pids)"; times_before="$(fleet_host_cpu 0 1)"
   out="$("${LOADGEN[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/chat.lua" "http://127.0.0.1:$2")"
-  after="$(cpu_ticks $pids)"; times_after="$(cpu_times)"
-  local rps p50 p99 non2xx requests
-  rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
-  p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
-  p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
-  non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
-  requests="$(awk '/requests in/ {print $1}' <<<"$out")"
+  after="$(fleet_cpu_us $pids)"; times_after="$(fleet_host_cpu 0 1)"
+  wrk_read "$out"
   local cpu_us
-  cpu_us="$(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" -v n="$requests" 'BEGIN {printf "%.1f", t / hz * 1e6 / n}')"
+  cpu_us="$(fleet_stats --decimals 1 ratio $((after - before)) "$WRK_REQUESTS")"
   local shares=""
   [ "$PIN" = 1 ] && shares=" $(busy_shares "$times_before" "$times_after")"
-  echo "$1 $rps $p50 $p99 ${non2xx:-0} $cpu_us$shares"
+  echo "$1 $WRK_RPS $WRK_P50 $WRK_P99 $WRK_NON2XX $cpu_us$shares"
 }
 
 echo "# wrk -t1 -c$CONNECTIONS -d$DURATION --latency, ${BENCH_BODY:-small} chat bodies, sim-engine --instant, pin=$PIN"
@@ -176,16 +118,21 @@ for _ in $(seq "$ROUNDS"); do
   done
 done
 median() { # system column -> median of that column over the system's runs
-  printf '%s\n' "${RESULTS[@]}" | awk -v s="$1" -v c="$2" '$1 == s {print $c}' | sort -n |
-    awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+  local line fields values=()
+  for line in "${RESULTS[@]}"; do
+    read -ra fields <<<"$line"
+    if [ "${fields[0]}" = "$1" ]; then values+=("${fields[$2 - 1]}"); fi
+  done
+  fleet_stats median "${values[@]}"
 }
+ratio() { fleet_stats --decimals 2 ratio "$1" "$2"; }
 K="$(median kvgate 2)"; N="$(median nginx 2)"
-awk -v k="$K" -v n="$N" 'BEGIN {printf "median req/s: kvgate %.0f, nginx %.0f, ratio kvgate/nginx %.2f\n", k, n, k / n}'
+echo "median req/s: kvgate $(fleet_round 0 "$K"), nginx $(fleet_round 0 "$N"), ratio kvgate/nginx $(ratio "$K" "$N")"
 KC="$(median kvgate 6)"; NC="$(median nginx 6)"
-awk -v k="$KC" -v n="$NC" 'BEGIN {printf "median proxy CPU us/request: kvgate %.1f, nginx %.1f, ratio nginx/kvgate %.2f\n", k, n, n / k}'
+echo "median proxy CPU us/request: kvgate $(fleet_round 1 "$KC"), nginx $(fleet_round 1 "$NC"), ratio nginx/kvgate $(ratio "$NC" "$KC")"
 if [ "$FLOOR" = 1 ]; then
   F="$(median floor 2)"; FC="$(median floor 6)"
-  awk -v f="$F" -v n="$N" -v k="$K" 'BEGIN {printf "median req/s: floor %.0f, ratio floor/nginx %.2f, kvgate/floor %.2f\n", f, f / n, k / f}'
-  awk -v f="$FC" -v n="$NC" -v k="$KC" 'BEGIN {printf "median proxy CPU us/request: floor %.1f, ratio floor/nginx %.2f, kvgate/floor %.2f\n", f, f / n, k / f}'
+  echo "median req/s: floor $(fleet_round 0 "$F"), ratio floor/nginx $(ratio "$F" "$N"), kvgate/floor $(ratio "$K" "$F")"
+  echo "median proxy CPU us/request: floor $(fleet_round 1 "$FC"), ratio floor/nginx $(ratio "$FC" "$NC"), kvgate/floor $(ratio "$KC" "$FC")"
 fi
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

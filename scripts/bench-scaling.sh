@@ -5,8 +5,8 @@
 # CPUs 0-3, wrk on CPUs 4-7, the proxy under test on CPUs 8..8+N-1. Needs 16 CPUs.
 #
 # It builds nothing: it runs prebuilt binaries, so it also runs on a machine without cargo.
-#   KVGATE=target/release/kvgate SIM=target/release/sim-engine WRK=wrk NGINX=nginx \
-#     scripts/bench-scaling.sh [CORE_COUNTS...]
+#   KVGATE=target/release/kvgate SIM=target/release/sim-engine FLEET=target/release/fleet \
+#     WRK=wrk NGINX=nginx scripts/bench-scaling.sh [CORE_COUNTS...]
 # Prints one line per run and, per N, the ratio kvgate/nginx; small (~250 B) chat bodies at every
 # N, and 36 KB bodies (a shared ~8k-word system prompt) at N=1.
 # FLOOR=target/release/examples/floor_proxy (`cargo build --release --example floor_proxy`) adds
@@ -14,8 +14,13 @@
 # ceiling of kvgate's ratio to nginx on the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
+# shellcheck source=lib/wrk.sh
+source scripts/lib/wrk.sh
 KVGATE="${KVGATE:-target/release/kvgate}"
 SIM="${SIM:-target/release/sim-engine}"
+FLEET_TOOL="${FLEET:-target/release/fleet}"
 WRK="${WRK:-wrk}"
 NGINX="${NGINX:-nginx}"
 FLOOR="${FLOOR:-}"
@@ -24,90 +29,39 @@ CONNECTIONS="${BENCH_CONNECTIONS:-256}"
 COUNTS=("$@"); [ ${#COUNTS[@]} -gt 0 ] || COUNTS=(1 2 4 8)
 [ "$(nproc)" -ge 16 ] || { echo "Error: bench-scaling.sh needs 16 CPUs, this machine has $(nproc)" >&2; exit 1; }
 
-WORK="$(mktemp -d)"
-PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
-
-SIM_PORT=21100; KVGATE_PORT=21000; NGINX_PORT=21001; FLOOR_PORT=21002; METRICS_PORT=21099
-taskset -c 0-3 "$SIM" --engines 1 --base-port "$SIM_PORT" --instant --threads 4 >"$WORK/sim.log" 2>&1 &
-PIDS+=($!)
-
-wait_port() { for _ in $(seq 100); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+fleet_init "$(dirname "$FLEET_TOOL")"
+WORK="$FLEET_WORK"
+read -r SIM_PORT KVGATE_PORT NGINX_PORT FLOOR_PORT < <(fleet_ports 1 2 1 1)
+METRICS_PORT=$((KVGATE_PORT + 1))
+FLEET_PIN=0-3 fleet_start_sim "$SIM" "$SIM_PORT" --engines 1 --instant --threads 4
 
 start_kvgate() { # cores
-  taskset -c "8-$((8 + $1 - 1))" "$KVGATE" --host 127.0.0.1 --port "$KVGATE_PORT" --prometheus-host 127.0.0.1 \
-    --prometheus-port "$METRICS_PORT" --data-cores "$1" --log-level warn \
-    --worker-urls "http://127.0.0.1:$SIM_PORT" >"$WORK/kvgate.log" 2>&1 &
-  KVGATE_PID=$!
-  wait_port "$KVGATE_PORT"; sleep 1
+  FLEET_PIN="8-$((8 + $1 - 1))" FLEET_DATA_CORES="$1" fleet_start_kvgate "$KVGATE" "$KVGATE_PORT" \
+    "$METRICS_PORT" "http://127.0.0.1:$SIM_PORT"
+  fleet_wait_port kvgate "$KVGATE_PORT"; sleep 1
 }
 start_nginx() { # workers
-  mkdir -p "$WORK/nginx/logs"
-  cat >"$WORK/nginx/nginx.conf" <<EOF
-worker_processes $1;
-worker_cpu_affinity auto;
-pid $WORK/nginx/nginx.pid;
-error_log $WORK/nginx/logs/error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/nginx/body; proxy_temp_path $WORK/nginx/proxy;
-  fastcgi_temp_path $WORK/nginx/fastcgi; uwsgi_temp_path $WORK/nginx/uwsgi; scgi_temp_path $WORK/nginx/scgi;
-  keepalive_requests 1000000;
-  client_body_buffer_size 128k;
-  upstream sim { server 127.0.0.1:$SIM_PORT; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NGINX_PORT reuseport;
-    location / { proxy_pass http://sim; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; }
-  }
-}
-EOF
-  taskset -c "8-$((8 + $1 - 1))" "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g "daemon off;" &
-  NGINX_PID=$!
-  wait_port "$NGINX_PORT"
+  FLEET_PIN="8-$((8 + $1 - 1))" fleet_start_nginx "$NGINX" "$NGINX_PORT" "$SIM_PORT" "$1" 8192 \
+    "worker_cpu_affinity auto;"
+  fleet_wait_port nginx "$NGINX_PORT"
 }
 start_floor() {
-  taskset -c 8 "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT" >"$WORK/floor.log" 2>&1 &
-  FLOOR_PID=$!
-  wait_port "$FLOOR_PORT"
+  FLEET_PIN=8 fleet_start floor "$FLOOR" "127.0.0.1:$FLOOR_PORT" "127.0.0.1:$SIM_PORT"
+  FLOOR_PID=$FLEET_PID
+  fleet_wait_port floor "$FLOOR_PORT"
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; sleep 0.5; }
 
-lua() { # words_of_system_prompt -> script path
-  local f="$WORK/chat-$1.lua"
-  cat >"$f" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-local words = {}
-for i = 1, $1 do words[i] = "w" .. (i % 997) end
-local system = "You are a helpful assistant. " .. table.concat(words, " ")
-local bodies = {}
-for i = 1, 16 do
-  bodies[i] = string.format('{"model":"sim-model","messages":[{"role":"system","content":"%s"},{"role":"user","content":"Question %d: summarize the plot of a short story about a lighthouse keeper in one sentence."}],"max_tokens":8}', system, i)
-end
-local n = 0
-request = function()
-  n = n % #bodies + 1
-  return wrk.format(nil, "/v1/chat/completions", nil, bodies[n])
-end
-EOF
-  echo "$f"
-}
-SMALL="$(lua 0)"; LARGE="$(lua 6000)"
+wrk_chat_script "$WORK/chat-0.lua" 0 w; wrk_chat_script "$WORK/chat-6000.lua" 6000 w
+SMALL="$WORK/chat-0.lua"; LARGE="$WORK/chat-6000.lua"
 
 run() { # system cores port script label
-  local out rps p50 p99 non2xx
-  out="$(taskset -c 4-7 "$WRK" -t4 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$4" "http://127.0.0.1:$3")"
-  rps="$(awk '/Requests\/sec/ {print $2}' <<<"$out")"
-  p50="$(awk '$1=="50%" {print $2}' <<<"$out")"
-  p99="$(awk '$1=="99%" {print $2}' <<<"$out")"
-  non2xx="$(awk '/Non-2xx/ {print $4}' <<<"$out")"
-  echo "$5 $1 cores=$2 req/s=$rps p50=$p50 p99=$p99 non2xx=${non2xx:-0}"
-  echo "$5 $1 $2 $rps" >>"$WORK/results"
+  wrk_read "$(taskset -c 4-7 "$WRK" -t4 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$4" "http://127.0.0.1:$3")"
+  echo "$5 $1 cores=$2 req/s=$WRK_RPS p50=$WRK_P50 p99=$WRK_P99 non2xx=$WRK_NON2XX"
+  echo "$5 $1 $2 $WRK_RPS" >>"$WORK/results"
 }
 
-wait_port "$SIM_PORT"
+fleet_wait_port sim-engine "$SIM_PORT"
 echo "# wrk -t4 -c$CONNECTIONS -d$DURATION; sim-engine --instant on CPUs 0-3; wrk on 4-7; proxy on 8..; $(nproc) CPUs"
 for n in "${COUNTS[@]}"; do
   rounds=1; [ "$n" = 1 ] && rounds=2
@@ -125,10 +79,17 @@ for n in "${COUNTS[@]}"; do
   done
 done
 echo "# ratios kvgate/nginx (mean req/s per workload and N)"
-awk '{k = $1 " " $3; s[k " " $2] += $4; c[k " " $2]++; keys[k] = 1}
-  END {for (k in keys) {
-    n = s[k " nginx"] / c[k " nginx"]
-    printf "%s kvgate/nginx %.2f\n", k, (s[k " kvgate"] / c[k " kvgate"]) / n
-    if (c[k " floor"]) printf "%s floor/nginx %.2f\n", k, (s[k " floor"] / c[k " floor"]) / n
-  }}' \
-  "$WORK/results" | sort -k1,1 -k2,2n
+mean_rps() { # label system cores -> mean req/s of those runs (empty when there are none)
+  local label system cores rps values=()
+  while read -r label system cores rps; do
+    if [ "$label $system $cores" = "$1 $2 $3" ]; then values+=("$rps"); fi
+  done <"$WORK/results"
+  [ ${#values[@]} -eq 0 ] || fleet_stats mean "${values[@]}"
+}
+while read -r label cores; do
+  n="$(mean_rps "$label" nginx "$cores")"
+  echo "$label $cores kvgate/nginx $(fleet_stats --decimals 2 ratio "$(mean_rps "$label" kvgate "$cores")" "$n")"
+  f="$(mean_rps "$label" floor "$cores")"
+  if [ -n "$f" ]; then echo "$label $cores floor/nginx $(fleet_stats --decimals 2 ratio "$f" "$n")"; fi
+done < <(while read -r label _ cores _; do echo "$label $cores"; done <"$WORK/results" | sort -u) |
+  sort -k1,1 -k2,2n

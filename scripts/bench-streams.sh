@@ -40,27 +40,15 @@ fi
 # Long enough to outlast the ramp-up (about 1 s per 1,000 streams) and the measured window.
 MAX_TOKENS=$(( (STREAMS / 1000 + MEASURE_S + 20) * 1000 / STEP_MS ))
 
-# Ports below the ephemeral range: a run's thousands of client sockets (and their TIME_WAITs)
-# take ephemeral ports, so an engine's port + 1 there is often taken. Prints a port whose
-# successor is free too.
-free_port() {
-  python3 -c '
-import random, socket
-for _ in range(100):
-    p = random.randrange(20000, 32000, 2)
-    try:
-        for q in (p, p + 1):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
-        print(p); break
-    except OSError:
-        pass'
-}
+# Ports come from fleet_ports, below the ephemeral range: a run's thousands of client sockets
+# (and their TIME_WAITs) take ephemeral ports, so an engine's port + 1 there is often taken.
 mkdir -p target/bench-streams
 run() {
   local name="$1"
-  fleet_init
+  fleet_init "$BIN"
   local sim_port gw_port prom_port
-  sim_port=$(free_port)
+  read -r sim_port gw_port < <(fleet_ports 2 2)
+  prom_port=$((gw_port + 1))
   # Two engines, each running every stream it gets in one batch, a flat --step-ms per token.
   fleet_start_sim "$BIN" "$sim_port" --engines 2 --max-running-requests "$STREAMS" \
     --kv-capacity-tokens $(( STREAMS * 2 * (MAX_TOKENS + 64) )) \
@@ -70,8 +58,6 @@ run() {
   fleet_wait_port sim-engine $((sim_port + 1))
   local targets=("127.0.0.1:$sim_port" "127.0.0.1:$((sim_port + 1))") rss=()
   if [ "$name" = kvgate ]; then
-    gw_port=$(free_port)
-    prom_port=$(free_port)
     fleet_start_kvgate "$BIN" "$gw_port" "$prom_port" \
       "http://127.0.0.1:$sim_port http://127.0.0.1:$((sim_port + 1))" --policy round_robin
     fleet_wait_port kvgate "$gw_port"

@@ -9,6 +9,8 @@
 #                                          SPEEDUP=10: trace and engines paced 10x)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
 out="${1:-target/bench-tokenize}"
 requests="${REQUESTS:-1000}"
 speedup="${SPEEDUP:-10}"
@@ -16,44 +18,31 @@ mkdir -p "$out"
 scripts/fetch-tokenizers.sh
 cargo build --release --workspace --bins
 trace=../shared/traces/mooncake_conversation_trace.jsonl
-base=38100
-gateway=38000
-metrics=38099
+fleet_init target/release "$out"
+read -r base gateway < <(fleet_ports 8 2)
+metrics=$((gateway + 1))
 workers=()
 for i in $(seq 0 7); do workers+=("http://127.0.0.1:$((base + i))"); done
 
-wait_port() {
-    for _ in $(seq 1 200); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "port $1 never opened" >&2
-    return 1
-}
-
 for mode in text tokens; do
-    target/release/sim-engine --engines 8 --base-port "$base" --kv-capacity-tokens 2097152 \
-        --speedup "$speedup" >/dev/null 2>&1 &
-    sim=$!
+    fleet_start_sim target/release "$base" --engines 8 --kv-capacity-tokens 2097152 \
+        --speedup "$speedup"
     args=()
     if [ "$mode" = tokens ]; then
         args=(--tokenizer-path target/tokenizers/qwen3 --tokenizer-cache-enable-l1)
     fi
-    target/release/kvgate --host 127.0.0.1 --port "$gateway" --prometheus-port "$metrics" \
-        --data-cores 1 "${args[@]}" --worker-urls "${workers[@]}" 2>"$out/$mode.log" &
-    kvgate=$!
-    wait_port "$gateway"
-    wait_port "$base"
+    # kvgate's own log level (info), unlike fleet_start_kvgate's: the log is kept beside the report.
+    fleet_start "$mode" target/release/kvgate --host 127.0.0.1 --port "$gateway" \
+        --prometheus-port "$metrics" --data-cores 1 "${args[@]}" --worker-urls "${workers[@]}"
+    kvgate=$FLEET_PID
+    fleet_wait_port "$mode" "$gateway"
+    fleet_wait sim-engine "${workers[@]/%//health}"
     target/release/replay --gateway "http://127.0.0.1:$gateway" --trace "$trace" \
         --max-requests "$requests" --speedup "$speedup" --form chat --no-progress \
         --out "$out/$mode.json" --plot "$out/$mode.svg" > "$out/$mode.txt"
-    # utime and stime, fields 14 and 15 of /proc/PID/stat, in clock ticks.
-    read -r utime stime < <(awk '{print $14, $15}' "/proc/$kvgate/stat")
-    echo "$(( (utime + stime) * 1000000 / $(getconf CLK_TCK) ))" > "$out/$mode.cpu_us"
-    (exec 3<>"/dev/tcp/127.0.0.1/$metrics"; printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3; cat <&3) \
-        > "$out/$mode.metrics"
-    kill "$kvgate" "$sim"
-    wait "$kvgate" "$sim" 2>/dev/null || true
+    fleet_cpu_us "$kvgate" > "$out/$mode.cpu_us"
+    curl -s "http://127.0.0.1:$metrics/metrics" > "$out/$mode.metrics"
+    fleet_kill_all
 done
 
 python3 - "$out" <<'PY'

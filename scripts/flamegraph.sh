@@ -14,7 +14,8 @@
 #                             --bins` left; nothing is built: what the test suite uses)
 #   FLAMEGRAPH_OUT=flamegraphs  where SCENARIO.svg goes, and SCENARIO.folded (the stacks, for
 #                             inferno-diff-folded; not committed)
-#   FLAMEGRAPH_BASE_PORT=23000  kvgate's port; metrics on +99, engines from +100
+#   FLAMEGRAPH_BASE_PORT=PORT   kvgate's port; metrics on +99, engines from +100 (default: free
+#                             ports from scripts/lib/fleet.sh)
 #   FLAMEGRAPH_TRACE=../shared/traces/mooncake_conversation_trace.jsonl  (mooncake)
 #
 # perf records the `cpu-clock` software event (no hardware counters needed, so it works in VMs
@@ -52,7 +53,6 @@ esac
 SCENARIO="$1"
 BUILD="${FLAMEGRAPH_BUILD:-release}"
 OUT="${FLAMEGRAPH_OUT:-flamegraphs}"
-PORT="${FLAMEGRAPH_BASE_PORT:-23000}"
 TRACE="${FLAMEGRAPH_TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}"
 
 # Per scenario: the fleet (sim-engine flags) and the load (replay flags). Prompts are the
@@ -88,17 +88,23 @@ case "$BUILD" in
   debug) BIN=target/debug ;;
   *) echo "Error: FLAMEGRAPH_BUILD must be release or debug, not '$BUILD'" >&2; exit 2 ;;
 esac
-for bin in kvgate sim-engine replay flamegraph; do
+for bin in kvgate sim-engine replay flamegraph fleet; do
   [ -x "$BIN/$bin" ] || { echo "Error: $BIN/$bin is missing: run cargo build --workspace --bins" >&2; exit 2; }
 done
 
-fleet_init
+fleet_init "$BIN"
 ENGINES="${SIM[1]}"
-fleet_start_sim "$BIN" $((PORT + 100)) "${SIM[@]}"
-WORKERS=""
-for i in $(seq 0 $((ENGINES - 1))); do WORKERS+="http://127.0.0.1:$((PORT + 100 + i)) "; done
-fleet_start_kvgate "$BIN" "$PORT" $((PORT + 99)) "$WORKERS"
-for i in $(seq 0 $((ENGINES - 1))); do fleet_wait_port sim-engine $((PORT + 100 + i)); done
+if [ -n "${FLAMEGRAPH_BASE_PORT:-}" ]; then
+  PORT="$FLAMEGRAPH_BASE_PORT"; METRICS_PORT=$((PORT + 99)); SIM_PORT=$((PORT + 100))
+else
+  read -r PORT SIM_PORT < <(fleet_ports 2 "$ENGINES")
+  METRICS_PORT=$((PORT + 1))
+fi
+fleet_start_sim "$BIN" "$SIM_PORT" "${SIM[@]}"
+WORKERS=()
+for i in $(seq 0 $((ENGINES - 1))); do WORKERS+=("http://127.0.0.1:$((SIM_PORT + i))"); done
+fleet_start_kvgate "$BIN" "$PORT" "$METRICS_PORT" "${WORKERS[*]}"
+fleet_wait sim-engine "${WORKERS[@]/%//health}"
 fleet_wait_port kvgate "$PORT"
 sleep 1 # kvgate's control core fetches the workers' /v1/models once before routing
 

@@ -10,6 +10,8 @@
 # Everything runs on loopback on free ports; all children are killed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/fleet.sh
+source scripts/lib/fleet.sh
 
 MINUTES=10
 SPEEDUP=""
@@ -50,44 +52,19 @@ fi
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# Engines get consecutive ports; probe for a free run of ENGINES ports.
-BASE_PORT=$(python3 - "$ENGINES" <<'EOF'
-import socket, sys, random
-n = int(sys.argv[1])
-for _ in range(200):
-    base = random.randint(20000, 60000 - n)
-    socks = []
-    try:
-        for i in range(n):
-            s = socket.socket(); s.bind(("127.0.0.1", base + i)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-EOF
-)
-GW_PORT=$(free_port)
-PROM_PORT=$(free_port)
+# Logs stay in OUT_DIR; engines get consecutive ports, the gateway two more (client, metrics).
+fleet_init "$BIN" "$OUT_DIR"
+read -r BASE_PORT GW_PORT < <(fleet_ports "$ENGINES" 2)
+PROM_PORT=$((GW_PORT + 1))
 
 declare -a ENGINE_PIDS
-PIDS_TO_KILL=()
-cleanup() {
-  for pid in "${ENGINE_PIDS[@]:-}" "${PIDS_TO_KILL[@]:-}"; do
-    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
-  done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
-
-start_engine() {
+start_engine() { # a restarted engine's log goes on after its earlier life's
   local i=$1
   local faults=(--fault-engines 0 --fault-error-rate "$ERROR_RATE")
   if [ "$i" -eq $((ENGINES - 1)) ]; then faults+=(--fault-latency-ms "$SLOW_MS"); fi
-  "$BIN/sim-engine" --engines 1 --base-port $((BASE_PORT + i)) --speedup "$SIM_SPEEDUP" \
-    --seed "$i" "${faults[@]}" >>"$OUT_DIR/engine-$i.log" 2>&1 &
-  ENGINE_PIDS[$i]=$!
+  FLEET_LOG_APPEND=1 fleet_start "engine-$i" "$BIN/sim-engine" --engines 1 \
+    --base-port $((BASE_PORT + i)) --speedup "$SIM_SPEEDUP" --seed "$i" "${faults[@]}"
+  ENGINE_PIDS[$i]=$FLEET_PID
 }
 
 for i in $(seq 0 $((ENGINES - 1))); do start_engine "$i"; done
@@ -100,13 +77,9 @@ GATEWAY_CMD=("$BIN/kvgate" --host 127.0.0.1 --port "$GW_PORT" --prometheus-host 
   --health-check-interval-secs 2 --health-failure-threshold 2 --health-success-threshold 1
   --load-monitor-interval 2 --cb-timeout-duration-secs 10
   --retry-initial-backoff-ms 20 --retry-max-backoff-ms 500)
-"${GATEWAY_CMD[@]}" >"$OUT_DIR/kvgate.log" 2>&1 &
-GW_PID=$!
-PIDS_TO_KILL+=("$GW_PID")
-for _ in $(seq 1 100); do
-  curl -sf "http://127.0.0.1:$GW_PORT/liveness" >/dev/null 2>&1 && break
-  sleep 0.1
-done
+fleet_start kvgate "${GATEWAY_CMD[@]}"
+GW_PID=$FLEET_PID
+fleet_wait kvgate "http://127.0.0.1:$GW_PORT/liveness"
 
 REPLAY_CMD=("$BIN/replay" --gateway "http://127.0.0.1:$GW_PORT" --trace "$TRACE"
   --speedup "$SPEEDUP" --model sim-model --timeout-s 120 --no-progress
@@ -114,9 +87,8 @@ REPLAY_CMD=("$BIN/replay" --gateway "http://127.0.0.1:$GW_PORT" --trace "$TRACE"
 echo "gateway: ${GATEWAY_CMD[*]}" >"$OUT_DIR/commands.txt"
 echo "replay:  ${REPLAY_CMD[*]}" >>"$OUT_DIR/commands.txt"
 echo "engines: sim-engine --engines 1 --speedup $SIM_SPEEDUP --fault-engines 0 --fault-error-rate $ERROR_RATE (engine $((ENGINES - 1)): --fault-latency-ms $SLOW_MS)" >>"$OUT_DIR/commands.txt"
-"${REPLAY_CMD[@]}" >"$OUT_DIR/replay.log" 2>&1 &
-REPLAY_PID=$!
-PIDS_TO_KILL+=("$REPLAY_PID")
+fleet_start replay "${REPLAY_CMD[@]}"
+REPLAY_PID=$FLEET_PID
 
 # RSS sampler and churn loop, until the replay ends or the soak time (plus a grace) is up.
 echo "t_s,rss_kib" >"$OUT_DIR/rss.csv"
@@ -129,7 +101,7 @@ RESTART_AT=0
 DEADLINE=$((START + SOAK_SECS + 120))
 while kill -0 "$REPLAY_PID" 2>/dev/null && [ "$(date +%s)" -lt "$DEADLINE" ]; do
   NOW=$(date +%s)
-  RSS=$(awk '/VmRSS/ {print $2}' "/proc/$GW_PID/status" 2>/dev/null || echo 0)
+  RSS=$(fleet_rss_kb "$GW_PID" 2>/dev/null || echo 0)
   echo "$((NOW - START)),$RSS" >>"$OUT_DIR/rss.csv"
   if [ "$NOW" -ge "$NEXT_KILL" ] && [ "$DOWN_PID_IDX" -lt 0 ]; then
     kill -9 "${ENGINE_PIDS[$VICTIM]}" 2>/dev/null || true

@@ -1,8 +1,9 @@
 //! The integration-test fixtures of the whole workspace (reuse them; keep them general). The
 //! kvgate crate's tests include them as `mod utils;`, bench-harness's tests by path
-//! (`#[path = "../../tests/utils/mod.rs"]`): they use neither crate's library, only
-//! dependencies both crates list (bench-harness has `httparse`, `libc` and `socket2` as
-//! dev-dependencies for them).
+//! (`#[path = "../../tests/utils/mod.rs"]`): they use kvgate's library not at all and
+//! bench-harness's only for its process plumbing (`bench_harness::fleet`, a dev-dependency of
+//! kvgate), and otherwise only dependencies both crates list (bench-harness has `httparse`,
+//! `libc` and `socket2` as dev-dependencies for them).
 //!
 //! - `process`: free ports, child processes killed on drop, `SimFleet` (a running `sim-engine`,
 //!   its fault and stats API) and `Gateway` (a running `kvgate`, its admin API and metrics),

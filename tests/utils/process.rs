@@ -1,60 +1,43 @@
 //! Processes under test: free ports, `ChildProcess` (killed and reaped on drop), `SimFleet`
 //! (with its `/sim` control API) and `Gateway` (with its admin and metrics endpoints). Binaries
 //! are taken from the target directory of the tests, whichever crate they belong to
-//! (`scripts/test.sh` builds all binaries first).
+//! (`scripts/test.sh` builds all binaries first). Ports, waits and binaries are
+//! `bench_harness::fleet`'s, as for `replay compare`, `chaos` and the scripts.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use bench_harness::fleet;
+
 use super::client::{HttpClient, Response, JSON};
 use super::TIMEOUT;
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1, below Linux's ephemeral range.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
+    free_port_block(1)
 }
 
 /// The first of `n` consecutive ports that were all free a moment ago, below Linux's ephemeral
 /// range (32768 up): there the test's own outgoing connections cannot take one before the
 /// process it is for binds it.
 pub fn free_port_block(n: u16) -> u16 {
-    for _ in 0..200 {
-        let base = 20_000 + fastrand::u16(..12_000 - n);
-        let all_free = (0..n).all(|i| TcpListener::bind(("127.0.0.1", base + i)).is_ok());
-        if all_free {
-            return base;
-        }
-    }
-    panic!("no block of {n} free ports found");
+    fleet::free_ports(n).unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// A binary of this workspace. Cargo names to a crate's tests only that crate's own binaries
-/// (`CARGO_BIN_EXE_kvgate` in kvgate, `CARGO_BIN_EXE_sim-engine` in bench-harness, which
-/// includes these fixtures by path), and every binary of the workspace lies beside them.
+/// A binary of this workspace: every one lies in the target directory the test runs from.
 pub fn workspace_bin(name: &str) -> PathBuf {
-    let own_binary = option_env!("CARGO_BIN_EXE_kvgate")
-        .or(option_env!("CARGO_BIN_EXE_sim-engine"))
-        .expect("the fixtures serve the tests of kvgate or bench-harness");
-    let path = Path::new(own_binary).with_file_name(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first",
-        path.display()
-    );
-    path
+    fleet::sibling_binary(name).unwrap_or_else(|| {
+        panic!("{name} is missing beside the test: run `cargo build --workspace --bins` first")
+    })
 }
 
 /// Waits until something accepts TCP connections on `port`.
 pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    super::wait_until(timeout, || {
-        TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
-    })
+    fleet::wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)), timeout)
 }
 
 /// A child process that is killed and reaped when dropped.

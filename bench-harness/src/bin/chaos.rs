@@ -8,7 +8,8 @@ use clap::Parser;
 
 use bench_harness::chaos::plan::PlanConfig;
 use bench_harness::chaos::run::{run_chaos, ChaosOptions};
-use bench_harness::replay::compare::sibling_binary;
+use bench_harness::cli::{self, exit_with, Failure, Threads, EXIT_FAILED, EXIT_USAGE};
+use bench_harness::fleet::sibling_binary;
 
 /// Replays a seeded workload through kvgate while engines are killed, restarted, hung, slowed
 /// and made to fail, clients abort, and workers are removed and added; then checks invariants.
@@ -74,7 +75,9 @@ fn main() {
     let args = Args::parse();
     let positive = |x: f64| x.is_finite() && x > 0.0;
     if !positive(args.minutes) || args.engines < 2 || !positive(args.rate) {
-        exit_with("--minutes and --rate must be positive, --engines at least 2");
+        exit_with(&Failure::usage(
+            "--minutes and --rate must be positive, --engines at least 2",
+        ));
     }
     let duration = Duration::from_secs_f64(args.minutes * 60.0);
     let warmup = Duration::from_secs_f64(
@@ -87,7 +90,9 @@ fn main() {
         .clone()
         .or_else(|| sibling_binary("kvgate").and_then(|p| p.parent().map(PathBuf::from)))
     else {
-        exit_with("kvgate is not next to this binary; build it or pass --bin-dir");
+        exit_with(&Failure::usage(
+            "kvgate is not next to this binary; build it or pass --bin-dir",
+        ));
     };
     let repro = args.repro.clone().unwrap_or_else(|| {
         let mut words: Vec<String> = std::env::args().collect();
@@ -129,13 +134,7 @@ fn main() {
         }
         return;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => exit_with(&format!("cannot start the async runtime: {e}")),
-    };
+    let runtime = cli::runtime(Threads::Pool(None));
     // On Ctrl-C the run is dropped, and with it the child processes (killed on drop).
     let result = runtime.block_on(async {
         tokio::select! {
@@ -149,7 +148,7 @@ fn main() {
         Err(message) => {
             eprintln!("chaos: seed {} could not run: {message}", args.seed);
             eprintln!("reproduce: {repro}");
-            std::process::exit(2);
+            std::process::exit(EXIT_USAGE);
         }
     };
     let path = args.out_dir.join("report.json");
@@ -198,10 +197,5 @@ fn main() {
         );
     }
     eprintln!("reproduce: {repro}");
-    std::process::exit(1);
-}
-
-fn exit_with(message: &str) -> ! {
-    eprintln!("Error: {message}");
-    std::process::exit(2);
+    std::process::exit(EXIT_FAILED);
 }

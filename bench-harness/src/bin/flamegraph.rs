@@ -43,10 +43,7 @@ struct Cli {
 }
 
 fn main() {
-    if let Err(message) = run(Cli::parse()) {
-        eprintln!("Error: {message}");
-        std::process::exit(1);
-    }
+    bench_harness::cli::exit_on_error(run(Cli::parse()).map_err(bench_harness::cli::Failure::run));
 }
 
 fn run(cli: Cli) -> Result<(), String> {

@@ -4,17 +4,12 @@
 use clap::Parser;
 use tokio::sync::watch;
 
+use bench_harness::cli::{self, exit_on_error, Threads};
 use bench_harness::replay::{cli::Cli, run_cli};
 
 fn main() {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => exit_with(&format!("cannot start the async runtime: {e}")),
-    };
+    let runtime = cli::runtime(Threads::Pool(None));
     let result = runtime.block_on(async {
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(async move {
@@ -26,9 +21,7 @@ fn main() {
     });
     // Dropping the runtime reaps children killed on drop before the process exits.
     drop(runtime);
-    if let Err(message) = result {
-        exit_with(&message);
-    }
+    exit_on_error(result);
 }
 
 async fn wait_for_interrupt() {
@@ -38,9 +31,4 @@ async fn wait_for_interrupt() {
         _ = tokio::signal::ctrl_c() => {}
         _ = async { match terminate.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
     }
-}
-
-fn exit_with(message: &str) -> ! {
-    eprintln!("Error: {message}");
-    std::process::exit(1);
 }

@@ -18,6 +18,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use bench_harness::cli::{self, exit_on_error, Failure, Threads};
+
 #[derive(Parser, Debug)]
 #[command(name = "slowloris")]
 struct Args {
@@ -74,16 +76,8 @@ impl Phase {
 
 fn main() {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => exit_with(&format!("cannot start the async runtime: {e}")),
-    };
-    if let Err(message) = runtime.block_on(run(args)) {
-        exit_with(&message);
-    }
+    let runtime = cli::runtime(Threads::Pool(None));
+    exit_on_error(runtime.block_on(run(args)).map_err(Failure::run));
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -171,6 +165,8 @@ async fn hold(target: SocketAddr, slow: bool, interval: Duration, hostile: &Host
         };
         open.fetch_add(1, Ordering::Relaxed);
         if slow {
+            // Raw bytes on purpose: the attack is a request head that never ends, one header
+            // line at a time, which no HTTP client library writes.
             let mut line = 0u64;
             let mut ok = stream
                 .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\n")
@@ -287,9 +283,4 @@ async fn request(sender: &mut Sender, target: SocketAddr, body: Bytes) -> Result
     } else {
         Err(())
     }
-}
-
-fn exit_with(message: &str) -> ! {
-    eprintln!("Error: {message}");
-    std::process::exit(1);
 }

@@ -7,7 +7,6 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,15 +18,18 @@ use tokio::time::Instant;
 use super::http::{send, Exchange, Verdict};
 use super::metrics::{tree_and_worker_gauges_agree, Scrape};
 use super::plan::{generate, Action, FaultEvent, Plan, PlanConfig, PlannedRequest, RequestKind};
-use crate::replay::procstat;
+use crate::fleet::{
+    self, free_port_blocks, free_ports, procstat, spawn_logged, LogMode, STARTUP_TIMEOUT,
+};
 
 /// The admin key the driver starts kvgate with (sent as a bearer token on admin calls).
 pub const ADMIN_KEY: &str = "chaos-admin-key";
 const MODEL: &str = "sim-model";
 /// Allowed growth of the gateway's RSS from the end of the warm-up to the end of the drain.
 pub const RSS_GROWTH_MAX: f64 = 1.2;
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a probe of the gateway's or an engine's state may take.
+const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything a run needs besides its plan.
 #[derive(Clone, Debug)]
@@ -102,7 +104,11 @@ impl Fleet {
             .arg(MODEL)
             .arg("--seed")
             .arg((options.plan.seed.wrapping_mul(1000) + engine as u64).to_string());
-        slot.child = Some(spawn_logged(command, &log, slot.starts > 0)?);
+        let mode = match slot.starts {
+            0 => LogMode::Truncate,
+            _ => LogMode::Append,
+        };
+        slot.child = Some(spawn_logged(command, &log, mode)?);
         slot.starts += 1;
         Ok(())
     }
@@ -138,7 +144,7 @@ impl Fleet {
             .args(["--log-level", "info"])
             .args(&options.kvgate_args);
         let log = options.out_dir.join("kvgate.log");
-        self.gateway = Some(spawn_logged(command, &log, false)?);
+        self.gateway = Some(spawn_logged(command, &log, LogMode::Truncate)?);
         Ok(())
     }
 
@@ -157,91 +163,18 @@ impl Fleet {
     }
 }
 
-fn spawn_logged(mut command: Command, log: &Path, append: bool) -> Result<Child, String> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(append)
-        .write(true)
-        .truncate(!append)
-        .open(log)
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    let stderr = file
-        .try_clone()
-        .map_err(|e| format!("{}: {e}", log.display()))?;
-    command
-        .stdin(Stdio::null())
-        .stdout(file)
-        .stderr(stderr)
-        .kill_on_drop(true);
-    command
-        .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", command.as_std().get_program()))
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
-}
-
-async fn wait_listening(addr: SocketAddr, what: &str) -> Result<(), String> {
-    let deadline = Instant::now() + STARTUP_TIMEOUT;
-    while Instant::now() < deadline {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(format!(
-        "{what} is not listening on {addr} after {STARTUP_TIMEOUT:?}"
-    ))
+/// Waits until `addr` answers `GET /health` with 200 (a fresh engine or gateway has no faults).
+async fn wait_healthy(addr: SocketAddr, what: &str) -> Result<(), String> {
+    let never = fleet::never_stopped();
+    fleet::wait_until_healthy(addr, "/health", STARTUP_TIMEOUT, never, || Ok(()))
+        .await
+        .map_err(|e| format!("{what}: {e}"))
 }
 
 /// A GET answered with its body (any status), or `None` when there is no answer.
 async fn get(addr: SocketAddr, path: &str, bearer: Option<&str>) -> Option<(u16, String)> {
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{}\r\n",
-        bearer
-            .map(|key| format!("Authorization: Bearer {key}\r\n"))
-            .unwrap_or_default()
-    );
-    let exchange = async {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut bytes = Vec::new();
-        stream.read_to_end(&mut bytes).await.ok()?;
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let status = text.get(9..12)?.parse().ok()?;
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        let body = if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            dechunk(body)
-        } else {
-            body.to_string()
-        };
-        Some((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(10), exchange)
-        .await
-        .ok()
-        .flatten()
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = rest[size..].trim_start_matches("\r\n");
-    }
-    out
+    let answer = fleet::http::get(addr, path, bearer, GET_TIMEOUT).await?;
+    Some((answer.status, answer.body))
 }
 
 /// The registered worker URLs, from `GET /workers`.
@@ -343,16 +276,21 @@ pub async fn run_chaos(options: ChaosOptions) -> Result<ChaosReport, String> {
         .map_err(|e| format!("{}: {e}", options.out_dir.display()))?;
     let plan = generate(&options.plan);
     write_plan(&options.out_dir.join("plan.txt"), &plan)?;
-    let mut engines = Vec::new();
-    for _ in 0..options.plan.engines {
-        engines.push(Engine {
-            port: free_port()?,
+    // One block per engine, not one for all: an engine is killed and restarted on its own port.
+    let mut blocks = vec![1; options.plan.engines];
+    blocks.push(2);
+    let ports = free_port_blocks(&blocks)?;
+    let engines = ports[..options.plan.engines]
+        .iter()
+        .map(|&port| Engine {
+            port,
             child: None,
             starts: 0,
-        });
-    }
-    let gateway_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-    let metrics_addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        })
+        .collect();
+    let gateway_port = ports[options.plan.engines];
+    let gateway_addr = SocketAddr::from(([127, 0, 0, 1], gateway_port));
+    let metrics_addr = SocketAddr::from(([127, 0, 0, 1], gateway_port + 1));
     let mut fleet = Fleet {
         options: options.clone(),
         engines,
@@ -372,10 +310,10 @@ async fn drive(fleet: &mut Fleet, plan: &Plan) -> Result<ChaosReport, String> {
     }
     for engine in 0..fleet.engines.len() {
         let addr = SocketAddr::from(([127, 0, 0, 1], fleet.engines[engine].port));
-        wait_listening(addr, &format!("sim-engine {engine}")).await?;
+        wait_healthy(addr, &format!("sim-engine {engine}")).await?;
     }
     fleet.start_gateway()?;
-    wait_listening(fleet.gateway_addr, "kvgate").await?;
+    wait_healthy(fleet.gateway_addr, "kvgate").await?;
     let expected: BTreeSet<String> = (0..fleet.engines.len())
         .map(|e| fleet.engine_url(e))
         .collect();
@@ -662,7 +600,7 @@ async fn apply(
         }
         Action::AddBogusWorker => {
             // A port nothing listens on (taken and released here): the probe must fail.
-            let bogus = free_port().map(|p| format!("http://127.0.0.1:{p}"));
+            let bogus = free_ports(1).map(|p| format!("http://127.0.0.1:{p}"));
             let body =
                 Bytes::from(serde_json::json!({ "url": bogus.unwrap_or_default() }).to_string());
             admin(
@@ -700,9 +638,11 @@ async fn heal(
                     start.elapsed().as_secs_f64()
                 ),
             );
+            // Only a restarted engine is waited for: a running one may fail its health check
+            // on purpose until its faults are cleared below.
+            let addr = SocketAddr::from(([127, 0, 0, 1], fleet.engines[engine].port));
+            let _ = wait_healthy(addr, "sim-engine").await;
         }
-        let addr = SocketAddr::from(([127, 0, 0, 1], fleet.engines[engine].port));
-        let _ = wait_listening(addr, "sim-engine").await;
         let verdict = sim_post(
             fleet.engines[engine].port,
             "/sim/faults",

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::limits::OUTPUT_TOKENS_MAX;
-use super::workload::Skip;
+use super::skip::Skip;
 
 /// The endpoints a captured line may name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -334,7 +334,7 @@ fn mark_text_or_ids(value: &mut Value, pass: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::workload::SkipKind;
+    use crate::replay::skip::SkipKind;
     use serde_json::json;
 
     fn line(endpoint: &str, body: Value) -> String {

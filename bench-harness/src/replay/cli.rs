@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::compare::{sibling_binary, validate_policies, CompareOptions};
+use super::compare::{validate_policies, CompareOptions};
 use super::form::{CapturedModel, FormOptions, RequestForm, TenantOptions};
 use super::limits::CONCURRENCY_MAX;
 use super::pacing::Pacing;
@@ -15,6 +15,7 @@ use super::run::{ReplayOptions, Source};
 use super::sharegpt::ShareGptOptions;
 use super::synthetic::{Popularity, SyntheticSpec};
 use super::trace::TraceFormat;
+use crate::fleet::sibling_binary;
 
 /// Replays LLM request traces or generated shared-prefix workloads through a gateway and reports
 /// cache hit rate, TTFT / ITL / end-to-end latency, throughput and load imbalance.

@@ -2,22 +2,21 @@
 //!
 //! For each policy it starts a new `sim-engine` fleet (so a cache warmed by the previous policy
 //! does not flatter the next) and a `kvgate --policy <name>` in front of it, waits until both
-//! answer, replays, and stops both. Children are [`Fleet`] guards: killed when dropped, so an error,
-//! a panic or Ctrl-C (which makes the replay return early) never leaves them running.
+//! answer `/health`, replays, and stops both. The processes are [`Children`]: killed when
+//! dropped, so an error, a panic or Ctrl-C (which makes the replay return early) never leaves
+//! them running. Ports, logs and waits are [`crate::fleet`]'s.
 
-use std::fs::File;
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::watch;
+
+use crate::fleet::{free_port_blocks, free_ports, Children, STARTUP_TIMEOUT};
 
 use super::limits::{COMPARE_POLICIES_MAX, FLEET_ENGINES_MAX};
 use super::report::{AddedLatency, ReplayReport};
-use super::run::{run_replay, stop_requested, ReplayOptions};
+use super::run::{run_replay, ReplayOptions};
 
 /// SMG's policy names (`--policy`); kvgate accepts the same set.
 pub const KNOWN_POLICIES: [&str; 7] = [
@@ -60,14 +59,8 @@ fn policy_flags(policy: &str) -> Vec<&str> {
     }
 }
 
-/// How long a fleet or gateway may take to start answering.
-pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// Tries to start a fleet and its gateway before giving up.
 const STARTUP_ATTEMPTS: u32 = 3;
-
-/// Log lines of a child that failed to start, quoted in the error.
-const LOG_TAIL_BYTES: usize = 2000;
 
 /// Settings of a comparison.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,21 +100,9 @@ pub fn validate_policies(policies: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Finds a binary next to the running executable (cargo puts every workspace binary in the same
-/// `target/<profile>/`), or in its parent (when the executable is a test in `deps/`).
-pub fn sibling_binary(name: &str) -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
-    [dir.join(name), dir.parent()?.join(name)]
-        .into_iter()
-        .find(|p| p.is_file())
-}
-
-/// Replays through each policy in turn and returns one report per policy.
-pub async fn run_compare(
-    options: &CompareOptions,
-    stop: watch::Receiver<bool>,
-) -> Result<Vec<ReplayReport>, String> {
+/// Checks a comparison's settings before anything starts: the policies, the fleet's size and
+/// that both binaries are there.
+pub fn validate(options: &CompareOptions) -> Result<(), String> {
     validate_policies(&options.policies)?;
     if options.engines == 0 || options.engines > FLEET_ENGINES_MAX {
         return Err(format!(
@@ -133,6 +114,15 @@ pub async fn run_compare(
             return Err(format!("{} not found: build it (cargo build --release --workspace --bins) or pass its path", binary.display()));
         }
     }
+    Ok(())
+}
+
+/// Replays through each policy in turn and returns one report per policy.
+pub async fn run_compare(
+    options: &CompareOptions,
+    stop: watch::Receiver<bool>,
+) -> Result<Vec<ReplayReport>, String> {
+    validate(options)?;
     std::fs::create_dir_all(&options.log_dir)
         .map_err(|e| format!("{}: {e}", options.log_dir.display()))?;
     let mut reports = Vec::with_capacity(options.policies.len());
@@ -189,10 +179,10 @@ async fn start_with_retries(
     options: &CompareOptions,
     policy: &str,
     stop: &watch::Receiver<bool>,
-) -> Result<(Fleet, Vec<String>, String, Option<u32>), String> {
+) -> Result<(Children, Vec<String>, String, Option<u32>), String> {
     let mut last_error = String::new();
     for attempt in 1..=STARTUP_ATTEMPTS {
-        let mut fleet = Fleet::default();
+        let mut fleet = Children::default();
         let started = async {
             let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
             if policy == DIRECT {
@@ -220,18 +210,22 @@ async fn start_with_retries(
 async fn start_engines(
     options: &CompareOptions,
     policy: &str,
-    fleet: &mut Fleet,
+    fleet: &mut Children,
     stop: watch::Receiver<bool>,
 ) -> Result<Vec<String>, String> {
-    let base_port = free_port_range(options.engines)?;
+    // With KV events, PUB sockets on kv_base + i and replay sockets on kv_base + engines + i.
+    let blocks = match policy {
+        CACHE_AWARE_KV => vec![options.engines, 2 * options.engines],
+        _ => vec![options.engines],
+    };
+    let ports = free_port_blocks(&blocks)?;
+    let base_port = ports[0];
     let mut sim = Command::new(&options.sim_engine);
     let (engines, base) = (options.engines.to_string(), base_port.to_string());
     sim.args(["--engines", &engines, "--base-port", &base]);
     sim.args(&options.sim_args);
-    if policy == CACHE_AWARE_KV {
-        // PUB sockets on kv_base + i, replay sockets on kv_base + engines + i.
-        let kv_base = free_port_range(2 * options.engines)?.to_string();
-        sim.args(["--kv-events-base-port", &kv_base]);
+    if let Some(kv_base) = ports.get(1) {
+        sim.args(["--kv-events-base-port", &kv_base.to_string()]);
     }
     let log = options
         .log_dir
@@ -239,7 +233,9 @@ async fn start_engines(
     fleet.start("sim-engine", sim, &log)?;
     for i in 0..options.engines {
         let addr = SocketAddr::from(([127, 0, 0, 1], base_port + i));
-        fleet.wait_until_answering(addr, stop.clone()).await?;
+        fleet
+            .wait_until_healthy(addr, STARTUP_TIMEOUT, stop.clone())
+            .await?;
     }
     let urls = (0..options.engines).map(|i| format!("http://127.0.0.1:{}", base_port + i));
     Ok(urls.collect())
@@ -251,12 +247,12 @@ async fn start_gateway(
     options: &CompareOptions,
     policy: &str,
     workers: &[String],
-    fleet: &mut Fleet,
+    fleet: &mut Children,
     stop: watch::Receiver<bool>,
 ) -> Result<(String, Option<u32>), String> {
-    let port = free_port_range(1)?;
     // Its own metrics port too: the default (29000) would collide with any other gateway.
-    let metrics_port = free_port_range(1)?;
+    let port = free_ports(2)?;
+    let metrics_port = port + 1;
     let mut gateway = Command::new(&options.kvgate);
     let (port_text, metrics_text) = (port.to_string(), metrics_port.to_string());
     gateway.args(["--host", "127.0.0.1", "--port", &port_text]);
@@ -274,136 +270,10 @@ async fn start_gateway(
         .join(format!("{}-kvgate.log", policy.replace(':', "-")));
     let pid = fleet.start("kvgate", gateway, &log)?;
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    fleet.wait_until_answering(addr, stop).await?;
+    fleet
+        .wait_until_healthy(addr, STARTUP_TIMEOUT, stop)
+        .await?;
     Ok((format!("http://127.0.0.1:{port}"), pid))
-}
-
-/// Picks `count` consecutive free loopback ports (a fleet serves engine i on base + i).
-fn free_port_range(count: u16) -> Result<u16, String> {
-    for _ in 0..64 {
-        let base = fastrand::u16(20_000..60_000 - count);
-        let listeners: Result<Vec<TcpListener>, _> = (0..count)
-            .map(|i| TcpListener::bind(("127.0.0.1", base + i)))
-            .collect();
-        if listeners.is_ok() {
-            return Ok(base);
-        }
-    }
-    Err(format!("no {count} consecutive free ports on 127.0.0.1"))
-}
-
-/// Started child processes, killed when dropped.
-#[derive(Default)]
-pub struct Fleet {
-    children: Vec<(String, Child, PathBuf)>,
-}
-
-impl Fleet {
-    /// Starts `command` with its output in `log`; returns its process id.
-    pub fn start(
-        &mut self,
-        name: &str,
-        mut command: Command,
-        log: &Path,
-    ) -> Result<Option<u32>, String> {
-        let file = File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let stderr = file
-            .try_clone()
-            .map_err(|e| format!("{}: {e}", log.display()))?;
-        command
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(stderr)
-            .kill_on_drop(true);
-        let child = command
-            .spawn()
-            .map_err(|e| format!("cannot start {name}: {e}"))?;
-        let pid = child.id();
-        self.children
-            .push((name.to_string(), child, log.to_path_buf()));
-        Ok(pid)
-    }
-
-    /// Waits until `addr` answers an HTTP request (any status), failing early if a child exits.
-    pub async fn wait_until_answering(
-        &mut self,
-        addr: SocketAddr,
-        mut stop: watch::Receiver<bool>,
-    ) -> Result<(), String> {
-        let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            self.check_running()?;
-            if answers_http(addr).await {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(format!(
-                    "nothing answered on {addr} within {STARTUP_TIMEOUT:?}{}",
-                    self.log_tails()
-                ));
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
-                _ = stop_requested(&mut stop) => return Err("stopped".into()),
-            }
-        }
-    }
-
-    fn check_running(&mut self) -> Result<(), String> {
-        for (name, child, log) in &mut self.children {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!(
-                    "{name} exited ({status}) before it was ready; its log ({}):\n{}",
-                    log.display(),
-                    tail(log)
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn log_tails(&self) -> String {
-        let logs = self
-            .children
-            .iter()
-            .map(|(name, _, log)| format!("\n--- {name} ({}):\n{}", log.display(), tail(log)));
-        logs.collect()
-    }
-
-    /// Kills every child and waits for it to exit.
-    pub async fn stop(&mut self) {
-        for (_, mut child, _) in self.children.drain(..).rev() {
-            let _ = child.start_kill();
-            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
-        }
-    }
-}
-
-/// True when a `GET /health` on `addr` gets any HTTP response line back.
-async fn answers_http(addr: SocketAddr) -> bool {
-    let probe = tokio::task::spawn_blocking(move || {
-        let timeout = Duration::from_millis(500);
-        let Ok(mut stream) = TcpStream::connect_timeout(&addr, timeout) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(timeout));
-        let request = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        if std::io::Write::write_all(&mut stream, request.as_bytes()).is_err() {
-            return false;
-        }
-        let mut head = [0u8; 12];
-        stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.")
-    });
-    probe.await.unwrap_or(false)
-}
-
-fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let start = text.len().saturating_sub(LOG_TAIL_BYTES);
-    let start = (start..text.len())
-        .find(|&i| text.is_char_boundary(i))
-        .unwrap_or(text.len());
-    text[start..].to_string()
 }
 
 #[cfg(test)]

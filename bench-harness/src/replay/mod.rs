@@ -3,13 +3,15 @@
 //!
 //! The pipeline, one module per stage: a [`workload`] source ([`trace`] files — Mooncake, Azure,
 //! [`captured`] request logs, [`token_ids`] traces —, [`sharegpt`] conversations, or the
-//! [`synthetic`] generator; files read by [`records`], generated prompts kept as seeded
-//! [`content`] segments, real ones as [`conversation`] text) → [`pacing`] (when each request is
-//! due) → [`form`] (the request body) → [`client`] (pooled keep-alive HTTP, [`sse`] streaming) →
-//! [`report`] (histograms and the one serializable result) → printers (text table, JSON,
-//! [`plot`]). [`run`] wires one replay; [`compare`] runs one per policy against fresh
-//! `sim-engine` fleets and `kvgate`s. Bounds live in [`limits`]; the command line in [`cli`].
-//! Errors are `String`s naming the flag or file to fix; the binary prints them as `Error: ...`.
+//! [`synthetic`] generator; lines it cannot use counted by [`skip`]; files read by
+//! [`records`], generated prompts kept as seeded [`content`] segments, real ones as
+//! [`conversation`] text) → [`pacing`] (when each request is due) → [`form`] (the request body)
+//! → [`client`] (pooled keep-alive HTTP, [`sse`] streaming) → [`report`] (histograms and the one
+//! serializable result) → printers (text table, JSON, [`plot`]). [`run`] wires one replay;
+//! [`compare`] runs one per policy against fresh `sim-engine` fleets and `kvgate`s. Bounds live
+//! in [`limits`]; the command line in [`cli`].
+//! Errors are `String`s naming the flag or file to fix; [`run_cli`] tells a wrong command line
+//! from a failed run ([`crate::cli::Failure`]) and the binary prints them as `Error: ...`.
 
 pub mod captured;
 pub mod cli;
@@ -22,13 +24,13 @@ pub mod form;
 pub mod limits;
 pub mod pacing;
 pub mod plot;
-pub mod procstat;
 pub mod progress;
 pub mod records;
 pub mod report;
 pub mod run;
 pub mod samples;
 pub mod sharegpt;
+pub mod skip;
 pub mod sse;
 pub mod synthetic;
 pub mod token_ids;
@@ -39,32 +41,43 @@ use std::path::Path;
 
 use tokio::sync::watch;
 
+use crate::cli::Failure;
 use cli::{Cli, Command};
 use report::{table, ReplayReport};
 
-/// Runs what the command line asks for, printing the table to stdout and writing the files.
-pub async fn run_cli(cli: Cli, stop: watch::Receiver<bool>) -> Result<(), String> {
+/// Runs what the command line asks for, printing the table to stdout and writing the files. A
+/// command line that does not make a run is a [`Failure::usage`], anything after a
+/// [`Failure::run`].
+pub async fn run_cli(cli: Cli, stop: watch::Receiver<bool>) -> Result<(), Failure> {
     match cli.command {
         Some(Command::Compare(args)) => {
-            let options = args.compare_options()?;
-            let reports = compare::run_compare(&options, stop).await?;
+            let options = args.compare_options().map_err(Failure::usage)?;
+            compare::validate(&options).map_err(Failure::usage)?;
+            let reports = compare::run_compare(&options, stop)
+                .await
+                .map_err(Failure::run)?;
             print!("{}", table(&reports));
-            write_json(&args.out, &serde_json::json!({ "policies": reports }))?;
-            plot::write_plot(&args.plot, &reports)?;
+            write_json(&args.out, &serde_json::json!({ "policies": reports }))
+                .map_err(Failure::run)?;
+            plot::write_plot(&args.plot, &reports).map_err(Failure::run)?;
             eprintln!("wrote {} and {}", args.out.display(), args.plot.display());
             Ok(())
         }
         None => {
-            let gateway = cli
+            let gateway = cli.replay.gateway.clone().ok_or_else(|| {
+                Failure::usage("--gateway URL is required (or use `replay compare`)")
+            })?;
+            let options = cli
                 .replay
-                .gateway
-                .clone()
-                .ok_or("--gateway URL is required (or use `replay compare`)")?;
-            let options = cli.replay.workload.replay_options(gateway)?;
-            let report = run::run_replay(&options, stop).await?;
+                .workload
+                .replay_options(gateway)
+                .map_err(Failure::usage)?;
+            let report = run::run_replay(&options, stop)
+                .await
+                .map_err(Failure::run)?;
             print!("{}", table(std::slice::from_ref(&report)));
             if let Some(out) = &cli.replay.out {
-                write_json(out, &report)?;
+                write_json(out, &report).map_err(Failure::run)?;
             }
             let plot_path = cli
                 .replay
@@ -72,7 +85,7 @@ pub async fn run_cli(cli: Cli, stop: watch::Receiver<bool>) -> Result<(), String
                 .clone()
                 .or_else(|| cli.replay.out.as_ref().map(|o| o.with_extension("svg")));
             if let Some(path) = plot_path {
-                plot::write_plot(&path, std::slice::from_ref(&report))?;
+                plot::write_plot(&path, std::slice::from_ref(&report)).map_err(Failure::run)?;
             }
             warn_about(&report);
             Ok(())

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::client::Outcome;
 use super::limits::{CDF_POINTS_MAX, HIT_RATE_BUCKETS_MAX, LATENCY_US_MAX};
-use super::procstat::{SelfUsage, WatchedProcess};
+use crate::fleet::procstat::{SelfUsage, WatchedProcess};
 
 /// Latency percentiles in milliseconds (successful requests only).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -14,7 +14,6 @@ use super::client::{Client, Endpoint};
 use super::form::{build_request, FormOptions};
 use super::limits::{IN_FLIGHT_OPEN_LOOP_MAX, OUTCOME_CHANNEL_CAPACITY};
 use super::pacing::{dispatch, Clock, Dispatch, Pacing, Schedule, TokioClock};
-use super::procstat::{self_usage, WatchedProcess};
 use super::progress::{show_progress, ProgressCounters, ProgressMode};
 use super::report::{Completion, Recorder, ReplayReport};
 use super::sharegpt::{ShareGptOptions, ShareGptWorkload};
@@ -22,6 +21,8 @@ use super::synthetic::{SyntheticSpec, SyntheticWorkload};
 use super::token_ids::TokenDecoder;
 use super::trace::{TraceFormat, TraceWorkload};
 use super::workload::{Limited, Workload};
+use crate::fleet::procstat::{self_usage, WatchedProcess};
+use crate::fleet::stop_requested;
 
 /// Where requests come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -229,13 +230,6 @@ impl RequestSender {
             let _ = completions.send(completion).await;
             drop(slot);
         });
-    }
-}
-
-/// Resolves when a stop is requested; never, if no one can request it any more.
-pub async fn stop_requested(stop: &mut watch::Receiver<bool>) {
-    if stop.wait_for(|s| *s).await.is_err() {
-        std::future::pending::<()>().await;
     }
 }
 

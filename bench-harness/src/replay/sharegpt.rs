@@ -27,7 +27,8 @@ use super::limits::{
     CONVERSATIONS_ACTIVE_MAX, CONVERSATION_BYTES_MAX, CONVERSATION_TURNS_MAX, OUTPUT_TOKENS_MAX,
 };
 use super::records::{RecordRead, RecordReader};
-use super::workload::{Content, Skip, SkipKind, Warnings, WorkItem, Workload};
+use super::skip::{Skip, SkipKind, Warnings};
+use super::workload::{Content, WorkItem, Workload};
 
 /// How a ShareGPT file is replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]

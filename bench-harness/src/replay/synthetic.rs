@@ -6,7 +6,8 @@
 
 use super::content::{seed_of, Prompt};
 use super::limits::{OUTPUT_TOKENS_MAX, PROMPT_TOKENS_MAX};
-use super::workload::{Content, Warnings, WorkItem, Workload};
+use super::skip::Warnings;
+use super::workload::{Content, WorkItem, Workload};
 
 /// Conversations (groups × prompts per group) one generator tracks: 8 bytes each.
 pub const CONVERSATIONS_MAX: u64 = 1 << 22;

@@ -19,7 +19,7 @@ use tokenizers::Decoder;
 
 use super::flat_json::{self, FlatValue};
 use super::limits::{OUTPUT_TOKENS_MAX, PROMPT_TOKENS_MAX, TOKENIZER_FILE_BYTES_MAX};
-use super::workload::Skip;
+use super::skip::Skip;
 
 /// The field names a token-id line is read with, for `--help`.
 pub const TOKEN_IDS_FIELDS: &str = "input_tok_ids (or input_ids, prompt_token_ids): the \
@@ -340,7 +340,7 @@ impl TokenDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::workload::SkipKind;
+    use crate::replay::skip::SkipKind;
 
     #[test]
     fn llmservingsim_lines_and_their_aliases_parse() {

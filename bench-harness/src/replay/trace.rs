@@ -25,8 +25,9 @@ use super::limits::{
     TOKEN_IDS_LINE_BYTES_MAX, TRACE_LINE_BYTES_MAX,
 };
 use super::records::{read_line_bounded, LineRead};
+use super::skip::{Skip, SkipKind, Warnings};
 use super::token_ids::{parse_token_ids_line, TokenDecoder, TokenIds, TokenIdsRow};
-use super::workload::{Content, Skip, SkipKind, Warnings, WorkItem, Workload};
+use super::workload::{Content, WorkItem, Workload};
 
 /// The timestamped trace formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,9 @@
-//! Process measurements from `/proc` (Linux): the replay's own CPU time and peak memory, and the
-//! resident memory of a watched process (the gateway) at 10%, 50% and 100% of a run, so the
-//! million-request benchmark needs no external sampler. Elsewhere every reading is `None`.
+//! Process measurements from `/proc` (Linux): CPU time of a process ([`cpu_s`]) or of its
+//! threads of one name ([`thread_cpu_s`]), how busy each of the host's CPUs was
+//! ([`host_cpu`]), resident memory now and at its peak ([`rss_kb`], [`peak_rss_kb`]), and for `replay` its own CPU time and peak
+//! memory ([`self_usage`]) and a watched process's memory at 10%, 50% and 100% of a run
+//! ([`WatchedProcess`]), so no benchmark needs an external sampler. Elsewhere every reading is
+//! `None`.
 
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +84,11 @@ pub fn rss_kb(pid: u32) -> Option<u64> {
     status_field(&format!("/proc/{pid}/status"), "VmRSS:")
 }
 
+/// The most resident memory `pid` has had (VmHWM), in KiB.
+pub fn peak_rss_kb(pid: u32) -> Option<u64> {
+    status_field(&format!("/proc/{pid}/status"), "VmHWM:")
+}
+
 /// The replay process's CPU time and peak memory so far.
 pub fn self_usage() -> SelfUsage {
     SelfUsage {
@@ -118,6 +126,55 @@ pub fn cpu_s(pid: u32) -> Option<f64> {
     stat_cpu_s(&format!("/proc/{pid}/stat"))
 }
 
+/// User + system CPU seconds spent so far by the threads of `pid` whose name (`comm`) is `name`
+/// (kvgate names its threads: `kvgate-control`, `kvgate-mesh`, ...); 0 when none has it.
+pub fn thread_cpu_s(pid: u32, name: &str) -> Option<f64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0.0;
+    for task in tasks.flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            // A thread that ended between the listing and the read spent nothing more.
+            total += stat_cpu_s(&path.join("stat").to_string_lossy()).unwrap_or(0.0);
+        }
+    }
+    Some(total)
+}
+
+/// One CPU's time since boot from `/proc/stat`, in clock ticks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostCpu {
+    /// user, nice, system, irq and softirq: running anything.
+    pub busy: u64,
+    /// busy, idle, iowait and steal.
+    pub total: u64,
+    /// Taken by the hypervisor for other guests.
+    pub steal: u64,
+}
+
+/// The times of CPU `cpu` (the `cpuN` line of `/proc/stat`).
+pub fn host_cpu(cpu: usize) -> Option<HostCpu> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let label = format!("cpu{cpu}");
+    let line = stat
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(label.as_str()))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let field = |i: usize| ticks.get(i).copied().unwrap_or(0);
+    let busy = field(0) + field(1) + field(2) + field(5) + field(6);
+    Some(HostCpu {
+        busy,
+        total: busy + field(3) + field(4) + field(7),
+        steal: field(7),
+    })
+}
+
 fn stat_cpu_s(path: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
@@ -138,7 +195,44 @@ mod tests {
         assert!(usage.max_rss_kb.is_some_and(|kb| kb > 100));
         assert!(usage.cpu_s.is_some_and(|s| s >= 0.0));
         assert!(rss_kb(std::process::id()).is_some_and(|kb| kb > 100));
+        let (rss, peak) = (rss_kb(std::process::id()), peak_rss_kb(std::process::id()));
+        assert!(rss.is_some() && peak >= rss, "{rss:?} {peak:?}");
         assert!(cpu_s(std::process::id()).is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn counts_only_the_threads_of_the_name() {
+        let pid = std::process::id();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let spinner = std::thread::Builder::new()
+            .name("procstat-spin".into())
+            .spawn(move || {
+                let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+                let mut x = 0u64;
+                while std::time::Instant::now() < until {
+                    x = x.wrapping_add(std::hint::black_box(1));
+                }
+                let _ = rx.recv();
+                x
+            })
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        let spun = thread_cpu_s(pid, "procstat-spin").unwrap();
+        assert!(spun > 0.0, "{spun}");
+        assert_eq!(thread_cpu_s(pid, "no-such-thread"), Some(0.0));
+        assert!(spun <= cpu_s(pid).unwrap());
+        drop(tx);
+        spinner.join().unwrap();
+    }
+
+    #[test]
+    fn a_host_cpu_is_busy_no_more_than_its_total() {
+        let cpu = host_cpu(0).unwrap();
+        assert!(
+            cpu.busy <= cpu.total && cpu.steal <= cpu.total && cpu.total > 0,
+            "{cpu:?}"
+        );
+        assert_eq!(host_cpu(1 << 20), None);
     }
 
     #[test]

@@ -1,11 +1,12 @@
-//! The fleet the policy and extraction benchmarks decide over: workers with random loads drawn
-//! from a seeded generator, so every run decides over the same fleet.
+//! The workers the policy and extraction benchmarks decide over: random loads drawn from a
+//! seeded generator, so every run decides over the same workers. (Not `fleet`: that word names
+//! the processes a benchmark starts, `bench_harness::fleet`.)
 
 use fastrand::Rng;
 use kvgate::policy::{WorkerLoad, WorkerStatus};
 
 /// `workers` eligible workers with random in-flight counts, engine loads and credited tokens.
-pub fn fleet(rng: &mut Rng, workers: usize) -> Vec<WorkerStatus> {
+pub fn random_workers(rng: &mut Rng, workers: usize) -> Vec<WorkerStatus> {
     (0..workers)
         .map(|_| WorkerStatus {
             eligible: true,
