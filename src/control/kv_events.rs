@@ -31,7 +31,7 @@ use super::kv_subscriber::{FeedItem, Subscribers};
 
 /// Where one worker's events stand.
 #[derive(Debug)]
-enum Stream {
+enum StreamState {
     /// Its `/server_info` is (to be) asked for an endpoint.
     Discovering {
         /// A probe is in flight.
@@ -52,7 +52,7 @@ struct Worker {
     addr: SocketAddr,
     authority: String,
     host: String,
-    stream: Stream,
+    stream: StreamState,
     stats: StreamStats,
     /// The last batch applied (or when following began).
     last_batch: Instant,
@@ -126,7 +126,7 @@ impl KvEvents {
     }
 
     fn unfollow(&mut self, id: WorkerId, worker: &Worker) {
-        if let Stream::Following { subscription, .. } = worker.stream {
+        if let StreamState::Following { subscription, .. } = worker.stream {
             if let Some(subscribers) = &self.subscribers {
                 subscribers.stop(subscription);
             }
@@ -171,7 +171,7 @@ impl KvEvents {
                 addr: spec.addr,
                 authority: spec.authority.clone(),
                 host: spec.host().to_string(),
-                stream: Stream::Silent,
+                stream: StreamState::Silent,
                 stats: StreamStats {
                     worker: spec.url.clone(),
                     ..StreamStats::default()
@@ -181,7 +181,7 @@ impl KvEvents {
             match &spec.kv_events {
                 KvEventsSource::Off => {}
                 KvEventsSource::Discover => {
-                    worker.stream = Stream::Discovering {
+                    worker.stream = StreamState::Discovering {
                         asked: false,
                         at: now,
                     };
@@ -201,7 +201,7 @@ impl KvEvents {
         if let Err(e) = self.writer.attach(id) {
             tracing::error!(worker = worker.url, "KV events not read: {e}");
             worker.stats.fail(Failure::TooManyWorkers);
-            worker.stream = Stream::Silent;
+            worker.stream = StreamState::Silent;
             return;
         }
         if self.subscribers.is_none() {
@@ -210,7 +210,7 @@ impl KvEvents {
                 Err(e) => {
                     tracing::error!("KV events not read: cannot start the subscriber thread: {e}");
                     self.writer.detach(id);
-                    worker.stream = Stream::Silent;
+                    worker.stream = StreamState::Silent;
                     return;
                 }
             }
@@ -226,7 +226,7 @@ impl KvEvents {
             );
             subscribers.follow(id, subscription, endpoint);
         }
-        worker.stream = Stream::Following { subscription };
+        worker.stream = StreamState::Following { subscription };
         worker.last_batch = Instant::now();
         self.models_dirty = true;
     }
@@ -234,7 +234,7 @@ impl KvEvents {
     /// Asks `/server_info` of workers due, and follows what the answers announce.
     fn discover(&mut self, now: Instant) {
         for (id, worker) in &mut self.workers {
-            let Stream::Discovering { asked, at } = &mut worker.stream else {
+            let StreamState::Discovering { asked, at } = &mut worker.stream else {
                 continue;
             };
             if *asked || now < *at {
@@ -262,7 +262,7 @@ impl KvEvents {
             let Some(mut worker) = self.workers.remove(&id) else {
                 continue;
             };
-            if worker.url != url || !matches!(worker.stream, Stream::Discovering { .. }) {
+            if worker.url != url || !matches!(worker.stream, StreamState::Discovering { .. }) {
                 self.workers.insert(id, worker);
                 continue;
             }
@@ -270,7 +270,7 @@ impl KvEvents {
                 // Not reachable yet: ask again later.
                 Err(e) => {
                     tracing::debug!(worker = url, "KV events: /server_info not read: {e}");
-                    worker.stream = Stream::Discovering {
+                    worker.stream = StreamState::Discovering {
                         asked: false,
                         at: now + MODELS_REFRESH_INTERVAL,
                     };
@@ -279,18 +279,18 @@ impl KvEvents {
                     Ok(Some(endpoint)) => self.start_following(id, &mut worker, endpoint),
                     Ok(None) => {
                         tracing::debug!(worker = url, "KV events: the worker announces none");
-                        worker.stream = Stream::Silent;
+                        worker.stream = StreamState::Silent;
                     }
                     Err(e) => {
                         tracing::warn!(worker = url, "KV events not read: {e}");
                         worker.stats.fail(Failure::Discovery);
-                        worker.stream = Stream::Silent;
+                        worker.stream = StreamState::Silent;
                     }
                 },
                 // vLLM has no /server_info: give --kv-events-endpoints for it.
                 Ok((status, _)) => {
                     tracing::debug!(worker = url, status, "KV events: no /server_info");
-                    worker.stream = Stream::Silent;
+                    worker.stream = StreamState::Silent;
                 }
             }
             self.workers.insert(id, worker);
@@ -311,7 +311,8 @@ impl KvEvents {
                 continue;
             };
             match worker.stream {
-                Stream::Following { subscription, .. } if subscription == feed.subscription => {}
+                StreamState::Following { subscription, .. }
+                    if subscription == feed.subscription => {}
                 // A subscription stopped since: its items are stale.
                 _ => continue,
             }
@@ -358,10 +359,7 @@ impl KvEvents {
                 FeedItem::Failed(failure) => {
                     stats.fail(failure);
                     let was_up = stats.up;
-                    if matches!(
-                        failure,
-                        Failure::Connect | Failure::Disconnected | Failure::Receive
-                    ) {
+                    if failure.stops_stream() {
                         stats.up = false;
                     }
                     // Logged when the stream goes down, not on every retry of a dead one.
@@ -404,6 +402,18 @@ impl KvEvents {
                         "KV events: batches lost and not replayed; entries rebuilt from new events"
                     );
                 }
+                FeedItem::Implausible { seq } => {
+                    let dropped = self.writer.clear(id);
+                    stats.reset(Reset::Gap);
+                    stats.batches_skipped += 1;
+                    tracing::warn!(
+                        worker = worker.url,
+                        dropped,
+                        seq,
+                        "KV events: a batch numbered implausibly far ahead skipped; entries \
+                         rebuilt from the batches after it"
+                    );
+                }
                 FeedItem::Duplicate => stats.batches_skipped += 1,
                 FeedItem::Malformed => stats.batches_malformed += 1,
             }
@@ -416,7 +426,7 @@ impl KvEvents {
             return;
         };
         for (id, worker) in &mut self.workers {
-            let following = matches!(worker.stream, Stream::Following { .. });
+            let following = matches!(worker.stream, StreamState::Following { .. });
             if !following || now.duration_since(worker.last_batch) < ttl {
                 continue;
             }
@@ -459,7 +469,7 @@ impl KvEvents {
             worker.stats.blocks_held = self.writer.blocks_of(*id) as u64;
             // Workers that publish nothing are listed only if reading them failed.
             let failed = worker.stats.failures.iter().any(|n| *n > 0);
-            if !matches!(worker.stream, Stream::Silent) || failed {
+            if !matches!(worker.stream, StreamState::Silent) || failed {
                 streams.push(worker.stats.clone());
             }
         }
@@ -484,7 +494,7 @@ impl KvEvents {
     fn publishing_models(&self, catalog: &ModelCatalog) -> PublishingModels {
         let publishing = |id: &WorkerId| {
             let worker = self.workers.get(id)?;
-            matches!(worker.stream, Stream::Following { .. }).then_some(*id)
+            matches!(worker.stream, StreamState::Following { .. }).then_some(*id)
         };
         // The block size the first publisher with one reported (0: none yet).
         let block_size = |ids: &mut dyn Iterator<Item = WorkerId>| -> Option<u32> {
