@@ -342,11 +342,13 @@ impl KvEvents {
                     worker.last_batch = now;
                     let learned = apply_batch(&mut self.writer, id, &self.batch, stats);
                     self.models_dirty |= learned;
-                    if stats.blocks_refused > 0 && !self.warned_full {
+                    if stats.blocks_refused + stats.blocks_over_share > 0 && !self.warned_full {
                         self.warned_full = true;
                         tracing::warn!(
                             blocks = self.writer.live_blocks(),
-                            "KV-event index full: blocks refused; raise --kv-indexer-max-entries"
+                            share = self.writer.share(),
+                            "KV-event index full (or a worker at its share of it): blocks \
+                             refused; raise --kv-indexer-max-entries"
                         );
                     }
                 }
@@ -524,9 +526,9 @@ impl KvEvents {
     }
 }
 
-/// Applies a decoded batch of worker `id`'s; returns whether the worker reported a block size
-/// it had not before.
-fn apply_batch(
+/// Applies a decoded batch of worker `id`'s, counting what it did in `stats`; returns whether
+/// the worker reported a block size it had not before (`perf/kv_index.rs` measures this).
+pub fn apply_batch(
     writer: &mut KvIndexWriter,
     id: WorkerId,
     batch: &EventBatch,
@@ -549,6 +551,7 @@ fn apply_batch(
                     stats.blocks_stored += stored.stored;
                     stats.blocks_orphaned += stored.orphans;
                     stats.blocks_refused += stored.refused;
+                    stats.blocks_over_share += stored.over_share;
                 }
             }
             KvEvent::Removed { hashes } => {

@@ -113,6 +113,8 @@ pub struct StreamStats {
     pub blocks_orphaned: u64,
     /// Stored blocks refused because the index holds `--kv-indexer-max-entries` blocks.
     pub blocks_refused: u64,
+    /// Stored blocks refused because the worker holds its share of `--kv-indexer-max-entries`.
+    pub blocks_over_share: u64,
     /// Batches applied from the live stream.
     pub batches_applied: u64,
     /// Batches applied from the replay socket.
