@@ -339,6 +339,15 @@ impl KvEvents {
                         true => stats.batches_replayed += 1,
                         false => stats.batches_applied += 1,
                     }
+                    let misshapen = self.batch.misshapen();
+                    if misshapen > 0 {
+                        tracing::debug!(
+                            worker = worker.url,
+                            misshapen,
+                            "KV events: BlockStored events whose tokens do not fill their blocks \
+                             left out; the rest of the batch applied"
+                        );
+                    }
                     worker.last_batch = now;
                     let learned = apply_batch(&mut self.writer, id, &self.batch, stats);
                     self.models_dirty |= learned;
@@ -543,11 +552,12 @@ pub fn apply_batch(
                 parent,
                 tokens,
                 block_size,
+                salts,
             } => {
                 let (hashes, tokens) = (batch.hashes(hashes), batch.tokens(tokens));
-                let size = *block_size as usize;
+                let (size, salts) = (*block_size as usize, batch.salts(salts));
                 // Attached while followed: the store cannot miss the worker.
-                if let Ok(stored) = writer.store(id, hashes, *parent, tokens, size) {
+                if let Ok(stored) = writer.store_salted(id, hashes, *parent, tokens, size, salts) {
                     stats.blocks_stored += stored.stored;
                     stats.blocks_orphaned += stored.orphans;
                     stats.blocks_refused += stored.refused;

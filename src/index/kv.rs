@@ -60,6 +60,15 @@ fn chain_state(parent: u64, page: u64) -> u64 {
         .wrapping_add(page)
 }
 
+/// A page hash with what the engine folded into its block hash besides the tokens (`salt`,
+/// not 0): a value no plain page hash is but by chance.
+fn salted_page(page: u64, salt: u64) -> u64 {
+    (page ^ salt.rotate_left(23))
+        .wrapping_mul(0xc4ce_b9fe_1a85_ec53)
+        .rotate_left(31)
+        ^ salt
+}
+
 /// The key of the block whose chain state is `state` (never 0): Murmur3's finalizer, so every
 /// bit of every page counts; independent for each block of a walk, so they overlap.
 fn block_key(state: u64) -> u64 {
@@ -421,6 +430,22 @@ impl KvIndexWriter {
         token_ids: &[u32],
         block_size: usize,
     ) -> Result<StoreStats, KvIndexError> {
+        self.store_salted(worker, engine_hashes, parent, token_ids, block_size, &[])
+    }
+
+    /// [`KvIndexWriter::store`] of blocks whose engine hashes fold more than their tokens
+    /// (`salts`, one per block, 0: nothing; empty: nothing for any): a LoRA, a `cache_salt`,
+    /// multimodal inputs. Such a block and its descendants get keys no plain request's chain
+    /// reaches, as the engine's hashes do: a request without them is not predicted a hit.
+    pub fn store_salted(
+        &mut self,
+        worker: WorkerId,
+        engine_hashes: &[u64],
+        parent: Option<u64>,
+        token_ids: &[u32],
+        block_size: usize,
+        salts: &[u64],
+    ) -> Result<StoreStats, KvIndexError> {
         let (bit, _) = self
             .publisher(worker)
             .ok_or(KvIndexError::NotAttached(worker))?;
@@ -450,8 +475,13 @@ impl KvIndexWriter {
         // misses overlap instead of following one another.
         let table = &self.shared.table;
         self.scratch.clear();
-        for (engine, tokens) in engine_hashes.iter().zip(token_ids.chunks_exact(block_size)) {
-            state = chain_state(state, page_hash(tokens));
+        let pages = engine_hashes.iter().zip(token_ids.chunks_exact(block_size));
+        for (i, (engine, tokens)) in pages.enumerate() {
+            let page = match salts.get(i) {
+                Some(&salt) if salt != 0 => salted_page(page_hash(tokens), salt),
+                _ => page_hash(tokens),
+            };
+            state = chain_state(state, page);
             let key = block_key(state);
             table.prefetch(key);
             publisher.blocks.prefetch(*engine);

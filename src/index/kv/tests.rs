@@ -332,3 +332,27 @@ fn a_worker_storing_millions_fills_its_share_not_the_index() {
     writer.detach(WorkerId(1));
     assert_eq!(writer.share(), 100);
 }
+
+#[test]
+fn blocks_salted_by_a_lora_or_extra_keys_are_never_predicted_for_a_plain_request() {
+    let mut writer = KvIndexWriter::new(1024);
+    let reader = writer.reader();
+    for w in [1, 2] {
+        writer.attach(WorkerId(w)).unwrap();
+    }
+    let content = tokens(&[1, 2, 3]);
+    // Worker 1 cached the content under a LoRA (every block salted); worker 2 with a
+    // cache_salt (the first block salted, so its children differ too).
+    writer
+        .store_salted(WorkerId(1), &[11, 12, 13], None, &content, BS, &[7, 7, 7])
+        .unwrap();
+    writer
+        .store_salted(WorkerId(2), &[21, 22, 23], None, &content, BS, &[9, 0, 0])
+        .unwrap();
+    assert!(reader.lookup(&chain_of(&content), BS).holders().is_empty());
+    // Stored plain, it is found.
+    writer
+        .store_salted(WorkerId(2), &[31, 32], None, &content[..2 * BS], BS, &[])
+        .unwrap();
+    assert_eq!(held(&reader.lookup(&chain_of(&content), BS)), [(2, 2)]);
+}
