@@ -266,6 +266,10 @@ pub const KV_EVENTS_RELAY_READ_BYTES: usize = 64 << 10;
 /// batch if taken as the baseline.
 pub const KV_EVENTS_SEQUENCE_JUMP_MAX: u64 = 1 << 24;
 
+/// Bytes of decode buffers the control core keeps between KV-event batches: a typical batch
+/// (a few thousand blocks) fits, and what one huge batch grew is given back after it.
+pub const KV_EVENTS_DECODE_BYTES_RETAINED_MAX: usize = 1 << 20;
+
 /// How long a KV-event subscriber waits to connect to a publisher or a replay socket.
 pub const KV_EVENTS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 

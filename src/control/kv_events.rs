@@ -18,7 +18,8 @@ use crate::ids::WorkerId;
 use crate::index::kv::{KvIndexWriter, PublishingModels};
 use crate::kv_events::{EventBatch, Failure, IndexGauges, KvEvent, Reset, StreamStats};
 use crate::limits::{
-    KV_EVENTS_APPLY_PER_TURN_MAX, LOAD_POLL_TIMEOUT, MODELS_REFRESH_INTERVAL, PROBE_BODY_BYTES_MAX,
+    KV_EVENTS_APPLY_PER_TURN_MAX, KV_EVENTS_DECODE_BYTES_RETAINED_MAX, LOAD_POLL_TIMEOUT,
+    MODELS_REFRESH_INTERVAL, PROBE_BODY_BYTES_MAX,
 };
 use crate::net::client;
 use crate::policy::model_hash;
@@ -350,6 +351,7 @@ impl KvEvents {
                     }
                     worker.last_batch = now;
                     let learned = apply_batch(&mut self.writer, id, &self.batch, stats);
+                    self.batch.shrink_to(KV_EVENTS_DECODE_BYTES_RETAINED_MAX);
                     self.models_dirty |= learned;
                     if stats.blocks_refused + stats.blocks_over_share > 0 && !self.warned_full {
                         self.warned_full = true;

@@ -133,13 +133,15 @@ impl EventBatch {
         self.misshapen = 0;
     }
 
-    /// Gives back buffer capacity past `bytes_max` (what a huge batch left): a publisher's one
-    /// 200 MB batch must not stay held between batches.
+    /// Empties the batch (applied) and gives back buffer capacity past `bytes_max` per buffer
+    /// (what a huge batch left): a publisher's one 200 MB batch must not stay held between
+    /// batches.
     pub fn shrink_to(&mut self, bytes_max: usize) {
+        self.clear();
         fn shrink<T>(buffer: &mut Vec<T>, bytes_max: usize) {
             let keep = bytes_max / std::mem::size_of::<T>().max(1);
             if buffer.capacity() > keep {
-                buffer.shrink_to(keep.max(buffer.len()));
+                buffer.shrink_to(keep);
             }
         }
         shrink(&mut self.events, bytes_max);

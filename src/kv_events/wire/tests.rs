@@ -238,6 +238,37 @@ fn unknown_event_types_are_skipped_and_deep_nesting_refused() {
 }
 
 #[test]
+fn buffers_grown_by_a_huge_batch_are_given_back() {
+    // [ts, [["BlockStored", [1..=n], nil, tokens, 16]]]: 200k blocks of 16 token ids.
+    let blocks = 200_000u32;
+    let mut payload = vec![0x92, 0x00, 0x91, 0x95, 0xab];
+    payload.extend_from_slice(b"BlockStored");
+    payload.push(0xdd);
+    payload.extend_from_slice(&blocks.to_be_bytes());
+    for h in 1..=blocks {
+        payload.push(0xce);
+        payload.extend_from_slice(&h.to_be_bytes());
+    }
+    payload.push(0xc0);
+    payload.push(0xdd);
+    payload.extend_from_slice(&(blocks * 16).to_be_bytes());
+    payload.extend(std::iter::repeat_n(0x07, (blocks * 16) as usize));
+    payload.push(0x10);
+    let mut batch = decoded(&payload);
+    assert_eq!(batch.events().len(), 1);
+    assert!(batch.capacity_bytes() > 8 << 20);
+    batch.shrink_to(1 << 20);
+    assert!(
+        batch.capacity_bytes() <= 4 << 20,
+        "{}",
+        batch.capacity_bytes()
+    );
+    // Still a working batch.
+    batch.decode(&unhex(SGLANG)).unwrap();
+    assert_eq!(batch.events().len(), 2);
+}
+
+#[test]
 fn frames_give_the_sequence_number_and_payload() {
     let seq = 258u64.to_be_bytes();
     let frames: [&[u8]; 3] = [b"", &seq, b"\x90"];
