@@ -21,10 +21,11 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use kvgate::control::kv_events::apply_batch;
 use kvgate::ids::WorkerId;
 use kvgate::index::kv::{chain_hashes, KvIndexWriter};
 use kvgate::index::TokenPages;
-use kvgate::kv_events::{EventBatch, KvEvent};
+use kvgate::kv_events::{EventBatch, StreamStats};
 use rmp::encode::{write_array_len, write_f64, write_nil, write_sint, write_str, write_uint};
 
 const WORKERS: usize = 64;
@@ -61,7 +62,8 @@ impl Sizes {
         Sizes {
             window: 4,
             query_tokens: vec![256],
-            filler_blocks: 1000,
+            // A chain per worker: each holds alone well under its share of the index.
+            filler_blocks: 2048,
         }
     }
 }
@@ -150,7 +152,8 @@ struct Ingested {
     lost: u64,
 }
 
-/// Decodes and applies one batch of `worker`'s.
+/// Decodes and applies one batch of `worker`'s, as the control core does
+/// (`control::kv_events::apply_batch`).
 fn ingest(
     writer: &mut KvIndexWriter,
     batch: &mut EventBatch,
@@ -162,26 +165,10 @@ fn ingest(
         done.lost += 1;
         return done;
     }
-    let id = WorkerId(worker as u16);
-    let blocks = &mut done.blocks;
-    for event in batch.events() {
-        match event {
-            KvEvent::Stored {
-                hashes,
-                parent,
-                tokens,
-                block_size,
-            } => {
-                let (hashes, tokens) = (batch.hashes(hashes), batch.tokens(tokens));
-                if let Ok(stats) = writer.store(id, hashes, *parent, tokens, *block_size as usize) {
-                    *blocks += stats.stored;
-                    done.lost += stats.orphans + stats.refused;
-                }
-            }
-            KvEvent::Removed { hashes } => *blocks += writer.remove(id, batch.hashes(hashes)),
-            KvEvent::Cleared => *blocks += writer.clear(id),
-        }
-    }
+    let mut stats = StreamStats::default();
+    apply_batch(writer, WorkerId(worker as u16), batch, &mut stats);
+    done.blocks = stats.blocks_stored + stats.blocks_removed;
+    done.lost = stats.blocks_orphaned + stats.blocks_refused + stats.blocks_over_share;
     done
 }
 

@@ -5,6 +5,12 @@
 # kvgate runs with one data core in front of a two-engine sim-engine (scripts/lib/fleet.sh).
 #
 #   scripts/bench-hostile.sh [--idle 10000] [--slow 1000] [--measure-s 30] [--debug]
+#   scripts/bench-hostile.sh --kv-frames [--debug]
+#
+# --kv-frames runs instead a hostile KV-event publisher: a ZMTP peer written by hand (python3)
+# that answers kvgate's subscription with a frame header announcing 2^62 bytes, then a 200 MB
+# frame sent whole, then 2^64-1; prints whether kvgate is alive, its RSS and the subscription
+# failures it counted.
 #
 # Raises the open-file limit to the hard limit (kvgate and the client each hold one descriptor
 # per connection); writes target/bench-hostile/result.json.
@@ -17,8 +23,10 @@ IDLE=10000
 SLOW=1000
 MEASURE_S=30
 PROFILE=release
+KV_FRAMES=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --kv-frames) KV_FRAMES=1; shift ;;
     --idle) IDLE="$2"; shift 2 ;;
     --slow) SLOW="$2"; shift 2 ;;
     --measure-s) MEASURE_S="$2"; shift 2 ;;
@@ -27,7 +35,56 @@ while [ $# -gt 0 ]; do
   esac
 done
 fleet_build "$PROFILE"
-BIN="target/$PROFILE"
+BIN="${KVGATE_BIN_DIR:-target/$PROFILE}"
+
+# A hostile KV-event publisher on port $1: each of three connections gets a greeting and a READY,
+# then a frame header announcing 2^62 bytes, a 200 MB frame with its body, 2^64-1 bytes.
+kv_frames_publisher() {
+  exec python3 - "$1" <<'PY'
+import socket, struct, sys, time
+port = int(sys.argv[1])
+cases = [(1 << 62, False), (200_000_000, True), ((1 << 64) - 1, False)]
+ready = b"\x05READY\x0bSocket-Type" + struct.pack(">I", 3) + b"PUB"
+greeting = (b"\xff" + b"\0" * 8 + b"\x7f\x03\x00" + b"NULL").ljust(64, b"\0")
+server = socket.create_server(("127.0.0.1", port))
+for announced, body in cases:
+    conn, _ = server.accept()
+    conn.sendall(greeting + bytes([0x04, len(ready)]) + ready)
+    time.sleep(0.3)
+    try:
+        conn.sendall(b"\x02" + struct.pack(">Q", announced))
+        if body:
+            chunk = b"\x07" * (1 << 20)
+            for _ in range(announced // len(chunk)):
+                conn.sendall(chunk)
+    except OSError:
+        pass
+    print(f"sent a frame of {announced} bytes{' with its body' if body else ''}", flush=True)
+    conn.close()
+PY
+}
+
+if [ "$KV_FRAMES" = 1 ]; then
+  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  fleet_init
+  SIM_PORT=$(free_port); GW_PORT=$(free_port); PROM_PORT=$(free_port); ZMQ_PORT=$(free_port)
+  fleet_start_sim "$BIN" "$SIM_PORT" --engines 1 --speedup 50
+  fleet_wait_port sim-engine "$SIM_PORT"
+  kv_frames_publisher "$ZMQ_PORT" >&2 &
+  FLEET_PIDS+=("$!")
+  fleet_start_kvgate "$BIN" "$GW_PORT" "$PROM_PORT" "http://127.0.0.1:$SIM_PORT" \
+    --kv-events-endpoints "tcp://127.0.0.1:$ZMQ_PORT"
+  fleet_wait_port kvgate "$GW_PORT"
+  echo "kvgate RSS at start: $(awk '/VmRSS/ {print $2, $3}' "/proc/$KVGATE_PID/status")" >&2
+  sleep 20
+  if kill -0 "$KVGATE_PID" 2>/dev/null; then
+    echo "kvgate alive; RSS $(awk '/VmRSS/ {print $2, $3}' "/proc/$KVGATE_PID/status"), peak $(awk '/VmHWM/ {print $2, $3}' "/proc/$KVGATE_PID/status")" >&2
+    curl -s "http://127.0.0.1:$PROM_PORT/metrics" | grep -E '^kvgate_kv_events_stream_up|reason="too_large"' >&2 || true
+  else
+    echo "kvgate died: $(tail -3 "$FLEET_WORK/kvgate.log")" >&2
+  fi
+  exit 0
+fi
 ulimit -n "$(ulimit -Hn)"
 NEED=$((IDLE + SLOW + 1000))
 if [ "$(ulimit -n)" -lt "$NEED" ]; then

@@ -257,6 +257,27 @@ pub const KV_EVENTS_FEED_CAPACITY: usize = 1024;
 /// lifecycle by more than a few milliseconds.
 pub const KV_EVENTS_APPLY_PER_TURN_MAX: usize = 512;
 
+/// The most bytes a KV-event publisher (or replay socket) may announce for one message, all its
+/// frames together. The ZeroMQ library reserves what a frame header announces before the bytes
+/// arrive; the subscriber's guard (`kv_events::zmtp`) cuts a connection announcing more, so no
+/// peer makes the gateway allocate past this. 64 MiB is about 80 times the largest batch a
+/// 128k-token prefill publishes (8,000 blocks of 16 token ids, under 1 MB).
+pub const KV_EVENTS_MESSAGE_BYTES_MAX: u64 = 64 << 20;
+
+/// The bytes the KV-event guard reads from a publisher at a time (and holds per connection).
+pub const KV_EVENTS_RELAY_READ_BYTES: usize = 64 << 10;
+
+/// The furthest ahead of the number expected a KV-event batch may be and still count as batches
+/// lost (a gap). Engines number batches one by one from 0; a publisher's high-water mark drops
+/// at most its queue (ZeroMQ's default is 1,000 messages) and a replay buffers about 10,000, so
+/// 16M batches (days of events) is no loss, but a glitched number that would hide every later
+/// batch if taken as the baseline.
+pub const KV_EVENTS_SEQUENCE_JUMP_MAX: u64 = 1 << 24;
+
+/// Bytes of decode buffers the control core keeps between KV-event batches: a typical batch
+/// (a few thousand blocks) fits, and what one huge batch grew is given back after it.
+pub const KV_EVENTS_DECODE_BYTES_RETAINED_MAX: usize = 1 << 20;
+
 /// How long a KV-event subscriber waits to connect to a publisher or a replay socket.
 pub const KV_EVENTS_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 

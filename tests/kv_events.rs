@@ -71,6 +71,8 @@ mod sglang {
 enum Command {
     /// Publish a batch (`live: false` keeps it for replay only, as if the PUB dropped it).
     Publish { payload: Vec<u8>, live: bool },
+    /// Publish a batch live under number `seq`, out of the publisher's numbering (a glitch).
+    PublishNumbered { seq: u64, payload: Vec<u8> },
     /// Close both sockets, bind them again, and start numbering from 0 with an empty buffer.
     Restart,
 }
@@ -134,6 +136,12 @@ impl Publisher {
         self.commands
             .send(Command::Publish { payload, live })
             .unwrap();
+    }
+
+    fn publish_numbered(&self, seq: u64, events: &[Vec<u8>]) {
+        let payload = sglang::batch(events);
+        let command = Command::PublishNumbered { seq, payload };
+        self.commands.send(command).unwrap();
     }
 
     fn restart(&self) {
@@ -202,6 +210,14 @@ async fn serve(port: u16, replay_port: u16, commands: mpsc::Receiver<Command>) {
                     }
                     buffer.push_back((seq, payload));
                     seq += 1;
+                }
+                Ok(Command::PublishNumbered { seq, payload }) => {
+                    let message = vec![
+                        Bytes::new(),
+                        Bytes::copy_from_slice(&seq.to_be_bytes()),
+                        Bytes::from(payload),
+                    ];
+                    let _ = publisher.send(ZmqMessage::try_from(message).unwrap()).await;
                 }
                 Ok(Command::Restart) => break true,
                 Err(mpsc::TryRecvError::Empty) => {}
@@ -472,4 +488,121 @@ fn the_endpoint_is_learned_from_server_info_and_a_removed_worker_is_purged() {
         gateway.metrics()
     );
     assert_eq!(gateway.metric_sum("kvgate_kv_index_blocks"), 0.0);
+}
+
+#[test]
+fn one_batch_numbered_far_ahead_hides_none_of_the_batches_after_it() {
+    let a = origin();
+    let publisher = Publisher::start();
+    let endpoint = publisher.endpoint(false);
+    let gateway = Gateway::start(&[a.url()], &["--kv-events-endpoints", &endpoint]);
+    let url = a.url();
+    wait_up(&gateway, &url);
+    for family in 20..25 {
+        publisher.publish(&[store_family(family, 1)]);
+    }
+    wait_held(&gateway, &url, 5.0);
+    // Batch 10^12, a glitch: skipped, and the worker rebuilt from the batches after it.
+    publisher.publish_numbered(1_000_000_000_000, &[store_family(30, 1)]);
+    let gaps = series("kvgate_kv_event_resets_total", &url, ",reason=\"gap\"");
+    assert!(wait_until(WAIT, || gateway.metric(&gaps) == 1.0));
+    // Batches 5, 6 and 7 are not duplicates of it.
+    for family in 25..28 {
+        publisher.publish(&[store_family(family, 2)]);
+    }
+    wait_held(&gateway, &url, 6.0);
+    assert_eq!(routed(&gateway, &tokens(27, 2)), url);
+    let skipped = series(
+        "kvgate_kv_event_batches_total",
+        &url,
+        ",outcome=\"skipped\"",
+    );
+    assert_eq!(gateway.metric(&skipped), 1.0, "{}", gateway.metrics());
+}
+
+/// A ZMTP 3 publisher written by hand: each connection gets a greeting and a `READY`, then,
+/// while `headers` last, one frame header announcing the next size (and nothing after it);
+/// later connections get `batches`, numbered from 0.
+fn raw_publisher(headers: Vec<u64>, batches: Vec<Vec<u8>>) -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut headers = headers.into_iter();
+        for connection in listener.incoming().take(64) {
+            let Ok(mut socket) = connection else { continue };
+            let mut greeting = vec![0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3, 0];
+            greeting.extend_from_slice(b"NULL");
+            greeting.resize(64, 0);
+            let mut ready = b"\x05READY\x0bSocket-Type".to_vec();
+            ready.extend_from_slice(&3u32.to_be_bytes());
+            ready.extend_from_slice(b"PUB");
+            greeting.extend_from_slice(&[0x04, ready.len() as u8]);
+            greeting.extend_from_slice(&ready);
+            if socket.write_all(&greeting).is_err() {
+                continue;
+            }
+            // The subscriber's handshake done, then the frames.
+            std::thread::sleep(Duration::from_millis(300));
+            let mut frames = Vec::new();
+            match headers.next() {
+                Some(announced) => {
+                    frames.push(0x02);
+                    frames.extend_from_slice(&announced.to_be_bytes());
+                }
+                None => {
+                    for (seq, payload) in batches.iter().enumerate() {
+                        frames.extend_from_slice(&[0x01, 0, 0x01, 8]);
+                        frames.extend_from_slice(&(seq as u64).to_be_bytes());
+                        frames.push(0x02);
+                        frames.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+                        frames.extend_from_slice(payload);
+                    }
+                }
+            }
+            let _ = socket.write_all(&frames);
+            // Held open until the subscriber closes it (or 30 s).
+            let _ = socket.set_read_timeout(Some(Duration::from_secs(30)));
+            let mut sink = [0u8; 1024];
+            while socket.read(&mut sink).is_ok_and(|n| n > 0) {}
+        }
+    });
+    port
+}
+
+#[test]
+fn a_frame_header_announcing_exabytes_is_refused_and_the_stream_subscribed_again() {
+    let a = origin();
+    // 2^47, 2^62 and 2^64-1 bytes aborted or stopped the subscriber before; 1 TiB left it stuck;
+    // 200 MB is past KV_EVENTS_MESSAGE_BYTES_MAX.
+    let headers = vec![1 << 47, 1 << 62, u64::MAX, 1 << 40, 200_000_000];
+    let batches = vec![sglang::batch(&[store_family(40, 3)])];
+    let port = raw_publisher(headers.clone(), batches);
+    let endpoint = format!("tcp://127.0.0.1:{port}");
+    let gateway = Gateway::start(&[a.url()], &["--kv-events-endpoints", &endpoint]);
+    let url = a.url();
+    let too_large = series(
+        "kvgate_kv_event_subscription_failures_total",
+        &url,
+        ",reason=\"too_large\"",
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || gateway.metric(&too_large)
+            == headers.len() as f64),
+        "{}",
+        gateway.metrics()
+    );
+    // Subscribed again each time: the honest connection's batch is applied.
+    wait_held(&gateway, &url, 3.0);
+    wait_up(&gateway, &url);
+    assert_eq!(routed(&gateway, &tokens(40, 3)), url);
+    let rss_kib = rss_kib(gateway.process.pid());
+    assert!(rss_kib < 256 << 10, "RSS {rss_kib} KiB");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"));
+    let kib = line.and_then(|l| l.split_whitespace().nth(1));
+    kib.and_then(|k| k.parse().ok()).expect("VmRSS in KiB")
 }

@@ -1,7 +1,10 @@
 //! Compatibility with the engines' own publishing stack: a Python publisher built on pyzmq and
 //! msgspec with vLLM's array-like struct layout (`tests/fixtures/kv_events_publisher.py`) feeds
 //! kvgate, and routing follows it: blocks it published before the gateway subscribed arrive
-//! through its ROUTER replay socket, later ones live, removals take the worker out.
+//! through its ROUTER replay socket, later ones live, removals take the worker out. A
+//! `BlockStored` whose tokens do not fill its blocks (vLLM's null blocks) loses only itself, and
+//! blocks whose vLLM hashes fold a LoRA or extra keys (`cache_salt`) are not predicted for a
+//! request without them.
 //!
 //! Needs the venv of `scripts/fetch-kv-events-python.sh` (the test script runs it). Without it
 //! the test says so and passes, unless `KVGATE_REQUIRE_PYTHON_COMPAT` is set (CI sets it).
@@ -164,4 +167,78 @@ fn a_pyzmq_msgspec_publisher_in_vllm_layout_steers_routing() {
     let malformed =
         format!("kvgate_kv_event_batches_total{{worker=\"{url_b}\",outcome=\"malformed\"}}");
     assert_eq!(gateway.metric(&malformed), 0.0);
+}
+
+#[test]
+fn vllm_null_blocks_lose_one_event_and_salted_blocks_are_never_predicted_for_plain_requests() {
+    let Some(python) = python() else {
+        let required = std::env::var_os("KVGATE_REQUIRE_PYTHON_COMPAT").is_some();
+        assert!(!required, "no venv: run scripts/fetch-kv-events-python.sh");
+        eprintln!("skipped: no venv (scripts/fetch-kv-events-python.sh)");
+        return;
+    };
+    let mut publisher = PythonPublisher::start(&python);
+    let a = MockOrigin::start(|_| Reply::json(r#"{"text":"a"}"#));
+    let endpoint = format!(
+        "tcp://127.0.0.1:{}+tcp://127.0.0.1:{}",
+        publisher.port, publisher.replay_port
+    );
+    let gateway = Gateway::start(&[a.url()], &["--kv-events-endpoints", &endpoint]);
+    let url = a.url();
+    let held = format!("kvgate_kv_index_worker_blocks{{worker=\"{url}\"}}");
+    let up = format!("kvgate_kv_events_stream_up{{worker=\"{url}\"}}");
+    let wait = Duration::from_secs(15);
+    assert!(wait_until(wait, || gateway.metric(&up) == 1.0));
+    let stored = |hashes: &[i64], tokens: &[u32]| {
+        serde_json::json!({
+            "op": "stored", "hashes": hashes, "parent": null, "tokens": tokens,
+            "block_size": BLOCK,
+        })
+    };
+    let family = tokens(2, 3);
+    publisher.publish(stored(&[100, 101, 102], &family[..3 * BLOCK]));
+    assert!(wait_until(wait, || gateway.metric(&held) == 3.0));
+    // One batch: a BlockStored with two blocks' tokens and one hash (a null block left out),
+    // and the removal of family 2. The removal applies.
+    let other = tokens(3, 2);
+    publisher.publish(serde_json::json!({ "op": "batch", "events": [
+        stored(&[200], &other[..2 * BLOCK]),
+        { "op": "removed", "hashes": [100, 101, 102] },
+    ]}));
+    assert!(
+        wait_until(wait, || gateway.metric(&held) == 0.0),
+        "{}",
+        gateway.metrics()
+    );
+    let malformed =
+        format!("kvgate_kv_event_batches_total{{worker=\"{url}\",outcome=\"malformed\"}}");
+    assert_eq!(gateway.metric(&malformed), 0.0);
+    // Blocks cached under a LoRA, and under a cache_salt: held, never predicted for a request
+    // without them.
+    let lora = tokens(4, 2);
+    let mut under_lora = stored(&[300, 301], &lora[..2 * BLOCK]);
+    under_lora["lora_name"] = "sql-adapter".into();
+    publisher.publish(under_lora);
+    let salted = tokens(5, 2);
+    let mut under_salt = stored(&[400, 401], &salted[..2 * BLOCK]);
+    under_salt["extra_keys"] = serde_json::json!([["tenant-salt"], null]);
+    publisher.publish(under_salt);
+    let plain = tokens(6, 2);
+    publisher.publish(stored(&[500, 501], &plain[..2 * BLOCK]));
+    assert!(wait_until(wait, || gateway.metric(&held) == 6.0));
+    let predicted = |tokens: &[u32]| {
+        let body = serde_json::json!({ "input_ids": tokens }).to_string();
+        let response = gateway.client().post_json("/generate", &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+        let header = response.header("x-kvgate-predicted-cached-tokens");
+        header.map(str::to_string)
+    };
+    assert_eq!(
+        predicted(&plain).as_deref(),
+        Some("32"),
+        "plain blocks predicted"
+    );
+    let none = |p: Option<String>| p.is_none_or(|p| p == "0");
+    assert!(none(predicted(&lora)), "a LoRA's blocks predicted");
+    assert!(none(predicted(&salted)), "salted blocks predicted");
 }

@@ -523,6 +523,8 @@ fn concurrent_adds_of_one_worker_register_it_once_whatever_its_spelling() {
         format!("http://localhost:{port}"),
         format!("HTTP://127.0.0.1:{port}/"),
         format!("http://LOCALHOST:{port}/"),
+        format!("http://0.0.0.0:{port}"),
+        format!("http://0:{port}"),
     ] {
         let r = gw.request(
             "POST",
@@ -558,6 +560,12 @@ fn removing_a_worker_drains_it_zeroes_its_in_flight_and_adding_it_back_works() {
         .is_some_and(|v| v >= 1.0)));
     let r = gw.request("DELETE", "/workers/0", "", None);
     assert_eq!(r.status, 202, "{}", r.text());
+    // Added again while it drains: refused, and the answer says why.
+    let again = json!({"url": sim.url(0)}).to_string();
+    let refused = gw.request("POST", "/workers", &again, None);
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    let message = refused.json()["error"]["message"].to_string();
+    assert!(message.contains("draining"), "{message}");
     // Draining: no new request reaches it while its streams finish.
     for _ in 0..4 {
         assert_eq!(

@@ -53,12 +53,16 @@ fn decode(batch: &mut EventBatch, payload: &[u8]) -> Decoded {
                 hashes,
                 tokens,
                 block_size,
+                salts,
                 ..
             } => {
                 follows(&mut hashes_end, hashes);
                 follows(&mut tokens_end, tokens);
                 let (h, t) = (batch.hashes(hashes), batch.tokens(tokens));
                 assert!(*block_size > 0 && t.len() == h.len() * *block_size as usize);
+                // Salts are one per block, or none.
+                let salts = batch.salts(salts);
+                assert!(salts.is_empty() || salts.len() == h.len(), "salts of other shape");
                 (h.to_vec(), t.to_vec())
             }
             KvEvent::Removed { hashes } => {

@@ -185,7 +185,7 @@ pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut 
         name,
         "counter",
         "Blocks by what the events did: stored (now listed), removed, orphaned (parent unknown, \
-         not listed), refused (index full)",
+         not listed), refused (index full), over_share (the worker holds its share of the index)",
     );
     for (worker, s) in &labelled {
         for (change, n) in [
@@ -193,6 +193,7 @@ pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut 
             ("removed", s.blocks_removed),
             ("orphaned", s.blocks_orphaned),
             ("refused", s.blocks_refused),
+            ("over_share", s.blocks_over_share),
         ] {
             let _ = writeln!(out, "{name}{{worker=\"{worker}\",change=\"{change}\"}} {n}");
         }

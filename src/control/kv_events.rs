@@ -18,7 +18,8 @@ use crate::ids::WorkerId;
 use crate::index::kv::{KvIndexWriter, PublishingModels};
 use crate::kv_events::{EventBatch, Failure, IndexGauges, KvEvent, Reset, StreamStats};
 use crate::limits::{
-    KV_EVENTS_APPLY_PER_TURN_MAX, LOAD_POLL_TIMEOUT, MODELS_REFRESH_INTERVAL, PROBE_BODY_BYTES_MAX,
+    KV_EVENTS_APPLY_PER_TURN_MAX, KV_EVENTS_DECODE_BYTES_RETAINED_MAX, LOAD_POLL_TIMEOUT,
+    MODELS_REFRESH_INTERVAL, PROBE_BODY_BYTES_MAX,
 };
 use crate::net::client;
 use crate::policy::model_hash;
@@ -31,7 +32,7 @@ use super::kv_subscriber::{FeedItem, Subscribers};
 
 /// Where one worker's events stand.
 #[derive(Debug)]
-enum Stream {
+enum StreamState {
     /// Its `/server_info` is (to be) asked for an endpoint.
     Discovering {
         /// A probe is in flight.
@@ -52,7 +53,7 @@ struct Worker {
     addr: SocketAddr,
     authority: String,
     host: String,
-    stream: Stream,
+    stream: StreamState,
     stats: StreamStats,
     /// The last batch applied (or when following began).
     last_batch: Instant,
@@ -126,7 +127,7 @@ impl KvEvents {
     }
 
     fn unfollow(&mut self, id: WorkerId, worker: &Worker) {
-        if let Stream::Following { subscription, .. } = worker.stream {
+        if let StreamState::Following { subscription, .. } = worker.stream {
             if let Some(subscribers) = &self.subscribers {
                 subscribers.stop(subscription);
             }
@@ -171,7 +172,7 @@ impl KvEvents {
                 addr: spec.addr,
                 authority: spec.authority.clone(),
                 host: spec.host().to_string(),
-                stream: Stream::Silent,
+                stream: StreamState::Silent,
                 stats: StreamStats {
                     worker: spec.url.clone(),
                     ..StreamStats::default()
@@ -181,7 +182,7 @@ impl KvEvents {
             match &spec.kv_events {
                 KvEventsSource::Off => {}
                 KvEventsSource::Discover => {
-                    worker.stream = Stream::Discovering {
+                    worker.stream = StreamState::Discovering {
                         asked: false,
                         at: now,
                     };
@@ -201,7 +202,7 @@ impl KvEvents {
         if let Err(e) = self.writer.attach(id) {
             tracing::error!(worker = worker.url, "KV events not read: {e}");
             worker.stats.fail(Failure::TooManyWorkers);
-            worker.stream = Stream::Silent;
+            worker.stream = StreamState::Silent;
             return;
         }
         if self.subscribers.is_none() {
@@ -210,7 +211,7 @@ impl KvEvents {
                 Err(e) => {
                     tracing::error!("KV events not read: cannot start the subscriber thread: {e}");
                     self.writer.detach(id);
-                    worker.stream = Stream::Silent;
+                    worker.stream = StreamState::Silent;
                     return;
                 }
             }
@@ -226,7 +227,7 @@ impl KvEvents {
             );
             subscribers.follow(id, subscription, endpoint);
         }
-        worker.stream = Stream::Following { subscription };
+        worker.stream = StreamState::Following { subscription };
         worker.last_batch = Instant::now();
         self.models_dirty = true;
     }
@@ -234,7 +235,7 @@ impl KvEvents {
     /// Asks `/server_info` of workers due, and follows what the answers announce.
     fn discover(&mut self, now: Instant) {
         for (id, worker) in &mut self.workers {
-            let Stream::Discovering { asked, at } = &mut worker.stream else {
+            let StreamState::Discovering { asked, at } = &mut worker.stream else {
                 continue;
             };
             if *asked || now < *at {
@@ -262,7 +263,7 @@ impl KvEvents {
             let Some(mut worker) = self.workers.remove(&id) else {
                 continue;
             };
-            if worker.url != url || !matches!(worker.stream, Stream::Discovering { .. }) {
+            if worker.url != url || !matches!(worker.stream, StreamState::Discovering { .. }) {
                 self.workers.insert(id, worker);
                 continue;
             }
@@ -270,7 +271,7 @@ impl KvEvents {
                 // Not reachable yet: ask again later.
                 Err(e) => {
                     tracing::debug!(worker = url, "KV events: /server_info not read: {e}");
-                    worker.stream = Stream::Discovering {
+                    worker.stream = StreamState::Discovering {
                         asked: false,
                         at: now + MODELS_REFRESH_INTERVAL,
                     };
@@ -279,18 +280,18 @@ impl KvEvents {
                     Ok(Some(endpoint)) => self.start_following(id, &mut worker, endpoint),
                     Ok(None) => {
                         tracing::debug!(worker = url, "KV events: the worker announces none");
-                        worker.stream = Stream::Silent;
+                        worker.stream = StreamState::Silent;
                     }
                     Err(e) => {
                         tracing::warn!(worker = url, "KV events not read: {e}");
                         worker.stats.fail(Failure::Discovery);
-                        worker.stream = Stream::Silent;
+                        worker.stream = StreamState::Silent;
                     }
                 },
                 // vLLM has no /server_info: give --kv-events-endpoints for it.
                 Ok((status, _)) => {
                     tracing::debug!(worker = url, status, "KV events: no /server_info");
-                    worker.stream = Stream::Silent;
+                    worker.stream = StreamState::Silent;
                 }
             }
             self.workers.insert(id, worker);
@@ -311,7 +312,8 @@ impl KvEvents {
                 continue;
             };
             match worker.stream {
-                Stream::Following { subscription, .. } if subscription == feed.subscription => {}
+                StreamState::Following { subscription, .. }
+                    if subscription == feed.subscription => {}
                 // A subscription stopped since: its items are stale.
                 _ => continue,
             }
@@ -338,14 +340,26 @@ impl KvEvents {
                         true => stats.batches_replayed += 1,
                         false => stats.batches_applied += 1,
                     }
+                    let misshapen = self.batch.misshapen();
+                    if misshapen > 0 {
+                        tracing::debug!(
+                            worker = worker.url,
+                            misshapen,
+                            "KV events: BlockStored events whose tokens do not fill their blocks \
+                             left out; the rest of the batch applied"
+                        );
+                    }
                     worker.last_batch = now;
                     let learned = apply_batch(&mut self.writer, id, &self.batch, stats);
+                    self.batch.shrink_to(KV_EVENTS_DECODE_BYTES_RETAINED_MAX);
                     self.models_dirty |= learned;
-                    if stats.blocks_refused > 0 && !self.warned_full {
+                    if stats.blocks_refused + stats.blocks_over_share > 0 && !self.warned_full {
                         self.warned_full = true;
                         tracing::warn!(
                             blocks = self.writer.live_blocks(),
-                            "KV-event index full: blocks refused; raise --kv-indexer-max-entries"
+                            share = self.writer.share(),
+                            "KV-event index full (or a worker at its share of it): blocks \
+                             refused; raise --kv-indexer-max-entries"
                         );
                     }
                 }
@@ -358,10 +372,7 @@ impl KvEvents {
                 FeedItem::Failed(failure) => {
                     stats.fail(failure);
                     let was_up = stats.up;
-                    if matches!(
-                        failure,
-                        Failure::Connect | Failure::Disconnected | Failure::Receive
-                    ) {
+                    if failure.stops_stream() {
                         stats.up = false;
                     }
                     // Logged when the stream goes down, not on every retry of a dead one.
@@ -404,6 +415,18 @@ impl KvEvents {
                         "KV events: batches lost and not replayed; entries rebuilt from new events"
                     );
                 }
+                FeedItem::Implausible { seq } => {
+                    let dropped = self.writer.clear(id);
+                    stats.reset(Reset::Gap);
+                    stats.batches_skipped += 1;
+                    tracing::warn!(
+                        worker = worker.url,
+                        dropped,
+                        seq,
+                        "KV events: a batch numbered implausibly far ahead skipped; entries \
+                         rebuilt from the batches after it"
+                    );
+                }
                 FeedItem::Duplicate => stats.batches_skipped += 1,
                 FeedItem::Malformed => stats.batches_malformed += 1,
             }
@@ -416,7 +439,7 @@ impl KvEvents {
             return;
         };
         for (id, worker) in &mut self.workers {
-            let following = matches!(worker.stream, Stream::Following { .. });
+            let following = matches!(worker.stream, StreamState::Following { .. });
             if !following || now.duration_since(worker.last_batch) < ttl {
                 continue;
             }
@@ -459,7 +482,7 @@ impl KvEvents {
             worker.stats.blocks_held = self.writer.blocks_of(*id) as u64;
             // Workers that publish nothing are listed only if reading them failed.
             let failed = worker.stats.failures.iter().any(|n| *n > 0);
-            if !matches!(worker.stream, Stream::Silent) || failed {
+            if !matches!(worker.stream, StreamState::Silent) || failed {
                 streams.push(worker.stats.clone());
             }
         }
@@ -484,7 +507,7 @@ impl KvEvents {
     fn publishing_models(&self, catalog: &ModelCatalog) -> PublishingModels {
         let publishing = |id: &WorkerId| {
             let worker = self.workers.get(id)?;
-            matches!(worker.stream, Stream::Following { .. }).then_some(*id)
+            matches!(worker.stream, StreamState::Following { .. }).then_some(*id)
         };
         // The block size the first publisher with one reported (0: none yet).
         let block_size = |ids: &mut dyn Iterator<Item = WorkerId>| -> Option<u32> {
@@ -514,9 +537,9 @@ impl KvEvents {
     }
 }
 
-/// Applies a decoded batch of worker `id`'s; returns whether the worker reported a block size
-/// it had not before.
-fn apply_batch(
+/// Applies a decoded batch of worker `id`'s, counting what it did in `stats`; returns whether
+/// the worker reported a block size it had not before (`perf/kv_index.rs` measures this).
+pub fn apply_batch(
     writer: &mut KvIndexWriter,
     id: WorkerId,
     batch: &EventBatch,
@@ -531,14 +554,16 @@ fn apply_batch(
                 parent,
                 tokens,
                 block_size,
+                salts,
             } => {
                 let (hashes, tokens) = (batch.hashes(hashes), batch.tokens(tokens));
-                let size = *block_size as usize;
+                let (size, salts) = (*block_size as usize, batch.salts(salts));
                 // Attached while followed: the store cannot miss the worker.
-                if let Ok(stored) = writer.store(id, hashes, *parent, tokens, size) {
+                if let Ok(stored) = writer.store_salted(id, hashes, *parent, tokens, size, salts) {
                     stats.blocks_stored += stored.stored;
                     stats.blocks_orphaned += stored.orphans;
                     stats.blocks_refused += stored.refused;
+                    stats.blocks_over_share += stored.over_share;
                 }
             }
             KvEvent::Removed { hashes } => {

@@ -24,10 +24,13 @@
 //! A full queue makes the task wait (the engine's publisher buffers, then drops, and the gap is
 //! replayed), so nothing is lost silently and memory stays bounded.
 
+mod guard;
+
 use std::collections::HashMap;
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_queue::ArrayQueue;
@@ -41,10 +44,12 @@ use crate::ids::WorkerId;
 use crate::kv_events::{message_parts, Arrival, Failure, Sequence, REPLAY_END_SEQ};
 use crate::limits::{
     KV_EVENTS_BACKOFF_MAX, KV_EVENTS_BACKOFF_MIN, KV_EVENTS_CONNECT_TIMEOUT,
-    KV_EVENTS_FEED_CAPACITY, KV_EVENTS_REPLAY_TIMEOUT,
+    KV_EVENTS_FEED_CAPACITY, KV_EVENTS_MESSAGE_BYTES_MAX, KV_EVENTS_REPLAY_TIMEOUT,
 };
 use crate::workers::spec::KvEventsEndpoint;
 use xxhash_rust::xxh3::xxh3_64;
+
+use guard::Guard;
 
 /// What a subscriber tells the control core.
 #[derive(Debug)]
@@ -84,6 +89,12 @@ pub enum FeedItem {
     /// Reconnected without a replay socket: whether the publisher restarted cannot be told,
     /// the worker's entries must be rebuilt.
     Unverified,
+    /// A batch numbered implausibly far ahead (`KV_EVENTS_SEQUENCE_JUMP_MAX`): not applied,
+    /// the batches after it still expected; the worker's entries must be rebuilt.
+    Implausible {
+        /// Its number.
+        seq: u64,
+    },
     /// A batch seen already: skipped.
     Duplicate,
     /// A message that is not `[topic, seq, payload]`: skipped.
@@ -145,7 +156,7 @@ impl Subscribers {
                                     subscription,
                                     feed: tasks_feed.clone(),
                                 };
-                                let task = tokio::spawn(follow(endpoint, out));
+                                let task = tokio::spawn(follow_supervised(endpoint, out));
                                 tasks.insert(subscription, task);
                             }
                             Command::Stop { subscription } => {
@@ -202,6 +213,7 @@ impl Drop for Subscribers {
 }
 
 /// A task's way to the control core.
+#[derive(Clone)]
 struct Out {
     worker: WorkerId,
     subscription: u64,
@@ -228,9 +240,63 @@ impl Out {
     }
 }
 
-/// Follows one worker until aborted.
+/// Follows one worker until aborted, through [`supervise`].
+async fn follow_supervised(endpoint: KvEventsEndpoint, out: Out) {
+    supervise(out, move |out| follow(endpoint.clone(), out)).await
+}
+
+/// Runs the task `start` makes until aborted: a task that ends (one that follows a worker
+/// never returns, so it panicked) is reported and started again after a backoff. Its place in
+/// the stream went with it, so the worker's entries are rebuilt from the next events.
+async fn supervise<F, T>(out: Out, mut start: F)
+where
+    F: FnMut(Out) -> T,
+    T: Future<Output = ()> + Send + 'static,
+{
+    let mut backoff = KV_EVENTS_BACKOFF_MIN;
+    loop {
+        let began = Instant::now();
+        let task = AbortOnDrop(tokio::spawn(start(out.clone())));
+        let ended = task.finished().await;
+        let failure = match ended {
+            Err(e) if e.is_panic() => Failure::Panicked,
+            // Cancelled only from outside, or returned: the same to the control core.
+            _ => Failure::Receive,
+        };
+        tracing::error!(
+            worker = out.worker.0,
+            reason = failure.label(),
+            "KV events: the subscription's task ended; starting it again"
+        );
+        out.send(FeedItem::Failed(failure)).await;
+        out.send(FeedItem::Unverified).await;
+        // A task that ran a while was healthy: the next one starts from the shortest wait.
+        if began.elapsed() > KV_EVENTS_BACKOFF_MAX {
+            backoff = KV_EVENTS_BACKOFF_MIN;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(KV_EVENTS_BACKOFF_MAX);
+    }
+}
+
+/// A spawned task aborted when its handle is dropped (a supervisor aborted aborts its task).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    async fn finished(mut self) -> Result<(), tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Follows one worker: a session per connection, a backoff between them.
 async fn follow(endpoint: KvEventsEndpoint, out: Out) {
-    let mut stream = Stream {
+    let mut follower = Follower {
         endpoint,
         out,
         sequence: Sequence::default(),
@@ -238,75 +304,27 @@ async fn follow(endpoint: KvEventsEndpoint, out: Out) {
     };
     let mut backoff = KV_EVENTS_BACKOFF_MIN;
     loop {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(KV_EVENTS_CONNECT_TIMEOUT);
-        let mut socket = SubSocket::with_options(options);
-        let mut monitor = socket.monitor();
-        let subscribed = async {
-            socket.connect(&stream.endpoint.publisher).await?;
-            socket.subscribe("").await
-        };
-        if subscribed.await.is_err() {
-            stream.out.send(FeedItem::Failed(Failure::Connect)).await;
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(KV_EVENTS_BACKOFF_MAX);
-            continue;
+        let session = follower.session().await;
+        if let Some(failure) = session.failure {
+            follower.out.send(FeedItem::Failed(failure)).await;
         }
-        backoff = KV_EVENTS_BACKOFF_MIN;
-        stream.out.send(FeedItem::Connected).await;
-        // A new socket: the publisher may have restarted since the last one.
-        stream.resync().await;
-        // Without a replay socket to resync with, the next live batch is the first since a
-        // (re)connection and shows a restart by its number; and a reconnection not resynced yet.
-        let resyncs = stream.endpoint.replay.is_some();
-        let (mut reconnected, mut disconnected) = (!resyncs, false);
-        loop {
-            tokio::select! {
-                received = socket.recv() => {
-                    let Ok(message) = received else {
-                        stream.out.send(FeedItem::Failed(Failure::Receive)).await;
-                        break;
-                    };
-                    let frames: Vec<&[u8]> = message.iter().map(|f| &f[..]).collect();
-                    let Ok((seq, _)) = message_parts(&frames) else {
-                        stream.out.send(FeedItem::Malformed).await;
-                        continue;
-                    };
-                    let payload = message.get(2).cloned().unwrap_or_default();
-                    // A live stream never goes back: numbers going back after a reconnection
-                    // (or to 0) mean a restarted publisher. Without a replay socket a
-                    // reconnection cannot be checked otherwise: the next number expected may
-                    // be a restarted publisher's too, so the worker starts over.
-                    let next = stream.sequence.next();
-                    let behind = next.is_some_and(|next| seq < next);
-                    if behind && (reconnected || seq == 0) {
-                        stream.restarted().await;
-                    } else if reconnected && next == Some(seq) {
-                        stream.out.send(FeedItem::Unverified).await;
-                        stream.sequence.restart();
-                    }
-                    reconnected = false;
-                    stream.deliver(seq, payload).await;
-                }
-                event = monitor.next() => match event {
-                    Some(SocketEvent::Disconnected(_)) => {
-                        stream.out.send(FeedItem::Failed(Failure::Disconnected)).await;
-                        (reconnected, disconnected) = (!resyncs, true);
-                    }
-                    // The socket reconnected by itself.
-                    Some(SocketEvent::Connected(..)) if disconnected => {
-                        disconnected = false;
-                        stream.out.send(FeedItem::Connected).await;
-                        stream.resync().await;
-                    }
-                    Some(_) => {}
-                    // The socket is gone: open a new one.
-                    None => break,
-                },
-            }
+        // A session that read a message was healthy: the next one starts from the shortest
+        // wait. One cut at its first message (too large) or never connected backs off.
+        if session.received {
+            backoff = KV_EVENTS_BACKOFF_MIN;
         }
         tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(KV_EVENTS_BACKOFF_MAX);
     }
+}
+
+/// How one connection to a publisher ended.
+#[derive(Debug, Default)]
+struct Session {
+    /// Why, when it failed.
+    failure: Option<Failure>,
+    /// Whether it read a message.
+    received: bool,
 }
 
 /// What a replay found.
@@ -321,8 +339,9 @@ enum Replayed {
     Failed,
 }
 
-/// One worker's stream as its task follows it.
-struct Stream {
+/// One worker's stream as its task follows it: the endpoint, the way to the control core and
+/// the place in the worker's numbered batches.
+struct Follower {
     endpoint: KvEventsEndpoint,
     out: Out,
     sequence: Sequence,
@@ -330,7 +349,99 @@ struct Stream {
     last: Option<(u64, u64)>,
 }
 
-impl Stream {
+impl Follower {
+    /// One connection to the publisher, through a [`Guard`], until it fails or the socket goes.
+    async fn session(&mut self) -> Session {
+        let mut ended = Session::default();
+        let guarded = Guard::start(&self.endpoint.publisher, KV_EVENTS_MESSAGE_BYTES_MAX).await;
+        let Ok(mut guard) = guarded else {
+            ended.failure = Some(Failure::Connect);
+            return ended;
+        };
+        let mut options = SocketOptions::default();
+        options.connect_timeout(KV_EVENTS_CONNECT_TIMEOUT);
+        let mut socket = SubSocket::with_options(options);
+        let mut monitor = socket.monitor();
+        let subscribed = async {
+            socket.connect(&guard.endpoint).await?;
+            socket.subscribe("").await
+        };
+        if subscribed.await.is_err() {
+            ended.failure = Some(Failure::Connect);
+            return ended;
+        }
+        self.out.send(FeedItem::Connected).await;
+        // A new socket: the publisher may have restarted since the last one.
+        self.resync().await;
+        // Without a replay socket to resync with, the next live batch is the first since a
+        // (re)connection and shows a restart by its number; and a reconnection not resynced yet.
+        let resyncs = self.endpoint.replay.is_some();
+        let (mut reconnected, mut disconnected) = (!resyncs, false);
+        loop {
+            tokio::select! {
+                received = socket.recv() => {
+                    let Ok(message) = received else {
+                        ended.failure = Some(Failure::Receive);
+                        return ended;
+                    };
+                    ended.received = true;
+                    self.receive(&message, reconnected).await;
+                    reconnected = false;
+                }
+                event = monitor.next() => match event {
+                    Some(SocketEvent::Disconnected(_)) => {
+                        self.out.send(FeedItem::Failed(Failure::Disconnected)).await;
+                        (reconnected, disconnected) = (!resyncs, true);
+                    }
+                    // The socket reconnected by itself.
+                    Some(SocketEvent::Connected(..)) if disconnected => {
+                        disconnected = false;
+                        self.out.send(FeedItem::Connected).await;
+                        self.resync().await;
+                    }
+                    Some(_) => {}
+                    // The socket is gone: open a new one.
+                    None => return ended,
+                },
+                too_large = guard.tripped() => {
+                    tracing::warn!(
+                        worker = self.out.worker.0,
+                        publisher = self.endpoint.publisher,
+                        announced = too_large.announced,
+                        "KV events: a message announced past KV_EVENTS_MESSAGE_BYTES_MAX; \
+                         connection cut"
+                    );
+                    ended.failure = Some(Failure::TooLarge);
+                    return ended;
+                }
+            }
+        }
+    }
+
+    /// A live message: `[topic, seq, payload]`, handed on in order. `reconnected`: the first
+    /// since a (re)connection that no replay socket checked.
+    async fn receive(&mut self, message: &ZmqMessage, reconnected: bool) {
+        let frames: Vec<&[u8]> = message.iter().map(|f| &f[..]).collect();
+        let Ok((seq, _)) = message_parts(&frames) else {
+            self.out.send(FeedItem::Malformed).await;
+            return;
+        };
+        let payload = message.get(2).cloned().unwrap_or_default();
+        // A live stream never goes back: numbers going back after a reconnection (or to 0, or
+        // further than any duplicate) mean a restarted publisher. Without a replay socket a
+        // reconnection cannot be checked otherwise: the next number expected may be a
+        // restarted publisher's too, so the worker starts over.
+        let next = self.sequence.next();
+        let behind = next.is_some_and(|next| seq < next);
+        if behind && (reconnected || seq == 0 || self.sequence.far_behind(seq)) {
+            self.restarted().await;
+        } else if reconnected && next == Some(seq) {
+            self.out.send(FeedItem::Unverified).await;
+            self.sequence.restart();
+        }
+        self.deliver(seq, payload).await;
+    }
+
     /// Hands on batch `seq`, the next in order.
     async fn hand_on(&mut self, seq: u64, payload: Bytes, replayed: bool) {
         self.last = Some((seq, xxh3_64(&payload)));
@@ -395,6 +506,12 @@ impl Stream {
                 return;
             }
             Arrival::Gap { missing } => self.out.send(FeedItem::Gap { missing }).await,
+            // Not applied, and not a baseline: the batches after it still follow.
+            Arrival::Implausible => {
+                self.sequence.pass_over(seq);
+                self.out.send(FeedItem::Implausible { seq }).await;
+                return;
+            }
         }
         self.hand_on(seq, payload, false).await;
     }
@@ -408,16 +525,25 @@ impl Stream {
         mut expect: Option<(u64, u64)>,
     ) -> Replayed {
         let replayed = tokio::time::timeout(KV_EVENTS_REPLAY_TIMEOUT, async {
+            let guarded = Guard::start(endpoint, KV_EVENTS_MESSAGE_BYTES_MAX).await;
+            let mut guard = guarded.map_err(|_| Failure::Replay)?;
             let mut options = SocketOptions::default();
             options.connect_timeout(KV_EVENTS_CONNECT_TIMEOUT);
             let mut dealer = DealerSocket::with_options(options);
-            dealer.connect(endpoint).await?;
+            let replay_failed = |_: zeromq::ZmqError| Failure::Replay;
+            dealer
+                .connect(&guard.endpoint)
+                .await
+                .map_err(replay_failed)?;
             // The ROUTER sees [identity, "", start]: the DEALER sends the delimiter itself.
             let mut request = ZmqMessage::from(Bytes::new());
             request.push_back(Bytes::copy_from_slice(&start.to_be_bytes()));
-            dealer.send(request).await?;
+            dealer.send(request).await.map_err(replay_failed)?;
             loop {
-                let reply = dealer.recv().await?;
+                let reply = tokio::select! {
+                    reply = dealer.recv() => reply.map_err(replay_failed)?,
+                    _ = guard.tripped() => return Err(Failure::TooLarge),
+                };
                 // [delimiter, seq, payload]; seq -1 ends the replay.
                 let frames: Vec<&[u8]> = reply.iter().map(|f| &f[..]).collect();
                 let Ok((seq, _)) = message_parts(&frames) else {
@@ -433,10 +559,10 @@ impl Stream {
                     continue;
                 }
                 if end {
-                    return Ok::<_, zeromq::ZmqError>(Replayed::Done);
+                    return Ok(Replayed::Done);
                 }
                 match self.sequence.arrival(seq) {
-                    Arrival::Seen => continue,
+                    Arrival::Seen | Arrival::Implausible => continue,
                     Arrival::Next => {}
                     Arrival::Gap { missing } => self.out.send(FeedItem::Gap { missing }).await,
                 }
@@ -444,12 +570,70 @@ impl Stream {
             }
         })
         .await;
-        match replayed {
-            Ok(Ok(outcome)) => outcome,
-            _ => {
-                self.out.send(FeedItem::Failed(Failure::Replay)).await;
-                Replayed::Failed
+        let failure = match replayed {
+            Ok(Ok(outcome)) => return outcome,
+            Ok(Err(failure)) => failure,
+            Err(_) => Failure::Replay,
+        };
+        self.out.send(FeedItem::Failed(failure)).await;
+        Replayed::Failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_task_that_panics_is_reported_and_started_again() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let feed = Arc::new(ArrayQueue::new(16));
+        let out = Out {
+            worker: WorkerId(3),
+            subscription: 7,
+            feed: feed.clone(),
+        };
+        let starts = Arc::new(AtomicUsize::new(0));
+        let counted = starts.clone();
+        let items = runtime.block_on(async move {
+            let supervisor = AbortOnDrop(tokio::spawn(supervise(out, move |out| {
+                let first = counted.fetch_add(1, Ordering::Relaxed) == 0;
+                async move {
+                    assert!(!first, "the first run fails");
+                    out.send(FeedItem::Connected).await;
+                    std::future::pending::<()>().await;
+                }
+            })));
+            let mut items = Vec::new();
+            for _ in 0..1000 {
+                while let Some(feed) = feed.pop() {
+                    assert_eq!((feed.worker, feed.subscription), (WorkerId(3), 7));
+                    items.push(feed.item);
+                }
+                if items.len() >= 3 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-        }
+            drop(supervisor);
+            items
+        });
+        assert!(
+            matches!(
+                items[..],
+                [
+                    FeedItem::Failed(Failure::Panicked),
+                    FeedItem::Unverified,
+                    FeedItem::Connected
+                ]
+            ),
+            "{items:?}"
+        );
+        assert_eq!(starts.load(Ordering::Relaxed), 2);
     }
 }

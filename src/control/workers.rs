@@ -257,13 +257,19 @@ impl WorkerDriver {
             .chain(probing)
             .find(|w| w.same_endpoint(&spec) || w.normalized_url() == url)
         {
+            // A worker being removed is still registered until its requests end: say so, or
+            // the caller cannot tell why its add is refused.
+            let draining = roster.workers.iter().any(|w| {
+                std::ptr::eq(&w.spec, existing) && shared.table.signals(w.id).is_draining()
+            });
+            let state = match draining {
+                true => "is draining (being removed); add it again once it is gone",
+                false => "is already registered or being added",
+            };
             let e = AdminError::new(
                 409,
                 "conflict",
-                format!(
-                    "worker {url} is already registered or being added (as {})",
-                    existing.url
-                ),
+                format!("worker {url} {state} (as {})", existing.url),
             );
             return Err(refuse(e));
         }

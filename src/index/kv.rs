@@ -17,9 +17,15 @@
 //!   [`KvIndexWriter::publish_models`] which models are served by publishing workers.
 //!
 //! A slot of the shared [`SlotTable`] is the key and a bitmap of the workers holding the block.
-//! The map holds at most `KV_BLOCKS_MAX` blocks; stores beyond are refused and counted. A block
-//! whose parent is unknown (its parent's event was missed) cannot be reached from a request's
-//! first block and is not stored (counted as an orphan).
+//! The map holds at most `KV_BLOCKS_MAX` blocks; stores beyond are refused and counted. Each
+//! publishing worker may add at most its share of them (`blocks_max` over the workers
+//! attached, [`KvIndexWriter::share`]), counted as the blocks it alone holds: a publisher that
+//! stores millions of blocks fills its own share, not the index, so the others' new prefixes
+//! are still stored (its blocks past the share are refused and counted as `over_share`).
+//! Blocks another worker holds too cost the index nothing more, so holding them is never
+//! refused (workers sharing a system prompt all list it). A block whose parent is unknown (its
+//! parent's event was missed) cannot be reached from a request's first block and is not stored
+//! (counted as an orphan).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,6 +58,15 @@ fn chain_state(parent: u64, page: u64) -> u64 {
     parent
         .wrapping_mul(0x9e37_79b9_7f4a_7c15)
         .wrapping_add(page)
+}
+
+/// A page hash with what the engine folded into its block hash besides the tokens (`salt`,
+/// not 0): a value no plain page hash is but by chance.
+fn salted_page(page: u64, salt: u64) -> u64 {
+    (page ^ salt.rotate_left(23))
+        .wrapping_mul(0xc4ce_b9fe_1a85_ec53)
+        .rotate_left(31)
+        ^ salt
 }
 
 /// The key of the block whose chain state is `state` (never 0): Murmur3's finalizer, so every
@@ -150,10 +165,10 @@ impl PublishingModels {
     }
 }
 
-/// What readers and the writer share: the table, which worker each bit stands for, and which
-/// models are served by publishing workers.
+/// The index as readers see it, published by the writer: the table of blocks and their holders'
+/// bits, which worker each bit stands for, and which models are served by publishing workers.
 #[derive(Debug)]
-struct Shared {
+struct BlockHolders {
     table: SlotTable<2>,
     /// `worker id + 1` of each bit (0: free).
     workers: [AtomicU32; KV_EVENT_WORKERS_MAX],
@@ -165,7 +180,7 @@ struct Shared {
 /// A data core's handle on the index.
 #[derive(Clone, Debug)]
 pub struct KvIndexReader {
-    shared: Arc<Shared>,
+    shared: Arc<BlockHolders>,
 }
 
 impl KvIndexReader {
@@ -271,14 +286,18 @@ pub struct StoreStats {
     pub orphans: u64,
     /// Blocks refused because the index holds its most blocks.
     pub refused: u64,
+    /// Blocks refused because the worker holds its share of the index.
+    pub over_share: u64,
 }
 
 /// The control core's handle: the only writer.
 #[derive(Debug)]
 pub struct KvIndexWriter {
-    shared: Arc<Shared>,
+    shared: Arc<BlockHolders>,
     blocks_max: usize,
     live_blocks: usize,
+    /// Per bit: the blocks that worker alone holds (what its share bounds).
+    sole: [usize; KV_EVENT_WORKERS_MAX],
     publishers: [Option<Publisher>; KV_EVENT_WORKERS_MAX],
     /// The `(state, key)` of a stored run's blocks, or the keys of removed ones: a batch's keys
     /// are computed and their slots prefetched before any is touched.
@@ -290,7 +309,7 @@ impl KvIndexWriter {
     pub fn new(blocks_max: usize) -> Self {
         let slots = blocks_max * SLOTS_PER_BLOCKS_NUM / SLOTS_PER_BLOCKS_DEN + 1;
         KvIndexWriter {
-            shared: Arc::new(Shared {
+            shared: Arc::new(BlockHolders {
                 table: SlotTable::new(slots),
                 workers: std::array::from_fn(|_| AtomicU32::new(0)),
                 attached: AtomicU64::new(0),
@@ -298,6 +317,7 @@ impl KvIndexWriter {
             }),
             blocks_max,
             live_blocks: 0,
+            sole: [0; KV_EVENT_WORKERS_MAX],
             publishers: std::array::from_fn(|_| None),
             scratch: Vec::new(),
         }
@@ -313,6 +333,14 @@ impl KvIndexWriter {
     /// Distinct blocks held by any worker.
     pub fn live_blocks(&self) -> usize {
         self.live_blocks
+    }
+
+    /// The most blocks one worker may hold alone: `blocks_max` over the workers attached. A
+    /// worker over it after another attached adds no new block until its evictions bring it
+    /// under.
+    pub fn share(&self) -> usize {
+        let attached = self.shared.attached.load(Ordering::Relaxed) as usize;
+        self.blocks_max / attached.max(1)
     }
 
     /// Blocks `worker` holds.
@@ -402,6 +430,22 @@ impl KvIndexWriter {
         token_ids: &[u32],
         block_size: usize,
     ) -> Result<StoreStats, KvIndexError> {
+        self.store_salted(worker, engine_hashes, parent, token_ids, block_size, &[])
+    }
+
+    /// [`KvIndexWriter::store`] of blocks whose engine hashes fold more than their tokens
+    /// (`salts`, one per block, 0: nothing; empty: nothing for any): a LoRA, a `cache_salt`,
+    /// multimodal inputs. Such a block and its descendants get keys no plain request's chain
+    /// reaches, as the engine's hashes do: a request without them is not predicted a hit.
+    pub fn store_salted(
+        &mut self,
+        worker: WorkerId,
+        engine_hashes: &[u64],
+        parent: Option<u64>,
+        token_ids: &[u32],
+        block_size: usize,
+        salts: &[u64],
+    ) -> Result<StoreStats, KvIndexError> {
         let (bit, _) = self
             .publisher(worker)
             .ok_or(KvIndexError::NotAttached(worker))?;
@@ -410,6 +454,7 @@ impl KvIndexWriter {
             stats.orphans = engine_hashes.len() as u64;
             return Ok(stats);
         }
+        let share = self.share();
         let blocks = &mut self.publishers[bit];
         let Some(publisher) = blocks.as_mut() else {
             return Err(KvIndexError::NotAttached(worker));
@@ -430,15 +475,21 @@ impl KvIndexWriter {
         // misses overlap instead of following one another.
         let table = &self.shared.table;
         self.scratch.clear();
-        for (engine, tokens) in engine_hashes.iter().zip(token_ids.chunks_exact(block_size)) {
-            state = chain_state(state, page_hash(tokens));
+        let pages = engine_hashes.iter().zip(token_ids.chunks_exact(block_size));
+        for (i, (engine, tokens)) in pages.enumerate() {
+            let page = match salts.get(i) {
+                Some(&salt) if salt != 0 => salted_page(page_hash(tokens), salt),
+                _ => page_hash(tokens),
+            };
+            state = chain_state(state, page);
             let key = block_key(state);
             table.prefetch(key);
             publisher.blocks.prefetch(*engine);
             self.scratch.push((state, key));
         }
         let mask = 1u64 << bit;
-        for (engine, &(state, key)) in engine_hashes.iter().zip(&self.scratch) {
+        for (i, (engine, &(state, key))) in engine_hashes.iter().zip(&self.scratch).enumerate() {
+            // Alone, a worker's share is the whole index: a full index says so (`refused`).
             match table.probe(key) {
                 Probe::Found(slot) => {
                     let holders = &table.words(slot)[1];
@@ -446,11 +497,21 @@ impl KvIndexWriter {
                     if held & mask == 0 {
                         holders.store(held | mask, Ordering::Release);
                         stats.stored += 1;
+                        if held.count_ones() == 1 {
+                            self.sole[held.trailing_zeros() as usize] -= 1;
+                        }
                     }
+                }
+                // Alone, a worker's share is the whole index: a full index says so (`refused`).
+                Probe::Vacant(_) if share < self.blocks_max && self.sole[bit] >= share => {
+                    // The rest of the sequence hangs off a block the worker may not add.
+                    stats.over_share += (self.scratch.len() - i) as u64;
+                    break;
                 }
                 Probe::Vacant(slot) if self.live_blocks < self.blocks_max => {
                     table.insert(slot, key, &[mask]);
                     self.live_blocks += 1;
+                    self.sole[bit] += 1;
                     stats.stored += 1;
                 }
                 Probe::Vacant(_) | Probe::RunFull => {
@@ -513,12 +574,20 @@ impl KvIndexWriter {
             return;
         };
         let holders = &table.words(slot)[1];
-        let left = holders.load(Ordering::Relaxed) & !(1u64 << bit);
+        let held = holders.load(Ordering::Relaxed);
+        if held & (1u64 << bit) == 0 {
+            return;
+        }
+        let left = held & !(1u64 << bit);
         if left == 0 {
             table.remove(slot, |_, _| {});
             self.live_blocks -= 1;
+            self.sole[bit] -= 1;
         } else {
             holders.store(left, Ordering::Release);
+            if left.count_ones() == 1 {
+                self.sole[left.trailing_zeros() as usize] += 1;
+            }
         }
     }
 }

@@ -16,18 +16,37 @@ pub enum Failure {
     TooManyWorkers,
     /// The worker's `/server_info` could not be read or announced an unusable endpoint.
     Discovery,
+    /// The publisher (or its replay socket) announced a message past
+    /// `KV_EVENTS_MESSAGE_BYTES_MAX`: the connection was cut before anything was allocated.
+    TooLarge,
+    /// The subscription's task panicked: it was started again.
+    Panicked,
 }
 
 impl Failure {
     /// Every reason, in exposition order.
-    pub const ALL: [Failure; 6] = [
+    pub const ALL: [Failure; 8] = [
         Failure::Connect,
         Failure::Disconnected,
         Failure::Receive,
         Failure::Replay,
         Failure::TooManyWorkers,
         Failure::Discovery,
+        Failure::TooLarge,
+        Failure::Panicked,
     ];
+
+    /// Whether the stream is down after it (the others leave the live socket as it was).
+    pub fn stops_stream(self) -> bool {
+        matches!(
+            self,
+            Failure::Connect
+                | Failure::Disconnected
+                | Failure::Receive
+                | Failure::TooLarge
+                | Failure::Panicked
+        )
+    }
 
     /// The metric label.
     pub fn label(self) -> &'static str {
@@ -38,6 +57,8 @@ impl Failure {
             Failure::Replay => "replay",
             Failure::TooManyWorkers => "too_many_workers",
             Failure::Discovery => "discovery",
+            Failure::TooLarge => "too_large",
+            Failure::Panicked => "panicked",
         }
     }
 }
@@ -92,6 +113,8 @@ pub struct StreamStats {
     pub blocks_orphaned: u64,
     /// Stored blocks refused because the index holds `--kv-indexer-max-entries` blocks.
     pub blocks_refused: u64,
+    /// Stored blocks refused because the worker holds its share of `--kv-indexer-max-entries`.
+    pub blocks_over_share: u64,
     /// Batches applied from the live stream.
     pub batches_applied: u64,
     /// Batches applied from the replay socket.

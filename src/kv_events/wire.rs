@@ -15,6 +15,15 @@
 //! offload tiers) or another KV-cache group than the first (hybrid models) are not the prefix
 //! cache a request can hit: they are skipped and counted ([`EventBatch::skipped`]).
 //!
+//! vLLM folds a block's LoRA (`lora_name`, or `lora_id` before it) and its `extra_keys`
+//! (multimodal hashes, `cache_salt` on the first block, prompt embeddings) into its block hash,
+//! so a request without them does not hit that block. A `Stored` event carries them as
+//! [`KvEvent::Stored::salts`], one per block (0: none), which the index folds into its chain:
+//! such blocks are never predicted for a plain request. A `BlockStored` whose token ids do not
+//! fill its blocks (vLLM leaves null blocks' hashes out but not their tokens) cannot be placed:
+//! that event alone is skipped and counted ([`EventBatch::misshapen`]), the rest of the batch
+//! applies.
+//!
 //! A batch decodes whole or not at all: any error leaves it empty and the caller counts the
 //! batch as malformed. Decoding allocates nothing once the batch's buffers have grown (they are
 //! reused from batch to batch) and reads the msgpack markers with `rmp`'s marker table.
@@ -22,7 +31,7 @@
 use std::ops::Range;
 
 use rmp::Marker;
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 /// The replay socket's end-of-replay sequence number.
 pub const REPLAY_END_SEQ: i64 = -1;
@@ -45,16 +54,6 @@ pub enum WireError {
     /// A token ID that is not an unsigned 32-bit integer.
     #[error("token_ids: an ID outside 0..2^32")]
     TokenId,
-    /// `block_size` is 0, or the tokens are not `block_size` per block.
-    #[error("BlockStored: {tokens} token IDs for {blocks} blocks of {block_size}")]
-    Shape {
-        /// Token IDs in the event.
-        tokens: usize,
-        /// Block hashes in the event.
-        blocks: usize,
-        /// Its `block_size`.
-        block_size: u64,
-    },
     /// Values nested deeper than `SKIP_DEPTH_MAX`.
     #[error("values nested too deep")]
     TooDeep,
@@ -89,6 +88,9 @@ pub enum KvEvent {
         tokens: Range<usize>,
         /// Tokens per block.
         block_size: u32,
+        /// Into [`EventBatch::salts`]: per block, the hash of what the engine folded into its
+        /// block hash besides the tokens (LoRA, extra keys; 0: nothing). Empty: none for any.
+        salts: Range<usize>,
     },
     /// The engine evicted the blocks `hashes`.
     Removed {
@@ -105,7 +107,9 @@ pub struct EventBatch {
     events: Vec<KvEvent>,
     hashes: Vec<u64>,
     tokens: Vec<u32>,
+    salts: Vec<u64>,
     skipped: u32,
+    misshapen: u32,
 }
 
 impl EventBatch {
@@ -124,7 +128,34 @@ impl EventBatch {
         self.events.clear();
         self.hashes.clear();
         self.tokens.clear();
+        self.salts.clear();
         self.skipped = 0;
+        self.misshapen = 0;
+    }
+
+    /// Empties the batch (applied) and gives back buffer capacity past `bytes_max` per buffer
+    /// (what a huge batch left): a publisher's one 200 MB batch must not stay held between
+    /// batches.
+    pub fn shrink_to(&mut self, bytes_max: usize) {
+        self.clear();
+        fn shrink<T>(buffer: &mut Vec<T>, bytes_max: usize) {
+            let keep = bytes_max / std::mem::size_of::<T>().max(1);
+            if buffer.capacity() > keep {
+                buffer.shrink_to(keep);
+            }
+        }
+        shrink(&mut self.events, bytes_max);
+        shrink(&mut self.hashes, bytes_max);
+        shrink(&mut self.tokens, bytes_max);
+        shrink(&mut self.salts, bytes_max);
+    }
+
+    /// Bytes of buffer capacity held.
+    pub fn capacity_bytes(&self) -> usize {
+        self.events.capacity() * std::mem::size_of::<KvEvent>()
+            + self.hashes.capacity() * 8
+            + self.tokens.capacity() * 4
+            + self.salts.capacity() * 8
     }
 
     /// The events, in the engine's order.
@@ -146,6 +177,51 @@ impl EventBatch {
     pub fn skipped(&self) -> u32 {
         self.skipped
     }
+
+    /// Per-block salts of a `Stored` event (empty: none).
+    pub fn salts(&self, range: &Range<usize>) -> &[u64] {
+        &self.salts[range.clone()]
+    }
+
+    /// `BlockStored` events whose token ids do not fill their blocks (or whose extra keys are
+    /// not one per block), left out.
+    pub fn misshapen(&self) -> u32 {
+        self.misshapen
+    }
+}
+
+impl EventBatch {
+    /// Drops what an event left out had appended to the buffers.
+    fn truncate(&mut self, (hashes, tokens, salts): (usize, usize, usize)) {
+        self.hashes.truncate(hashes);
+        self.tokens.truncate(tokens);
+        self.salts.truncate(salts);
+    }
+
+    /// The salts of a `Stored` event of `blocks` blocks: its extra keys' hashes (already
+    /// appended, `extra_keys`) with the LoRA's folded in; empty when it has neither.
+    fn salts_of(
+        &mut self,
+        extra_keys: Option<Range<usize>>,
+        lora: u64,
+        blocks: usize,
+    ) -> Range<usize> {
+        let range = match extra_keys {
+            Some(range) => range,
+            None if lora == 0 => return 0..0,
+            None => {
+                let start = self.salts.len();
+                self.salts.resize(start + blocks, 0);
+                start..self.salts.len()
+            }
+        };
+        if lora != 0 {
+            for salt in &mut self.salts[range.clone()] {
+                *salt = xxh3_64_with_seed(&salt.to_le_bytes(), lora).max(1);
+            }
+        }
+        range
+    }
 }
 
 /// The engine hash of a block hash sent as bytes.
@@ -165,6 +241,10 @@ struct Fields<'a> {
     other_medium: bool,
     /// Whether `group_idx` named another KV-cache group than the first.
     other_group: bool,
+    /// The hash of `lora_name` (or `lora_id`), if any: 0 when the base model.
+    lora: u64,
+    /// Into `EventBatch::salts`: the hash of each `extra_keys` entry (0: `nil`).
+    extra_keys: Option<Range<usize>>,
 }
 
 /// A cursor over a msgpack payload.
@@ -335,6 +415,40 @@ impl<'a> Reader<'a> {
         Ok(!self.str_bytes("medium")?.eq_ignore_ascii_case(b"GPU"))
     }
 
+    /// An optional LoRA name or id: the hash of its bytes, 0 when `nil`.
+    fn lora(&mut self) -> Result<u64, WireError> {
+        if self.peek_nil() {
+            return Ok(0);
+        }
+        Ok(self.value_hash()?.max(1))
+    }
+
+    /// The hash of the next value's msgpack bytes, whatever its type.
+    fn value_hash(&mut self) -> Result<u64, WireError> {
+        let start = self.pos;
+        self.skip(1)?;
+        Ok(xxh3_64(&self.buf[start..self.pos]))
+    }
+
+    /// `extra_keys`: `nil`, or an array with one entry per block (`nil`, or what the engine
+    /// folded into that block's hash), each entry's hash appended to `out` (0 for `nil`).
+    fn extra_keys(&mut self, out: &mut Vec<u64>) -> Result<Option<Range<usize>>, WireError> {
+        if self.peek_nil() {
+            return Ok(None);
+        }
+        let len = self.array_len("extra_keys")?;
+        let start = out.len();
+        out.reserve(len.min(self.remaining()));
+        for _ in 0..len {
+            let salt = match self.peek_nil() {
+                true => 0,
+                false => self.value_hash()?.max(1),
+            };
+            out.push(salt);
+        }
+        Ok(Some(start..out.len()))
+    }
+
     /// Skips one value of any type.
     fn skip(&mut self, depth: u32) -> Result<(), WireError> {
         if depth > SKIP_DEPTH_MAX {
@@ -427,7 +541,7 @@ impl<'a> Reader<'a> {
 
     /// One event, tagged array or map, appended to `out` unless it is skipped.
     fn event(&mut self, out: &mut EventBatch) -> Result<(), WireError> {
-        let (hashes_before, tokens_before) = (out.hashes.len(), out.tokens.len());
+        let before = (out.hashes.len(), out.tokens.len(), out.salts.len());
         let mut fields = Fields::default();
         match self.marker()? {
             marker @ (Marker::FixArray(_) | Marker::Array16 | Marker::Array32) => {
@@ -448,6 +562,11 @@ impl<'a> Reader<'a> {
                         (b"BlockStored", 6) | (b"BlockRemoved", 2) => {
                             fields.other_medium = self.other_medium()?;
                         }
+                        (b"BlockStored", 5) => fields.lora |= self.lora()?,
+                        (b"BlockStored", 7) => fields.lora = self.lora()?,
+                        (b"BlockStored", 8) => {
+                            fields.extra_keys = self.extra_keys(&mut out.salts)?;
+                        }
                         _ => self.skip(1)?,
                     }
                 }
@@ -462,6 +581,12 @@ impl<'a> Reader<'a> {
                         b"token_ids" => fields.tokens = Some(self.tokens(&mut out.tokens)?),
                         b"block_size" => fields.block_size = Some(self.uint("block_size")?),
                         b"medium" => fields.other_medium = self.other_medium()?,
+                        // `lora_name` replaces `lora_id` where both are sent.
+                        b"lora_id" => fields.lora |= self.lora()?,
+                        b"lora_name" => fields.lora = self.lora()?,
+                        b"extra_keys" => {
+                            fields.extra_keys = self.extra_keys(&mut out.salts)?;
+                        }
                         b"group_idx" => {
                             fields.other_group = self.opt_int("group_idx")?.unwrap_or(0) != 0;
                         }
@@ -476,21 +601,27 @@ impl<'a> Reader<'a> {
                 let hashes = fields.hashes.ok_or(WireError::Missing("block_hashes"))?;
                 let tokens = fields.tokens.ok_or(WireError::Missing("token_ids"))?;
                 let size = fields.block_size.ok_or(WireError::Missing("block_size"))?;
-                let shape_error = WireError::Shape {
-                    tokens: tokens.len(),
-                    blocks: hashes.len(),
-                    block_size: size,
-                };
-                let block_size = u32::try_from(size).map_err(|_| shape_error)?;
-                if block_size == 0 || tokens.len() != hashes.len() * block_size as usize {
-                    return Err(shape_error);
+                let blocks = hashes.len();
+                let filled = u32::try_from(size)
+                    .ok()
+                    .filter(|size| *size > 0 && tokens.len() == blocks * *size as usize);
+                let extras_fit = fields.extra_keys.as_ref().is_none_or(|e| e.len() == blocks);
+                match filled {
+                    Some(block_size) if extras_fit => Some(KvEvent::Stored {
+                        hashes,
+                        parent: fields.parent,
+                        tokens,
+                        block_size,
+                        salts: out.salts_of(fields.extra_keys, fields.lora, blocks),
+                    }),
+                    // Tokens or extra keys that cannot be placed on the blocks: this event
+                    // cannot be chained, the others can.
+                    _ => {
+                        out.misshapen += 1;
+                        out.truncate(before);
+                        return Ok(());
+                    }
                 }
-                Some(KvEvent::Stored {
-                    hashes,
-                    parent: fields.parent,
-                    tokens,
-                    block_size,
-                })
             }
             b"BlockRemoved" => Some(KvEvent::Removed {
                 hashes: fields.hashes.ok_or(WireError::Missing("block_hashes"))?,
@@ -502,8 +633,7 @@ impl<'a> Reader<'a> {
         match event {
             Some(event) if !fields.other_medium && !fields.other_group => out.events.push(event),
             _ => {
-                out.hashes.truncate(hashes_before);
-                out.tokens.truncate(tokens_before);
+                out.truncate(before);
                 out.skipped += 1;
             }
         }

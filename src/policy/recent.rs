@@ -7,13 +7,23 @@
 //! index a recent dispatch sharing leading blocks makes its worker a holder of them (the engine
 //! reports blocks only once it computed them). The caller consults it only on an index miss (the
 //! burst case), so a warm index never pays for the comparisons.
+//!
+//! An entry keeps no prompt: a text or token key is remembered as the hashes of its prefixes at
+//! fixed lengths ([`Prefixes`], [`CHECKPOINTS`]: every length to 16 units, then 1/16 longer
+//! each), at most [`RECENT_KEY_CHECKPOINTS_MAX`] words, so sixteen 60 MB prompts cost the ring
+//! a few KiB instead of pinning 960 MB. A common prefix is then known to the checkpoint at or
+//! below it: exact to 16 units, at most 6% short beyond (it only decides affinity).
+
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::prepared::IndexKey;
 use super::record::KeyData;
 use crate::ids::WorkerId;
 use crate::index::hash::HeadMatch;
 use crate::index::kv::BlockMatch;
-use crate::index::{common_prefix, count_chars, Namespace, TokenPages, TreeMatch};
+use crate::index::{count_chars, Namespace, TokenPages, TreeMatch};
 use crate::limits::MATCH_TENANTS_MAX;
 
 /// Entries kept per core: a burst of distinct new prefixes larger than this within the window
@@ -22,13 +32,172 @@ pub const RECENT_DISPATCHES_MAX: usize = 16;
 /// How long an entry stands in for the index: ten control-core turns (10 ms each), far longer
 /// than the insert normally takes, short enough that the map never outlives an eviction.
 pub const RECENT_DISPATCH_WINDOW_MS: u64 = 100;
+/// The most prefix hashes an entry keeps (8 bytes each): [`CHECKPOINTS`] reach past 2^30
+/// units within 512 (a 60 MB prompt needs about 270).
+pub const RECENT_KEY_CHECKPOINTS_MAX: usize = 512;
+
+/// The prefix lengths remembered, in units (bytes of text, pages of tokens): 1 to 16, then each
+/// 1/16 longer than the one before.
+pub const CHECKPOINTS: [usize; RECENT_KEY_CHECKPOINTS_MAX] = checkpoint_lengths();
+
+const fn checkpoint_lengths() -> [usize; RECENT_KEY_CHECKPOINTS_MAX] {
+    let mut lengths = [0; RECENT_KEY_CHECKPOINTS_MAX];
+    let (mut k, mut length) = (0, 1usize);
+    while k < RECENT_KEY_CHECKPOINTS_MAX {
+        lengths[k] = length;
+        let step = if length >> 4 > 1 { length >> 4 } else { 1 };
+        length = length.saturating_add(step);
+        k += 1;
+    }
+    lengths
+}
+
+/// The hashes of a key's prefixes at [`CHECKPOINTS`] (as many as the key reaches), each chained
+/// from the one before over the units between.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Prefixes {
+    hashes: Vec<u64>,
+}
+
+/// A key as an entry remembers it.
+#[derive(Clone, Debug)]
+enum Remembered {
+    /// A text key: prefixes of its bytes.
+    Text(Prefixes),
+    /// A token key: prefixes of its page hashes, pages of `block_size` tokens.
+    Pages {
+        prefixes: Prefixes,
+        block_size: usize,
+    },
+    /// Heads (hash index): their hashes, as few as the boundaries.
+    Heads(Arc<[u64]>),
+}
+
+impl Remembered {
+    fn of(key: KeyData) -> Remembered {
+        match key {
+            KeyData::Text(text) => Remembered::Text(Prefixes::of_text(text.as_bytes())),
+            KeyData::Tokens(tokens) => Remembered::Pages {
+                prefixes: Prefixes::of_pages(tokens.pages()),
+                block_size: tokens.block_size(),
+            },
+            KeyData::Heads(heads) => Remembered::Heads(heads),
+        }
+    }
+}
+
+/// A key's units (bytes of text, page hashes of tokens), hashed a segment at a time.
+trait Units {
+    /// How many units the key has.
+    fn len(&self) -> usize;
+    /// The hash of units `from..to` chained on from `seed`, the hash of those before.
+    fn chain(&self, seed: u64, from: usize, to: usize) -> u64;
+}
+
+impl Units for [u8] {
+    fn len(&self) -> usize {
+        <[u8]>::len(self)
+    }
+    fn chain(&self, seed: u64, from: usize, to: usize) -> u64 {
+        xxh3_64_with_seed(&self[from..to], seed)
+    }
+}
+
+impl Units for [u64] {
+    fn len(&self) -> usize {
+        <[u64]>::len(self)
+    }
+    fn chain(&self, seed: u64, from: usize, to: usize) -> u64 {
+        // The units are hashes already: one multiply each folds them in order.
+        self[from..to].iter().fold(seed, |hash, page| {
+            (hash ^ page)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .rotate_left(27)
+        })
+    }
+}
+
+impl Prefixes {
+    fn of_text(bytes: &[u8]) -> Prefixes {
+        Prefixes::of(bytes)
+    }
+
+    fn of_pages(pages: &[u64]) -> Prefixes {
+        Prefixes::of(pages)
+    }
+
+    fn of<U: Units + ?Sized>(units: &U) -> Prefixes {
+        let mut hashes = Vec::new();
+        let (mut hash, mut from) = (0u64, 0);
+        for to in CHECKPOINTS.iter().take_while(|to| **to <= units.len()) {
+            hash = units.chain(hash, from, *to);
+            hashes.push(hash);
+            from = *to;
+        }
+        Prefixes { hashes }
+    }
+}
+
+/// A request key's prefix hashes, computed as far as a comparison needs them (on a miss, once
+/// for all entries: a burst of one long prompt hashes it once).
+struct RequestPrefixes<'a, U: Units + ?Sized> {
+    units: &'a U,
+    hashes: [u64; RECENT_KEY_CHECKPOINTS_MAX],
+    computed: usize,
+}
+
+impl<'a, U: Units + ?Sized> RequestPrefixes<'a, U> {
+    fn new(units: &'a U) -> Self {
+        RequestPrefixes {
+            units,
+            hashes: [0; RECENT_KEY_CHECKPOINTS_MAX],
+            computed: 0,
+        }
+    }
+
+    /// The hash of prefix `k`, if the request reaches [`CHECKPOINTS`]`[k]`.
+    fn get(&mut self, k: usize) -> Option<u64> {
+        while self.computed <= k {
+            let to = *CHECKPOINTS.get(self.computed)?;
+            if to > self.units.len() {
+                return None;
+            }
+            let (seed, from) = match self.computed {
+                0 => (0, 0),
+                n => (self.hashes[n - 1], CHECKPOINTS[n - 1]),
+            };
+            self.hashes[self.computed] = self.units.chain(seed, from, to);
+            self.computed += 1;
+        }
+        Some(self.hashes[k])
+    }
+
+    /// The longest common prefix with `remembered`, in units: a checkpoint's length, or 0.
+    fn common(&mut self, remembered: &Prefixes) -> usize {
+        let mut matched = 0;
+        for (k, hash) in remembered.hashes.iter().enumerate() {
+            if self.get(k) != Some(*hash) {
+                break;
+            }
+            matched = CHECKPOINTS[k];
+        }
+        matched
+    }
+}
 
 #[derive(Clone, Debug)]
 struct Entry {
     namespace: Namespace,
-    key: KeyData,
+    key: Remembered,
     worker: WorkerId,
     tick_ms: u64,
+}
+
+impl Entry {
+    fn live(&self, namespace: Namespace, now_ms: u64) -> bool {
+        self.namespace == namespace
+            && now_ms.saturating_sub(self.tick_ms) <= RECENT_DISPATCH_WINDOW_MS
+    }
 }
 
 /// A small ring of this core's recent dispatches.
@@ -39,11 +208,11 @@ pub struct RecentDispatches {
 }
 
 impl RecentDispatches {
-    /// Remembers a dispatch (overwriting the oldest entry when full).
+    /// Remembers a dispatch (overwriting the oldest entry when full); `key` itself is not kept.
     pub fn push(&mut self, namespace: Namespace, key: KeyData, worker: WorkerId, tick_ms: u64) {
         let entry = Entry {
             namespace,
-            key,
+            key: Remembered::of(key),
             worker,
             tick_ms,
         };
@@ -55,6 +224,17 @@ impl RecentDispatches {
         }
     }
 
+    /// Bytes the entries hold beyond the ring itself.
+    pub fn held_bytes(&self) -> usize {
+        let words = |entry: &Entry| match &entry.key {
+            Remembered::Text(prefixes) | Remembered::Pages { prefixes, .. } => {
+                prefixes.hashes.capacity()
+            }
+            Remembered::Heads(heads) => heads.len(),
+        };
+        self.entries.iter().map(words).sum::<usize>() * std::mem::size_of::<u64>()
+    }
+
     /// Merges recent dispatches into `tree` (the index's answer for `key`): a longer recent
     /// match replaces it with that worker as the only tenant; an equal one adds its worker.
     pub fn merge_into(
@@ -64,28 +244,55 @@ impl RecentDispatches {
         key: IndexKey<'_>,
         now_ms: u64,
     ) {
-        for entry in &self.entries {
-            if entry.namespace != namespace
-                || now_ms.saturating_sub(entry.tick_ms) > RECENT_DISPATCH_WINDOW_MS
-            {
-                continue;
+        let live = || self.entries.iter().filter(|e| e.live(namespace, now_ms));
+        match key {
+            IndexKey::Text(text) => {
+                let mut request = RequestPrefixes::new(text.as_bytes());
+                for entry in live() {
+                    let Remembered::Text(prefixes) = &entry.key else {
+                        continue;
+                    };
+                    let mut bytes = request.common(prefixes);
+                    while !text.is_char_boundary(bytes) {
+                        bytes -= 1;
+                    }
+                    let chars = count_chars(&text.as_bytes()[..bytes]);
+                    merge_one(tree, units(chars), entry.worker);
+                }
             }
-            let Some(matched) = common_prefix_units(&entry.key, key) else {
-                continue;
-            };
-            if matched == 0 || matched < tree.matched_len {
-                continue;
+            IndexKey::Tokens(pages) => {
+                let mut request = RequestPrefixes::new(pages.pages());
+                for entry in live() {
+                    let Remembered::Pages { prefixes, .. } = &entry.key else {
+                        continue;
+                    };
+                    let matched = (request.common(prefixes) * pages.block_size()) as u64;
+                    merge_one(tree, units(matched), entry.worker);
+                }
             }
-            if matched > tree.matched_len {
-                tree.matched_len = matched;
-                tree.tenants_len = 0;
-            }
-            let len = usize::from(tree.tenants_len);
-            if len < MATCH_TENANTS_MAX && !tree.tenants().contains(&entry.worker) {
-                tree.tenants[len] = entry.worker;
-                tree.tenants_len += 1;
-            }
+            IndexKey::Heads(_) => {}
         }
+    }
+}
+
+/// A count of units as a tree match counts them.
+fn units(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Merges one recent dispatch to `worker` matching `matched` units into `tree`.
+fn merge_one(tree: &mut TreeMatch, matched: u32, worker: WorkerId) {
+    if matched == 0 || matched < tree.matched_len {
+        return;
+    }
+    if matched > tree.matched_len {
+        tree.matched_len = matched;
+        tree.tenants_len = 0;
+    }
+    let len = usize::from(tree.tenants_len);
+    if len < MATCH_TENANTS_MAX && !tree.tenants().contains(&worker) {
+        tree.tenants[len] = worker;
+        tree.tenants_len += 1;
     }
 }
 
@@ -94,12 +301,10 @@ impl RecentDispatches {
     /// request's heads as a holder of that head (`heads`, the index's answer, has none).
     pub fn merge_heads_into(&self, heads: &mut HeadMatch, namespace: Namespace, now_ms: u64) {
         for entry in &self.entries {
-            let KeyData::Heads(recorded) = &entry.key else {
+            let Remembered::Heads(recorded) = &entry.key else {
                 continue;
             };
-            if entry.namespace != namespace
-                || now_ms.saturating_sub(entry.tick_ms) > RECENT_DISPATCH_WINDOW_MS
-            {
+            if !entry.live(namespace, now_ms) {
                 continue;
             }
             for index in 0..usize::from(heads.len) {
@@ -122,39 +327,24 @@ impl RecentDispatches {
         pages: &TokenPages,
         now_ms: u64,
     ) {
+        let mut request = RequestPrefixes::new(pages.pages());
         for entry in &self.entries {
-            let KeyData::Tokens(sent) = &entry.key else {
+            let Remembered::Pages {
+                prefixes,
+                block_size,
+            } = &entry.key
+            else {
                 continue;
             };
-            let stale = now_ms.saturating_sub(entry.tick_ms) > RECENT_DISPATCH_WINDOW_MS;
-            if stale || entry.namespace != namespace || sent.block_size() != pages.block_size() {
+            if !entry.live(namespace, now_ms) || *block_size != pages.block_size() {
                 continue;
             }
-            let shared = common_prefix(sent.pages(), pages.pages());
+            let shared = request.common(prefixes);
             if shared > 0 {
-                blocks.add_holder(entry.worker, u32::try_from(shared).unwrap_or(u32::MAX));
+                blocks.add_holder(entry.worker, units(shared as u64));
             }
         }
     }
-}
-
-/// The common prefix of a remembered key and a request key in the tree's units: characters for
-/// text, whole pages for tokens. `None` when the kinds differ (text never matches tokens).
-fn common_prefix_units(remembered: &KeyData, key: IndexKey<'_>) -> Option<u32> {
-    let units = match (remembered, key) {
-        (KeyData::Text(old), IndexKey::Text(new)) => {
-            let mut bytes = common_prefix(old.as_bytes(), new.as_bytes());
-            while !new.is_char_boundary(bytes) {
-                bytes -= 1;
-            }
-            count_chars(&new.as_bytes()[..bytes])
-        }
-        (KeyData::Tokens(old), IndexKey::Tokens(new)) => {
-            (common_prefix(old.pages(), new.pages()) * new.block_size()) as u64
-        }
-        _ => return None,
-    };
-    Some(u32::try_from(units).unwrap_or(u32::MAX))
 }
 
 #[cfg(test)]
@@ -292,5 +482,39 @@ mod tests {
         let mut tree = miss(6);
         recent.merge_into(&mut tree, NS, IndexKey::Text("key 19"), 0);
         assert!(tree.tenants().contains(&WorkerId(19)));
+    }
+
+    #[test]
+    fn an_entry_keeps_prefix_hashes_not_the_prompt() {
+        let mut recent = RecentDispatches::default();
+        // An 8 MB prompt sharing its first 6 MB with the request.
+        let prompt: String = (0..8 << 20)
+            .map(|i| char::from(b'a' + (i % 23) as u8))
+            .collect();
+        let key = KeyData::of(IndexKey::Text(&prompt));
+        let KeyData::Text(text) = &key else {
+            unreachable!("a text key")
+        };
+        let text = text.clone();
+        recent.push(NS, key, WorkerId(4), 0);
+        assert_eq!(Arc::strong_count(&text), 1, "the ring holds no reference");
+        assert!(recent.held_bytes() <= RECENT_KEY_CHECKPOINTS_MAX * 8);
+        let mut request = prompt[..6 << 20].to_string();
+        request.push_str("and then something else entirely");
+        let mut tree = miss(request.len() as u32);
+        recent.merge_into(&mut tree, NS, IndexKey::Text(&request), 0);
+        let exact = 6 << 20;
+        let matched = tree.matched_len as usize;
+        assert!(matched <= exact && matched * 17 / 16 >= exact, "{matched}");
+        assert_eq!(tree.tenants(), &[WorkerId(4)]);
+    }
+
+    #[test]
+    fn checkpoints_are_exact_to_16_then_a_sixteenth_apart() {
+        assert_eq!(&CHECKPOINTS[..17], &(1..=17).collect::<Vec<_>>()[..]);
+        for pair in CHECKPOINTS.windows(2) {
+            assert!(pair[1] > pair[0] && pair[1] - pair[0] <= pair[0].div_ceil(16).max(1));
+        }
+        assert!(CHECKPOINTS[RECENT_KEY_CHECKPOINTS_MAX - 1] > 1 << 30);
     }
 }

@@ -155,21 +155,22 @@ impl WorkerSpec {
     }
 
     /// Whether `other` reaches the same engine: the same resolved address, every loopback
-    /// address (`localhost`, `127.0.0.1`, `::1`) and IPv4-mapped IPv6 counted as one, so no
+    /// address (`localhost`, `127.0.0.1`, `::1`), the unspecified ones (`0.0.0.0`, `0`, `::`:
+    /// a connection to them reaches this host) and IPv4-mapped IPv6 counted as one, so no
     /// spelling of a URL registers one engine twice.
     pub fn same_endpoint(&self, other: &WorkerSpec) -> bool {
         endpoint_identity(self.addr) == endpoint_identity(other.addr)
     }
 }
 
-/// The address an endpoint is known by: loopback folded to `127.0.0.1`, IPv4-mapped IPv6 to
-/// IPv4.
+/// The address an endpoint is known by: loopback and unspecified addresses folded to
+/// `127.0.0.1`, IPv4-mapped IPv6 to IPv4.
 fn endpoint_identity(addr: SocketAddr) -> SocketAddr {
     let ip = match addr.ip() {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     };
-    let ip = if ip.is_loopback() {
+    let ip = if ip.is_loopback() || ip.is_unspecified() {
         IpAddr::V4(Ipv4Addr::LOCALHOST)
     } else {
         ip
@@ -394,6 +395,9 @@ mod tests {
             "Http://LocalHost:31002/",
             "http://[::1]:31002",
             "http://[::ffff:127.0.0.1]:31002",
+            "http://0.0.0.0:31002",
+            "http://0:31002",
+            "http://[::]:31002",
         ] {
             let spec = WorkerSpec::resolve(spelling).unwrap();
             assert!(base.same_endpoint(&spec), "{spelling}");

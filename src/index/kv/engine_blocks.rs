@@ -7,6 +7,14 @@
 //! bound by the cache misses of this map and of the shared table, so the map lets the writer
 //! [`EngineBlocks::prefetch`] a batch's buckets before it touches them, which a `HashMap` does
 //! not. Engine hash 0 (the empty bucket's key) is kept beside the buckets.
+//!
+//! Why not `index::slots::SlotTable`, the other open-addressing table here: that one is read by
+//! the data cores while the writer changes it, so its slots are atomics re-read after a fence,
+//! its size is fixed at start (readers cannot follow a move) and its probe runs are capped. This
+//! map has one owner, the writer, and grows with its worker (64 tables sized for the whole
+//! index up front would be 64 times its memory); sharing one type would give it the atomics,
+//! fences and cap it has no use for, or give the shared table a resize its readers cannot
+//! survive. They share the probing scheme, not the code.
 
 use crate::index::raw::prefetch;
 

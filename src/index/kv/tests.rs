@@ -279,3 +279,80 @@ fn publishing_models_answer_with_their_block_size_or_for_any_model() {
     writer.publish_models(wildcard);
     assert_eq!(reader.publishing(9), Some(Some(32)));
 }
+
+#[test]
+fn a_worker_storing_millions_fills_its_share_not_the_index() {
+    let mut writer = KvIndexWriter::new(100);
+    let reader = writer.reader();
+    for w in [1, 2] {
+        writer.attach(WorkerId(w)).unwrap();
+    }
+    assert_eq!(writer.share(), 50);
+    // Both hold a system prompt of 10 blocks: shared blocks never count against a share.
+    let system: Vec<u32> = (1..=10).collect();
+    for w in [1, 2] {
+        let hashes: Vec<u64> = (1..=10).map(|h| h + 100 * w).collect();
+        let stats = writer
+            .store(WorkerId(w as u16), &hashes, None, &tokens(&system), BS)
+            .unwrap();
+        assert_eq!(stats.stored, 10);
+    }
+    // Worker 1 stores 200 blocks, one sequence: it adds its share, the rest is refused.
+    let flood: Vec<u32> = (1000..1200).collect();
+    let hashes: Vec<u64> = (1001..=1200).collect();
+    let stats = writer
+        .store(WorkerId(1), &hashes, None, &tokens(&flood), BS)
+        .unwrap();
+    assert_eq!((stats.stored, stats.over_share), (50, 150));
+    assert_eq!(writer.blocks_of(WorkerId(1)), 60);
+    // Worker 2's new prefix is stored whole, and found.
+    let own = tokens(&[501, 502, 503, 504]);
+    let stats = writer
+        .store(WorkerId(2), &[21, 22, 23, 24], None, &own, BS)
+        .unwrap();
+    assert_eq!((stats.stored, stats.over_share, stats.refused), (4, 0, 0));
+    assert_eq!(held(&reader.lookup(&chain_of(&own), BS)), [(2, 4)]);
+    // At its share, worker 1 may still list blocks others hold, and re-store its own.
+    let joined = writer
+        .store(WorkerId(1), &[51, 52], None, &own[..2 * BS], BS)
+        .unwrap();
+    assert_eq!((joined.stored, joined.over_share), (2, 0));
+    let again = writer
+        .store(WorkerId(1), &hashes[..1], None, &tokens(&flood[..1]), BS)
+        .unwrap();
+    assert_eq!(again.over_share, 0);
+    // Once worker 2 evicts what they shared, those blocks are worker 1's alone: still at its
+    // share, it adds nothing new until it evicts.
+    writer.remove(WorkerId(2), &[21, 22]);
+    let more = writer
+        .store(WorkerId(1), &[1300], Some(1050), &tokens(&[1300]), BS)
+        .unwrap();
+    assert_eq!(more.over_share, 1);
+    // Alone again, worker 2 may hold the whole index.
+    writer.detach(WorkerId(1));
+    assert_eq!(writer.share(), 100);
+}
+
+#[test]
+fn blocks_salted_by_a_lora_or_extra_keys_are_never_predicted_for_a_plain_request() {
+    let mut writer = KvIndexWriter::new(1024);
+    let reader = writer.reader();
+    for w in [1, 2] {
+        writer.attach(WorkerId(w)).unwrap();
+    }
+    let content = tokens(&[1, 2, 3]);
+    // Worker 1 cached the content under a LoRA (every block salted); worker 2 with a
+    // cache_salt (the first block salted, so its children differ too).
+    writer
+        .store_salted(WorkerId(1), &[11, 12, 13], None, &content, BS, &[7, 7, 7])
+        .unwrap();
+    writer
+        .store_salted(WorkerId(2), &[21, 22, 23], None, &content, BS, &[9, 0, 0])
+        .unwrap();
+    assert!(reader.lookup(&chain_of(&content), BS).holders().is_empty());
+    // Stored plain, it is found.
+    writer
+        .store_salted(WorkerId(2), &[31, 32], None, &content[..2 * BS], BS, &[])
+        .unwrap();
+    assert_eq!(held(&reader.lookup(&chain_of(&content), BS)), [(2, 2)]);
+}

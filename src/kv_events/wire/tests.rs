@@ -34,6 +34,7 @@ fn vllm_array_layout_decodes_with_signed_and_unsigned_hashes() {
         parent,
         tokens,
         block_size,
+        salts,
     } = &events[0]
     else {
         panic!("first event is BlockStored: {events:?}");
@@ -42,6 +43,7 @@ fn vllm_array_layout_decodes_with_signed_and_unsigned_hashes() {
     assert_eq!(*parent, None);
     assert_eq!(batch.tokens(tokens), &[1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(*block_size, 4);
+    assert!(batch.salts(salts).is_empty(), "no LoRA, no extra keys");
     let KvEvent::Removed { hashes } = &events[1] else {
         panic!("second kept event is BlockRemoved: {events:?}");
     };
@@ -62,6 +64,7 @@ fn vllm_map_layout_decodes_with_byte_hashes_and_skips_other_groups() {
         parent,
         tokens,
         block_size,
+        salts,
     } = &events[0]
     else {
         panic!("first event is BlockStored: {events:?}");
@@ -69,6 +72,10 @@ fn vllm_map_layout_decodes_with_byte_hashes_and_skips_other_groups() {
     assert_eq!(batch.hashes(hashes), &[one, two]);
     assert_eq!((*parent, *block_size), (None, 4));
     assert_eq!(batch.tokens(tokens), &[1, 2, 3, 4, 5, 6, 7, 8]);
+    // extra_keys [nil, ["mm", 3]]: the second block's hash folds a multimodal input.
+    let salts = batch.salts(salts);
+    assert_eq!(salts.len(), 2);
+    assert!(salts[0] == 0 && salts[1] != 0, "{salts:?}");
     let KvEvent::Removed { hashes } = &events[1] else {
         panic!("second kept event is BlockRemoved: {events:?}");
     };
@@ -86,6 +93,7 @@ fn sglang_layout_decodes_with_a_signed_parent() {
         parent,
         tokens,
         block_size,
+        salts,
     } = &events[0]
     else {
         panic!("first event is BlockStored: {events:?}");
@@ -93,6 +101,7 @@ fn sglang_layout_decodes_with_a_signed_parent() {
     assert_eq!(batch.hashes(hashes), &[123_456_789_012]);
     assert_eq!(*parent, Some((-42i64) as u64));
     assert_eq!((batch.tokens(tokens), *block_size), (&[1, 2][..], 2));
+    assert!(batch.salts(salts).is_empty());
     let KvEvent::Removed { hashes } = &events[1] else {
         panic!("second event is BlockRemoved: {events:?}");
     };
@@ -114,24 +123,64 @@ fn a_token_id_past_u32_is_a_malformed_batch() {
 }
 
 #[test]
-fn tokens_that_do_not_fill_the_blocks_are_a_malformed_batch() {
+fn an_event_whose_tokens_do_not_fill_its_blocks_is_left_out_and_the_rest_applies() {
     let mut payload = unhex(SGLANG);
-    // block_size 2 -> 3: two tokens cannot be one block of three.
+    // block_size 2 -> 3: two tokens cannot be one block of three (as vLLM's null blocks leave
+    // tokens without hashes).
     let at = payload
         .windows(4)
         .position(|w| w == [0x92, 0x01, 0x02, 0x02])
         .expect("token array then block size");
     payload[at + 3] = 3;
+    let batch = decoded(&payload);
+    assert_eq!((batch.misshapen(), batch.skipped()), (1, 0));
+    // The BlockRemoved beside it is kept.
+    let [KvEvent::Removed { hashes }] = batch.events() else {
+        panic!("only the removal: {:?}", batch.events());
+    };
+    assert_eq!(batch.hashes(hashes).len(), 2);
+}
+
+/// `[ts, [event]]`, the event a vLLM `BlockStored` map of two blocks with `lora_name` and
+/// `extra_keys` as given (msgpack bytes of each value).
+fn vllm_stored(lora_name: &[u8], extra_keys: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x92, 0x00, 0x91, 0x86];
+    let mut field = |key: &str, value: &[u8]| {
+        out.push(0xa0 | key.len() as u8);
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(value);
+    };
+    field("type", b"\xabBlockStored");
+    field("block_hashes", &[0x92, 0x01, 0x02]);
+    field("token_ids", &[0x94, 0x01, 0x02, 0x03, 0x04]);
+    field("block_size", &[0x02]);
+    field("lora_name", lora_name);
+    field("extra_keys", extra_keys);
+    out
+}
+
+#[test]
+fn a_lora_or_extra_keys_salt_the_blocks_they_cover() {
+    let salts_of = |payload: &[u8]| {
+        let batch = decoded(payload);
+        let [KvEvent::Stored { salts, .. }] = batch.events() else {
+            panic!("one BlockStored: {:?}", batch.events());
+        };
+        batch.salts(salts).to_vec()
+    };
+    // Neither: no salts.
+    assert!(salts_of(&vllm_stored(&[0xc0], &[0xc0])).is_empty());
+    // A LoRA: every block.
+    let lora = salts_of(&vllm_stored(b"\xa5sql-a", &[0xc0]));
+    assert!(lora.len() == 2 && lora.iter().all(|s| *s != 0), "{lora:?}");
+    assert_ne!(lora, salts_of(&vllm_stored(b"\xa5sql-b", &[0xc0])));
+    // A cache_salt on the first block only.
+    let salted = salts_of(&vllm_stored(&[0xc0], b"\x92\x91\xa4salt\xc0"));
+    assert!(salted[0] != 0 && salted[1] == 0, "{salted:?}");
+    // Extra keys not one per block: the event cannot be placed.
     let mut batch = EventBatch::default();
-    let error = batch.decode(&payload).expect_err("a shape error");
-    assert_eq!(
-        error,
-        WireError::Shape {
-            tokens: 2,
-            blocks: 1,
-            block_size: 3
-        }
-    );
+    batch.decode(&vllm_stored(&[0xc0], b"\x91\xc0")).unwrap();
+    assert_eq!((batch.events().len(), batch.misshapen()), (0, 1));
 }
 
 #[test]
@@ -186,6 +235,37 @@ fn unknown_event_types_are_skipped_and_deep_nesting_refused() {
     deep.extend(std::iter::repeat_n(0x91, 40));
     deep.push(0x01);
     assert_eq!(batch.decode(&deep), Err(WireError::TooDeep));
+}
+
+#[test]
+fn buffers_grown_by_a_huge_batch_are_given_back() {
+    // [ts, [["BlockStored", [1..=n], nil, tokens, 16]]]: 200k blocks of 16 token ids.
+    let blocks = 200_000u32;
+    let mut payload = vec![0x92, 0x00, 0x91, 0x95, 0xab];
+    payload.extend_from_slice(b"BlockStored");
+    payload.push(0xdd);
+    payload.extend_from_slice(&blocks.to_be_bytes());
+    for h in 1..=blocks {
+        payload.push(0xce);
+        payload.extend_from_slice(&h.to_be_bytes());
+    }
+    payload.push(0xc0);
+    payload.push(0xdd);
+    payload.extend_from_slice(&(blocks * 16).to_be_bytes());
+    payload.extend(std::iter::repeat_n(0x07, (blocks * 16) as usize));
+    payload.push(0x10);
+    let mut batch = decoded(&payload);
+    assert_eq!(batch.events().len(), 1);
+    assert!(batch.capacity_bytes() > 8 << 20);
+    batch.shrink_to(1 << 20);
+    assert!(
+        batch.capacity_bytes() <= 4 << 20,
+        "{}",
+        batch.capacity_bytes()
+    );
+    // Still a working batch.
+    batch.decode(&unhex(SGLANG)).unwrap();
+    assert_eq!(batch.events().len(), 2);
 }
 
 #[test]
