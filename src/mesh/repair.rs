@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use crate::limits::{MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
+use crate::limits::{MESH_REPAIR_MARKS_MAX, MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
 
 /// A request to send: ask `peer` for `model`'s page after `after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,10 +63,6 @@ struct Repair {
     /// A delta named an unknown path while this repair ran.
     again: bool,
 }
-
-/// Marks kept (peer and model pairs); past it they are all forgotten and the next repairs start
-/// from the first path: a bound, not a case that arises with a handful of gateways and models.
-const MARKS_MAX: usize = 4096;
 
 /// The running repairs, by model.
 #[derive(Debug, Default)]
@@ -125,6 +121,26 @@ impl Repairs {
         Some(ask(model, &repair))
     }
 
+    /// Whether a page of `model`'s repair `repair_id` from `peer` is one this gateway asked
+    /// for: its repair runs, under that id, asked of that peer. Anything else is refused
+    /// before a byte of it is applied.
+    pub fn expects(&self, model: u64, repair_id: u64, peer: SocketAddr) -> bool {
+        self.running
+            .get(&model)
+            .is_some_and(|r| r.id == repair_id && r.peer == peer)
+    }
+
+    /// Forgets what was kept for `peer` (it left, or was declared down): its marks. A repair
+    /// asked of it stalls and moves to another peer.
+    pub fn forget_peer(&mut self, peer: SocketAddr) {
+        self.marks.retain(|(p, _), _| *p != peer);
+    }
+
+    /// Marks kept.
+    pub fn marks_len(&self) -> usize {
+        self.marks.len()
+    }
+
     fn mark(&self, peer: SocketAddr, model: u64) -> (u64, u64) {
         self.marks.get(&(peer, model)).copied().unwrap_or((0, 0))
     }
@@ -145,7 +161,7 @@ impl Repairs {
         if repair.id != repair_id {
             return PageOutcome::Stale;
         }
-        if self.marks.len() >= MARKS_MAX {
+        if self.marks.len() >= MESH_REPAIR_MARKS_MAX {
             self.marks.clear();
         }
         self.marks.insert((repair.peer, model), (epoch, next_after));
