@@ -77,7 +77,13 @@ fn flags_keep_smg_defaults_and_check_peers() {
     assert_eq!(config.peers, vec!["127.0.0.1:4001".parse().unwrap()]);
     assert_eq!(config.server_name, "gw-a");
     for bad in ["127.0.0.1", "127.0.0.1:0"] {
-        let args = ["--enable-mesh", "--mesh-host", "127.0.0.1", "--mesh-peer-urls", bad];
+        let args = [
+            "--enable-mesh",
+            "--mesh-host",
+            "127.0.0.1",
+            "--mesh-peer-urls",
+            bad,
+        ];
         assert_eq!(mesh_config(&args).unwrap_err().flag, "--mesh-peer-urls");
     }
 }
