@@ -389,6 +389,16 @@ pub const MESH_MODELS_MAX: usize = 256;
 /// repairs start from the first path: a bound, not a case that arises with a handful of
 /// gateways and served models. A peer's marks go when it leaves.
 pub const MESH_REPAIR_MARKS_MAX: usize = 4_096;
+/// Page chains (token path prefixes) the mesh knows, for rebuilding peers' deltas
+/// (`mesh::chains`): about 40 bytes each, 40 MiB in all. Full: cleared, and peers' deltas that
+/// build on a forgotten prefix fall back to a repair.
+pub const MESH_CHAINS_MAX: usize = 1 << 20;
+/// Prefixes one peer is believed to know (about 10 bytes each); full: cleared, and the next
+/// deltas to that peer carry whole paths again.
+pub const MESH_PEER_CHAINS_MAX: usize = 1 << 19;
+/// Pages of one token path in a delta (its known prefix and the pages that follow): 1M tokens
+/// at 16 per page, checked before anything is allocated for it.
+pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;
 /// Frames from all inbound streams waiting for the mesh loop; a full queue pauses the readers
 /// (TCP pushes back, and the sending peer's own queue drops).
 pub const MESH_INBOUND_FRAMES_MAX: usize = 256;

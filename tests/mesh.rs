@@ -297,6 +297,7 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
             kind: wire::TreeKind::Token as i32,
             path_hash: 0x5eed,
             worker: 0,
+            ..Delta::default()
         }],
     };
     let a = format!("127.0.0.1:{}", mesh.mesh_ports[0]);
@@ -401,6 +402,7 @@ fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
                     kind: wire::TreeKind::Token as i32,
                     path_hash: f * per_frame + i + 1,
                     worker: 0,
+                    ..Delta::default()
                 })
                 .collect(),
         };
@@ -466,6 +468,7 @@ fn peers_without_the_key_are_refused_on_tcp_and_udp_and_change_nothing() {
                 kind: wire::TreeKind::Token as i32,
                 path_hash: 1,
                 worker: 0,
+                ..Delta::default()
             }],
         };
         wire::frame(&member_b, Body::Deltas(batch))
@@ -563,6 +566,7 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
                     kind: wire::TreeKind::Token as i32,
                     path_hash: i + 1,
                     worker: 0,
+                    ..Delta::default()
                 })
                 .collect(),
         };

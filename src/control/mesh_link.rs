@@ -46,17 +46,21 @@ use crate::limits::{
 use crate::mesh::auth::{
     self, AuthError, Authenticator, StreamOpen, StreamSeal, CHALLENGE_BYTES, TAG_BYTES,
 };
+use crate::mesh::chains::{chain_hashes, chain_root, PageChains, PeerChains};
 use crate::mesh::membership::{Change, Membership};
 use crate::mesh::models::ServedModels;
-use crate::mesh::paths::{entry_key, Batched, Change as PathChange, DeltaRound, KnownPaths};
+use crate::mesh::paths::{
+    delta_key, entry_key, Batched, Change as PathChange, DeltaRound, KnownPaths, RoundPath,
+};
 use crate::mesh::repair::{Ask, PageOutcome, Repairs, StallOutcome};
 use crate::mesh::wire::{
-    self, frame::Body, DeltaBatch, Frame, FrameError, RepairPage, RepairRequest,
+    self, frame::Body, Delta, DeltaBatch, Frame, FrameError, RepairPage, RepairRequest,
 };
 use crate::mesh::{
     is_shareable_worker, tree_kind, MeshConfig, MeshCounter, MeshLink, PeerState, Refusal,
     RemoteInsert,
 };
+use crate::policy::KeyData;
 use crate::shared::Shared;
 use crate::workers::catalog::ModelCatalog;
 
@@ -133,6 +137,9 @@ struct Node {
     known: KnownPaths,
     round: DeltaRound,
     repairs: Repairs,
+    /// Token path prefixes known here, and those each peer is believed to know.
+    chains: PageChains,
+    peer_chains: PeerChains,
     /// One outbound stream per live peer, by address.
     streams: HashMap<SocketAddr, PeerStream>,
     auth: Authenticator,
@@ -173,6 +180,8 @@ impl Node {
             auth,
             models: ServedModels::default(),
             catalog: None,
+            chains: PageChains::default(),
+            peer_chains: PeerChains::default(),
             me: config.advertise_addr.to_string(),
             membership,
             known: KnownPaths::new(MESH_KNOWN_PATHS_MAX, MESH_KNOWN_BYTES_MAX),
@@ -249,6 +258,10 @@ impl Node {
             match change {
                 Change::Up(peer) => {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer up");
+                    // A peer (back) up may know nothing this gateway sent it before, and
+                    // either may have missed the other's deltas: its first delta repairs.
+                    self.peer_chains.forget(peer.addr);
+                    self.repairs.forget_peer(peer.addr);
                     self.open_stream(peer.addr);
                 }
                 Change::Down(peer) => {
@@ -256,6 +269,7 @@ impl Node {
                     // Per-peer state goes with the peer: its stream (the writer ends) and marks.
                     self.streams.remove(&peer.addr);
                     self.repairs.forget_peer(peer.addr);
+                    self.peer_chains.forget(peer.addr);
                 }
                 Change::Renamed(old, new) => {
                     tracing::info!(
@@ -264,6 +278,8 @@ impl Node {
                         to = new.incarnation,
                         "mesh: peer rejoined under a new incarnation"
                     );
+                    self.peer_chains.forget(new.addr);
+                    self.repairs.forget_peer(new.addr);
                     self.open_stream(new.addr);
                 }
                 Change::Rejoined(me) => tracing::info!(
@@ -331,7 +347,9 @@ impl Node {
             queued + len <= MESH_PEER_QUEUE_BYTES_MAX && stream.frames.try_send(bytes).is_ok();
         if sent {
             if let Some(link) = shared.mesh.as_ref() {
-                link.counters.add(MeshCounter::BytesSent, len as u64);
+                // What the stream carries: the frame sealed (length and tag) for this peer.
+                let sealed = len + auth::FRAME_HEADER_BYTES;
+                link.counters.add(MeshCounter::BytesSent, sealed as u64);
             }
         } else {
             stream.queued_bytes.fetch_sub(len, Ordering::Relaxed);
@@ -356,7 +374,9 @@ impl Node {
         &mut self.models
     }
 
-    /// One gossip round: this gateway's inserts since the last, learned and sent once.
+    /// One gossip round: this gateway's inserts since the last, learned and sent once. A token
+    /// path goes to each peer with the pages after the deepest prefix that peer is believed to
+    /// know, so the peer inserts it without a repair.
     fn gossip_round(&mut self) {
         let started = Instant::now();
         let shared = self.shared.clone();
@@ -370,11 +390,19 @@ impl Node {
             };
             let model = insert.namespace.model;
             self.served_models().note_local(model);
+            let path = RoundPath::of(insert.namespace, &insert.key).map(Arc::new);
+            if let Some(path) = &path {
+                let root = chain_root(insert.namespace, path.block_size);
+                self.chains.learn(root, path.pages(), &path.chains);
+            }
             let learned = self
                 .known
                 .learn(insert.namespace, insert.key, &insert.worker_url);
             if let Some((hash, _)) = learned {
-                if self.round.add(model, kind, hash, &insert.worker_url) == Batched::Full {
+                let added = self
+                    .round
+                    .add(model, (kind, hash), &insert.worker_url, path);
+                if added == Batched::Full {
                     dropped += 1;
                 }
             }
@@ -382,11 +410,16 @@ impl Node {
         let batches = self.round.take();
         let peers: Vec<SocketAddr> = self.membership.live_peers();
         for batch in batches {
-            let deltas = batch.deltas.len() as u64;
-            let bytes: Arc<[u8]> = wire::encode(&wire::frame(&self.me, Body::Deltas(batch))).into();
+            let deltas = batch.batch.deltas.len() as u64;
             for &peer in &peers {
-                if self.send(peer, bytes.clone()) {
+                let (for_peer, notes) = batch.for_peer(peer, &self.peer_chains);
+                let frame = wire::frame(&self.me, Body::Deltas(for_peer));
+                let bytes: Arc<[u8]> = wire::encode(&frame).into();
+                if self.send(peer, bytes) {
                     link.counters.add(MeshCounter::DeltasSent, deltas);
+                    for (path, base) in notes {
+                        self.peer_chains.note(peer, &path.chains, base);
+                    }
                 } else {
                     dropped += deltas;
                 }
@@ -450,21 +483,26 @@ impl Node {
             }
             // A known holder is inserted again all the same: the peer just dispatched there, and
             // the insert refreshes the tree's recency (or restores what it evicted).
-            match self.known.name_holder(batch.model, delta.path_hash, url) {
-                Some((path, _)) => {
-                    let insert = RemoteInsert {
-                        namespace: path.namespace,
-                        key: path.key.clone(),
-                        worker_url: url.clone(),
-                    };
-                    if link.inbound.push(insert).is_err() {
-                        link.counters.add(MeshCounter::DeltasDropped, 1);
+            let insert = match self.known.name_holder(batch.model, delta.path_hash, url) {
+                Some((path, _)) => RemoteInsert {
+                    namespace: path.namespace,
+                    key: path.key.clone(),
+                    worker_url: url.clone(),
+                },
+                None => match self.learn_delta_path(sender, batch.model, delta, url) {
+                    Some(insert) => insert,
+                    None => {
+                        unknown = true;
+                        continue;
                     }
-                }
-                None => unknown = true,
+                },
+            };
+            if link.inbound.push(insert).is_err() {
+                link.counters.add(MeshCounter::DeltasDropped, 1);
             }
         }
-        if unknown {
+        let catch_up = self.repairs.first_heard(sender, batch.model);
+        if unknown || catch_up {
             let live = self.membership.live_peers();
             if let Some(ask) = self
                 .repairs
@@ -475,6 +513,30 @@ impl Node {
                 self.ask(ask);
             }
         }
+    }
+
+    /// A token path this gateway did not know, rebuilt from the delta's pages (after a prefix
+    /// it knows): learned, its prefixes noted as known here and by the sender. `None`: the
+    /// delta cannot be rebuilt here (a text path, an older sender, a forgotten prefix).
+    fn learn_delta_path(
+        &mut self,
+        sender: SocketAddr,
+        model: u64,
+        delta: &Delta,
+        url: &Arc<str>,
+    ) -> Option<RemoteInsert> {
+        let (namespace, key, chains) = delta_key(&self.chains, model, delta)?;
+        if let KeyData::Tokens(tokens) = &key {
+            let root = chain_root(namespace, tokens.block_size());
+            self.chains.learn(root, tokens.pages(), &chains);
+        }
+        self.peer_chains.note(sender, &chains, 0);
+        self.known.learn(namespace, key.clone(), url)?;
+        Some(RemoteInsert {
+            namespace,
+            key,
+            worker_url: url.clone(),
+        })
     }
 
     fn ask(&mut self, ask: Ask) {
@@ -510,6 +572,12 @@ impl Node {
             let Some((namespace, key)) = entry_key(&self.known, page.model, entry) else {
                 continue;
             };
+            if let KeyData::Tokens(tokens) = &key {
+                let (block_size, pages) = (tokens.block_size(), tokens.pages());
+                let chains = chain_hashes(namespace, block_size, pages);
+                self.chains
+                    .learn(chain_root(namespace, block_size), pages, &chains);
+            }
             // Oldest first, so the most recent holder ends up first, as the sender had it.
             for &at in entry.workers.iter().rev() {
                 let Some(url) = urls.get(at as usize) else {

@@ -10,8 +10,10 @@
 //! - [`membership`]: who the peers are and whether they are alive, from foca (SWIM): joins,
 //!   leaves, suspicion, failure, a restarted or paused gateway rejoining under a new incarnation.
 //! - [`wire`]: the prost messages of `proto/mesh.proto` and their length-prefixed framing.
-//! - [`paths`]: the paths this gateway knows by hash (its own dispatches and what repairs
-//!   taught it), the deltas of a gossip round, and the pages a repair serves.
+//! - [`paths`]: the paths this gateway knows by hash (its own dispatches, peers' deltas and
+//!   what repairs taught it), the deltas of a gossip round, and the pages a repair serves.
+//! - [`chains`]: token paths as chains of pages: a delta carries the pages after the deepest
+//!   prefix its peer is believed to know, so a dispatch costs one delta per peer, not a repair.
 //! - [`repair`]: one repair at a time per model: resumable, retried, abandoned.
 //! - [`MeshLink`]: what the control core and the mesh thread share: two bounded queues (local
 //!   inserts out, peers' inserts in) and the counters; a full queue drops and counts, never
@@ -25,6 +27,7 @@
 //! business (it is suspected, then declared down). Nothing here answers a client.
 
 pub mod auth;
+pub mod chains;
 pub mod membership;
 pub mod models;
 pub mod paths;

@@ -1,5 +1,7 @@
-//! Repairs: a gateway that hears of a path it does not know asks one live peer for that model's
-//! paths, page by page (the spec's repair), resuming after the last path it received from that
+//! Repairs: a gateway that hears of a path it cannot rebuild (a text path, a token path on a
+//! prefix it does not know), or hears a model from a peer for the first time since one of them
+//! joined or came back, asks one live peer for that model's paths, page by page (the spec's
+//! repair), resuming after the last path it received from that
 //! peer (`KnownPaths`'s sequence numbers): a later repair sends only what changed since. The first ask goes to the peer whose delta named the
 //! path when it is live (the spec says a random live peer; with three gateways that random peer
 //! has often heard the same delta and knows no more), retries to random others. One repair per model at a time. A repair resumes
@@ -7,7 +9,7 @@
 //! preferably with another peer, up to `MESH_REPAIR_RETRIES` times, then abandoned until the
 //! next unknown path. Pure state: the caller sends the requests and counts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -72,6 +74,9 @@ pub struct Repairs {
     /// Per peer and model: the epoch and last sequence number received, where the next repair
     /// from that peer resumes.
     marks: HashMap<(SocketAddr, u64), (u64, u64)>,
+    /// Peer and model pairs heard from since the peer came up: the first delta of each starts
+    /// a catch-up repair (this gateway, or the peer, joined or came back).
+    heard: HashSet<(SocketAddr, u64)>,
 }
 
 impl Repairs {
@@ -130,10 +135,21 @@ impl Repairs {
             .is_some_and(|r| r.id == repair_id && r.peer == peer)
     }
 
-    /// Forgets what was kept for `peer` (it left, or was declared down): its marks. A repair
-    /// asked of it stalls and moves to another peer.
+    /// Whether this is the first delta of `model` from `peer` since it came up: then this
+    /// gateway repairs `model` from it once, to catch up on what it missed while one of the two
+    /// was away (deltas carry pages, so nothing else asks for a repair).
+    pub fn first_heard(&mut self, peer: SocketAddr, model: u64) -> bool {
+        if self.heard.len() >= MESH_REPAIR_MARKS_MAX {
+            self.heard.clear();
+        }
+        self.heard.insert((peer, model))
+    }
+
+    /// Forgets what was kept for `peer` (it left, was declared down, or came back): its marks
+    /// and what was heard from it. A repair asked of it stalls and moves to another peer.
     pub fn forget_peer(&mut self, peer: SocketAddr) {
         self.marks.retain(|(p, _), _| *p != peer);
+        self.heard.retain(|(p, _)| *p != peer);
     }
 
     /// Marks kept.

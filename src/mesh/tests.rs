@@ -6,9 +6,13 @@ use clap::Parser;
 use prost::Message;
 
 use super::auth::{self, AuthError, Authenticator, MeshKey, StreamOpen, StreamSeal};
+use super::chains::{chain_hashes, chain_root, PageChains, PeerChains};
 use super::membership::{Change, Membership};
 use super::models::ServedModels;
-use super::paths::{entry_key, path_hash, Batched, Change as PathChange, DeltaRound, KnownPaths};
+use super::paths::{
+    delta_key, entry_key, path_hash, Batched, Change as PathChange, DeltaRound, KnownPaths,
+    RoundPath,
+};
 use super::repair::{PageOutcome, Repairs, StallOutcome};
 use super::wire::{self, frame::Body, DeltaBatch, Frame, FrameError};
 use super::*;
@@ -229,35 +233,38 @@ fn a_repair_entry_whose_pages_do_not_hash_to_its_path_is_refused() {
 fn a_round_batches_per_model_and_names_each_path_and_worker_once() {
     let mut round = DeltaRound::default();
     assert_eq!(
-        round.add(1, TreeKind::Tokens, 10, "http://a"),
+        round.add(1, (TreeKind::Tokens, 10), "http://a", None),
         Batched::Added
     );
     assert_eq!(
-        round.add(1, TreeKind::Tokens, 10, "http://a"),
+        round.add(1, (TreeKind::Tokens, 10), "http://a", None),
         Batched::Duplicate
     );
     assert_eq!(
-        round.add(1, TreeKind::Tokens, 10, "http://b"),
+        round.add(1, (TreeKind::Tokens, 10), "http://b", None),
         Batched::Added
     );
-    assert_eq!(round.add(2, TreeKind::Text, 11, "http://a"), Batched::Added);
+    assert_eq!(
+        round.add(2, (TreeKind::Text, 11), "http://a", None),
+        Batched::Added
+    );
     assert_eq!(round.len(), 3);
     let mut batches = round.take();
-    batches.sort_by_key(|b| b.model);
+    batches.sort_by_key(|b| b.batch.model);
     assert_eq!(batches.len(), 2);
-    assert_eq!(batches[0].deltas.len(), 2);
-    assert_eq!(batches[0].worker_urls, ["http://a", "http://b"]);
-    assert_eq!(batches[1].deltas[0].kind, wire::TreeKind::Text as i32);
+    assert_eq!(batches[0].batch.deltas.len(), 2);
+    assert_eq!(batches[0].batch.worker_urls, ["http://a", "http://b"]);
+    assert_eq!(batches[1].batch.deltas[0].kind, wire::TreeKind::Text as i32);
     assert!(round.is_empty() && round.take().is_empty());
     // The round's cap: the rest of a burst is dropped.
     for i in 0..crate::limits::MESH_ROUND_DELTAS_MAX as u64 {
         assert_eq!(
-            round.add(1, TreeKind::Tokens, i, "http://a"),
+            round.add(1, (TreeKind::Tokens, i), "http://a", None),
             Batched::Added
         );
     }
     assert_eq!(
-        round.add(1, TreeKind::Tokens, u64::MAX, "http://a"),
+        round.add(1, (TreeKind::Tokens, u64::MAX), "http://a", None),
         Batched::Full
     );
 }
@@ -270,6 +277,7 @@ fn delta_frame() -> Frame {
             kind: wire::TreeKind::Token as i32,
             path_hash: 77,
             worker: 0,
+            ..wire::Delta::default()
         }],
     };
     wire::frame("127.0.0.1:1", Body::Deltas(batch))
@@ -509,11 +517,18 @@ fn a_repair_page_is_expected_only_from_the_peer_asked_under_the_repairs_id() {
         panic!("a page of a running repair");
     };
     assert_eq!(repairs.marks_len(), 1);
-    // A peer that leaves takes its marks along.
+    // The first delta of a model from a peer since it came up asks for a catch-up repair.
+    assert!(repairs.first_heard(live[0], 5));
+    assert!(!repairs.first_heard(live[0], 5));
+    assert!(repairs.first_heard(live[0], 6));
+    assert!(repairs.first_heard(live[1], 5));
+    // A peer that leaves takes its marks along, and is caught up with again when it returns.
     repairs.forget_peer(live[1]);
     assert_eq!(repairs.marks_len(), 1);
     repairs.forget_peer(live[0]);
     assert_eq!(repairs.marks_len(), 0);
+    assert!(repairs.first_heard(live[0], 5));
+    assert!(repairs.first_heard(live[1], 5), "forgotten with its peer");
 }
 
 /// A version-2 frame as a newer gateway might send it: the version-1 fields, a new field in the
@@ -742,4 +757,159 @@ fn gateways_join_through_one_peer_and_a_silent_one_is_declared_down() {
     let counts = nodes[0].counts();
     assert_eq!(counts[0], (PeerState::Alive, 1));
     assert_eq!(counts[2], (PeerState::Down, 1));
+}
+
+/// One gateway's side of the page chains, for in-memory deltas.
+#[derive(Default)]
+struct ChainSide {
+    chains: PageChains,
+    peers: PeerChains,
+}
+
+impl ChainSide {
+    /// The delta batch this side sends `peer` for `key` held by `http://w` (noting what the peer
+    /// then knows, as the gossip round does once the batch is queued).
+    fn send(&mut self, peer: SocketAddr, namespace: Namespace, key: &KeyData) -> DeltaBatch {
+        let path = Arc::new(RoundPath::of(namespace, key).unwrap());
+        let root = chain_root(namespace, path.block_size);
+        self.chains.learn(root, path.pages(), &path.chains);
+        let hash = path_hash(namespace, key).unwrap();
+        let mut round = DeltaRound::default();
+        round.add(
+            namespace.model,
+            (TreeKind::Tokens, hash),
+            "http://w",
+            Some(path),
+        );
+        let batch = round.take().pop().unwrap();
+        let (for_peer, notes) = batch.for_peer(peer, &self.peers);
+        for (path, base) in notes {
+            self.peers.note(peer, &path.chains, base);
+        }
+        for_peer
+    }
+
+    /// Rebuilds and learns a received delta's path, as `apply_deltas` does.
+    fn receive(&mut self, sender: SocketAddr, batch: &DeltaBatch) -> Option<KeyData> {
+        let (namespace, key, chains) = delta_key(&self.chains, batch.model, &batch.deltas[0])?;
+        let KeyData::Tokens(tokens) = &key else {
+            panic!("a token path");
+        };
+        let root = chain_root(namespace, tokens.block_size());
+        self.chains.learn(root, tokens.pages(), &chains);
+        self.peers.note(sender, &chains, 0);
+        Some(key)
+    }
+}
+
+fn conversation(system: u64, question: u64) -> KeyData {
+    let pages: Vec<u64> = (0..128)
+        .map(|i| page_hash(&[system as u32, i]))
+        .chain((0..4).map(|i| page_hash(&[question as u32, 1000 + i])))
+        .collect();
+    tokens(&pages)
+}
+
+fn pages_of(key: &KeyData) -> Vec<u64> {
+    match key {
+        KeyData::Tokens(tokens) => tokens.pages().to_vec(),
+        _ => panic!("a token path"),
+    }
+}
+
+#[test]
+fn a_delta_carries_only_the_pages_its_peer_lacks_and_the_peer_inserts_without_a_repair() {
+    let [a, b, c] = peers(&[1, 2, 3])[..] else {
+        panic!("three peers");
+    };
+    let (mut gw_a, mut gw_b) = (ChainSide::default(), ChainSide::default());
+    let namespace = ns(7, 0);
+    // A new path: the whole chain, and B rebuilds it exactly.
+    let first = conversation(1, 1);
+    let batch = gw_a.send(b, namespace, &first);
+    assert_eq!(
+        (batch.deltas[0].base_pages, batch.deltas[0].pages.len()),
+        (0, 132)
+    );
+    let rebuilt = gw_b.receive(a, &batch).expect("rebuilt without a repair");
+    assert_eq!(pages_of(&rebuilt), pages_of(&first));
+    let whole = batch.encoded_len();
+    // The same system prompt with another question: only the question's pages cross.
+    let second = conversation(1, 2);
+    let batch = gw_a.send(b, namespace, &second);
+    assert_eq!(
+        (batch.deltas[0].base_pages, batch.deltas[0].pages.len()),
+        (128, 4)
+    );
+    let small = batch.encoded_len();
+    assert!(
+        small < 100 && small * 10 < whole,
+        "{small} vs {whole} bytes"
+    );
+    let rebuilt = gw_b
+        .receive(a, &batch)
+        .expect("rebuilt from the known prefix");
+    assert_eq!(pages_of(&rebuilt), pages_of(&second));
+    assert_eq!(
+        path_hash(namespace, &rebuilt),
+        path_hash(namespace, &second)
+    );
+    // B heard the prefix from A: B's own delta of it to A starts after it.
+    let third = conversation(1, 3);
+    let batch = gw_b.send(a, namespace, &third);
+    assert_eq!(batch.deltas[0].base_pages, 128);
+    assert!(gw_a.receive(b, &batch).is_some());
+    // A peer A never sent anything to gets the whole path.
+    assert_eq!(gw_a.send(c, namespace, &second).deltas[0].base_pages, 0);
+    // Another partition or model shares no prefix.
+    assert_eq!(gw_a.send(b, ns(7, 1), &second).deltas[0].base_pages, 0);
+    assert_eq!(gw_a.send(b, ns(8, 0), &second).deltas[0].base_pages, 0);
+    // A peer that forgot (restarted): A forgets what it believed, and sends whole paths again.
+    gw_a.peers.forget(b);
+    assert_eq!(gw_a.send(b, namespace, &third).deltas[0].base_pages, 0);
+}
+
+#[test]
+fn a_delta_on_a_prefix_not_known_here_or_that_does_not_hash_to_its_path_is_not_inserted() {
+    let [a, b] = peers(&[1, 2])[..] else {
+        panic!("two peers");
+    };
+    let mut gw_a = ChainSide::default();
+    let namespace = ns(7, 0);
+    gw_a.send(b, namespace, &conversation(1, 1));
+    let short = gw_a.send(b, namespace, &conversation(1, 2));
+    assert_eq!(short.deltas[0].base_pages, 128);
+    // B lost its chains (or never got the first delta): no rebuild; the caller repairs.
+    assert!(ChainSide::default().receive(a, &short).is_none());
+    // A page altered in flight by a key holder: the path hash does not match.
+    let mut whole = ChainSide::default().send(b, namespace, &conversation(1, 1));
+    let mut gw_b = ChainSide::default();
+    whole.deltas[0].pages[3] ^= 1;
+    assert!(gw_b.receive(a, &whole).is_none());
+    // A prefix claimed longer than any path: refused before anything is allocated for it.
+    let mut huge = short.clone();
+    huge.deltas[0].base_pages = u32::MAX;
+    assert!(gw_b.receive(a, &huge).is_none());
+    // An older sender's delta (no pages) or a text delta: no rebuild.
+    let mut older = short.clone();
+    older.deltas[0].block_size = 0;
+    assert!(gw_b.receive(a, &older).is_none());
+    // The chains a rebuild follows must lead back to the namespace's root.
+    let pages = pages_of(&conversation(1, 1));
+    let chains = chain_hashes(namespace, 16, &pages);
+    let mut known = PageChains::default();
+    known.learn(chain_root(namespace, 16), &pages, &chains);
+    assert_eq!(known.len(), 132);
+    assert_eq!(
+        known.pages_of(chain_root(namespace, 16), chains[9], 10),
+        Some(pages[..10].to_vec())
+    );
+    assert_eq!(
+        known.pages_of(chain_root(ns(7, 1), 16), chains[9], 10),
+        None
+    );
+    assert_eq!(
+        known.pages_of(chain_root(namespace, 16), chains[9], 11),
+        None
+    );
 }
