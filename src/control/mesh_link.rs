@@ -266,7 +266,8 @@ impl Node {
                 }
                 Change::Down(peer) => {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer down");
-                    // Per-peer state goes with the peer: its stream (the writer ends) and marks.
+                    // Per-peer state goes with the peer: its stream (the writer ends), what it
+                    // was believed to know; its first delta when back catches up by a repair.
                     self.streams.remove(&peer.addr);
                     self.repairs.forget_peer(peer.addr);
                     self.peer_chains.forget(peer.addr);
@@ -530,7 +531,9 @@ impl Node {
             let root = chain_root(namespace, tokens.block_size());
             self.chains.learn(root, tokens.pages(), &chains);
         }
-        self.peer_chains.note(sender, &chains, 0);
+        // The sender knows the whole path: note the prefixes past those already noted.
+        let noted = self.peer_chains.known_by(sender, &chains);
+        self.peer_chains.note(sender, &chains, noted);
         self.known.learn(namespace, key.clone(), url)?;
         Some(RemoteInsert {
             namespace,

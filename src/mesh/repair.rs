@@ -145,10 +145,12 @@ impl Repairs {
         self.heard.insert((peer, model))
     }
 
-    /// Forgets what was kept for `peer` (it left, was declared down, or came back): its marks
-    /// and what was heard from it. A repair asked of it stalls and moves to another peer.
+    /// Forgets what was heard from `peer` (it left, was declared down, or came back), so its
+    /// next delta of each model catches up by a repair. Its marks stay (bounded by
+    /// `MESH_REPAIR_MARKS_MAX`, and kept only for members, whose pages alone are taken): a peer
+    /// back from a pause or a partition is repaired from where it left off, and one that
+    /// restarted numbers its paths in a new epoch, which starts the repair from its first.
     pub fn forget_peer(&mut self, peer: SocketAddr) {
-        self.marks.retain(|(p, _), _| *p != peer);
         self.heard.retain(|(p, _)| *p != peer);
     }
 
