@@ -18,6 +18,7 @@
 //! repair as before. A peer's set goes when it leaves or restarts.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
@@ -53,6 +54,63 @@ pub fn chain_hashes(namespace: Namespace, block_size: usize, pages: &[u64]) -> V
         .collect()
 }
 
+/// Hashes chain hashes for the maps below. A chain hash is already an xxh3 digest, so SipHash
+/// (std's default, a few times the cost of the insert it serves, once per page) would hash a
+/// hash; but the digests' seeds are public and pages come from clients, who could choose
+/// prompts whose digests share their low bits. So the digest is mixed with a key drawn per
+/// process: one xor, one wide multiply, one fold.
+#[derive(Clone, Copy, Debug)]
+pub struct ChainKeys {
+    key: u64,
+}
+
+impl Default for ChainKeys {
+    fn default() -> Self {
+        ChainKeys {
+            key: fastrand::u64(..),
+        }
+    }
+}
+
+impl BuildHasher for ChainKeys {
+    type Hasher = ChainHasher;
+
+    fn build_hasher(&self) -> ChainHasher {
+        ChainHasher {
+            key: self.key,
+            state: 0,
+        }
+    }
+}
+
+/// The hasher of [`ChainKeys`].
+#[derive(Clone, Copy, Debug)]
+pub struct ChainHasher {
+    key: u64,
+    state: u64,
+}
+
+impl Hasher for ChainHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 keys are hashed; other bytes are folded in so the hasher stays total.
+        for &byte in bytes {
+            self.write_u64(self.state.rotate_left(8) ^ u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        // A full 64x64 -> 128-bit multiply: its high half depends on every bit of the keyed
+        // value, and folding it onto the low half brings that to the low bits hashbrown picks
+        // buckets with (a 64-bit multiply would leave them depending on low bits only).
+        let product = u128::from(value ^ self.key) * 0x9e37_79b9_7f4a_7c15_u128;
+        self.state = (product as u64) ^ ((product >> 64) as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.state
+    }
+}
+
 /// One known prefix: the prefix one page shorter, its last page, and its length in pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Link {
@@ -64,7 +122,7 @@ struct Link {
 /// Every prefix this gateway knows, by chain hash (bounded; cleared whole when full).
 #[derive(Debug, Default)]
 pub struct PageChains {
-    links: HashMap<u64, Link>,
+    links: HashMap<u64, Link, ChainKeys>,
 }
 
 impl PageChains {
@@ -124,7 +182,7 @@ fn deepest_in(chains: &[u64], known: impl Fn(u64) -> bool) -> usize {
 /// when full, and dropped when the peer leaves).
 #[derive(Debug, Default)]
 pub struct PeerChains {
-    by_peer: HashMap<SocketAddr, HashSet<u64>>,
+    by_peer: HashMap<SocketAddr, HashSet<u64, ChainKeys>>,
 }
 
 impl PeerChains {

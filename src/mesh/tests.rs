@@ -911,3 +911,15 @@ fn a_delta_on_a_prefix_not_known_here_or_that_does_not_hash_to_its_path_is_not_i
         None
     );
 }
+
+#[test]
+fn chain_hashes_that_share_their_low_bits_still_spread_over_buckets() {
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+    let keys = super::chains::ChainKeys::default();
+    // Digests a client could craft to agree in their low 40 bits.
+    let buckets: HashSet<u64> = (0..1000u64)
+        .map(|i| keys.hash_one(i << 40) & 0xffff)
+        .collect();
+    assert!(buckets.len() > 950, "{} of 1000 buckets", buckets.len());
+}
