@@ -590,7 +590,9 @@ fn is_local_address(ip: IpAddr) -> bool {
     std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
-fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
+/// The first address `host` resolves to at `port`, for `flag`'s value (the one resolver of
+/// every host flag, the mesh's included).
+pub(crate) fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
     let mut addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| FlagError::new(flag, format!("cannot resolve {host:?}: {e}")))?;

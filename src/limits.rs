@@ -386,6 +386,51 @@ pub const MESH_REPAIR_STALL: Duration = Duration::from_secs(5);
 pub const MESH_REPAIR_RETRIES: u32 = 3;
 /// Peer inserts the control core applies per turn; the rest wait in the queue.
 pub const MESH_INSERTS_PER_TURN_MAX: usize = 4_096;
+/// Shortest `--mesh-secret-file` key: 128 bits, beyond guessing.
+pub const MESH_SECRET_BYTES_MIN: usize = 16;
+/// A SWIM datagram stamped further than this from this gateway's clock is refused: the window
+/// a captured datagram can be replayed in. Gateways keep their clocks within it (NTP).
+pub const MESH_DATAGRAM_AGE_MAX: Duration = Duration::from_secs(10);
+/// Largest SWIM datagram read (foca's LAN packets are 1,400 bytes; a UDP datagram's most).
+pub const MESH_DATAGRAM_BYTES_MAX: usize = 65_536;
+/// Mesh connections accepted at once: a live peer keeps one, and one more while it redials;
+/// past it a connection is closed at accept (counted), so idle sockets cannot pile up.
+pub const MESH_INBOUND_STREAMS_MAX: usize = 2 * MESH_PEERS_MAX;
+/// A connection that has not proven the key this long after it was accepted is closed: until
+/// then it holds a slot and 32 bytes, nothing more.
+pub const MESH_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A frame begun (its first byte read) must be whole within this: the largest frame at
+/// 400 KB/s. A peer that trickles a partial frame is cut off, not waited on.
+pub const MESH_FRAME_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection without a frame for this long is closed; writers close their own streams after
+/// half of it idle (and dial again for the next frame), so a live peer never hits it.
+pub const MESH_STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A write to a peer's stream that does not finish in this time closes the stream: a peer
+/// that stops reading holds its queue, not this gateway's memory.
+pub const MESH_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of frames queued for one peer's stream (with `MESH_PEER_QUEUE_FRAMES`): past it
+/// frames are dropped and counted.
+pub const MESH_PEER_QUEUE_BYTES_MAX: usize = 16 << 20;
+/// Distinct models peers may name when some worker serves every model (its list unknown):
+/// beyond it, frames of new models are refused (counted) and nothing is kept for them.
+pub const MESH_MODELS_MAX: usize = 256;
+/// Repair marks kept (peer and model pairs); past it they are all forgotten and the next
+/// repairs start from the first path: a bound, not a case that arises with a handful of
+/// gateways and served models. A peer's marks go when it leaves.
+pub const MESH_REPAIR_MARKS_MAX: usize = 4_096;
+/// Page chains (token path prefixes) the mesh knows, for rebuilding peers' deltas
+/// (`mesh::chains`): about 40 bytes each, 40 MiB in all. Full: cleared, and peers' deltas that
+/// build on a forgotten prefix fall back to a repair.
+pub const MESH_CHAINS_MAX: usize = 1 << 20;
+/// Prefixes one peer is believed to know (about 10 bytes each); full: cleared, and the next
+/// deltas to that peer carry whole paths again.
+pub const MESH_PEER_CHAINS_MAX: usize = 1 << 19;
+/// Pages of one token path in a delta (its known prefix and the pages that follow): 1M tokens
+/// at 16 per page, checked before anything is allocated for it.
+pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;
+/// Frames from all inbound streams waiting for the mesh loop; a full queue pauses the readers
+/// (TCP pushes back, and the sending peer's own queue drops).
+pub const MESH_INBOUND_FRAMES_MAX: usize = 256;
 
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
@@ -449,3 +494,7 @@ const _: () =
 const _: () = assert!(MESH_REPAIR_PAGE_ENTRIES * 2048 * 8 <= MESH_FRAME_BYTES_MAX);
 const _: () = assert!(MESH_PATH_TENANTS_MAX <= MATCH_TENANTS_MAX);
 const _: () = assert!(MESH_INSERTS_PER_TURN_MAX <= MESH_INBOUND_QUEUE_CAPACITY);
+const _: () = assert!(MESH_PEER_QUEUE_BYTES_MAX >= 2 * MESH_FRAME_BYTES_MAX);
+const _: () = assert!(MESH_INBOUND_STREAMS_MAX >= MESH_PEERS_MAX);
+const _: () = assert!(MESH_HANDSHAKE_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
+const _: () = assert!(MESH_FRAME_READ_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());

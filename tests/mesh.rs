@@ -3,17 +3,25 @@
 //! same worker from the others; a gateway that joins late catches up by repair; a killed gateway
 //! is declared down and the rest keep sharing (a repair asked of it moves to another peer); a
 //! restarted one rejoins; a paused one (SIGSTOP) rejoins after SIGCONT; a
-//! flood of deltas leaves memory bounded; a newer message version is read.
+//! flood of deltas leaves memory bounded; a newer message version is read. Every gateway holds
+//! the same `--mesh-secret-file`; the attacks of issue 37 (no key, a wrong key, a key holder
+//! that is not a member, a foreign sender, unsolicited repair pages, partial and huge frames,
+//! idle connections, fake models) are refused, counted, and leave routing and memory as they
+//! were; `--enable-mesh` without a dialable address refuses to start.
 
 mod utils;
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::net::TcpStream;
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use kvgate::mesh::wire::{self, frame::Body, Delta, DeltaBatch};
-use utils::process::{free_port, Gateway, SimFleet};
+use kvgate::mesh::auth::{self, Authenticator, MeshKey, StreamSeal, CHALLENGE_BYTES};
+use kvgate::mesh::wire::{self, frame::Body, Delta, DeltaBatch, Frame, RepairPage, RepairRequest};
+use utils::process::{free_port, workspace_bin, ChildProcess, Gateway, SimFleet};
 use utils::wait_until;
 
 /// Long enough for SWIM to suspect and declare a peer down (LAN settings: about 10 s) with room.
@@ -25,6 +33,54 @@ struct Mesh {
     mesh_ports: Vec<u16>,
 }
 
+/// The key every gateway of these tests shares.
+const SECRET: &str = "kvgate-tests-mesh-shared-secret-0123456789";
+
+/// The file holding [`SECRET`], written once per test binary.
+fn secret_file() -> &'static PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("kvgate-mesh-secret-{}", std::process::id()));
+        std::fs::write(&path, format!("{SECRET}\n")).expect("write the secret file");
+        path
+    })
+}
+
+fn authenticator(secret: Option<&str>) -> Authenticator {
+    let key = secret.map(|s| MeshKey::new(s.as_bytes()).expect("a long enough key"));
+    Authenticator::new(key.as_ref())
+}
+
+/// A stream to a gateway's mesh port, past its challenge, sealing under `secret` (`None`: the
+/// public key of an unauthenticated mesh).
+struct FakePeer {
+    stream: TcpStream,
+    seal: StreamSeal,
+}
+
+impl FakePeer {
+    fn dial(port: u16, secret: Option<&str>) -> FakePeer {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("mesh port");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut challenge = [0u8; CHALLENGE_BYTES];
+        stream.read_exact(&mut challenge).expect("a challenge");
+        let nonce = auth::parse_challenge(&challenge).expect("a kvgate challenge");
+        let auth = authenticator(secret);
+        stream.write_all(&auth.proof(&nonce)).expect("proof");
+        FakePeer {
+            stream,
+            seal: StreamSeal::new(auth, nonce),
+        }
+    }
+
+    fn send(&mut self, frame: &Frame) -> std::io::Result<()> {
+        let sealed = self.seal.seal(&wire::encode(frame));
+        self.stream.write_all(&sealed)
+    }
+}
+
 fn mesh_args(port: u16, peers: &[u16]) -> Vec<String> {
     let mut args: Vec<String> = [
         "--enable-mesh",
@@ -34,6 +90,8 @@ fn mesh_args(port: u16, peers: &[u16]) -> Vec<String> {
         &port.to_string(),
         "--mesh-server-name",
         &format!("gw-{port}"),
+        "--mesh-secret-file",
+        secret_file().to_str().expect("a UTF-8 temp path"),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -239,12 +297,14 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
             kind: wire::TreeKind::Token as i32,
             path_hash: 0x5eed,
             worker: 0,
+            ..Delta::default()
         }],
     };
     let a = format!("127.0.0.1:{}", mesh.mesh_ports[0]);
     let frame = wire::frame(&a, Body::Deltas(batch));
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("mesh port");
-    stream.write_all(&wire::encode(&frame)).expect("write");
+    FakePeer::dial(port, Some(SECRET))
+        .send(&frame)
+        .expect("write");
     let repairs = |outcome: &str| {
         late.metric(&format!(
             "kvgate_mesh_repairs_total{{outcome=\"{outcome}\"}}"
@@ -328,25 +388,28 @@ fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
     let a = &mesh.gateways[0];
     let taught = teach(a, 0..2);
     let before = rss_kib(a.process.pid());
-    let mut stream = TcpStream::connect(("127.0.0.1", mesh.mesh_ports[0])).expect("mesh port");
+    // A key holder speaking as member B, about the model A serves.
+    let mut peer = FakePeer::dial(mesh.mesh_ports[0], Some(SECRET));
+    let b = format!("127.0.0.1:{}", mesh.mesh_ports[1]);
     let frames = 200;
     let per_frame = 10_000u64;
     for f in 0..frames {
         let batch = DeltaBatch {
-            model: 7,
+            model: kvgate::policy::model_hash("sim-model"),
             worker_urls: vec![mesh.fleet.url(0)],
             deltas: (0..per_frame)
                 .map(|i| Delta {
                     kind: wire::TreeKind::Token as i32,
                     path_hash: f * per_frame + i + 1,
                     worker: 0,
+                    ..Delta::default()
                 })
                 .collect(),
         };
-        let mut frame = wire::frame("127.0.0.1:1", Body::Deltas(batch));
+        let mut frame = wire::frame(&b, Body::Deltas(batch));
         // A newer sender's version number: read all the same.
         frame.version = wire::WIRE_VERSION + 1;
-        stream.write_all(&wire::encode(&frame)).expect("write");
+        peer.send(&frame).expect("write");
     }
     let total = (frames * per_frame) as f64;
     assert!(wait_until(MEMBERSHIP_WAIT, || {
@@ -358,12 +421,238 @@ fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
         after < before + 64 * 1024,
         "RSS grew from {before} KiB to {after} KiB"
     );
-    // A garbage frame closes that stream and is counted; the gateway still routes as it did.
-    stream
-        .write_all(&[0, 0, 0, 3, 0xff, 0xff, 0xff])
-        .expect("write");
+    // A garbage frame (its tag checks) closes that stream and is counted; the gateway still
+    // routes as it did.
+    let garbage = peer.seal.seal(&[0xff, 0xff, 0xff]);
+    peer.stream.write_all(&garbage).expect("write");
     assert!(wait_until(MEMBERSHIP_WAIT, || {
         a.metric("kvgate_mesh_frames_malformed_total") >= 1.0
     }));
     assert_routes_like(a, &taught, "a");
+}
+
+fn refused(gateway: &Gateway, reason: &str) -> f64 {
+    gateway.metric(&format!("kvgate_mesh_refused_total{{reason=\"{reason}\"}}"))
+}
+
+fn wait_refused(gateway: &Gateway, reason: &str, n: f64) {
+    assert!(
+        wait_until(MEMBERSHIP_WAIT, || refused(gateway, reason) >= n),
+        "refused {reason}: {} of {n}; metrics:\n{}",
+        refused(gateway, reason),
+        mesh_metrics(gateway)
+    );
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[test]
+fn peers_without_the_key_are_refused_on_tcp_and_udp_and_change_nothing() {
+    let mesh = Mesh::start(2);
+    let (a, b) = (&mesh.gateways[0], &mesh.gateways[1]);
+    assert_eq!(a.metric("kvgate_mesh_authenticated"), 1.0);
+    let taught = teach(a, 0..4);
+    wait_applied(b, 4.0);
+    let applied_before = applied(a);
+    let port = mesh.mesh_ports[0];
+    let member_b = format!("127.0.0.1:{}", mesh.mesh_ports[1]);
+    let delta = || {
+        let batch = DeltaBatch {
+            model: kvgate::policy::model_hash("sim-model"),
+            worker_urls: vec![mesh.fleet.url(3)],
+            deltas: vec![Delta {
+                kind: wire::TreeKind::Token as i32,
+                path_hash: 1,
+                worker: 0,
+                ..Delta::default()
+            }],
+        };
+        wire::frame(&member_b, Body::Deltas(batch))
+    };
+    // No key (an unauthenticated mesh's public key), then a wrong one: the proof fails, the
+    // stream is closed before a frame is read.
+    for secret in [None, Some("kvgate-tests-mesh-the-wrong-secret")] {
+        let mut peer = FakePeer::dial(port, secret);
+        let _ = peer.send(&delta());
+    }
+    // The framing before authentication: a length and a frame, no handshake.
+    let mut old = TcpStream::connect(("127.0.0.1", port)).expect("mesh port");
+    let body = wire::encode(&delta());
+    let _ = old.write_all(&[(body.len() as u32).to_be_bytes().to_vec(), body.clone()].concat());
+    // But the trailing 32 bytes of a frame of more than 32 may not have arrived: pad it.
+    let _ = old.write_all(&[0u8; 32]);
+    wait_refused(a, "unauthenticated", 3.0);
+    // SWIM datagrams: raw (as foca sends them), under a wrong key, and a right one replayed
+    // after its window.
+    let udp = UdpSocket::bind("127.0.0.1:0").expect("udp");
+    let wrong = authenticator(Some("kvgate-tests-mesh-the-wrong-secret"));
+    let stale = authenticator(Some(SECRET)).seal_datagram(b"swim", now_ms() - 60_000);
+    for datagram in [
+        b"swim".to_vec(),
+        wrong.seal_datagram(b"swim", now_ms()),
+        stale,
+    ] {
+        udp.send_to(&datagram, ("127.0.0.1", port)).expect("send");
+    }
+    wait_refused(a, "unauthenticated", 5.0);
+    wait_refused(a, "stale", 1.0);
+    assert_eq!(alive(a), 1.0, "{}", mesh_metrics(a));
+    assert_eq!(applied(a), applied_before, "nothing of theirs was applied");
+    assert_eq!(
+        a.metric("kvgate_mesh_deltas_total{outcome=\"received\"}"),
+        0.0
+    );
+    assert_routes_like(a, &taught, "a");
+    // The mesh still works for its members.
+    let more = teach(b, 10..12);
+    wait_settled(a, 2.0, applied_before + 2.0);
+    assert_routes_like(a, &more, "a");
+}
+
+#[test]
+fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_for() {
+    let mesh = Mesh::start(2);
+    let (a, b) = (&mesh.gateways[0], &mesh.gateways[1]);
+    let taught = teach(a, 0..4);
+    wait_applied(b, 4.0);
+    let port = mesh.mesh_ports[0];
+    let model = kvgate::policy::model_hash("sim-model");
+    let member_b = format!("127.0.0.1:{}", mesh.mesh_ports[1]);
+    // Not a member: its repair request names an address of its own, which is never dialed.
+    let trap = TcpListener::bind("127.0.0.1:0").expect("listener");
+    trap.set_nonblocking(true).expect("nonblocking");
+    let outsider = trap.local_addr().expect("addr").to_string();
+    let mut peer = FakePeer::dial(port, Some(SECRET));
+    let request = RepairRequest {
+        model,
+        repair_id: 1,
+        after: 0,
+        epoch: 0,
+    };
+    peer.send(&wire::frame(&outsider, Body::RepairRequest(request)))
+        .expect("write");
+    wait_refused(a, "not_member", 1.0);
+    // A repair page A never asked for, said to come from member B, naming worker 3.
+    let page = RepairPage {
+        model,
+        repair_id: 1,
+        worker_urls: vec![mesh.fleet.url(3)],
+        entries: Vec::new(),
+        next_after: 1,
+        done: true,
+        epoch: 1,
+    };
+    let mut peer = FakePeer::dial(port, Some(SECRET));
+    peer.send(&wire::frame(&member_b, Body::RepairPage(page)))
+        .expect("write");
+    wait_refused(a, "unsolicited_repair", 1.0);
+    // The same stream then names another sender: closed.
+    let _ = peer.send(&wire::frame(&outsider, Body::RepairRequest(request)));
+    wait_refused(a, "foreign_sender", 1.0);
+    // Many fake models, as member B: refused, nothing kept.
+    let before = rss_kib(a.process.pid());
+    let mut peer = FakePeer::dial(port, Some(SECRET));
+    let fakes = 6_000u64;
+    for fake in 0..fakes {
+        let batch = DeltaBatch {
+            model: fake,
+            worker_urls: vec![mesh.fleet.url(3)],
+            deltas: (0..64)
+                .map(|i| Delta {
+                    kind: wire::TreeKind::Token as i32,
+                    path_hash: i + 1,
+                    worker: 0,
+                    ..Delta::default()
+                })
+                .collect(),
+        };
+        peer.send(&wire::frame(&member_b, Body::Deltas(batch)))
+            .expect("write");
+    }
+    wait_refused(a, "unknown_model", fakes as f64);
+    let after = rss_kib(a.process.pid());
+    assert!(
+        after < before + 16 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    assert_eq!(
+        a.metric("kvgate_mesh_repairs_total{outcome=\"started\"}"),
+        0.0
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        trap.accept().is_err(),
+        "the gateway dialed an address named in a frame"
+    );
+    assert_routes_like(a, &taught, "a");
+}
+
+#[test]
+fn partial_huge_and_idle_connections_are_cut_off_and_capped() {
+    let mesh = Mesh::start(2);
+    let (a, b) = (&mesh.gateways[0], &mesh.gateways[1]);
+    let port = mesh.mesh_ports[0];
+    let before = rss_kib(a.process.pid());
+    // A length over the cap: refused from its four bytes.
+    let mut peer = FakePeer::dial(port, Some(SECRET));
+    peer.stream
+        .write_all(&u32::MAX.to_be_bytes())
+        .expect("write");
+    wait_refused(a, "too_large", 1.0);
+    // A frame begun and never finished, and a connection that never proves the key: cut off
+    // at their deadlines.
+    let mut partial = FakePeer::dial(port, Some(SECRET));
+    partial
+        .stream
+        .write_all(&[0, 0x10, 0, 0, 1, 2, 3])
+        .expect("write");
+    let silent = TcpStream::connect(("127.0.0.1", port)).expect("mesh port");
+    wait_refused(a, "timeout", 2.0);
+    // Past the cap of inbound connections, more are closed at accept.
+    let idle: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    wait_refused(a, "streams_full", 100.0);
+    let after = rss_kib(a.process.pid());
+    assert!(
+        after < before + 32 * 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    drop((idle, silent, partial, peer));
+    // Once they are gone (their handshakes time out), members are heard again.
+    let taught = teach(b, 0..3);
+    wait_applied(a, 3.0);
+    assert_routes_like(a, &taught, "a");
+}
+
+#[test]
+fn enable_mesh_without_an_address_peers_can_dial_refuses_to_start() {
+    let log = std::env::temp_dir().join(format!("kvgate-mesh-refuse-{}", std::process::id()));
+    let file = std::fs::File::create(&log).expect("log file");
+    let mut command = Command::new(workspace_bin("kvgate"));
+    command.args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &free_port().to_string(),
+        "--worker-urls",
+        "http://127.0.0.1:9",
+        "--enable-mesh",
+        "--mesh-port",
+        &free_port().to_string(),
+    ]);
+    let mut process = ChildProcess::spawn_with_stderr("kvgate", &mut command, file.into());
+    let status = process
+        .wait_exit(Duration::from_secs(20))
+        .expect("kvgate exits");
+    assert!(!status.success());
+    let stderr = std::fs::read_to_string(&log).expect("stderr");
+    let _ = std::fs::remove_file(&log);
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("Error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("--mesh-advertise-host"), "{stderr}");
 }

@@ -18,7 +18,7 @@ use crate::ids::WorkerId;
 use crate::index::ModelGauges;
 use crate::kv_events::{Failure, IndexGauges, Reset, StreamStats};
 use crate::limits::{HEADER_READ_TIMEOUT, READ_BUF_BYTES_INITIAL};
-use crate::mesh::{MeshCounter, MeshCounters, PeerState};
+use crate::mesh::{MeshCounter, MeshCounters, PeerState, Refusal};
 use crate::net::codec::{self, Connection};
 use crate::net::socket::Socket;
 use crate::request::Method;
@@ -121,6 +121,25 @@ pub fn render_mesh(counters: &MeshCounters, out: &mut String) {
     ] {
         header(out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
+    }
+    let name = "kvgate_mesh_authenticated";
+    header(
+        out,
+        name,
+        "gauge",
+        "1: mesh traffic is authenticated (--mesh-secret-file)",
+    );
+    let _ = writeln!(out, "{name} {}", counters.authenticated());
+    let name = "kvgate_mesh_refused_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Mesh traffic refused, and mesh caps reached, by reason",
+    );
+    for reason in Refusal::ALL {
+        let n = counters.refused(reason);
+        let _ = writeln!(out, "{name}{{reason=\"{}\"}} {n}", reason.label());
     }
     let name = "kvgate_mesh_sync_round_duration_seconds";
     header(out, name, "summary", "Duration of the mesh's gossip rounds");

@@ -3,11 +3,22 @@
 //! inserts and applies the peers' through `Shared::mesh` (two bounded queues), so neither
 //! thread waits for the other and no data core ever sees the mesh.
 //!
-//! - UDP on `--mesh-port`: foca's SWIM datagrams (`mesh::membership`).
-//! - TCP on `--mesh-port`: frames (`mesh::wire`). Each live peer has one outbound stream, fed
-//!   by a bounded queue of encoded frames (`MESH_PEER_QUEUE_FRAMES`): a stream that backs up
-//!   (a slow or paused peer) drops whole batches, counted, and the round goes on. Inbound
-//!   connections are read by one task each; a frame that does not decode closes its stream.
+//! - UDP on `--mesh-port`: foca's SWIM datagrams (`mesh::membership`), each sealed and opened
+//!   by `mesh::auth` (a tag under the shared key and a time window).
+//! - TCP on `--mesh-port`: frames (`mesh::wire`), sealed per stream (`mesh::auth`: the
+//!   acceptor's challenge, the dialer's proof, then a tag per frame). Each live peer has one
+//!   outbound stream, fed by a queue bounded in frames and bytes (`MESH_PEER_QUEUE_FRAMES`,
+//!   `MESH_PEER_QUEUE_BYTES_MAX`) and written under `MESH_WRITE_TIMEOUT`: a stream that backs
+//!   up (a slow or paused peer) drops whole frames, counted, and the round goes on; one idle
+//!   for half of `MESH_STREAM_IDLE_TIMEOUT` is closed and dialed again for the next frame. The
+//!   gateway dials only members (SWIM's, or `--mesh-peer-urls` through SWIM), never an address
+//!   a frame names. Inbound connections are capped (`MESH_INBOUND_STREAMS_MAX`) and read by one
+//!   task each under deadlines (`MESH_HANDSHAKE_TIMEOUT`, `MESH_FRAME_READ_TIMEOUT`,
+//!   `MESH_STREAM_IDLE_TIMEOUT`); a frame whose tag does not check, that does not decode, or
+//!   that names another sender than its stream's first closes the stream. The mesh loop takes
+//!   a frame only from a current member, about a model this gateway serves
+//!   (`mesh::models::ServedModels`), and a repair page only for a repair it asked of that
+//!   peer. Each refusal is counted (`mesh::Refusal`).
 //! - Every `MESH_ROUND` (a gossip round): the control core's inserts since the last round are
 //!   learned (`KnownPaths`) and sent once, batched per model (`DeltaRound`), to every live peer.
 //!   Every tick: SWIM timers, repair stalls; every second: announce to the `--mesh-peer-urls`
@@ -18,36 +29,49 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdTcpListener, UdpSocket as StdUdpSocket};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
 use crate::limits::{
-    MESH_KNOWN_BYTES_MAX, MESH_KNOWN_PATHS_MAX, MESH_PEER_QUEUE_FRAMES, MESH_ROUND,
+    MESH_DATAGRAM_BYTES_MAX, MESH_FRAME_READ_TIMEOUT, MESH_HANDSHAKE_TIMEOUT,
+    MESH_INBOUND_FRAMES_MAX, MESH_INBOUND_STREAMS_MAX, MESH_KNOWN_BYTES_MAX, MESH_KNOWN_PATHS_MAX,
+    MESH_PEER_QUEUE_BYTES_MAX, MESH_PEER_QUEUE_FRAMES, MESH_ROUND, MESH_STREAM_IDLE_TIMEOUT,
+    MESH_WRITE_TIMEOUT,
 };
+use crate::mesh::auth::{
+    self, AuthError, Authenticator, StreamOpen, StreamSeal, CHALLENGE_BYTES, TAG_BYTES,
+};
+use crate::mesh::chains::{chain_hashes, chain_root, PageChains, PeerChains};
 use crate::mesh::membership::{Change, Membership};
-use crate::mesh::paths::{entry_key, Batched, Change as PathChange, DeltaRound, KnownPaths};
-use crate::mesh::repair::{Ask, PageOutcome, Repairs, StallOutcome};
-use crate::mesh::wire::{self, frame::Body, DeltaBatch, Frame, RepairPage, RepairRequest};
-use crate::mesh::{
-    is_shareable_worker, tree_kind, MeshConfig, MeshCounter, MeshLink, PeerState, RemoteInsert,
+use crate::mesh::models::ServedModels;
+use crate::mesh::paths::{
+    delta_key, entry_key, Batched, Change as PathChange, DeltaRound, KnownPaths, RoundPath,
 };
+use crate::mesh::repair::{Ask, PageOutcome, Repairs, StallOutcome};
+use crate::mesh::wire::{
+    self, frame::Body, Delta, DeltaBatch, Frame, FrameError, RepairPage, RepairRequest,
+};
+use crate::mesh::{
+    is_shareable_worker, tree_kind, MeshConfig, MeshCounter, MeshLink, PeerState, Refusal,
+    RemoteInsert,
+};
+use crate::policy::KeyData;
 use crate::shared::Shared;
+use crate::workers::catalog::ModelCatalog;
 
 /// How often the thread wakes for SWIM timers, stalls and shutdown.
 const TICK: Duration = Duration::from_millis(20);
 /// How often the `--mesh-peer-urls` that are not alive are announced to, and gauges published.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(1);
-/// Frames from all inbound streams waiting for the mesh loop; a full queue pauses the readers
-/// (TCP pushes back, and the sending peer's own queue drops).
-const INBOUND_FRAMES: usize = 256;
 /// How long an outbound stream waits before it dials a peer again.
 const REDIAL_AFTER: Duration = Duration::from_millis(200);
-/// Largest SWIM datagram read.
-const DATAGRAM_BYTES_MAX: usize = 65_536;
+/// Bytes an inbound stream reads at a time (its buffer grows only with what arrives).
+const READ_CHUNK_BYTES: usize = 16 * 1024;
 
 /// The mesh's sockets, bound at start so a taken port fails the start, not later.
 #[derive(Debug)]
@@ -88,9 +112,16 @@ pub fn run(sockets: MeshSockets, config: MeshConfig, shared: Arc<Shared>) {
             Ok(tcp) => tcp,
             Err(e) => return tracing::error!("mesh not started: TCP listener: {e}"),
         };
-        let (frames_tx, frames_rx) = mpsc::channel(INBOUND_FRAMES);
-        let accept = tokio::spawn(accept_streams(tcp, frames_tx, shared.clone()));
-        let mut node = Node::new(config, shared);
+        let auth = Authenticator::new(config.secret.as_ref());
+        if !auth.is_authenticated() {
+            tracing::warn!(
+                "mesh: unauthenticated (no --mesh-secret-file): any host that reaches \
+                 --mesh-port can join the mesh and steer routing"
+            );
+        }
+        let (frames_tx, frames_rx) = mpsc::channel(MESH_INBOUND_FRAMES_MAX);
+        let accept = tokio::spawn(accept_streams(tcp, frames_tx, auth.clone(), shared.clone()));
+        let mut node = Node::new(config, auth, shared);
         node.run(udp, frames_rx).await;
         accept.abort();
     });
@@ -106,20 +137,51 @@ struct Node {
     known: KnownPaths,
     round: DeltaRound,
     repairs: Repairs,
+    /// Token path prefixes known here, and those each peer is believed to know.
+    chains: PageChains,
+    peer_chains: PeerChains,
     /// One outbound stream per live peer, by address.
-    streams: HashMap<SocketAddr, mpsc::Sender<Arc<[u8]>>>,
+    streams: HashMap<SocketAddr, PeerStream>,
+    auth: Authenticator,
+    /// The models peers may name, rebuilt when the catalog changes.
+    models: ServedModels,
+    catalog: Option<Arc<ModelCatalog>>,
+}
+
+/// The mesh loop's end of a peer's outbound stream.
+#[derive(Debug)]
+struct PeerStream {
+    frames: mpsc::Sender<Arc<[u8]>>,
+    /// Bytes queued and not yet taken by the writer (`MESH_PEER_QUEUE_BYTES_MAX`).
+    queued_bytes: Arc<AtomicUsize>,
+}
+
+/// Milliseconds since the epoch, the time datagrams are stamped with.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 impl Node {
-    fn new(config: MeshConfig, shared: Arc<Shared>) -> Node {
+    fn new(config: MeshConfig, auth: Authenticator, shared: Arc<Shared>) -> Node {
         let membership = Membership::new(config.advertise_addr);
         tracing::info!(
             name = config.server_name,
             addr = %config.advertise_addr,
             peers = config.peers.len(),
+            authenticated = auth.is_authenticated(),
             "mesh: started"
         );
+        if let Some(link) = shared.mesh.as_ref() {
+            link.counters.set_authenticated(auth.is_authenticated());
+        }
         Node {
+            auth,
+            models: ServedModels::default(),
+            catalog: None,
+            chains: PageChains::default(),
+            peer_chains: PeerChains::default(),
             me: config.advertise_addr.to_string(),
             membership,
             known: KnownPaths::new(MESH_KNOWN_PATHS_MAX, MESH_KNOWN_BYTES_MAX),
@@ -140,14 +202,14 @@ impl Node {
     }
 
     async fn run(&mut self, udp: UdpSocket, mut frames: mpsc::Receiver<Frame>) {
-        let mut datagram = vec![0u8; DATAGRAM_BYTES_MAX];
+        let mut datagram = vec![0u8; MESH_DATAGRAM_BYTES_MAX];
         let mut tick = tokio::time::interval(TICK);
         let (mut next_round, mut next_announce) = (Instant::now(), Instant::now());
         while !self.shared.is_shutting_down() {
             tokio::select! {
                 received = udp.recv_from(&mut datagram) => {
                     if let Ok((len, _)) = received {
-                        self.membership.handle_datagram(&datagram[..len], Instant::now());
+                        self.handle_datagram(&datagram[..len]);
                     }
                 }
                 Some(frame) = frames.recv() => self.handle_frame(frame),
@@ -174,21 +236,41 @@ impl Node {
         self.flush_membership(&udp).await;
     }
 
+    /// A datagram reaches SWIM only when its tag checks and its time is recent.
+    fn handle_datagram(&mut self, datagram: &[u8]) {
+        match self.auth.open_datagram(datagram, now_ms()) {
+            Ok(payload) => self.membership.handle_datagram(payload, Instant::now()),
+            Err(AuthError::Stale) => self.link().counters.refuse(Refusal::Stale),
+            Err(AuthError::BadTag | AuthError::Malformed) => {
+                self.link().counters.refuse(Refusal::Unauthenticated)
+            }
+        }
+    }
+
     /// Sends SWIM's datagrams and acts on membership changes (one log line each).
     async fn flush_membership(&mut self, udp: &UdpSocket) {
         for (to, data) in self.membership.take_sends() {
+            let sealed = self.auth.seal_datagram(&data, now_ms());
             // UDP is best effort; SWIM counts on losses.
-            let _ = udp.send_to(&data, to).await;
+            let _ = udp.send_to(&sealed, to).await;
         }
         for change in self.membership.take_changes() {
             match change {
                 Change::Up(peer) => {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer up");
+                    // A peer (back) up may know nothing this gateway sent it before, and
+                    // either may have missed the other's deltas: its first delta repairs.
+                    self.peer_chains.forget(peer.addr);
+                    self.repairs.forget_peer(peer.addr);
                     self.open_stream(peer.addr);
                 }
                 Change::Down(peer) => {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer down");
+                    // Per-peer state goes with the peer: its stream (the writer ends), what it
+                    // was believed to know; its first delta when back catches up by a repair.
                     self.streams.remove(&peer.addr);
+                    self.repairs.forget_peer(peer.addr);
+                    self.peer_chains.forget(peer.addr);
                 }
                 Change::Renamed(old, new) => {
                     tracing::info!(
@@ -197,6 +279,8 @@ impl Node {
                         to = new.incarnation,
                         "mesh: peer rejoined under a new incarnation"
                     );
+                    self.peer_chains.forget(new.addr);
+                    self.repairs.forget_peer(new.addr);
                     self.open_stream(new.addr);
                 }
                 Change::Rejoined(me) => tracing::info!(
@@ -230,25 +314,70 @@ impl Node {
         link.counters.set_peers(alive, suspect, down);
     }
 
-    fn open_stream(&mut self, addr: SocketAddr) -> &mpsc::Sender<Arc<[u8]>> {
+    fn open_stream(&mut self, addr: SocketAddr) -> &PeerStream {
+        let (auth, shared) = (&self.auth, &self.shared);
         self.streams.entry(addr).or_insert_with(|| {
             let (tx, rx) = mpsc::channel(MESH_PEER_QUEUE_FRAMES);
-            tokio::spawn(write_stream(addr, rx));
-            tx
+            let queued_bytes = Arc::new(AtomicUsize::new(0));
+            let writer = Writer {
+                peer: addr,
+                auth: auth.clone(),
+                queued_bytes: queued_bytes.clone(),
+                shared: shared.clone(),
+            };
+            tokio::spawn(writer.run(rx));
+            PeerStream {
+                frames: tx,
+                queued_bytes,
+            }
         })
     }
 
-    /// Queues `bytes` for `peer`'s stream; `false` when it is backed up (the caller counts).
+    /// Queues `bytes` (an encoded frame) for `peer`'s stream; `false` when `peer` is not a live
+    /// member (never dialed) or its stream is backed up (counted; the caller counts deltas).
     fn send(&mut self, peer: SocketAddr, bytes: Arc<[u8]>) -> bool {
-        let len = bytes.len() as u64;
-        let sent = self.open_stream(peer).try_send(bytes).is_ok();
+        if !self.streams.contains_key(&peer) && !self.membership.is_live(peer) {
+            return false;
+        }
+        let len = bytes.len();
+        let shared = self.shared.clone();
+        let stream = self.open_stream(peer);
+        // Counted before it is queued, so the writer never takes more than was added.
+        let queued = stream.queued_bytes.fetch_add(len, Ordering::Relaxed);
+        let sent =
+            queued + len <= MESH_PEER_QUEUE_BYTES_MAX && stream.frames.try_send(bytes).is_ok();
         if sent {
-            self.link().counters.add(MeshCounter::BytesSent, len);
+            if let Some(link) = shared.mesh.as_ref() {
+                // What the stream carries: the frame sealed (length and tag) for this peer.
+                let sealed = len + auth::FRAME_HEADER_BYTES;
+                link.counters.add(MeshCounter::BytesSent, sealed as u64);
+            }
+        } else {
+            stream.queued_bytes.fetch_sub(len, Ordering::Relaxed);
+            refuse(&shared, Refusal::PeerBackedUp);
         }
         sent
     }
 
-    /// One gossip round: this gateway's inserts since the last, learned and sent once.
+    /// The served models, rebuilt from the catalog when it changed.
+    fn served_models(&mut self) -> &mut ServedModels {
+        let catalog = self.shared.catalog.load_full();
+        if !self
+            .catalog
+            .as_ref()
+            .is_some_and(|c| Arc::ptr_eq(c, &catalog))
+        {
+            let mut fresh = ServedModels::of_catalog(&catalog);
+            fresh.carry_admitted(std::mem::take(&mut self.models));
+            self.models = fresh;
+            self.catalog = Some(catalog);
+        }
+        &mut self.models
+    }
+
+    /// One gossip round: this gateway's inserts since the last, learned and sent once. A token
+    /// path goes to each peer with the pages after the deepest prefix that peer is believed to
+    /// know, so the peer inserts it without a repair.
     fn gossip_round(&mut self) {
         let started = Instant::now();
         let shared = self.shared.clone();
@@ -261,11 +390,20 @@ impl Node {
                 continue;
             };
             let model = insert.namespace.model;
+            self.served_models().note_local(model);
+            let path = RoundPath::of(insert.namespace, &insert.key).map(Arc::new);
+            if let Some(path) = &path {
+                let root = chain_root(insert.namespace, path.block_size);
+                self.chains.learn(root, path.pages(), &path.chains);
+            }
             let learned = self
                 .known
                 .learn(insert.namespace, insert.key, &insert.worker_url);
             if let Some((hash, _)) = learned {
-                if self.round.add(model, kind, hash, &insert.worker_url) == Batched::Full {
+                let added = self
+                    .round
+                    .add(model, (kind, hash), &insert.worker_url, path);
+                if added == Batched::Full {
                     dropped += 1;
                 }
             }
@@ -273,11 +411,16 @@ impl Node {
         let batches = self.round.take();
         let peers: Vec<SocketAddr> = self.membership.live_peers();
         for batch in batches {
-            let deltas = batch.deltas.len() as u64;
-            let bytes: Arc<[u8]> = wire::encode(&wire::frame(&self.me, Body::Deltas(batch))).into();
+            let deltas = batch.batch.deltas.len() as u64;
             for &peer in &peers {
-                if self.send(peer, bytes.clone()) {
+                let (for_peer, notes) = batch.for_peer(peer, &self.peer_chains);
+                let frame = wire::frame(&self.me, Body::Deltas(for_peer));
+                let bytes: Arc<[u8]> = wire::encode(&frame).into();
+                if self.send(peer, bytes) {
                     link.counters.add(MeshCounter::DeltasSent, deltas);
+                    for (path, base) in notes {
+                        self.peer_chains.note(peer, &path.chains, base);
+                    }
                 } else {
                     dropped += deltas;
                 }
@@ -289,22 +432,37 @@ impl Node {
         link.counters.add(MeshCounter::SyncRoundMicros, micros);
     }
 
+    /// A frame whose tag checked: taken only from a current member, about a served model, and
+    /// (a repair page) only for the repair this gateway asked of that member.
     fn handle_frame(&mut self, frame: Frame) {
-        let sender = frame.sender.parse::<SocketAddr>().ok();
+        let sender = match frame.sender.parse::<SocketAddr>() {
+            Ok(sender) if self.membership.is_live(sender) => sender,
+            _ => return refuse(&self.shared, Refusal::NotMember),
+        };
+        let model = match &frame.body {
+            Some(Body::Deltas(batch)) => batch.model,
+            Some(Body::RepairRequest(request)) => request.model,
+            Some(Body::RepairPage(page)) => {
+                if !self.repairs.expects(page.model, page.repair_id, sender) {
+                    return refuse(&self.shared, Refusal::UnsolicitedRepair);
+                }
+                page.model
+            }
+            // A body of a newer version: skipped (the compatibility rule of mesh.proto).
+            None => return,
+        };
+        if !self.served_models().admits(model) {
+            return refuse(&self.shared, Refusal::UnknownModel);
+        }
         match frame.body {
             Some(Body::Deltas(batch)) => self.apply_deltas(sender, batch),
-            Some(Body::RepairRequest(request)) => {
-                if let Some(sender) = sender {
-                    self.serve_repair(sender, request);
-                }
-            }
+            Some(Body::RepairRequest(request)) => self.serve_repair(sender, request),
             Some(Body::RepairPage(page)) => self.apply_repair_page(sender, page),
-            // A body of a newer version: skipped (the compatibility rule of mesh.proto).
             None => {}
         }
     }
 
-    fn apply_deltas(&mut self, sender: Option<SocketAddr>, batch: DeltaBatch) {
+    fn apply_deltas(&mut self, sender: SocketAddr, batch: DeltaBatch) {
         let shared = self.shared.clone();
         let Some(link) = shared.mesh.as_ref() else {
             return;
@@ -326,31 +484,62 @@ impl Node {
             }
             // A known holder is inserted again all the same: the peer just dispatched there, and
             // the insert refreshes the tree's recency (or restores what it evicted).
-            match self.known.name_holder(batch.model, delta.path_hash, url) {
-                Some((path, _)) => {
-                    let insert = RemoteInsert {
-                        namespace: path.namespace,
-                        key: path.key.clone(),
-                        worker_url: url.clone(),
-                    };
-                    if link.inbound.push(insert).is_err() {
-                        link.counters.add(MeshCounter::DeltasDropped, 1);
+            let insert = match self.known.name_holder(batch.model, delta.path_hash, url) {
+                Some((path, _)) => RemoteInsert {
+                    namespace: path.namespace,
+                    key: path.key.clone(),
+                    worker_url: url.clone(),
+                },
+                None => match self.learn_delta_path(sender, batch.model, delta, url) {
+                    Some(insert) => insert,
+                    None => {
+                        unknown = true;
+                        continue;
                     }
-                }
-                None => unknown = true,
+                },
+            };
+            if link.inbound.push(insert).is_err() {
+                link.counters.add(MeshCounter::DeltasDropped, 1);
             }
         }
-        if unknown {
+        let catch_up = self.repairs.first_heard(sender, batch.model);
+        if unknown || catch_up {
             let live = self.membership.live_peers();
             if let Some(ask) = self
                 .repairs
-                .start(batch.model, sender, &live, Instant::now())
+                .start(batch.model, Some(sender), &live, Instant::now())
             {
                 link.counters.add(MeshCounter::RepairsStarted, 1);
                 tracing::debug!(model = batch.model, peer = %ask.peer, "mesh: repair started");
                 self.ask(ask);
             }
         }
+    }
+
+    /// A token path this gateway did not know, rebuilt from the delta's pages (after a prefix
+    /// it knows): learned, its prefixes noted as known here and by the sender. `None`: the
+    /// delta cannot be rebuilt here (a text path, an older sender, a forgotten prefix).
+    fn learn_delta_path(
+        &mut self,
+        sender: SocketAddr,
+        model: u64,
+        delta: &Delta,
+        url: &Arc<str>,
+    ) -> Option<RemoteInsert> {
+        let (namespace, key, chains) = delta_key(&self.chains, model, delta)?;
+        if let KeyData::Tokens(tokens) = &key {
+            let root = chain_root(namespace, tokens.block_size());
+            self.chains.learn(root, tokens.pages(), &chains);
+        }
+        // The sender knows the whole path: note the prefixes past those already noted.
+        let noted = self.peer_chains.known_by(sender, &chains);
+        self.peer_chains.note(sender, &chains, noted);
+        self.known.learn(namespace, key.clone(), url)?;
+        Some(RemoteInsert {
+            namespace,
+            key,
+            worker_url: url.clone(),
+        })
     }
 
     fn ask(&mut self, ask: Ask) {
@@ -372,7 +561,7 @@ impl Node {
         let _ = self.send(peer, bytes);
     }
 
-    fn apply_repair_page(&mut self, sender: Option<SocketAddr>, page: RepairPage) {
+    fn apply_repair_page(&mut self, sender: SocketAddr, page: RepairPage) {
         let shared = self.shared.clone();
         let Some(link) = shared.mesh.as_ref() else {
             return;
@@ -386,6 +575,12 @@ impl Node {
             let Some((namespace, key)) = entry_key(&self.known, page.model, entry) else {
                 continue;
             };
+            if let KeyData::Tokens(tokens) = &key {
+                let (block_size, pages) = (tokens.block_size(), tokens.pages());
+                let chains = chain_hashes(namespace, block_size, pages);
+                self.chains
+                    .learn(chain_root(namespace, block_size), pages, &chains);
+            }
             // Oldest first, so the most recent holder ends up first, as the sender had it.
             for &at in entry.workers.iter().rev() {
                 let Some(url) = urls.get(at as usize) else {
@@ -423,7 +618,7 @@ impl Node {
                 tracing::debug!(model = page.model, again, "mesh: repair completed");
                 let live = self.membership.live_peers();
                 if let Some(ask) = again
-                    .then(|| self.repairs.start(page.model, sender, &live, now))
+                    .then(|| self.repairs.start(page.model, Some(sender), &live, now))
                     .flatten()
                 {
                     link.counters.add(MeshCounter::RepairsStarted, 1);
@@ -454,67 +649,207 @@ impl Node {
     }
 }
 
-/// Accepts peers' streams; each is read by a task of its own.
-async fn accept_streams(listener: TcpListener, frames: mpsc::Sender<Frame>, shared: Arc<Shared>) {
+/// Accepts peers' streams, at most `MESH_INBOUND_STREAMS_MAX` at once; each is read by a
+/// task of its own.
+async fn accept_streams(
+    listener: TcpListener,
+    frames: mpsc::Sender<Frame>,
+    auth: Authenticator,
+    shared: Arc<Shared>,
+) {
+    let slots = Arc::new(Semaphore::new(MESH_INBOUND_STREAMS_MAX));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(REDIAL_AFTER).await;
             continue;
         };
-        tokio::spawn(read_stream(stream, frames.clone(), shared.clone()));
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refuse(&shared, Refusal::StreamsFull);
+            continue;
+        };
+        let (frames, auth, shared) = (frames.clone(), auth.clone(), shared.clone());
+        tokio::spawn(async move {
+            read_stream(stream, frames, auth, shared).await;
+            drop(slot);
+        });
     }
 }
 
-/// Reads frames off one peer's stream until it closes or sends one that does not decode.
-async fn read_stream(mut stream: TcpStream, frames: mpsc::Sender<Frame>, shared: Arc<Shared>) {
+fn refuse(shared: &Shared, reason: Refusal) {
+    if let Some(link) = shared.mesh.as_ref() {
+        link.counters.refuse(reason);
+    }
+}
+
+/// The acceptor's half of the handshake: the challenge out, the dialer's proof in, within
+/// `MESH_HANDSHAKE_TIMEOUT`. `Err(None)`: the peer went away before answering (not counted).
+async fn accept_handshake(
+    stream: &mut TcpStream,
+    auth: &Authenticator,
+) -> Result<StreamOpen, Option<Refusal>> {
+    let nonce = auth::fresh_nonce();
+    let handshake = async {
+        stream
+            .write_all(&auth::challenge(&nonce))
+            .await
+            .map_err(|_| None)?;
+        let mut proof = [0u8; TAG_BYTES];
+        stream.read_exact(&mut proof).await.map_err(|_| None)?;
+        if !auth.check_proof(&nonce, &proof) {
+            return Err(Some(Refusal::Unauthenticated));
+        }
+        Ok(StreamOpen::new(auth.clone(), nonce))
+    };
+    match tokio::time::timeout(MESH_HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(result) => result,
+        Err(_) => Err(Some(Refusal::Timeout)),
+    }
+}
+
+/// Reads frames off one peer's stream until it closes, idles past `MESH_STREAM_IDLE_TIMEOUT`,
+/// takes longer than `MESH_FRAME_READ_TIMEOUT` over a frame, or sends a frame that is too
+/// large, does not check, does not decode, or names another sender than its first.
+async fn read_stream(
+    mut stream: TcpStream,
+    frames: mpsc::Sender<Frame>,
+    auth: Authenticator,
+    shared: Arc<Shared>,
+) {
+    let mut open = match accept_handshake(&mut stream, &auth).await {
+        Ok(open) => open,
+        Err(reason) => return reason.into_iter().for_each(|r| refuse(&shared, r)),
+    };
     let mut buffer = Vec::new();
-    let mut chunk = vec![0u8; 64 * 1024];
+    let mut chunk = vec![0u8; READ_CHUNK_BYTES];
+    let mut sender: Option<String> = None;
     loop {
         loop {
-            match wire::take_frame(&mut buffer) {
+            match open.take_frame(&mut buffer) {
                 Ok(Some(frame)) => {
+                    match &sender {
+                        Some(first) if *first != frame.sender => {
+                            return refuse(&shared, Refusal::ForeignSender);
+                        }
+                        Some(_) => {}
+                        None => sender = Some(frame.sender.clone()),
+                    }
                     if frames.send(frame).await.is_err() {
                         return;
                     }
                 }
                 Ok(None) => break,
-                Err(e) => {
-                    if let Some(link) = shared.mesh.as_ref() {
-                        link.counters.add(MeshCounter::FramesMalformed, 1);
-                    }
-                    tracing::debug!("mesh: stream closed: {e}");
-                    return;
-                }
+                Err(e) => return refuse_frame(&shared, e),
             }
         }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        if buffer.is_empty() && buffer.capacity() > READ_CHUNK_BYTES {
+            // A large frame's room is not kept for the small ones that follow.
+            buffer = Vec::new();
+        }
+        // Waiting for a frame to begin is idling; a frame begun must end in time.
+        let (limit, reason) = if buffer.is_empty() {
+            (MESH_STREAM_IDLE_TIMEOUT, Refusal::Idle)
+        } else {
+            (MESH_FRAME_READ_TIMEOUT, Refusal::Timeout)
+        };
+        let deadline = tokio::time::Instant::now() + limit;
+        match tokio::time::timeout_at(deadline, read_more(&mut stream, &mut chunk, &mut buffer))
+            .await
+        {
+            Err(_) => return refuse(&shared, reason),
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
         }
     }
 }
 
-/// Writes one peer's queued frames, dialing it (again) as needed; ends when the peer is down.
-async fn write_stream(peer: SocketAddr, mut frames: mpsc::Receiver<Arc<[u8]>>) {
-    let mut stream: Option<TcpStream> = None;
-    while let Some(bytes) = frames.recv().await {
-        if stream.is_none() {
-            match tokio::time::timeout(REDIAL_AFTER * 5, TcpStream::connect(peer)).await {
-                Ok(Ok(connected)) => {
-                    let _ = connected.set_nodelay(true);
-                    stream = Some(connected);
-                }
-                // This frame is lost; the next one dials again after a pause.
-                _ => {
-                    tokio::time::sleep(REDIAL_AFTER).await;
+/// Reads until at least one more byte is in `buffer`; the bytes read, 0 at the stream's end.
+async fn read_more(
+    stream: &mut TcpStream,
+    chunk: &mut [u8],
+    buffer: &mut Vec<u8>,
+) -> io::Result<usize> {
+    let n = stream.read(chunk).await?;
+    buffer.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+fn refuse_frame(shared: &Shared, error: FrameError) {
+    tracing::debug!("mesh: stream closed: {error}");
+    match error {
+        FrameError::TooLarge(_) => refuse(shared, Refusal::TooLarge),
+        FrameError::Unauthenticated => refuse(shared, Refusal::Unauthenticated),
+        FrameError::Malformed(_) => {
+            if let Some(link) = shared.mesh.as_ref() {
+                link.counters.add(MeshCounter::FramesMalformed, 1);
+            }
+        }
+    }
+}
+
+/// The writer of one peer's outbound stream.
+struct Writer {
+    peer: SocketAddr,
+    auth: Authenticator,
+    /// Shared with the mesh loop's `PeerStream`: bytes queued and not yet taken.
+    queued_bytes: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
+}
+
+impl Writer {
+    /// Writes the peer's queued frames, dialing it (again) as needed, closing the stream when it
+    /// idles; ends when the mesh loop drops the queue (the peer is down).
+    async fn run(self, mut frames: mpsc::Receiver<Arc<[u8]>>) {
+        let mut open: Option<(TcpStream, StreamSeal)> = None;
+        loop {
+            let next = if open.is_some() {
+                tokio::time::timeout(MESH_STREAM_IDLE_TIMEOUT / 2, frames.recv()).await
+            } else {
+                Ok(frames.recv().await)
+            };
+            let bytes = match next {
+                // Idle: closed before the peer's reader closes it.
+                Err(_) => {
+                    open = None;
                     continue;
                 }
+                Ok(None) => return,
+                Ok(Some(bytes)) => bytes,
+            };
+            self.queued_bytes.fetch_sub(bytes.len(), Ordering::Relaxed);
+            if open.is_none() {
+                open = self.dial().await;
+            }
+            let Some((stream, seal)) = open.as_mut() else {
+                // This frame is lost; the next one dials again after a pause.
+                tokio::time::sleep(REDIAL_AFTER).await;
+                continue;
+            };
+            let sealed = seal.seal(&bytes);
+            match tokio::time::timeout(MESH_WRITE_TIMEOUT, stream.write_all(&sealed)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => open = None,
+                Err(_) => {
+                    refuse(&self.shared, Refusal::PeerBackedUp);
+                    open = None;
+                }
             }
         }
-        if let Some(open) = stream.as_mut() {
-            if open.write_all(&bytes).await.is_err() {
-                stream = None;
-            }
-        }
+    }
+
+    /// Connects to the peer and answers its challenge, within `MESH_HANDSHAKE_TIMEOUT`.
+    async fn dial(&self) -> Option<(TcpStream, StreamSeal)> {
+        let handshake = async {
+            let mut stream = TcpStream::connect(self.peer).await.ok()?;
+            let _ = stream.set_nodelay(true);
+            let mut challenge = [0u8; CHALLENGE_BYTES];
+            stream.read_exact(&mut challenge).await.ok()?;
+            let nonce = auth::parse_challenge(&challenge)?;
+            stream.write_all(&self.auth.proof(&nonce)).await.ok()?;
+            Some((stream, StreamSeal::new(self.auth.clone(), nonce)))
+        };
+        tokio::time::timeout(MESH_HANDSHAKE_TIMEOUT, handshake)
+            .await
+            .ok()
+            .flatten()
     }
 }

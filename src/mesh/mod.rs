@@ -3,32 +3,46 @@
 //! runs it, its sockets and its runtime are `control::mesh_link`.
 //!
 //! - [`MeshArgs`] / [`MeshConfig`]: SMG's flags (`--enable-mesh`, `--mesh-host`, `--mesh-port`,
-//!   `--mesh-advertise-host`, `--mesh-peer-urls`, `--mesh-server-name`) and their validation.
+//!   `--mesh-advertise-host`, `--mesh-peer-urls`, `--mesh-server-name`), kvgate's
+//!   `--mesh-secret-file`, and their validation: a gateway whose advertised address peers could
+//!   not dial (unspecified) refuses to start.
+//! - [`auth`]: the shared key's tags on every datagram and frame, checked before decoding.
 //! - [`membership`]: who the peers are and whether they are alive, from foca (SWIM): joins,
 //!   leaves, suspicion, failure, a restarted or paused gateway rejoining under a new incarnation.
 //! - [`wire`]: the prost messages of `proto/mesh.proto` and their length-prefixed framing.
-//! - [`paths`]: the paths this gateway knows by hash (its own dispatches and what repairs
-//!   taught it), the deltas of a gossip round, and the pages a repair serves.
+//! - [`paths`]: the paths this gateway knows by hash (its own dispatches, peers' deltas and
+//!   what repairs taught it), the deltas of a gossip round, and the pages a repair serves.
+//! - [`chains`]: token paths as chains of pages: a delta carries the pages after the deepest
+//!   prefix its peer is believed to know, so a dispatch costs one delta per peer, not a repair.
 //! - [`repair`]: one repair at a time per model: resumable, retried, abandoned.
 //! - [`MeshLink`]: what the control core and the mesh thread share: two bounded queues (local
 //!   inserts out, peers' inserts in) and the counters; a full queue drops and counts, never
 //!   waits.
 //!
-//! Errors: a frame that does not decode is dropped and counted; a peer that cannot be reached
-//! is SWIM's business (it is suspected, then declared down). Nothing here answers a client.
+//! - [`models`]: the models a peer may name (those this gateway serves), bounded.
+//!
+//! Errors: a frame that does not decode is dropped and counted; what is refused (a tag that
+//! does not check, a sender that is not a member, an unsolicited repair page, a model not
+//! served, a cap reached) is counted by [`Refusal`]; a peer that cannot be reached is SWIM's
+//! business (it is suspected, then declared down). Nothing here answers a client.
 
+pub mod auth;
+pub mod chains;
 pub mod membership;
+pub mod models;
 pub mod paths;
 pub mod repair;
 pub mod wire;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use clap::Args;
 use crossbeam_queue::ArrayQueue;
 
+use crate::config::resolve;
 use crate::error::FlagError;
 use crate::index::{Namespace, TreeKind};
 use crate::limits::{MESH_INBOUND_QUEUE_CAPACITY, MESH_OUTBOUND_QUEUE_CAPACITY, MESH_PEERS_MAX};
@@ -49,8 +63,8 @@ pub struct MeshArgs {
     /// Port the mesh listens on, UDP and TCP.
     #[arg(long = "mesh-port", default_value_t = MESH_PORT_DEFAULT)]
     pub mesh_port: u16,
-    /// Address peers reach this gateway at; default: --mesh-host, or 127.0.0.1 when that is an
-    /// unspecified address (0.0.0.0, ::).
+    /// Address peers reach this gateway at; default: --mesh-host. Required when --mesh-host is
+    /// an unspecified address (0.0.0.0, ::): peers cannot dial it.
     #[arg(long = "mesh-advertise-host")]
     pub mesh_advertise_host: Option<String>,
     /// Gateways to join at start, `HOST:PORT` (their mesh ports); the rest are learned from them.
@@ -59,6 +73,10 @@ pub struct MeshArgs {
     /// This gateway's name in the mesh's logs; default: its advertised `host:port`.
     #[arg(long = "mesh-server-name")]
     pub mesh_server_name: Option<String>,
+    /// File holding the key every gateway of the mesh shares (at least 16 bytes); every mesh
+    /// datagram and frame is authenticated with it. Without it the mesh is unauthenticated.
+    #[arg(long = "mesh-secret-file", value_name = "PATH")]
+    pub mesh_secret_file: Option<PathBuf>,
 }
 
 /// The validated mesh configuration (present only with `--enable-mesh`).
@@ -72,6 +90,8 @@ pub struct MeshConfig {
     pub peers: Vec<SocketAddr>,
     /// This gateway's name in logs.
     pub server_name: String,
+    /// The shared key (`--mesh-secret-file`); `None`: the mesh runs unauthenticated.
+    pub secret: Option<auth::MeshKey>,
 }
 
 impl MeshArgs {
@@ -86,11 +106,18 @@ impl MeshArgs {
         let bind_addr = resolve("--mesh-host", &self.mesh_host, self.mesh_port)?;
         let advertise_addr = match &self.mesh_advertise_host {
             Some(host) => resolve("--mesh-advertise-host", host, self.mesh_port)?,
-            None if bind_addr.ip().is_unspecified() => {
-                SocketAddr::from(([127, 0, 0, 1], self.mesh_port))
-            }
             None => bind_addr,
         };
+        if advertise_addr.ip().is_unspecified() {
+            // SMG refuses too: peers would dial an address that reaches no one.
+            let message = format!(
+                "peers cannot dial {}: give the address they reach this gateway at \
+                 (--mesh-host {} is unspecified)",
+                advertise_addr.ip(),
+                self.mesh_host
+            );
+            return Err(FlagError::new("--mesh-advertise-host", message));
+        }
         if self.mesh_peer_urls.len() > MESH_PEERS_MAX {
             let message = format!("at most {MESH_PEERS_MAX} peers");
             return Err(FlagError::new("--mesh-peer-urls", message));
@@ -109,22 +136,21 @@ impl MeshArgs {
             Some(name) => name.clone(),
             None => advertise_addr.to_string(),
         };
+        let secret = match &self.mesh_secret_file {
+            Some(path) => Some(
+                auth::MeshKey::from_file(path)
+                    .map_err(|e| FlagError::new("--mesh-secret-file", e))?,
+            ),
+            None => None,
+        };
         Ok(Some(MeshConfig {
             bind_addr,
             advertise_addr,
             peers,
             server_name,
+            secret,
         }))
     }
-}
-
-fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
-    let mut addrs = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| FlagError::new(flag, format!("{host}: {e}")))?;
-    addrs
-        .next()
-        .ok_or_else(|| FlagError::new(flag, format!("{host}: no address")))
 }
 
 fn resolve_peer(url: &str) -> Result<SocketAddr, FlagError> {
@@ -170,6 +196,9 @@ pub struct RemoteInsert {
 #[derive(Debug, Default)]
 pub struct MeshCounters {
     counts: [AtomicU64; MeshCounter::COUNT],
+    refusals: [AtomicU64; Refusal::ALL.len()],
+    /// 1 when the mesh runs with a secret key (`--mesh-secret-file`).
+    authenticated: AtomicU64,
     /// Peers by SWIM state, published each round.
     peers: [AtomicU64; 3],
 }
@@ -208,6 +237,70 @@ impl MeshCounter {
     const COUNT: usize = 12;
 }
 
+/// What the mesh refused, and which cap was reached (`kvgate_mesh_refused_total{reason}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A datagram or frame whose tag does not check, or a stream without a valid proof: no
+    /// key, a wrong key, altered or replayed bytes.
+    Unauthenticated,
+    /// A datagram sent outside `MESH_DATAGRAM_AGE_MAX` of this gateway's clock.
+    Stale,
+    /// A frame whose sender is not a current member.
+    NotMember,
+    /// A frame naming another sender than the earlier frames of its stream.
+    ForeignSender,
+    /// A repair page for no repair this gateway asked of that peer.
+    UnsolicitedRepair,
+    /// A frame naming a model this gateway does not serve, or past `MESH_MODELS_MAX`.
+    UnknownModel,
+    /// A frame longer than `MESH_FRAME_BYTES_MAX` (its stream is closed).
+    TooLarge,
+    /// A stream that did not finish its proof or a frame in time (`MESH_HANDSHAKE_TIMEOUT`,
+    /// `MESH_FRAME_READ_TIMEOUT`).
+    Timeout,
+    /// A stream closed after `MESH_STREAM_IDLE_TIMEOUT` without a frame.
+    Idle,
+    /// A connection over `MESH_INBOUND_STREAMS_MAX`, closed at accept.
+    StreamsFull,
+    /// A frame not queued: its peer's stream held `MESH_PEER_QUEUE_BYTES_MAX` or
+    /// `MESH_PEER_QUEUE_FRAMES` already, or did not take a write in `MESH_WRITE_TIMEOUT`.
+    PeerBackedUp,
+}
+
+impl Refusal {
+    /// Every reason, in the order `/metrics` lists them.
+    pub const ALL: [Refusal; 11] = [
+        Refusal::Unauthenticated,
+        Refusal::Stale,
+        Refusal::NotMember,
+        Refusal::ForeignSender,
+        Refusal::UnsolicitedRepair,
+        Refusal::UnknownModel,
+        Refusal::TooLarge,
+        Refusal::Timeout,
+        Refusal::Idle,
+        Refusal::StreamsFull,
+        Refusal::PeerBackedUp,
+    ];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Unauthenticated => "unauthenticated",
+            Refusal::Stale => "stale",
+            Refusal::NotMember => "not_member",
+            Refusal::ForeignSender => "foreign_sender",
+            Refusal::UnsolicitedRepair => "unsolicited_repair",
+            Refusal::UnknownModel => "unknown_model",
+            Refusal::TooLarge => "too_large",
+            Refusal::Timeout => "timeout",
+            Refusal::Idle => "idle",
+            Refusal::StreamsFull => "streams_full",
+            Refusal::PeerBackedUp => "peer_backed_up",
+        }
+    }
+}
+
 /// SWIM states of a peer, for the peers gauge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerState {
@@ -239,6 +332,27 @@ impl MeshCounters {
     /// The value of `counter`.
     pub fn get(&self, counter: MeshCounter) -> u64 {
         self.counts[counter as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts one refusal.
+    pub fn refuse(&self, reason: Refusal) {
+        self.refusals[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals for `reason`.
+    pub fn refused(&self, reason: Refusal) -> u64 {
+        self.refusals[reason as usize].load(Ordering::Relaxed)
+    }
+
+    /// Publishes whether the mesh runs with a secret key.
+    pub fn set_authenticated(&self, authenticated: bool) {
+        self.authenticated
+            .store(u64::from(authenticated), Ordering::Relaxed);
+    }
+
+    /// 1 when the mesh runs with a secret key, else 0.
+    pub fn authenticated(&self) -> u64 {
+        self.authenticated.load(Ordering::Relaxed)
     }
 
     /// Publishes how many peers are in each state.

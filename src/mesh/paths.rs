@@ -22,14 +22,18 @@
 //! and a gateway applies them only to a text path it saw itself.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
 use std::ops::Bound;
 use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3;
 
+use super::chains::{self, PageChains, PeerChains};
 use super::wire::{self, Delta, DeltaBatch, RepairEntry, RepairPage};
 use crate::index::{self, Namespace, TreeKind};
-use crate::limits::{MESH_PATH_TENANTS_MAX, MESH_REPAIR_PAGE_ENTRIES, MESH_ROUND_DELTAS_MAX};
+use crate::limits::{
+    MESH_PATH_PAGES_MAX, MESH_PATH_TENANTS_MAX, MESH_REPAIR_PAGE_ENTRIES, MESH_ROUND_DELTAS_MAX,
+};
 use crate::policy::KeyData;
 
 /// The seed of every path hash, the same on every gateway (see the module's header).
@@ -293,12 +297,94 @@ impl UrlList {
     }
 }
 
+/// A token path of a round's delta: its pages, and the chain hash of each prefix
+/// (`chains::chain_hashes`), computed once for every peer.
+#[derive(Debug)]
+pub struct RoundPath {
+    /// The path's partition.
+    pub partition: u64,
+    /// Tokens per page.
+    pub block_size: usize,
+    /// The path (shared with the record: no copy).
+    pub key: KeyData,
+    /// The chain hash of each prefix, shortest first.
+    pub chains: Vec<u64>,
+}
+
+impl RoundPath {
+    /// The token path of `key` in `namespace`; `None` for text and heads (no pages cross).
+    pub fn of(namespace: Namespace, key: &KeyData) -> Option<RoundPath> {
+        let KeyData::Tokens(tokens) = key else {
+            return None;
+        };
+        let chains = chains::chain_hashes(namespace, tokens.block_size(), tokens.pages());
+        Some(RoundPath {
+            partition: namespace.partition,
+            block_size: tokens.block_size(),
+            key: key.clone(),
+            chains,
+        })
+    }
+
+    /// The pages.
+    pub fn pages(&self) -> &[u64] {
+        match &self.key {
+            KeyData::Tokens(tokens) => tokens.pages(),
+            _ => &[],
+        }
+    }
+}
+
+/// One model's deltas of a round: the batch as every peer gets it, and the token path of each
+/// delta, whose pages are added per peer ([`RoundBatch::for_peer`]).
+#[derive(Debug)]
+pub struct RoundBatch {
+    /// The deltas without pages.
+    pub batch: DeltaBatch,
+    /// Per delta, its token path.
+    pub paths: Vec<Option<Arc<RoundPath>>>,
+}
+
+impl RoundBatch {
+    /// The batch for `peer`: each token delta carries the pages after the deepest prefix `peer`
+    /// is believed to know, and the prefixes it will know once this arrives
+    /// (for `PeerChains::note`, once the batch is queued).
+    pub fn for_peer(
+        &self,
+        peer: SocketAddr,
+        known: &PeerChains,
+    ) -> (DeltaBatch, Vec<(Arc<RoundPath>, usize)>) {
+        let mut batch = self.batch.clone();
+        let mut notes = Vec::new();
+        for (delta, path) in batch.deltas.iter_mut().zip(&self.paths) {
+            let Some(path) = path else {
+                continue;
+            };
+            let base = known.known_by(peer, &path.chains);
+            delta.partition = path.partition;
+            delta.block_size = path.block_size as u32;
+            delta.base_pages = base as u32;
+            delta.base_chain = if base == 0 { 0 } else { path.chains[base - 1] };
+            delta.pages = path.pages()[base..].to_vec();
+            notes.push((path.clone(), base));
+        }
+        (batch, notes)
+    }
+}
+
 /// One gossip round's deltas, batched per model, each (path, worker) once.
 #[derive(Debug, Default)]
 pub struct DeltaRound {
-    batches: HashMap<u64, (UrlList, Vec<Delta>)>,
+    batches: HashMap<u64, ModelRound>,
     seen: HashSet<(u64, u64, u32)>,
     deltas: usize,
+}
+
+#[derive(Debug, Default)]
+struct ModelRound {
+    urls: UrlList,
+    deltas: Vec<Delta>,
+    paths: Vec<Option<Arc<RoundPath>>>,
 }
 
 /// Whether a delta was kept for the round.
@@ -313,10 +399,17 @@ pub enum Batched {
 }
 
 impl DeltaRound {
-    /// Adds `worker_url` holding the path `hash` of `kind` under `model`.
-    pub fn add(&mut self, model: u64, kind: TreeKind, hash: u64, worker_url: &str) -> Batched {
-        let (urls, deltas) = self.batches.entry(model).or_default();
-        let worker = urls.index(worker_url);
+    /// Adds `worker_url` holding the path `hash` of `kind` under `model`, with its pages when
+    /// it is a token path.
+    pub fn add(
+        &mut self,
+        model: u64,
+        (kind, hash): (TreeKind, u64),
+        worker_url: &str,
+        path: Option<Arc<RoundPath>>,
+    ) -> Batched {
+        let round = self.batches.entry(model).or_default();
+        let worker = round.urls.index(worker_url);
         if !self.seen.insert((model, hash, worker)) {
             return Batched::Duplicate;
         }
@@ -327,11 +420,13 @@ impl DeltaRound {
             TreeKind::Text => wire::TreeKind::Text,
             TreeKind::Tokens => wire::TreeKind::Token,
         };
-        deltas.push(Delta {
+        round.deltas.push(Delta {
             kind: kind as i32,
             path_hash: hash,
             worker,
+            ..Delta::default()
         });
+        round.paths.push(path);
         self.deltas += 1;
         Batched::Added
     }
@@ -347,18 +442,58 @@ impl DeltaRound {
     }
 
     /// The round's batches, one per model, and an empty round for the next.
-    pub fn take(&mut self) -> Vec<DeltaBatch> {
+    pub fn take(&mut self) -> Vec<RoundBatch> {
         self.seen.clear();
         self.deltas = 0;
-        let batches = self.batches.drain().filter(|(_, (_, d))| !d.is_empty());
+        let batches = self.batches.drain().filter(|(_, r)| !r.deltas.is_empty());
         batches
-            .map(|(model, (urls, deltas))| DeltaBatch {
-                model,
-                worker_urls: urls.urls,
-                deltas,
+            .map(|(model, round)| RoundBatch {
+                batch: DeltaBatch {
+                    model,
+                    worker_urls: round.urls.urls,
+                    deltas: round.deltas,
+                },
+                paths: round.paths,
             })
             .collect()
     }
+}
+
+/// A delta's token path, rebuilt from the prefix this gateway knows (`chains`) and the pages
+/// it carries; `None` when it carries none, names a prefix not known here, is longer than
+/// `MESH_PATH_PAGES_MAX`, or does not hash to its path (peers agree on hashes).
+pub fn delta_key(
+    chains: &PageChains,
+    model: u64,
+    delta: &Delta,
+) -> Option<(Namespace, KeyData, Vec<u64>)> {
+    if delta.kind != wire::TreeKind::Token as i32 || delta.block_size == 0 {
+        return None;
+    }
+    let depth = delta.base_pages as usize;
+    if depth.saturating_add(delta.pages.len()) > MESH_PATH_PAGES_MAX
+        || depth + delta.pages.len() == 0
+    {
+        return None;
+    }
+    let namespace = Namespace {
+        model,
+        partition: delta.partition,
+    };
+    let block_size = delta.block_size as usize;
+    let root = chains::chain_root(namespace, block_size);
+    let mut pages = if depth == 0 {
+        Vec::with_capacity(delta.pages.len())
+    } else {
+        chains.pages_of(root, delta.base_chain, delta.base_pages)?
+    };
+    pages.extend_from_slice(&delta.pages);
+    let key = KeyData::Tokens(index::token_key_of_pages(&pages, block_size));
+    if path_hash(namespace, &key) != Some(delta.path_hash) {
+        return None;
+    }
+    let path_chains = chains::chain_hashes(namespace, block_size, &pages);
+    Some((namespace, key, path_chains))
 }
 
 /// A repair entry's path, rebuilt: token paths from their pages; text paths only when known.

@@ -1,5 +1,7 @@
-//! Repairs: a gateway that hears of a path it does not know asks one live peer for that model's
-//! paths, page by page (the spec's repair), resuming after the last path it received from that
+//! Repairs: a gateway that hears of a path it cannot rebuild (a text path, a token path on a
+//! prefix it does not know), or hears a model from a peer for the first time since one of them
+//! joined or came back, asks one live peer for that model's paths, page by page (the spec's
+//! repair), resuming after the last path it received from that
 //! peer (`KnownPaths`'s sequence numbers): a later repair sends only what changed since. The first ask goes to the peer whose delta named the
 //! path when it is live (the spec says a random live peer; with three gateways that random peer
 //! has often heard the same delta and knows no more), retries to random others. One repair per model at a time. A repair resumes
@@ -7,11 +9,11 @@
 //! preferably with another peer, up to `MESH_REPAIR_RETRIES` times, then abandoned until the
 //! next unknown path. Pure state: the caller sends the requests and counts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use crate::limits::{MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
+use crate::limits::{MESH_REPAIR_MARKS_MAX, MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
 
 /// A request to send: ask `peer` for `model`'s page after `after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,10 +66,6 @@ struct Repair {
     again: bool,
 }
 
-/// Marks kept (peer and model pairs); past it they are all forgotten and the next repairs start
-/// from the first path: a bound, not a case that arises with a handful of gateways and models.
-const MARKS_MAX: usize = 4096;
-
 /// The running repairs, by model.
 #[derive(Debug, Default)]
 pub struct Repairs {
@@ -76,6 +74,9 @@ pub struct Repairs {
     /// Per peer and model: the epoch and last sequence number received, where the next repair
     /// from that peer resumes.
     marks: HashMap<(SocketAddr, u64), (u64, u64)>,
+    /// Peer and model pairs heard from since the peer came up: the first delta of each starts
+    /// a catch-up repair (this gateway, or the peer, joined or came back).
+    heard: HashSet<(SocketAddr, u64)>,
 }
 
 impl Repairs {
@@ -125,6 +126,39 @@ impl Repairs {
         Some(ask(model, &repair))
     }
 
+    /// Whether a page of `model`'s repair `repair_id` from `peer` is one this gateway asked
+    /// for: its repair runs, under that id, asked of that peer. Anything else is refused
+    /// before a byte of it is applied.
+    pub fn expects(&self, model: u64, repair_id: u64, peer: SocketAddr) -> bool {
+        self.running
+            .get(&model)
+            .is_some_and(|r| r.id == repair_id && r.peer == peer)
+    }
+
+    /// Whether this is the first delta of `model` from `peer` since it came up: then this
+    /// gateway repairs `model` from it once, to catch up on what it missed while one of the two
+    /// was away (deltas carry pages, so nothing else asks for a repair).
+    pub fn first_heard(&mut self, peer: SocketAddr, model: u64) -> bool {
+        if self.heard.len() >= MESH_REPAIR_MARKS_MAX {
+            self.heard.clear();
+        }
+        self.heard.insert((peer, model))
+    }
+
+    /// Forgets what was heard from `peer` (it left, was declared down, or came back), so its
+    /// next delta of each model catches up by a repair. Its marks stay (bounded by
+    /// `MESH_REPAIR_MARKS_MAX`, and kept only for members, whose pages alone are taken): a peer
+    /// back from a pause or a partition is repaired from where it left off, and one that
+    /// restarted numbers its paths in a new epoch, which starts the repair from its first.
+    pub fn forget_peer(&mut self, peer: SocketAddr) {
+        self.heard.retain(|(p, _)| *p != peer);
+    }
+
+    /// Marks kept.
+    pub fn marks_len(&self) -> usize {
+        self.marks.len()
+    }
+
     fn mark(&self, peer: SocketAddr, model: u64) -> (u64, u64) {
         self.marks.get(&(peer, model)).copied().unwrap_or((0, 0))
     }
@@ -145,7 +179,7 @@ impl Repairs {
         if repair.id != repair_id {
             return PageOutcome::Stale;
         }
-        if self.marks.len() >= MARKS_MAX {
+        if self.marks.len() >= MESH_REPAIR_MARKS_MAX {
             self.marks.clear();
         }
         self.marks.insert((repair.peer, model), (epoch, next_after));

@@ -5,13 +5,23 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use prost::Message;
 
+use super::auth::{self, AuthError, Authenticator, MeshKey, StreamOpen, StreamSeal};
+use super::chains::{chain_hashes, chain_root, PageChains, PeerChains};
 use super::membership::{Change, Membership};
-use super::paths::{entry_key, path_hash, Batched, Change as PathChange, DeltaRound, KnownPaths};
+use super::models::ServedModels;
+use super::paths::{
+    delta_key, entry_key, path_hash, Batched, Change as PathChange, DeltaRound, KnownPaths,
+    RoundPath,
+};
 use super::repair::{PageOutcome, Repairs, StallOutcome};
 use super::wire::{self, frame::Body, DeltaBatch, Frame, FrameError};
 use super::*;
 use crate::index::{page_hash, token_key_of_pages};
-use crate::limits::{MESH_REPAIR_PAGE_ENTRIES, MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
+use crate::limits::{
+    MESH_DATAGRAM_AGE_MAX, MESH_FRAME_BYTES_MAX, MESH_MODELS_MAX, MESH_REPAIR_PAGE_ENTRIES,
+    MESH_REPAIR_RETRIES, MESH_REPAIR_STALL,
+};
+use crate::workers::catalog::{ListedModel, ModelCatalog};
 
 fn ns(model: u64, partition: u64) -> Namespace {
     Namespace { model, partition }
@@ -39,12 +49,19 @@ fn mesh_config(args: &[&str]) -> Result<Option<MeshConfig>, FlagError> {
 #[test]
 fn flags_keep_smg_defaults_and_check_peers() {
     assert!(mesh_config(&[]).unwrap().is_none());
-    let config = mesh_config(&["--enable-mesh"]).unwrap().unwrap();
-    assert_eq!(config.bind_addr.port(), MESH_PORT_DEFAULT);
+    // An unspecified bind address is not something a peer can dial: refused, as SMG does.
+    let refused = mesh_config(&["--enable-mesh"]).unwrap_err();
+    assert_eq!(refused.flag, "--mesh-advertise-host");
+    let refused = mesh_config(&["--enable-mesh", "--mesh-advertise-host", "0.0.0.0"]);
+    assert_eq!(refused.unwrap_err().flag, "--mesh-advertise-host");
+    let config = mesh_config(&["--enable-mesh", "--mesh-advertise-host", "127.0.0.2"])
+        .unwrap()
+        .unwrap();
+    assert_eq!(config.bind_addr, "0.0.0.0:39527".parse().unwrap());
     assert_eq!(MESH_PORT_DEFAULT, 39527);
-    // An unspecified bind address is not something a peer can dial.
-    assert_eq!(config.advertise_addr, "127.0.0.1:39527".parse().unwrap());
-    assert_eq!(config.server_name, "127.0.0.1:39527");
+    assert_eq!(config.advertise_addr, "127.0.0.2:39527".parse().unwrap());
+    assert_eq!(config.server_name, "127.0.0.2:39527");
+    assert!(config.secret.is_none());
     let config = mesh_config(&[
         "--enable-mesh",
         "--mesh-host",
@@ -63,10 +80,16 @@ fn flags_keep_smg_defaults_and_check_peers() {
     // This gateway itself and a repeat are dropped from the peer list.
     assert_eq!(config.peers, vec!["127.0.0.1:4001".parse().unwrap()]);
     assert_eq!(config.server_name, "gw-a");
-    let refused = mesh_config(&["--enable-mesh", "--mesh-peer-urls", "127.0.0.1"]);
-    assert_eq!(refused.unwrap_err().flag, "--mesh-peer-urls");
-    let refused = mesh_config(&["--enable-mesh", "--mesh-peer-urls", "127.0.0.1:0"]);
-    assert_eq!(refused.unwrap_err().flag, "--mesh-peer-urls");
+    for bad in ["127.0.0.1", "127.0.0.1:0"] {
+        let args = [
+            "--enable-mesh",
+            "--mesh-host",
+            "127.0.0.1",
+            "--mesh-peer-urls",
+            bad,
+        ];
+        assert_eq!(mesh_config(&args).unwrap_err().flag, "--mesh-peer-urls");
+    }
 }
 
 #[test]
@@ -210,35 +233,38 @@ fn a_repair_entry_whose_pages_do_not_hash_to_its_path_is_refused() {
 fn a_round_batches_per_model_and_names_each_path_and_worker_once() {
     let mut round = DeltaRound::default();
     assert_eq!(
-        round.add(1, TreeKind::Tokens, 10, "http://a"),
+        round.add(1, (TreeKind::Tokens, 10), "http://a", None),
         Batched::Added
     );
     assert_eq!(
-        round.add(1, TreeKind::Tokens, 10, "http://a"),
+        round.add(1, (TreeKind::Tokens, 10), "http://a", None),
         Batched::Duplicate
     );
     assert_eq!(
-        round.add(1, TreeKind::Tokens, 10, "http://b"),
+        round.add(1, (TreeKind::Tokens, 10), "http://b", None),
         Batched::Added
     );
-    assert_eq!(round.add(2, TreeKind::Text, 11, "http://a"), Batched::Added);
+    assert_eq!(
+        round.add(2, (TreeKind::Text, 11), "http://a", None),
+        Batched::Added
+    );
     assert_eq!(round.len(), 3);
     let mut batches = round.take();
-    batches.sort_by_key(|b| b.model);
+    batches.sort_by_key(|b| b.batch.model);
     assert_eq!(batches.len(), 2);
-    assert_eq!(batches[0].deltas.len(), 2);
-    assert_eq!(batches[0].worker_urls, ["http://a", "http://b"]);
-    assert_eq!(batches[1].deltas[0].kind, wire::TreeKind::Text as i32);
+    assert_eq!(batches[0].batch.deltas.len(), 2);
+    assert_eq!(batches[0].batch.worker_urls, ["http://a", "http://b"]);
+    assert_eq!(batches[1].batch.deltas[0].kind, wire::TreeKind::Text as i32);
     assert!(round.is_empty() && round.take().is_empty());
     // The round's cap: the rest of a burst is dropped.
     for i in 0..crate::limits::MESH_ROUND_DELTAS_MAX as u64 {
         assert_eq!(
-            round.add(1, TreeKind::Tokens, i, "http://a"),
+            round.add(1, (TreeKind::Tokens, i), "http://a", None),
             Batched::Added
         );
     }
     assert_eq!(
-        round.add(1, TreeKind::Tokens, u64::MAX, "http://a"),
+        round.add(1, (TreeKind::Tokens, u64::MAX), "http://a", None),
         Batched::Full
     );
 }
@@ -251,31 +277,256 @@ fn delta_frame() -> Frame {
             kind: wire::TreeKind::Token as i32,
             path_hash: 77,
             worker: 0,
+            ..wire::Delta::default()
         }],
     };
     wire::frame("127.0.0.1:1", Body::Deltas(batch))
 }
 
+fn key(text: &str) -> MeshKey {
+    MeshKey::new(text.as_bytes()).unwrap()
+}
+
+/// A dialer and an acceptor of one stream, under `dialer` and `acceptor`'s keys.
+fn stream_pair(dialer: &Authenticator, acceptor: &Authenticator) -> (StreamSeal, StreamOpen) {
+    let nonce = auth::fresh_nonce();
+    let challenge = auth::challenge(&nonce);
+    let heard = auth::parse_challenge(&challenge).unwrap();
+    (
+        StreamSeal::new(dialer.clone(), heard),
+        StreamOpen::new(acceptor.clone(), nonce),
+    )
+}
+
 #[test]
 fn frames_are_taken_whole_from_a_stream() {
+    let keyed = Authenticator::new(Some(&key("0123456789abcdef-secret")));
+    let (mut seal, mut open) = stream_pair(&keyed, &keyed);
     let frame = delta_frame();
-    let bytes = [wire::encode(&frame), wire::encode(&frame)].concat();
+    let bytes = [
+        seal.seal(&wire::encode(&frame)),
+        seal.seal(&wire::encode(&frame)),
+    ]
+    .concat();
     let mut buffer = bytes[..5].to_vec();
-    assert_eq!(wire::take_frame(&mut buffer), Ok(None));
-    buffer.extend_from_slice(&bytes[5..]);
-    assert_eq!(wire::take_frame(&mut buffer), Ok(Some(frame.clone())));
-    assert_eq!(wire::take_frame(&mut buffer), Ok(Some(frame)));
+    assert_eq!(open.take_frame(&mut buffer), Ok(None));
+    buffer.extend_from_slice(&bytes[5..40]);
+    assert_eq!(open.take_frame(&mut buffer), Ok(None));
+    buffer.extend_from_slice(&bytes[40..]);
+    assert_eq!(open.take_frame(&mut buffer), Ok(Some(frame.clone())));
+    assert_eq!(open.take_frame(&mut buffer), Ok(Some(frame)));
     assert!(buffer.is_empty());
-    let mut huge = (u32::MAX).to_be_bytes().to_vec();
+    // A length over the cap is refused from its four bytes, before any body is held.
+    let mut huge = ((MESH_FRAME_BYTES_MAX + 1) as u32).to_be_bytes().to_vec();
     assert!(matches!(
-        wire::take_frame(&mut huge),
+        open.take_frame(&mut huge),
         Err(FrameError::TooLarge(_))
     ));
-    let mut garbage = [3u32.to_be_bytes().to_vec(), vec![0xff, 0xff, 0xff]].concat();
+    // Bytes with a valid tag that do not decode.
+    let mut garbage = seal.seal(&[0xff, 0xff, 0xff]);
     assert!(matches!(
-        wire::take_frame(&mut garbage),
+        open.take_frame(&mut garbage),
         Err(FrameError::Malformed(_))
     ));
+}
+
+#[test]
+fn a_frame_without_the_key_or_replayed_fails_its_tag_before_it_is_decoded() {
+    let keyed = Authenticator::new(Some(&key("0123456789abcdef-secret")));
+    let wrong = Authenticator::new(Some(&key("0123456789abcdef-other")));
+    let public = Authenticator::new(None);
+    assert!(keyed.is_authenticated() && !public.is_authenticated());
+    let body = wire::encode(&delta_frame());
+    for dialer in [&wrong, &public] {
+        let (mut seal, mut open) = stream_pair(dialer, &keyed);
+        let mut bytes = seal.seal(&body);
+        assert_eq!(
+            open.take_frame(&mut bytes),
+            Err(FrameError::Unauthenticated)
+        );
+    }
+    // Unsealed bytes (a peer of the earlier framing): the "tag" does not check.
+    let (_, mut open) = stream_pair(&keyed, &keyed);
+    let mut plain = [
+        (body.len() as u32).to_be_bytes().to_vec(),
+        vec![0; 32],
+        body.clone(),
+    ]
+    .concat();
+    assert_eq!(
+        open.take_frame(&mut plain),
+        Err(FrameError::Unauthenticated)
+    );
+    // A frame recorded on one stream and replayed on another (another nonce), or replayed on
+    // its own stream (another sequence number), fails.
+    let (mut seal, mut open) = stream_pair(&keyed, &keyed);
+    let recorded = seal.seal(&body);
+    let (_, mut other) = stream_pair(&keyed, &keyed);
+    assert_eq!(
+        other.take_frame(&mut recorded.clone()),
+        Err(FrameError::Unauthenticated)
+    );
+    assert!(open.take_frame(&mut recorded.clone()).unwrap().is_some());
+    assert_eq!(
+        open.take_frame(&mut recorded.clone()),
+        Err(FrameError::Unauthenticated)
+    );
+    // One altered byte.
+    let (mut seal, mut open) = stream_pair(&keyed, &keyed);
+    let mut altered = seal.seal(&body);
+    let last = altered.len() - 1;
+    altered[last] ^= 1;
+    assert_eq!(
+        open.take_frame(&mut altered),
+        Err(FrameError::Unauthenticated)
+    );
+    // The dialer's proof.
+    let nonce = auth::fresh_nonce();
+    assert!(keyed.check_proof(&nonce, &keyed.proof(&nonce)));
+    assert!(!keyed.check_proof(&nonce, &wrong.proof(&nonce)));
+    assert!(!keyed.check_proof(&nonce, &keyed.proof(&auth::fresh_nonce())));
+    assert!(!keyed.check_proof(&nonce, &[]));
+    let mut challenge = auth::challenge(&nonce);
+    challenge[0] ^= 1;
+    assert_eq!(auth::parse_challenge(&challenge), None);
+}
+
+#[test]
+fn a_datagram_opens_only_under_the_key_and_within_its_time_window() {
+    let keyed = Authenticator::new(Some(&key("0123456789abcdef-secret")));
+    let wrong = Authenticator::new(Some(&key("0123456789abcdef-other")));
+    let public = Authenticator::new(None);
+    let now = 1_800_000_000_000u64;
+    let sealed = keyed.seal_datagram(b"swim", now);
+    assert_eq!(keyed.open_datagram(&sealed, now), Ok(&b"swim"[..]));
+    assert_eq!(wrong.open_datagram(&sealed, now), Err(AuthError::BadTag));
+    assert_eq!(
+        keyed.open_datagram(&public.seal_datagram(b"swim", now), now),
+        Err(AuthError::BadTag)
+    );
+    // Without a key the format is the same, and opens under no key only.
+    let open = public.seal_datagram(b"swim", now);
+    assert_eq!(public.open_datagram(&open, now), Ok(&b"swim"[..]));
+    // A raw foca datagram (no header) or a truncated one.
+    assert_eq!(keyed.open_datagram(b"swim", now), Err(AuthError::Malformed));
+    assert_eq!(
+        keyed.open_datagram(&sealed[..auth::DATAGRAM_HEADER_BYTES - 1], now),
+        Err(AuthError::Malformed)
+    );
+    let mut altered = sealed.clone();
+    altered[auth::DATAGRAM_HEADER_BYTES] ^= 1;
+    assert_eq!(keyed.open_datagram(&altered, now), Err(AuthError::BadTag));
+    // The time is covered by the tag: changing it to look fresh fails.
+    let mut restamped = sealed.clone();
+    restamped[8] ^= 1;
+    assert_eq!(keyed.open_datagram(&restamped, now), Err(AuthError::BadTag));
+    let window = MESH_DATAGRAM_AGE_MAX.as_millis() as u64;
+    assert!(keyed.open_datagram(&sealed, now + window).is_ok());
+    assert_eq!(
+        keyed.open_datagram(&sealed, now + window + 1),
+        Err(AuthError::Stale)
+    );
+    assert_eq!(
+        keyed.open_datagram(&sealed, now - window - 1),
+        Err(AuthError::Stale)
+    );
+}
+
+#[test]
+fn the_secret_file_is_read_trimmed_and_a_short_one_refused() {
+    let dir = std::env::temp_dir().join(format!("kvgate-mesh-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good");
+    std::fs::write(&good, "0123456789abcdef\n").unwrap();
+    let short = dir.join("short");
+    std::fs::write(&short, "0123456789abcde\n").unwrap();
+    let config = |path: &std::path::Path| {
+        mesh_config(&[
+            "--enable-mesh",
+            "--mesh-host",
+            "127.0.0.1",
+            "--mesh-secret-file",
+            path.to_str().unwrap(),
+        ])
+    };
+    let secret = config(&good).unwrap().unwrap().secret.unwrap();
+    assert_eq!(format!("{secret:?}"), "MeshKey(16 bytes)", "never printed");
+    let same = Authenticator::new(Some(&key("0123456789abcdef")));
+    let from_file = Authenticator::new(Some(&secret));
+    let sealed = same.seal_datagram(b"x", 1);
+    assert!(
+        from_file.open_datagram(&sealed, 1).is_ok(),
+        "the newline is not key"
+    );
+    assert_eq!(config(&short).unwrap_err().flag, "--mesh-secret-file");
+    assert_eq!(
+        config(&dir.join("absent")).unwrap_err().flag,
+        "--mesh-secret-file"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn listed(ids: &[&str]) -> Vec<ListedModel> {
+    ids.iter()
+        .map(|id| ListedModel {
+            id: id.to_string(),
+            entry: serde_json::json!({ "id": id }),
+        })
+        .collect()
+}
+
+#[test]
+fn peers_name_only_served_models_and_a_bounded_number_when_any_is_served() {
+    let models = listed(&["m"]);
+    let catalog = ModelCatalog::build([(crate::ids::WorkerId(0), Some(&models[..]))].into_iter());
+    let mut served = ServedModels::of_catalog(&catalog);
+    assert!(served.admits(crate::policy::model_hash("m")));
+    assert!(
+        served.admits(crate::policy::model_hash("")),
+        "requests without a model"
+    );
+    assert!(!served.admits(crate::policy::model_hash("other")));
+    for fake in 0..10_000u64 {
+        assert!(!served.admits(fake));
+    }
+    // This gateway's own dispatches are served by definition.
+    served.note_local(42);
+    assert!(served.admits(42));
+    // A worker of unknown models serves any: admitted up to the cap, then refused.
+    let catalog = ModelCatalog::build([(crate::ids::WorkerId(0), None)].into_iter());
+    let mut served = ServedModels::of_catalog(&catalog);
+    let admitted = (0..10_000u64).filter(|m| served.admits(*m)).count();
+    assert_eq!(admitted, MESH_MODELS_MAX);
+    assert!(served.admits(0), "an admitted model stays admitted");
+}
+
+#[test]
+fn a_repair_page_is_expected_only_from_the_peer_asked_under_the_repairs_id() {
+    let mut repairs = Repairs::default();
+    let live = peers(&[1, 2]);
+    let t0 = Instant::now();
+    let ask = repairs.start(5, Some(live[0]), &live, t0).unwrap();
+    assert!(repairs.expects(5, ask.repair_id, live[0]));
+    assert!(!repairs.expects(5, ask.repair_id, live[1]), "another peer");
+    assert!(
+        !repairs.expects(5, ask.repair_id + 1, live[0]),
+        "another id"
+    );
+    assert!(!repairs.expects(6, ask.repair_id, live[0]), "another model");
+    let PageOutcome::Next(_) = repairs.on_page(5, ask.repair_id, (7, 3), false, t0) else {
+        panic!("a page of a running repair");
+    };
+    assert_eq!(repairs.marks_len(), 1);
+    // The first delta of a model from a peer since it came up asks for a catch-up repair.
+    assert!(repairs.first_heard(live[0], 5));
+    assert!(!repairs.first_heard(live[0], 5));
+    assert!(repairs.first_heard(live[0], 6));
+    assert!(repairs.first_heard(live[1], 5));
+    // A peer that leaves is caught up with again when it returns, from its mark.
+    repairs.forget_peer(live[0]);
+    assert!(repairs.first_heard(live[0], 5));
+    assert!(!repairs.first_heard(live[1], 5), "another peer's stays");
+    assert_eq!(repairs.marks_len(), 1, "marks resume the catch-up");
 }
 
 /// A version-2 frame as a newer gateway might send it: the version-1 fields, a new field in the
@@ -504,4 +755,171 @@ fn gateways_join_through_one_peer_and_a_silent_one_is_declared_down() {
     let counts = nodes[0].counts();
     assert_eq!(counts[0], (PeerState::Alive, 1));
     assert_eq!(counts[2], (PeerState::Down, 1));
+}
+
+/// One gateway's side of the page chains, for in-memory deltas.
+#[derive(Default)]
+struct ChainSide {
+    chains: PageChains,
+    peers: PeerChains,
+}
+
+impl ChainSide {
+    /// The delta batch this side sends `peer` for `key` held by `http://w` (noting what the peer
+    /// then knows, as the gossip round does once the batch is queued).
+    fn send(&mut self, peer: SocketAddr, namespace: Namespace, key: &KeyData) -> DeltaBatch {
+        let path = Arc::new(RoundPath::of(namespace, key).unwrap());
+        let root = chain_root(namespace, path.block_size);
+        self.chains.learn(root, path.pages(), &path.chains);
+        let hash = path_hash(namespace, key).unwrap();
+        let mut round = DeltaRound::default();
+        round.add(
+            namespace.model,
+            (TreeKind::Tokens, hash),
+            "http://w",
+            Some(path),
+        );
+        let batch = round.take().pop().unwrap();
+        let (for_peer, notes) = batch.for_peer(peer, &self.peers);
+        for (path, base) in notes {
+            self.peers.note(peer, &path.chains, base);
+        }
+        for_peer
+    }
+
+    /// Rebuilds and learns a received delta's path, as `apply_deltas` does.
+    fn receive(&mut self, sender: SocketAddr, batch: &DeltaBatch) -> Option<KeyData> {
+        let (namespace, key, chains) = delta_key(&self.chains, batch.model, &batch.deltas[0])?;
+        let KeyData::Tokens(tokens) = &key else {
+            panic!("a token path");
+        };
+        let root = chain_root(namespace, tokens.block_size());
+        self.chains.learn(root, tokens.pages(), &chains);
+        self.peers.note(sender, &chains, 0);
+        Some(key)
+    }
+}
+
+fn conversation(system: u64, question: u64) -> KeyData {
+    let pages: Vec<u64> = (0..128)
+        .map(|i| page_hash(&[system as u32, i]))
+        .chain((0..4).map(|i| page_hash(&[question as u32, 1000 + i])))
+        .collect();
+    tokens(&pages)
+}
+
+fn pages_of(key: &KeyData) -> Vec<u64> {
+    match key {
+        KeyData::Tokens(tokens) => tokens.pages().to_vec(),
+        _ => panic!("a token path"),
+    }
+}
+
+#[test]
+fn a_delta_carries_only_the_pages_its_peer_lacks_and_the_peer_inserts_without_a_repair() {
+    let [a, b, c] = peers(&[1, 2, 3])[..] else {
+        panic!("three peers");
+    };
+    let (mut gw_a, mut gw_b) = (ChainSide::default(), ChainSide::default());
+    let namespace = ns(7, 0);
+    // A new path: the whole chain, and B rebuilds it exactly.
+    let first = conversation(1, 1);
+    let batch = gw_a.send(b, namespace, &first);
+    assert_eq!(
+        (batch.deltas[0].base_pages, batch.deltas[0].pages.len()),
+        (0, 132)
+    );
+    let rebuilt = gw_b.receive(a, &batch).expect("rebuilt without a repair");
+    assert_eq!(pages_of(&rebuilt), pages_of(&first));
+    let whole = batch.encoded_len();
+    // The same system prompt with another question: only the question's pages cross.
+    let second = conversation(1, 2);
+    let batch = gw_a.send(b, namespace, &second);
+    assert_eq!(
+        (batch.deltas[0].base_pages, batch.deltas[0].pages.len()),
+        (128, 4)
+    );
+    let small = batch.encoded_len();
+    assert!(
+        small < 100 && small * 10 < whole,
+        "{small} vs {whole} bytes"
+    );
+    let rebuilt = gw_b
+        .receive(a, &batch)
+        .expect("rebuilt from the known prefix");
+    assert_eq!(pages_of(&rebuilt), pages_of(&second));
+    assert_eq!(
+        path_hash(namespace, &rebuilt),
+        path_hash(namespace, &second)
+    );
+    // B heard the prefix from A: B's own delta of it to A starts after it.
+    let third = conversation(1, 3);
+    let batch = gw_b.send(a, namespace, &third);
+    assert_eq!(batch.deltas[0].base_pages, 128);
+    assert!(gw_a.receive(b, &batch).is_some());
+    // A peer A never sent anything to gets the whole path.
+    assert_eq!(gw_a.send(c, namespace, &second).deltas[0].base_pages, 0);
+    // Another partition or model shares no prefix.
+    assert_eq!(gw_a.send(b, ns(7, 1), &second).deltas[0].base_pages, 0);
+    assert_eq!(gw_a.send(b, ns(8, 0), &second).deltas[0].base_pages, 0);
+    // A peer that forgot (restarted): A forgets what it believed, and sends whole paths again.
+    gw_a.peers.forget(b);
+    assert_eq!(gw_a.send(b, namespace, &third).deltas[0].base_pages, 0);
+}
+
+#[test]
+fn a_delta_on_a_prefix_not_known_here_or_that_does_not_hash_to_its_path_is_not_inserted() {
+    let [a, b] = peers(&[1, 2])[..] else {
+        panic!("two peers");
+    };
+    let mut gw_a = ChainSide::default();
+    let namespace = ns(7, 0);
+    gw_a.send(b, namespace, &conversation(1, 1));
+    let short = gw_a.send(b, namespace, &conversation(1, 2));
+    assert_eq!(short.deltas[0].base_pages, 128);
+    // B lost its chains (or never got the first delta): no rebuild; the caller repairs.
+    assert!(ChainSide::default().receive(a, &short).is_none());
+    // A page altered in flight by a key holder: the path hash does not match.
+    let mut whole = ChainSide::default().send(b, namespace, &conversation(1, 1));
+    let mut gw_b = ChainSide::default();
+    whole.deltas[0].pages[3] ^= 1;
+    assert!(gw_b.receive(a, &whole).is_none());
+    // A prefix claimed longer than any path: refused before anything is allocated for it.
+    let mut huge = short.clone();
+    huge.deltas[0].base_pages = u32::MAX;
+    assert!(gw_b.receive(a, &huge).is_none());
+    // An older sender's delta (no pages) or a text delta: no rebuild.
+    let mut older = short.clone();
+    older.deltas[0].block_size = 0;
+    assert!(gw_b.receive(a, &older).is_none());
+    // The chains a rebuild follows must lead back to the namespace's root.
+    let pages = pages_of(&conversation(1, 1));
+    let chains = chain_hashes(namespace, 16, &pages);
+    let mut known = PageChains::default();
+    known.learn(chain_root(namespace, 16), &pages, &chains);
+    assert_eq!(known.len(), 132);
+    assert_eq!(
+        known.pages_of(chain_root(namespace, 16), chains[9], 10),
+        Some(pages[..10].to_vec())
+    );
+    assert_eq!(
+        known.pages_of(chain_root(ns(7, 1), 16), chains[9], 10),
+        None
+    );
+    assert_eq!(
+        known.pages_of(chain_root(namespace, 16), chains[9], 11),
+        None
+    );
+}
+
+#[test]
+fn chain_hashes_that_share_their_low_bits_still_spread_over_buckets() {
+    use std::collections::HashSet;
+    use std::hash::BuildHasher;
+    let keys = super::chains::ChainKeys::default();
+    // Digests a client could craft to agree in their low 40 bits.
+    let buckets: HashSet<u64> = (0..1000u64)
+        .map(|i| keys.hash_one(i << 40) & 0xffff)
+        .collect();
+    assert!(buckets.len() > 950, "{} of 1000 buckets", buckets.len());
 }
