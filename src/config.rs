@@ -7,7 +7,7 @@
 //! and the tokenizer files (`--model-path`, `--tokenizer-path`, `--chat-template`) read and built
 //! here, once, at start: a file that does not load is one `Error: ...` line naming its flag.
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
 };
 use crate::workers::settings::{PolicyLoads, WorkerArgs, WorkerSettings};
-use crate::workers::spec::{KvEventsSource, WorkerSpec};
+use crate::workers::spec::{resolve_flag, KvEventsSource, WorkerSpec};
 
 /// The routing policy (`--policy`): SMG's names, `cache_aware` by default. Its flags and their
 /// validation live in `policy::PolicyArgs`, flattened into `Cli`.
@@ -232,8 +232,8 @@ pub struct Config {
 impl Config {
     /// Checks every flag and builds the configuration.
     pub fn from_cli(cli: &Cli) -> Result<Config, FlagError> {
-        let listen_addr = resolve("--host", &cli.host, cli.port)?;
-        let prometheus_addr = resolve(
+        let listen_addr = resolve_flag("--host", &cli.host, cli.port)?;
+        let prometheus_addr = resolve_flag(
             "--prometheus-host",
             &cli.prometheus_host,
             cli.prometheus_port,
@@ -588,17 +588,6 @@ fn canonical_ip(ip: IpAddr) -> IpAddr {
 /// so no connection is made and nothing is sent).
 fn is_local_address(ip: IpAddr) -> bool {
     std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-/// The first address `host` resolves to at `port`, for `flag`'s value (the one resolver of
-/// every host flag, the mesh's included).
-pub(crate) fn resolve(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
-    let mut addrs = (host, port)
-        .to_socket_addrs()
-        .map_err(|e| FlagError::new(flag, format!("cannot resolve {host:?}: {e}")))?;
-    addrs
-        .next()
-        .ok_or_else(|| FlagError::new(flag, format!("{host:?} resolves to no address")))
 }
 
 #[cfg(test)]

@@ -42,11 +42,11 @@ use std::sync::Arc;
 use clap::Args;
 use crossbeam_queue::ArrayQueue;
 
-use crate::config::resolve;
 use crate::error::FlagError;
 use crate::index::{Namespace, TreeKind};
 use crate::limits::{MESH_INBOUND_QUEUE_CAPACITY, MESH_OUTBOUND_QUEUE_CAPACITY, MESH_PEERS_MAX};
 use crate::policy::KeyData;
+use crate::workers::spec::resolve_flag;
 
 /// SMG's default mesh port.
 pub const MESH_PORT_DEFAULT: u16 = 39527;
@@ -103,9 +103,9 @@ impl MeshArgs {
         if self.mesh_port == 0 {
             return Err(FlagError::new("--mesh-port", "must be 1..=65535"));
         }
-        let bind_addr = resolve("--mesh-host", &self.mesh_host, self.mesh_port)?;
+        let bind_addr = resolve_flag("--mesh-host", &self.mesh_host, self.mesh_port)?;
         let advertise_addr = match &self.mesh_advertise_host {
-            Some(host) => resolve("--mesh-advertise-host", host, self.mesh_port)?,
+            Some(host) => resolve_flag("--mesh-advertise-host", host, self.mesh_port)?,
             None => bind_addr,
         };
         if advertise_addr.ip().is_unspecified() {
@@ -160,7 +160,7 @@ fn resolve_peer(url: &str) -> Result<SocketAddr, FlagError> {
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     match port.parse::<u16>() {
-        Ok(port) if port > 0 => resolve(flag, host, port),
+        Ok(port) if port > 0 => resolve_flag(flag, host, port),
         _ => Err(FlagError::new(flag, format!("{url}: bad port"))),
     }
 }

@@ -8,6 +8,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
+use crate::error::FlagError;
+
 /// The longest host name accepted (the DNS limit).
 const HOST_LEN_MAX: usize = 253;
 
@@ -91,13 +93,26 @@ impl WorkerUrl {
 
     /// The first address the host resolves to (a DNS lookup for a name: call off the data path).
     pub fn resolve(&self) -> Result<SocketAddr, UrlError> {
-        let fail = |why: String| UrlError::Resolve(self.authority.clone(), why);
-        (self.host.as_str(), self.port)
-            .to_socket_addrs()
-            .map_err(|e| fail(e.to_string()))?
-            .next()
-            .ok_or_else(|| fail("no address".to_string()))
+        first_address(&self.host, self.port)
+            .map_err(|why| UrlError::Resolve(self.authority.clone(), why))
     }
+}
+
+/// The first address `host` resolves to on `port` (a DNS lookup for a name: call off the data
+/// path). The one host resolver: worker URLs, and the listening and mesh flags through
+/// [`resolve_flag`].
+pub fn first_address(host: &str, port: u16) -> Result<SocketAddr, String> {
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| e.to_string())?
+        .next()
+        .ok_or_else(|| "no address".to_string())
+}
+
+/// `host:port` of a flag resolved, or an error naming `flag`.
+pub fn resolve_flag(flag: &'static str, host: &str, port: u16) -> Result<SocketAddr, FlagError> {
+    first_address(host, port)
+        .map_err(|why| FlagError::new(flag, format!("cannot resolve {host:?}: {why}")))
 }
 
 /// `host` and the port text, if any, of an authority; IPv6 literals come in brackets.
