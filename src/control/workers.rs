@@ -113,6 +113,8 @@ impl WorkerDriver {
                 }
                 Change::Breaker(id, state) => {
                     tracing::info!(worker = %url_of(shared, id), state = state.as_str(), "circuit breaker state changed");
+                    let from = shared.table.signals(id).breaker_state();
+                    shared.metrics.breaker_transitions().record(id, from, state);
                     shared.table.signals(id).set_breaker(state);
                 }
                 Change::Load(id, report) => {
