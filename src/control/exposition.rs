@@ -160,8 +160,9 @@ pub fn render_placement_gauges(gauges: &[(String, u64)], out: &mut String) {
     }
 }
 
-/// The KV-event streams per worker and the KV-event index's size (`kvgate_kv_*`; SMG reads
-/// events only from gRPC workers and has no such families). Nothing is written until a worker
+/// The KV-event streams per worker and the KV-event index's size (`kvgate_kv_*`: SMG reads
+/// events only from gRPC workers and has no such families, but for its
+/// `smg_kv_event_subscription_failures_total{worker,reason}`, here with kvgate's reasons). Nothing is written until a worker
 /// publishes.
 pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut String) {
     if streams.is_empty() && index.blocks == 0 {
@@ -233,7 +234,7 @@ pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut 
             );
         }
     }
-    let name = "kvgate_kv_event_subscription_failures_total";
+    let name = "smg_kv_event_subscription_failures_total";
     header(
         out,
         name,
