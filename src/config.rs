@@ -139,6 +139,12 @@ pub struct Cli {
     /// for long prefills behind a queue; bounded by --request-timeout-secs.
     #[arg(help_heading = "Request Handling", long = "upstream-first-byte-timeout-secs", default_value_t = limits::UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT)]
     pub upstream_first_byte_timeout_secs: u64,
+    /// Seconds a pooled worker connection may stay idle before it is closed instead of reused
+    /// (SMG's flag and default). Keep it below the engines' keep-alive timeout (uvicorn's 5 s
+    /// for SGLang and vLLM), or a request may be written into a socket the engine is closing
+    /// (kvgate then retries it on a fresh connection). 0 keeps idle connections forever.
+    #[arg(help_heading = "Request Handling", long = "upstream-pool-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT.as_secs())]
+    pub upstream_pool_idle_timeout_secs: u64,
     /// Seconds a worker may stay silent between two reads of a response body once it began
     /// (not the idle time of pooled connections). Past it an SSE stream ends with an error
     /// event (another body is cut and its connection closed) and the breaker hears a failure.
@@ -257,6 +263,8 @@ pub struct Config {
     pub upstream_first_byte_timeout: Duration,
     /// Longest silence between two response body reads.
     pub upstream_idle_timeout: Duration,
+    /// How long a pooled worker connection may stay idle (`None`: forever).
+    pub upstream_pool_idle_timeout: Option<Duration>,
     /// Request body bytes one data core may hold at once.
     pub max_inflight_body_bytes_per_core: usize,
     /// How long shutdown lets in-flight requests finish.
@@ -367,6 +375,14 @@ impl Config {
                 return Err(FlagError::new(flag, message));
             }
         }
+        let upstream_pool_idle_timeout = match cli.upstream_pool_idle_timeout_secs {
+            0 => None,
+            secs if secs > limits::REQUEST_TIMEOUT_SECS_MAX => {
+                let message = format!("must be 0..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+                return Err(FlagError::new("--upstream-pool-idle-timeout-secs", message));
+            }
+            secs => Some(Duration::from_secs(secs)),
+        };
         let max_inflight_body_bytes_per_core = match cli.max_inflight_body_bytes_per_core {
             None => max_payload_bytes.max(limits::INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT),
             Some(n) => match usize::try_from(n) {
@@ -449,6 +465,7 @@ impl Config {
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
             upstream_first_byte_timeout: Duration::from_secs(cli.upstream_first_byte_timeout_secs),
             upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_secs),
+            upstream_pool_idle_timeout,
             shutdown_grace_period: Duration::from_secs(cli.shutdown_grace_period_secs),
             max_inflight_body_bytes_per_core,
             data_cores,
@@ -732,6 +749,67 @@ mod tests {
         }
         let mesh = help.split("Mesh:\n").nth(1).unwrap_or_default();
         assert!(mesh.trim_start().starts_with("--enable-mesh"), "{mesh}");
+    }
+
+    #[test]
+    fn upstream_pool_idle_timeout_is_smgs_with_zero_for_never() {
+        let default = parse(&[]).unwrap().upstream_pool_idle_timeout;
+        assert_eq!(default, Some(Duration::from_secs(3)));
+        let flag = "--upstream-pool-idle-timeout-secs";
+        let never = parse(&[flag, "0"]).unwrap().upstream_pool_idle_timeout;
+        assert_eq!(never, None);
+        let two = parse(&[flag, "2"]).unwrap().upstream_pool_idle_timeout;
+        assert_eq!(two, Some(Duration::from_secs(2)));
+        let err = parse(&[flag, "99999999"]).unwrap_err().to_string();
+        assert!(err.contains(flag), "{err}");
+    }
+
+    #[test]
+    fn smgs_flag_aliases_parse_as_their_flags() {
+        let by_alias = parse(&[
+            "--cache-match-threshold",
+            "0.6",
+            "--spill-abs-threshold",
+            "8",
+            "--spill-rel-threshold",
+            "1.2",
+            "--model",
+            "/nonexistent-model-dir",
+        ]);
+        // --model is --model-path's alias: the path is read (and missing) like --model-path's.
+        let err = by_alias.unwrap_err().to_string();
+        assert!(err.contains("--model-path"), "{err}");
+        let by_alias = parse(&[
+            "--cache-match-threshold",
+            "0.6",
+            "--spill-abs-threshold",
+            "8",
+            "--spill-rel-threshold",
+            "1.2",
+        ])
+        .unwrap();
+        let canonical = parse(&[
+            "--cache-threshold",
+            "0.6",
+            "--balance-abs-threshold",
+            "8",
+            "--balance-rel-threshold",
+            "1.2",
+        ])
+        .unwrap();
+        let (a, c) = (&by_alias.policy.cache_aware, &canonical.policy.cache_aware);
+        assert_eq!(a.cache_threshold, c.cache_threshold);
+        assert_eq!(a.balance_abs_threshold, 8.0);
+        assert_eq!(a.balance_rel_threshold, c.balance_rel_threshold);
+        assert_eq!(c.balance_rel_threshold, 1.2);
+        let help = Cli::command_plain().render_long_help().to_string();
+        for alias in [
+            "cache-match-threshold",
+            "spill-abs-threshold",
+            "spill-rel-threshold",
+        ] {
+            assert!(help.contains(alias), "{alias} not shown in --help");
+        }
     }
 
     #[test]

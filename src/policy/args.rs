@@ -70,13 +70,13 @@ pub struct PolicyArgs {
     #[arg(long, value_enum, default_value = "cache_aware")]
     pub policy: PolicyKind,
     /// Minimum match ratio (matched / request length) for holders of a prefix to be preferred.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, visible_alias = "cache-match-threshold", default_value_t = 0.3)]
     pub cache_threshold: f64,
     /// Spill gate: a holder is hot only above the fleet mean in-flight plus this many requests.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, visible_alias = "spill-abs-threshold", default_value_t = 64)]
     pub balance_abs_threshold: u32,
     /// Spill gate: a holder is hot only above this multiple of the fleet mean in-flight.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, visible_alias = "spill-rel-threshold", default_value_t = 1.5)]
     pub balance_rel_threshold: f64,
     /// Suspend affinity while any worker's KV usage is above this (0 < x; >= 1.0 disables).
     #[arg(long, default_value = "1.0")]
