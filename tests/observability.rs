@@ -444,9 +444,10 @@ fn a_retry_counts_the_error_and_the_retry_and_one_decision() {
     assert_eq!(total("smg_worker_retries_exhausted_total"), 0.0);
 }
 
-/// `HEAD /metrics` answers the GET's head (status, type, length) and no body.
+/// `HEAD /metrics` answers the GET's head (status, type, length) and no body; answers carry a
+/// `Date`.
 #[test]
-fn head_metrics_answers_the_gets_head_without_a_body() {
+fn head_metrics_answers_the_gets_head_without_a_body_and_answers_are_dated() {
     let ok = MockOrigin::start(|_| Reply::json(r#"{"ok":true}"#));
     let gateway = Gateway::start(&[ok.url()], &[]);
     let mut stream =
@@ -474,6 +475,18 @@ fn head_metrics_answers_the_gets_head_without_a_body() {
         .expect("content-length");
     assert!(length > 1000, "the GET's length: {length}");
     assert_eq!(body, "", "no body after HEAD's head");
+    // Every answer carries a Date: the gateway's own (this one) and a worker's that has none.
+    let date = head
+        .lines()
+        .find_map(|l| l.strip_prefix("date: "))
+        .expect("a date header");
+    assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
+    let proxied = gateway.client().post_json(
+        "/v1/chat/completions",
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(proxied.status, 200, "{}", proxied.text());
+    assert!(proxied.header("date").is_some_and(|d| d.ends_with(" GMT")));
 }
 
 /// `promtool check metrics` on a live scrape after traffic. Fails without promtool when
