@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
@@ -21,7 +21,9 @@ use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
 };
-use crate::workers::settings::{PolicyLoads, WorkerArgs, WorkerSettings};
+use crate::workers::settings::{
+    AdminArgs, LoadArgs, PolicyLoads, ResilienceArgs, WorkerArgs, WorkerSettings,
+};
 use crate::workers::spec::{resolve_flag, KvEventsSource, WorkerSpec};
 
 /// The routing policy (`--policy`): SMG's names, `cache_aware` by default. Its flags and their
@@ -87,91 +89,155 @@ pub const VERSION: &str = concat!(
 )]
 pub struct Cli {
     /// Address the gateway listens on.
-    #[arg(long, default_value = "0.0.0.0")]
+    #[arg(help_heading = "Worker Configuration", long, default_value = "0.0.0.0")]
     pub host: String,
     /// Port the gateway listens on.
-    #[arg(long, default_value_t = 30000)]
+    #[arg(help_heading = "Worker Configuration", long, default_value_t = 30000)]
     pub port: u16,
     /// Engine workers to route to, e.g. `http://127.0.0.1:31001`.
-    #[arg(long = "worker-urls", num_args = 0.., value_name = "URL")]
+    #[arg(help_heading = "Worker Configuration", long = "worker-urls", num_args = 0.., value_name = "URL")]
     pub worker_urls: Vec<String>,
     /// Where each `--worker-urls` entry publishes its KV events, in the same order:
     /// `tcp://host:port` (the engine's ZMQ PUB socket; `*` as host means the worker's), with
     /// `+tcp://host:port` for its replay socket; `none` to skip one; `auto` (the default for
     /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`).
-    #[arg(long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
+    #[arg(help_heading = "Worker Configuration", long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
     pub kv_events_endpoints: Vec<String>,
     /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// Address of the Prometheus metrics endpoint.
-    #[arg(long = "prometheus-host", default_value = "0.0.0.0")]
-    pub prometheus_host: String,
-    /// Port of the Prometheus metrics endpoint.
-    #[arg(long = "prometheus-port", default_value_t = 29000)]
-    pub prometheus_port: u16,
+    /// Load monitoring and overload protection (`--load-monitor-interval`, ...).
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// Log verbosity.
-    #[arg(long = "log-level", value_enum, default_value_t = LogLevel::Info)]
+    #[arg(help_heading = "Logging", long = "log-level", value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
     /// Write logs as one JSON object per line (SMG's flag).
-    #[arg(long = "log-json")]
+    #[arg(help_heading = "Logging", long = "log-json")]
     pub log_json: bool,
-    /// Bearer token clients must send (`Authorization: Bearer <key>`) on the inference routes
-    /// (`/generate`, `/v1/chat/completions`, `/v1/completions`, `/v1/messages`); others get 401.
-    /// `/health`, `/liveness`, `/readiness`, `/v1/models` and the metrics port stay open; the
-    /// admin API has its own key (--admin-api-key). Unset: no client authentication.
-    #[arg(long = "api-key", value_name = "KEY")]
-    pub api_key: Option<String>,
-    /// Largest request body accepted, in bytes; larger bodies get 413.
-    #[arg(long = "max-payload-size", default_value_t = limits::PAYLOAD_BYTES_DEFAULT as u64)]
-    pub max_payload_size: u64,
+    /// Address of the Prometheus metrics endpoint.
+    #[arg(
+        help_heading = "Prometheus Metrics",
+        long = "prometheus-host",
+        default_value = "0.0.0.0"
+    )]
+    pub prometheus_host: String,
+    /// Port of the Prometheus metrics endpoint.
+    #[arg(
+        help_heading = "Prometheus Metrics",
+        long = "prometheus-port",
+        default_value_t = 29000
+    )]
+    pub prometheus_port: u16,
     /// Seconds an upstream request may take before the client gets 504.
-    #[arg(long = "request-timeout-secs", default_value_t = limits::REQUEST_TIMEOUT_SECS_DEFAULT)]
+    #[arg(help_heading = "Request Handling", long = "request-timeout-secs", default_value_t = limits::REQUEST_TIMEOUT_SECS_DEFAULT)]
     pub request_timeout_secs: u64,
     /// Seconds a worker may take, once it has a request, to send the first byte of its
     /// response body (its queueing and prefill time; a response without a body: its head).
     /// Past it the client gets 504 and the worker's circuit breaker a failure: a hung engine
     /// whose /health still answers stops taking traffic. The default (5 minutes) leaves room
     /// for long prefills behind a queue; bounded by --request-timeout-secs.
-    #[arg(long = "upstream-first-byte-timeout-secs", default_value_t = limits::UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT)]
+    #[arg(help_heading = "Request Handling", long = "upstream-first-byte-timeout-secs", default_value_t = limits::UPSTREAM_FIRST_BYTE_TIMEOUT_SECS_DEFAULT)]
     pub upstream_first_byte_timeout_secs: u64,
+    /// Seconds a pooled worker connection may stay idle before it is closed instead of reused
+    /// (SMG's flag and default). Keep it below the engines' keep-alive timeout (uvicorn's 5 s
+    /// for SGLang and vLLM), or a request may be written into a socket the engine is closing
+    /// (kvgate then retries it on a fresh connection). 0 keeps idle connections forever.
+    #[arg(help_heading = "Request Handling", long = "upstream-pool-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT.as_secs())]
+    pub upstream_pool_idle_timeout_secs: u64,
     /// Seconds a worker may stay silent between two reads of a response body once it began
     /// (not the idle time of pooled connections). Past it an SSE stream ends with an error
     /// event (another body is cut and its connection closed) and the breaker hears a failure.
     /// The default (60 s) is far above a decode step, even of a preempted request resuming.
-    #[arg(long = "upstream-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT)]
+    #[arg(help_heading = "Request Handling", long = "upstream-idle-timeout-secs", default_value_t = limits::UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT)]
     pub upstream_idle_timeout_secs: u64,
+    /// Largest request body accepted, in bytes; larger bodies get 413.
+    #[arg(help_heading = "Request Handling", long = "max-payload-size", default_value_t = limits::PAYLOAD_BYTES_DEFAULT as u64)]
+    pub max_payload_size: u64,
     /// Request body bytes one data core may hold at once, over all the requests it is reading
     /// or forwarding (each body is held once, where it was read). A request whose body would
     /// pass it gets 503 (`kvgate_body_budget_rejections_total`): memory stays bounded whatever
     /// clients send. Default 1 GiB, or --max-payload-size when larger; at least
     /// --max-payload-size.
-    #[arg(long = "max-inflight-body-bytes-per-core")]
+    #[arg(
+        help_heading = "Request Handling",
+        long = "max-inflight-body-bytes-per-core"
+    )]
     pub max_inflight_body_bytes_per_core: Option<u64>,
     /// Seconds shutdown (SIGTERM, SIGINT) lets in-flight requests finish (SMG's flag and
     /// default). The listeners close at once and a new request on an open connection gets 503
     /// with `Connection: close`; what still runs after this long is cut (a stream ends with an
     /// SSE error event) and the log says how many. 0 cuts at once.
-    #[arg(long = "shutdown-grace-period-secs", default_value_t = limits::SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT)]
+    #[arg(help_heading = "Request Handling", long = "shutdown-grace-period-secs", default_value_t = limits::SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT)]
     pub shutdown_grace_period_secs: u64,
-    /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
-    #[arg(long = "data-cores")]
-    pub data_cores: Option<usize>,
     /// Milliseconds a client has to finish a request head (and between body reads).
-    #[arg(long = "header-read-timeout-ms", hide = true, default_value_t = limits::HEADER_READ_TIMEOUT.as_millis() as u64)]
+    #[arg(help_heading = "Request Handling", long = "header-read-timeout-ms", hide = true, default_value_t = limits::HEADER_READ_TIMEOUT.as_millis() as u64)]
     pub header_read_timeout_ms: u64,
     /// Milliseconds an idle keep-alive client connection is kept.
-    #[arg(long = "client-idle-timeout-ms", hide = true, default_value_t = limits::CLIENT_IDLE_TIMEOUT.as_millis() as u64)]
+    #[arg(help_heading = "Request Handling", long = "client-idle-timeout-ms", hide = true, default_value_t = limits::CLIENT_IDLE_TIMEOUT.as_millis() as u64)]
     pub client_idle_timeout_ms: u64,
-    /// Health checks, circuit breaker, retries, overload protection, load monitoring, admin key.
+    /// Retries, circuit breaker and health checks (`--retry-*`, `--cb-*`, `--health-*`).
     #[command(flatten)]
-    pub worker_args: WorkerArgs,
+    pub resilience: ResilienceArgs,
     /// Tokenizers, chat templates and the tokenization cache.
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
-    /// The mesh between gateways (`--enable-mesh`, `--mesh-*`).
+    /// The admin API's key (`--admin-api-key`, `--admin-api-insecure`).
     #[command(flatten)]
+    pub admin: AdminArgs,
+    /// Bearer token clients must send (`Authorization: Bearer <key>`) on the inference routes
+    /// (`/generate`, `/v1/chat/completions`, `/v1/completions`, `/v1/messages`); others get 401.
+    /// `/health`, `/liveness`, `/readiness`, `/v1/models` and the metrics port stay open; the
+    /// admin API has its own key (--admin-api-key). Unset: no client authentication.
+    #[arg(
+        help_heading = "Data Plane Authentication",
+        long = "api-key",
+        value_name = "KEY"
+    )]
+    pub api_key: Option<String>,
+    /// The mesh between gateways (`--enable-mesh`, `--mesh-*`).
+    #[command(flatten, next_help_heading = "Mesh")]
     pub mesh: MeshArgs,
+    /// Data cores (pinned threads serving requests); default: all cores but one, at least 1.
+    #[arg(help_heading = "Runtime", long = "data-cores")]
+    pub data_cores: Option<usize>,
+}
+
+impl Cli {
+    /// The command line as `--help` shows it: clap's, with the doc comments' Markdown code
+    /// marks (backticks) taken out of every flag's help, so the help is plain text (the mesh's
+    /// flags included, whose doc comments live in `mesh::MeshArgs`).
+    pub fn command_plain() -> clap::Command {
+        Cli::command().mut_args(|arg| {
+            let plain = |text: &clap::builder::StyledStr| text.to_string().replace('`', "");
+            let help = arg.get_help().map(plain);
+            let long_help = arg.get_long_help().map(plain);
+            let arg = match help {
+                Some(help) => arg.help(help),
+                None => arg,
+            };
+            match long_help {
+                Some(help) => arg.long_help(help),
+                None => arg,
+            }
+        })
+    }
+
+    /// Parses the process's arguments against [`Cli::command_plain`]; `--help`, `--version`
+    /// and a bad flag exit with clap's whole message.
+    pub fn parse_plain() -> Cli {
+        let matches = Cli::command_plain().get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
+    /// The worker flags, shown apart under SMG's headings, as the one group they validate as.
+    pub fn worker_args(&self) -> WorkerArgs {
+        WorkerArgs {
+            load: self.load.clone(),
+            resilience: self.resilience.clone(),
+            admin: self.admin.clone(),
+        }
+    }
 }
 
 /// The validated configuration every other module reads.
@@ -197,6 +263,8 @@ pub struct Config {
     pub upstream_first_byte_timeout: Duration,
     /// Longest silence between two response body reads.
     pub upstream_idle_timeout: Duration,
+    /// How long a pooled worker connection may stay idle (`None`: forever).
+    pub upstream_pool_idle_timeout: Option<Duration>,
     /// Request body bytes one data core may hold at once.
     pub max_inflight_body_bytes_per_core: usize,
     /// How long shutdown lets in-flight requests finish.
@@ -307,6 +375,14 @@ impl Config {
                 return Err(FlagError::new(flag, message));
             }
         }
+        let upstream_pool_idle_timeout = match cli.upstream_pool_idle_timeout_secs {
+            0 => None,
+            secs if secs > limits::REQUEST_TIMEOUT_SECS_MAX => {
+                let message = format!("must be 0..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+                return Err(FlagError::new("--upstream-pool-idle-timeout-secs", message));
+            }
+            secs => Some(Duration::from_secs(secs)),
+        };
         let max_inflight_body_bytes_per_core = match cli.max_inflight_body_bytes_per_core {
             None => max_payload_bytes.max(limits::INFLIGHT_BODY_BYTES_PER_CORE_DEFAULT),
             Some(n) => match usize::try_from(n) {
@@ -338,7 +414,7 @@ impl Config {
         let client_idle_timeout =
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
         let worker_settings = cli
-            .worker_args
+            .worker_args()
             .validate_for(policy_loads(cli.policy.policy))?;
         let unused = cli.policy.unused_in_hash_mode();
         let mut startup_notices = if unused.is_empty() {
@@ -389,6 +465,7 @@ impl Config {
             request_timeout: Duration::from_secs(cli.request_timeout_secs),
             upstream_first_byte_timeout: Duration::from_secs(cli.upstream_first_byte_timeout_secs),
             upstream_idle_timeout: Duration::from_secs(cli.upstream_idle_timeout_secs),
+            upstream_pool_idle_timeout,
             shutdown_grace_period: Duration::from_secs(cli.shutdown_grace_period_secs),
             max_inflight_body_bytes_per_core,
             data_cores,
@@ -593,12 +670,150 @@ fn is_local_address(ip: IpAddr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Config, FlagError> {
         let cli = Cli::try_parse_from(std::iter::once("kvgate").chain(args.iter().copied()))
             .map_err(|e| FlagError::new("clap", e.to_string()))?;
         Config::from_cli(&cli)
+    }
+
+    #[test]
+    fn help_has_smgs_headings_in_its_order_as_plain_text_with_every_default() {
+        let help = Cli::command_plain().render_long_help().to_string();
+        let headings: Vec<&str> = help
+            .lines()
+            .filter(|l| l.ends_with(':') && !l.starts_with(' ') && !l.starts_with("Usage"))
+            .collect();
+        assert_eq!(
+            headings,
+            [
+                "Options:",
+                "Worker Configuration:",
+                "Routing Policy:",
+                "Load Monitoring:",
+                "Logging:",
+                "Prometheus Metrics:",
+                "Request Handling:",
+                "Retry Configuration:",
+                "Circuit Breaker:",
+                "Health Checks:",
+                "Tokenizer:",
+                "Control Plane Authentication:",
+                "Data Plane Authentication:",
+                "Mesh:",
+                "Runtime:",
+            ]
+        );
+        // -h and -V alone under "Options", ahead of the groups, not between two of them.
+        let options: Vec<&str> = help
+            .split("Options:\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n\nWorker Configuration:").next())
+            .map(|block| {
+                block
+                    .lines()
+                    .filter(|l| l.trim_start().starts_with('-'))
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(options.len(), 2, "{options:?}");
+        assert!(options[0].contains("--help") && options[1].contains("--version"));
+        assert!(!help.contains('`'), "Markdown in the help:\n{help}");
+        let section = |flag: &str| {
+            let start = help
+                .find(flag)
+                .unwrap_or_else(|| panic!("{flag} not in help"));
+            let end = help[start + 1..]
+                .find("\n      --")
+                .map_or(help.len(), |e| start + 1 + e);
+            help[start..end].to_string()
+        };
+        for flag in [
+            "--overload-token-usage-threshold",
+            "--balance-token-usage-threshold",
+        ] {
+            assert!(
+                section(flag).contains("[default: 1.0]"),
+                "{}",
+                section(flag)
+            );
+        }
+        let mesh = help.split("Mesh:\n").nth(1).unwrap_or_default();
+        assert!(mesh.trim_start().starts_with("--enable-mesh"), "{mesh}");
+    }
+
+    #[test]
+    fn upstream_pool_idle_timeout_is_smgs_with_zero_for_never() {
+        let default = parse(&[]).unwrap().upstream_pool_idle_timeout;
+        assert_eq!(default, Some(Duration::from_secs(3)));
+        let flag = "--upstream-pool-idle-timeout-secs";
+        let never = parse(&[flag, "0"]).unwrap().upstream_pool_idle_timeout;
+        assert_eq!(never, None);
+        let two = parse(&[flag, "2"]).unwrap().upstream_pool_idle_timeout;
+        assert_eq!(two, Some(Duration::from_secs(2)));
+        let err = parse(&[flag, "99999999"]).unwrap_err().to_string();
+        assert!(err.contains(flag), "{err}");
+    }
+
+    #[test]
+    fn smgs_flag_aliases_parse_as_their_flags() {
+        let by_alias = parse(&[
+            "--cache-match-threshold",
+            "0.6",
+            "--spill-abs-threshold",
+            "8",
+            "--spill-rel-threshold",
+            "1.2",
+            "--model",
+            "/nonexistent-model-dir",
+        ]);
+        // --model is --model-path's alias: the path is read (and missing) like --model-path's.
+        let err = by_alias.unwrap_err().to_string();
+        assert!(err.contains("--model-path"), "{err}");
+        let by_alias = parse(&[
+            "--cache-match-threshold",
+            "0.6",
+            "--spill-abs-threshold",
+            "8",
+            "--spill-rel-threshold",
+            "1.2",
+        ])
+        .unwrap();
+        let canonical = parse(&[
+            "--cache-threshold",
+            "0.6",
+            "--balance-abs-threshold",
+            "8",
+            "--balance-rel-threshold",
+            "1.2",
+        ])
+        .unwrap();
+        let (a, c) = (&by_alias.policy.cache_aware, &canonical.policy.cache_aware);
+        assert_eq!(a.cache_threshold, c.cache_threshold);
+        assert_eq!(a.balance_abs_threshold, 8.0);
+        assert_eq!(a.balance_rel_threshold, c.balance_rel_threshold);
+        assert_eq!(c.balance_rel_threshold, 1.2);
+        let help = Cli::command_plain().render_long_help().to_string();
+        for alias in [
+            "cache-match-threshold",
+            "spill-abs-threshold",
+            "spill-rel-threshold",
+        ] {
+            assert!(help.contains(alias), "{alias} not shown in --help");
+        }
+    }
+
+    #[test]
+    fn unset_token_usage_thresholds_still_disable_their_checks() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(
+            config.policy.cache_aware.overload_token_usage_threshold,
+            None
+        );
+        assert_eq!(
+            config.policy.cache_aware.balance_token_usage_threshold,
+            None
+        );
     }
 
     #[test]

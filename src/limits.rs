@@ -125,10 +125,11 @@ pub const UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// core can use; 256 matches nginx's `keepalive 256` in the reference benchmark.
 pub const UPSTREAM_IDLE_PER_WORKER_MAX: usize = 256;
 
-/// How long a pooled upstream connection may sit idle before we stop trusting it. SGLang and
-/// vLLM serve HTTP with uvicorn, whose keep-alive timeout defaults to 5 s: closing ours at 4 s
-/// means we almost never write a request into a socket the engine is closing.
-pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// How long a pooled upstream connection may sit idle before we stop trusting it, by default
+/// (`--upstream-pool-idle-timeout-secs`, SMG's default 3 s). SGLang and vLLM serve HTTP with
+/// uvicorn, whose keep-alive timeout defaults to 5 s: closing ours earlier means we almost never
+/// write a request into a socket the engine is closing.
+pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The most retries `--retry-max-retries` accepts (SMG's default is 5): beyond this a request
 /// would outlive any sensible client timeout at the default backoff. The list of workers a

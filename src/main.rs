@@ -4,7 +4,6 @@
 
 use std::io::IsTerminal;
 
-use clap::Parser;
 use kvgate::config::{Cli, Config, LogFormat};
 
 #[global_allocator]
@@ -13,7 +12,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() {
     // clap's whole message on a bad flag: its hints ("a similar argument exists", the accepted
     // values, the usage line) are what the operator needs to fix the command line.
-    let cli = Cli::try_parse().unwrap_or_else(|e| e.exit());
+    let cli = Cli::parse_plain();
     let config = Config::from_cli(&cli).unwrap_or_else(|e| fail(&e.to_string()));
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(config.log_level.as_filter()));

@@ -371,3 +371,109 @@ fn sysctl_settings_exist_and_are_explained() {
     }
     assert!(keys >= 5, "90-kvgate.conf holds only {keys} settings");
 }
+
+/// The arguments after `smg launch` in a command line from SMG's documentation.
+fn smg_launch_args(line: &str) -> Vec<String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[..2], ["smg", "launch"], "{line}");
+    std::iter::once("kvgate")
+        .chain(words[2..].iter().copied())
+        .map(str::to_string)
+        .collect()
+}
+
+fn accepted(argv: &[String]) -> Config {
+    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{argv:?}:\n{e}"));
+    Config::from_cli(&cli).unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+}
+
+/// SMG's drop-in check: command lines from SMG's README (`smg launch ...`, its "Run" section)
+/// and from the cache-aware routing reference's hash-index example are kvgate's flags. Host
+/// names resolve at start, and the documentation's `gpu1`/`gpu2` do not resolve here: those,
+/// and nothing else, are replaced by documentation addresses (192.0.2.1, 192.0.2.2) before
+/// validation (clap parses the line as
+/// written).
+#[test]
+fn smgs_documented_command_lines_are_kvgate_command_lines() {
+    // README: a single worker, unchanged.
+    let single = accepted(&smg_launch_args(
+        "smg launch --worker-urls http://localhost:8000",
+    ));
+    assert_eq!(single.workers.len(), 1);
+    let resolvable = |argv: Vec<String>| -> Vec<String> {
+        Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}:\n{e}"));
+        argv.into_iter()
+            .map(|a| {
+                a.replace("//gpu1:", "//192.0.2.1:")
+                    .replace("//gpu2:", "//192.0.2.2:")
+            })
+            .collect()
+    };
+    // README: cache-aware routing over two workers (the tree index).
+    let cache_aware = accepted(&resolvable(smg_launch_args(
+        "smg launch --worker-urls http://gpu1:8000 http://gpu2:8000 --policy cache_aware",
+    )));
+    assert_eq!(cache_aware.workers.len(), 2);
+    assert_eq!(
+        cache_aware.policy.kind,
+        kvgate::config::PolicyKind::CacheAware
+    );
+    assert_eq!(
+        cache_aware.policy.cache_index,
+        kvgate::policy::CacheIndexKind::Tree
+    );
+    // README: the high-availability mesh.
+    let mesh = accepted(&resolvable(smg_launch_args(
+        "smg launch --worker-urls http://gpu1:8000 --enable-mesh \
+         --mesh-advertise-host 10.0.0.1 --mesh-peer-urls 10.0.0.2:39527",
+    )));
+    let mesh = mesh.mesh.expect("the mesh is on");
+    assert_eq!(mesh.advertise_addr, "10.0.0.1:39527".parse().unwrap());
+    assert_eq!(mesh.peers, ["10.0.0.2:39527".parse().unwrap()]);
+    // The cache-aware reference's hash index. Its workers are gRPC and its --model-path a hub
+    // id: kvgate talks HTTP and reads tokenizers from local files, and says so.
+    let hash_line = "smg launch --policy cache_aware --cache-index hash \
+        --cache-boundaries 2048,8192,32768 --cache-ttl-secs 180 \
+        --worker-urls grpc://worker-1:50051 grpc://worker-2:50051 \
+        --model-path meta-llama/Llama-3.1-8B-Instruct";
+    let argv = smg_launch_args(hash_line);
+    let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}:\n{e}"));
+    let refused = Config::from_cli(&cli).unwrap_err().to_string();
+    assert!(refused.contains("http://"), "{refused}");
+    // The same line with HTTP workers and the model's tokenizer on disk is accepted as is.
+    let tokenizer_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers/llama3");
+    let mut argv: Vec<String> = resolvable(smg_launch_args(
+        &hash_line
+            .replace("grpc://worker-1:50051", "http://gpu1:50051")
+            .replace("grpc://worker-2:50051", "http://gpu2:50051"),
+    ));
+    if tokenizer_dir.join("tokenizer.json").is_file() {
+        let model = argv
+            .iter()
+            .position(|a| a == "meta-llama/Llama-3.1-8B-Instruct")
+            .expect("the model path");
+        argv[model] = format!(
+            "meta-llama/Llama-3.1-8B-Instruct={}",
+            tokenizer_dir.display()
+        );
+    } else {
+        eprintln!(
+            "no tokenizer fixture (scripts/fetch-tokenizers.sh): hash mode checked without one"
+        );
+        let model = argv.iter().position(|a| a == "--model-path").expect("flag");
+        argv.drain(model..model + 2);
+    }
+    let hash = accepted(&argv);
+    assert_eq!(
+        hash.policy.cache_index,
+        kvgate::policy::CacheIndexKind::Hash
+    );
+    assert_eq!(hash.policy.cache_boundaries, [2048, 8192, 32768]);
+    assert_eq!(hash.policy.cache_ttl, std::time::Duration::from_secs(180));
+    if tokenizer_dir.join("tokenizer.json").is_file() {
+        let tokenizers = &hash.tokenizers;
+        assert!(tokenizers
+            .for_model("meta-llama/Llama-3.1-8B-Instruct")
+            .is_some());
+    }
+}

@@ -7,7 +7,7 @@
 mod utils;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
 use utils::mock_origin::{MockOrigin, Reply};
@@ -157,7 +157,7 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
             - before.get(name).map_or(0.0, |f| f.sum(sample, with))
     };
 
-    let expected: [(&str, &str, &[&str]); 13] = [
+    let expected: [(&str, &str, &[&str]); 19] = [
         ("smg_http_requests_total", "counter", &["method", "path"]),
         (
             "smg_http_responses_total",
@@ -190,6 +190,42 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
             "smg_engine_running_requests",
             "gauge",
             &["worker", "model", "dp_rank"],
+        ),
+        (
+            "smg_worker_errors_total",
+            "counter",
+            &["worker_type", "connection_mode", "error_type", "worker"],
+        ),
+        (
+            "smg_worker_selection_total",
+            "counter",
+            &[
+                "worker_type",
+                "connection_mode",
+                "model",
+                "policy",
+                "worker",
+            ],
+        ),
+        (
+            "smg_worker_retries_total",
+            "counter",
+            &["worker_type", "endpoint", "worker"],
+        ),
+        (
+            "smg_worker_retries_exhausted_total",
+            "counter",
+            &["worker_type", "endpoint"],
+        ),
+        (
+            "smg_worker_cb_transitions_total",
+            "counter",
+            &["worker", "from", "to"],
+        ),
+        (
+            "smg_router_ttft_seconds",
+            "histogram",
+            &["router_type", "backend_type", "model", "endpoint"],
         ),
     ];
     for (name, kind, label_names) in expected {
@@ -298,6 +334,59 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
         ),
         0.0
     );
+    // One selection per routed request, under the engines' URLs (the registered workers, no
+    // other `worker` value), the policy and the engines' model; no worker errors, no retries.
+    let selection = family(&after, "smg_worker_selection_total");
+    let selected_workers: BTreeSet<&str> = selection
+        .samples
+        .iter()
+        .filter_map(|(_, l, _)| l.get("worker").map(String::as_str))
+        .collect();
+    let urls = sim.urls();
+    assert_eq!(
+        selected_workers,
+        urls.iter().map(String::as_str).collect::<BTreeSet<_>>()
+    );
+    let cache_aware = [("policy", "cache_aware"), ("model", "sim-model")];
+    assert_eq!(
+        moved(
+            "smg_worker_selection_total",
+            "smg_worker_selection_total",
+            &cache_aware
+        ),
+        n
+    );
+    for name in ["smg_worker_errors_total", "smg_worker_retries_total"] {
+        assert_eq!(moved(name, name, &[]), 0.0, "{name}");
+    }
+    // Time to first token: the streamed half of the requests (the others are not streams).
+    let chat = [("endpoint", "chat")];
+    let ttft_count = moved(
+        "smg_router_ttft_seconds",
+        "smg_router_ttft_seconds_count",
+        &chat,
+    );
+    assert_eq!(ttft_count, (n / 2.0).ceil());
+    let last_bound = [("endpoint", "chat"), ("le", "7200")];
+    assert_eq!(
+        family(&after, "smg_router_ttft_seconds")
+            .sum("smg_router_ttft_seconds_bucket", &last_bound),
+        family(&after, "smg_router_ttft_seconds").sum("smg_router_ttft_seconds_count", &chat)
+    );
+    // SMG's 29 latency buckets, 1 ms to 7,200 s, then +Inf.
+    let bounds: Vec<&str> = family(&after, "smg_http_request_duration_seconds")
+        .samples
+        .iter()
+        .filter(|(s, l, _)| {
+            s.ends_with("_bucket")
+                && l.get("path").map(String::as_str) == Some(CHAT_PATH)
+                && l.get("method").map(String::as_str) == Some("POST")
+        })
+        .filter_map(|(_, l, _)| l.get("le").map(String::as_str))
+        .collect();
+    assert_eq!(bounds.len(), 30, "{bounds:?}");
+    assert_eq!(bounds.first(), Some(&"0.001"));
+    assert_eq!(bounds[28], "7200");
 }
 
 #[test]
@@ -323,6 +412,81 @@ fn a_retry_counts_the_error_and_the_retry_and_one_decision() {
     assert_eq!(total("kvgate_upstream_closed_errors_total"), resets);
     // Ten requests, ten decisions, however many attempts.
     assert_eq!(total("smg_cache_aware_policy_branch_total"), 10.0);
+    // Per worker: the resetting origin's closed connections and retries, none on the other;
+    // every attempt a selection; no request ran out of attempts.
+    let errors = family(&families, "smg_worker_errors_total");
+    let retries = family(&families, "smg_worker_retries_total");
+    let selections = family(&families, "smg_worker_selection_total");
+    let (bad, good) = (resetting.url(), ok.url());
+    let closed = |url: &str| {
+        errors.sum(
+            "smg_worker_errors_total",
+            &[("worker", url), ("error_type", "connection_closed")],
+        )
+    };
+    assert_eq!(closed(&bad), resets);
+    assert_eq!(closed(&good), 0.0);
+    assert_eq!(
+        errors.sum("smg_worker_errors_total", &[("worker", &good)]),
+        0.0
+    );
+    let chat_retries = |url: &str| {
+        retries.sum(
+            "smg_worker_retries_total",
+            &[("worker", url), ("endpoint", "chat")],
+        )
+    };
+    assert_eq!(chat_retries(&bad), resets);
+    assert_eq!(chat_retries(&good), 0.0);
+    let picked = |url: &str| selections.sum("smg_worker_selection_total", &[("worker", url)]);
+    assert_eq!(picked(&bad), resets);
+    assert_eq!(picked(&good), 10.0);
+    assert_eq!(total("smg_worker_retries_exhausted_total"), 0.0);
+}
+
+/// `HEAD /metrics` answers the GET's head (status, type, length) and no body; answers carry a
+/// `Date`.
+#[test]
+fn head_metrics_answers_the_gets_head_without_a_body_and_answers_are_dated() {
+    let ok = MockOrigin::start(|_| Reply::json(r#"{"ok":true}"#));
+    let gateway = Gateway::start(&[ok.url()], &[]);
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", gateway.metrics_port)).expect("metrics port");
+    stream
+        .set_read_timeout(Some(TIMEOUT))
+        .expect("read timeout");
+    stream
+        .write_all(b"HEAD /metrics HTTP/1.1\r\nhost: test\r\n\r\n")
+        .expect("write");
+    let mut answer = Vec::new();
+    // The server closes after one answer: read to the end.
+    stream.read_to_end(&mut answer).expect("read");
+    let answer = String::from_utf8(answer).expect("text");
+    let (head, body) = answer.split_once("\r\n\r\n").expect("a whole head");
+    assert!(head.starts_with("HTTP/1.1 200 "), "{answer}");
+    assert!(
+        head.contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    assert!(length > 1000, "the GET's length: {length}");
+    assert_eq!(body, "", "no body after HEAD's head");
+    // Every answer carries a Date: the gateway's own (this one) and a worker's that has none.
+    let date = head
+        .lines()
+        .find_map(|l| l.strip_prefix("date: "))
+        .expect("a date header");
+    assert!(date.ends_with(" GMT") && date.len() == 29, "{date}");
+    let proxied = gateway.client().post_json(
+        "/v1/chat/completions",
+        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(proxied.status, 200, "{}", proxied.text());
+    assert!(proxied.header("date").is_some_and(|d| d.ends_with(" GMT")));
 }
 
 /// `promtool check metrics` on a live scrape after traffic. Fails without promtool when

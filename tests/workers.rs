@@ -634,3 +634,50 @@ fn client_disconnects_mid_stream_leave_every_in_flight_count_at_zero() {
 fn ten_thousand_client_disconnects_leave_every_in_flight_count_at_zero() {
     disconnect_mid_stream(10_000, 8);
 }
+
+#[test]
+fn an_smg_worker_spec_is_added_with_the_fields_kvgate_does_not_apply_listed() {
+    let sim = SimFleet::start(2, &[]);
+    let gw = Gateway::start(&[sim.url(0)], &[]);
+    // A prefill worker is refused before any probe: kvgate has no PD disaggregation.
+    let prefill = json!({"url": sim.url(1), "worker_type": "prefill", "bootstrap_port": 8998});
+    let r = gw.request("POST", "/workers", &prefill.to_string(), None);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("PD not supported"), "{}", r.text());
+    // SMG's spec for a regular worker: admitted; what kvgate ignores is named in the answer.
+    let spec = json!({
+        "url": sim.url(1),
+        "model_id": "sim-model",
+        "worker_type": "regular",
+        "connection_mode": "http",
+        "priority": 50,
+        "cost": 1.0,
+        "labels": {"zone": "a"},
+        "api_key": "secret",
+    });
+    let r = gw.request("POST", "/workers", &spec.to_string(), None);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let answer = r.json();
+    let mut listed: Vec<&str> = answer["not_applied"]
+        .as_array()
+        .expect("not_applied listed")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    listed.sort_unstable();
+    assert_eq!(
+        listed,
+        ["api_key", "cost", "labels", "model_id", "priority"]
+    );
+    assert!(
+        !r.text().contains("secret"),
+        "the worker's key is not echoed"
+    );
+    let workers: serde_json::Value = serde_json::from_str(&gw.workers_json()).unwrap();
+    assert_eq!(workers["total"], 2);
+    // A misspelt field is still refused.
+    let typo = json!({"url": "http://127.0.0.1:9", "modle_id": "m"});
+    let r = gw.request("POST", "/workers", &typo.to_string(), None);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("modle_id"), "{}", r.text());
+}

@@ -19,6 +19,7 @@ use crate::index::ModelGauges;
 use crate::kv_events::{Failure, IndexGauges, Reset, StreamStats};
 use crate::limits::{HEADER_READ_TIMEOUT, READ_BUF_BYTES_INITIAL};
 use crate::mesh::{MeshCounter, MeshCounters, PeerState, Refusal};
+use crate::metrics::WorkerLabels;
 use crate::net::codec::{self, Connection};
 use crate::net::socket::Socket;
 use crate::request::Method;
@@ -31,6 +32,20 @@ use crate::workers::table::WorkerTable;
 /// The whole `/metrics` page.
 pub fn render(shared: &Shared, out: &mut String) {
     shared.metrics.render(out);
+    let catalog = shared.catalog.load();
+    let workers: Vec<WorkerLabels> = shared
+        .table
+        .roster()
+        .workers
+        .iter()
+        .map(|w| WorkerLabels {
+            id: w.id,
+            url: escape_label(&w.spec.url),
+            model: escape_label(worker_model(&catalog, w.id)),
+        })
+        .collect();
+    let policy = shared.config.policy.kind.name();
+    shared.metrics.render_workers(&workers, policy, out);
     crate::policy::render_prometheus(shared.policy_metrics.iter().map(|m| &**m), out);
     render_tree_gauges(&shared.tree_gauges.load(), out);
     render_placement_gauges(&shared.placement_gauges.load(), out);
@@ -164,8 +179,9 @@ pub fn render_placement_gauges(gauges: &[(String, u64)], out: &mut String) {
     }
 }
 
-/// The KV-event streams per worker and the KV-event index's size (`kvgate_kv_*`; SMG reads
-/// events only from gRPC workers and has no such families). Nothing is written until a worker
+/// The KV-event streams per worker and the KV-event index's size (`kvgate_kv_*`: SMG reads
+/// events only from gRPC workers and has no such families, but for its
+/// `smg_kv_event_subscription_failures_total{worker,reason}`, here with kvgate's reasons). Nothing is written until a worker
 /// publishes.
 pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut String) {
     if streams.is_empty() && index.blocks == 0 {
@@ -238,7 +254,7 @@ pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut 
             );
         }
     }
-    let name = "kvgate_kv_event_subscription_failures_total";
+    let name = "smg_kv_event_subscription_failures_total";
     header(
         out,
         name,
@@ -490,7 +506,8 @@ pub fn escape_label(value: &str) -> String {
     out
 }
 
-/// Serves the metrics port until the process exits: `GET /metrics`, anything else 404.
+/// Serves the metrics port until the process exits: `GET /metrics` (and `HEAD`), anything else
+/// 404.
 pub async fn serve_metrics(listener: Rc<TcpListener>, shared: Arc<Shared>) {
     loop {
         match listener.accept().await {
@@ -524,7 +541,8 @@ async fn answer_scrape(mut socket: Socket, shared: Arc<Shared>) {
         }
     };
     let mut out = Vec::new();
-    if head.method == Method::Get && head.path(&buf) == b"/metrics" {
+    let get_or_head = matches!(head.method, Method::Get | Method::Head);
+    if get_or_head && head.path(&buf) == b"/metrics" {
         let mut text = String::with_capacity(16 * 1024);
         render(&shared, &mut text);
         let content_type = "text/plain; version=0.0.4";
@@ -535,6 +553,10 @@ async fn answer_scrape(mut socket: Socket, shared: Arc<Shared>) {
             text.as_bytes(),
             Connection::Close,
         );
+        if head.method == Method::Head {
+            // The GET's head, its content-length included (RFC 9110 9.3.2), without the body.
+            out.truncate(out.len() - text.len());
+        }
     } else {
         let body = b"not found\n";
         codec::write_local_response(&mut out, 404, "text/plain", body, Connection::Close);

@@ -34,6 +34,8 @@ struct PendingAdd {
     spec: WorkerSpec,
     reply: Arc<AdminReply>,
     probed: mpsc::Receiver<Admission>,
+    /// SMG worker-spec fields of the request that kvgate does not apply (in the answer).
+    not_applied: Vec<String>,
 }
 
 /// The control core's worker management.
@@ -113,6 +115,8 @@ impl WorkerDriver {
                 }
                 Change::Breaker(id, state) => {
                     tracing::info!(worker = %url_of(shared, id), state = state.as_str(), "circuit breaker state changed");
+                    let from = shared.table.signals(id).breaker_state();
+                    shared.metrics.breaker_transitions().record(id, from, state);
                     shared.table.signals(id).set_breaker(state);
                 }
                 Change::Load(id, report) => {
@@ -284,6 +288,7 @@ impl WorkerDriver {
             spec,
             reply,
             probed,
+            not_applied: added.not_applied,
         })
     }
 
@@ -310,8 +315,11 @@ impl WorkerDriver {
             match answer {
                 Ok(id) => {
                     tracing::info!(worker = %pending.spec.url, id = id.0, "admin: worker added");
-                    let body =
+                    let mut body =
                         serde_json::json!({"status": "added", "id": id.0, "url": pending.spec.url});
+                    if !pending.not_applied.is_empty() {
+                        body["not_applied"] = serde_json::json!(pending.not_applied);
+                    }
                     pending.reply.set(201, body.to_string());
                 }
                 Err(e) => pending.reply.set(e.status, e.to_json()),

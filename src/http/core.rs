@@ -83,10 +83,11 @@ impl DataCore {
     /// Data core `core_id` with `router` and an empty pool.
     pub fn new(core_id: usize, shared: Arc<Shared>, router: Router) -> Self {
         let max_body_bytes = shared.config.max_inflight_body_bytes_per_core;
+        let pool_idle_timeout = shared.config.upstream_pool_idle_timeout;
         DataCore {
             core_id,
             shared,
-            pool: RefCell::new(UpstreamPool::new()),
+            pool: RefCell::new(UpstreamPool::with_idle_timeout(pool_idle_timeout)),
             spare_buffers: RefCell::new(SpareBuffers::new()),
             router: RefCell::new(router),
             requests_in_flight: Cell::new(0),

@@ -8,7 +8,7 @@
 //! idle connection does not pin the memory of the largest response it ever carried.
 
 use std::net::SocketAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::ids::WorkerId;
 use crate::limits::{
@@ -63,15 +63,31 @@ struct IdleConn {
 }
 
 /// Idle upstream connections of one data core, by worker.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct UpstreamPool {
     by_worker: Vec<Vec<IdleConn>>,
+    /// `--upstream-pool-idle-timeout-secs` (`None`: idle connections are kept).
+    idle_timeout: Option<Duration>,
+}
+
+impl Default for UpstreamPool {
+    fn default() -> Self {
+        Self::with_idle_timeout(Some(UPSTREAM_IDLE_TIMEOUT))
+    }
 }
 
 impl UpstreamPool {
-    /// An empty pool.
+    /// An empty pool closing connections idle past `UPSTREAM_IDLE_TIMEOUT`.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty pool closing connections idle past `idle_timeout` (`None`: never).
+    pub fn with_idle_timeout(idle_timeout: Option<Duration>) -> Self {
+        UpstreamPool {
+            by_worker: Vec::new(),
+            idle_timeout,
+        }
     }
 
     /// The most recently returned live connection to `worker` at `addr`, if any.
@@ -81,10 +97,11 @@ impl UpstreamPool {
         addr: SocketAddr,
         now: Instant,
     ) -> Option<UpstreamConn> {
+        let idle_timeout = self.idle_timeout;
         let stack = self.by_worker.get_mut(worker.index())?;
         while let Some(idle) = stack.pop() {
-            if idle.conn.addr == addr && now.duration_since(idle.idle_since) < UPSTREAM_IDLE_TIMEOUT
-            {
+            let fresh = idle_timeout.is_none_or(|t| now.duration_since(idle.idle_since) < t);
+            if idle.conn.addr == addr && fresh {
                 let mut conn = idle.conn;
                 conn.reused = true;
                 return Some(conn);
@@ -117,10 +134,13 @@ impl UpstreamPool {
         }
     }
 
-    /// Closes connections idle past `UPSTREAM_IDLE_TIMEOUT`.
+    /// Closes connections idle past the pool's idle timeout.
     pub fn sweep(&mut self, now: Instant) {
+        let Some(timeout) = self.idle_timeout else {
+            return;
+        };
         for stack in &mut self.by_worker {
-            stack.retain(|idle| now.duration_since(idle.idle_since) < UPSTREAM_IDLE_TIMEOUT);
+            stack.retain(|idle| now.duration_since(idle.idle_since) < timeout);
         }
     }
 
@@ -216,6 +236,26 @@ mod tests {
                 kept_write_buf,
                 "a buffer within the bound is kept"
             );
+        });
+    }
+
+    #[test]
+    fn the_idle_timeout_is_the_pools_and_none_keeps_connections() {
+        with_conns(2, |addr, mut conns| {
+            let now = Instant::now();
+            let hour = Duration::from_secs(3600);
+            let mut forever = UpstreamPool::with_idle_timeout(None);
+            forever.put(WorkerId(0), conns.pop().unwrap(), now);
+            forever.sweep(now + hour);
+            assert_eq!(forever.idle_count(), 1);
+            assert!(forever.take(WorkerId(0), addr, now + hour).is_some());
+            let mut short = UpstreamPool::with_idle_timeout(Some(Duration::from_secs(1)));
+            short.put(WorkerId(0), conns.pop().unwrap(), now);
+            short.sweep(now + Duration::from_millis(999));
+            assert_eq!(short.idle_count(), 1);
+            assert!(short
+                .take(WorkerId(0), addr, now + Duration::from_secs(1))
+                .is_none());
         });
     }
 

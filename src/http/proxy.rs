@@ -122,6 +122,7 @@ pub async fn proxy_request(
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
+        core.metrics().workers().selected(worker.id);
         let tokens = forwarded.prepared.get().request_tokens();
         let mut this = Attempt {
             worker,
@@ -154,7 +155,11 @@ pub async fn proxy_request(
             backoff(retry, attempts - 1, deadline).await;
         }
         core.metrics().incr(Counter::UpstreamRetries);
+        core.metrics().workers().retried(worker.id, endpoint);
         last_error = Some(failure.error);
+    }
+    if last_error.is_some() {
+        core.metrics().workers().retries_exhausted(endpoint);
     }
     Err(last_error
         .unwrap_or_else(|| ProxyError::new(ErrorKind::NoHealthyWorker, Side::Internal, "route")))
@@ -261,6 +266,7 @@ fn note_failure(core: &DataCore, worker: WorkerId, failure: &AttemptFailure) {
     report_outcome(core, worker, failure.breaker_outcome());
     if failure.status.is_none() {
         core.count_error(failure.error.kind);
+        core.metrics().workers().error(worker, failure.error.kind);
     }
 }
 

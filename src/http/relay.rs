@@ -105,6 +105,10 @@ pub async fn stream_back(
     // no longer queued work on the worker.
     if start.body_begun {
         attempt.credit.prefill_done();
+        if start.body_kind == BodyKind::EventStream {
+            let ttft = client.started.elapsed();
+            core.metrics().workers().observe_ttft(client.endpoint, ttft);
+        }
     }
     let head_written = write_to_client(client.socket, client.write_buf, 0).await;
     let elapsed = client.started.elapsed();
@@ -158,6 +162,10 @@ async fn relay_body(
             Err(BodyStop::ShutdownCut) => return Streamed::ended(start, false),
             Err(BodyStop::WorkerFailed(_)) => return Streamed::upstream_failed(start.status),
         };
+        if !body_begun && start.body_kind == BodyKind::EventStream {
+            let ttft = client.started.elapsed();
+            core.metrics().workers().observe_ttft(client.endpoint, ttft);
+        }
         body_begun = true;
         attempt.credit.prefill_done();
         let bytes = match source {

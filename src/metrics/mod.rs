@@ -10,6 +10,12 @@
 //! `kvgate_http_request_e2e_seconds` (to the last response byte written), both with
 //! [`LATENCY_BOUNDS_S`] buckets.
 //!
+//! Per worker (`worker` label, one series per registered worker, so the label set is bounded by
+//! `WORKERS_MAX`): `smg_worker_errors_total`, `smg_worker_selection_total`,
+//! `smg_worker_retries_total` and `smg_worker_cb_transitions_total` ([`WorkerEvent`]), with
+//! SMG's labels plus `worker`. Per endpoint: `smg_worker_retries_exhausted_total` and
+//! `smg_router_ttft_seconds` (a streamed answer's first body byte).
+//!
 //! To add a counter: add a `Counter` variant and its line in `COUNTER_DEFS` (name, help). Names
 //! follow SMG (`smg_*`) where SMG has the metric, `kvgate_*` where it does not.
 
@@ -22,10 +28,17 @@ use crossbeam_utils::CachePadded;
 use crate::limits::STATUS_CODES_COUNTED;
 use crate::request::{Endpoint, Method};
 
-/// Upper bounds of the latency histogram buckets, in seconds, then `+Inf`: 1 ms (a gateway
-/// answering locally) to 5 minutes (a long generation streamed end to end).
-pub const LATENCY_BOUNDS_S: [f64; 16] = [
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+mod workers;
+
+pub use workers::{endpoint_label, BreakerTransitions, WorkerCounters, WorkerLabels};
+
+/// Upper bounds of the latency histogram buckets, in seconds, then `+Inf`: SMG's 29 (its
+/// `*duration_seconds`, `*ttft_seconds` and `*tpot_seconds` buckets), 1 ms (a gateway answering
+/// locally) to 2 hours (a long generation streamed end to end), so SMG's dashboards' quantiles
+/// read the same.
+pub const LATENCY_BOUNDS_S: [f64; 29] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
+    90.0, 120.0, 180.0, 240.0, 300.0, 480.0, 900.0, 1200.0, 1800.0, 2700.0, 3600.0, 5400.0, 7200.0,
 ];
 const LATENCY_BUCKETS: usize = LATENCY_BOUNDS_S.len() + 1;
 
@@ -223,6 +236,7 @@ pub struct CoreMetrics {
     requests: [[AtomicU64; Endpoint::COUNT]; METHODS.len()],
     responses: Box<[[AtomicU64; STATUS_CODES_COUNTED + 1]; Endpoint::COUNT]>,
     latency: [LatencyHistogram; 2],
+    workers: WorkerCounters,
 }
 
 fn bump(counter: &AtomicU64, n: u64) {
@@ -246,7 +260,13 @@ impl CoreMetrics {
                 .try_into()
                 .unwrap_or_else(|_| unreachable!("sized by COUNT")),
             latency: [LatencyHistogram::new(), LatencyHistogram::new()],
+            workers: WorkerCounters::new(),
         }
+    }
+
+    /// This core's per-worker and per-endpoint routing counters.
+    pub fn workers(&self) -> &WorkerCounters {
+        &self.workers
     }
 
     /// Observes one request's latency of kind `which` for `method` and `endpoint`.
@@ -294,6 +314,7 @@ impl CoreMetrics {
 #[derive(Debug)]
 pub struct Metrics {
     cores: Box<[CachePadded<CoreMetrics>]>,
+    breaker_transitions: BreakerTransitions,
 }
 
 impl Metrics {
@@ -303,6 +324,7 @@ impl Metrics {
             cores: (0..=data_cores)
                 .map(|_| CachePadded::new(CoreMetrics::new()))
                 .collect(),
+            breaker_transitions: BreakerTransitions::new(),
         }
     }
 
@@ -314,6 +336,18 @@ impl Metrics {
     /// The control core's counters.
     pub fn control(&self) -> &CoreMetrics {
         &self.cores[self.cores.len() - 1]
+    }
+
+    /// The circuit breakers' transitions (the control core's to write).
+    pub fn breaker_transitions(&self) -> &BreakerTransitions {
+        &self.breaker_transitions
+    }
+
+    /// Renders the per-worker and per-endpoint routing families for the registered `workers`
+    /// (`policy`: the routing policy's SMG name, the `policy` label).
+    pub fn render_workers(&self, workers: &[WorkerLabels], policy: &str, out: &mut String) {
+        let cores: Vec<&WorkerCounters> = self.cores.iter().map(|c| &c.workers).collect();
+        workers::render(&cores, &self.breaker_transitions, workers, policy, out);
     }
 
     /// The sum of `counter` over all cores.
@@ -500,7 +534,7 @@ mod tests {
         metrics.render(&mut text);
         for line in [
             "# TYPE smg_http_request_duration_seconds histogram",
-            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.0025\"} 0",
+            "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.001\"} 0",
             "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.005\"} 1",
             "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"0.05\"} 2",
             "smg_http_request_duration_seconds_bucket{method=\"POST\",path=\"/v1/chat/completions\",le=\"+Inf\"} 2",
@@ -519,6 +553,111 @@ mod tests {
         assert!(
             !text.contains("path=\"/generate\",le="),
             "empty paths are left out"
+        );
+    }
+
+    #[test]
+    fn latency_buckets_are_smgs_29_up_to_two_hours() {
+        assert_eq!(LATENCY_BOUNDS_S.len(), 29);
+        assert_eq!(LATENCY_BOUNDS_S.last(), Some(&7200.0));
+        assert!(LATENCY_BOUNDS_S.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(latency_bucket(3600.5), 27);
+        assert_eq!(latency_bucket(9000.0), LATENCY_BUCKETS - 1);
+    }
+
+    #[test]
+    fn per_worker_families_sum_cores_and_render_only_registered_workers() {
+        use crate::error::ErrorKind;
+        use crate::ids::WorkerId;
+        use crate::workers::breaker::BreakerState;
+        let metrics = Metrics::new(2);
+        let (w0, w1, gone) = (WorkerId(0), WorkerId(1), WorkerId(7));
+        let chat = Endpoint::ChatCompletions;
+        metrics
+            .core(0)
+            .workers()
+            .error(w0, ErrorKind::UpstreamConnect);
+        metrics
+            .core(1)
+            .workers()
+            .error(w0, ErrorKind::UpstreamConnect);
+        metrics
+            .core(1)
+            .workers()
+            .error(w1, ErrorKind::UpstreamTimeout);
+        // Not a worker's error: not counted under it.
+        metrics.core(1).workers().error(w1, ErrorKind::ClientClosed);
+        metrics
+            .core(0)
+            .workers()
+            .error(gone, ErrorKind::UpstreamConnect);
+        for _ in 0..3 {
+            metrics.core(0).workers().selected(w1);
+        }
+        metrics.core(1).workers().selected(w0);
+        metrics.core(0).workers().retried(w0, chat);
+        metrics
+            .core(1)
+            .workers()
+            .retries_exhausted(Endpoint::Generate);
+        metrics
+            .core(0)
+            .workers()
+            .observe_ttft(chat, Duration::from_millis(30));
+        metrics
+            .core(1)
+            .workers()
+            .observe_ttft(chat, Duration::from_secs(2));
+        let breakers = metrics.breaker_transitions();
+        breakers.record(w1, BreakerState::Closed, BreakerState::Open);
+        breakers.record(w1, BreakerState::Open, BreakerState::HalfOpen);
+        breakers.record(w1, BreakerState::HalfOpen, BreakerState::Open);
+        breakers.record(w1, BreakerState::Open, BreakerState::HalfOpen);
+        breakers.record(w1, BreakerState::Open, BreakerState::Open);
+        let labels = |id: WorkerId, url: &str| WorkerLabels {
+            id,
+            url: url.to_string(),
+            model: "m".to_string(),
+        };
+        let workers = [labels(w0, "http://a"), labels(w1, "http://b")];
+        let mut text = String::new();
+        metrics.render_workers(&workers, "cache_aware", &mut text);
+        let regular = "worker_type=\"regular\",connection_mode=\"http\"";
+        for line in [
+            "# TYPE smg_worker_errors_total counter".to_string(),
+            format!("smg_worker_errors_total{{{regular},error_type=\"connect_error\",worker=\"http://a\"}} 2"),
+            format!("smg_worker_errors_total{{{regular},error_type=\"timeout\",worker=\"http://b\"}} 1"),
+            format!("smg_worker_errors_total{{{regular},error_type=\"connect_error\",worker=\"http://b\"}} 0"),
+            format!("smg_worker_selection_total{{{regular},model=\"m\",policy=\"cache_aware\",worker=\"http://b\"}} 3"),
+            format!("smg_worker_selection_total{{{regular},model=\"m\",policy=\"cache_aware\",worker=\"http://a\"}} 1"),
+            "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"chat\",worker=\"http://a\"} 1".to_string(),
+            "smg_worker_retries_total{worker_type=\"regular\",endpoint=\"generate\",worker=\"http://a\"} 0".to_string(),
+            "smg_worker_retries_exhausted_total{worker_type=\"regular\",endpoint=\"generate\"} 1".to_string(),
+            "smg_worker_cb_transitions_total{worker=\"http://b\",from=\"closed\",to=\"open\"} 1".to_string(),
+            "smg_worker_cb_transitions_total{worker=\"http://b\",from=\"open\",to=\"half_open\"} 2".to_string(),
+            "smg_worker_cb_transitions_total{worker=\"http://b\",from=\"half_open\",to=\"open\"} 1".to_string(),
+            "smg_worker_cb_transitions_total{worker=\"http://a\",from=\"closed\",to=\"open\"} 0".to_string(),
+            "# TYPE smg_router_ttft_seconds histogram".to_string(),
+            "smg_router_ttft_seconds_bucket{router_type=\"http\",backend_type=\"regular\",model=\"any\",endpoint=\"chat\",le=\"0.025\"} 0".to_string(),
+            "smg_router_ttft_seconds_bucket{router_type=\"http\",backend_type=\"regular\",model=\"any\",endpoint=\"chat\",le=\"0.05\"} 1".to_string(),
+            "smg_router_ttft_seconds_bucket{router_type=\"http\",backend_type=\"regular\",model=\"any\",endpoint=\"chat\",le=\"2.5\"} 2".to_string(),
+            "smg_router_ttft_seconds_count{router_type=\"http\",backend_type=\"regular\",model=\"any\",endpoint=\"chat\"} 2".to_string(),
+            "smg_router_ttft_seconds_sum{router_type=\"http\",backend_type=\"regular\",model=\"any\",endpoint=\"chat\"} 2.03".to_string(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+        // The label set is the registered workers: a slot no roster worker holds is not shown,
+        // and a breaker never "transitions" to its own state.
+        assert!(!text.contains("worker=\"http://c\""));
+        assert_eq!(
+            text.matches("error_type=\"connect_error\"").count(),
+            2,
+            "{text}"
+        );
+        assert!(!text.contains("from=\"open\",to=\"open\""));
+        assert!(
+            !text.contains("endpoint=\"generate\",le="),
+            "no TTFT series without one"
         );
     }
 

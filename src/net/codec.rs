@@ -567,6 +567,10 @@ pub fn write_downstream_response_head(
     out.extend_from_slice(&buf[head.reason.clone()]);
     out.extend_from_slice(b"\r\n");
     write_end_to_end_headers(out, buf, &head.headers, b"x-smg-routed-worker-id");
+    if head.headers.get(buf, "date").is_none() {
+        // The worker's own Date passes through; one without gets the gateway's (RFC 9110 6.6.1).
+        super::date::write_date_header(out);
+    }
     out.extend_from_slice(gateway.routed_worker_line);
     if gateway.predicted_cached_tokens > 0 {
         out.extend_from_slice(PREDICTED_CACHED_TOKENS_HEADER);
@@ -605,6 +609,7 @@ pub fn write_local_response(
     out.extend_from_slice(b"\r\ncontent-type: ");
     out.extend_from_slice(content_type.as_bytes());
     out.extend_from_slice(b"\r\n");
+    super::date::write_date_header(out);
     if status == 401 {
         // RFC 9110 11.6.1: a 401 names its scheme; every credential the gateway checks is a
         // bearer token (`--api-key`, `--admin-api-key`).

@@ -13,4 +13,5 @@
 pub mod body;
 pub mod client;
 pub mod codec;
+pub mod date;
 pub mod socket;

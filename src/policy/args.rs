@@ -30,7 +30,7 @@ pub enum PolicyKind {
     /// Hash of the prompt's head on a consistent-hash ring with bounded load.
     #[value(name = "prefix_hash")]
     PrefixHash,
-    /// `x-smg-target-worker`, or `x-smg-routing-key` on a consistent-hash ring.
+    /// The x-smg-target-worker header, or x-smg-routing-key on a consistent-hash ring.
     #[value(name = "consistent_hashing")]
     ConsistentHashing,
 }
@@ -57,31 +57,32 @@ pub enum CacheIndexKind {
     #[default]
     #[value(name = "tree")]
     Tree,
-    /// Hash of the request's head at each `--cache-boundaries` position.
+    /// Hash of the request's head at each --cache-boundaries position.
     #[value(name = "hash")]
     Hash,
 }
 
 /// The routing-policy flags (SMG names and defaults). Flatten into the gateway's clap struct.
 #[derive(Clone, Debug, clap::Args)]
+#[command(next_help_heading = "Routing Policy")]
 pub struct PolicyArgs {
     /// Routing policy.
     #[arg(long, value_enum, default_value = "cache_aware")]
     pub policy: PolicyKind,
     /// Minimum match ratio (matched / request length) for holders of a prefix to be preferred.
-    #[arg(long, default_value_t = 0.3)]
+    #[arg(long, visible_alias = "cache-match-threshold", default_value_t = 0.3)]
     pub cache_threshold: f64,
     /// Spill gate: a holder is hot only above the fleet mean in-flight plus this many requests.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, visible_alias = "spill-abs-threshold", default_value_t = 64)]
     pub balance_abs_threshold: u32,
     /// Spill gate: a holder is hot only above this multiple of the fleet mean in-flight.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, visible_alias = "spill-rel-threshold", default_value_t = 1.5)]
     pub balance_rel_threshold: f64,
     /// Suspend affinity while any worker's KV usage is above this (0 < x; >= 1.0 disables).
-    #[arg(long)]
+    #[arg(long, default_value = "1.0")]
     pub overload_token_usage_threshold: Option<f64>,
     /// Suspend affinity while hottest minus coldest KV usage is above this (0 < x; >= 1.0 disables).
-    #[arg(long)]
+    #[arg(long, default_value = "1.0")]
     pub balance_token_usage_threshold: Option<f64>,
     /// Shrink a holder's score with its waiting-prefill backlog (0 = off).
     #[arg(long, default_value_t = 0.0)]

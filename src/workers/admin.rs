@@ -209,12 +209,50 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct AddWorkerBody {
     url: String,
     /// Where it publishes KV events (`--kv-events-endpoints` syntax); absent: ask the worker.
     kv_events_endpoint: Option<String>,
+    /// SMG's worker type: only `regular` is served (no prefill/decode disaggregation).
+    worker_type: Option<String>,
+    /// SMG's connection mode: only `http` is served.
+    connection_mode: Option<String>,
 }
+
+/// The fields of SMG's worker spec (`POST /workers`) kvgate accepts without using them: a
+/// request written for SMG is admitted, and the answer lists what was not applied. Any other
+/// field is refused, so a misspelt one is not silently dropped.
+const SMG_FIELDS_NOT_USED: [&str; 29] = [
+    "model_id",
+    "models",
+    "runtime_type",
+    "runtime",
+    "provider",
+    "labels",
+    "priority",
+    "cost",
+    "api_key",
+    "bootstrap_port",
+    "bootstrap_host",
+    "dp_base_url",
+    "dp_rank",
+    "dp_size",
+    "kv_connector",
+    "kv_role",
+    "kv_engine_id",
+    "kv_block_size",
+    "health",
+    "http_pool",
+    "resilience",
+    "overload",
+    "max_connection_attempts",
+    "load_monitor_interval_secs",
+    "multimodal_tensor_transport",
+    "multimodal_shm_min_bytes",
+    "zmq_handshake_address",
+    "tokenizer_path",
+    "chat_template",
+];
 
 /// A `POST /workers` body, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,10 +261,14 @@ pub struct AddWorker {
     pub url: String,
     /// Its KV-event endpoint as given (checked against the URL's host).
     pub kv_events: KvEventsSource,
+    /// SMG worker-spec fields given that kvgate does not apply, in the body's order.
+    pub not_applied: Vec<String>,
 }
 
-/// Parse and validate a `POST /workers` body (`{"url": ..., "kv_events_endpoint": ...}`). The
-/// caller then probes the worker's health and only registers it when the probe succeeds.
+/// Parse and validate a `POST /workers` body (`{"url": ..., "kv_events_endpoint": ...}`, or
+/// SMG's worker spec: its fields kvgate does not use are accepted and reported back in
+/// [`AddWorker::not_applied`]; a prefill/decode worker or a gRPC one is refused). The caller
+/// then probes the worker's health and only registers it when the probe succeeds.
 pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
     if body.len() > ADMIN_BODY_BYTES_MAX {
         return Err(AdminError::new(
@@ -235,14 +277,42 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
             "admin request body too large",
         ));
     }
-    let parsed: AddWorkerBody = serde_json::from_slice(body).map_err(|e| {
-        AdminError::new(
-            400,
-            "invalid_request_error",
-            format!("expected {{\"url\": \"http://host:port\"}}: {e}"),
-        )
-    })?;
     let bad = |e: String| AdminError::new(400, "invalid_request_error", e);
+    let expected =
+        |e: &dyn std::fmt::Display| bad(format!("expected {{\"url\": \"http://host:port\"}}: {e}"));
+    let mut fields: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|e| expected(&e))?;
+    let mut not_applied = Vec::new();
+    for name in fields.keys() {
+        match name.as_str() {
+            "url" | "kv_events_endpoint" | "worker_type" | "connection_mode" => {}
+            known if SMG_FIELDS_NOT_USED.contains(&known) => not_applied.push(known.to_string()),
+            unknown => return Err(expected(&format!("unknown field `{unknown}`"))),
+        }
+    }
+    for name in &not_applied {
+        fields.remove(name);
+    }
+    let parsed: AddWorkerBody =
+        serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| expected(&e))?;
+    match parsed.worker_type.as_deref() {
+        None | Some("regular") => {}
+        Some(kind @ ("prefill" | "decode" | "encode")) => {
+            return Err(bad(format!(
+                "worker_type {kind}: PD not supported (kvgate has no prefill/decode \
+                 disaggregation; only regular workers)"
+            )))
+        }
+        Some(other) => return Err(bad(format!("worker_type {other}: expected \"regular\""))),
+    }
+    match parsed.connection_mode.as_deref() {
+        None | Some("http") => {}
+        Some(other) => {
+            return Err(bad(format!(
+                "connection_mode {other}: not supported (kvgate talks HTTP to workers)"
+            )))
+        }
+    }
     let url = WorkerUrl::parse(&parsed.url).map_err(|e| bad(e.to_string()))?;
     let kv_events = match &parsed.kv_events_endpoint {
         None => KvEventsSource::Discover,
@@ -252,6 +322,7 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
     Ok(AddWorker {
         url: url.canonical(),
         kv_events,
+        not_applied,
     })
 }
 
@@ -474,6 +545,48 @@ mod tests {
                 .status,
             413
         );
+    }
+
+    #[test]
+    fn smgs_worker_spec_is_accepted_and_its_unused_fields_listed() {
+        let body = br#"{"url":"http://10.0.0.1:8000","model_id":"llama","worker_type":"regular",
+            "connection_mode":"http","priority":50,"cost":1.0,"labels":{"zone":"a"},
+            "api_key":"k","kv_events_endpoint":"none"}"#;
+        let added = parse_add_worker(body).unwrap();
+        assert_eq!(added.url, "http://10.0.0.1:8000");
+        assert_eq!(added.kv_events, KvEventsSource::Off);
+        let mut listed = added.not_applied.clone();
+        listed.sort();
+        assert_eq!(
+            listed,
+            ["api_key", "cost", "labels", "model_id", "priority"]
+        );
+        let plain = parse_add_worker(br#"{"url":"http://x:1"}"#).unwrap();
+        assert!(plain.not_applied.is_empty());
+        for (body, says) in [
+            (
+                &br#"{"url":"http://x:1","worker_type":"prefill"}"#[..],
+                "PD not supported",
+            ),
+            (
+                br#"{"url":"http://x:1","worker_type":"decode"}"#,
+                "PD not supported",
+            ),
+            (br#"{"url":"http://x:1","worker_type":"odd"}"#, "regular"),
+            (br#"{"url":"http://x:1","connection_mode":"grpc"}"#, "HTTP"),
+            (
+                br#"{"url":"http://x:1","model_idd":"m"}"#,
+                "unknown field `model_idd`",
+            ),
+            (
+                br#"{"url":"http://x:1","priority":"high","worker_type":3}"#,
+                "expected",
+            ),
+        ] {
+            let e = parse_add_worker(body).unwrap_err();
+            assert_eq!(e.status, 400, "{}", String::from_utf8_lossy(body));
+            assert!(e.message.contains(says), "{}", e.message);
+        }
     }
 
     #[test]

@@ -27,90 +27,117 @@ pub const BACKOFF_MS_MAX: u64 = 600_000;
 /// more than this many events never reacts.
 pub const THRESHOLD_MAX: u32 = 10_000;
 
-/// Worker health, circuit breaker, retry, overload, load-monitoring and admin flags.
+/// The load-monitoring and overload flags (SMG's "Load Monitoring").
 #[derive(Args, Debug, Clone, PartialEq)]
-pub struct WorkerArgs {
-    /// Path probed on each worker by health checks.
-    #[arg(long, default_value = "/health")]
-    pub health_check_endpoint: String,
-    /// Seconds between health-check rounds.
-    #[arg(long, default_value_t = 60)]
-    pub health_check_interval_secs: u64,
-    /// Seconds before a health probe counts as failed.
-    #[arg(long, default_value_t = 5)]
-    pub health_check_timeout_secs: u64,
-    /// Consecutive failed probes that mark a worker unhealthy.
-    #[arg(long, default_value_t = 3)]
-    pub health_failure_threshold: u32,
-    /// Consecutive good probes that mark an unhealthy worker healthy again.
-    #[arg(long, default_value_t = 2)]
-    pub health_success_threshold: u32,
-    /// Do not run health checks; every worker stays healthy.
-    #[arg(long)]
-    pub disable_health_check: bool,
-
-    /// Failures within the window that open a worker's circuit.
-    #[arg(long, default_value_t = 10)]
-    pub cb_failure_threshold: u32,
-    /// Successes in half-open that close the circuit.
-    #[arg(long, default_value_t = 3)]
-    pub cb_success_threshold: u32,
-    /// Seconds an open circuit waits before letting trial traffic through.
-    #[arg(long, default_value_t = 60)]
-    pub cb_timeout_duration_secs: u64,
-    /// Seconds within which failures count toward opening the circuit.
-    #[arg(long, default_value_t = 120)]
-    pub cb_window_duration_secs: u64,
-    /// Never open circuits.
-    #[arg(long)]
-    pub disable_circuit_breaker: bool,
-
-    /// Retries after the first attempt, each on another worker when one is eligible.
-    #[arg(long, default_value_t = 5)]
-    pub retry_max_retries: u32,
-    /// Backoff before the first retry, in milliseconds.
-    #[arg(long, default_value_t = 50)]
-    pub retry_initial_backoff_ms: u64,
-    /// Largest backoff, in milliseconds.
-    #[arg(long, default_value_t = 30_000)]
-    pub retry_max_backoff_ms: u64,
-    /// Backoff growth per retry.
-    #[arg(long, default_value_t = 1.5)]
-    pub retry_backoff_multiplier: f64,
-    /// Relative jitter applied to each backoff (0 to 1).
-    #[arg(long, default_value_t = 0.2)]
-    pub retry_jitter_factor: f64,
-    /// Never retry.
-    #[arg(long)]
-    pub disable_retries: bool,
-
-    /// Exclude a worker from routing while its reported KV usage is at or above this fraction.
-    #[arg(long)]
-    pub worker_overload_token_usage: Option<f64>,
-    /// Exclude a worker from routing while it reports at least this many waiting requests.
-    #[arg(long)]
-    pub worker_overload_waiting_requests: Option<u64>,
-    /// Turn overload protection on with SMG's default threshold: KV usage 0.9 unless
-    /// --worker-overload-token-usage says otherwise (either threshold alone turns it on too).
-    #[arg(long)]
-    pub worker_overload_protection: bool,
-
+pub struct LoadArgs {
     /// Seconds between load polls of every worker.
-    #[arg(long, default_value_t = 10)]
+    #[arg(help_heading = "Load Monitoring", long, default_value_t = 10)]
     pub load_monitor_interval: u64,
     /// Poll worker loads only when something reads them: a load-aware policy (cache_aware,
     /// least_load, power_of_two) or overload protection. Without it every worker is polled.
-    #[arg(long)]
+    #[arg(help_heading = "Load Monitoring", long)]
     pub disable_load_monitoring: bool,
 
+    /// Exclude a worker from routing while its reported KV usage is at or above this fraction.
+    #[arg(help_heading = "Load Monitoring", long)]
+    pub worker_overload_token_usage: Option<f64>,
+    /// Exclude a worker from routing while it reports at least this many waiting requests.
+    #[arg(help_heading = "Load Monitoring", long)]
+    pub worker_overload_waiting_requests: Option<u64>,
+    /// Turn overload protection on with SMG's default threshold: KV usage 0.9 unless
+    /// --worker-overload-token-usage says otherwise (either threshold alone turns it on too).
+    #[arg(help_heading = "Load Monitoring", long)]
+    pub worker_overload_protection: bool,
+}
+
+/// The retry, circuit-breaker and health-check flags (SMG's headings, in its order).
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct ResilienceArgs {
+    /// Retries after the first attempt, each on another worker when one is eligible.
+    #[arg(help_heading = "Retry Configuration", long, default_value_t = 5)]
+    pub retry_max_retries: u32,
+    /// Backoff before the first retry, in milliseconds.
+    #[arg(help_heading = "Retry Configuration", long, default_value_t = 50)]
+    pub retry_initial_backoff_ms: u64,
+    /// Largest backoff, in milliseconds.
+    #[arg(help_heading = "Retry Configuration", long, default_value_t = 30_000)]
+    pub retry_max_backoff_ms: u64,
+    /// Backoff growth per retry.
+    #[arg(help_heading = "Retry Configuration", long, default_value_t = 1.5)]
+    pub retry_backoff_multiplier: f64,
+    /// Relative jitter applied to each backoff (0 to 1).
+    #[arg(help_heading = "Retry Configuration", long, default_value_t = 0.2)]
+    pub retry_jitter_factor: f64,
+    /// Never retry.
+    #[arg(help_heading = "Retry Configuration", long)]
+    pub disable_retries: bool,
+
+    /// Failures within the window that open a worker's circuit.
+    #[arg(help_heading = "Circuit Breaker", long, default_value_t = 10)]
+    pub cb_failure_threshold: u32,
+    /// Successes in half-open that close the circuit.
+    #[arg(help_heading = "Circuit Breaker", long, default_value_t = 3)]
+    pub cb_success_threshold: u32,
+    /// Seconds an open circuit waits before letting trial traffic through.
+    #[arg(help_heading = "Circuit Breaker", long, default_value_t = 60)]
+    pub cb_timeout_duration_secs: u64,
+    /// Seconds within which failures count toward opening the circuit.
+    #[arg(help_heading = "Circuit Breaker", long, default_value_t = 120)]
+    pub cb_window_duration_secs: u64,
+    /// Never open circuits.
+    #[arg(help_heading = "Circuit Breaker", long)]
+    pub disable_circuit_breaker: bool,
+
+    /// Path probed on each worker by health checks.
+    #[arg(help_heading = "Health Checks", long, default_value = "/health")]
+    pub health_check_endpoint: String,
+    /// Seconds between health-check rounds.
+    #[arg(help_heading = "Health Checks", long, default_value_t = 60)]
+    pub health_check_interval_secs: u64,
+    /// Seconds before a health probe counts as failed.
+    #[arg(help_heading = "Health Checks", long, default_value_t = 5)]
+    pub health_check_timeout_secs: u64,
+    /// Consecutive failed probes that mark a worker unhealthy.
+    #[arg(help_heading = "Health Checks", long, default_value_t = 3)]
+    pub health_failure_threshold: u32,
+    /// Consecutive good probes that mark an unhealthy worker healthy again.
+    #[arg(help_heading = "Health Checks", long, default_value_t = 2)]
+    pub health_success_threshold: u32,
+    /// Do not run health checks; every worker stays healthy.
+    #[arg(help_heading = "Health Checks", long)]
+    pub disable_health_check: bool,
+}
+
+/// The admin API's flags (SMG's "Control Plane Authentication").
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct AdminArgs {
     /// Bearer token required by the admin API (`/workers`). Without it (or
     /// --admin-api-insecure) the admin API answers 403 to every call.
-    #[arg(long)]
+    #[arg(help_heading = "Control Plane Authentication", long)]
     pub admin_api_key: Option<String>,
     /// Open the admin API (`/workers`) to anyone who reaches the main port, without a key: for
     /// a trusted network or a test only.
-    #[arg(long, conflicts_with = "admin_api_key")]
+    #[arg(
+        help_heading = "Control Plane Authentication",
+        long,
+        conflicts_with = "admin_api_key"
+    )]
     pub admin_api_insecure: bool,
+}
+
+/// Every worker flag: the three groups the command line shows under SMG's headings, apart
+/// (`config::Cli` flattens each where SMG lists it), validated together.
+#[derive(Args, Debug, Clone, PartialEq)]
+pub struct WorkerArgs {
+    /// Load monitoring and overload protection.
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// Retries, circuit breaker, health checks.
+    #[command(flatten)]
+    pub resilience: ResilienceArgs,
+    /// The admin API's access.
+    #[command(flatten)]
+    pub admin: AdminArgs,
 }
 
 impl Default for WorkerArgs {
@@ -129,30 +156,36 @@ impl Default for WorkerArgs {
 /// Never reached (an empty command line always parses); kept total instead of panicking.
 fn unreachable_defaults() -> WorkerArgs {
     WorkerArgs {
-        health_check_endpoint: "/health".into(),
-        health_check_interval_secs: 60,
-        health_check_timeout_secs: 5,
-        health_failure_threshold: 3,
-        health_success_threshold: 2,
-        disable_health_check: false,
-        cb_failure_threshold: 10,
-        cb_success_threshold: 3,
-        cb_timeout_duration_secs: 60,
-        cb_window_duration_secs: 120,
-        disable_circuit_breaker: false,
-        retry_max_retries: 5,
-        retry_initial_backoff_ms: 50,
-        retry_max_backoff_ms: 30_000,
-        retry_backoff_multiplier: 1.5,
-        retry_jitter_factor: 0.2,
-        disable_retries: false,
-        worker_overload_token_usage: None,
-        worker_overload_waiting_requests: None,
-        worker_overload_protection: false,
-        load_monitor_interval: 10,
-        disable_load_monitoring: false,
-        admin_api_key: None,
-        admin_api_insecure: false,
+        load: LoadArgs {
+            load_monitor_interval: 10,
+            disable_load_monitoring: false,
+            worker_overload_token_usage: None,
+            worker_overload_waiting_requests: None,
+            worker_overload_protection: false,
+        },
+        resilience: ResilienceArgs {
+            health_check_endpoint: "/health".into(),
+            health_check_interval_secs: 60,
+            health_check_timeout_secs: 5,
+            health_failure_threshold: 3,
+            health_success_threshold: 2,
+            disable_health_check: false,
+            cb_failure_threshold: 10,
+            cb_success_threshold: 3,
+            cb_timeout_duration_secs: 60,
+            cb_window_duration_secs: 120,
+            disable_circuit_breaker: false,
+            retry_max_retries: 5,
+            retry_initial_backoff_ms: 50,
+            retry_max_backoff_ms: 30_000,
+            retry_backoff_multiplier: 1.5,
+            retry_jitter_factor: 0.2,
+            disable_retries: false,
+        },
+        admin: AdminArgs {
+            admin_api_key: None,
+            admin_api_insecure: false,
+        },
     }
 }
 
@@ -234,7 +267,7 @@ impl WorkerArgs {
     pub fn validate_for(&self, policy: PolicyLoads) -> Result<WorkerSettings, FlagError> {
         let overload = self.validate_overload()?;
         let polls_needed = policy == PolicyLoads::Read || overload != OverloadConfig::default();
-        let load_polling = if self.disable_load_monitoring && !polls_needed {
+        let load_polling = if self.load.disable_load_monitoring && !polls_needed {
             LoadPolling::Off
         } else {
             LoadPolling::On
@@ -245,21 +278,24 @@ impl WorkerArgs {
             retry: self.validate_retry()?,
             overload,
             load_polling,
-            load_interval: secs_in_range("--load-monitor-interval", self.load_monitor_interval)?,
+            load_interval: secs_in_range(
+                "--load-monitor-interval",
+                self.load.load_monitor_interval,
+            )?,
             load_timeout: LOAD_POLL_TIMEOUT,
-            admin_access: match &self.admin_api_key {
+            admin_access: match &self.admin.admin_api_key {
                 Some(k) if k.trim().is_empty() => {
                     return Err(bad("--admin-api-key", "must not be empty"))
                 }
                 Some(k) => AdminAccess::Bearer(k.clone()),
-                None if self.admin_api_insecure => AdminAccess::Open,
+                None if self.admin.admin_api_insecure => AdminAccess::Open,
                 None => AdminAccess::Closed,
             },
         })
     }
 
     fn validate_health(&self) -> Result<HealthConfig, FlagError> {
-        let endpoint = &self.health_check_endpoint;
+        let endpoint = &self.resilience.health_check_endpoint;
         let endpoint_ok = endpoint.starts_with('/')
             && endpoint.len() <= 1024
             && endpoint.bytes().all(|b| b.is_ascii_graphic());
@@ -273,47 +309,65 @@ impl WorkerArgs {
             endpoint: endpoint.clone(),
             interval: secs_in_range(
                 "--health-check-interval-secs",
-                self.health_check_interval_secs,
+                self.resilience.health_check_interval_secs,
             )?,
             timeout: secs_in_range(
                 "--health-check-timeout-secs",
-                self.health_check_timeout_secs,
+                self.resilience.health_check_timeout_secs,
             )?,
             failure_threshold: threshold(
                 "--health-failure-threshold",
-                self.health_failure_threshold,
+                self.resilience.health_failure_threshold,
             )?,
             success_threshold: threshold(
                 "--health-success-threshold",
-                self.health_success_threshold,
+                self.resilience.health_success_threshold,
             )?,
-            disabled: self.disable_health_check,
+            disabled: self.resilience.disable_health_check,
         })
     }
 
     fn validate_breaker(&self) -> Result<BreakerConfig, FlagError> {
         Ok(BreakerConfig {
-            failure_threshold: threshold("--cb-failure-threshold", self.cb_failure_threshold)?,
-            success_threshold: threshold("--cb-success-threshold", self.cb_success_threshold)?,
-            timeout: secs_in_range("--cb-timeout-duration-secs", self.cb_timeout_duration_secs)?,
-            window: secs_in_range("--cb-window-duration-secs", self.cb_window_duration_secs)?,
-            disabled: self.disable_circuit_breaker,
+            failure_threshold: threshold(
+                "--cb-failure-threshold",
+                self.resilience.cb_failure_threshold,
+            )?,
+            success_threshold: threshold(
+                "--cb-success-threshold",
+                self.resilience.cb_success_threshold,
+            )?,
+            timeout: secs_in_range(
+                "--cb-timeout-duration-secs",
+                self.resilience.cb_timeout_duration_secs,
+            )?,
+            window: secs_in_range(
+                "--cb-window-duration-secs",
+                self.resilience.cb_window_duration_secs,
+            )?,
+            disabled: self.resilience.disable_circuit_breaker,
         })
     }
 
     fn validate_retry(&self) -> Result<RetryConfig, FlagError> {
-        if self.retry_max_retries as usize > RETRIES_MAX {
+        if self.resilience.retry_max_retries as usize > RETRIES_MAX {
             return Err(bad(
                 "--retry-max-retries",
                 format!(
                     "{} is above the maximum {RETRIES_MAX}",
-                    self.retry_max_retries
+                    self.resilience.retry_max_retries
                 ),
             ));
         }
         for (flag, ms) in [
-            ("--retry-initial-backoff-ms", self.retry_initial_backoff_ms),
-            ("--retry-max-backoff-ms", self.retry_max_backoff_ms),
+            (
+                "--retry-initial-backoff-ms",
+                self.resilience.retry_initial_backoff_ms,
+            ),
+            (
+                "--retry-max-backoff-ms",
+                self.resilience.retry_max_backoff_ms,
+            ),
         ] {
             if ms > BACKOFF_MS_MAX {
                 return Err(bad(
@@ -322,20 +376,20 @@ impl WorkerArgs {
                 ));
             }
         }
-        if self.retry_initial_backoff_ms > self.retry_max_backoff_ms {
+        if self.resilience.retry_initial_backoff_ms > self.resilience.retry_max_backoff_ms {
             return Err(bad(
                 "--retry-initial-backoff-ms",
                 "must not exceed --retry-max-backoff-ms",
             ));
         }
-        let m = self.retry_backoff_multiplier;
+        let m = self.resilience.retry_backoff_multiplier;
         if !m.is_finite() || !(1.0..=100.0).contains(&m) {
             return Err(bad(
                 "--retry-backoff-multiplier",
                 format!("{m} must be between 1 and 100"),
             ));
         }
-        let j = self.retry_jitter_factor;
+        let j = self.resilience.retry_jitter_factor;
         if !j.is_finite() || !(0.0..=1.0).contains(&j) {
             return Err(bad(
                 "--retry-jitter-factor",
@@ -343,17 +397,17 @@ impl WorkerArgs {
             ));
         }
         Ok(RetryConfig {
-            max_retries: self.retry_max_retries,
-            initial_backoff: Duration::from_millis(self.retry_initial_backoff_ms),
-            max_backoff: Duration::from_millis(self.retry_max_backoff_ms),
+            max_retries: self.resilience.retry_max_retries,
+            initial_backoff: Duration::from_millis(self.resilience.retry_initial_backoff_ms),
+            max_backoff: Duration::from_millis(self.resilience.retry_max_backoff_ms),
             backoff_multiplier: m,
             jitter_factor: j,
-            disabled: self.disable_retries,
+            disabled: self.resilience.disable_retries,
         })
     }
 
     fn validate_overload(&self) -> Result<OverloadConfig, FlagError> {
-        if let Some(u) = self.worker_overload_token_usage {
+        if let Some(u) = self.load.worker_overload_token_usage {
             if !u.is_finite() || u <= 0.0 || u > 1.0 {
                 return Err(bad(
                     "--worker-overload-token-usage",
@@ -361,7 +415,7 @@ impl WorkerArgs {
                 ));
             }
         }
-        if self.worker_overload_waiting_requests == Some(0) {
+        if self.load.worker_overload_waiting_requests == Some(0) {
             // At or above 0 would exclude every worker that reports a queue.
             return Err(bad(
                 "--worker-overload-waiting-requests",
@@ -369,10 +423,10 @@ impl WorkerArgs {
             ));
         }
         let default_usage =
-            (self.worker_overload_protection).then_some(OVERLOAD_TOKEN_USAGE_DEFAULT);
+            (self.load.worker_overload_protection).then_some(OVERLOAD_TOKEN_USAGE_DEFAULT);
         Ok(OverloadConfig {
-            token_usage: self.worker_overload_token_usage.or(default_usage),
-            waiting_requests: self.worker_overload_waiting_requests,
+            token_usage: self.load.worker_overload_token_usage.or(default_usage),
+            waiting_requests: self.load.worker_overload_waiting_requests,
         })
     }
 }

@@ -146,6 +146,7 @@ fn local_responses_carry_the_right_reason_phrase() {
             text.starts_with(&format!("HTTP/1.1 {status} {reason}\r\n")),
             "{text}"
         );
+        assert!(text.contains("\r\ndate: "), "{text}");
         assert_eq!(
             text.contains("www-authenticate: Bearer\r\n"),
             status == 401,
@@ -359,9 +360,40 @@ fn downstream_head_adds_routed_worker_and_framing() {
         Connection::KeepAlive,
     );
     let text = String::from_utf8(out).unwrap();
+    // The worker sent no Date: the gateway's follows its headers (its value is the clock's).
+    let date_line = text
+        .lines()
+        .find(|l| l.starts_with("date: "))
+        .map(|l| format!("{l}\r\n"))
+        .expect("a date header");
     assert_eq!(
-        text,
+        text.replacen(&date_line, "", 1),
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nx-smg-routed-worker-id: http://w:1\r\ntransfer-encoding: chunked\r\n\r\n"
+    );
+    assert!(text.contains("text/event-stream\r\ndate: "), "{text}");
+    // A worker's own Date passes through, and no second one is added.
+    let dated =
+        b"HTTP/1.1 200 OK\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\nContent-Length: 0\r\n\r\n";
+    let dated_head = parse_response_head(dated, Method::Get).unwrap().unwrap();
+    let mut out = Vec::new();
+    let framing_dated = DownstreamFraming::choose(dated_head.framing, 1);
+    write_downstream_response_head(
+        &mut out,
+        &dated_head,
+        dated,
+        gateway,
+        framing_dated,
+        Connection::KeepAlive,
+    );
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("Date: Sun, 06 Nov 1994 08:49:37 GMT\r\n"),
+        "{text}"
+    );
+    assert_eq!(
+        text.to_ascii_lowercase().matches("date: ").count(),
+        1,
+        "{text}"
     );
     // A prediction adds its header after the routed worker.
     let mut out = Vec::new();

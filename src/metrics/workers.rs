@@ -1,0 +1,315 @@
+//! The routing families SMG keeps per worker and per endpoint, under its names, types, labels
+//! and buckets: `smg_worker_errors_total`, `smg_worker_selection_total`,
+//! `smg_worker_retries_total` (each with SMG's labels plus `worker`), `smg_worker_retries_exhausted_total`,
+//! `smg_worker_cb_transitions_total` and `smg_router_ttft_seconds`.
+//!
+//! The per-worker counters live in one slot per worker id (`WORKERS_MAX` of them), so the
+//! `worker` label takes only the registered workers' URLs: a scrape renders the slots of the
+//! roster's workers and nothing else. A slot a removed worker leaves is reused by a later one
+//! with its counts (Prometheus' `rate` reads a series' first sample as its start, not as an
+//! increase). Data cores write their own [`WorkerCounters`] (single writer: a relaxed load and
+//! store, no locked instruction, no allocation); the breaker transitions are written by the
+//! control core only.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::error::ErrorKind;
+use crate::ids::WorkerId;
+use crate::limits::WORKERS_MAX;
+use crate::request::Endpoint;
+use crate::workers::breaker::BreakerState;
+
+use super::{bump, latency_bucket, LATENCY_BOUNDS_S, LATENCY_BUCKETS};
+
+/// A failed exchange with a worker, by SMG's `error_type` label values for kvgate's kinds.
+const ERROR_TYPES: [(ErrorKind, &str); 4] = [
+    (ErrorKind::UpstreamConnect, "connect_error"),
+    (ErrorKind::UpstreamClosed, "connection_closed"),
+    (ErrorKind::UpstreamMalformed, "malformed_response"),
+    (ErrorKind::UpstreamTimeout, "timeout"),
+];
+
+/// Per worker slot: the error counts in `ERROR_TYPES` order, the selections, then the retries
+/// per endpoint.
+const SELECTED: usize = ERROR_TYPES.len();
+const RETRIES: usize = SELECTED + 1;
+const WORKER_FIGURES: usize = RETRIES + Endpoint::COUNT;
+
+/// Breaker states in their `BreakerState` discriminant order, for the transition matrix.
+const BREAKER_STATES: [BreakerState; 3] = [
+    BreakerState::Closed,
+    BreakerState::Open,
+    BreakerState::HalfOpen,
+];
+
+/// SMG's `endpoint` label value for a routed endpoint (`None`: not routed to a worker).
+pub fn endpoint_label(endpoint: Endpoint) -> Option<&'static str> {
+    match endpoint {
+        Endpoint::Generate => Some("generate"),
+        Endpoint::ChatCompletions => Some("chat"),
+        Endpoint::Completions => Some("completions"),
+        Endpoint::Messages => Some("messages"),
+        _ => None,
+    }
+}
+
+/// One data core's per-worker and per-endpoint routing counters. Only that core writes them.
+#[derive(Debug)]
+pub struct WorkerCounters {
+    slots: Box<[[AtomicU64; WORKER_FIGURES]]>,
+    retries_exhausted: [AtomicU64; Endpoint::COUNT],
+    /// Time to first token per endpoint: non-cumulative bucket counts, sum in microseconds.
+    ttft_buckets: [[AtomicU64; LATENCY_BUCKETS]; Endpoint::COUNT],
+    ttft_sum_us: [AtomicU64; Endpoint::COUNT],
+}
+
+impl WorkerCounters {
+    pub(super) fn new() -> Self {
+        WorkerCounters {
+            slots: (0..WORKERS_MAX)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+            retries_exhausted: std::array::from_fn(|_| AtomicU64::new(0)),
+            ttft_buckets: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+            ttft_sum_us: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    fn slot(&self, worker: WorkerId) -> Option<&[AtomicU64; WORKER_FIGURES]> {
+        self.slots.get(worker.index())
+    }
+
+    /// Counts a failed exchange with `worker` (kinds other than the upstream ones are not the
+    /// worker's errors and are not counted here).
+    pub fn error(&self, worker: WorkerId, kind: ErrorKind) {
+        let Some(i) = ERROR_TYPES.iter().position(|(k, _)| *k == kind) else {
+            return;
+        };
+        if let Some(slot) = self.slot(worker) {
+            bump(&slot[i], 1);
+        }
+    }
+
+    /// Counts `worker` picked for an attempt.
+    pub fn selected(&self, worker: WorkerId) {
+        if let Some(slot) = self.slot(worker) {
+            bump(&slot[SELECTED], 1);
+        }
+    }
+
+    /// Counts a retry after an attempt on `worker` failed.
+    pub fn retried(&self, worker: WorkerId, endpoint: Endpoint) {
+        if let Some(slot) = self.slot(worker) {
+            bump(&slot[RETRIES + endpoint as usize], 1);
+        }
+    }
+
+    /// Counts a request whose attempts all failed.
+    pub fn retries_exhausted(&self, endpoint: Endpoint) {
+        bump(&self.retries_exhausted[endpoint as usize], 1);
+    }
+
+    /// Observes the time from the request read to the first body byte of a streamed answer.
+    pub fn observe_ttft(&self, endpoint: Endpoint, elapsed: Duration) {
+        let e = endpoint as usize;
+        bump(
+            &self.ttft_buckets[e][latency_bucket(elapsed.as_secs_f64())],
+            1,
+        );
+        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        bump(&self.ttft_sum_us[e], micros);
+    }
+}
+
+/// The circuit breakers' transitions per worker, `[from][to]`. Written by the control core only.
+#[derive(Debug)]
+pub struct BreakerTransitions {
+    slots: Box<[[[AtomicU64; 3]; 3]]>,
+}
+
+impl BreakerTransitions {
+    pub(super) fn new() -> Self {
+        BreakerTransitions {
+            slots: (0..WORKERS_MAX)
+                .map(|_| std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))))
+                .collect(),
+        }
+    }
+
+    /// Counts `worker`'s breaker going from `from` to `to` (nothing when they are the same).
+    pub fn record(&self, worker: WorkerId, from: BreakerState, to: BreakerState) {
+        if from == to {
+            return;
+        }
+        if let Some(slot) = self.slots.get(worker.index()) {
+            bump(&slot[from as usize][to as usize], 1);
+        }
+    }
+}
+
+/// A registered worker as its series are labelled: the id of its slot, its URL and model
+/// (both already escaped for a label value).
+#[derive(Debug)]
+pub struct WorkerLabels {
+    /// The worker's slot.
+    pub id: WorkerId,
+    /// `worker`: its URL.
+    pub url: String,
+    /// `model`: the model its series are counted under.
+    pub model: String,
+}
+
+/// Writes the families of this module, summing `cores`.
+pub(super) fn render(
+    cores: &[&WorkerCounters],
+    transitions: &BreakerTransitions,
+    workers: &[WorkerLabels],
+    policy: &str,
+    out: &mut String,
+) {
+    let sum = |get: &dyn Fn(&WorkerCounters) -> &AtomicU64| -> u64 {
+        cores.iter().map(|c| get(c).load(Ordering::Relaxed)).sum()
+    };
+    let slot_sum = |id: WorkerId, figure: usize| -> u64 {
+        sum(&|c: &WorkerCounters| &c.slots[id.index()][figure])
+    };
+    let header = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    };
+    const REGULAR_HTTP: &str = "worker_type=\"regular\",connection_mode=\"http\"";
+
+    let name = "smg_worker_errors_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Failed exchanges with a worker by error_type (connect, closed mid-response, malformed, timeout)",
+    );
+    for w in workers {
+        for (i, (_, error_type)) in ERROR_TYPES.iter().enumerate() {
+            let n = slot_sum(w.id, i);
+            let _ = writeln!(
+                out,
+                "{name}{{{REGULAR_HTTP},error_type=\"{error_type}\",worker=\"{}\"}} {n}",
+                w.url
+            );
+        }
+    }
+
+    let name = "smg_worker_selection_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Attempts the routing policy sent to each worker",
+    );
+    for w in workers {
+        let n = slot_sum(w.id, SELECTED);
+        let _ = writeln!(
+            out,
+            "{name}{{{REGULAR_HTTP},model=\"{}\",policy=\"{policy}\",worker=\"{}\"}} {n}",
+            w.model, w.url
+        );
+    }
+
+    let name = "smg_worker_retries_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Attempts retried on another worker (or a fresh connection) after one on this worker failed",
+    );
+    for w in workers {
+        for endpoint in Endpoint::ALL {
+            let Some(label) = endpoint_label(endpoint) else {
+                continue;
+            };
+            let n = slot_sum(w.id, RETRIES + endpoint as usize);
+            let _ = writeln!(
+                out,
+                "{name}{{worker_type=\"regular\",endpoint=\"{label}\",worker=\"{}\"}} {n}",
+                w.url
+            );
+        }
+    }
+
+    let name = "smg_worker_retries_exhausted_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Requests whose every attempt failed (no retry left or no worker left to try)",
+    );
+    for endpoint in Endpoint::ALL {
+        let Some(label) = endpoint_label(endpoint) else {
+            continue;
+        };
+        let n = sum(&|c: &WorkerCounters| &c.retries_exhausted[endpoint as usize]);
+        let _ = writeln!(
+            out,
+            "{name}{{worker_type=\"regular\",endpoint=\"{label}\"}} {n}"
+        );
+    }
+
+    let name = "smg_worker_cb_transitions_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Circuit breaker state transitions by worker, from and to",
+    );
+    for w in workers {
+        let Some(matrix) = transitions.slots.get(w.id.index()) else {
+            continue;
+        };
+        for from in BREAKER_STATES {
+            for to in BREAKER_STATES {
+                if from == to {
+                    continue;
+                }
+                let n = matrix[from as usize][to as usize].load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "{name}{{worker=\"{}\",from=\"{}\",to=\"{}\"}} {n}",
+                    w.url,
+                    from.as_str(),
+                    to.as_str()
+                );
+            }
+        }
+    }
+
+    let name = "smg_router_ttft_seconds";
+    header(
+        out,
+        name,
+        "histogram",
+        "Time to first token: from the request read to the first body byte of a streamed answer",
+    );
+    for endpoint in Endpoint::ALL {
+        let Some(label) = endpoint_label(endpoint) else {
+            continue;
+        };
+        let e = endpoint as usize;
+        let count_in = |bucket: usize| sum(&|c: &WorkerCounters| &c.ttft_buckets[e][bucket]);
+        if (0..LATENCY_BUCKETS).map(count_in).sum::<u64>() == 0 {
+            continue;
+        }
+        let labels = format!(
+            "router_type=\"http\",backend_type=\"regular\",model=\"any\",endpoint=\"{label}\""
+        );
+        let mut cumulative = 0u64;
+        for bucket in 0..LATENCY_BUCKETS {
+            cumulative += count_in(bucket);
+            let le = LATENCY_BOUNDS_S
+                .get(bucket)
+                .map_or_else(|| "+Inf".to_string(), f64::to_string);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+        }
+        let sum_s = sum(&|c: &WorkerCounters| &c.ttft_sum_us[e]) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum_s}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+    }
+}
