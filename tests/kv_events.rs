@@ -582,7 +582,7 @@ fn a_frame_header_announcing_exabytes_is_refused_and_the_stream_subscribed_again
     let gateway = Gateway::start(&[a.url()], &["--kv-events-endpoints", &endpoint]);
     let url = a.url();
     let too_large = series(
-        "kvgate_kv_event_subscription_failures_total",
+        "smg_kv_event_subscription_failures_total",
         &url,
         ",reason=\"too_large\"",
     );
