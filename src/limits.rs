@@ -103,6 +103,12 @@ pub const UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT: u64 = 60;
 /// `--header-read-timeout-ms` (tests shorten it).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Default `--stream-body-stall-timeout-secs` (SMG's flag and default): the longest a request
+/// body may take to arrive, from its head to its last byte, however steadily it trickles. The
+/// per-read `HEADER_READ_TIMEOUT` restarts with every byte, so without this a client sending a
+/// byte every few seconds would hold its connection (and a core's attention) for days.
+pub const STREAM_BODY_STALL_TIMEOUT_SECS_DEFAULT: u64 = 300;
+
 /// How long a keep-alive client connection may sit idle between requests (nginx's 75 s).
 /// Default of the hidden `--client-idle-timeout-ms`.
 pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);

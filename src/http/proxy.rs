@@ -38,7 +38,7 @@ use std::time::Instant;
 use super::core::DataCore;
 use super::downstream::{Answered, ClientSide, Downstream, Forwarded, Request};
 use super::relay::{stream_back, StreamEnd};
-use super::upstream::{self, Attempt, Exchange, RetryableStatus};
+use super::upstream::{self, status_outcome, Attempt, Exchange, RetryableStatus};
 use crate::error::{ErrorKind, ProxyError, Side};
 use crate::ids::WorkerId;
 use crate::limits::STALE_CONNECTION_RETRIES_MAX;
@@ -322,8 +322,17 @@ async fn attempt(
     if streamed.relayed_whole {
         up.give_back(core, worker.id);
     }
-    // The head's outcome was recorded when it arrived; a body cut short adds a failure.
-    let outcome = streamed.upstream_failed.then_some(AttemptOutcome::Failure);
+    // The attempt's final outcome: a failure status was reported when it arrived (a body cut
+    // short after it adds a failure); a success status counts only now, once its body is whole,
+    // and a body the worker stalled or cut makes the attempt a failure.
+    let outcome = match (
+        status_outcome(streamed.answered.status),
+        streamed.upstream_failed,
+    ) {
+        (_, true) => Some(AttemptOutcome::Failure),
+        (AttemptOutcome::Success, false) => Some(AttemptOutcome::Success),
+        (AttemptOutcome::Failure, false) => None,
+    };
     Ok(AttemptDone {
         answered: streamed.answered,
         outcome,

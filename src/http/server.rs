@@ -256,6 +256,11 @@ fn charge_body(core: &DataCore, down: &mut Downstream, bytes: usize) -> Result<(
 }
 
 /// The parse phase: reads one complete request, or `None` when the client is done.
+///
+/// A request its head already refuses (`refused_before_body`: no `--api-key` token, no such
+/// route, the admin API closed or its key missing) is answered before its body is read when
+/// that body has not all arrived: nothing of it is waited for or held, and the connection
+/// closes after the answer (its unread body stands where the next request would).
 pub async fn read_request(
     down: &mut Downstream,
     core: &DataCore,
@@ -266,30 +271,40 @@ pub async fn read_request(
         return Ok(None);
     };
     let head_len = head.head_len;
-    if head.expect_continue {
-        // `100 Continue` invites the body: never to a caller who will be refused anyway.
+    let body_pending = match head.framing {
+        Framing::Length(n) => (down.read_buf.len() as u64) < (head_len as u64).saturating_add(n),
+        Framing::Chunked => true,
+        Framing::Empty | Framing::UntilClose => false,
+    };
+    // `100 Continue` invites the body: never to a caller who will be refused anyway.
+    if head.expect_continue || body_pending {
         if let Some(kind) = refused_before_body(&head, &down.read_buf, config) {
-            return Err(ProxyError::downstream(kind, "authenticate"));
+            return Err(ProxyError::downstream(kind, "refuse from the head"));
         }
     }
+    // The body's whole-arrival deadline (`--stream-body-stall-timeout-secs`).
+    let body_deadline = config.body_read_timeout.map(|t| Instant::now() + t);
     match head.framing {
         Framing::Length(n) if n > max_payload as u64 => Err(ProxyError::downstream(
             ErrorKind::PayloadTooLarge,
             "read request body",
         )),
         Framing::Length(n) => {
-            // Refused before a byte of it is read (or a `100 Continue` invites it).
-            charge_body(core, down, n as usize)?;
             let end = head_len + n as usize;
             send_continue_if_expected(down, &head, end).await?;
-            // Room for exactly the rest of this request: no growth by doubling past its size.
-            down.read_buf
-                .reserve_exact(end.saturating_sub(down.read_buf.len()));
-            while down.read_buf.len() < end {
-                let deadline = Instant::now() + config.header_read_timeout;
-                let rest = end - down.read_buf.len();
+            loop {
+                // Charged as its bytes arrive, not as announced: a client that announces a
+                // large body and sends little of it holds little of the core's budget.
+                let arrived = down.read_buf.len().min(end) - head_len;
+                charge_body(core, down, arrived)?;
+                if down.read_buf.len() >= end {
+                    break;
+                }
+                make_room_for_body(&mut down.read_buf, end);
+                let spare = down.read_buf.capacity() - down.read_buf.len();
+                let deadline = body_read_deadline(config, body_deadline);
                 // A partial request never ends cleanly: EOF is an error here.
-                read_client(down, deadline, ReadPhase::WithinRequest, rest).await?;
+                read_client(down, deadline, ReadPhase::WithinRequest, spare).await?;
             }
             Ok(Some(Request {
                 head,
@@ -300,7 +315,7 @@ pub async fn read_request(
         // Boxed: the de-chunking reader's state (4 KB) would otherwise be part of every
         // connection's task for its whole life, streams included; chunked request bodies are
         // the rare framing, and one allocation each is cheap beside reading them.
-        Framing::Chunked => Box::pin(read_chunked_body(down, head, core))
+        Framing::Chunked => Box::pin(read_chunked_body(down, head, core, body_deadline))
             .await
             .map(Some),
         Framing::Empty | Framing::UntilClose => Ok(Some(Request {
@@ -309,6 +324,29 @@ pub async fn read_request(
             end: head_len,
         })),
     }
+}
+
+/// The deadline of the next body read: `header_read_timeout` from now (a pause between two
+/// reads), never past the whole body's deadline.
+fn body_read_deadline(config: &Config, body_deadline: Option<Instant>) -> Instant {
+    let pause = Instant::now() + config.header_read_timeout;
+    body_deadline.map_or(pause, |whole| pause.min(whole))
+}
+
+/// Makes room in `buf` for the next read of a body that ends at `end`, as its bytes arrive:
+/// the capacity doubles, never past `end`, so what a connection holds follows what it was sent,
+/// not the length it announced, and a body that does arrive whole takes at most one and a half
+/// times its size while the last doubling copies it.
+fn make_room_for_body(buf: &mut Vec<u8>, end: usize) {
+    let room = buf.capacity() - buf.len();
+    let wanted = (end - buf.len()).min(READ_BUF_BYTES_INITIAL);
+    if room >= wanted {
+        return;
+    }
+    let target = (buf.capacity() * 2)
+        .max(buf.len() + READ_BUF_BYTES_INITIAL)
+        .min(end);
+    buf.reserve_exact(target - buf.len());
 }
 
 async fn read_request_head(
@@ -397,15 +435,21 @@ fn refused_routed(config: &Config, head: &RequestHead, buf: &[u8]) -> Option<Err
 }
 
 /// Why a request is refused whatever its body says, read from its head alone: a routed request
-/// `refused_routed` refuses, an admin call while the admin API is closed or without its key.
-/// `None`: read the body.
+/// `refused_routed` refuses, an admin call while the admin API is closed or without its key, a
+/// path with no endpoint (404) or an endpoint that takes no such method (405). `None`: read the
+/// body.
 fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Option<ErrorKind> {
-    if Endpoint::of_path(head.path(buf)).handling(head.method) == Handling::Proxy {
-        return refused_routed(config, head, buf);
+    match Endpoint::of_path(head.path(buf)).handling(head.method) {
+        Handling::Proxy => return refused_routed(config, head, buf),
+        Handling::Local => return None,
+        Handling::WrongMethod => return Some(ErrorKind::MethodNotAllowed),
+        Handling::NotFound => {}
     }
-    let path = std::str::from_utf8(head.path(buf)).ok()?;
+    let path = std::str::from_utf8(head.path(buf)).unwrap_or("");
     // Any admin path, even one with the wrong method: authentication answers first.
-    route_admin(head.method_text(buf), path).map(|_| ())?;
+    if route_admin(head.method_text(buf), path).is_none() {
+        return Some(ErrorKind::NotFound);
+    }
     let authorization = head.headers.get(buf, "authorization");
     check_access(&config.worker_settings.admin_access, authorization).err()
 }
@@ -438,6 +482,7 @@ async fn read_chunked_body(
     down: &mut Downstream,
     head: RequestHead,
     core: &DataCore,
+    body_deadline: Option<Instant>,
 ) -> Result<Request, ProxyError> {
     let config = &core.shared.config;
     let mut decoder = ChunkedDecoder::new();
@@ -475,7 +520,7 @@ async fn read_chunked_body(
                 end: kept,
             });
         }
-        let deadline = Instant::now() + config.header_read_timeout;
+        let deadline = body_read_deadline(config, body_deadline);
         let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
         read_client(down, deadline, ReadPhase::WithinRequest, spare).await?;
     }
