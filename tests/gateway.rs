@@ -259,10 +259,15 @@ fn bodies_past_the_cores_body_budget_get_503_until_it_frees() {
         "1500",
     ];
     let gateway = Gateway::start(&[origin.url()], &args);
-    // A client announces a 1000-byte body and sends 10 bytes of it: the core holds its charge.
+    // A client announces a 1000-byte body and sends 960 bytes of it: the core holds their
+    // charge (what arrived, not what was announced).
     let mut holder = gateway.client();
     holder.send_raw(
-        b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"text\":\"a",
+        format!(
+            "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{{\"text\":\"{}",
+            "a".repeat(960 - 9)
+        )
+        .as_bytes(),
     );
     let body = format!(r#"{{"text":"{}"}}"#, "b".repeat(780));
     let mut refused = None;
@@ -285,7 +290,7 @@ fn bodies_past_the_cores_body_budget_get_503_until_it_frees() {
     let rejected = gateway.metric("kvgate_body_budget_rejections_total");
     assert!(rejected >= 2.0, "{rejected}");
     // The holder finishes: its request is served and its charge given back.
-    holder.send_raw(format!("{}\"}}", "a".repeat(1000 - 10 - 2)).as_bytes());
+    holder.send_raw(format!("{}\"}}", "a".repeat(1000 - 960 - 2)).as_bytes());
     assert_eq!(holder.read_response().status, 200);
     assert_eq!(gateway.client().post_json("/generate", &body).status, 200);
     assert_eq!(
