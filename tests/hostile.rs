@@ -165,3 +165,48 @@ fn a_worker_that_stalls_mid_stream_opens_its_circuit() {
         gateway.breaker_state(&origin.url())
     );
 }
+
+/// The gateway's resident set in MiB.
+fn rss_mib(gateway: &Gateway) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gateway.process.pid()))
+        .expect("the gateway's /proc status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS in kB");
+    kib / 1024
+}
+
+#[test]
+fn the_memory_of_large_bodies_goes_back_to_the_system() {
+    // No worker: each body is read whole, then answered 503. The core then goes quiet, and
+    // the allocator used to keep every page the bodies took until it allocated again.
+    let gateway = Gateway::start(&[], &[]);
+    assert_eq!(gateway.client().get("/health").status, 200);
+    let quiet = rss_mib(&gateway);
+    let body = format!(r#"{{"text":"{}"}}"#, "a".repeat(40 << 20));
+    let senders: Vec<_> = (0..4)
+        .map(|_| {
+            let mut client = gateway.client();
+            let body = body.clone();
+            std::thread::spawn(move || client.post_json("/generate", &body).status)
+        })
+        .collect();
+    for sender in senders {
+        assert_ne!(sender.join().expect("a sender"), 200);
+    }
+    let mut after = rss_mib(&gateway);
+    let returned = wait_until(TIMEOUT, || {
+        after = rss_mib(&gateway);
+        after < quiet + 32
+    });
+    assert!(
+        returned,
+        "RSS {quiet} MiB quiet, {after} MiB after four 40 MiB bodies"
+    );
+}

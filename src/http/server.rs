@@ -45,6 +45,11 @@ pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
     };
     serve_requests(&core, &mut down).await;
     core.body_budget.release(&mut down.body_charged_bytes);
+    if down.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
+        // A large body's buffer, freed with the connection.
+        drop(down);
+        core.return_memory_soon();
+    }
 }
 
 /// The keep-alive loop of `serve_connection`.
@@ -92,11 +97,12 @@ async fn next_request(core: &DataCore, down: &mut Downstream) -> Option<Request>
 }
 
 /// Drops the served request's bytes, keeping any pipelined bytes after it, and gives its body
-/// bytes back to the core's budget.
-fn finish_request(core: &DataCore, down: &mut Downstream) {
+/// bytes back to the core's budget, and a buffer a large body grew back to the system.
+fn finish_request(core: &Rc<DataCore>, down: &mut Downstream) {
     down.read_buf.drain(..std::mem::take(&mut down.request_end));
     if down.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
         down.read_buf.shrink_to(READ_BUF_BYTES_INITIAL);
+        core.return_memory_soon();
     }
     core.body_budget.release(&mut down.body_charged_bytes);
     down.prepared.shed_large_buffers();
