@@ -981,6 +981,25 @@ fn host_transfer_encoding_and_target_form_follow_rfc_9112() {
 }
 
 #[test]
+fn a_body_that_is_not_utf8_is_a_400_that_says_so() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let mut body = br#"{"model":"m","messages":[{"role":"user","content":"h"#.to_vec();
+    body.extend_from_slice(b"\xff\xfei\"}]}");
+    let response = client.request("POST", "/v1/chat/completions", &[], &body);
+    assert_error(&response, 400);
+    let message = response.json()["error"]["message"].to_string();
+    assert!(message.contains("UTF-8"), "{message}");
+    assert!(
+        message.contains(&format!("offset {}", body.len() - 7)),
+        "{message}"
+    );
+    assert_eq!(client.post_json("/v1/chat/completions", CHAT).status, 200);
+    assert_eq!(origin.requests().len(), 1);
+}
+
+#[test]
 fn a_model_that_is_not_a_string_is_a_400_not_a_404() {
     let origin = ok_origin();
     let gateway = Gateway::start(&[origin.url()], &[]);
@@ -1002,6 +1021,12 @@ fn a_chunk_size_over_the_limit_gets_413_before_its_data() {
     let response = client.read_response();
     assert_error(&response, 413);
     assert_eq!(response.header("connection"), Some("close"));
+    // A size past 15 hex digits is the same case (it was a 431, as if a header were too long).
+    let mut client = gateway.client();
+    client.send_raw(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n10000000000000000\r\n",
+    );
+    assert_error(&client.read_response(), 413);
     assert!(origin.requests().is_empty());
 }
 

@@ -503,6 +503,8 @@ async fn read_chunked_body(
                 let kind = match e {
                     ChunkError::Malformed => ErrorKind::MalformedRequest,
                     ChunkError::TooLong => ErrorKind::HeadersTooLarge,
+                    // Past any `--max-payload-size`: the early 413 of a large announced chunk.
+                    ChunkError::SizeTooLarge => ErrorKind::PayloadTooLarge,
                 };
                 ProxyError::downstream(kind, "decode chunked request body")
             })?;
