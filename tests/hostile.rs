@@ -6,6 +6,8 @@
 
 mod utils;
 
+use std::io::{Read, Write};
+use std::net::Shutdown;
 use std::time::Duration;
 
 use utils::client::PeerActivity;
@@ -209,4 +211,47 @@ fn the_memory_of_large_bodies_goes_back_to_the_system() {
         returned,
         "RSS {quiet} MiB quiet, {after} MiB after four 40 MiB bodies"
     );
+}
+
+#[test]
+fn a_client_that_half_closes_during_a_fast_stream_is_a_hang_up() {
+    // Events every 20 ms: the stream's reads never wait the quarter second after which a wait
+    // on the worker polls for the client.
+    let reply = Reply::Chunked {
+        chunks: vec!["data: x\n\n".into(); 200],
+        gap: Duration::from_millis(20),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut stream = std::net::TcpStream::connect(gateway.addr()).expect("connect");
+    stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{CHAT}",
+        CHAT.len()
+    );
+    stream.write_all(request.as_bytes()).expect("write");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !seen.windows(7).any(|w| w == b"data: x") {
+        let n = stream.read(&mut buf).expect("the stream's first event");
+        assert!(n > 0, "closed before the first event");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    // The client stops sending (its side of the connection is shut) and keeps reading.
+    stream.shutdown(Shutdown::Write).expect("half-close");
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("the gateway neither streamed nor closed: {e}"),
+        }
+    }
+    let events = seen.windows(7).filter(|w| *w == b"data: x").count();
+    assert!(
+        events < 200,
+        "the whole stream went to a client that hung up"
+    );
+    assert!(gateway.metric("kvgate_downstream_aborts_total") >= 1.0);
+    // The worker's request was closed (it notices at its next write, after its last event).
+    assert!(wait_until(TIMEOUT, || origin.stream_cut_offs() == 1));
 }

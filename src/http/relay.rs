@@ -19,6 +19,7 @@ use super::upstream::{
     Attempt, BodyKind, BodySource, BodyStop, Exchange, HeadContext, HeadRead, ResponseStart,
 };
 use crate::error::{ErrorKind, ProxyError};
+use crate::limits::CLIENT_GONE_POLL_INTERVAL;
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{Connection, GatewayHeaders};
 use crate::net::socket::Socket;
@@ -137,6 +138,9 @@ async fn relay_body(
         BodyKind::Other => Relay::Queued,
     };
     let mut body_begun = start.body_begun;
+    // A stream whose reads never wait a poll interval never polls for its client in them: it
+    // polls here, as often, so a client's half-close (its socket still takes writes) is seen.
+    let mut next_gone_check = Instant::now() + CLIENT_GONE_POLL_INTERVAL;
     while !up.body_done() {
         // Between two reads a stream holds no buffer.
         client.write_buf.clear();
@@ -167,6 +171,14 @@ async fn relay_body(
         if !write_body(client.socket, bytes, relay).await {
             core.metrics().incr(Counter::DownstreamAborts);
             return Streamed::ended(start, false);
+        }
+        let now = Instant::now();
+        if now >= next_gone_check {
+            next_gone_check = now + CLIENT_GONE_POLL_INTERVAL;
+            if client.socket.peer_closed() {
+                core.metrics().incr(Counter::DownstreamAborts);
+                return Streamed::ended(start, false);
+            }
         }
     }
     Streamed::ended(start, true)
