@@ -170,18 +170,7 @@ fn a_worker_that_stalls_mid_stream_opens_its_circuit() {
 
 /// The gateway's resident set in MiB.
 fn rss_mib(gateway: &Gateway) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", gateway.process.pid()))
-        .expect("the gateway's /proc status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS");
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("VmRSS in kB");
-    kib / 1024
+    status_mib(gateway, "VmRSS:")
 }
 
 #[test]
@@ -254,4 +243,47 @@ fn a_client_that_half_closes_during_a_fast_stream_is_a_hang_up() {
     assert!(gateway.metric("kvgate_downstream_aborts_total") >= 1.0);
     // The worker's request was closed (it notices at its next write, after its last event).
     assert!(wait_until(TIMEOUT, || origin.stream_cut_offs() == 1));
+}
+
+/// A field of the gateway's `/proc` status in MiB (`VmRSS`, `VmHWM`).
+fn status_mib(gateway: &Gateway, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", gateway.process.pid()))
+        .expect("the gateway's /proc status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .expect("the field");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("a size in kB");
+    kib / 1024
+}
+
+#[test]
+fn a_chunked_body_peaks_without_the_buffers_it_outgrew() {
+    // The body once in the read buffer and its prompt text once for the index: two bodies.
+    // The buffers the read buffer outgrew while the size was unknown made a third.
+    let gateway = Gateway::start(&[], &[]);
+    assert_eq!(gateway.client().get("/health").status, 200);
+    let before = status_mib(&gateway, "VmHWM:").max(status_mib(&gateway, "VmRSS:"));
+    let size = 40 << 20;
+    let body = format!(r#"{{"text":"{}"}}"#, "a".repeat(size - 11));
+    let mut client = gateway.client();
+    client.send_raw(b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n");
+    for piece in body.as_bytes().chunks(64 << 10) {
+        client.send_raw(format!("{:x}\r\n", piece.len()).as_bytes());
+        client.send_raw(piece);
+        client.send_raw(b"\r\n");
+    }
+    client.send_raw(b"0\r\n\r\n");
+    assert_ne!(client.read_response().status, 200, "no worker");
+    let peak = status_mib(&gateway, "VmHWM:") - before;
+    let bodies = peak as f64 / (size >> 20) as f64;
+    assert!(
+        bodies < 2.5,
+        "a {} MiB chunked body peaked at +{peak} MiB ({bodies:.2} bodies)",
+        size >> 20
+    );
 }

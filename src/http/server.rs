@@ -28,6 +28,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::limits::{KEEPALIVE_BUFFERED_WAIT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
+use crate::net::memory;
 use crate::net::socket::{self, read_spare, Socket};
 use crate::request::{Endpoint, Handling, Method};
 use crate::workers::admin::{bearer_matches, check_access, route_admin};
@@ -352,7 +353,22 @@ fn make_room_for_body(buf: &mut Vec<u8>, end: usize) {
     let target = (buf.capacity() * 2)
         .max(buf.len() + READ_BUF_BYTES_INITIAL)
         .min(end);
-    buf.reserve_exact(target - buf.len());
+    grow_read_buf(buf, target);
+}
+
+/// Grows a request's read buffer to `capacity` (exactly), and when the buffer it outgrew was
+/// large, has the allocator give that one's pages back at once: otherwise the buffers a large
+/// body outgrows on its way (half its size, all told) stay with the allocator and a body
+/// peaks at one more copy of itself (`perf/results-chaos.md`).
+fn grow_read_buf(buf: &mut Vec<u8>, capacity: usize) {
+    let outgrown = buf.capacity();
+    if outgrown >= capacity {
+        return;
+    }
+    buf.reserve_exact(capacity - buf.len());
+    if outgrown > READ_BUF_BYTES_RETAINED_MAX {
+        memory::return_freed_pages();
+    }
 }
 
 async fn read_request_head(
@@ -530,6 +546,12 @@ async fn read_chunked_body(
         }
         let deadline = body_read_deadline(config, body_deadline);
         let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
+        let buf = &mut down.read_buf;
+        if buf.capacity() - buf.len() < spare {
+            // Doubling, as `Vec::reserve` would, through the one place that returns what a
+            // large buffer leaves behind.
+            grow_read_buf(buf, (buf.capacity() * 2).max(buf.len() + spare));
+        }
         read_client(down, deadline, ReadPhase::WithinRequest, spare).await?;
     }
 }
