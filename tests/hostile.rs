@@ -287,3 +287,30 @@ fn a_chunked_body_peaks_without_the_buffers_it_outgrew() {
         size >> 20
     );
 }
+
+#[test]
+fn a_stream_gives_its_large_request_bodys_memory_back_while_it_lasts() {
+    // The request's buffer is let go of when its stream commits; the stream then lasts.
+    let reply = Reply::Chunked {
+        chunks: vec!["data: a\n\n".into(), "data: b\n\n".into()],
+        gap: Duration::from_secs(6),
+    };
+    let origin = MockOrigin::start(move |_| reply.clone());
+    // round_robin: no index keeps the prompt's text.
+    let gateway = Gateway::start(&[origin.url()], &["--policy", "round_robin"]);
+    assert_eq!(gateway.client().get("/health").status, 200);
+    let quiet = rss_mib(&gateway);
+    let body = format!(r#"{{"text":"{}"}}"#, "a".repeat(40 << 20));
+    let mut client = gateway.client();
+    client.send_request("POST", "/generate", &[], body.as_bytes());
+    assert_eq!(client.read_head_and_first_chunk(), 200);
+    let mut during = rss_mib(&gateway);
+    let returned = wait_until(Duration::from_secs(3), || {
+        during = rss_mib(&gateway);
+        during < quiet + 32
+    });
+    assert!(
+        returned,
+        "RSS {quiet} MiB quiet, {during} MiB during the stream"
+    );
+}

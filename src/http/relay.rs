@@ -19,9 +19,10 @@ use super::upstream::{
     Attempt, BodyKind, BodySource, BodyStop, Exchange, HeadContext, HeadRead, ResponseStart,
 };
 use crate::error::{ErrorKind, ProxyError};
-use crate::limits::CLIENT_GONE_POLL_INTERVAL;
+use crate::limits::{CLIENT_GONE_POLL_INTERVAL, READ_BUF_BYTES_RETAINED_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{Connection, GatewayHeaders};
+use crate::net::memory;
 use crate::net::socket::Socket;
 
 /// What streaming a response produced.
@@ -118,7 +119,13 @@ pub async fn stream_back(
     if start.body_kind == BodyKind::EventStream {
         // Committed, and a stream may last minutes: it keeps nothing of its request (bytes,
         // routing scratch) while the tokens trickle in.
+        let large_body = request.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX;
         request.release(&mut core.spare_buffers.borrow_mut());
+        if large_body {
+            // Its buffer went back to the allocator: its pages go back to the system now, not
+            // when the core next allocates (`net::memory`).
+            memory::return_freed_pages();
+        }
     }
     let streamed = relay_body(core, up, client, attempt, &start, first_byte_deadline).await;
     Ok(StreamEnd::Done(streamed))
