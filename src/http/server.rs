@@ -8,9 +8,12 @@
 //! pipelined requests are served in order.
 //!
 //! A body is held once, in the read buffer it arrived in: a `Content-Length` body is read into
-//! room reserved for exactly its size, a chunked one is de-chunked in place
-//! (`ChunkedDecoder::decode_in_place`), and every body is charged to the core's
-//! [`BodyBudget`](super::core::BodyBudget) while its request runs (503 past it).
+//! room that doubles as its bytes arrive, never past its size, a chunked one is de-chunked in
+//! place (`ChunkedDecoder::decode_in_place`), and every body is charged to the core's
+//! [`BodyBudget`](super::core::BodyBudget) as its bytes arrive, while its request runs (503 past
+//! it). What a client announces costs nothing until it sends it; a body must arrive whole
+//! within `--stream-body-stall-timeout-secs` (408), and a request its head refuses is answered
+//! without waiting for its body.
 //!
 //! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
 //! keep-or-close decision; a client that is gone gets nothing.
