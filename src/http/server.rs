@@ -569,6 +569,36 @@ mod tests {
     }
 
     #[test]
+    fn a_body_buffer_grows_with_the_bytes_that_arrive_never_past_the_body() {
+        let end = 1 << 20;
+        let mut buf = Vec::with_capacity(READ_BUF_BYTES_INITIAL);
+        buf.resize(READ_BUF_BYTES_INITIAL, b'a');
+        // A 1 MiB body announced, its first bytes here: room for the next read, not the body.
+        make_room_for_body(&mut buf, end);
+        assert!(
+            buf.capacity() <= 2 * READ_BUF_BYTES_INITIAL + 64,
+            "{}",
+            buf.capacity()
+        );
+        let mut capacities = vec![buf.capacity()];
+        while buf.len() < end {
+            make_room_for_body(&mut buf, end);
+            assert!(buf.capacity() > buf.len(), "room to read into");
+            let room = buf.capacity() - buf.len();
+            buf.resize(buf.len() + room, b'a');
+            capacities.push(buf.capacity());
+        }
+        // Doubling: a handful of steps, and the last one ends at the body's end.
+        assert!(capacities.len() <= 12, "{capacities:?}");
+        assert_eq!(buf.capacity(), end, "{capacities:?}");
+        // A buffer with room for the next read is left alone.
+        let mut roomy: Vec<u8> = Vec::with_capacity(4 * READ_BUF_BYTES_INITIAL);
+        let block = roomy.as_ptr();
+        make_room_for_body(&mut roomy, end);
+        assert_eq!(roomy.as_ptr(), block);
+    }
+
+    #[test]
     fn a_connection_task_stays_within_its_allocation_class() {
         // Every connection, a held stream included, costs this future plus monoio's task header
         // (384 bytes) in one allocation, and mimalloc's size classes above 4 KiB are 1 KiB
