@@ -5,6 +5,12 @@
 # kvgate runs with one data core in front of a two-engine sim-engine (scripts/lib/fleet.sh).
 #
 #   scripts/bench-hostile.sh [--idle 10000] [--slow 1000] [--measure-s 30] [--debug]
+#                            [--slow-body N] [--kvgate PATH] [-- KVGATE_FLAGS...]
+#
+# --slow-body N adds N connections that announce a 1 MiB body and send one byte of it every 10 s
+# (issue 35); the JSON then has the measuring client's answered share and kvgate's RSS quiet,
+# under attack and after the hostile connections close. --kvgate runs another kvgate binary (a
+# build of an older commit, for a before/after); flags after `--` go to kvgate.
 #   scripts/bench-hostile.sh --kv-frames [--debug]
 #
 # --kv-frames runs instead a hostile KV-event publisher: a ZMTP peer written by hand (python3)
@@ -21,6 +27,9 @@ source scripts/lib/fleet.sh
 
 IDLE=10000
 SLOW=1000
+SLOW_BODY=0
+KVGATE=""
+KVGATE_FLAGS=()
 MEASURE_S=30
 PROFILE=release
 KV_FRAMES=0
@@ -31,6 +40,9 @@ while [ $# -gt 0 ]; do
     --slow) SLOW="$2"; shift 2 ;;
     --measure-s) MEASURE_S="$2"; shift 2 ;;
     --debug) PROFILE=debug; shift ;;
+    --slow-body) SLOW_BODY="$2"; shift 2 ;;
+    --kvgate) KVGATE="$2"; shift 2 ;;
+    --) shift; KVGATE_FLAGS=("$@"); break ;;
     *) echo "Error: unknown flag $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -65,9 +77,8 @@ PY
 }
 
 if [ "$KV_FRAMES" = 1 ]; then
-  free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-  fleet_init
-  SIM_PORT=$(free_port); GW_PORT=$(free_port); PROM_PORT=$(free_port); ZMQ_PORT=$(free_port)
+  fleet_init "$BIN"
+  read -r SIM_PORT GW_PORT PROM_PORT ZMQ_PORT < <(fleet_ports 1 1 1 1)
   fleet_start_sim "$BIN" "$SIM_PORT" --engines 1 --speedup 50
   fleet_wait_port sim-engine "$SIM_PORT"
   kv_frames_publisher "$ZMQ_PORT" >&2 &
@@ -75,10 +86,10 @@ if [ "$KV_FRAMES" = 1 ]; then
   fleet_start_kvgate "$BIN" "$GW_PORT" "$PROM_PORT" "http://127.0.0.1:$SIM_PORT" \
     --kv-events-endpoints "tcp://127.0.0.1:$ZMQ_PORT"
   fleet_wait_port kvgate "$GW_PORT"
-  echo "kvgate RSS at start: $(awk '/VmRSS/ {print $2, $3}' "/proc/$KVGATE_PID/status")" >&2
+  echo "kvgate RSS at start: $(fleet_rss_kb "$KVGATE_PID") kB" >&2
   sleep 20
   if kill -0 "$KVGATE_PID" 2>/dev/null; then
-    echo "kvgate alive; RSS $(awk '/VmRSS/ {print $2, $3}' "/proc/$KVGATE_PID/status"), peak $(awk '/VmHWM/ {print $2, $3}' "/proc/$KVGATE_PID/status")" >&2
+    echo "kvgate alive; RSS $(fleet_rss_kb "$KVGATE_PID") kB, peak $(fleet_rss_kb --peak "$KVGATE_PID") kB" >&2
     curl -s "http://127.0.0.1:$PROM_PORT/metrics" | grep -E '^kvgate_kv_events_stream_up|reason="too_large"' >&2 || true
   else
     echo "kvgate died: $(tail -3 "$FLEET_WORK/kvgate.log")" >&2
@@ -86,7 +97,7 @@ if [ "$KV_FRAMES" = 1 ]; then
   exit 0
 fi
 ulimit -n "$(ulimit -Hn)"
-NEED=$((IDLE + SLOW + 1000))
+NEED=$((IDLE + SLOW + SLOW_BODY + 1000))
 if [ "$(ulimit -n)" -lt "$NEED" ]; then
   echo "Error: the open-file limit is $(ulimit -n), below the $NEED this run needs (raise the hard limit)" >&2
   exit 1
@@ -100,13 +111,20 @@ PROM_PORT=$((GW_PORT + 1))
 fleet_start_sim "$BIN" "$SIM_PORT" --engines 2 --speedup 50
 fleet_wait_port sim-engine "$SIM_PORT"
 fleet_wait_port sim-engine "$SIM_PORT2"
-fleet_start_kvgate "$BIN" "$GW_PORT" "$PROM_PORT" \
-  "http://127.0.0.1:$SIM_PORT http://127.0.0.1:$SIM_PORT2"
+KVGATE_DIR="$BIN"
+if [ -n "$KVGATE" ]; then
+  KVGATE_DIR="$FLEET_WORK/kvgate-bin"
+  mkdir -p "$KVGATE_DIR"
+  ln -s "$(realpath "$KVGATE")" "$KVGATE_DIR/kvgate"
+fi
+fleet_start_kvgate "$KVGATE_DIR" "$GW_PORT" "$PROM_PORT" \
+  "http://127.0.0.1:$SIM_PORT http://127.0.0.1:$SIM_PORT2" "${KVGATE_FLAGS[@]}"
 fleet_wait_port kvgate "$GW_PORT"
 sleep 2
 
 mkdir -p target/bench-hostile
 "$BIN/slowloris" --target "127.0.0.1:$GW_PORT" --idle "$IDLE" --slow "$SLOW" \
+  --slow-body "$SLOW_BODY" --pid "$KVGATE_PID" \
   --measure-s "$MEASURE_S" --out target/bench-hostile/result.json
 echo "kvgate RSS after the run: $(fleet_rss_kb "$KVGATE_PID") kB" >&2
 echo "panics in the kvgate log: $(grep -c panicked "$FLEET_WORK/kvgate.log" || true)" >&2

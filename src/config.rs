@@ -170,6 +170,12 @@ pub struct Cli {
     /// SSE error event) and the log says how many. 0 cuts at once.
     #[arg(help_heading = "Request Handling", long = "shutdown-grace-period-secs", default_value_t = limits::SHUTDOWN_GRACE_PERIOD_SECS_DEFAULT)]
     pub shutdown_grace_period_secs: u64,
+    /// Seconds a request body may take to arrive, from the end of its head to its last byte
+    /// (SMG's flag: the time the gateway waits on the client for a body). A body still
+    /// incomplete then gets 408 and its connection closes, however steadily it trickles. 0: no
+    /// bound (each read still waits at most 30 s).
+    #[arg(help_heading = "Request Handling", long = "stream-body-stall-timeout-secs", default_value_t = limits::STREAM_BODY_STALL_TIMEOUT_SECS_DEFAULT)]
+    pub stream_body_stall_timeout_secs: u64,
     /// Milliseconds a client has to finish a request head (and between body reads).
     #[arg(help_heading = "Request Handling", long = "header-read-timeout-ms", hide = true, default_value_t = limits::HEADER_READ_TIMEOUT.as_millis() as u64)]
     pub header_read_timeout_ms: u64,
@@ -275,6 +281,8 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// Time an idle keep-alive client connection is kept.
     pub client_idle_timeout: Duration,
+    /// The longest a request body may take to arrive (`None`: no bound).
+    pub body_read_timeout: Option<Duration>,
     /// Health, breaker, retry, overload, load-monitoring and admin settings.
     pub worker_settings: WorkerSettings,
     /// Things to say once in the log at start (flags given that the chosen mode ignores,
@@ -397,6 +405,10 @@ impl Config {
                 }
             },
         };
+        if cli.stream_body_stall_timeout_secs > limits::REQUEST_TIMEOUT_SECS_MAX {
+            let message = format!("must be 0..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
+            return Err(FlagError::new("--stream-body-stall-timeout-secs", message));
+        }
         if cli.shutdown_grace_period_secs > limits::REQUEST_TIMEOUT_SECS_MAX {
             let message = format!("must be 0..={} seconds", limits::REQUEST_TIMEOUT_SECS_MAX);
             return Err(FlagError::new("--shutdown-grace-period-secs", message));
@@ -449,6 +461,8 @@ impl Config {
             api_key: cli.api_key.clone(),
             header_read_timeout,
             client_idle_timeout,
+            body_read_timeout: (cli.stream_body_stall_timeout_secs > 0)
+                .then(|| Duration::from_secs(cli.stream_body_stall_timeout_secs)),
             worker_settings,
             startup_notices,
             listen_addr,

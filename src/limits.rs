@@ -103,6 +103,18 @@ pub const UPSTREAM_IDLE_TIMEOUT_SECS_DEFAULT: u64 = 60;
 /// `--header-read-timeout-ms` (tests shorten it).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Default `--stream-body-stall-timeout-secs` (SMG's flag and default): the longest a request
+/// body may take to arrive, from its head to its last byte, however steadily it trickles. The
+/// per-read `HEADER_READ_TIMEOUT` restarts with every byte, so without this a client sending a
+/// byte every few seconds would hold its connection (and a core's attention) for days.
+pub const STREAM_BODY_STALL_TIMEOUT_SECS_DEFAULT: u64 = 300;
+
+/// How long after a data core frees a grown request buffer it gives the freed pages back to
+/// the system (`net::memory::return_freed_pages`): one return for a burst of large bodies, not
+/// one each. The allocator would otherwise keep them until the thread allocates again, and an
+/// idle core kept 1.1 GB after 1,024 clients that sent 1 MiB bodies had gone.
+pub const MEMORY_RETURN_DELAY: Duration = Duration::from_millis(100);
+
 /// How long a keep-alive client connection may sit idle between requests (nginx's 75 s).
 /// Default of the hidden `--client-idle-timeout-ms`.
 pub const CLIENT_IDLE_TIMEOUT: Duration = Duration::from_secs(75);

@@ -259,10 +259,15 @@ fn bodies_past_the_cores_body_budget_get_503_until_it_frees() {
         "1500",
     ];
     let gateway = Gateway::start(&[origin.url()], &args);
-    // A client announces a 1000-byte body and sends 10 bytes of it: the core holds its charge.
+    // A client announces a 1000-byte body and sends 960 bytes of it: the core holds their
+    // charge (what arrived, not what was announced).
     let mut holder = gateway.client();
     holder.send_raw(
-        b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{\"text\":\"a",
+        format!(
+            "POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{{\"text\":\"{}",
+            "a".repeat(960 - 9)
+        )
+        .as_bytes(),
     );
     let body = format!(r#"{{"text":"{}"}}"#, "b".repeat(780));
     let mut refused = None;
@@ -285,7 +290,7 @@ fn bodies_past_the_cores_body_budget_get_503_until_it_frees() {
     let rejected = gateway.metric("kvgate_body_budget_rejections_total");
     assert!(rejected >= 2.0, "{rejected}");
     // The holder finishes: its request is served and its charge given back.
-    holder.send_raw(format!("{}\"}}", "a".repeat(1000 - 10 - 2)).as_bytes());
+    holder.send_raw(format!("{}\"}}", "a".repeat(1000 - 960 - 2)).as_bytes());
     assert_eq!(holder.read_response().status, 200);
     assert_eq!(gateway.client().post_json("/generate", &body).status, 200);
     assert_eq!(
@@ -976,6 +981,25 @@ fn host_transfer_encoding_and_target_form_follow_rfc_9112() {
 }
 
 #[test]
+fn a_body_that_is_not_utf8_is_a_400_that_says_so() {
+    let origin = ok_origin();
+    let gateway = Gateway::start(&[origin.url()], &[]);
+    let mut client = gateway.client();
+    let mut body = br#"{"model":"m","messages":[{"role":"user","content":"h"#.to_vec();
+    body.extend_from_slice(b"\xff\xfei\"}]}");
+    let response = client.request("POST", "/v1/chat/completions", &[], &body);
+    assert_error(&response, 400);
+    let message = response.json()["error"]["message"].to_string();
+    assert!(message.contains("UTF-8"), "{message}");
+    assert!(
+        message.contains(&format!("offset {}", body.len() - 7)),
+        "{message}"
+    );
+    assert_eq!(client.post_json("/v1/chat/completions", CHAT).status, 200);
+    assert_eq!(origin.requests().len(), 1);
+}
+
+#[test]
 fn a_model_that_is_not_a_string_is_a_400_not_a_404() {
     let origin = ok_origin();
     let gateway = Gateway::start(&[origin.url()], &[]);
@@ -997,6 +1021,12 @@ fn a_chunk_size_over_the_limit_gets_413_before_its_data() {
     let response = client.read_response();
     assert_error(&response, 413);
     assert_eq!(response.header("connection"), Some("close"));
+    // A size past 15 hex digits is the same case (it was a 431, as if a header were too long).
+    let mut client = gateway.client();
+    client.send_raw(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n10000000000000000\r\n",
+    );
+    assert_error(&client.read_response(), 413);
     assert!(origin.requests().is_empty());
 }
 

@@ -4,13 +4,16 @@
 //! its end of the queues to the control core.
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::buffers::SpareBuffers;
 use super::pool::UpstreamPool;
 use crate::error::ErrorKind;
 use crate::ids::WorkerId;
+use crate::limits::MEMORY_RETURN_DELAY;
 use crate::metrics::{CoreMetrics, Counter};
+use crate::net::memory;
 use crate::policy::{RecordKey, Router};
 use crate::shared::{AttemptRecord, DispatchRecord, Shared};
 use crate::workers::breaker::AttemptOutcome;
@@ -77,6 +80,8 @@ pub struct DataCore {
     pub body_budget: BodyBudget,
     /// Set when shutdown's grace period is over: requests still waiting on a worker end now.
     pub cutting_requests: Cell<bool>,
+    /// A return of freed pages to the system is scheduled (`return_memory_soon`).
+    memory_return_pending: Cell<bool>,
 }
 
 impl DataCore {
@@ -92,8 +97,25 @@ impl DataCore {
             router: RefCell::new(router),
             requests_in_flight: Cell::new(0),
             cutting_requests: Cell::new(false),
+            memory_return_pending: Cell::new(false),
             body_budget: BodyBudget::new(max_body_bytes),
         }
+    }
+
+    /// Gives the pages of the buffers this core freed back to the system in
+    /// `MEMORY_RETURN_DELAY`: called when a connection lets go of a grown read buffer (a large
+    /// body), so that memory a burst of large bodies took is returned once the burst is over,
+    /// even if the core then goes quiet. One return for all the buffers freed meanwhile.
+    pub fn return_memory_soon(self: &Rc<Self>) {
+        if self.memory_return_pending.replace(true) {
+            return;
+        }
+        let core = Rc::clone(self);
+        monoio::spawn(async move {
+            monoio::time::sleep(MEMORY_RETURN_DELAY).await;
+            core.memory_return_pending.set(false);
+            memory::return_freed_pages();
+        });
     }
 
     /// This core's counters.

@@ -36,16 +36,17 @@
 use std::time::Instant;
 
 use super::core::DataCore;
-use super::downstream::{Answered, ClientSide, Downstream, Forwarded, Request};
+use super::downstream::{write_to_client, Answered, ClientSide, Downstream, Forwarded, Request};
 use super::relay::{stream_back, StreamEnd};
-use super::upstream::{self, Attempt, Exchange, RetryableStatus};
-use crate::error::{ErrorKind, ProxyError, Side};
+use super::upstream::{self, status_outcome, Attempt, Exchange, RetryableStatus};
+use crate::error::{error_body, ErrorKind, ProxyError, Side};
 use crate::ids::WorkerId;
 use crate::limits::STALE_CONNECTION_RETRIES_MAX;
-use crate::metrics::Counter;
+use crate::metrics::{Counter, Latency};
+use crate::net::codec::{self, Connection};
 use crate::policy::{Prepared, WorkerView};
 use crate::request::{
-    Endpoint, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
+    Endpoint, RequestError, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
     TARGET_WORKER_HEADER,
 };
 use crate::workers::breaker::AttemptOutcome;
@@ -100,7 +101,14 @@ pub async fn proxy_request(
     started: Instant,
 ) -> Result<Answered, ProxyError> {
     let (mut forwarded, mut client) = split_downstream(down, request, endpoint, started);
-    prepare(core, &mut forwarded, endpoint).await?;
+    if let Err(refused) = prepare(core, &mut forwarded, endpoint).await {
+        let answered = answer_unusable_body(&mut client, &refused).await;
+        // Timed here, as `handle_request` leaves the first byte to the proxy.
+        let key = (request.head.method, endpoint);
+        core.metrics()
+            .observe_latency(Latency::FirstByte, key, started.elapsed());
+        return Ok(answered);
+    }
     let catalog = core.shared.catalog.load();
     let models = catalog
         .workers_for(forwarded.prepared.get().model())
@@ -209,7 +217,7 @@ async fn prepare(
     core: &DataCore,
     request: &mut Forwarded<'_>,
     endpoint: Endpoint,
-) -> Result<(), ProxyError> {
+) -> Result<(), RequestError> {
     let Forwarded {
         head,
         read_buf,
@@ -226,16 +234,46 @@ async fn prepare(
         target_worker: header(TARGET_WORKER_HEADER),
     };
     let now_ms = core.shared.tick_now();
-    let cold = core
-        .router
-        .borrow_mut()
-        .prepare_or_defer(prepared, endpoint, headers, &read_buf[body.clone()], now_ms)
-        .map_err(|_| ProxyError::downstream(ErrorKind::InvalidJson, "validate body"))?;
+    let cold = core.router.borrow_mut().prepare_or_defer(
+        prepared,
+        endpoint,
+        headers,
+        &read_buf[body.clone()],
+        now_ms,
+    )?;
     if let Some(work) = cold {
         let done = monoio::spawn_blocking(move || work.run()).await.ok();
         core.router.borrow_mut().finish_prepare(prepared, done);
     }
     Ok(())
+}
+
+/// Answers a body that cannot be routed (400, `ErrorKind::InvalidJson`): one that is not UTF-8
+/// is told so (`RequestError`'s message, with the offset), any other gets `InvalidJson`'s
+/// message (not JSON, or a field of the wrong type). The connection stays.
+async fn answer_unusable_body(client: &mut ClientSide<'_>, refused: &RequestError) -> Answered {
+    let kind = ErrorKind::InvalidJson;
+    let message = match refused {
+        RequestError::InvalidUtf8 { .. } => refused.to_string(),
+        RequestError::MalformedJson { .. } => kind.message().to_string(),
+    };
+    let body = serde_json::to_vec(&error_body(kind.status(), kind.error_type(), &message))
+        .unwrap_or_default();
+    client.write_buf.clear();
+    codec::write_local_response(
+        client.write_buf,
+        kind.status(),
+        "application/json",
+        &body,
+        client.connection,
+    );
+    let written = write_to_client(client.socket, client.write_buf, 0).await;
+    Answered {
+        status: kind.status(),
+        connection: client
+            .connection
+            .and(Connection::keep_if(written && kind.keeps_connection())),
+    }
 }
 
 /// The select phase of one attempt: a worker this request has not tried, else (every eligible
@@ -328,8 +366,17 @@ async fn attempt(
     if streamed.relayed_whole {
         up.give_back(core, worker.id);
     }
-    // The head's outcome was recorded when it arrived; a body cut short adds a failure.
-    let outcome = streamed.upstream_failed.then_some(AttemptOutcome::Failure);
+    // The attempt's final outcome: a failure status was reported when it arrived (a body cut
+    // short after it adds a failure); a success status counts only now, once its body is whole,
+    // and a body the worker stalled or cut makes the attempt a failure.
+    let outcome = match (
+        status_outcome(streamed.answered.status),
+        streamed.upstream_failed,
+    ) {
+        (_, true) => Some(AttemptOutcome::Failure),
+        (AttemptOutcome::Success, false) => Some(AttemptOutcome::Success),
+        (AttemptOutcome::Failure, false) => None,
+    };
     Ok(AttemptDone {
         answered: streamed.answered,
         outcome,

@@ -19,8 +19,10 @@ use super::upstream::{
     Attempt, BodyKind, BodySource, BodyStop, Exchange, HeadContext, HeadRead, ResponseStart,
 };
 use crate::error::{ErrorKind, ProxyError};
+use crate::limits::{CLIENT_GONE_POLL_INTERVAL, READ_BUF_BYTES_RETAINED_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{Connection, GatewayHeaders};
+use crate::net::memory;
 use crate::net::socket::Socket;
 
 /// What streaming a response produced.
@@ -121,7 +123,13 @@ pub async fn stream_back(
     if start.body_kind == BodyKind::EventStream {
         // Committed, and a stream may last minutes: it keeps nothing of its request (bytes,
         // routing scratch) while the tokens trickle in.
+        let large_body = request.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX;
         request.release(&mut core.spare_buffers.borrow_mut());
+        if large_body {
+            // Its buffer went back to the allocator: its pages go back to the system now, not
+            // when the core next allocates (`net::memory`).
+            memory::return_freed_pages();
+        }
     }
     let streamed = relay_body(core, up, client, attempt, &start, first_byte_deadline).await;
     Ok(StreamEnd::Done(streamed))
@@ -141,6 +149,9 @@ async fn relay_body(
         BodyKind::Other => Relay::Queued,
     };
     let mut body_begun = start.body_begun;
+    // A stream whose reads never wait a poll interval never polls for its client in them: it
+    // polls here, as often, so a client's half-close (its socket still takes writes) is seen.
+    let mut next_gone_check = Instant::now() + CLIENT_GONE_POLL_INTERVAL;
     while !up.body_done() {
         // Between two reads a stream holds no buffer.
         client.write_buf.clear();
@@ -175,6 +186,14 @@ async fn relay_body(
         if !write_body(client.socket, bytes, relay).await {
             core.metrics().incr(Counter::DownstreamAborts);
             return Streamed::ended(start, false);
+        }
+        let now = Instant::now();
+        if now >= next_gone_check {
+            next_gone_check = now + CLIENT_GONE_POLL_INTERVAL;
+            if client.socket.peer_closed() {
+                core.metrics().incr(Counter::DownstreamAborts);
+                return Streamed::ended(start, false);
+            }
         }
     }
     Streamed::ended(start, true)

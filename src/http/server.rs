@@ -8,9 +8,12 @@
 //! pipelined requests are served in order.
 //!
 //! A body is held once, in the read buffer it arrived in: a `Content-Length` body is read into
-//! room reserved for exactly its size, a chunked one is de-chunked in place
-//! (`ChunkedDecoder::decode_in_place`), and every body is charged to the core's
-//! [`BodyBudget`](super::core::BodyBudget) while its request runs (503 past it).
+//! room that doubles as its bytes arrive, never past its size, a chunked one is de-chunked in
+//! place (`ChunkedDecoder::decode_in_place`), and every body is charged to the core's
+//! [`BodyBudget`](super::core::BodyBudget) as its bytes arrive, while its request runs (503 past
+//! it). What a client announces costs nothing until it sends it; a body must arrive whole
+//! within `--stream-body-stall-timeout-secs` (408), and a request its head refuses is answered
+//! without waiting for its body.
 //!
 //! Errors become JSON answers through `answer_error`, using `ErrorKind`'s status and its
 //! keep-or-close decision; a client that is gone gets nothing.
@@ -28,6 +31,7 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::limits::{KEEPALIVE_BUFFERED_WAIT, READ_BUF_BYTES_INITIAL, READ_BUF_BYTES_RETAINED_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
+use crate::net::memory;
 use crate::net::socket::{self, read_spare, Socket};
 use crate::request::{Endpoint, Handling, Method};
 use crate::workers::admin::{bearer_matches, check_access, route_admin};
@@ -45,6 +49,11 @@ pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
     };
     serve_requests(&core, &mut down).await;
     core.body_budget.release(&mut down.body_charged_bytes);
+    if down.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
+        // A large body's buffer, freed with the connection.
+        drop(down);
+        core.return_memory_soon();
+    }
 }
 
 /// The keep-alive loop of `serve_connection`.
@@ -92,11 +101,12 @@ async fn next_request(core: &DataCore, down: &mut Downstream) -> Option<Request>
 }
 
 /// Drops the served request's bytes, keeping any pipelined bytes after it, and gives its body
-/// bytes back to the core's budget.
-fn finish_request(core: &DataCore, down: &mut Downstream) {
+/// bytes back to the core's budget, and a buffer a large body grew back to the system.
+fn finish_request(core: &Rc<DataCore>, down: &mut Downstream) {
     down.read_buf.drain(..std::mem::take(&mut down.request_end));
     if down.read_buf.capacity() > READ_BUF_BYTES_RETAINED_MAX {
         down.read_buf.shrink_to(READ_BUF_BYTES_INITIAL);
+        core.return_memory_soon();
     }
     core.body_budget.release(&mut down.body_charged_bytes);
     down.prepared.shed_large_buffers();
@@ -256,6 +266,11 @@ fn charge_body(core: &DataCore, down: &mut Downstream, bytes: usize) -> Result<(
 }
 
 /// The parse phase: reads one complete request, or `None` when the client is done.
+///
+/// A request its head already refuses (`refused_before_body`: no `--api-key` token, no such
+/// route, the admin API closed or its key missing) is answered before its body is read when
+/// that body has not all arrived: nothing of it is waited for or held, and the connection
+/// closes after the answer (its unread body stands where the next request would).
 pub async fn read_request(
     down: &mut Downstream,
     core: &DataCore,
@@ -266,30 +281,40 @@ pub async fn read_request(
         return Ok(None);
     };
     let head_len = head.head_len;
-    if head.expect_continue {
-        // `100 Continue` invites the body: never to a caller who will be refused anyway.
+    let body_pending = match head.framing {
+        Framing::Length(n) => (down.read_buf.len() as u64) < (head_len as u64).saturating_add(n),
+        Framing::Chunked => true,
+        Framing::Empty | Framing::UntilClose => false,
+    };
+    // `100 Continue` invites the body: never to a caller who will be refused anyway.
+    if head.expect_continue || body_pending {
         if let Some(kind) = refused_before_body(&head, &down.read_buf, config) {
-            return Err(ProxyError::downstream(kind, "authenticate"));
+            return Err(ProxyError::downstream(kind, "refuse from the head"));
         }
     }
+    // The body's whole-arrival deadline (`--stream-body-stall-timeout-secs`).
+    let body_deadline = config.body_read_timeout.map(|t| Instant::now() + t);
     match head.framing {
         Framing::Length(n) if n > max_payload as u64 => Err(ProxyError::downstream(
             ErrorKind::PayloadTooLarge,
             "read request body",
         )),
         Framing::Length(n) => {
-            // Refused before a byte of it is read (or a `100 Continue` invites it).
-            charge_body(core, down, n as usize)?;
             let end = head_len + n as usize;
             send_continue_if_expected(down, &head, end).await?;
-            // Room for exactly the rest of this request: no growth by doubling past its size.
-            down.read_buf
-                .reserve_exact(end.saturating_sub(down.read_buf.len()));
-            while down.read_buf.len() < end {
-                let deadline = Instant::now() + config.header_read_timeout;
-                let rest = end - down.read_buf.len();
+            loop {
+                // Charged as its bytes arrive, not as announced: a client that announces a
+                // large body and sends little of it holds little of the core's budget.
+                let arrived = down.read_buf.len().min(end) - head_len;
+                charge_body(core, down, arrived)?;
+                if down.read_buf.len() >= end {
+                    break;
+                }
+                make_room_for_body(&mut down.read_buf, end);
+                let spare = down.read_buf.capacity() - down.read_buf.len();
+                let deadline = body_read_deadline(config, body_deadline);
                 // A partial request never ends cleanly: EOF is an error here.
-                read_client(down, deadline, ReadPhase::WithinRequest, rest).await?;
+                read_client(down, deadline, ReadPhase::WithinRequest, spare).await?;
             }
             Ok(Some(Request {
                 head,
@@ -300,7 +325,7 @@ pub async fn read_request(
         // Boxed: the de-chunking reader's state (4 KB) would otherwise be part of every
         // connection's task for its whole life, streams included; chunked request bodies are
         // the rare framing, and one allocation each is cheap beside reading them.
-        Framing::Chunked => Box::pin(read_chunked_body(down, head, core))
+        Framing::Chunked => Box::pin(read_chunked_body(down, head, core, body_deadline))
             .await
             .map(Some),
         Framing::Empty | Framing::UntilClose => Ok(Some(Request {
@@ -308,6 +333,44 @@ pub async fn read_request(
             body: head_len..head_len,
             end: head_len,
         })),
+    }
+}
+
+/// The deadline of the next body read: `header_read_timeout` from now (a pause between two
+/// reads), never past the whole body's deadline.
+fn body_read_deadline(config: &Config, body_deadline: Option<Instant>) -> Instant {
+    let pause = Instant::now() + config.header_read_timeout;
+    body_deadline.map_or(pause, |whole| pause.min(whole))
+}
+
+/// Makes room in `buf` for the next read of a body that ends at `end`, as its bytes arrive:
+/// the capacity doubles, never past `end`, so what a connection holds follows what it was sent,
+/// not the length it announced, and a body that does arrive whole takes at most one and a half
+/// times its size while the last doubling copies it.
+fn make_room_for_body(buf: &mut Vec<u8>, end: usize) {
+    let room = buf.capacity() - buf.len();
+    let wanted = (end - buf.len()).min(READ_BUF_BYTES_INITIAL);
+    if room >= wanted {
+        return;
+    }
+    let target = (buf.capacity() * 2)
+        .max(buf.len() + READ_BUF_BYTES_INITIAL)
+        .min(end);
+    grow_read_buf(buf, target);
+}
+
+/// Grows a request's read buffer to `capacity` (exactly), and when the buffer it outgrew was
+/// large, has the allocator give that one's pages back at once: otherwise the buffers a large
+/// body outgrows on its way (half its size, all told) stay with the allocator and a body
+/// peaks at one more copy of itself (`perf/results-chaos.md`).
+fn grow_read_buf(buf: &mut Vec<u8>, capacity: usize) {
+    let outgrown = buf.capacity();
+    if outgrown >= capacity {
+        return;
+    }
+    buf.reserve_exact(capacity - buf.len());
+    if outgrown > READ_BUF_BYTES_RETAINED_MAX {
+        memory::return_freed_pages();
     }
 }
 
@@ -397,15 +460,21 @@ fn refused_routed(config: &Config, head: &RequestHead, buf: &[u8]) -> Option<Err
 }
 
 /// Why a request is refused whatever its body says, read from its head alone: a routed request
-/// `refused_routed` refuses, an admin call while the admin API is closed or without its key.
-/// `None`: read the body.
+/// `refused_routed` refuses, an admin call while the admin API is closed or without its key, a
+/// path with no endpoint (404) or an endpoint that takes no such method (405). `None`: read the
+/// body.
 fn refused_before_body(head: &RequestHead, buf: &[u8], config: &Config) -> Option<ErrorKind> {
-    if Endpoint::of_path(head.path(buf)).handling(head.method) == Handling::Proxy {
-        return refused_routed(config, head, buf);
+    match Endpoint::of_path(head.path(buf)).handling(head.method) {
+        Handling::Proxy => return refused_routed(config, head, buf),
+        Handling::Local => return None,
+        Handling::WrongMethod => return Some(ErrorKind::MethodNotAllowed),
+        Handling::NotFound => {}
     }
-    let path = std::str::from_utf8(head.path(buf)).ok()?;
+    let path = std::str::from_utf8(head.path(buf)).unwrap_or("");
     // Any admin path, even one with the wrong method: authentication answers first.
-    route_admin(head.method_text(buf), path).map(|_| ())?;
+    if route_admin(head.method_text(buf), path).is_none() {
+        return Some(ErrorKind::NotFound);
+    }
     let authorization = head.headers.get(buf, "authorization");
     check_access(&config.worker_settings.admin_access, authorization).err()
 }
@@ -438,6 +507,7 @@ async fn read_chunked_body(
     down: &mut Downstream,
     head: RequestHead,
     core: &DataCore,
+    body_deadline: Option<Instant>,
 ) -> Result<Request, ProxyError> {
     let config = &core.shared.config;
     let mut decoder = ChunkedDecoder::new();
@@ -452,6 +522,8 @@ async fn read_chunked_body(
                 let kind = match e {
                     ChunkError::Malformed => ErrorKind::MalformedRequest,
                     ChunkError::TooLong => ErrorKind::HeadersTooLarge,
+                    // Past any `--max-payload-size`: the early 413 of a large announced chunk.
+                    ChunkError::SizeTooLarge => ErrorKind::PayloadTooLarge,
                 };
                 ProxyError::downstream(kind, "decode chunked request body")
             })?;
@@ -475,8 +547,14 @@ async fn read_chunked_body(
                 end: kept,
             });
         }
-        let deadline = Instant::now() + config.header_read_timeout;
+        let deadline = body_read_deadline(config, body_deadline);
         let spare = read_spare(&down.read_buf, READ_BUF_BYTES_INITIAL);
+        let buf = &mut down.read_buf;
+        if buf.capacity() - buf.len() < spare {
+            // Doubling, as `Vec::reserve` would, through the one place that returns what a
+            // large buffer leaves behind.
+            grow_read_buf(buf, (buf.capacity() * 2).max(buf.len() + spare));
+        }
         read_client(down, deadline, ReadPhase::WithinRequest, spare).await?;
     }
 }
@@ -488,6 +566,36 @@ mod tests {
     /// The size of the future an async fn of two arguments returns, without calling it.
     fn future_size<A, B, F: std::future::Future>(_: fn(A, B) -> F) -> usize {
         std::mem::size_of::<F>()
+    }
+
+    #[test]
+    fn a_body_buffer_grows_with_the_bytes_that_arrive_never_past_the_body() {
+        let end = 1 << 20;
+        let mut buf = Vec::with_capacity(READ_BUF_BYTES_INITIAL);
+        buf.resize(READ_BUF_BYTES_INITIAL, b'a');
+        // A 1 MiB body announced, its first bytes here: room for the next read, not the body.
+        make_room_for_body(&mut buf, end);
+        assert!(
+            buf.capacity() <= 2 * READ_BUF_BYTES_INITIAL + 64,
+            "{}",
+            buf.capacity()
+        );
+        let mut capacities = vec![buf.capacity()];
+        while buf.len() < end {
+            make_room_for_body(&mut buf, end);
+            assert!(buf.capacity() > buf.len(), "room to read into");
+            let room = buf.capacity() - buf.len();
+            buf.resize(buf.len() + room, b'a');
+            capacities.push(buf.capacity());
+        }
+        // Doubling: a handful of steps, and the last one ends at the body's end.
+        assert!(capacities.len() <= 12, "{capacities:?}");
+        assert_eq!(buf.capacity(), end, "{capacities:?}");
+        // A buffer with room for the next read is left alone.
+        let mut roomy: Vec<u8> = Vec::with_capacity(4 * READ_BUF_BYTES_INITIAL);
+        let block = roomy.as_ptr();
+        make_room_for_body(&mut roomy, end);
+        assert_eq!(roomy.as_ptr(), block);
     }
 
     #[test]

@@ -723,6 +723,9 @@ pub enum ChunkError {
     Malformed,
     /// A size line or the trailers exceed their limits.
     TooLong,
+    /// A chunk size past 15 significant hex digits (2^60 bytes): valid syntax (a chunk size
+    /// has no bound in RFC 9112), but larger than any body the gateway accepts.
+    SizeTooLarge,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -754,6 +757,10 @@ enum ChunkState {
 
 /// An incremental `Transfer-Encoding: chunked` decoder: feed it bytes as they arrive, in any
 /// split; it reports the data bytes and where the body ends.
+/// The first chunk size refused (2^60, 16 hex digits): past any body the gateway takes, and
+/// small enough that reading one more digit cannot overflow.
+const CHUNK_SIZE_LIMIT: u64 = 1 << 60;
+
 #[derive(Clone, Debug)]
 pub struct ChunkedDecoder {
     state: ChunkState,
@@ -899,11 +906,12 @@ impl ChunkedDecoder {
         Ok(match (self.state, byte) {
             (Size, b) if b.is_ascii_hexdigit() => {
                 self.size_digits += 1;
-                if self.size_digits > 15 {
-                    return Err(ChunkError::TooLong);
-                }
                 let digit = (b as char).to_digit(16).unwrap_or(0);
+                // Below 2^60 before this digit, so no overflow; leading zeros add nothing.
                 self.size = self.size * 16 + u64::from(digit);
+                if self.size >= CHUNK_SIZE_LIMIT {
+                    return Err(ChunkError::SizeTooLarge);
+                }
                 Size
             }
             (Size, b';' | b' ' | b'\t') if self.size_digits > 0 => Extension,

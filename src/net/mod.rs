@@ -9,9 +9,11 @@
 //! - `body`: the one response-body framer (where a body ends, which bytes are data), for the
 //!   proxy and the client alike.
 //! - `client`: a one-shot `GET` on a fresh connection, for the control core's probes.
+//! - `memory`: gives the pages of freed I/O buffers back to the system.
 
 pub mod body;
 pub mod client;
 pub mod codec;
 pub mod date;
+pub mod memory;
 pub mod socket;

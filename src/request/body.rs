@@ -43,8 +43,16 @@ pub(super) fn read(
         input,
         partition: &mut partition,
     };
-    seed.deserialize(&mut de).map_err(json_error)?;
-    de.end().map_err(json_error)?;
+    let read = seed.deserialize(&mut de).and_then(|()| de.end());
+    if let Err(err) = read {
+        // Said first: serde_json calls a byte that is not UTF-8 a syntax error.
+        if let Err(utf8) = std::str::from_utf8(body) {
+            return Err(RequestError::InvalidUtf8 {
+                offset: utf8.valid_up_to(),
+            });
+        }
+        return Err(json_error(err));
+    }
     Ok(partition.fields().namespace())
 }
 

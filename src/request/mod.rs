@@ -111,6 +111,14 @@ pub enum RequestError {
         /// 1-based column of the error.
         column: usize,
     },
+    /// The body is not UTF-8, as JSON text must be (RFC 8259 §8.1).
+    #[error(
+        "request body is not valid UTF-8 (JSON text must be): invalid byte at offset {offset}"
+    )]
+    InvalidUtf8 {
+        /// Offset of the first byte that is not UTF-8.
+        offset: usize,
+    },
 }
 
 impl RequestError {

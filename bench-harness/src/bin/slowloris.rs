@@ -1,8 +1,12 @@
 //! `slowloris`: a hostile-client benchmark. A normal client measures request latency against a
 //! gateway alone (quiet), then again while this process holds `--idle` connections that never
 //! send a byte and `--slow` connections that trickle a request head one header line at a time
-//! (reconnecting whenever the gateway closes one, as an attacker would). Prints p50 / p99 of both
-//! phases and their ratio; `--out` writes them as JSON. `scripts/bench-hostile.sh` runs it.
+//! (reconnecting whenever the gateway closes one, as an attacker would), and `--slow-body`
+//! connections that announce a `--slow-body-bytes` body and send one byte of it every
+//! `--slow-body-interval-ms`. Prints p50 / p99 of both phases, their ratio and the share of the
+//! measuring client's requests answered; with `--pid`, the gateway's RSS in each phase and after
+//! the hostile connections close; `--out` writes them as JSON. `scripts/bench-hostile.sh` runs
+//! it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +38,20 @@ struct Args {
     slow: usize,
     #[arg(long, default_value_t = 1_000)]
     slow_interval_ms: u64,
+    /// Connections that announce a `--slow-body-bytes` request body and send one byte of it
+    /// every `--slow-body-interval-ms`.
+    #[arg(long, default_value_t = 0)]
+    slow_body: usize,
+    #[arg(long, default_value_t = 1 << 20)]
+    slow_body_bytes: u64,
+    #[arg(long, default_value_t = 10_000)]
+    slow_body_interval_ms: u64,
+    /// The gateway's process id: its RSS is read after each phase and `--settle-s` after the
+    /// hostile connections close.
+    #[arg(long)]
+    pid: Option<u32>,
+    #[arg(long, default_value_t = 5)]
+    settle_s: u64,
     /// Seconds each measured phase lasts.
     #[arg(long, default_value_t = 30)]
     measure_s: u64,
@@ -52,6 +70,7 @@ struct Args {
 struct Hostile {
     idle_open: AtomicU64,
     slow_open: AtomicU64,
+    slow_body_open: AtomicU64,
     closed_by_server: AtomicU64,
     connect_errors: AtomicU64,
 }
@@ -67,6 +86,8 @@ impl Phase {
         serde_json::json!({
             "requests": self.histogram.len(),
             "errors": self.errors,
+            "answered_share": self.histogram.len() as f64
+                / (self.histogram.len() + self.errors).max(1) as f64,
             "p50_ms": ms(0.5),
             "p99_ms": ms(0.99),
             "max_ms": self.histogram.max() as f64 / 1000.0,
@@ -83,24 +104,37 @@ fn main() {
 async fn run(args: Args) -> Result<(), String> {
     let quiet = measure(&args).await?;
     eprintln!("quiet: {}", quiet.json());
+    let rss_quiet = rss_kib(args.pid);
     let hostile = Arc::new(Hostile::default());
     let interval = Duration::from_millis(args.slow_interval_ms);
     let mut tasks = Vec::new();
-    for i in 0..args.idle + args.slow {
+    let total = args.idle + args.slow + args.slow_body;
+    for i in 0..total {
         let hostile = hostile.clone();
         let target = args.target;
-        let slow = i >= args.idle;
-        tasks.push(tokio::spawn(async move {
-            hold(target, slow, interval, &hostile).await
-        }));
+        let kind = if i < args.idle {
+            Kind::Idle
+        } else if i < args.idle + args.slow {
+            Kind::SlowHead(interval)
+        } else {
+            Kind::SlowBody {
+                bytes: args.slow_body_bytes,
+                interval: Duration::from_millis(args.slow_body_interval_ms),
+            }
+        };
+        tasks.push(tokio::spawn(
+            async move { hold(target, kind, &hostile).await },
+        ));
         // Paced so the listener's backlog is not what is measured.
         if i % 200 == 199 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
     let deadline = Instant::now() + Duration::from_secs(60);
-    while hostile.idle_open.load(Ordering::Relaxed) + hostile.slow_open.load(Ordering::Relaxed)
-        < (args.idle + args.slow) as u64
+    while hostile.idle_open.load(Ordering::Relaxed)
+        + hostile.slow_open.load(Ordering::Relaxed)
+        + hostile.slow_body_open.load(Ordering::Relaxed)
+        < total as u64
         && Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -108,19 +142,25 @@ async fn run(args: Args) -> Result<(), String> {
     let opened = (
         hostile.idle_open.load(Ordering::Relaxed),
         hostile.slow_open.load(Ordering::Relaxed),
+        hostile.slow_body_open.load(Ordering::Relaxed),
     );
     eprintln!(
-        "hostile connections open: {} idle, {} slow",
-        opened.0, opened.1
+        "hostile connections open: {} idle, {} slow, {} slow bodies",
+        opened.0, opened.1, opened.2
     );
     let under_attack = measure(&args).await?;
+    let rss_hostile = rss_kib(args.pid);
     let still_open = (
         hostile.idle_open.load(Ordering::Relaxed),
         hostile.slow_open.load(Ordering::Relaxed),
+        hostile.slow_body_open.load(Ordering::Relaxed),
     );
     for task in &tasks {
         task.abort();
     }
+    // The aborted tasks drop their sockets; the gateway sees them close.
+    tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
+    let rss_after = rss_kib(args.pid);
     let ratio = |q: f64| {
         under_attack.histogram.value_at_quantile(q) as f64
             / quiet.histogram.value_at_quantile(q).max(1) as f64
@@ -130,14 +170,18 @@ async fn run(args: Args) -> Result<(), String> {
         "idle": args.idle,
         "slow": args.slow,
         "slow_interval_ms": args.slow_interval_ms,
+        "slow_body": args.slow_body,
+        "slow_body_bytes": args.slow_body_bytes,
+        "slow_body_interval_ms": args.slow_body_interval_ms,
+        "rss_kib": {"quiet": rss_quiet, "hostile": rss_hostile, "after": rss_after},
         "concurrency": args.concurrency,
         "measure_s": args.measure_s,
         "quiet": quiet.json(),
         "hostile": under_attack.json(),
         "p50_ratio": ratio(0.5),
         "p99_ratio": ratio(0.99),
-        "hostile_open_before": {"idle": opened.0, "slow": opened.1},
-        "hostile_open_after": {"idle": still_open.0, "slow": still_open.1},
+        "hostile_open_before": {"idle": opened.0, "slow": opened.1, "slow_body": opened.2},
+        "hostile_open_after": {"idle": still_open.0, "slow": still_open.1, "slow_body": still_open.2},
         "closed_by_server": hostile.closed_by_server.load(Ordering::Relaxed),
         "connect_errors": hostile.connect_errors.load(Ordering::Relaxed),
     });
@@ -149,13 +193,31 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// What a hostile connection does.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// Sends nothing.
+    Idle,
+    /// Sends a request head one header line per interval.
+    SlowHead(Duration),
+    /// Announces a body of `bytes` and sends one byte of it per `interval`.
+    SlowBody { bytes: u64, interval: Duration },
+}
+
+/// The gateway's resident set in KiB (`None` without a pid, or once it is gone).
+fn rss_kib(pid: Option<u32>) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", pid?)).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Holds one hostile connection open for as long as the task lives, reconnecting when the
 /// gateway closes it.
-async fn hold(target: SocketAddr, slow: bool, interval: Duration, hostile: &Hostile) {
-    let open = if slow {
-        &hostile.slow_open
-    } else {
-        &hostile.idle_open
+async fn hold(target: SocketAddr, kind: Kind, hostile: &Hostile) {
+    let open = match kind {
+        Kind::Idle => &hostile.idle_open,
+        Kind::SlowHead(_) => &hostile.slow_open,
+        Kind::SlowBody { .. } => &hostile.slow_body_open,
     };
     loop {
         let Ok(mut stream) = TcpStream::connect(target).await else {
@@ -164,7 +226,22 @@ async fn hold(target: SocketAddr, slow: bool, interval: Duration, hostile: &Host
             continue;
         };
         open.fetch_add(1, Ordering::Relaxed);
-        if slow {
+        if let Kind::SlowBody { bytes, interval } = kind {
+            let head = format!(
+                "POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\nContent-Length: {bytes}\r\n\r\n"
+            );
+            let mut ok = stream.write_all(head.as_bytes()).await.is_ok();
+            while ok {
+                ok = stream.write_all(b" ").await.is_ok();
+                tokio::time::sleep(interval).await;
+                let mut probe = [0u8; 1];
+                if let Ok(Ok(_)) =
+                    tokio::time::timeout(Duration::from_millis(1), stream.read(&mut probe)).await
+                {
+                    ok = false;
+                }
+            }
+        } else if let Kind::SlowHead(interval) = kind {
             // Raw bytes on purpose: the attack is a request head that never ends, one header
             // line at a time, which no HTTP client library writes.
             let mut line = 0u64;

@@ -84,20 +84,28 @@ pub struct HeadContext<'a> {
 impl HeadContext<'_> {
     /// Admits the worker's answer of `status` into the relay, or not: a retryable status is
     /// not relayed while another attempt may follow (`false`; the driver notes the failure).
-    /// An admitted status is reported to the worker's circuit breaker now, not when a long
-    /// stream ends: otherwise successes would lag failures by a generation's length and a
-    /// burst of quick errors would look consecutive.
+    /// An admitted failure status (5xx, 408, 429) is reported to the worker's circuit breaker
+    /// now: whatever its body does, the attempt failed. A success status is not: the attempt's
+    /// outcome is known only when its body ends (`status_outcome`, then the driver), since a
+    /// worker that answers its head and then stalls or cuts the body has failed, and a success
+    /// reported at the head would reset the failure streak a stalling worker builds.
     pub fn admit_status(&self, core: &DataCore, status: u16) -> bool {
         if self.on_status == RetryableStatus::Retry && is_retryable_status(status) {
             return false;
         }
-        let outcome = if status >= 500 || is_retryable_status(status) {
-            AttemptOutcome::Failure
-        } else {
-            AttemptOutcome::Success
-        };
-        core.report_attempt(self.worker, outcome);
+        if status_outcome(status) == AttemptOutcome::Failure {
+            core.report_attempt(self.worker, AttemptOutcome::Failure);
+        }
         true
+    }
+}
+
+/// What a worker's answer of `status` means for its circuit breaker, before its body.
+pub fn status_outcome(status: u16) -> AttemptOutcome {
+    if status >= 500 || is_retryable_status(status) {
+        AttemptOutcome::Failure
+    } else {
+        AttemptOutcome::Success
     }
 }
 

@@ -452,7 +452,8 @@ fn chunked_errors_are_typed() {
         (b"zz\r\n", ChunkError::Malformed),
         (b"\r\n", ChunkError::Malformed),
         (b"3\r\nabcX\r\n", ChunkError::Malformed),
-        (b"1111111111111111\r\n", ChunkError::TooLong),
+        (b"1111111111111111\r\n", ChunkError::SizeTooLarge),
+        (b"ffffffffffffffffffff\r\n", ChunkError::SizeTooLarge),
     ];
     for (input, kind) in cases {
         for split in [1, 3, input.len()] {
@@ -469,6 +470,16 @@ fn chunked_errors_are_typed() {
     assert_eq!(
         decode_split(&long_ext, 64).unwrap_err(),
         ChunkError::TooLong
+    );
+}
+
+#[test]
+fn leading_zeros_do_not_count_toward_the_chunk_size_bound() {
+    let (data, _) = decode_split(b"00000000000000000003\r\nabc\r\n0\r\n\r\n", 4).unwrap();
+    assert_eq!(data, b"abc");
+    assert!(
+        decode_split(b"fffffffffffffff\r\n", 64).is_ok(),
+        "15 digits"
     );
 }
 
