@@ -295,6 +295,13 @@ pub const TOKENIZE_INLINE_BYTES_DEFAULT: usize = 1024;
 /// about 250 tokens, the page size of the engines' caches many times over.
 pub const TOKENIZER_CHUNK_BYTES: usize = 1024;
 
+/// The longest pre-token (a run of letters, of punctuation, of whitespace) kvgate's byte-level
+/// BPE merges (`tokenize::bpe`): merging takes O(n log n) time and about 36 bytes per byte, so a
+/// 16 MB "word" would take half a gigabyte. Longer ones are refused and the request routes on
+/// its text. 256 KiB is far past any real word (an unpunctuated CJK passage of 85k characters)
+/// and merges in tens of milliseconds into about 9 MiB.
+pub const TOKENIZER_PRETOKEN_BYTES_MAX: usize = 256 << 10;
+
 /// Threads of the tokenizer pool that takes cold tokenization off the data cores: shared by
 /// all cores, sized to keep a burst of cold 32k-token prompts from queueing long while leaving
 /// the data cores their CPUs.

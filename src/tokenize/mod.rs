@@ -12,11 +12,18 @@
 //! IDs. The engines' behaviour is kept: chat prompts are encoded without the post-processor's
 //! special tokens (`apply_chat_template` does not add them), completions prompts with them.
 //!
+//! The encoder: text between added tokens is encoded by kvgate's own byte-level BPE
+//! ([`bpe::ByteLevelBpe`]) when the model's `tokenizer.json` is of a kind it implements (Llama
+//! 3's and Qwen2/3's), checked against the crate on probe strings at load; otherwise, and for
+//! prompts encoded with the post-processor's tokens in one piece, by the `tokenizers` crate.
+//! [`ModelTokenizer::encoder`] says which, for the start-up log.
+//!
 //! Errors: a file that does not load is a [`LoadError`] (a one-line start-up error); a request
 //! that cannot be rendered or encoded is a [`TokenizeError`], and the request then routes on
 //! its text, exactly as a model without a tokenizer does.
 
 mod args;
+pub mod bpe;
 mod cache;
 mod prompt;
 mod split;
@@ -29,6 +36,7 @@ use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 pub use args::{ModelSpec, TokenizerArgs};
+pub use bpe::{ByteLevelBpe, PretokenTooLong};
 pub use cache::{CacheConfig, CacheStats, TokenCache, ENTRY_OVERHEAD_BYTES, L0_ENTRY_TOKENS_MAX};
 pub use prompt::{chat_input, messages_input};
 pub use split::{chunks, Chunking, Piece, SpecialSplit, SplitSafety};
@@ -98,6 +106,10 @@ pub struct ModelTokenizer {
     affixes: Option<Affixes>,
     /// Seeds cache keys: two models never share entries.
     seed: u64,
+    /// kvgate's encoder for text without added tokens, when it implements this tokenizer.
+    bpe: Option<ByteLevelBpe>,
+    /// Which encoder is used and why, for the start-up log.
+    encoder: String,
     notes: Vec<String>,
 }
 
@@ -107,6 +119,7 @@ impl std::fmt::Debug for ModelTokenizer {
             .field("label", &self.label)
             .field("template", &self.template)
             .field("splits", &self.split.is_some())
+            .field("encoder", &self.encoder)
             .finish_non_exhaustive()
     }
 }
@@ -165,6 +178,8 @@ impl ModelTokenizer {
             chunking,
             affixes: None,
             seed: xxh3_64(&files.tokenizer_json),
+            bpe: None,
+            encoder: String::new(),
             notes,
         };
         if model.split.is_some() {
@@ -176,12 +191,52 @@ impl ModelTokenizer {
             }
         }
         model.affixes = model.probe_affixes();
+        model.attach_bpe(&files.tokenizer_json);
         if model.template.is_none() {
             model.notes.push(format!(
                 "tokenizer of {label}: no chat template; chat requests route on text"
             ));
         }
         Ok(model)
+    }
+
+    /// Which encoder encodes this model's text, and why: for the start-up log.
+    pub fn encoder(&self) -> &str {
+        &self.encoder
+    }
+
+    /// Whether kvgate's byte-level BPE encodes this model's text (false: the crate does).
+    pub fn uses_own_bpe(&self) -> bool {
+        self.bpe.is_some()
+    }
+
+    /// Uses kvgate's byte-level BPE when it implements this tokenizer, the added-token cut is
+    /// exact, and both agree with the crate on the probe strings; says which in `encoder`.
+    fn attach_bpe(&mut self, tokenizer_json: &[u8]) {
+        let crate_reason = |why: &str| format!("the tokenizers crate ({why})");
+        let has_added = !self.tokenizer.get_added_tokens_decoder().is_empty();
+        if has_added && self.split.is_none() {
+            self.encoder = crate_reason("the added-token cut is not exact");
+            return;
+        }
+        let bpe = match ByteLevelBpe::new(tokenizer_json) {
+            Ok(bpe) => bpe,
+            Err(why) => {
+                self.encoder = crate_reason(&format!("kvgate's BPE does not implement: {why}"));
+                return;
+            }
+        };
+        for probe in BPE_PROBES {
+            let mut ids = Vec::new();
+            let ours = bpe.encode(probe, &mut ids).map(|()| ids);
+            let theirs = self.encode(probe, false);
+            if ours.ok() != theirs.ok() {
+                self.encoder = crate_reason(&format!("kvgate's BPE differs on {probe:?}"));
+                return;
+            }
+        }
+        self.encoder = bpe.describe();
+        self.bpe = Some(bpe);
     }
 
     /// What the log should say about this model at start (fallbacks and why).
@@ -244,13 +299,51 @@ impl ModelTokenizer {
         })
     }
 
-    /// The IDs of `text` as one piece, without the post-processor's tokens.
+    /// The IDs of `text`, a piece without added tokens (a segment or chunk of a prompt).
     fn encode_piece(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.encode(text, false)
+        match &self.bpe {
+            Some(bpe) => {
+                let mut out = Vec::with_capacity(text.len() / 3);
+                bpe.encode(text, &mut out)
+                    .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+                Ok(out)
+            }
+            None => self.encode_with_crate(text, false),
+        }
     }
 
-    /// The IDs of `text`, as the engine encodes it (`add_special_tokens` as given).
+    /// The IDs of `text`, as the engine encodes it (`add_special_tokens` as given): kvgate's
+    /// BPE between the added tokens when the model has it and no special tokens are added, the
+    /// crate otherwise.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        let Some(bpe) = self.bpe.as_ref().filter(|_| !add_special_tokens) else {
+            return self.encode_with_crate(text, add_special_tokens);
+        };
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let encoded = match &self.split {
+            None => bpe.encode(text, &mut out),
+            Some(split) => {
+                let mut pieces = Vec::new();
+                split.split(text, &mut pieces);
+                pieces.into_iter().try_for_each(|piece| match piece {
+                    Piece::Special(id) => {
+                        out.push(id);
+                        Ok(())
+                    }
+                    Piece::Text(range) => bpe.encode(&text[range], &mut out),
+                })
+            }
+        };
+        encoded.map_err(|e| TokenizeError::Encode(e.to_string()))?;
+        Ok(out)
+    }
+
+    /// The IDs of `text` from the `tokenizers` crate alone (the reference of kvgate's BPE).
+    pub fn encode_with_crate(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
@@ -287,7 +380,7 @@ impl ModelTokenizer {
             probe.push_str(special);
             probe.push_str("end");
             let mut out = Vec::new();
-            let whole = self.encode_piece(&probe).map_err(|_| probe.clone())?;
+            let whole = self.encode(&probe, false).map_err(|_| probe.clone())?;
             self.encode_pieces_uncached(&probe, &mut out)
                 .map_err(|_| probe.clone())?;
             if whole != out {
@@ -304,7 +397,7 @@ impl ModelTokenizer {
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizeError> {
         let Some(split) = &self.split else {
-            out.extend(self.encode_piece(text)?);
+            out.extend(self.encode(text, false)?);
             return Ok(());
         };
         let (mut pieces, mut ranges) = (Vec::new(), Vec::new());
@@ -354,6 +447,17 @@ impl ModelTokenizer {
         xxh3_64_with_seed(segment.as_bytes(), self.seed.rotate_left(17) ^ 2)
     }
 }
+
+/// Strings kvgate's BPE must encode as the crate does before a model uses it: every kind of
+/// pre-token, NFC's compositions, and a run past a chunk.
+const BPE_PROBES: [&str; 6] = [
+    "Hello world, it's THEY'LL don't 12345 3.14 naïve café 日本語 한국어 🎉 👩‍👩‍👧",
+    "  leading\t\ttabs \n\r\n  trailing   \n\n\n    indented(x) { return x**2; }",
+    "x\u{301} e\u{301}\u{327} \u{1100}\u{1161}\u{11a8} ﬁ Å Ω ٣٤٥ ½ Ⅻ",
+    "!!! ... ??? 'S 'ſ 'Re 'vE 'LL 'd ' \" `~ http://example.com/a?b=c&d=e#f",
+    "internationalization antidisestablishmentarianism supercalifragilisticexpialidocious",
+    "\u{3000}\u{a0}\u{2028}\u{85}\u{feff}\u{200d} tail",
+];
 
 /// The special tokens a template may print: every `*_token` of `tokenizer_config.json` that is
 /// a string or an `{"content": ...}` object.
