@@ -327,7 +327,10 @@ fn kvgates_bpe_gives_the_python_ids_of_every_string_of_the_corpus() {
         assert!(tokenizer.uses_own_bpe(), "{model}: {}", tokenizer.encoder());
         let path = fixtures_dir().join(format!("strings-{model}.ids"));
         let Ok(reference) = std::fs::read_to_string(&path) else {
-            let message = format!("{} is missing: run scripts/fetch-tokenizers.sh", path.display());
+            let message = format!(
+                "{} is missing: run scripts/fetch-tokenizers.sh",
+                path.display()
+            );
             assert!(
                 std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_none(),
                 "{message}"
@@ -388,7 +391,11 @@ fn long_words_encode_as_the_crate_and_a_16_mb_one_is_refused() {
         for word in &words {
             let ours = tokenizer.encode(word, false).expect("encodes");
             let theirs = tokenizer.encode_with_crate(word, false).expect("encodes");
-            assert!(ours == theirs, "{model}: a {}-byte word differs", word.len());
+            assert!(
+                ours == theirs,
+                "{model}: a {}-byte word differs",
+                word.len()
+            );
         }
         // 16 MB of one letter: one pre-token, refused after a linear scan (the crate takes
         // 19 s and 1.4 GB on it); the request then routes on its text.

@@ -239,6 +239,15 @@ impl ModelTokenizer {
         self.bpe = Some(bpe);
     }
 
+    /// This model with its text encoded by the `tokenizers` crate alone (kvgate's BPE dropped):
+    /// the baseline of benchmarks and comparisons.
+    pub fn with_crate_encoder(mut self) -> ModelTokenizer {
+        if self.bpe.take().is_some() {
+            self.encoder = "the tokenizers crate (kvgate's BPE turned off)".into();
+        }
+        self
+    }
+
     /// What the log should say about this model at start (fallbacks and why).
     pub fn notes(&self) -> &[String] {
         &self.notes

@@ -105,7 +105,11 @@ impl Vocab {
         merges: impl IntoIterator<Item = (u32, u32)>,
         ignore_merges: bool,
     ) -> Result<Vocab, String> {
-        let ids_end = tokens.iter().map(|(id, _)| *id as usize + 1).max().unwrap_or(0);
+        let ids_end = tokens
+            .iter()
+            .map(|(id, _)| *id as usize + 1)
+            .max()
+            .unwrap_or(0);
         let mut by_id: Vec<Option<Vec<u8>>> = vec![None; ids_end];
         for (id, bytes) in tokens {
             if by_id[id as usize].replace(bytes).is_some() {
@@ -240,8 +244,8 @@ impl Vocab {
         for (id, &byte) in ids.iter_mut().zip(bytes) {
             *id = self.byte_ids[usize::from(byte)];
         }
-        for at in 0..len - 1 {
-            pairs[at] = self.pair_at(&ids, at);
+        for (at, pair) in pairs[..len - 1].iter_mut().enumerate() {
+            *pair = self.pair_at(&ids, at);
         }
         loop {
             let mut best = 0;
@@ -365,9 +369,17 @@ mod tests {
                 let (mut short, mut long) = (Vec::new(), Vec::new());
                 vocab.merge_short(&word, &mut short);
                 vocab.merge_long(&word, &mut long);
-                assert_eq!(short, long, "seed {seed}: {:?}", String::from_utf8_lossy(&word));
+                assert_eq!(
+                    short,
+                    long,
+                    "seed {seed}: {:?}",
+                    String::from_utf8_lossy(&word)
+                );
                 // The IDs spell the word.
-                let spelled: Vec<u8> = short.iter().flat_map(|&id| vocab.token(id).to_vec()).collect();
+                let spelled: Vec<u8> = short
+                    .iter()
+                    .flat_map(|&id| vocab.token(id).to_vec())
+                    .collect();
                 assert_eq!(spelled, word);
             }
         }
@@ -378,7 +390,11 @@ mod tests {
         // a a -> aa (rank 0), then aa a -> aaa (rank 1): "aaa" is [aa, a] then [aaa].
         let tokens = (0..=255u8)
             .map(|b| (u32::from(b), vec![b]))
-            .chain([(256, b"aa".to_vec()), (257, b"aaa".to_vec()), (258, b"ab".to_vec())])
+            .chain([
+                (256, b"aa".to_vec()),
+                (257, b"aaa".to_vec()),
+                (258, b"ab".to_vec()),
+            ])
             .collect();
         let merges = [(97, 97), (256, 97), (97, 98)];
         let vocab = Vocab::new(tokens, merges, false).expect("valid");

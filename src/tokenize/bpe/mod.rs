@@ -154,15 +154,13 @@ impl ByteLevelBpe {
     /// hold some of the IDs.
     pub fn encode(&self, text: &str, out: &mut Vec<u32>) -> Result<(), PretokenTooLong> {
         let composed: String;
-        let text = if self.nfc
-            && !text.is_ascii()
-            && is_nfc_quick(text.chars()) != IsNormalized::Yes
-        {
-            composed = text.nfc().map(|(c, _)| c).collect();
-            &composed
-        } else {
-            text
-        };
+        let text =
+            if self.nfc && !text.is_ascii() && is_nfc_quick(text.chars()) != IsNormalized::Yes {
+                composed = text.nfc().map(|(c, _)| c).collect();
+                &composed
+            } else {
+                text
+            };
         let bytes = text.as_bytes();
         for range in Pretokens::new(text, self.pattern, self.classes) {
             if range.len() > TOKENIZER_PRETOKEN_BYTES_MAX {
@@ -209,9 +207,10 @@ fn post_processor_adds_nothing(post: &serde_json::Value) -> bool {
     match post["type"].as_str() {
         None => post.is_null(),
         Some("ByteLevel" | "TemplateProcessing") => true,
-        Some("Sequence") => post["processors"]
-            .as_array()
-            .is_some_and(|all| all.iter().all(|p| p.is_object() && post_processor_adds_nothing(p))),
+        Some("Sequence") => post["processors"].as_array().is_some_and(|all| {
+            all.iter()
+                .all(|p| p.is_object() && post_processor_adds_nothing(p))
+        }),
         Some(_) => false,
     }
 }
@@ -315,7 +314,8 @@ mod tests {
         nfkc["normalizer"] = serde_json::json!({"type": "NFKC"});
         assert!(refuse(nfkc).starts_with("normalizer"));
         let mut word_level = base.clone();
-        word_level["model"] = serde_json::json!({"type": "WordLevel", "vocab": {}, "unk_token": "x"});
+        word_level["model"] =
+            serde_json::json!({"type": "WordLevel", "vocab": {}, "unk_token": "x"});
         assert!(refuse(word_level).starts_with("not a BPE model"));
         let mut dropout = base.clone();
         dropout["model"]["dropout"] = 0.1.into();

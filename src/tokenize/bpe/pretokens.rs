@@ -472,6 +472,9 @@ mod tests {
             SplitPattern::of_regex(QWEN2_PATTERN),
             Some(SplitPattern::Qwen2)
         );
-        assert_eq!(SplitPattern::of_regex(&LLAMA3_PATTERN.replace("{1,3}", "{1,2}")), None);
+        assert_eq!(
+            SplitPattern::of_regex(&LLAMA3_PATTERN.replace("{1,3}", "{1,2}")),
+            None
+        );
     }
 }
