@@ -1,7 +1,8 @@
 //! kvgate's byte-level BPE (`kvgate::tokenize::bpe`) against the `tokenizers` crate: arbitrary
 //! text encoded by both, for Qwen3's and Llama 3's real `tokenizer.json`, must give equal IDs
 //! (`ModelTokenizer::encode`: the added-token cut, then kvgate's pre-tokenizer scanner and
-//! merging, against `encode_with_crate`: the crate alone, added tokens and all).
+//! merging, against `encode_with_crate`: the crate alone, added tokens and all), and so must the
+//! pieces and chunks the segment cache stores (`encode_pieces_uncached`).
 //!
 //! The input is its own text when it is UTF-8; otherwise it is read as code points (three
 //! bytes each, a leading selector byte steering half of them into ASCII so words, spaces and
@@ -53,7 +54,9 @@ fn text_of(data: &[u8]) -> String {
     }
     data.chunks(3)
         .filter_map(|c| {
-            let [selector, rest @ ..] = c else { return None };
+            let [selector, rest @ ..] = c else {
+                return None;
+            };
             if selector & 1 == 0 {
                 return Some(char::from(selector >> 1));
             }
@@ -66,11 +69,21 @@ fn text_of(data: &[u8]) -> String {
         .collect()
 }
 
-fuzz_target!(|data: &[u8]| {
-    let text = text_of(data);
-    for model in models() {
-        let ours = model.encode(&text, false);
-        let theirs = model.encode_with_crate(&text, false);
-        assert_eq!(ours, theirs, "{model:?} on {text:?}");
+fuzz_target!(
+    init: {
+        // Loading takes seconds: before the first input, outside libFuzzer's per-input timeout.
+        models();
+    },
+    |data: &[u8]| {
+        let text = text_of(data);
+        for model in models() {
+            let ours = model.encode(&text, false);
+            let theirs = model.encode_with_crate(&text, false);
+            assert_eq!(ours, theirs, "{model:?} on {text:?}");
+            // Piece by piece, long pieces in chunks (what the segment cache stores): the same IDs.
+            let mut pieces = Vec::new();
+            let pieced = model.encode_pieces_uncached(&text, &mut pieces).map(|()| pieces);
+            assert_eq!(pieced, theirs, "{model:?} piece by piece on {text:?}");
+        }
     }
-});
+);

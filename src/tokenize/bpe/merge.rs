@@ -144,8 +144,10 @@ impl Vocab {
         if let Some(byte) = bytes_seen.iter().position(|seen| !seen) {
             return Err(format!("byte {byte:#04x} has no token"));
         }
+        let mut joined = Vec::new();
         for (rank, (left, right)) in merges.into_iter().enumerate() {
-            let mut joined = vocab.token(left).to_vec();
+            joined.clear();
+            joined.extend_from_slice(vocab.token(left));
             joined.extend_from_slice(vocab.token(right));
             let merged = vocab
                 .lookup(&joined)

@@ -244,16 +244,20 @@ fn vocab(model: BpeJson) -> Result<Vocab, String> {
     if affix(&model.continuing_subword_prefix) || affix(&model.end_of_word_suffix) {
         return Err("a subword prefix or suffix".into());
     }
-    let mut byte_of: HashMap<char, u8> = HashMap::with_capacity(256);
+    // By code point: the alphabet's characters are all below U+0144.
+    let mut byte_of = [None; 0x144];
     for (byte, c) in byte_level_chars().into_iter().enumerate() {
-        byte_of.insert(c, byte as u8);
+        byte_of[c as usize] = Some(byte as u8);
     }
     // A token with a character outside the alphabet can never be made from bytes: left out.
     let tokens: Vec<(u32, Vec<u8>)> = model
         .vocab
         .iter()
         .filter_map(|(text, &id)| {
-            let bytes: Option<Vec<u8>> = text.chars().map(|c| byte_of.get(&c).copied()).collect();
+            let bytes: Option<Vec<u8>> = text
+                .chars()
+                .map(|c| byte_of.get(c as usize).copied().flatten())
+                .collect();
             Some((id, bytes?))
         })
         .collect();
