@@ -82,6 +82,11 @@ pub struct Vocab {
     byte_ids: [u32; 256],
     /// Merges by [`pair_key`].
     merges: HashKeyed<Merge>,
+    /// Merges pushed so far: the next one's rank.
+    merges_pushed: u32,
+    /// Whether a pre-token that is a token is that token, whatever its merges
+    /// (`tokenizer.json`'s `ignore_merges`).
+    ignore_merges: bool,
     /// By ID: the token is its own pre-token's IDs (`ignore_merges`, or its bytes merge back
     /// into it).
     whole: Vec<bool>,
@@ -97,14 +102,10 @@ impl std::fmt::Debug for Vocab {
 }
 
 impl Vocab {
-    /// A model from its tokens (as bytes, by ID) and merges (pairs of IDs in rank order, a
-    /// later duplicate replacing an earlier one as in the crate); `ignore_merges` as in
-    /// `tokenizer.json`. `Err` says why the model cannot be served here.
-    pub fn new(
-        tokens: Vec<(u32, Vec<u8>)>,
-        merges: impl IntoIterator<Item = (u32, u32)>,
-        ignore_merges: bool,
-    ) -> Result<Vocab, String> {
+    /// A model from its tokens (as bytes, by ID), before its merges ([`Vocab::push_merge`],
+    /// then [`Vocab::finish`]); `ignore_merges` as in `tokenizer.json`. `Err` says why the
+    /// model cannot be served here.
+    pub fn with_tokens(tokens: Vec<(u32, Vec<u8>)>, ignore_merges: bool) -> Result<Vocab, String> {
         let ids_end = tokens
             .iter()
             .map(|(id, _)| *id as usize + 1)
@@ -122,7 +123,9 @@ impl Vocab {
             by_hash: HashKeyed::default(),
             byte_ids: [0; 256],
             merges: HashKeyed::default(),
+            merges_pushed: 0,
             whole: vec![ignore_merges; ids_end],
+            ignore_merges,
         };
         let mut bytes_seen = [false; 256];
         for (id, bytes) in by_id.iter().enumerate() {
@@ -144,23 +147,42 @@ impl Vocab {
         if let Some(byte) = bytes_seen.iter().position(|seen| !seen) {
             return Err(format!("byte {byte:#04x} has no token"));
         }
-        let mut joined = Vec::new();
-        for (rank, (left, right)) in merges.into_iter().enumerate() {
-            joined.clear();
-            joined.extend_from_slice(vocab.token(left));
-            joined.extend_from_slice(vocab.token(right));
-            let merged = vocab
-                .lookup(&joined)
-                .ok_or_else(|| format!("merge {rank} makes no token"))?;
-            let rank = u32::try_from(rank).map_err(|_| "too many merges".to_string())?;
-            vocab
-                .merges
-                .insert(pair_key(left, right), Merge { rank, merged });
-        }
-        if !ignore_merges {
-            vocab.whole = vocab.tokens_that_merge_into_themselves();
-        }
         Ok(vocab)
+    }
+
+    /// Adds the next merge in rank order: the tokens spelled `left` and `right` (`None`: a
+    /// merge of tokens no bytes make, which never applies but takes its rank). A later
+    /// duplicate of a pair replaces the earlier one, as in the crate.
+    pub fn push_merge(&mut self, pair: Option<(&[u8], &[u8])>) -> Result<(), String> {
+        let rank = self.merges_pushed;
+        self.merges_pushed = rank.checked_add(1).ok_or("too many merges")?;
+        let Some((left, right)) = pair else {
+            return Ok(());
+        };
+        let id = |bytes: &[u8]| {
+            self.lookup(bytes).ok_or_else(|| {
+                format!(
+                    "merge {rank}: {:?} is not a token",
+                    String::from_utf8_lossy(bytes)
+                )
+            })
+        };
+        let (left_id, right_id) = (id(left)?, id(right)?);
+        let mut joined = Vec::with_capacity(left.len() + right.len());
+        joined.extend_from_slice(left);
+        joined.extend_from_slice(right);
+        let merged = id(&joined)?;
+        self.merges
+            .insert(pair_key(left_id, right_id), Merge { rank, merged });
+        Ok(())
+    }
+
+    /// The model once every merge is in: finds the tokens that are their own pre-token's IDs.
+    pub fn finish(mut self) -> Vocab {
+        if !self.ignore_merges {
+            self.whole = self.tokens_that_merge_into_themselves();
+        }
+        self
     }
 
     /// For each ID: whether its bytes merge into exactly it.
@@ -329,6 +351,18 @@ impl Vocab {
 mod tests {
     use super::*;
 
+    /// A model from tokens and merges given as ID pairs.
+    fn vocab_of(tokens: Vec<(u32, Vec<u8>)>, merges: &[(u32, u32)], ignore_merges: bool) -> Vocab {
+        let spelled: HashMap<u32, Vec<u8>> = tokens.iter().cloned().collect();
+        let mut vocab = Vocab::with_tokens(tokens, ignore_merges).expect("valid tokens");
+        for (left, right) in merges {
+            vocab
+                .push_merge(Some((&spelled[left], &spelled[right])))
+                .expect("a valid merge");
+        }
+        vocab.finish()
+    }
+
     /// A toy model: the 256 bytes, then merges over a small alphabet built up from random pairs.
     fn toy(seed: u64, ignore_merges: bool) -> Vocab {
         let mut rng = fastrand::Rng::with_seed(seed);
@@ -357,7 +391,7 @@ mod tests {
             .enumerate()
             .map(|(id, bytes)| (id as u32, bytes))
             .collect();
-        Vocab::new(tokens, merges, ignore_merges).expect("a valid toy model")
+        vocab_of(tokens, &merges, ignore_merges)
     }
 
     #[test]
@@ -399,7 +433,7 @@ mod tests {
             ])
             .collect();
         let merges = [(97, 97), (256, 97), (97, 98)];
-        let vocab = Vocab::new(tokens, merges, false).expect("valid");
+        let vocab = vocab_of(tokens, &merges, false);
         let mut out = Vec::new();
         vocab.encode_pretoken(b"aaaa", &mut out);
         // aa aa (leftmost first), then no (aa, aa) merge.
@@ -429,8 +463,7 @@ mod tests {
             .map(|b| (u32::from(b), vec![b]))
             .chain([(256, b"ab".to_vec())])
             .collect();
-        let merges: [(u32, u32); 0] = [];
-        let vocab = Vocab::new(tokens, merges, false).expect("valid");
+        let vocab = vocab_of(tokens, &[], false);
         let mut out = Vec::new();
         vocab.encode_pretoken(b"ab", &mut out);
         assert_eq!(out, [97, 98]);
@@ -438,7 +471,7 @@ mod tests {
             .map(|b| (u32::from(b), vec![b]))
             .chain([(256, b"ab".to_vec())])
             .collect();
-        let vocab = Vocab::new(tokens, merges, true).expect("valid");
+        let vocab = vocab_of(tokens, &[], true);
         out.clear();
         vocab.encode_pretoken(b"ab", &mut out);
         assert_eq!(out, [256]);

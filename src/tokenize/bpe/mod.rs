@@ -19,7 +19,7 @@
 mod merge;
 pub mod pretokens;
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 
 use serde::Deserialize;
 use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormalization};
@@ -53,7 +53,7 @@ impl std::fmt::Debug for ByteLevelBpe {
 
 /// The parts of `tokenizer.json` that decide the IDs of text without added tokens.
 #[derive(Deserialize)]
-struct TokenizerJson {
+struct TokenizerJson<'a> {
     #[serde(default)]
     truncation: serde_json::Value,
     #[serde(default)]
@@ -66,13 +66,14 @@ struct TokenizerJson {
     post_processor: serde_json::Value,
     #[serde(default)]
     decoder: serde_json::Value,
-    model: BpeJson,
+    #[serde(borrow)]
+    model: BpeJson<'a>,
 }
 
 /// A BPE model as `tokenizer.json` writes it; an unknown field refuses it (it might change IDs).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BpeJson {
+struct BpeJson<'a> {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
@@ -95,16 +96,101 @@ struct BpeJson {
     byte_fallback: bool,
     #[serde(default)]
     ignore_merges: bool,
-    vocab: HashMap<String, u32>,
-    merges: MergesJson,
+    #[serde(borrow)]
+    vocab: VocabJson<'a>,
+    #[serde(borrow)]
+    merges: Vec<MergeJson<'a>>,
 }
 
-/// Merges as pairs, or as `"left right"` strings (older files).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum MergesJson {
-    Pairs(Vec<(String, String)>),
-    Joined(Vec<String>),
+/// A JSON string, borrowed from the file unless it has escapes (the vocabulary and merges are
+/// most of the file: a debug build's load time is mostly their allocations).
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(text)))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(text.to_owned())))
+            }
+        }
+        d.deserialize_str(Visit(std::marker::PhantomData))
+    }
+}
+
+/// The vocabulary, its entries in file order (a duplicate key is two entries, which
+/// [`Vocab::with_tokens`] refuses).
+struct VocabJson<'a>(Vec<(Text<'a>, u32)>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for VocabJson<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = VocabJson<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of tokens to IDs")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<VocabJson<'a>, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(0));
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(VocabJson(entries))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// One merge: a pair, or a `"left right"` string (older files).
+enum MergeJson<'a> {
+    Pair(Text<'a>, Text<'a>),
+    Joined(Text<'a>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for MergeJson<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = MergeJson<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a pair of strings or a string")
+            }
+            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<MergeJson<'a>, E> {
+                Ok(MergeJson::Joined(Text(Cow::Borrowed(text))))
+            }
+            fn visit_str<E>(self, text: &str) -> Result<MergeJson<'a>, E> {
+                Ok(MergeJson::Joined(Text(Cow::Owned(text.to_owned()))))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<MergeJson<'a>, A::Error> {
+                use serde::de::Error;
+                let left = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                let right = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                if seq.next_element::<Text<'a>>()?.is_some() {
+                    return Err(A::Error::invalid_length(3, &self));
+                }
+                Ok(MergeJson::Pair(left, right))
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 impl ByteLevelBpe {
@@ -232,8 +318,8 @@ fn byte_level_chars() -> [char; 256] {
     chars
 }
 
-/// The model's tokens as bytes and its merges as ID pairs (checked as the crate checks them).
-fn vocab(model: BpeJson) -> Result<Vocab, String> {
+/// The model's tokens as bytes and its merges by rank (checked as the crate checks them).
+fn vocab(model: BpeJson<'_>) -> Result<Vocab, String> {
     if model.kind != "BPE" {
         return Err(format!("model {}", model.kind));
     }
@@ -249,39 +335,40 @@ fn vocab(model: BpeJson) -> Result<Vocab, String> {
     for (byte, c) in byte_level_chars().into_iter().enumerate() {
         byte_of[c as usize] = Some(byte as u8);
     }
+    // The bytes `text` spells in the alphabet, into `out` (false: a character outside it).
+    let spell = |text: &str, out: &mut Vec<u8>| {
+        out.clear();
+        text.chars()
+            .all(|c| match byte_of.get(c as usize).copied().flatten() {
+                Some(byte) => {
+                    out.push(byte);
+                    true
+                }
+                None => false,
+            })
+    };
     // A token with a character outside the alphabet can never be made from bytes: left out.
+    let mut bytes = Vec::new();
     let tokens: Vec<(u32, Vec<u8>)> = model
         .vocab
+        .0
         .iter()
-        .filter_map(|(text, &id)| {
-            let bytes: Option<Vec<u8>> = text
-                .chars()
-                .map(|c| byte_of.get(c as usize).copied().flatten())
-                .collect();
-            Some((id, bytes?))
-        })
+        .filter_map(|(text, id)| spell(&text.0, &mut bytes).then(|| (*id, bytes.clone())))
         .collect();
-    let id_of = |text: &str| {
-        model
-            .vocab
-            .get(text)
-            .copied()
-            .ok_or_else(|| format!("merge of {text:?}, not a token"))
-    };
-    let pairs: Vec<(u32, u32)> = match &model.merges {
-        MergesJson::Pairs(pairs) => pairs
-            .iter()
-            .map(|(l, r)| Ok((id_of(l)?, id_of(r)?)))
-            .collect::<Result<_, String>>()?,
-        MergesJson::Joined(lines) => lines
-            .iter()
-            .map(|line| match line.split(' ').collect::<Vec<_>>()[..] {
-                [l, r] => Ok((id_of(l)?, id_of(r)?)),
-                _ => Err(format!("merge {line:?}")),
-            })
-            .collect::<Result<_, String>>()?,
-    };
-    Vocab::new(tokens, pairs, model.ignore_merges)
+    let mut vocab = Vocab::with_tokens(tokens, model.ignore_merges)?;
+    let (mut left, mut right) = (Vec::new(), Vec::new());
+    for merge in &model.merges {
+        let (l, r) = match merge {
+            MergeJson::Pair(l, r) => (&*l.0, &*r.0),
+            MergeJson::Joined(line) => match line.0.split(' ').collect::<Vec<_>>()[..] {
+                [l, r] => (l, r),
+                _ => return Err(format!("merge {:?}", line.0)),
+            },
+        };
+        let spelled = spell(l, &mut left) && spell(r, &mut right);
+        vocab.push_merge(spelled.then_some((&left[..], &right[..])))?;
+    }
+    Ok(vocab.finish())
 }
 
 #[cfg(test)]
