@@ -228,7 +228,7 @@ pub fn run_all(c: &mut Criterion, sizes: &Sizes) -> Option<[u64; 4]> {
     // First, before loading the tokenizer frees memory the allocator would reuse for the cache.
     let memory = memory(sizes);
     let model = Arc::new(qwen3()?);
-    assert!(model.uses_own_bpe(), "{}", model.encoder());
+    assert!(model.wait_for_own_bpe(), "{}", model.encoder());
     let crate_model = Arc::new(qwen3()?.with_crate_encoder());
     Some([
         bench_encode(c, &model, sizes),

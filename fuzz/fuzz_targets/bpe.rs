@@ -40,7 +40,7 @@ fn models() -> &'static [Arc<ModelTokenizer>] {
                 chat_template: None,
             };
             let model = ModelTokenizer::new(name, files).expect("the tokenizer loads");
-            assert!(model.uses_own_bpe(), "{name}: {}", model.encoder());
+            assert!(model.wait_for_own_bpe(), "{name}: {}", model.encoder());
             models.push(Arc::new(model));
         }
         models

@@ -14,9 +14,10 @@
 //!
 //! The encoder: text between added tokens is encoded by kvgate's own byte-level BPE
 //! ([`bpe::ByteLevelBpe`]) when the model's `tokenizer.json` is of a kind it implements (Llama
-//! 3's and Qwen2/3's), checked against the crate on probe strings at load; otherwise, and for
-//! prompts encoded with the post-processor's tokens in one piece, by the `tokenizers` crate.
-//! [`ModelTokenizer::encoder`] says which, for the start-up log.
+//! 3's and Qwen2/3's), checked against the crate on probe strings at load (on a thread of its
+//! own: `bpe::BpeSlot`, which logs the outcome); otherwise, while it is built, and for prompts
+//! encoded with the post-processor's tokens in one piece, by the `tokenizers` crate.
+//! [`ModelTokenizer::encoder`] says which.
 //!
 //! Errors: a file that does not load is a [`LoadError`] (a one-line start-up error); a request
 //! that cannot be rendered or encoded is a [`TokenizeError`], and the request then routes on
@@ -36,6 +37,7 @@ use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 pub use args::{ModelSpec, TokenizerArgs};
+use bpe::BpeSlot;
 pub use bpe::{ByteLevelBpe, PretokenTooLong};
 pub use cache::{CacheConfig, CacheStats, TokenCache, ENTRY_OVERHEAD_BYTES, L0_ENTRY_TOKENS_MAX};
 pub use prompt::{chat_input, messages_input};
@@ -95,7 +97,7 @@ struct Affixes {
 /// by the data cores and the tokenizer pool.
 pub struct ModelTokenizer {
     label: String,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     /// The added-token cut, when pieces are exact for this tokenizer (`None`: whole prompts).
     split: Option<SpecialSplit>,
@@ -106,10 +108,9 @@ pub struct ModelTokenizer {
     affixes: Option<Affixes>,
     /// Seeds cache keys: two models never share entries.
     seed: u64,
-    /// kvgate's encoder for text without added tokens, when it implements this tokenizer.
-    bpe: Option<ByteLevelBpe>,
-    /// Which encoder is used and why, for the start-up log.
-    encoder: String,
+    /// kvgate's encoder for text without added tokens, when it implements this tokenizer (built
+    /// on its own thread at load).
+    bpe: Arc<BpeSlot>,
     notes: Vec<String>,
 }
 
@@ -119,7 +120,7 @@ impl std::fmt::Debug for ModelTokenizer {
             .field("label", &self.label)
             .field("template", &self.template)
             .field("splits", &self.split.is_some())
-            .field("encoder", &self.encoder)
+            .field("encoder", &self.bpe.describe())
             .finish_non_exhaustive()
     }
 }
@@ -172,14 +173,13 @@ impl ModelTokenizer {
         let chunking = Chunking::of(&tokenizer);
         let mut model = ModelTokenizer {
             label: label.to_owned(),
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             template,
             split,
             chunking,
             affixes: None,
             seed: xxh3_64(&files.tokenizer_json),
-            bpe: None,
-            encoder: String::new(),
+            bpe: Arc::default(),
             notes,
         };
         if model.split.is_some() {
@@ -191,7 +191,12 @@ impl ModelTokenizer {
             }
         }
         model.affixes = model.probe_affixes();
-        model.attach_bpe(&files.tokenizer_json);
+        let has_added = !model.tokenizer.get_added_tokens_decoder().is_empty();
+        model.bpe = if has_added && model.split.is_none() {
+            BpeSlot::crate_only("the added-token cut is not exact")
+        } else {
+            BpeSlot::build(label, files.tokenizer_json, model.tokenizer.clone())
+        };
         if model.template.is_none() {
             model.notes.push(format!(
                 "tokenizer of {label}: no chat template; chat requests route on text"
@@ -200,51 +205,26 @@ impl ModelTokenizer {
         Ok(model)
     }
 
-    /// Which encoder encodes this model's text, and why: for the start-up log.
-    pub fn encoder(&self) -> &str {
-        &self.encoder
+    /// Which encoder encodes this model's text now, and why.
+    pub fn encoder(&self) -> String {
+        self.bpe.describe()
     }
 
-    /// Whether kvgate's byte-level BPE encodes this model's text (false: the crate does).
+    /// Whether kvgate's byte-level BPE encodes this model's text now (false: the crate does,
+    /// for good or while the BPE is built).
     pub fn uses_own_bpe(&self) -> bool {
-        self.bpe.is_some()
+        self.bpe.get().is_some()
     }
 
-    /// Uses kvgate's byte-level BPE when it implements this tokenizer, the added-token cut is
-    /// exact, and both agree with the crate on the probe strings; says which in `encoder`.
-    fn attach_bpe(&mut self, tokenizer_json: &[u8]) {
-        let crate_reason = |why: &str| format!("the tokenizers crate ({why})");
-        let has_added = !self.tokenizer.get_added_tokens_decoder().is_empty();
-        if has_added && self.split.is_none() {
-            self.encoder = crate_reason("the added-token cut is not exact");
-            return;
-        }
-        let bpe = match ByteLevelBpe::new(tokenizer_json) {
-            Ok(bpe) => bpe,
-            Err(why) => {
-                self.encoder = crate_reason(&format!("kvgate's BPE does not implement: {why}"));
-                return;
-            }
-        };
-        for probe in BPE_PROBES {
-            let mut ids = Vec::new();
-            let ours = bpe.encode(probe, &mut ids).map(|()| ids);
-            let theirs = self.encode(probe, false);
-            if ours.ok() != theirs.ok() {
-                self.encoder = crate_reason(&format!("kvgate's BPE differs on {probe:?}"));
-                return;
-            }
-        }
-        self.encoder = bpe.describe();
-        self.bpe = Some(bpe);
+    /// Waits until kvgate's BPE is built (or refused); then [`ModelTokenizer::uses_own_bpe`].
+    pub fn wait_for_own_bpe(&self) -> bool {
+        self.bpe.wait()
     }
 
     /// This model with its text encoded by the `tokenizers` crate alone (kvgate's BPE dropped):
     /// the baseline of benchmarks and comparisons.
     pub fn with_crate_encoder(mut self) -> ModelTokenizer {
-        if self.bpe.take().is_some() {
-            self.encoder = "the tokenizers crate (kvgate's BPE turned off)".into();
-        }
+        self.bpe = BpeSlot::crate_only("kvgate's BPE turned off");
         self
     }
 
@@ -310,7 +290,7 @@ impl ModelTokenizer {
 
     /// The IDs of `text`, a piece without added tokens (a segment or chunk of a prompt).
     fn encode_piece(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        match &self.bpe {
+        match self.bpe.get() {
             Some(bpe) => {
                 let mut out = Vec::with_capacity(text.len() / 3);
                 bpe.encode(text, &mut out)
@@ -325,7 +305,7 @@ impl ModelTokenizer {
     /// BPE between the added tokens when the model has it and no special tokens are added, the
     /// crate otherwise.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
-        let Some(bpe) = self.bpe.as_ref().filter(|_| !add_special_tokens) else {
+        let Some(bpe) = self.bpe.get().filter(|_| !add_special_tokens) else {
             return self.encode_with_crate(text, add_special_tokens);
         };
         let mut out = Vec::with_capacity(text.len() / 3);
@@ -456,17 +436,6 @@ impl ModelTokenizer {
         xxh3_64_with_seed(segment.as_bytes(), self.seed.rotate_left(17) ^ 2)
     }
 }
-
-/// Strings kvgate's BPE must encode as the crate does before a model uses it: every kind of
-/// pre-token, NFC's compositions, and a run past a chunk.
-const BPE_PROBES: [&str; 6] = [
-    "Hello world, it's THEY'LL don't 12345 3.14 naïve café 日本語 한국어 🎉 👩‍👩‍👧",
-    "  leading\t\ttabs \n\r\n  trailing   \n\n\n    indented(x) { return x**2; }",
-    "x\u{301} e\u{301}\u{327} \u{1100}\u{1161}\u{11a8} ﬁ Å Ω ٣٤٥ ½ Ⅻ",
-    "!!! ... ??? 'S 'ſ 'Re 'vE 'LL 'd ' \" `~ http://example.com/a?b=c&d=e#f",
-    "internationalization antidisestablishmentarianism supercalifragilisticexpialidocious",
-    "\u{3000}\u{a0}\u{2028}\u{85}\u{feff}\u{200d} tail",
-];
 
 /// The special tokens a template may print: every `*_token` of `tokenizer_config.json` that is
 /// a string or an `{"content": ...}` object.

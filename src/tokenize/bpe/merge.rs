@@ -21,8 +21,12 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Pre-tokens up to this many bytes merge on the stack.
-const SHORT_BYTES_MAX: usize = 48;
+/// Pre-tokens up to this many bytes merge on the stack, in arrays of this size (most words).
+const SHORT_BYTES_MAX: usize = 16;
+
+/// Pre-tokens up to this many bytes merge on the stack too, in larger arrays (a CJK run
+/// between punctuation, an identifier); longer ones take the heap.
+const MEDIUM_BYTES_MAX: usize = 128;
 
 /// No merge: the rank of a pair that has none.
 const NO_MERGE: u32 = u32::MAX;
@@ -241,7 +245,9 @@ impl Vocab {
     /// Merges `bytes` (non-empty), appending the IDs to `out`.
     fn merge(&self, bytes: &[u8], out: &mut Vec<u32>) {
         if bytes.len() <= SHORT_BYTES_MAX {
-            self.merge_short(bytes, out)
+            self.merge_short::<SHORT_BYTES_MAX>(bytes, out)
+        } else if bytes.len() <= MEDIUM_BYTES_MAX {
+            self.merge_short::<MEDIUM_BYTES_MAX>(bytes, out)
         } else {
             self.merge_long(bytes, out)
         }
@@ -257,13 +263,14 @@ impl Vocab {
     }
 
     /// The rule on an array: find the lowest-ranked pair (leftmost on a tie), merge, update the
-    /// two pairs around it. O(n^2) for n bytes, on the stack: the fastest for short pre-tokens.
-    fn merge_short(&self, bytes: &[u8], out: &mut Vec<u32>) {
-        let mut ids = [0u32; SHORT_BYTES_MAX];
+    /// two pairs around it. O(n^2) for n bytes (at most `N`), on the stack: the fastest for
+    /// short pre-tokens.
+    fn merge_short<const N: usize>(&self, bytes: &[u8], out: &mut Vec<u32>) {
+        let mut ids = [0u32; N];
         let mut pairs = [Merge {
             rank: NO_MERGE,
             merged: 0,
-        }; SHORT_BYTES_MAX];
+        }; N];
         let mut len = bytes.len();
         for (id, &byte) in ids.iter_mut().zip(bytes) {
             *id = self.byte_ids[usize::from(byte)];
@@ -400,10 +407,10 @@ mod tests {
             let vocab = toy(seed, false);
             let mut rng = fastrand::Rng::with_seed(seed + 100);
             for _ in 0..200 {
-                let len = rng.usize(1..=SHORT_BYTES_MAX);
+                let len = rng.usize(1..=MEDIUM_BYTES_MAX);
                 let word: Vec<u8> = (0..len).map(|_| b"abc "[rng.usize(..4)]).collect();
                 let (mut short, mut long) = (Vec::new(), Vec::new());
-                vocab.merge_short(&word, &mut short);
+                vocab.merge_short::<MEDIUM_BYTES_MAX>(&word, &mut short);
                 vocab.merge_long(&word, &mut long);
                 assert_eq!(
                     short,
@@ -451,7 +458,7 @@ mod tests {
         let (mut short, mut long) = (Vec::new(), Vec::new());
         vocab.merge_long(&word, &mut long);
         for chunk in word.chunks(3) {
-            vocab.merge_short(chunk, &mut short);
+            vocab.merge_short::<SHORT_BYTES_MAX>(chunk, &mut short);
         }
         assert_eq!(long, short);
     }

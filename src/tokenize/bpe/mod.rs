@@ -18,6 +18,7 @@
 
 mod merge;
 pub mod pretokens;
+mod slot;
 
 use std::borrow::Cow;
 
@@ -27,6 +28,7 @@ use unicode_normalization_alignments::{is_nfc_quick, IsNormalized, UnicodeNormal
 use crate::limits::TOKENIZER_PRETOKEN_BYTES_MAX;
 use merge::Vocab;
 use pretokens::{CharClasses, Pretokens, SplitPattern};
+pub use slot::BpeSlot;
 
 /// A pre-token longer than [`TOKENIZER_PRETOKEN_BYTES_MAX`]: the text is not encoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -349,12 +351,12 @@ fn vocab(model: BpeJson<'_>) -> Result<Vocab, String> {
     };
     // A token with a character outside the alphabet can never be made from bytes: left out.
     let mut bytes = Vec::new();
-    let tokens: Vec<(u32, Vec<u8>)> = model
-        .vocab
-        .0
-        .iter()
-        .filter_map(|(text, id)| spell(&text.0, &mut bytes).then(|| (*id, bytes.clone())))
-        .collect();
+    let mut tokens: Vec<(u32, Vec<u8>)> = Vec::with_capacity(model.vocab.0.len());
+    for (text, id) in &model.vocab.0 {
+        if spell(&text.0, &mut bytes) {
+            tokens.push((*id, bytes.clone()));
+        }
+    }
     let mut vocab = Vocab::with_tokens(tokens, model.ignore_merges)?;
     let (mut left, mut right) = (Vec::new(), Vec::new());
     for merge in &model.merges {

@@ -74,15 +74,18 @@ const SPACE: u8 = 4;
 /// Which of `\p{L}`, `\p{N}` and `\s` each code point is, as Oniguruma says.
 #[derive(Debug)]
 pub struct CharClasses {
-    ascii: [u8; 128],
-    /// Maximal runs of non-ASCII code points with the same non-zero classes, in order:
+    /// The Basic Multilingual Plane's classes, by code point (64 KiB: one load per character
+    /// for nearly all text).
+    bmp: Vec<u8>,
+    /// Maximal runs of code points past the BMP with the same non-zero classes, in order:
     /// (first, last + 1, classes).
     ranges: Vec<(u32, u32, u8)>,
 }
 
 impl CharClasses {
+    #[inline]
     fn of(&self, c: u32) -> u8 {
-        if let Some(&classes) = self.ascii.get(c as usize) {
+        if let Some(&classes) = self.bmp.get(c as usize) {
             return classes;
         }
         match self.ranges.binary_search_by(|&(first, end, _)| {
@@ -113,10 +116,9 @@ impl CharClasses {
                 }
             }
         }
-        let mut ascii = [0u8; 128];
-        ascii.copy_from_slice(&of[..128]);
+        let bmp = of[..0x10000].to_vec();
         let mut ranges: Vec<(u32, u32, u8)> = Vec::new();
-        for (c, &classes) in of.iter().enumerate().skip(128) {
+        for (c, &classes) in of.iter().enumerate().skip(0x10000) {
             let c = c as u32;
             match ranges.last_mut() {
                 Some((_, end, last)) if *end == c && *last == classes => *end = c + 1,
@@ -124,7 +126,7 @@ impl CharClasses {
                 _ => {}
             }
         }
-        Ok(CharClasses { ascii, ranges })
+        Ok(CharClasses { bmp, ranges })
     }
 }
 
