@@ -238,17 +238,52 @@ pub fn run_all(c: &mut Criterion, sizes: &Sizes) -> Option<[u64; 4]> {
     ])
 }
 
-/// Sentences of Chinese and Japanese, joined at random into the CJK corpus.
-const CJK_SENTENCES: &[&str] = &[
-    "网关在每个请求到达时计算令牌，然后把请求路由到缓存命中率最高的引擎。",
-    "如果前缀已经被缓存，预填充的时间会大大缩短，首个令牌的延迟也随之降低。",
-    "这个分词器必须与引擎使用的分词器完全一致，否则路由的键就会出错。",
-    "东京的天气今天很好，我们去公园散步吧。",
-    "キャッシュを意識したルーティングは、同じ接頭辞を持つ要求を同じエンジンに送ります。",
-    "トークナイザーの速度が遅いと、最初のトークンまでの時間が長くなります。",
-    "日本語の文章には、ひらがな、カタカナ、漢字が混ざっています。",
-    "모델은 요청마다 토큰을 계산합니다。",
+/// Phrases of Chinese and Japanese, joined at random between punctuation into the CJK corpus:
+/// the runs of letters between two punctuation marks seldom repeat, as in real text (a corpus
+/// of repeated sentences would measure the crate's word cache).
+const CJK_PHRASES: &[&str] = &[
+    "网关",
+    "在每个请求到达时",
+    "计算令牌",
+    "然后把请求",
+    "路由到",
+    "缓存命中率最高的引擎",
+    "如果前缀已经被缓存",
+    "预填充的时间",
+    "会大大缩短",
+    "首个令牌的延迟",
+    "也随之降低",
+    "这个分词器",
+    "必须与引擎使用的分词器",
+    "完全一致",
+    "否则",
+    "路由的键就会出错",
+    "东京的天气",
+    "今天很好",
+    "我们去公园散步吧",
+    "数据中心",
+    "模型推理",
+    "显存",
+    "キャッシュを意識した",
+    "ルーティングは",
+    "同じ接頭辞を持つ",
+    "要求を",
+    "同じエンジンに送ります",
+    "トークナイザーの速度が",
+    "遅いと",
+    "最初のトークンまでの時間が",
+    "長くなります",
+    "日本語の文章には",
+    "ひらがな",
+    "カタカナ",
+    "漢字が混ざっています",
+    "모델은",
+    "요청마다",
+    "토큰을 계산합니다",
 ];
+
+/// Punctuation between CJK phrases.
+const CJK_PUNCTUATION: &[&str] = &["，", "。", "、", "！", "？", "：", "；", "「", "」", "\n"];
 
 /// The three corpora of the encode group, each about `bytes` long.
 fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, String)> {
@@ -276,10 +311,10 @@ fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, St
     }
     let mut cjk = String::new();
     while cjk.len() < bytes {
-        cjk.push_str(CJK_SENTENCES[rng.usize(..CJK_SENTENCES.len())]);
-        if rng.u8(..6) == 0 {
-            cjk.push('\n');
+        for _ in 0..rng.usize(1..4) {
+            cjk.push_str(CJK_PHRASES[rng.usize(..CJK_PHRASES.len())]);
         }
+        cjk.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
     }
     vec![("prose", prose), ("code", code), ("cjk", cjk)]
 }
@@ -289,6 +324,13 @@ fn bench_encode(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes) -
     let mut group = c.benchmark_group("encode");
     let mut checksum = 0u64;
     let corpora = encode_corpora(model, sizes.encode_bytes);
+    // For the Python package's figure (`scripts/tokenize-python-speed.py`): the same texts.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenize-bench");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        for (name, text) in &corpora {
+            let _ = std::fs::write(dir.join(format!("{name}.txt")), text);
+        }
+    }
     for (name, text) in &corpora {
         let ours = model.encode(text, false).expect("encodes");
         let theirs = model.encode_with_crate(text, false).expect("encodes");
