@@ -363,6 +363,17 @@ fn bench_encode(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes) -
             sizes.alternating_rounds
         );
     }
+    // The worst case: one 16 MB "word", refused after a linear scan (the crate: 19 s, 1.4 GB).
+    let word = "a".repeat(sizes.encode_bytes << 10);
+    let before = resident_bytes();
+    let start = std::time::Instant::now();
+    let refused = model.encode(&word, false).is_err();
+    println!(
+        "encode: a {}-byte word: refused {refused} in {:.1} ms, resident +{} B",
+        word.len(),
+        start.elapsed().as_secs_f64() * 1e3,
+        resident_bytes().saturating_sub(before)
+    );
     println!("encode checksum: {checksum}");
     checksum
 }
