@@ -364,7 +364,7 @@ fn bench_encode(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes) -
         );
     }
     // The worst case: one 16 MB "word", refused after a linear scan (the crate: 19 s, 1.4 GB).
-    let word = "a".repeat(sizes.encode_bytes << 10);
+    let word = "a".repeat((sizes.encode_bytes << 10) + 1);
     let before = resident_bytes();
     let start = std::time::Instant::now();
     let refused = model.encode(&word, false).is_err();
