@@ -416,6 +416,11 @@ const _: () = assert!(TOKENIZER_CACHE_L0_ENTRIES_DEFAULT <= TOKENIZER_CACHE_L0_E
 const _: () = assert!(TOKENIZER_CACHE_L1_BYTES_DEFAULT <= TOKENIZER_CACHE_L1_BYTES_MAX);
 const _: () =
     assert!(TOKENIZER_POOL_THREADS >= 1 && TOKENIZER_QUEUE_CAPACITY >= TOKENIZER_POOL_THREADS);
+// The BPE's heap packs a position of a pre-token into 32 bits; a pre-token past a chunk merges.
+const _: () = assert!(
+    TOKENIZER_PRETOKEN_BYTES_MAX < u32::MAX as usize
+        && TOKENIZER_PRETOKEN_BYTES_MAX > TOKENIZER_CHUNK_BYTES
+);
 // One cold chunk is tokenized on the data core.
 const _: () = assert!(TOKENIZER_CHUNK_BYTES <= TOKENIZE_INLINE_BYTES_DEFAULT);
 // Inline cold work fits in the read buffer a small request arrives in.

@@ -28,6 +28,9 @@ const SHORT_BYTES_MAX: usize = 16;
 /// between punctuation, an identifier); longer ones take the heap. At most `u16::MAX`.
 const MEDIUM_BYTES_MAX: usize = 128;
 
+// The stack's neighbour links are u16; the short arrays are the smaller ones.
+const _: () = assert!(MEDIUM_BYTES_MAX <= u16::MAX as usize && SHORT_BYTES_MAX < MEDIUM_BYTES_MAX);
+
 /// No merge: the rank of a pair that has none.
 const NO_MERGE: u32 = u32::MAX;
 
