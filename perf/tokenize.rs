@@ -1,8 +1,9 @@
 //! Criterion benchmarks of gateway tokenization with Qwen3's tokenizer (`tokenizer.json` and
 //! `tokenizer_config.json` from `scripts/fetch-tokenizers.sh`, under `target/tokenizers/`).
 //!
-//! - `encode/{crate,kvgate}/{prose,code,cjk}`: cold encoding of about 16 KB of text (English-like
-//!   prose, Rust source, Chinese and Japanese) by the `tokenizers` crate and by kvgate's
+//! - `encode/{crate,kvgate}/{prose,code,cjk,cjk_unique}`: cold encoding of about 16 KB of text
+//!   (English-like prose, Rust source, Chinese, Japanese and Korean phrases, their characters in
+//!   random runs that never repeat) by the `tokenizers` crate and by kvgate's
 //!   byte-level BPE (`ModelTokenizer::encode`), side by side in one run; then an alternating
 //!   measurement (the crate, then kvgate, round after round, so a loaded machine's drift hits
 //!   both alike) prints the median ratio per corpus: the figure to read.
@@ -285,7 +286,7 @@ const CJK_PHRASES: &[&str] = &[
 /// Punctuation between CJK phrases.
 const CJK_PUNCTUATION: &[&str] = &["，", "。", "、", "！", "？", "：", "；", "「", "」", "\n"];
 
-/// The three corpora of the encode group, each about `bytes` long.
+/// The corpora of the encode group, each about `bytes` long.
 fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, String)> {
     let mut rng = Rng::with_seed(5);
     let mut prose = String::new();
@@ -316,7 +317,22 @@ fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, St
         }
         cjk.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
     }
-    vec![("prose", prose), ("code", code), ("cjk", cjk)]
+    // The same characters in random order between punctuation: runs that never repeat, so no
+    // word cache helps (real CJK text sits between the two).
+    let characters: Vec<char> = CJK_PHRASES.iter().flat_map(|p| p.chars()).collect();
+    let mut cjk_unique = String::new();
+    while cjk_unique.len() < bytes {
+        for _ in 0..rng.usize(4..20) {
+            cjk_unique.push(characters[rng.usize(..characters.len())]);
+        }
+        cjk_unique.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
+    }
+    vec![
+        ("prose", prose),
+        ("code", code),
+        ("cjk", cjk),
+        ("cjk_unique", cjk_unique),
+    ]
 }
 
 /// Cold encoding by the crate and by kvgate's BPE (see the module documentation).

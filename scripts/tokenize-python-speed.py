@@ -13,7 +13,7 @@ from tokenizers import Tokenizer
 
 def main():
     tokenizer = Tokenizer.from_file(f"{sys.argv[1]}/tokenizer.json")
-    for name in ["prose", "code", "cjk"]:
+    for name in ["prose", "code", "cjk", "cjk_unique"]:
         with open(f"target/tokenize-bench/{name}.txt", encoding="utf-8") as f:
             text = f.read()
         tokens = len(tokenizer.encode(text, add_special_tokens=False).ids)
