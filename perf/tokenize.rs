@@ -1,6 +1,13 @@
 //! Criterion benchmarks of gateway tokenization with Qwen3's tokenizer (`tokenizer.json` and
 //! `tokenizer_config.json` from `scripts/fetch-tokenizers.sh`, under `target/tokenizers/`).
 //!
+//! - `encode/{crate,kvgate}/{prose,code,cjk,cjk_unique}`: cold encoding of about 16 KB of text
+//!   (English-like prose, Rust source, Chinese, Japanese and Korean phrases, their characters in
+//!   random runs that never repeat) by the `tokenizers` crate and by kvgate's
+//!   byte-level BPE (`ModelTokenizer::encode`), side by side in one run; then an alternating
+//!   measurement (the crate, then kvgate, round after round, so a loaded machine's drift hits
+//!   both alike) prints the median ratio per corpus: the figure to read.
+//!
 //! Chat bodies of 1k / 8k / 32k tokens: a system prompt (half the tokens), earlier turns, and a
 //! last user message of [`TAIL_TOKENS`] tokens; English-like text from a fixed vocabulary.
 //! - `tokenize/crate_alone_*`: the `tokenizers` crate encoding the rendered prompt, nothing else
@@ -10,7 +17,8 @@
 //! - `tokenize/cold_*`: body to IDs through an empty cache: the body read for the template,
 //!   rendering, the cut at added tokens, every segment encoded and cached.
 //! - `tokenize/head_cached_*`: the same with every segment but the last user message cached (a
-//!   conversation's next turn): the target is 50 us at 8k (7.5k tokens seen before).
+//!   conversation's next turn): the target is 150 us at 8k (7.5k tokens seen before);
+//!   `head_cached_crate_*` the same with the crate as the encoder.
 //! - `tokenize/all_cached_*`: every segment cached (the same prompt again).
 //! - `tokenize/render_*`: the body read and the template rendered, alone.
 //! - `prepare/*`: the data core's whole preparation (`Router::prepare`: extraction, tokenization
@@ -51,6 +59,10 @@ pub struct Sizes {
     pub tail_tokens: usize,
     /// The L1 bound of the memory figure.
     pub memory_bytes: usize,
+    /// Bytes of each corpus of the encode group.
+    pub encode_bytes: usize,
+    /// Rounds of the alternating measurement.
+    pub alternating_rounds: usize,
 }
 
 impl Sizes {
@@ -60,6 +72,8 @@ impl Sizes {
             prompt_tokens: vec![1024, 8192, 32768],
             tail_tokens: TAIL_TOKENS,
             memory_bytes: 50 << 20,
+            encode_bytes: 16 << 10,
+            alternating_rounds: 41,
         }
     }
 
@@ -69,6 +83,8 @@ impl Sizes {
             prompt_tokens: vec![96],
             tail_tokens: 16,
             memory_bytes: 64 << 10,
+            encode_bytes: 256,
+            alternating_rounds: 1,
         }
     }
 }
@@ -82,16 +98,14 @@ pub fn fixtures_dir() -> PathBuf {
 }
 
 /// Qwen3's tokenizer, if its files are there.
-pub fn qwen3() -> Option<Arc<ModelTokenizer>> {
+pub fn qwen3() -> Option<ModelTokenizer> {
     let dir = fixtures_dir().join("qwen3");
     let files = TokenizerFiles {
         tokenizer_json: std::fs::read(dir.join("tokenizer.json")).ok()?,
         tokenizer_config_json: std::fs::read(dir.join("tokenizer_config.json")).ok(),
         chat_template: None,
     };
-    Some(Arc::new(
-        ModelTokenizer::new("qwen3", files).expect("Qwen3's tokenizer loads"),
-    ))
+    Some(ModelTokenizer::new("qwen3", files).expect("Qwen3's tokenizer loads"))
 }
 
 const WORDS: &[&str] = &[
@@ -211,15 +225,201 @@ fn l1_only(bytes: usize) -> CacheConfig {
 }
 
 /// Every benchmark over `sizes`, or `None` without Qwen3's files; returns the checksums.
-pub fn run_all(c: &mut Criterion, sizes: &Sizes) -> Option<[u64; 3]> {
+pub fn run_all(c: &mut Criterion, sizes: &Sizes) -> Option<[u64; 4]> {
     // First, before loading the tokenizer frees memory the allocator would reuse for the cache.
     let memory = memory(sizes);
-    let model = qwen3()?;
+    let model = Arc::new(qwen3()?);
+    assert!(model.wait_for_own_bpe(), "{}", model.encoder());
+    let crate_model = Arc::new(qwen3()?.with_crate_encoder());
     Some([
-        bench_tokenize(c, &model, sizes),
+        bench_encode(c, &model, sizes),
+        bench_tokenize(c, &model, &crate_model, sizes),
         bench_prepare(c, &model, sizes),
         memory,
     ])
+}
+
+/// Phrases of Chinese and Japanese, joined at random between punctuation into the CJK corpus:
+/// the runs of letters between two punctuation marks seldom repeat, as in real text (a corpus
+/// of repeated sentences would measure the crate's word cache).
+const CJK_PHRASES: &[&str] = &[
+    "网关",
+    "在每个请求到达时",
+    "计算令牌",
+    "然后把请求",
+    "路由到",
+    "缓存命中率最高的引擎",
+    "如果前缀已经被缓存",
+    "预填充的时间",
+    "会大大缩短",
+    "首个令牌的延迟",
+    "也随之降低",
+    "这个分词器",
+    "必须与引擎使用的分词器",
+    "完全一致",
+    "否则",
+    "路由的键就会出错",
+    "东京的天气",
+    "今天很好",
+    "我们去公园散步吧",
+    "数据中心",
+    "模型推理",
+    "显存",
+    "キャッシュを意識した",
+    "ルーティングは",
+    "同じ接頭辞を持つ",
+    "要求を",
+    "同じエンジンに送ります",
+    "トークナイザーの速度が",
+    "遅いと",
+    "最初のトークンまでの時間が",
+    "長くなります",
+    "日本語の文章には",
+    "ひらがな",
+    "カタカナ",
+    "漢字が混ざっています",
+    "모델은",
+    "요청마다",
+    "토큰을 계산합니다",
+];
+
+/// Punctuation between CJK phrases.
+const CJK_PUNCTUATION: &[&str] = &["，", "。", "、", "！", "？", "：", "；", "「", "」", "\n"];
+
+/// The corpora of the encode group, each about `bytes` long.
+fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, String)> {
+    let mut rng = Rng::with_seed(5);
+    let mut prose = String::new();
+    while prose.len() < bytes {
+        prose.push_str(&text(model, 64, &mut rng));
+        prose.push_str("\n\n");
+    }
+    let sources = [
+        include_str!("../src/tokenize/mod.rs"),
+        include_str!("../src/tokenize/split.rs"),
+        include_str!("../src/tokenize/cache.rs"),
+    ];
+    let mut code = String::new();
+    for source in sources.iter().cycle() {
+        if code.len() >= bytes {
+            break;
+        }
+        let mut end = (bytes - code.len()).min(source.len());
+        while !source.is_char_boundary(end) {
+            end -= 1;
+        }
+        code.push_str(&source[..end]);
+    }
+    let mut cjk = String::new();
+    while cjk.len() < bytes {
+        for _ in 0..rng.usize(1..4) {
+            cjk.push_str(CJK_PHRASES[rng.usize(..CJK_PHRASES.len())]);
+        }
+        cjk.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
+    }
+    // The same characters in random order between punctuation: runs that never repeat, so no
+    // word cache helps (real CJK text sits between the two).
+    let characters: Vec<char> = CJK_PHRASES.iter().flat_map(|p| p.chars()).collect();
+    let mut cjk_unique = String::new();
+    while cjk_unique.len() < bytes {
+        for _ in 0..rng.usize(4..20) {
+            cjk_unique.push(characters[rng.usize(..characters.len())]);
+        }
+        cjk_unique.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
+    }
+    vec![
+        ("prose", prose),
+        ("code", code),
+        ("cjk", cjk),
+        ("cjk_unique", cjk_unique),
+    ]
+}
+
+/// Cold encoding by the crate and by kvgate's BPE (see the module documentation).
+fn bench_encode(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes) -> u64 {
+    let mut group = c.benchmark_group("encode");
+    let mut checksum = 0u64;
+    let corpora = encode_corpora(model, sizes.encode_bytes);
+    // For the Python package's figure (`scripts/tokenize-python-speed.py`): the same texts.
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenize-bench");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        for (name, text) in &corpora {
+            let _ = std::fs::write(dir.join(format!("{name}.txt")), text);
+        }
+    }
+    for (name, text) in &corpora {
+        let ours = model.encode(text, false).expect("encodes");
+        let theirs = model.encode_with_crate(text, false).expect("encodes");
+        assert_eq!(ours, theirs, "{name}: kvgate's BPE and the crate differ");
+        checksum += ours.len() as u64;
+        println!(
+            "encode: {name}: {} bytes, {} tokens",
+            text.len(),
+            ours.len()
+        );
+        group.throughput(Throughput::Elements(ours.len() as u64));
+        group.bench_with_input(BenchmarkId::new("crate", name), text, |b, text| {
+            b.iter(|| {
+                black_box(
+                    model
+                        .encode_with_crate(black_box(text), false)
+                        .map(|i| i.len()),
+                )
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("kvgate", name), text, |b, text| {
+            b.iter(|| black_box(model.encode(black_box(text), false).map(|i| i.len())))
+        });
+    }
+    group.finish();
+    for (name, text) in &corpora {
+        let (median, low, high) = alternating_ratio(model, text, sizes.alternating_rounds);
+        println!(
+            "encode: {name}: kvgate is {median:.1}x the crate's speed (median of {} alternating rounds; {low:.1}x-{high:.1}x)",
+            sizes.alternating_rounds
+        );
+    }
+    // The worst case: one 16 MB "word", refused after a linear scan (the crate: 19 s, 1.4 GB).
+    let word = "a".repeat((sizes.encode_bytes << 10) + 1);
+    let before = resident_bytes();
+    let start = std::time::Instant::now();
+    let refused = model.encode(&word, false).is_err();
+    println!(
+        "encode: a {}-byte word: refused {refused} in {:.1} ms, resident +{} B",
+        word.len(),
+        start.elapsed().as_secs_f64() * 1e3,
+        resident_bytes().saturating_sub(before)
+    );
+    println!("encode checksum: {checksum}");
+    checksum
+}
+
+/// The crate's time over kvgate's on `text`, measured alternately round after round: (median,
+/// lowest, highest).
+fn alternating_ratio(model: &ModelTokenizer, text: &str, rounds: usize) -> (f64, f64, f64) {
+    let time = |f: &dyn Fn() -> usize| {
+        let start = std::time::Instant::now();
+        let mut n = 0;
+        // About 20 ms of the crate per round: many encodes, so timer noise does not count.
+        while start.elapsed() < std::time::Duration::from_millis(20) || n < 3 {
+            black_box(f());
+            n += 1;
+        }
+        start.elapsed().as_secs_f64() / n as f64
+    };
+    let mut ratios: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let theirs = time(&|| model.encode_with_crate(text, false).map_or(0, |i| i.len()));
+            let ours = time(&|| model.encode(text, false).map_or(0, |i| i.len()));
+            theirs / ours
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    (
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1],
+    )
 }
 
 fn ids_of(
@@ -233,7 +433,12 @@ fn ids_of(
     out.len()
 }
 
-fn bench_tokenize(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes) -> u64 {
+fn bench_tokenize(
+    c: &mut Criterion,
+    model: &Arc<ModelTokenizer>,
+    crate_model: &Arc<ModelTokenizer>,
+    sizes: &Sizes,
+) -> u64 {
     let mut group = c.benchmark_group("tokenize");
     let mut checksum = 0u64;
     let mut out = Vec::new();
@@ -288,12 +493,24 @@ fn bench_tokenize(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes)
         });
         // The head warmed by the same conversation ending in another last message.
         let warm_body = chat_body(model, tokens, sizes.tail_tokens, 2);
-        group.bench_with_input(BenchmarkId::new("head_cached", tokens), &body, |b, body| {
-            b.iter_batched(
-                || head_cache(model, &warm_body),
-                |mut cache| black_box(ids_of(model, body, &mut cache, &mut out)),
-                BatchSize::SmallInput,
-            )
+        for (name, model) in [("head_cached", model), ("head_cached_crate", crate_model)] {
+            group.bench_with_input(BenchmarkId::new(name, tokens), &body, |b, body| {
+                b.iter_batched(
+                    || head_cache(model, &warm_body),
+                    |mut cache| black_box(ids_of(model, body, &mut cache, &mut out)),
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+        // The new message alone through kvgate's BPE (`crate_alone_tail` is the crate's).
+        group.bench_with_input(BenchmarkId::new("kvgate_tail", tokens), &tail, |b, text| {
+            b.iter(|| {
+                black_box(
+                    model
+                        .encode(black_box(text.as_str()), false)
+                        .map(|e| e.len()),
+                )
+            })
         });
         let mut all = TokenCache::new(l1_only(64 << 20));
         checksum += ids_of(model, &body, &mut all, &mut out) as u64;

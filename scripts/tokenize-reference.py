@@ -7,7 +7,12 @@ the post-processor's special tokens (as apply_chat_template), completions prompt
 Content parts are flattened to the text of their text parts joined by newlines, as vLLM does
 for string-format templates (both test templates are).
 
+With --strings, the IDs of each string of a strings file (one JSON string per line,
+tests/fixtures/tokenize_strings.jsonl) encoded without the post-processor's tokens, one line of
+space-separated IDs per string: the reference of kvgate's byte-level BPE.
+
 Usage: tokenize-reference.py TOKENIZER_DIR CORPUS.jsonl > reference.jsonl
+       tokenize-reference.py --strings TOKENIZER_DIR STRINGS.jsonl > strings.ids
 """
 import json
 import sys
@@ -50,7 +55,18 @@ def flatten(messages):
     return out
 
 
+def strings_ids(model_dir, path):
+    tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
+    with open(path, encoding="utf-8") as f:
+        strings = [json.loads(line) for line in f]
+    for encoding in tokenizer.encode_batch(strings, add_special_tokens=False):
+        print(" ".join(map(str, encoding.ids)))
+
+
 def main():
+    if sys.argv[1] == "--strings":
+        strings_ids(sys.argv[2], sys.argv[3])
+        return
     model_dir, corpus = sys.argv[1], sys.argv[2]
     tokenizer = Tokenizer.from_file(f"{model_dir}/tokenizer.json")
     with open(f"{model_dir}/tokenizer_config.json", encoding="utf-8") as f:

@@ -337,6 +337,13 @@ pub const TOKENIZE_INLINE_BYTES_DEFAULT: usize = 1024;
 /// about 250 tokens, the page size of the engines' caches many times over.
 pub const TOKENIZER_CHUNK_BYTES: usize = 1024;
 
+/// The longest pre-token (a run of letters, of punctuation, of whitespace) kvgate's byte-level
+/// BPE merges (`tokenize::bpe`): merging takes O(n log n) time and about 36 bytes per byte, so a
+/// 16 MB "word" would take half a gigabyte. Longer ones are refused and the request routes on
+/// its text. 256 KiB is far past any real word (an unpunctuated CJK passage of 85k characters)
+/// and merges in tens of milliseconds into about 9 MiB.
+pub const TOKENIZER_PRETOKEN_BYTES_MAX: usize = 256 << 10;
+
 /// Threads of the tokenizer pool that takes cold tokenization off the data cores: shared by
 /// all cores, sized to keep a burst of cold 32k-token prompts from queueing long while leaving
 /// the data cores their CPUs.
@@ -496,6 +503,11 @@ const _: () = assert!(TOKENIZER_CACHE_L0_ENTRIES_DEFAULT <= TOKENIZER_CACHE_L0_E
 const _: () = assert!(TOKENIZER_CACHE_L1_BYTES_DEFAULT <= TOKENIZER_CACHE_L1_BYTES_MAX);
 const _: () =
     assert!(TOKENIZER_POOL_THREADS >= 1 && TOKENIZER_QUEUE_CAPACITY >= TOKENIZER_POOL_THREADS);
+// The BPE's heap packs a position of a pre-token into 32 bits; a pre-token past a chunk merges.
+const _: () = assert!(
+    TOKENIZER_PRETOKEN_BYTES_MAX < u32::MAX as usize
+        && TOKENIZER_PRETOKEN_BYTES_MAX > TOKENIZER_CHUNK_BYTES
+);
 // One cold chunk is tokenized on the data core.
 const _: () = assert!(TOKENIZER_CHUNK_BYTES <= TOKENIZE_INLINE_BYTES_DEFAULT);
 // Inline cold work fits in the read buffer a small request arrives in.

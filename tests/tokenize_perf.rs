@@ -19,7 +19,8 @@ fn every_tokenize_benchmark_runs_with_tiny_prompts() {
         .warm_up_time(Duration::from_millis(1))
         .measurement_time(Duration::from_millis(5))
         .without_plots();
-    let Some([tokenize, prepare, memory]) = bench::run_all(&mut criterion, &bench::Sizes::tiny())
+    let Some([encode, tokenize, prepare, memory]) =
+        bench::run_all(&mut criterion, &bench::Sizes::tiny())
     else {
         let message = "Qwen3's tokenizer files are missing: run scripts/fetch-tokenizers.sh";
         assert!(
@@ -29,6 +30,7 @@ fn every_tokenize_benchmark_runs_with_tiny_prompts() {
         eprintln!("skipped: {message}");
         return;
     };
+    assert!(encode > 0, "no corpus was encoded");
     assert!(tokenize > 0, "no prompt was tokenized");
     assert!(prepare > 0, "no request was prepared");
     assert!(memory > 0, "the cache held nothing");

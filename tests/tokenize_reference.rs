@@ -72,6 +72,12 @@ fn load_files(model: &str) -> Option<(Arc<ModelTokenizer>, Vec<Value>)> {
         chat_template: None,
     };
     let tokenizer = ModelTokenizer::new(model, files).expect("the tokenizer loads");
+    // kvgate's BPE builds on its own thread: every test here runs on it.
+    assert!(
+        tokenizer.wait_for_own_bpe(),
+        "{model}: {}",
+        tokenizer.encoder()
+    );
     let lines = reference
         .lines()
         .map(|l| serde_json::from_str(l).expect("a reference line"))
@@ -116,6 +122,11 @@ fn prompts_and_ids_equal_the_python_reference() {
             tokenizer.splits(),
             "{model}: pieces should be exact: {:?}",
             tokenizer.notes()
+        );
+        assert!(
+            tokenizer.wait_for_own_bpe(),
+            "{model}: {}",
+            tokenizer.encoder()
         );
         assert_eq!(reference.len(), corpus.len(), "{model}: reference is stale");
         let mut cache = segment_cache();
@@ -303,4 +314,116 @@ fn a_message_sharing_the_head_of_an_earlier_one_reuses_its_chunks() {
     );
     finish(work.run(), &mut cache, &mut out).unwrap();
     assert_eq!(out, whole);
+}
+
+/// The strings of `tests/fixtures/tokenize_strings.jsonl` (`scripts/tokenize-strings.py`).
+fn strings() -> Vec<String> {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenize_strings.jsonl");
+    let text = std::fs::read_to_string(path).expect("the strings");
+    text.lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON string"))
+        .collect()
+}
+
+#[test]
+fn kvgates_bpe_gives_the_python_ids_of_every_string_of_the_corpus() {
+    let strings = strings();
+    assert!(strings.len() >= 100_000, "{} strings", strings.len());
+    for model in MODELS {
+        let Some((tokenizer, _)) = load(model) else {
+            continue;
+        };
+        assert!(
+            tokenizer.wait_for_own_bpe(),
+            "{model}: {}",
+            tokenizer.encoder()
+        );
+        let path = fixtures_dir().join(format!("strings-{model}.ids"));
+        let Ok(reference) = std::fs::read_to_string(&path) else {
+            let message = format!(
+                "{} is missing: run scripts/fetch-tokenizers.sh",
+                path.display()
+            );
+            assert!(
+                std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_none(),
+                "{message}"
+            );
+            eprintln!("skipped: {message}");
+            continue;
+        };
+        let reference: Vec<&str> = reference.lines().collect();
+        assert_eq!(reference.len(), strings.len(), "{model}: the IDs are stale");
+        let mut differ = Vec::new();
+        for (text, want) in strings.iter().zip(reference) {
+            let want: Vec<u32> = want
+                .split(' ')
+                .filter(|id| !id.is_empty())
+                .map(|id| id.parse().expect("an ID"))
+                .collect();
+            let got = tokenizer.encode(text, false).expect("encodes");
+            if got != want {
+                differ.push((text, got, want));
+            }
+        }
+        assert!(
+            differ.is_empty(),
+            "{model}: {} of {} strings differ, first: {:?}",
+            differ.len(),
+            strings.len(),
+            differ.first()
+        );
+    }
+}
+
+#[test]
+fn long_words_encode_as_the_crate_and_a_16_mb_one_is_refused() {
+    for model in MODELS {
+        let Some((tokenizer, _)) = load(model) else {
+            continue;
+        };
+        let mut rng = fastrand::Rng::with_seed(16);
+        // Pre-tokens past the stack merge's 48 bytes, of each kind: letters, whitespace,
+        // punctuation, CJK, a letter run with combining marks.
+        let letters: String = (0..12_000).map(|_| rng.alphabetic()).collect();
+        let lower: String = (0..12_000).map(|_| rng.lowercase()).collect();
+        let cjk: String = (0..3_000)
+            .filter_map(|_| char::from_u32(rng.u32(0x4e00..0x9fff)))
+            .collect();
+        let marks: String = (0..3_000)
+            .map(|i| if i % 2 == 0 { 'e' } else { '\u{301}' })
+            .collect();
+        let words = [
+            letters,
+            lower,
+            " ".repeat(9_000) + "x",
+            "=-".repeat(5_000),
+            cjk,
+            marks,
+            "ab".repeat(3_000),
+        ];
+        for word in &words {
+            let ours = tokenizer.encode(word, false).expect("encodes");
+            let theirs = tokenizer.encode_with_crate(word, false).expect("encodes");
+            assert!(
+                ours == theirs,
+                "{model}: a {}-byte word differs",
+                word.len()
+            );
+        }
+        // 16 MB of one letter: one pre-token, refused after a linear scan (the crate takes
+        // 19 s and 1.4 GB on it); the request then routes on its text.
+        let huge = "a".repeat(16 << 20);
+        let refused = tokenizer.encode(&huge, false);
+        assert!(
+            matches!(&refused, Err(kvgate::tokenize::TokenizeError::Encode(e)) if e.contains("pre-token")),
+            "{model}: {refused:?}"
+        );
+        let body = serde_json::json!({"messages": [{"role": "user", "content": huge}]}).to_string();
+        let prompt = tokenizer
+            .prompt(PromptSource::Chat(body.as_bytes()))
+            .expect("renders");
+        let mut out = Vec::new();
+        assert!(tokenize_inline(&tokenizer, prompt, &mut segment_cache(), &mut out).is_err());
+    }
 }

@@ -292,6 +292,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
     for notice in &shared.config.startup_notices {
         tracing::warn!("{notice}");
     }
+    // The encoder each model uses; kvgate's BPE builds on its own thread and says when it is
+    // done, if that comes later than this line (tokenize::bpe::BpeSlot).
+    for (model, tokenizer) in shared.config.tokenizers.iter() {
+        let model = model.unwrap_or("every other model");
+        tracing::info!(model, encoder = %tokenizer.encoder(), "tokenizer");
+    }
     let admin_access = &shared.config.worker_settings.admin_access;
     if *admin_access == AdminAccess::Open {
         tracing::warn!("{}", admin_access.describe());

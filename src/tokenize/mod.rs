@@ -12,11 +12,19 @@
 //! IDs. The engines' behaviour is kept: chat prompts are encoded without the post-processor's
 //! special tokens (`apply_chat_template` does not add them), completions prompts with them.
 //!
+//! The encoder: text between added tokens is encoded by kvgate's own byte-level BPE
+//! ([`bpe::ByteLevelBpe`]) when the model's `tokenizer.json` is of a kind it implements (Llama
+//! 3's and Qwen2/3's), checked against the crate on probe strings at load (on a thread of its
+//! own: `bpe::BpeSlot`, which logs the outcome); otherwise, while it is built, and for prompts
+//! encoded with the post-processor's tokens in one piece, by the `tokenizers` crate.
+//! [`ModelTokenizer::encoder`] says which.
+//!
 //! Errors: a file that does not load is a [`LoadError`] (a one-line start-up error); a request
 //! that cannot be rendered or encoded is a [`TokenizeError`], and the request then routes on
 //! its text, exactly as a model without a tokenizer does.
 
 mod args;
+pub mod bpe;
 mod cache;
 mod prompt;
 mod split;
@@ -29,6 +37,8 @@ use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 pub use args::{ModelSpec, TokenizerArgs};
+use bpe::BpeSlot;
+pub use bpe::{ByteLevelBpe, PretokenTooLong};
 pub use cache::{CacheConfig, CacheStats, TokenCache, ENTRY_OVERHEAD_BYTES, L0_ENTRY_TOKENS_MAX};
 pub use prompt::{chat_input, messages_input};
 pub use split::{chunks, Chunking, Piece, SpecialSplit, SplitSafety};
@@ -87,7 +97,7 @@ struct Affixes {
 /// by the data cores and the tokenizer pool.
 pub struct ModelTokenizer {
     label: String,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
     /// The added-token cut, when pieces are exact for this tokenizer (`None`: whole prompts).
     split: Option<SpecialSplit>,
@@ -98,6 +108,9 @@ pub struct ModelTokenizer {
     affixes: Option<Affixes>,
     /// Seeds cache keys: two models never share entries.
     seed: u64,
+    /// kvgate's encoder for text without added tokens, when it implements this tokenizer (built
+    /// on its own thread at load).
+    bpe: Arc<BpeSlot>,
     notes: Vec<String>,
 }
 
@@ -107,6 +120,7 @@ impl std::fmt::Debug for ModelTokenizer {
             .field("label", &self.label)
             .field("template", &self.template)
             .field("splits", &self.split.is_some())
+            .field("encoder", &self.bpe.describe())
             .finish_non_exhaustive()
     }
 }
@@ -159,12 +173,13 @@ impl ModelTokenizer {
         let chunking = Chunking::of(&tokenizer);
         let mut model = ModelTokenizer {
             label: label.to_owned(),
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             template,
             split,
             chunking,
             affixes: None,
             seed: xxh3_64(&files.tokenizer_json),
+            bpe: Arc::default(),
             notes,
         };
         if model.split.is_some() {
@@ -176,12 +191,41 @@ impl ModelTokenizer {
             }
         }
         model.affixes = model.probe_affixes();
+        let has_added = !model.tokenizer.get_added_tokens_decoder().is_empty();
+        model.bpe = if has_added && model.split.is_none() {
+            BpeSlot::crate_only("the added-token cut is not exact")
+        } else {
+            BpeSlot::build(label, files.tokenizer_json, model.tokenizer.clone())
+        };
         if model.template.is_none() {
             model.notes.push(format!(
                 "tokenizer of {label}: no chat template; chat requests route on text"
             ));
         }
         Ok(model)
+    }
+
+    /// Which encoder encodes this model's text now, and why.
+    pub fn encoder(&self) -> String {
+        self.bpe.describe()
+    }
+
+    /// Whether kvgate's byte-level BPE encodes this model's text now (false: the crate does,
+    /// for good or while the BPE is built).
+    pub fn uses_own_bpe(&self) -> bool {
+        self.bpe.get().is_some()
+    }
+
+    /// Waits until kvgate's BPE is built (or refused); then [`ModelTokenizer::uses_own_bpe`].
+    pub fn wait_for_own_bpe(&self) -> bool {
+        self.bpe.wait()
+    }
+
+    /// This model with its text encoded by the `tokenizers` crate alone (kvgate's BPE dropped):
+    /// the baseline of benchmarks and comparisons.
+    pub fn with_crate_encoder(mut self) -> ModelTokenizer {
+        self.bpe = BpeSlot::crate_only("kvgate's BPE turned off");
+        self
     }
 
     /// What the log should say about this model at start (fallbacks and why).
@@ -244,13 +288,51 @@ impl ModelTokenizer {
         })
     }
 
-    /// The IDs of `text` as one piece, without the post-processor's tokens.
+    /// The IDs of `text`, a piece without added tokens (a segment or chunk of a prompt).
     fn encode_piece(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        self.encode(text, false)
+        match self.bpe.get() {
+            Some(bpe) => {
+                let mut out = Vec::with_capacity(text.len() / 3);
+                bpe.encode(text, &mut out)
+                    .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+                Ok(out)
+            }
+            None => self.encode_with_crate(text, false),
+        }
     }
 
-    /// The IDs of `text`, as the engine encodes it (`add_special_tokens` as given).
+    /// The IDs of `text`, as the engine encodes it (`add_special_tokens` as given): kvgate's
+    /// BPE between the added tokens when the model has it and no special tokens are added, the
+    /// crate otherwise.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
+        let Some(bpe) = self.bpe.get().filter(|_| !add_special_tokens) else {
+            return self.encode_with_crate(text, add_special_tokens);
+        };
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let encoded = match &self.split {
+            None => bpe.encode(text, &mut out),
+            Some(split) => {
+                let mut pieces = Vec::new();
+                split.split(text, &mut pieces);
+                pieces.into_iter().try_for_each(|piece| match piece {
+                    Piece::Special(id) => {
+                        out.push(id);
+                        Ok(())
+                    }
+                    Piece::Text(range) => bpe.encode(&text[range], &mut out),
+                })
+            }
+        };
+        encoded.map_err(|e| TokenizeError::Encode(e.to_string()))?;
+        Ok(out)
+    }
+
+    /// The IDs of `text` from the `tokenizers` crate alone (the reference of kvgate's BPE).
+    pub fn encode_with_crate(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
@@ -287,7 +369,7 @@ impl ModelTokenizer {
             probe.push_str(special);
             probe.push_str("end");
             let mut out = Vec::new();
-            let whole = self.encode_piece(&probe).map_err(|_| probe.clone())?;
+            let whole = self.encode(&probe, false).map_err(|_| probe.clone())?;
             self.encode_pieces_uncached(&probe, &mut out)
                 .map_err(|_| probe.clone())?;
             if whole != out {
@@ -304,7 +386,7 @@ impl ModelTokenizer {
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizeError> {
         let Some(split) = &self.split else {
-            out.extend(self.encode_piece(text)?);
+            out.extend(self.encode(text, false)?);
             return Ok(());
         };
         let (mut pieces, mut ranges) = (Vec::new(), Vec::new());

@@ -137,13 +137,6 @@ impl SpecialSplit {
     }
 }
 
-/// The split patterns whose pre-tokens always end after an ASCII letter or digit followed by a
-/// space (Llama 3's, then Qwen2's: GPT-4's family).
-const CHUNKABLE_PATTERNS: [&str; 2] = [
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-];
-
 /// Whether long text pieces may be cut into chunks (see the module documentation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Chunking {
@@ -155,7 +148,8 @@ pub enum Chunking {
 
 impl Chunking {
     /// `AtSpaces` for a tokenizer with no normalizer or NFC, and the pre-tokenizer
-    /// `Split(one of CHUNKABLE_PATTERNS, Isolated)` then `ByteLevel` without a prefix space.
+    /// `Split(Llama 3's or Qwen2's pattern, Isolated)` then `ByteLevel` without a prefix space
+    /// (`bpe::pre_tokenizer_pattern`).
     pub fn of(tokenizer: &Tokenizer) -> Chunking {
         let json = |v: Option<serde_json::Value>| v.unwrap_or(serde_json::Value::Null);
         let normalizer = json(
@@ -169,25 +163,9 @@ impl Chunking {
                 .get_pre_tokenizer()
                 .and_then(|p| serde_json::to_value(p).ok()),
         );
-        let steps = pre["pretokenizers"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let chunkable = match steps {
-            [split, byte_level] => {
-                split["type"] == "Split"
-                    && split["behavior"] == "Isolated"
-                    && split["invert"] == false
-                    && split["pattern"]["Regex"]
-                        .as_str()
-                        .is_some_and(|p| CHUNKABLE_PATTERNS.contains(&p))
-                    && byte_level["type"] == "ByteLevel"
-                    && byte_level["add_prefix_space"] == false
-                    && byte_level["use_regex"] == false
-            }
-            _ => false,
-        };
-        if normalizer_ok && pre["type"] == "Sequence" && chunkable {
+        // The GPT-4 family of split patterns, exactly (the byte-level BPE's recognizer).
+        let chunkable = super::bpe::pre_tokenizer_pattern(&pre).is_some();
+        if normalizer_ok && chunkable {
             Chunking::AtSpaces
         } else {
             Chunking::Off
