@@ -9,21 +9,7 @@ use std::time::{Duration, Instant};
 
 use utils::mock_origin::{MockOrigin, Reply};
 use utils::process::{free_port, Gateway};
-use utils::{wait_until, TIMEOUT};
-
-const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
-
-fn ok_origin() -> MockOrigin {
-    MockOrigin::start(|_| Reply::json(r#"{"ok":true}"#))
-}
-
-fn assert_error(response: &utils::client::Response, status: u16) {
-    assert_eq!(response.status, status, "{}", response.text());
-    let body = response.json();
-    assert_eq!(body["error"]["code"], status, "{body}");
-    assert!(body["error"]["message"].is_string(), "{body}");
-    assert!(body["error"]["type"].is_string(), "{body}");
-}
+use utils::{assert_error, ok_origin, wait_until, CHAT, TIMEOUT};
 
 #[test]
 fn malformed_http_gets_400_and_the_connection_closes() {

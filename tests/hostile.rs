@@ -13,19 +13,7 @@ use std::time::Duration;
 use utils::client::PeerActivity;
 use utils::mock_origin::{MockOrigin, Reply};
 use utils::process::Gateway;
-use utils::{wait_until, TIMEOUT};
-
-const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
-
-fn ok_origin() -> MockOrigin {
-    MockOrigin::start(|_| Reply::json(r#"{"ok":true}"#))
-}
-
-fn assert_error(response: &utils::client::Response, status: u16) {
-    assert_eq!(response.status, status, "{}", response.text());
-    let body = response.json();
-    assert_eq!(body["error"]["code"], status, "{body}");
-}
+use utils::{assert_error, ok_origin, wait_until, CHAT, TIMEOUT};
 
 /// A head announcing a body of `length` bytes, and the first bytes of that body.
 fn announced(path: &str, length: u64, extra_headers: &str) -> Vec<u8> {

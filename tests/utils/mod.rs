@@ -22,6 +22,24 @@ pub mod process;
 
 use std::time::Duration;
 
+/// A small chat request body.
+pub const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hello"}]}"#;
+
+/// An origin that answers every request with `{"ok":true}`.
+pub fn ok_origin() -> mock_origin::MockOrigin {
+    mock_origin::MockOrigin::start(|_| mock_origin::Reply::json(r#"{"ok":true}"#))
+}
+
+/// Asserts `response` is an error answer of `status` with kvgate's JSON error body (code,
+/// message, type).
+pub fn assert_error(response: &client::Response, status: u16) {
+    assert_eq!(response.status, status, "{}", response.text());
+    let body = response.json();
+    assert_eq!(body["error"]["code"], status, "{body}");
+    assert!(body["error"]["message"].is_string(), "{body}");
+    assert!(body["error"]["type"].is_string(), "{body}");
+}
+
 /// The longest any fixture waits for anything (start-up, a response, a condition).
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
