@@ -139,9 +139,10 @@ impl TokenCache {
     }
 }
 
-/// A map from already-hashed keys: the key is its own hash.
+/// A map from already-hashed keys: the key is its own hash (this cache's, and the BPE
+/// encoder's vocabulary and merge maps).
 #[derive(Default)]
-struct KeyIsHash(u64);
+pub(super) struct KeyIsHash(u64);
 
 impl Hasher for KeyIsHash {
     fn finish(&self) -> u64 {

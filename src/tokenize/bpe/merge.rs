@@ -17,9 +17,11 @@
 //! function of the bytes.
 
 use std::collections::{BinaryHeap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::BuildHasherDefault;
 
 use xxhash_rust::xxh3::xxh3_64;
+
+use crate::tokenize::cache::KeyIsHash;
 
 /// Pre-tokens up to this many bytes merge on the stack, in arrays of this size (most words).
 const SHORT_BYTES_MAX: usize = 16;
@@ -38,26 +40,6 @@ const NO_MERGE: u32 = u32::MAX;
 const REMOVED: u32 = u32::MAX;
 
 /// The map's keys are already hashes (token bytes through xxh3, pairs through [`pair_key`]).
-#[derive(Default)]
-struct KeyIsHash(u64);
-
-impl Hasher for KeyIsHash {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only u64 keys are hashed; fold anything else in so the hasher stays total.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, key: u64) {
-        self.0 = key;
-    }
-}
-
 type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<KeyIsHash>>;
 
 /// A pair of token IDs as a well-mixed 64-bit key (the two IDs are recoverable: the mix is a
