@@ -409,22 +409,12 @@ impl Metrics {
                     continue;
                 }
                 let labels = format!("method=\"{method}\",path=\"{}\"", endpoint.label());
-                let mut cumulative = 0u64;
-                for bucket in 0..LATENCY_BUCKETS {
-                    cumulative += count_in(bucket);
-                    let le = LATENCY_BOUNDS_S
-                        .get(bucket)
-                        .map_or_else(|| "+Inf".to_string(), f64::to_string);
-                    let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-                }
                 let sum_us: u64 = self
                     .cores
                     .iter()
                     .map(|c| c.latency[which].sum_us[m][e].load(Ordering::Relaxed))
                     .sum();
-                let sum_s = sum_us as f64 / 1e6;
-                let _ = writeln!(out, "{name}_sum{{{labels}}} {sum_s}");
-                let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+                write_histogram(out, name, &labels, &count_in, sum_us as f64 / 1e6);
             }
         }
     }
@@ -478,6 +468,27 @@ impl Metrics {
             }
         }
     }
+}
+
+/// One latency histogram series: its cumulative `_bucket` lines over `LATENCY_BOUNDS_S` (each
+/// bucket's count from `count_in`), `_sum` (seconds) and `_count`.
+fn write_histogram(
+    out: &mut String,
+    name: &str,
+    labels: &str,
+    count_in: &dyn Fn(usize) -> u64,
+    sum_s: f64,
+) {
+    let mut cumulative = 0u64;
+    for bucket in 0..LATENCY_BUCKETS {
+        cumulative += count_in(bucket);
+        let le = LATENCY_BOUNDS_S
+            .get(bucket)
+            .map_or_else(|| "+Inf".to_string(), f64::to_string);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
+    }
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {sum_s}");
+    let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
 }
 
 #[cfg(test)]

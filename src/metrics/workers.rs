@@ -21,7 +21,7 @@ use crate::limits::WORKERS_MAX;
 use crate::request::Endpoint;
 use crate::workers::breaker::BreakerState;
 
-use super::{bump, latency_bucket, LATENCY_BOUNDS_S, LATENCY_BUCKETS};
+use super::{bump, latency_bucket, write_histogram, LATENCY_BUCKETS};
 
 /// A failed exchange with a worker, by SMG's `error_type` label values for kvgate's kinds.
 const ERROR_TYPES: [(ErrorKind, &str); 4] = [
@@ -300,16 +300,7 @@ pub(super) fn render(
         let labels = format!(
             "router_type=\"http\",backend_type=\"regular\",model=\"any\",endpoint=\"{label}\""
         );
-        let mut cumulative = 0u64;
-        for bucket in 0..LATENCY_BUCKETS {
-            cumulative += count_in(bucket);
-            let le = LATENCY_BOUNDS_S
-                .get(bucket)
-                .map_or_else(|| "+Inf".to_string(), f64::to_string);
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
-        }
         let sum_s = sum(&|c: &WorkerCounters| &c.ttft_sum_us[e]) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {sum_s}");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+        write_histogram(out, name, &labels, &count_in, sum_s);
     }
 }
