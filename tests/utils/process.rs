@@ -257,6 +257,26 @@ impl Gateway {
     }
 
     fn launch(workers: &[String], args: &[&str], log: Option<std::fs::File>) -> Self {
+        // A free port can be taken by another test before kvgate binds it; kvgate then refuses
+        // to start (it never shares a port), so a start that exits is retried on fresh ports.
+        for attempt in 1.. {
+            let file = log
+                .as_ref()
+                .map(|f| f.try_clone().expect("clone the log file"));
+            match Self::launch_once(workers, args, file) {
+                Ok(gateway) => return gateway,
+                Err(why) if attempt < 3 => eprintln!("kvgate start {attempt}: {why}; again"),
+                Err(why) => panic!("{why}"),
+            }
+        }
+        unreachable!("the loop returns or panics")
+    }
+
+    fn launch_once(
+        workers: &[String],
+        args: &[&str],
+        log: Option<std::fs::File>,
+    ) -> Result<Self, String> {
         let (port, metrics_port) = (free_port(), free_port());
         let mut command = Command::new(workspace_bin("kvgate"));
         command
@@ -276,23 +296,22 @@ impl Gateway {
             }
         }
         command.arg("--worker-urls").args(workers);
-        let process = match log {
+        let mut process = match log {
             Some(file) => ChildProcess::spawn_with_stderr("kvgate", &mut command, file.into()),
             None => ChildProcess::spawn("kvgate", &mut command),
         };
-        assert!(
-            wait_for_port(port, TIMEOUT),
-            "kvgate did not listen on {port}"
-        );
-        assert!(
-            wait_for_port(metrics_port, TIMEOUT),
-            "kvgate metrics did not listen"
-        );
-        Gateway {
+        if !wait_for_port(port, TIMEOUT) || !wait_for_port(metrics_port, TIMEOUT) {
+            let why = format!("kvgate did not listen on {port} and {metrics_port}");
+            match process.wait_exit(Duration::from_millis(100)) {
+                Some(status) => return Err(format!("{why}: it exited, {status}")),
+                None => panic!("{why} and still runs"),
+            }
+        }
+        Ok(Gateway {
             process,
             port,
             metrics_port,
-        }
+        })
     }
 
     /// The client address.
