@@ -10,7 +10,8 @@
 //!    `workers`, `metrics`, `mesh` (importing each other only as `ARCHITECTURE.md`'s edge
 //!    table lists);
 //! 3. `shared`: the state published between threads and the messages on their channels;
-//! 4. `net`: HTTP/1.1 on sockets, for both planes;
+//! 4. `net`: HTTP/1.1 on sockets, for both planes; `grpc`: HTTP/2 gRPC calls to engines, for both
+//!    planes;
 //! 5. the planes: the data plane `http` and the control plane `control`, which never import
 //!    each other;
 //! 6. `runtime`: threads, pinning, listeners and shutdown, imported by `main.rs` alone.
@@ -20,6 +21,7 @@ pub mod config;
 pub mod control;
 pub mod copy;
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod ids;
 pub mod index;
