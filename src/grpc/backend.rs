@@ -10,35 +10,17 @@ use super::connection::Connection;
 use super::proto::{sglang_pb, vllm_pb};
 use super::status::Code;
 
-/// The engine protocol of a gRPC worker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backend {
-    /// `sglang.grpc.scheduler.SglangScheduler` (`sglang serve --grpc-mode`).
-    Sglang,
-    /// `vllm.grpc.engine.VllmEngine` (`vllm serve --grpc`).
-    Vllm,
+/// The engine protocol of a gRPC worker: `workers::spec`'s, so flags and worker specs name it.
+pub use crate::workers::spec::GrpcBackend as Backend;
+
+/// The method paths of a backend's service.
+pub trait ServicePaths {
+    /// The path of `method` on this backend's service.
+    fn path(self, method: Method) -> &'static str;
 }
 
-impl Backend {
-    /// The `--backend` value.
-    pub fn parse(text: &str) -> Option<Backend> {
-        match text {
-            "sglang" => Some(Backend::Sglang),
-            "vllm" => Some(Backend::Vllm),
-            _ => None,
-        }
-    }
-
-    /// The flag's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Sglang => "sglang",
-            Backend::Vllm => "vllm",
-        }
-    }
-
-    /// The path of `method` (`Generate`, `HealthCheck`, ...) on this backend's service.
-    pub fn path(self, method: Method) -> &'static str {
+impl ServicePaths for Backend {
+    fn path(self, method: Method) -> &'static str {
         match (self, method) {
             (Backend::Sglang, Method::Generate) => {
                 "/sglang.grpc.scheduler.SglangScheduler/Generate"

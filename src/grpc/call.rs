@@ -91,10 +91,13 @@ impl Call {
     /// Waits for the response headers. A trailers-only response (an error before any message)
     /// ends the call here with its status.
     pub async fn headers(&mut self) -> Result<(), CallError> {
-        let Some(response) = self.response.take() else {
+        // Awaited in place, so a wait cut short (the caller's select) loses nothing.
+        let Some(pending) = self.response.as_mut() else {
             return Ok(());
         };
-        let response = response.await.map_err(refused_or_broken)?;
+        let response = pending.await.map_err(refused_or_broken);
+        self.response = None;
+        let response = response?;
         if response.status() != http::StatusCode::OK {
             return Err(CallError::Malformed(format!(
                 "HTTP status {} from the worker",
