@@ -6,8 +6,9 @@
 //! engine. The other engine's service (and any unknown method) is `UNIMPLEMENTED`, which is how
 //! a gateway tells the two apart. Every connection announces `--grpc-max-concurrent-streams`.
 //!
-//! A stream the gateway resets and an `Abort` it sends are written to stderr
-//! (`sim-engine: engine N stream reset RID`, `sim-engine: engine N Abort RID`), which tests read.
+//! Each HTTP/2 connection, a stream the gateway resets and an `Abort` it sends are written to
+//! stderr (`sim-engine: engine N connection`, `... stream reset RID`, `... Abort RID`), which
+//! tests read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,6 +95,7 @@ pub async fn serve_engine(
             let Ok(mut connection) = builder.handshake::<_, Bytes>(stream).await else {
                 return;
             };
+            eprintln!("sim-engine: engine {} connection", server.index);
             while let Some(Ok((request, respond))) = connection.accept().await {
                 let server = Arc::clone(&server);
                 tokio::spawn(async move {
