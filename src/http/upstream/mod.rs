@@ -210,8 +210,11 @@ pub fn drop_idle_connections(core: &DataCore, worker: WorkerId) {
     core.pool.borrow_mut().clear_worker(worker);
 }
 
-/// One attempt's exchange with its worker, by the protocol the worker speaks.
+/// One attempt's exchange with its worker, by the protocol the worker speaks. The HTTP/1.1
+/// variant stays inline (boxing it would allocate on every proxied request); the gRPC one,
+/// larger and off the HTTP path, is boxed.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Exchange {
     /// HTTP/1.1 on a pooled keep-alive connection.
     Http1(http1::Http1Exchange),
