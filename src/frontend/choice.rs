@@ -107,7 +107,8 @@ impl OutputDecoder {
         for &id in ids {
             used += 1;
             choice.tokens += 1;
-            let armed = choice.tokens > self.min_tokens;
+            // vLLM checks stops once the output holds `min_tokens` tokens.
+            let armed = choice.tokens >= self.min_tokens;
             if let Some(matched) = self.stops.token(id).filter(|_| armed) {
                 choice
                     .stop

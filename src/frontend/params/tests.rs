@@ -42,7 +42,10 @@ fn chat_maps_every_sampling_field() {
     assert_eq!(p.n, 3);
     assert_eq!(p.logprobs, Some(LogprobRequest { top: 5 }));
     assert!(p.ignore_eos && !p.skip_special_tokens && p.keep_stop);
-    assert_eq!(p.constraint, Some(Constraint::JsonSchema(r#"{"type":"object"}"#.into())));
+    assert_eq!(
+        p.constraint,
+        Some(Constraint::JsonSchema(r#"{"type":"object"}"#.into()))
+    );
     assert!(p.stream && p.include_usage);
 }
 
@@ -84,9 +87,18 @@ fn completions_take_one_prompt_and_count_logprobs() {
         .unwrap();
     assert_eq!(p.input, PromptInput::Ids(vec![4, 5]));
     assert_eq!(p.constraint, Some(Constraint::JsonObject));
-    assert_eq!(error_of(Api::Completion, r#"{"prompt":["a","b"]}"#).param, Some("prompt"));
-    assert_eq!(error_of(Api::Completion, r#"{"model":"m"}"#).param, Some("prompt"));
-    assert_eq!(error_of(Api::Completion, r#"{"prompt":"a","logprobs":true}"#).param, Some("logprobs"));
+    assert_eq!(
+        error_of(Api::Completion, r#"{"prompt":["a","b"]}"#).param,
+        Some("prompt")
+    );
+    assert_eq!(
+        error_of(Api::Completion, r#"{"model":"m"}"#).param,
+        Some("prompt")
+    );
+    assert_eq!(
+        error_of(Api::Completion, r#"{"prompt":"a","logprobs":true}"#).param,
+        Some("logprobs")
+    );
 }
 
 #[test]
@@ -101,7 +113,10 @@ fn messages_need_max_tokens_and_map_stop_sequences() {
     assert_eq!(p.sampling.top_k, Some(5));
     assert_eq!(p.stop, vec!["Human:"]);
     assert!(p.stream);
-    assert_eq!(error_of(Api::Messages, r#"{"messages":[]}"#).param, Some("max_tokens"));
+    assert_eq!(
+        error_of(Api::Messages, r#"{"messages":[]}"#).param,
+        Some("max_tokens")
+    );
     let e = error_of(Api::Messages, r#"{"max_tokens":5,"temperature":1.5}"#);
     assert_eq!(e.param, Some("temperature"));
 }
@@ -132,7 +147,10 @@ fn generate_reads_sglang_sampling_params() {
     assert_eq!(error_of(Api::Generate, "{}").param, None);
     error_of(Api::Generate, r#"{"text":"a","input_ids":[1]}"#);
     error_of(Api::Generate, r#"{"input_ids":"text"}"#);
-    let e = error_of(Api::Generate, r#"{"text":"a","sampling_params":{"regex":"a","ebnf":"b"}}"#);
+    let e = error_of(
+        Api::Generate,
+        r#"{"text":"a","sampling_params":{"regex":"a","ebnf":"b"}}"#,
+    );
     assert!(e.message.contains("only one"), "{}", e.message);
 }
 
@@ -156,9 +174,15 @@ fn invalid_values_are_400s_naming_the_field() {
         (r#"{"logprobs":true,"top_logprobs":21}"#, "top_logprobs"),
         (r#"{"top_logprobs":2}"#, "top_logprobs"),
         (r#"{"logprobs":3}"#, "logprobs"),
-        (r#"{"stream_options":{"include_usage":true}}"#, "stream_options"),
+        (
+            r#"{"stream_options":{"include_usage":true}}"#,
+            "stream_options",
+        ),
         (r#"{"response_format":{"type":"yaml"}}"#, "response_format"),
-        (r#"{"response_format":{"type":"json_schema"}}"#, "response_format"),
+        (
+            r#"{"response_format":{"type":"json_schema"}}"#,
+            "response_format",
+        ),
     ];
     for (body, param) in cases {
         let e = error_of(Api::Chat, body);

@@ -43,7 +43,9 @@ fn cases(name: &str) -> Vec<Case> {
 
 fn model_tokenizer(name: &str) -> Option<Arc<Tokenizer>> {
     let path = match name {
-        "sp-strip" | "sp-metaspace" => root().join(format!("tests/fixtures/detokenize-{name}.json")),
+        "sp-strip" | "sp-metaspace" => {
+            root().join(format!("tests/fixtures/detokenize-{name}.json"))
+        }
         model => {
             let dir = match std::env::var_os("KVGATE_TOKENIZER_FIXTURES") {
                 Some(dir) => PathBuf::from(dir),
@@ -55,10 +57,16 @@ fn model_tokenizer(name: &str) -> Option<Arc<Tokenizer>> {
     match std::fs::read(&path) {
         Ok(bytes) => Some(Arc::new(Tokenizer::from_bytes(bytes).unwrap())),
         Err(_) if std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_some() => {
-            panic!("{} is missing: run scripts/fetch-tokenizers.sh", path.display())
+            panic!(
+                "{} is missing: run scripts/fetch-tokenizers.sh",
+                path.display()
+            )
         }
         Err(_) => {
-            eprintln!("skipped: {} is missing: run scripts/fetch-tokenizers.sh", path.display());
+            eprintln!(
+                "skipped: {} is missing: run scripts/fetch-tokenizers.sh",
+                path.display()
+            );
             None
         }
     }
@@ -83,7 +91,11 @@ fn check_stream(table: &DecodeTable, cases: &[Case], label: &str) -> usize {
             out.push_str(&step);
             if table.kind == DecoderKind::ByteLevel {
                 // Held bytes are at most an incomplete character.
-                assert!(stream.held.len() <= 3, "{label}: {} bytes held", stream.held.len());
+                assert!(
+                    stream.held.len() <= 3,
+                    "{label}: {} bytes held",
+                    stream.held.len()
+                );
             }
         }
         stream.finish(table, &mut out);
@@ -101,13 +113,22 @@ fn check_model(name: &str, kind: DecoderKind) {
         return;
     };
     let table = DecodeTable::of(tokenizer.clone());
-    assert_eq!(table.kind(), kind, "{name}: the decoder is modelled and agrees with the crate");
+    assert_eq!(
+        table.kind(),
+        kind,
+        "{name}: the decoder is modelled and agrees with the crate"
+    );
     let cases = cases(name);
     assert!(check_stream(&table, &cases, name) >= 100);
     // The same cases through the crate itself (the Python package's code): the fixtures are
     // the crate's answers too.
     for case in &cases {
-        assert_eq!(table.decode_whole(&case.ids, case.skip), case.text, "{name}: {:?}", case.ids);
+        assert_eq!(
+            table.decode_whole(&case.ids, case.skip),
+            case.text,
+            "{name}: {:?}",
+            case.ids
+        );
     }
 }
 
@@ -128,7 +149,10 @@ fn sentencepiece_strip_streams_equal_python_decode() {
 
 #[test]
 fn sentencepiece_metaspace_streams_equal_python_decode() {
-    check_model("sp-metaspace", DecoderKind::Pieces(FirstSpace::MetaspaceFirstToken));
+    check_model(
+        "sp-metaspace",
+        DecoderKind::Pieces(FirstSpace::MetaspaceFirstToken),
+    );
 }
 
 #[test]
@@ -212,7 +236,10 @@ fn byte_fallback_run_is_text_only_when_whole_run_is_valid() {
     stream.step(&table, byte(0x41), &mut out);
     assert_eq!(out, "\u{FFFD}\u{FFFD}\u{FFFD}\u{FFFD}");
     stream.finish(&table, &mut out);
-    assert_eq!(out, table.decode_whole(&[byte(0xE3), byte(0x81), byte(0xFF), byte(0x41)], true));
+    assert_eq!(
+        out,
+        table.decode_whole(&[byte(0xE3), byte(0x81), byte(0xFF), byte(0x41)], true)
+    );
 }
 
 #[test]

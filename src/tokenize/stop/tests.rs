@@ -24,7 +24,11 @@ fn longest_partial(stops: &[String], text: &str) -> usize {
     (0..text.len())
         .filter(|at| text.is_char_boundary(*at))
         .map(|at| &text[at..])
-        .filter(|suffix| stops.iter().any(|s| s.len() > suffix.len() && s.starts_with(suffix)))
+        .filter(|suffix| {
+            stops
+                .iter()
+                .any(|s| s.len() > suffix.len() && s.starts_with(suffix))
+        })
         .map(str::len)
         .max()
         .unwrap_or(0)
@@ -51,7 +55,10 @@ fn chunked(stops: &StopSet, chunks: &[String]) -> (String, Option<usize>) {
 }
 
 fn text_of(alphabet: &[&str], picks: &[usize]) -> String {
-    picks.iter().map(|&i| alphabet[i % alphabet.len()]).collect()
+    picks
+        .iter()
+        .map(|&i| alphabet[i % alphabet.len()])
+        .collect()
 }
 
 const ALPHABET: &[&str] = &["a", "b", "ab", "日", "é", " ", "\n"];
