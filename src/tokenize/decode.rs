@@ -178,7 +178,7 @@ fn decoder_kind(decoder: &Value) -> (DecoderKind, bool) {
 impl DecodeTable {
     /// The table of `model`'s tokenizer (a pass over the vocabulary; done once per model).
     pub fn new(model: &ModelTokenizer) -> DecodeTable {
-        DecodeTable::of(Arc::new(model.inner().clone()))
+        DecodeTable::of(model.tokenizer.clone())
     }
 
     /// The table of a bare tokenizer.

@@ -259,3 +259,20 @@ fn unknown_ids_are_left_out() {
     assert_eq!(out, "Hello Hello");
     assert!(table.token_bytes(u32::MAX).is_empty());
 }
+
+#[test]
+fn a_model_tokenizer_shares_its_tokenizer_with_the_table() {
+    let path = root().join("tests/fixtures/detokenize-sp-metaspace.json");
+    let files = super::super::TokenizerFiles {
+        tokenizer_json: std::fs::read(path).unwrap(),
+        ..Default::default()
+    };
+    let model = ModelTokenizer::new("sp", files).unwrap();
+    let table = DecodeTable::new(&model);
+    assert!(Arc::ptr_eq(&table.tokenizer, &model.tokenizer));
+    assert_eq!(
+        table.kind(),
+        DecoderKind::Pieces(FirstSpace::MetaspaceFirstToken)
+    );
+    assert!(table.is_special(1) && !table.is_special(3));
+}
