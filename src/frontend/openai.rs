@@ -7,7 +7,9 @@
 //! `role`, `content` and `reasoning_content: null`, `logprobs` and `finish_reason` are always
 //! present (null until set), a choice's last chunk has an empty delta with its `finish_reason`
 //! and SGLang's `matched_stop` (absent when none), the usage chunk has no choices, and the
-//! stream ends with `data: [DONE]`.
+//! stream ends with `data: [DONE]`. One difference, on purpose: a step whose text is held back
+//! (an incomplete character, a possible stop's beginning) but which carries logprobs is written
+//! with empty content, where SMG drops the chunk and its logprobs with it.
 
 use super::json::{push_escaped, push_f32, push_str, push_u64};
 use super::output::{Finish, ResponseMeta, TokenLogprob, Usage};

@@ -9,7 +9,9 @@
 //! `include_stop_str_in_output`).
 //!
 //! The match found is the same however the text is cut into chunks: the stop whose end comes
-//! first in the text, and of those the longest (the one that starts first).
+//! first in the text, and of those the longest (the one that starts first), then the first
+//! listed. Matching is Knuth-Morris-Pratt per stop string, so a step costs its new bytes times
+//! the number of stops, never the stops' lengths squared.
 
 /// Which stop ended a sequence (`matched_stop` of SGLang's answers).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,24 +26,44 @@ pub enum MatchedStop {
 #[derive(Clone, Debug, Default)]
 pub struct StopSet {
     strings: Vec<String>,
+    /// Each string's failure function (Knuth-Morris-Pratt): for each prefix length `q`, the
+    /// length of the longest proper prefix of it that is also its suffix.
+    fallbacks: Vec<Vec<u32>>,
     token_ids: Vec<u32>,
     keep_stop: bool,
 }
 
+/// The KMP failure function of `stop`.
+fn fallback_of(stop: &[u8]) -> Vec<u32> {
+    let mut fail = vec![0u32; stop.len()];
+    let mut q = 0usize;
+    for i in 1..stop.len() {
+        while q > 0 && stop[i] != stop[q] {
+            q = fail[q - 1] as usize;
+        }
+        if stop[i] == stop[q] {
+            q += 1;
+        }
+        fail[i] = q as u32;
+    }
+    fail
+}
+
 impl StopSet {
-    /// Stops from a request: `strings` (none empty), `token_ids` (the client's `stop_token_ids`
-    /// and, unless `ignore_eos`, the model's EOS IDs), and whether a matched string stays in
-    /// the text.
+    /// Stops from a request: `strings` (an empty one never matches), `token_ids` (the client's
+    /// `stop_token_ids` and, unless `ignore_eos`, the model's EOS IDs), and whether a matched
+    /// string stays in the text.
     pub fn new(strings: Vec<String>, token_ids: Vec<u32>, keep_stop: bool) -> StopSet {
-        let strings: Vec<String> = strings.into_iter().filter(|s| !s.is_empty()).collect();
+        let fallbacks = strings.iter().map(|s| fallback_of(s.as_bytes())).collect();
         StopSet {
             strings,
+            fallbacks,
             token_ids,
             keep_stop,
         }
     }
 
-    /// The stop strings.
+    /// The stop strings, in the request's order ([`MatchedStop::Text`] indexes them).
     pub fn strings(&self) -> &[String] {
         &self.strings
     }
@@ -59,51 +81,21 @@ impl StopSet {
             .then_some(MatchedStop::Token(id))
     }
 
-    /// The first stop in `text` (earliest end, then longest), as (start, end, index).
-    fn find(&self, text: &str, new_from: usize) -> Option<(usize, usize, usize)> {
-        let mut best: Option<(usize, usize, usize)> = None;
-        for (index, stop) in self.strings.iter().enumerate() {
-            // Only matches ending past `new_from` are new.
-            let search_from = new_from.saturating_sub(stop.len() - 1);
-            let search_from = floor_char_boundary(text, search_from);
-            if let Some(pos) = text[search_from..].find(stop.as_str()) {
-                let start = search_from + pos;
-                let end = start + stop.len();
-                let better = match best {
-                    None => true,
-                    Some((b_start, b_end, _)) => end < b_end || (end == b_end && start < b_start),
-                };
-                if better {
-                    best = Some((start, end, index));
-                }
-            }
+    /// Advances stop `index`'s matched length `q` by `byte`; returns the new length.
+    fn advance(&self, index: usize, mut q: usize, byte: u8) -> usize {
+        let stop = self.strings[index].as_bytes();
+        let fail = &self.fallbacks[index];
+        if q == stop.len() {
+            q = fail[q - 1] as usize;
         }
-        best
-    }
-
-    /// The length of the longest suffix of `text` that is a proper prefix of a stop string.
-    fn partial_suffix(&self, text: &str) -> usize {
-        let mut held = 0;
-        for stop in &self.strings {
-            let most = (stop.len() - 1).min(text.len());
-            for len in (held + 1..=most).rev() {
-                let at = text.len() - len;
-                if text.is_char_boundary(at) && stop.as_bytes().starts_with(&text.as_bytes()[at..])
-                {
-                    held = len;
-                    break;
-                }
-            }
+        while q > 0 && stop[q] != byte {
+            q = fail[q - 1] as usize;
         }
-        held
+        if stop.get(q) == Some(&byte) {
+            q += 1;
+        }
+        q
     }
-}
-
-fn floor_char_boundary(text: &str, mut at: usize) -> usize {
-    while at > 0 && !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    at
 }
 
 /// What [`StopMatcher::push`] found.
@@ -115,10 +107,14 @@ pub enum StopState {
     Stopped(MatchedStop),
 }
 
-/// One sequence's stop-string state: the text held back because it could begin a stop.
+/// One sequence's stop-string state: the text held back because it could begin a stop, and
+/// how much of each stop string the text so far ends with, so each byte is looked at once per
+/// stop (the work per step is its new bytes times the stops, whatever the stops' lengths).
 #[derive(Clone, Debug, Default)]
 pub struct StopMatcher {
     held: String,
+    /// Per stop string: the length of the longest suffix of the text that begins it.
+    matched_len: Vec<usize>,
     matched: Option<MatchedStop>,
 }
 
@@ -138,18 +134,35 @@ impl StopMatcher {
             out.push_str(text);
             return StopState::Running;
         }
-        let old_len = self.held.len();
+        self.matched_len.resize(stops.strings.len(), 0);
+        let base = self.held.len();
         self.held.push_str(text);
-        // A stop ending in the new text may begin in the held text.
-        if let Some((start, end, index)) = stops.find(&self.held, old_len) {
-            let cut = if stops.keep_stop { end } else { start };
-            out.push_str(&self.held[..cut]);
-            self.held.clear();
-            self.matched = Some(MatchedStop::Text(index));
-            return StopState::Stopped(MatchedStop::Text(index));
+        for (at, &byte) in text.as_bytes().iter().enumerate() {
+            // Every stop that ends at this byte; the longest (then the first listed) wins.
+            let mut found: Option<(usize, usize)> = None;
+            for (index, stop) in stops.strings.iter().enumerate() {
+                if stop.is_empty() {
+                    continue;
+                }
+                let q = stops.advance(index, self.matched_len[index], byte);
+                self.matched_len[index] = q;
+                if q == stop.len() && found.is_none_or(|(_, len)| q > len) {
+                    found = Some((index, q));
+                }
+            }
+            if let Some((index, len)) = found {
+                let end = base + at + 1;
+                let cut = if stops.keep_stop { end } else { end - len };
+                out.push_str(&self.held[..cut]);
+                self.held.clear();
+                self.matched = Some(MatchedStop::Text(index));
+                return StopState::Stopped(MatchedStop::Text(index));
+            }
         }
-        let keep = stops.partial_suffix(&self.held);
-        let release = self.held.len() - keep;
+        // The longest partial match starts at a character boundary: a stop's first byte is
+        // never a continuation byte.
+        let keep = self.matched_len.iter().copied().max().unwrap_or(0);
+        let release = self.held.len() - keep.min(self.held.len());
         out.push_str(&self.held[..release]);
         self.held.drain(..release);
         StopState::Running
