@@ -2,6 +2,7 @@
 //! protocol: which choice, the new token IDs, their decoded text, logprobs, and how the choice
 //! ended; and the request's token counts.
 
+use super::params::Api;
 use crate::tokenize::MatchedStop;
 
 /// Why a choice ended.
@@ -101,4 +102,42 @@ pub struct ResponseMeta {
     pub model: String,
     /// `created`, Unix seconds.
     pub created: u64,
+}
+
+impl ResponseMeta {
+    /// A response's identity with an id in the API's style from a number unique to the
+    /// request (`chatcmpl-`, `cmpl-`, `msg_` and 24 hex digits; `/generate`'s rid is the hex
+    /// alone).
+    pub fn for_api(api: Api, model: &str, unique: u128, created: u64) -> ResponseMeta {
+        let prefix = match api {
+            Api::Chat => "chatcmpl-",
+            Api::Completion => "cmpl-",
+            Api::Messages => "msg_",
+            Api::Generate => "",
+        };
+        ResponseMeta {
+            id: format!("{prefix}{:024x}", unique & ((1u128 << 96) - 1)),
+            model: model.to_owned(),
+            created,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_each_api_style() {
+        let meta = ResponseMeta::for_api(Api::Chat, "m", 0xabc, 5);
+        assert_eq!(meta.id, "chatcmpl-000000000000000000000abc");
+        assert_eq!(
+            ResponseMeta::for_api(Api::Messages, "m", u128::MAX, 5)
+                .id
+                .len(),
+            4 + 24
+        );
+        assert_eq!(ResponseMeta::for_api(Api::Generate, "m", 1, 5).id.len(), 24);
+        assert_eq!((meta.model.as_str(), meta.created), ("m", 5));
+    }
 }
