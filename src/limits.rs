@@ -559,3 +559,22 @@ const _: () = assert!(MESH_FRAME_READ_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIM
 const _: () = assert!(GRPC_MESSAGE_BYTES_MAX <= u32::MAX as usize);
 const _: () = assert!(GRPC_CONNECTION_WINDOW_BYTES >= GRPC_STREAM_WINDOW_BYTES);
 const _: () = assert!(GRPC_KEEPALIVE_TIMEOUT.as_secs() < GRPC_KEEPALIVE_INTERVAL.as_secs());
+
+// --- The gRPC front end (`frontend`, `tokenize::decode`, `tokenize::stop`) ---
+
+/// Most choices per request (`n`): each is one engine sequence and one decoder state; SGLang
+/// and vLLM accept more, but a gateway request asking for more than this is a mistake or abuse.
+pub const GENERATE_N_MAX: u32 = 128;
+
+/// Most stop strings per request: each is searched on every step of every choice.
+pub const STOP_STRINGS_MAX: usize = 64;
+
+/// Longest stop string, in bytes: text is held back up to this much while it may begin one.
+pub const STOP_STRING_BYTES_MAX: usize = 1024;
+
+/// Most alternatives per position in logprobs (OpenAI's `top_logprobs` maximum).
+pub const TOP_LOGPROBS_MAX: u32 = 20;
+
+/// The window detokenizer (decoders kvgate does not model) drops IDs before its prefix once
+/// this many accumulate, so each step decodes a bounded window, not the whole sequence.
+pub const DECODE_WINDOW_TOKENS_MAX: usize = 64;
