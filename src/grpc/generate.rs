@@ -11,6 +11,7 @@ use super::backend::Backend;
 use super::call::CallError;
 use super::framing;
 use super::proto::{sglang_pb, vllm_pb};
+pub use crate::frontend::Constraint;
 
 /// Sampling fields as the engines read them, with their defaults in [`Sampling::default`].
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +48,11 @@ pub struct Sampling {
     pub n: u32,
     /// A seed (vLLM only: SGLang's protocol has none).
     pub seed: Option<i32>,
+    /// The output's shape (`response_format`, `json_schema`, `regex`, `ebnf`).
+    pub constraint: Option<Constraint>,
+    /// A matched stop string stays in the output (SGLang's `no_stop_trim`, vLLM's
+    /// `include_stop_str_in_output`).
+    pub keep_stop: bool,
 }
 
 impl Default for Sampling {
@@ -69,6 +75,8 @@ impl Default for Sampling {
             ignore_eos: false,
             n: 1,
             seed: None,
+            constraint: None,
+            keep_stop: false,
         }
     }
 }
@@ -119,6 +127,8 @@ impl GenerateInput {
                 n: s.n,
                 min_new_tokens: s.min_new_tokens,
                 ignore_eos: s.ignore_eos,
+                no_stop_trim: s.keep_stop,
+                constraint: s.constraint.as_ref().map(sglang_constraint),
                 ..Default::default()
             }),
             stream: self.stream,
@@ -154,11 +164,35 @@ impl GenerateInput {
                 ignore_eos: s.ignore_eos,
                 n: s.n,
                 seed: s.seed,
+                include_stop_str_in_output: s.keep_stop,
+                constraint: s.constraint.as_ref().map(vllm_constraint),
                 ..Default::default()
             }),
             stream: self.stream,
             ..Default::default()
         }
+    }
+}
+
+/// A constraint in SGLang's fields (any JSON object is the schema `{"type":"object"}`).
+fn sglang_constraint(constraint: &Constraint) -> sglang_pb::sampling_params::Constraint {
+    use sglang_pb::sampling_params::Constraint as C;
+    match constraint {
+        Constraint::JsonSchema(schema) => C::JsonSchema(schema.clone()),
+        Constraint::JsonObject => C::JsonSchema(r#"{"type":"object"}"#.into()),
+        Constraint::Regex(regex) => C::Regex(regex.clone()),
+        Constraint::Ebnf(grammar) => C::EbnfGrammar(grammar.clone()),
+    }
+}
+
+/// A constraint in vLLM's fields.
+fn vllm_constraint(constraint: &Constraint) -> vllm_pb::sampling_params::Constraint {
+    use vllm_pb::sampling_params::Constraint as C;
+    match constraint {
+        Constraint::JsonSchema(schema) => C::JsonSchema(schema.clone()),
+        Constraint::JsonObject => C::JsonObject(true),
+        Constraint::Regex(regex) => C::Regex(regex.clone()),
+        Constraint::Ebnf(grammar) => C::Grammar(grammar.clone()),
     }
 }
 

@@ -1,41 +1,47 @@
 //! The gRPC upstream: a request to a `grpc://` worker, turned into the engine's `Generate` call
 //! on this core's multiplexed HTTP/2 connection to it (`grpc::Channels`), and its stream of
-//! token IDs turned back into the HTTP answer the client asked for. Owns [`GrpcExchange`], the
-//! five steps of the seam for a gRPC worker.
+//! token IDs turned back into the answer of the API the client called (`frontend`: OpenAI chat
+//! and completions, Anthropic messages, SGLang's `/generate`). Owns [`GrpcExchange`], the five
+//! steps of the seam for a gRPC worker.
 //!
 //! 1. **open**: a connection with room on it (`grpc::connection_for`), and the worker's backend
 //!    (`--backend`, else detected once per core and worker);
-//! 2. **forward**: the prompt's token IDs (the router's: `input_ids`, or the gateway's
-//!    tokenization; a `/generate` text is tokenized here) and the sampling fields with the
-//!    engines' defaults, as SGLang's or vLLM's `GenerateRequest`; the call starts;
+//! 2. **forward**: the body parsed into `frontend::GenerateParams` (a body the gateway refuses
+//!    is answered 400 at the head step, never sent); the prompt's token IDs (the router's
+//!    tokenization, the client's `input_ids`, or a text tokenized here) and the sampling fields
+//!    with the engines' defaults, as SGLang's or vLLM's `GenerateRequest`; the call starts;
 //! 3. **head**: the call's first message. A call that ends first with a retryable status
 //!    (`UNAVAILABLE` 503, `RESOURCE_EXHAUSTED` 429, 5xx) is handed back for another worker
 //!    while one may follow, as an HTTP worker's same answer would be; otherwise the client's
 //!    head (an event stream, or the whole JSON answer of an unstreamed request) is written;
-//! 4. **body**: one SSE event per message, in SGLang's native `/generate` shape (the text of the
-//!    output so far, its IDs, `meta_info`), then `data: [DONE]`;
+//! 4. **body**: each message's tokens through the request's `frontend::OutputDecoder`
+//!    (incremental detokenization, stop strings) into its `StreamWriter`'s events, one HTTP
+//!    chunk per message;
 //! 5. **give back**: nothing to pool; the connection stays shared by the core's calls.
 //!
-//! A call that stops before its end (the client went, shutdown, a timeout) resets its stream
-//! (`RST_STREAM` `CANCEL`, `grpc::Call`'s drop) and sends the engine `Abort` for its request id,
-//! so the engine stops generating at once.
+//! A call that stops before its end (the client went, shutdown, a timeout, a stop string the
+//! gateway matched) resets its stream (`RST_STREAM` `CANCEL`, `grpc::Call`'s drop) and sends
+//! the engine `Abort` for its request id, so the engine stops generating at once.
 //!
-//! Only `/generate` is served in this version; the OpenAI endpoints answer 404 for a gRPC
-//! worker until the front end (detokenizer, stop strings, response writers) lands.
+//! Each model's `tokenize::DecodeTable` is built on a core's first request for it and kept per
+//! thread; a model without a tokenizer gets a table that knows no token, so `/generate` with
+//! `input_ids` still answers its IDs (with empty text).
 //!
 //! Errors: `UpstreamConnect` (retryable), `UpstreamClosed` (retryable until a message came),
-//! `UpstreamTimeout`, `UpstreamMalformed`; a request body that is not one the engine can take
-//! is `InvalidJson` (400); the client gone meanwhile is `ClientClosed`, shutdown's cut
-//! `ShuttingDown`.
+//! `UpstreamTimeout`, `UpstreamMalformed`; a body the front end refuses is a 400 with its
+//! reason; the client gone meanwhile is `ClientClosed`, shutdown's cut `ShuttingDown`.
 
-use std::sync::Arc;
-use std::time::Instant;
-
-use serde::Deserialize;
+use std::cell::RefCell;
+use std::sync::{Arc, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::{interruption, Attempt, BodyKind, BodySource, BodyStop, HeadContext, HeadRead};
 use super::{Interrupted, ResponseStart};
 use crate::error::{ErrorKind, ProxyError, Side};
+use crate::frontend::{
+    Api, Finish, FinishReason, FullWriter, GenerateParams, OutputDecoder, ParamError, PromptInput,
+    ResponseMeta, Step, StreamWriter, Usage,
+};
 use crate::grpc::backend::{self, Method, ServicePaths};
 use crate::grpc::generate::{Complete, GenerateEvent, GenerateInput, MatchedStop, Sampling};
 use crate::grpc::{connection_for, Backend, Call, CallError, Connection};
@@ -44,8 +50,8 @@ use crate::http::downstream::{ClientSide, Forwarded};
 use crate::ids::WorkerId;
 use crate::net::codec::{self, Connection as ClientConnection, DownstreamFraming};
 use crate::net::socket::Cut;
-use crate::request::{Endpoint, KeySource};
-use crate::tokenize::ModelTokenizer;
+use crate::request::{Endpoint, KeySource, RoutingKey};
+use crate::tokenize::{DecodeTable, ModelTokenizer};
 use crate::workers::spec::WorkerProtocol;
 use crate::workers::table::WorkerEntry;
 
@@ -53,6 +59,34 @@ use crate::workers::table::WorkerEntry;
 /// the client (framing, `Date`, the gateway's headers).
 const EVENT_STREAM_HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
+
+thread_local! {
+    /// This core's decode tables, by tokenizer (built on first use: a pass over the vocabulary).
+    static DECODE_TABLES: RefCell<Vec<(Arc<ModelTokenizer>, Arc<DecodeTable>)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// The decode table of `tokenizer` (or the table that knows no token, without one).
+fn decode_table(tokenizer: Option<&Arc<ModelTokenizer>>) -> Arc<DecodeTable> {
+    let Some(tokenizer) = tokenizer else {
+        static EMPTY: OnceLock<Arc<DecodeTable>> = OnceLock::new();
+        return EMPTY
+            .get_or_init(|| {
+                let model = tokenizers::models::wordlevel::WordLevel::default();
+                Arc::new(DecodeTable::of(Arc::new(tokenizers::Tokenizer::new(model))))
+            })
+            .clone();
+    };
+    DECODE_TABLES.with(|tables| {
+        let mut tables = tables.borrow_mut();
+        if let Some((_, table)) = tables.iter().find(|(t, _)| Arc::ptr_eq(t, tokenizer)) {
+            return table.clone();
+        }
+        let table = Arc::new(DecodeTable::new(tokenizer));
+        tables.push((tokenizer.clone(), table.clone()));
+        table
+    })
+}
 
 /// One attempt on a gRPC worker, and where its answer stands.
 #[derive(Debug)]
@@ -64,19 +98,13 @@ pub struct GrpcExchange {
     call: Option<Call>,
     /// The engine's id of the request (for `Abort`).
     request_id: String,
-    /// The client asked for an event stream.
-    stream: bool,
-    /// Text is written without special tokens.
-    skip_special_tokens: bool,
-    /// The model's tokenizer, for the text of the output (`None`: IDs only).
-    tokenizer: Option<Arc<ModelTokenizer>>,
-    /// Output IDs so far.
-    output_ids: Vec<u32>,
-    /// The last counts the engine sent.
-    usage: Usage,
+    /// A body the front end refused: answered 400 at the head step.
+    refused: Option<ParamError>,
+    /// The request's output on its way to the client, once forwarded.
+    output: Option<Output>,
     /// How the client's body is framed.
     framing: DownstreamFraming,
-    /// The call ended (its `Complete` came, or an error): no `Abort` is owed.
+    /// The call ended (every choice finished, or an error): no `Abort` is owed.
     finished: bool,
     /// The whole answer is written.
     body_done: bool,
@@ -84,12 +112,26 @@ pub struct GrpcExchange {
     relay_unused: Vec<u8>,
 }
 
-/// Token counts as the engine reports them.
-#[derive(Clone, Copy, Debug, Default)]
-struct Usage {
-    prompt_tokens: u32,
-    completion_tokens: u32,
-    cached_tokens: u32,
+/// The front end of one request: its decoder, its writer, and the engine's counts.
+#[derive(Debug)]
+struct Output {
+    params: GenerateParams,
+    /// The model's decode table (the decoder's, kept here for the writers).
+    table: Arc<DecodeTable>,
+    decoder: OutputDecoder,
+    writer: Writer,
+    usage: Usage,
+    /// Choices whose IDs came in chunks (their `Complete` repeats none of them).
+    streamed: Vec<bool>,
+    /// The events or body of one step, before they are framed for the client.
+    scratch: Vec<u8>,
+}
+
+/// The writer of the client's API: events as they come, or one body at the end.
+#[derive(Debug)]
+enum Writer {
+    Stream(StreamWriter),
+    Full(FullWriter),
 }
 
 /// What the next message of the call was, or why none came.
@@ -100,76 +142,6 @@ enum Next {
     Failed(CallError),
     Interrupted(Interrupted),
     TimedOut,
-}
-
-/// `/generate`'s body, the fields a gRPC engine takes.
-#[derive(Debug, Default, Deserialize)]
-struct GenerateBody {
-    #[serde(default)]
-    stream: bool,
-    #[serde(default)]
-    sampling_params: SamplingBody,
-    #[serde(default)]
-    rid: Option<String>,
-}
-
-/// `/generate`'s `sampling_params`, SGLang's names; absent fields keep the engines' defaults.
-#[derive(Debug, Default, Deserialize)]
-struct SamplingBody {
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i32>,
-    min_p: Option<f32>,
-    frequency_penalty: Option<f32>,
-    presence_penalty: Option<f32>,
-    repetition_penalty: Option<f32>,
-    max_new_tokens: Option<u32>,
-    min_new_tokens: Option<u32>,
-    stop: Option<StopField>,
-    stop_token_ids: Option<Vec<u32>>,
-    skip_special_tokens: Option<bool>,
-    spaces_between_special_tokens: Option<bool>,
-    ignore_eos: Option<bool>,
-    n: Option<u32>,
-    seed: Option<i32>,
-}
-
-/// `stop`: one string or a list.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum StopField {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl SamplingBody {
-    fn into_sampling(self) -> Sampling {
-        let d = Sampling::default();
-        Sampling {
-            temperature: self.temperature.unwrap_or(d.temperature),
-            top_p: self.top_p.unwrap_or(d.top_p),
-            top_k: self.top_k.unwrap_or(d.top_k),
-            min_p: self.min_p.unwrap_or(d.min_p),
-            frequency_penalty: self.frequency_penalty.unwrap_or(d.frequency_penalty),
-            presence_penalty: self.presence_penalty.unwrap_or(d.presence_penalty),
-            repetition_penalty: self.repetition_penalty.unwrap_or(d.repetition_penalty),
-            max_new_tokens: self.max_new_tokens,
-            min_new_tokens: self.min_new_tokens.unwrap_or(d.min_new_tokens),
-            stop: match self.stop {
-                None => Vec::new(),
-                Some(StopField::One(one)) => vec![one],
-                Some(StopField::Many(many)) => many,
-            },
-            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
-            skip_special_tokens: self.skip_special_tokens.unwrap_or(d.skip_special_tokens),
-            spaces_between_special_tokens: self
-                .spaces_between_special_tokens
-                .unwrap_or(d.spaces_between_special_tokens),
-            ignore_eos: self.ignore_eos.unwrap_or(d.ignore_eos),
-            n: self.n.unwrap_or(d.n),
-            seed: self.seed,
-        }
-    }
 }
 
 impl GrpcExchange {
@@ -204,11 +176,8 @@ impl GrpcExchange {
             authority,
             call: None,
             request_id: String::new(),
-            stream: false,
-            skip_special_tokens: true,
-            tokenizer: None,
-            output_ids: Vec::new(),
-            usage: Usage::default(),
+            refused: None,
+            output: None,
             framing: DownstreamFraming::ChunkedPassthrough,
             finished: false,
             body_done: false,
@@ -223,7 +192,15 @@ impl GrpcExchange {
         request: &mut Forwarded<'_>,
         attempt: &Attempt<'_>,
     ) -> Result<(), ProxyError> {
-        let input = self.generate_input(core, request)?;
+        let input = match self.generate_input(core, request) {
+            Ok(input) => input,
+            Err(refusal) => {
+                // Answered at the head step, with its reason; nothing goes to the engine.
+                self.refused = Some(refusal);
+                self.finished = true;
+                return Ok(());
+            }
+        };
         let message = input.encode(self.backend);
         let path = self.backend.path(Method::Generate);
         let started = Call::start(&self.connection, &self.authority, path, message).await;
@@ -232,59 +209,83 @@ impl GrpcExchange {
         Ok(())
     }
 
-    /// The engine-neutral request: the prompt's IDs and the body's sampling fields.
+    /// The front end's reading of the body, the prompt's IDs and the engine-neutral request.
     fn generate_input(
         &mut self,
         core: &DataCore,
         request: &mut Forwarded<'_>,
-    ) -> Result<GenerateInput, ProxyError> {
-        let invalid = |context| ProxyError::downstream(ErrorKind::InvalidJson, context);
+    ) -> Result<GenerateInput, ParamError> {
         let prepared = request.prepared.get();
-        let input = prepared.input();
-        if input.endpoint() != Some(Endpoint::Generate) {
-            return Err(ProxyError::new(
-                ErrorKind::NotFound,
-                Side::Downstream,
-                "gRPC workers serve /generate only",
-            ));
-        }
-        let body: GenerateBody = serde_json::from_slice(&request.read_buf[request.body.clone()])
-            .map_err(|_| invalid("a /generate body a gRPC engine can take"))?;
-        self.tokenizer = core
-            .shared
-            .config
-            .tokenizers
-            .for_model(input.model())
-            .cloned();
-        let input_ids = match input.key_source() {
-            Some(KeySource::InputIds | KeySource::Tokenized) => match input.key() {
-                crate::request::RoutingKey::Tokens(ids) => ids.to_vec(),
-                crate::request::RoutingKey::Text(_) => Vec::new(),
-            },
-            _ => {
-                let tokenizer = self.tokenizer.as_ref().ok_or_else(|| {
-                    invalid("a gRPC worker takes token IDs: send input_ids, or give the gateway the model's tokenizer (--model-path, --tokenizer-path)")
-                })?;
-                tokenizer
-                    .encode(input.text(), true)
-                    .map_err(|_| invalid("the prompt could not be tokenized"))?
+        let routing = prepared.input();
+        let api = match routing.endpoint() {
+            Some(Endpoint::Generate) => Api::Generate,
+            Some(Endpoint::ChatCompletions) => Api::Chat,
+            Some(Endpoint::Completions) => Api::Completion,
+            Some(Endpoint::Messages) => Api::Messages,
+            _ => return Err(refusal("this endpoint is not served by gRPC workers")),
+        };
+        let params = GenerateParams::parse(api, &request.read_buf[request.body.clone()])?;
+        let model = params
+            .model
+            .clone()
+            .unwrap_or_else(|| routing.model().to_string());
+        let tokenizer = core.shared.config.tokenizers.for_model(&model).cloned();
+        let routed_ids = match (routing.key_source(), routing.key()) {
+            (Some(KeySource::InputIds | KeySource::Tokenized), RoutingKey::Tokens(ids)) => {
+                Some(ids)
             }
+            _ => None,
+        };
+        let input_ids = match (&params.input, routed_ids, tokenizer.as_ref()) {
+            (PromptInput::Ids(ids), _, _) => ids.clone(),
+            (_, Some(ids), _) => ids.to_vec(),
+            (PromptInput::Text(text), None, Some(tokenizer)) => tokenizer
+                .encode(text, true)
+                .map_err(|_| refusal("the prompt could not be tokenized"))?,
+            _ => return Err(refusal(
+                "a gRPC worker takes token IDs: send input_ids, or give the gateway the model's tokenizer (--model-path, --tokenizer-path)",
+            )),
         };
         if input_ids.is_empty() {
-            return Err(invalid("an empty prompt"));
+            return Err(refusal("the prompt is empty"));
         }
-        let sampling = body.sampling_params.into_sampling();
-        self.stream = body.stream;
-        self.skip_special_tokens = sampling.skip_special_tokens;
-        self.request_id = body
-            .rid
-            .unwrap_or_else(|| format!("kvgate-{:016x}", fastrand::u64(..)));
+        let meta = self.response_meta(&params, &model);
+        self.request_id = meta.id.clone();
+        let sampling = engine_sampling(&params);
+        let stream = params.stream;
+        let table = decode_table(tokenizer.as_ref());
+        let decoder = OutputDecoder::new(table.clone(), &params, &[]);
+        let writer = match stream {
+            true => Writer::Stream(StreamWriter::new(&params, meta, input_ids.len() as u32)),
+            false => Writer::Full(FullWriter::new(&params, meta)),
+        };
+        self.output = Some(Output {
+            streamed: vec![false; params.n.max(1) as usize],
+            params,
+            table,
+            decoder,
+            writer,
+            usage: Usage::default(),
+            scratch: Vec::new(),
+        });
         Ok(GenerateInput {
             request_id: self.request_id.clone(),
             input_ids,
             sampling,
-            stream: self.stream,
+            stream,
         })
+    }
+
+    /// The response's id (the client's `/generate` `rid` when it gave one), model and time.
+    fn response_meta(&self, params: &GenerateParams, model: &str) -> ResponseMeta {
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut meta = ResponseMeta::for_api(params.api, model, fastrand::u128(..), created);
+        if let Some(rid) = &params.request_id {
+            meta.id.clone_from(rid);
+        }
+        meta
     }
 
     /// Step 3: the call's first message (all of them, unstreamed), then the client's head.
@@ -302,15 +303,22 @@ impl GrpcExchange {
         let connection = client.connection.and(ClientConnection::keep_if(
             self.framing != DownstreamFraming::UntilClose && !core.shared.is_shutting_down(),
         ));
+        if let Some(refused) = self.refused.take() {
+            self.body_done = true;
+            let mut body = Vec::new();
+            refused.write_body(&mut body);
+            let status = refused.status();
+            context.admit_status(core, status);
+            write_answer(client, context, status, &body, connection)?;
+            return Ok(relaying(status, BodyKind::Other, connection));
+        }
+        let stream = self.output.as_ref().is_some_and(|o| o.params.stream);
         loop {
             let event = match self.next(core, client, deadline).await {
                 Next::Event(event) => event,
                 Next::End => {
-                    return Err(self.failed(
-                        core,
-                        context.worker,
-                        CallError::Malformed("the call ended without a Complete".into()),
-                    ))
+                    let error = CallError::Malformed("the call ended before its answer".into());
+                    return Err(self.failed(core, context.worker, error));
                 }
                 Next::Failed(CallError::Status(status)) => {
                     self.finished = true;
@@ -319,13 +327,14 @@ impl GrpcExchange {
                         return Ok(HeadRead::RetryableStatus(http));
                     }
                     self.body_done = true;
-                    write_status_answer(client, context, http, &status.message, connection)?;
-                    return Ok(HeadRead::Relaying(ResponseStart {
-                        status: http,
-                        body_kind: BodyKind::Other,
-                        connection,
-                        body_begun: true,
-                    }));
+                    let kind = if http >= 500 {
+                        "upstream_error"
+                    } else {
+                        "invalid_request_error"
+                    };
+                    let body = crate::error::error_body(http, kind, &status.message).to_string();
+                    write_answer(client, context, http, body.as_bytes(), connection)?;
+                    return Ok(relaying(http, BodyKind::Other, connection));
                 }
                 Next::Failed(e) => return Err(self.failed(core, context.worker, e)),
                 Next::Interrupted(why) => return Err(head_interrupted(why)),
@@ -336,36 +345,34 @@ impl GrpcExchange {
                     ))
                 }
             };
-            let complete = self.take(event);
-            if self.stream {
-                self.start_event_stream(client, context, connection)?;
-                self.write_event(client.write_buf, complete.as_ref());
-                return Ok(HeadRead::Relaying(ResponseStart {
-                    status: 200,
-                    body_kind: BodyKind::EventStream,
-                    connection,
-                    body_begun: true,
-                }));
-            }
-            if let Some(complete) = complete {
-                self.finish_call(core, deadline).await;
-                self.body_done = true;
-                let body = self.answer_json(Some(&complete)).to_string();
+            if stream {
                 client.write_buf.clear();
-                let head = json_head(body.len());
-                write_head(client, context, head.as_bytes(), connection)?;
-                client.write_buf.extend_from_slice(body.as_bytes());
-                return Ok(HeadRead::Relaying(ResponseStart {
-                    status: 200,
-                    body_kind: BodyKind::Other,
-                    connection,
-                    body_begun: true,
-                }));
+                write_head(client, context, EVENT_STREAM_HEAD, connection)?;
+                if let Some(Output {
+                    writer: Writer::Stream(writer),
+                    scratch,
+                    ..
+                }) = &mut self.output
+                {
+                    writer.start(scratch);
+                }
+                self.take(event);
+                self.frame_scratch(client.write_buf);
+                self.end_call_when_done(core, deadline).await;
+                return Ok(relaying(200, BodyKind::EventStream, connection));
+            }
+            self.take(event);
+            if self.finished {
+                self.end_call_when_done(core, deadline).await;
+                let body = self.output.as_mut().map(|o| std::mem::take(&mut o.scratch));
+                client.write_buf.clear();
+                write_answer(client, context, 200, &body.unwrap_or_default(), connection)?;
+                return Ok(relaying(200, BodyKind::Other, connection));
             }
         }
     }
 
-    /// Step 4: the next message as one SSE event, framed for the client in its write buffer.
+    /// Step 4: the next message's events, framed for the client in its write buffer.
     pub(super) async fn read_body(
         &mut self,
         core: &DataCore,
@@ -392,45 +399,94 @@ impl GrpcExchange {
             Next::Interrupted(Interrupted::ShutdownCut) => return Err(BodyStop::ShutdownCut),
             Next::TimedOut => return Err(BodyStop::WorkerFailed(ErrorKind::UpstreamTimeout)),
         };
-        let complete = self.take(event);
+        self.take(event);
         core.spare_buffers
             .borrow_mut()
             .borrow_into(client.write_buf);
         client.write_buf.clear();
-        self.write_event(client.write_buf, complete.as_ref());
-        if complete.is_some() {
-            self.finish_call(core, deadline).await;
-        }
+        self.frame_scratch(client.write_buf);
+        self.end_call_when_done(core, deadline).await;
         Ok(Some(BodySource::Client))
     }
 
-    /// Folds one message into the output so far; the `Complete`, if it was one.
-    fn take(&mut self, event: GenerateEvent) -> Option<Complete> {
+    /// Folds one message into the output: its tokens through the decoder into the writer's
+    /// bytes (in `scratch`); once every choice ended, the writer's end (usage, `[DONE]`, or
+    /// the whole body) and `finished`.
+    fn take(&mut self, event: GenerateEvent) {
+        let Some(output) = self.output.as_mut() else {
+            return;
+        };
         match event {
             GenerateEvent::Chunk(chunk) => {
-                self.output_ids.extend_from_slice(&chunk.token_ids);
-                self.usage = Usage {
-                    prompt_tokens: chunk.prompt_tokens,
-                    completion_tokens: chunk.completion_tokens,
-                    cached_tokens: chunk.cached_tokens,
-                };
-                None
-            }
-            GenerateEvent::Complete(complete) => {
-                // Streamed, the chunks carried the IDs; unstreamed, the `Complete` does.
-                if !self.stream || self.output_ids.is_empty() {
-                    self.output_ids.clone_from(&complete.output_ids);
+                if let Some(seen) = output.streamed.get_mut(chunk.index as usize) {
+                    *seen |= !chunk.token_ids.is_empty();
                 }
-                self.usage = Usage {
-                    prompt_tokens: complete.prompt_tokens,
-                    completion_tokens: complete.completion_tokens,
-                    cached_tokens: complete.cached_tokens,
+                output.usage.prompt_tokens = chunk.prompt_tokens;
+                output.usage.cached_tokens = chunk.cached_tokens;
+                let decoded = output.decoder.push(chunk.index, &chunk.token_ids);
+                let step = Step {
+                    index: chunk.index,
+                    token_ids: &chunk.token_ids[..decoded.ids_used.min(chunk.token_ids.len())],
+                    text: decoded.text,
+                    logprobs: &[],
+                    finish: decoded.finish,
                 };
-                self.finished = true;
-                Some(complete)
+                output
+                    .writer
+                    .step(&step, &output.table, &mut output.scratch);
             }
-            GenerateEvent::Empty => None,
+            GenerateEvent::Complete(complete) => output.complete(&complete),
+            GenerateEvent::Empty => {}
         }
+        if output.decoder.all_finished() {
+            output.end();
+            self.finished = true;
+        }
+    }
+
+    /// Moves the writer's bytes into `out`, framed as one chunk (and the last chunk at the end).
+    fn frame_scratch(&mut self, out: &mut Vec<u8>) {
+        let Some(output) = self.output.as_mut() else {
+            return;
+        };
+        let chunked = self.framing == DownstreamFraming::ChunkedPassthrough;
+        if !output.scratch.is_empty() {
+            if chunked {
+                out.extend_from_slice(format!("{:x}\r\n", output.scratch.len()).as_bytes());
+            }
+            out.extend_from_slice(&output.scratch);
+            if chunked {
+                out.extend_from_slice(b"\r\n");
+            }
+            output.scratch.clear();
+        }
+        if self.finished && chunked {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+    }
+
+    /// Once every choice ended: the body is done; the call's status is read (it follows the
+    /// last message at once) so the stream ends whole, unless the gateway ended it first (a
+    /// stop string), when dropping the call resets it.
+    async fn end_call_when_done(&mut self, _core: &DataCore, deadline: Instant) {
+        if !self.finished {
+            return;
+        }
+        self.body_done = true;
+        let Some(call) = self.call.as_mut() else {
+            return;
+        };
+        if !call.is_done() {
+            let end =
+                monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), call.message());
+            // A message after the end (the engine still streaming a choice the gateway
+            // stopped) leaves the call unfinished: it is reset and aborted when dropped.
+            if !matches!(end.await, Ok(Ok(None))) {
+                self.finished = false;
+                return;
+            }
+        }
+        self.call = None;
     }
 
     /// The call's next message, raced against the client's going, shutdown and `deadline`.
@@ -456,81 +512,10 @@ impl GrpcExchange {
         }
     }
 
-    /// After the `Complete`: reads the call's status (it follows at once), so the stream ends
-    /// whole instead of being reset.
-    async fn finish_call(&mut self, _core: &DataCore, deadline: Instant) {
-        if let Some(call) = self.call.as_mut() {
-            let end =
-                monoio::time::timeout_at(monoio::time::Instant::from_std(deadline), call.message());
-            let _ = end.await;
-        }
-        self.body_done = true;
-    }
-
-    /// A failure before the answer began: the worker's connections are suspect.
+    /// A failure before the answer began.
     fn failed(&mut self, core: &DataCore, worker: WorkerId, error: CallError) -> ProxyError {
         self.finished = true;
         call_error(core, worker, error, "gRPC Generate")
-    }
-
-    /// Writes the event-stream head for the client.
-    fn start_event_stream(
-        &self,
-        client: &mut ClientSide<'_>,
-        context: HeadContext<'_>,
-        connection: ClientConnection,
-    ) -> Result<(), ProxyError> {
-        client.write_buf.clear();
-        write_head(client, context, EVENT_STREAM_HEAD, connection)
-    }
-
-    /// One SSE event with the output so far (and `data: [DONE]` after the last), framed.
-    fn write_event(&self, out: &mut Vec<u8>, complete: Option<&Complete>) {
-        let mut event = Vec::with_capacity(256);
-        event.extend_from_slice(b"data: ");
-        // Serializing a JSON value into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut event, &self.answer_json(complete));
-        event.extend_from_slice(b"\n\n");
-        if complete.is_some() {
-            event.extend_from_slice(b"data: [DONE]\n\n");
-        }
-        match self.framing {
-            DownstreamFraming::ChunkedPassthrough => {
-                out.extend_from_slice(format!("{:x}\r\n", event.len()).as_bytes());
-                out.extend_from_slice(&event);
-                out.extend_from_slice(b"\r\n");
-                if complete.is_some() {
-                    out.extend_from_slice(b"0\r\n\r\n");
-                }
-            }
-            _ => out.extend_from_slice(&event),
-        }
-    }
-
-    /// SGLang's native `/generate` answer for the output so far: `text`, `output_ids` and
-    /// `meta_info` (with `finish_reason` once `complete`).
-    fn answer_json(&self, complete: Option<&Complete>) -> serde_json::Value {
-        let text = self
-            .tokenizer
-            .as_ref()
-            .and_then(|t| {
-                t.inner()
-                    .decode(&self.output_ids, self.skip_special_tokens)
-                    .ok()
-            })
-            .unwrap_or_default();
-        let finish_reason = complete.map_or(serde_json::Value::Null, finish_reason_json);
-        serde_json::json!({
-            "text": text,
-            "output_ids": self.output_ids,
-            "meta_info": {
-                "id": self.request_id,
-                "finish_reason": finish_reason,
-                "prompt_tokens": self.usage.prompt_tokens,
-                "completion_tokens": self.usage.completion_tokens,
-                "cached_tokens": self.usage.cached_tokens,
-            },
-        })
     }
 
     pub(super) fn body_done(&self) -> bool {
@@ -549,6 +534,120 @@ impl GrpcExchange {
 
     /// Step 5: nothing to pool; a finished call leaves its connection to the core's others.
     pub(super) fn give_back(self, _core: &DataCore, _worker: WorkerId) {}
+}
+
+impl Output {
+    /// The engine ended one choice: its remaining IDs (an unstreamed answer carries them all
+    /// here), then its finish, through the decoder to the writer.
+    fn complete(&mut self, complete: &Complete) {
+        let index = complete.index;
+        let streamed = self.streamed.get(index as usize).copied().unwrap_or(false);
+        if !streamed && !complete.output_ids.is_empty() {
+            let decoded = self.decoder.push(index, &complete.output_ids);
+            let used = decoded.ids_used.min(complete.output_ids.len());
+            let step = Step {
+                index,
+                token_ids: &complete.output_ids[..used],
+                text: decoded.text,
+                logprobs: &[],
+                finish: decoded.finish,
+            };
+            self.writer.step(&step, &self.table, &mut self.scratch);
+        }
+        self.usage.prompt_tokens = complete.prompt_tokens;
+        self.usage.cached_tokens = complete.cached_tokens;
+        self.usage.completion_tokens += complete.completion_tokens;
+        let reason = match complete.finish_reason.as_str() {
+            "length" => FinishReason::Length,
+            "abort" => FinishReason::Abort,
+            _ => FinishReason::Stop,
+        };
+        let matched = match &complete.matched_stop {
+            Some(MatchedStop::TokenId(id)) => Some(crate::tokenize::MatchedStop::Token(*id)),
+            Some(MatchedStop::Text(text)) => self
+                .params
+                .stop
+                .iter()
+                .position(|stop| stop == text)
+                .map(crate::tokenize::MatchedStop::Text),
+            None => None,
+        };
+        let decoded = self.decoder.finish(index, reason, matched);
+        let finish: Option<Finish> = decoded.finish.cloned();
+        let text = decoded.text.to_string();
+        let step = Step {
+            index,
+            token_ids: &[],
+            text: &text,
+            logprobs: &[],
+            finish: finish.as_ref(),
+        };
+        self.writer.step(&step, &self.table, &mut self.scratch);
+    }
+
+    /// Every choice ended: the writer's closing bytes.
+    fn end(&mut self) {
+        if self.usage.completion_tokens == 0 {
+            self.usage.completion_tokens = self.decoder.completion_tokens();
+        }
+        match &mut self.writer {
+            Writer::Stream(writer) => writer.end(&self.usage, &mut self.scratch),
+            Writer::Full(writer) => writer.write(&self.usage, &self.table, &mut self.scratch),
+        }
+    }
+}
+
+impl Writer {
+    fn step(&mut self, step: &Step<'_>, table: &DecodeTable, out: &mut Vec<u8>) {
+        match self {
+            Writer::Stream(writer) => writer.step(step, table, out),
+            Writer::Full(writer) => writer.step(step),
+        }
+    }
+}
+
+/// The engine's sampling fields from the front end's: the client's values, the engines'
+/// defaults where it was silent.
+fn engine_sampling(params: &GenerateParams) -> Sampling {
+    let r = params.sampling.resolved();
+    Sampling {
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: r.top_k,
+        min_p: r.min_p,
+        frequency_penalty: r.frequency_penalty,
+        presence_penalty: r.presence_penalty,
+        repetition_penalty: r.repetition_penalty,
+        max_new_tokens: r.max_tokens,
+        min_new_tokens: r.min_tokens,
+        stop: params.stop.clone(),
+        stop_token_ids: params.stop_token_ids.clone(),
+        skip_special_tokens: params.skip_special_tokens,
+        spaces_between_special_tokens: true,
+        ignore_eos: params.ignore_eos,
+        n: params.n.max(1),
+        seed: r.seed.map(|seed| seed as i32),
+        constraint: params.constraint.clone(),
+        keep_stop: params.keep_stop,
+    }
+}
+
+/// A refusal of the gateway's own (not a field's).
+fn refusal(message: &str) -> ParamError {
+    ParamError {
+        message: message.to_string(),
+        param: None,
+    }
+}
+
+/// The head step's result for an answer whose head is written.
+fn relaying(status: u16, body_kind: BodyKind, connection: ClientConnection) -> HeadRead {
+    HeadRead::Relaying(ResponseStart {
+        status,
+        body_kind,
+        connection,
+        body_begun: true,
+    })
 }
 
 impl Drop for GrpcExchange {
@@ -637,26 +736,14 @@ fn write_head(
     Ok(())
 }
 
-/// The head of an unstreamed JSON answer of `len` bytes.
-fn json_head(len: usize) -> String {
-    format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n")
-}
-
-/// The answer for a call that ended with a non-OK status: its HTTP status and a JSON error
-/// with the worker's `grpc-message`.
-fn write_status_answer(
+/// A whole JSON answer of `status` with `body`.
+fn write_answer(
     client: &mut ClientSide<'_>,
     context: HeadContext<'_>,
     status: u16,
-    message: &str,
+    body: &[u8],
     connection: ClientConnection,
 ) -> Result<(), ProxyError> {
-    let kind = if status >= 500 {
-        "upstream_error"
-    } else {
-        "invalid_request_error"
-    };
-    let body = crate::error::error_body(status, kind, message).to_string();
     let head = format!(
         "HTTP/1.1 {status} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
         codec::reason_phrase(status),
@@ -664,23 +751,6 @@ fn write_status_answer(
     );
     client.write_buf.clear();
     write_head(client, context, head.as_bytes(), connection)?;
-    client.write_buf.extend_from_slice(body.as_bytes());
+    client.write_buf.extend_from_slice(body);
     Ok(())
-}
-
-/// SGLang's `finish_reason` object: `{"type": "length", "length": n}`, `{"type": "stop",
-/// "matched": id or text}`, `{"type": "abort"}`.
-fn finish_reason_json(complete: &Complete) -> serde_json::Value {
-    match (complete.finish_reason.as_str(), &complete.matched_stop) {
-        ("length", _) => {
-            serde_json::json!({ "type": "length", "length": complete.completion_tokens })
-        }
-        (kind, Some(MatchedStop::TokenId(id))) => {
-            serde_json::json!({ "type": kind, "matched": id })
-        }
-        (kind, Some(MatchedStop::Text(text))) => {
-            serde_json::json!({ "type": kind, "matched": text })
-        }
-        (kind, None) => serde_json::json!({ "type": kind }),
-    }
 }
