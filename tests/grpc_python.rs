@@ -150,3 +150,96 @@ fn kvgate_routes_streams_and_aborts_on_a_grpcio_engine() {
     });
     assert!(seen, "{:?}", engine.lines.lock().unwrap());
 }
+
+/// Qwen3's tokenizer directory (`scripts/fetch-tokenizers.sh`), or `None` with a message.
+fn qwen3_dir() -> Option<PathBuf> {
+    let dir = match std::env::var_os("KVGATE_TOKENIZER_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers"),
+    }
+    .join("qwen3");
+    if dir.join("tokenizer.json").is_file() {
+        return Some(dir);
+    }
+    let required = std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_some();
+    assert!(
+        !required,
+        "{} is missing: run scripts/fetch-tokenizers.sh",
+        dir.display()
+    );
+    eprintln!("skipped: no tokenizer files (scripts/fetch-tokenizers.sh)");
+    None
+}
+
+#[test]
+fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
+    let Some(python) = python() else { return };
+    let Some(dir) = qwen3_dir() else { return };
+    let engine = PythonEngine::start(&python);
+    let path = dir.to_string_lossy().to_string();
+    let gateway = Gateway::start(&[engine.url()], &["--tokenizer-path", &path]);
+    let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+
+    // A completions prompt of IDs: the engine answers 1007, 1008, ...; the text is what the
+    // tokenizer library decodes of them, whole.
+    let completion = serde_json::json!({"model": "py-model", "prompt": [7, 8, 9], "max_tokens": 5});
+    let response = gateway
+        .client()
+        .post_json("/v1/completions", &completion.to_string());
+    assert_eq!(response.status, 200, "{}", response.text());
+    let body = response.json();
+    let expected = reference
+        .decode(&[1007, 1008, 1009, 1010, 1011], true)
+        .unwrap();
+    assert_eq!(body["object"], "text_completion", "{body}");
+    assert_eq!(body["choices"][0]["text"], expected.as_str(), "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 5, "{body}");
+
+    // A chat, unstreamed and streamed: the same text, in chat's shapes.
+    let chat = |stream: bool| {
+        serde_json::json!({
+            "model": "py-model",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 6,
+            "stream": stream,
+        })
+        .to_string()
+    };
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &chat(false));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let body = response.json();
+    let content = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!content.is_empty(), "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &chat(true));
+    assert_eq!(response.status, 200);
+    let data = response.sse_data();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{data:?}");
+    let streamed: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(streamed, content);
+
+    // A body the front end refuses is answered 400 with its reason, and no call is made.
+    let calls_before = engine.lines.lock().unwrap().len();
+    let bad = serde_json::json!({"model": "py-model", "messages": "not a list"});
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &bad.to_string());
+    assert_eq!(response.status, 400, "{}", response.text());
+    assert_eq!(engine.lines.lock().unwrap().len(), calls_before);
+}
