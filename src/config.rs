@@ -876,6 +876,23 @@ mod tests {
     }
 
     #[test]
+    fn grpc_workers_take_the_backend_flag_and_http_workers_ignore_it() {
+        let urls = [
+            "--worker-urls",
+            "grpc://127.0.0.1:50051",
+            "http://127.0.0.1:8000",
+        ];
+        let detected = parse(&urls).unwrap();
+        assert_eq!(detected.workers[0].protocol, WorkerProtocol::Grpc(None));
+        assert_eq!(detected.workers[1].protocol, WorkerProtocol::Http);
+        let given = parse(&[&urls[..], &["--backend", "vllm"]].concat()).unwrap();
+        let vllm = WorkerProtocol::Grpc(Some(GrpcBackend::Vllm));
+        assert_eq!(given.workers[0].protocol, vllm);
+        assert_eq!(given.workers[1].protocol, WorkerProtocol::Http);
+        assert!(Cli::try_parse_from(["kvgate", "--backend", "trtllm"]).is_err());
+    }
+
+    #[test]
     fn api_key_is_optional_and_never_empty() {
         assert_eq!(parse(&[]).unwrap().api_key, None);
         let keyed = parse(&["--api-key", "sk-1"]).unwrap();
