@@ -358,12 +358,12 @@ impl GrpcExchange {
                 }
                 self.take(event);
                 self.frame_scratch(client.write_buf);
-                self.end_call_when_done(core, deadline).await;
+                self.end_call_when_done(deadline).await;
                 return Ok(relaying(200, BodyKind::EventStream, connection));
             }
             self.take(event);
             if self.finished {
-                self.end_call_when_done(core, deadline).await;
+                self.end_call_when_done(deadline).await;
                 let body = self.output.as_mut().map(|o| std::mem::take(&mut o.scratch));
                 client.write_buf.clear();
                 write_answer(client, context, 200, &body.unwrap_or_default(), connection)?;
@@ -405,7 +405,7 @@ impl GrpcExchange {
             .borrow_into(client.write_buf);
         client.write_buf.clear();
         self.frame_scratch(client.write_buf);
-        self.end_call_when_done(core, deadline).await;
+        self.end_call_when_done(deadline).await;
         Ok(Some(BodySource::Client))
     }
 
@@ -452,7 +452,7 @@ impl GrpcExchange {
         let chunked = self.framing == DownstreamFraming::ChunkedPassthrough;
         if !output.scratch.is_empty() {
             if chunked {
-                out.extend_from_slice(format!("{:x}\r\n", output.scratch.len()).as_bytes());
+                write_chunk_size(out, output.scratch.len());
             }
             out.extend_from_slice(&output.scratch);
             if chunked {
@@ -468,7 +468,7 @@ impl GrpcExchange {
     /// Once every choice ended: the body is done; the call's status is read (it follows the
     /// last message at once) so the stream ends whole, unless the gateway ended it first (a
     /// stop string), when dropping the call resets it.
-    async fn end_call_when_done(&mut self, _core: &DataCore, deadline: Instant) {
+    async fn end_call_when_done(&mut self, deadline: Instant) {
         if !self.finished {
             return;
         }
@@ -632,6 +632,24 @@ fn engine_sampling(params: &GenerateParams) -> Sampling {
     }
 }
 
+/// A chunk's size line (`{hex}\r\n`), without formatting machinery: once per streamed message.
+fn write_chunk_size(out: &mut Vec<u8>, size: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = size;
+    loop {
+        i -= 1;
+        digits[i] = HEX[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// A refusal of the gateway's own (not a field's).
 fn refusal(message: &str) -> ParamError {
     ParamError {
@@ -753,4 +771,36 @@ fn write_answer(
     write_head(client, context, head.as_bytes(), connection)?;
     client.write_buf.extend_from_slice(body);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_sizes_are_lowercase_hex_lines() {
+        for size in [0usize, 1, 9, 10, 15, 16, 255, 4096, 0x1234_abcd] {
+            let mut out = Vec::new();
+            write_chunk_size(&mut out, size);
+            assert_eq!(out, format!("{size:x}\r\n").into_bytes());
+        }
+    }
+
+    #[test]
+    fn silent_sampling_fields_get_the_engines_defaults() {
+        let params = crate::frontend::parse_generate(br#"{"input_ids":[1,2]}"#).unwrap();
+        let sampling = engine_sampling(&params);
+        assert_eq!(
+            (sampling.temperature, sampling.top_p, sampling.top_k),
+            (1.0, 1.0, -1)
+        );
+        assert_eq!(sampling.repetition_penalty, 1.0);
+        assert_eq!(sampling.n, 1);
+        let body = br#"{"input_ids":[1],"sampling_params":{"temperature":0,"top_k":5,"stop":["x"],"max_new_tokens":3}}"#;
+        let params = crate::frontend::parse_generate(body).unwrap();
+        let sampling = engine_sampling(&params);
+        assert_eq!((sampling.temperature, sampling.top_k), (0.0, 5));
+        assert_eq!(sampling.stop, ["x"]);
+        assert_eq!(sampling.max_new_tokens, Some(3));
+    }
 }
