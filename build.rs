@@ -8,7 +8,9 @@
 //! only paths that exist are watched, since a missing watched path would rerun it on every build.
 //!
 //! It also compiles `proto/mesh.proto` into prost types (`OUT_DIR/kvgate.mesh.rs`, included by
-//! `mesh::wire`): `protox` parses the file in Rust, so no `protoc` is needed on the build machine.
+//! `mesh::wire`) and the gRPC engines' protocols under `proto/smg/` (one file per package,
+//! included by `grpc::proto`): `protox` parses the files in Rust, so no `protoc` is needed on
+//! the build machine.
 
 use std::path::Path;
 use std::process::Command;
@@ -30,16 +32,29 @@ fn main() {
     compile_protos();
 }
 
-/// Compiles the mesh's messages; a `.proto` that does not parse fails the build with its error.
+/// The `.proto` files under `proto/`: the mesh's messages, and the gRPC engines' protocols
+/// (`proto/smg/`, written from SMG's published definitions).
+#[cfg(not(kvgate_commit_only))]
+const PROTOS: [&str; 4] = [
+    "mesh.proto",
+    "smg/common.proto",
+    "smg/sglang_scheduler.proto",
+    "smg/vllm_engine.proto",
+];
+
+/// Compiles the protos into prost types, one file per package in `OUT_DIR`; a `.proto` that
+/// does not parse fails the build with its error.
 #[cfg(not(kvgate_commit_only))]
 fn compile_protos() {
-    println!("cargo:rerun-if-changed=proto/mesh.proto");
-    let descriptors = match protox::compile(["mesh.proto"], ["proto"]) {
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed=proto/{proto}");
+    }
+    let descriptors = match protox::compile(PROTOS, ["proto"]) {
         Ok(descriptors) => descriptors,
-        Err(e) => panic!("proto/mesh.proto: {e}"),
+        Err(e) => panic!("proto/: {e}"),
     };
     if let Err(e) = prost_build::Config::new().compile_fds(descriptors) {
-        panic!("proto/mesh.proto: prost-build: {e}");
+        panic!("proto/: prost-build: {e}");
     }
 }
 

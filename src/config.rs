@@ -24,7 +24,7 @@ use crate::tokenize::{
 use crate::workers::settings::{
     AdminArgs, LoadArgs, PolicyLoads, ResilienceArgs, WorkerArgs, WorkerSettings,
 };
-use crate::workers::spec::{resolve_flag, KvEventsSource, WorkerSpec};
+use crate::workers::spec::{resolve_flag, GrpcBackend, KvEventsSource, WorkerProtocol, WorkerSpec};
 
 /// The routing policy (`--policy`): SMG's names, `cache_aware` by default. Its flags and their
 /// validation live in `policy::PolicyArgs`, flattened into `Cli`.
@@ -103,6 +103,10 @@ pub struct Cli {
     /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`).
     #[arg(help_heading = "Worker Configuration", long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
     pub kv_events_endpoints: Vec<String>,
+    /// The engine protocol of the `grpc://` workers: `sglang` or `vllm` (SMG's flag). Without
+    /// it each gRPC worker is asked, as SMG does: SGLang's `HealthCheck`, then vLLM's.
+    #[arg(help_heading = "Worker Configuration", long = "backend", value_name = "BACKEND", value_parser = ["sglang", "vllm"])]
+    pub backend: Option<String>,
     /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -322,9 +326,13 @@ impl Config {
             return Err(FlagError::new("--worker-urls", message));
         }
         let mut workers: Vec<WorkerSpec> = Vec::with_capacity(cli.worker_urls.len());
+        let backend = cli.backend.as_deref().and_then(GrpcBackend::parse);
         for url in &cli.worker_urls {
-            let spec = WorkerSpec::resolve(url)
+            let mut spec = WorkerSpec::resolve(url)
                 .map_err(|e| FlagError::new("--worker-urls", e.to_string()))?;
+            if let WorkerProtocol::Grpc(detected) = &mut spec.protocol {
+                *detected = backend;
+            }
             if is_own_listener(spec.addr, listen_addr) {
                 return Err(FlagError::new(
                     "--worker-urls",
@@ -865,6 +873,23 @@ mod tests {
         assert_eq!(config.workers[1].url, "http://127.0.0.1:31002/");
         assert_eq!(config.workers[1].addr, "127.0.0.1:31002".parse().unwrap());
         assert_eq!(config.workers[1].authority, "127.0.0.1:31002");
+    }
+
+    #[test]
+    fn grpc_workers_take_the_backend_flag_and_http_workers_ignore_it() {
+        let urls = [
+            "--worker-urls",
+            "grpc://127.0.0.1:50051",
+            "http://127.0.0.1:8000",
+        ];
+        let detected = parse(&urls).unwrap();
+        assert_eq!(detected.workers[0].protocol, WorkerProtocol::Grpc(None));
+        assert_eq!(detected.workers[1].protocol, WorkerProtocol::Http);
+        let given = parse(&[&urls[..], &["--backend", "vllm"]].concat()).unwrap();
+        let vllm = WorkerProtocol::Grpc(Some(GrpcBackend::Vllm));
+        assert_eq!(given.workers[0].protocol, vllm);
+        assert_eq!(given.workers[1].protocol, WorkerProtocol::Http);
+        assert!(Cli::try_parse_from(["kvgate", "--backend", "trtllm"]).is_err());
     }
 
     #[test]

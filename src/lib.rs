@@ -7,10 +7,11 @@
 //!
 //! 1. leaves: `limits`, `ids`, `error`, `copy`;
 //! 2. the domain, free of I/O: `config`, `request`, `index`, `kv_events`, `policy`, `tokenize`,
-//!    `workers`, `metrics`, `mesh` (importing each other only as `ARCHITECTURE.md`'s edge
-//!    table lists);
+//!    `workers`, `metrics`, `mesh`, `frontend` (importing each other only as `ARCHITECTURE.md`'s
+//!    edge table lists);
 //! 3. `shared`: the state published between threads and the messages on their channels;
-//! 4. `net`: HTTP/1.1 on sockets, for both planes;
+//! 4. `net`: HTTP/1.1 on sockets, for both planes; `grpc`: HTTP/2 gRPC calls to engines, for both
+//!    planes;
 //! 5. the planes: the data plane `http` and the control plane `control`, which never import
 //!    each other;
 //! 6. `runtime`: threads, pinning, listeners and shutdown, imported by `main.rs` alone.
@@ -20,6 +21,8 @@ pub mod config;
 pub mod control;
 pub mod copy;
 pub mod error;
+pub mod frontend;
+pub mod grpc;
 pub mod http;
 pub mod ids;
 pub mod index;

@@ -452,6 +452,39 @@ pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;
 /// (TCP pushes back, and the sending peer's own queue drops).
 pub const MESH_INBOUND_FRAMES_MAX: usize = 256;
 
+// ---- gRPC workers (`grpc`, `http::upstream::grpc`) ----
+
+/// The largest gRPC message kvgate reads or sends: gRPC's own default receive limit. A
+/// `GenerateResponse` chunk is a few token IDs; a message announced past this is the worker's
+/// framing error, refused before its bytes are buffered.
+pub const GRPC_MESSAGE_BYTES_MAX: usize = 4 << 20;
+
+/// HTTP/2 connections one data core keeps to one gRPC worker. A connection carries up to the
+/// worker's `SETTINGS_MAX_CONCURRENT_STREAMS` calls (grpcio's default is unbounded, SGLang's
+/// servicer leaves it so); a second one opens only when the first is full, so this bounds what a
+/// worker announcing a small limit costs in sockets.
+pub const GRPC_CONNECTIONS_PER_WORKER_MAX: usize = 8;
+
+/// How long a connection with calls in flight may go without a frame from the worker before
+/// kvgate PINGs it. 30 s keeps well inside grpc-core's ping policing (two pings without data
+/// under its 5-minute minimum are tolerated; a prefill never lasts that long between tokens).
+pub const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long a PING may wait for its answer before the connection is taken for dead and closed
+/// (its calls end as the worker's failure).
+pub const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// HTTP/2 flow-control window kvgate grants per stream: a whole `GenerateResponse` of a long
+/// output (output IDs, logprobs) arrives without a window update round trip.
+pub const GRPC_STREAM_WINDOW_BYTES: u32 = 1 << 20;
+
+/// The connection-level window: the per-stream window times the streams a busy connection
+/// carries at once, so one slow reader does not stall its siblings.
+pub const GRPC_CONNECTION_WINDOW_BYTES: u32 = 16 << 20;
+
+/// How long a control-side call (HealthCheck, GetLoads, GetModelInfo, Abort) may take.
+pub const GRPC_CONTROL_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
@@ -523,3 +556,25 @@ const _: () = assert!(MESH_PEER_QUEUE_BYTES_MAX >= 2 * MESH_FRAME_BYTES_MAX);
 const _: () = assert!(MESH_INBOUND_STREAMS_MAX >= MESH_PEERS_MAX);
 const _: () = assert!(MESH_HANDSHAKE_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
 const _: () = assert!(MESH_FRAME_READ_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
+const _: () = assert!(GRPC_MESSAGE_BYTES_MAX <= u32::MAX as usize);
+const _: () = assert!(GRPC_CONNECTION_WINDOW_BYTES >= GRPC_STREAM_WINDOW_BYTES);
+const _: () = assert!(GRPC_KEEPALIVE_TIMEOUT.as_secs() < GRPC_KEEPALIVE_INTERVAL.as_secs());
+
+// --- The gRPC front end (`frontend`, `tokenize::decode`, `tokenize::stop`) ---
+
+/// Most choices per request (`n`): each is one engine sequence and one decoder state; SGLang
+/// and vLLM accept more, but a gateway request asking for more than this is a mistake or abuse.
+pub const GENERATE_N_MAX: u32 = 128;
+
+/// Most stop strings per request: each is searched on every step of every choice.
+pub const STOP_STRINGS_MAX: usize = 64;
+
+/// Longest stop string, in bytes: text is held back up to this much while it may begin one.
+pub const STOP_STRING_BYTES_MAX: usize = 1024;
+
+/// Most alternatives per position in logprobs (OpenAI's `top_logprobs` maximum).
+pub const TOP_LOGPROBS_MAX: u32 = 20;
+
+/// The window detokenizer (decoders kvgate does not model) drops IDs before its prefix once
+/// this many accumulate, so each step decodes a bounded window, not the whole sequence.
+pub const DECODE_WINDOW_TOKENS_MAX: usize = 64;

@@ -430,16 +430,29 @@ fn smgs_documented_command_lines_are_kvgate_command_lines() {
     let mesh = mesh.mesh.expect("the mesh is on");
     assert_eq!(mesh.advertise_addr, "10.0.0.1:39527".parse().unwrap());
     assert_eq!(mesh.peers, ["10.0.0.2:39527".parse().unwrap()]);
-    // The cache-aware reference's hash index. Its workers are gRPC and its --model-path a hub
-    // id: kvgate talks HTTP and reads tokenizers from local files, and says so.
+    // The cache-aware reference's hash index. Its workers are gRPC (their names replaced by
+    // documentation addresses, as above) and its --model-path a hub id: kvgate takes the gRPC
+    // workers, reads tokenizers from local files only, and says so.
     let hash_line = "smg launch --policy cache_aware --cache-index hash \
         --cache-boundaries 2048,8192,32768 --cache-ttl-secs 180 \
         --worker-urls grpc://worker-1:50051 grpc://worker-2:50051 \
         --model-path meta-llama/Llama-3.1-8B-Instruct";
-    let argv = smg_launch_args(hash_line);
+    let argv: Vec<String> = smg_launch_args(hash_line)
+        .into_iter()
+        .map(|a| {
+            a.replace("//worker-1:", "//192.0.2.1:")
+                .replace("//worker-2:", "//192.0.2.2:")
+        })
+        .collect();
     let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{argv:?}:\n{e}"));
     let refused = Config::from_cli(&cli).unwrap_err().to_string();
-    assert!(refused.contains("http://"), "{refused}");
+    assert!(refused.contains("--model-path"), "{refused}");
+    let model = argv.iter().position(|a| a == "--model-path").expect("flag");
+    let grpc_workers = accepted(&[&argv[..model], &argv[model + 2..]].concat());
+    assert!(grpc_workers
+        .workers
+        .iter()
+        .all(|w| w.url.starts_with("grpc://")));
     // The same line with HTTP workers and the model's tokenizer on disk is accepted as is.
     let tokenizer_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers/llama3");
     let mut argv: Vec<String> = resolvable(smg_launch_args(

@@ -13,6 +13,7 @@
 //! for it (`MeshOut`) and applies the peers' inserts it queues back.
 
 pub mod exposition;
+pub mod grpc_probe;
 pub mod index_upkeep;
 pub mod kv_events;
 pub mod kv_subscriber;

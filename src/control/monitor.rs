@@ -20,7 +20,7 @@ use crate::workers::catalog::{parse_models, ListedModel};
 use crate::workers::health::{HealthTracker, HealthTransition, ProbeOutcome};
 use crate::workers::load::{parse_load_body, LoadEndpoint, LoadReport};
 use crate::workers::settings::{LoadPolling, WorkerSettings};
-use crate::workers::spec::WorkerSpec;
+use crate::workers::spec::{WorkerProtocol, WorkerSpec};
 
 /// What a probe asks a worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +49,8 @@ pub struct ProbeJob {
     pub path: String,
     /// Deadline of the whole probe.
     pub timeout: Duration,
+    /// How it is asked: HTTP, or the engine's gRPC calls (`control::grpc_probe`).
+    pub protocol: WorkerProtocol,
 }
 
 /// One probe's result.
@@ -86,6 +88,7 @@ pub enum Change {
 struct Watched {
     addr: SocketAddr,
     authority: String,
+    protocol: WorkerProtocol,
     health: HealthTracker,
     breaker: CircuitBreaker,
     load_endpoint: LoadEndpoint,
@@ -129,6 +132,7 @@ impl WorkerMonitor {
         let watched = Watched {
             addr: spec.addr,
             authority: spec.authority.clone(),
+            protocol: spec.protocol,
             health: HealthTracker::new_healthy(),
             breaker: CircuitBreaker::new(),
             load_endpoint: LoadEndpoint::default(),
@@ -212,6 +216,7 @@ impl WorkerMonitor {
                 kind,
                 path: path.to_string(),
                 timeout,
+                protocol: w.protocol,
             };
             if health_due && !self.config.health.disabled {
                 jobs.push(job(

@@ -11,15 +11,22 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Instant;
 
+use super::grpc_probe::{admit_grpc_worker, run_grpc_probe};
 use super::monitor::{ProbeJob, ProbeKind, ProbeResult};
+use crate::grpc::Channels;
 use crate::limits::{LOAD_BODY_BYTES_MAX, PROBE_BODY_BYTES_MAX};
 use crate::net::client;
 use crate::workers::catalog::{parse_models, ListedModel};
 use crate::workers::health::{HealthConfig, ProbeOutcome};
-use crate::workers::spec::WorkerSpec;
+use crate::workers::spec::{WorkerProtocol, WorkerSpec};
 
-/// Runs one probe job.
-pub async fn run_probe_job(job: ProbeJob) -> ProbeResult {
+/// Runs one probe job (a gRPC worker's through `grpc_probe`, on `channels`).
+pub async fn run_probe_job(job: ProbeJob, channels: &RefCell<Channels>) -> ProbeResult {
+    if let WorkerProtocol::Grpc(backend) = job.protocol {
+        let (kind, response) = run_grpc_probe(&job, backend, channels).await;
+        let id = job.id;
+        return ProbeResult { id, kind, response };
+    }
     let cap = match job.kind {
         ProbeKind::Load(_) => LOAD_BODY_BYTES_MAX,
         _ => PROBE_BODY_BYTES_MAX,
@@ -51,6 +58,8 @@ pub struct ProbeRound {
     results: Rc<RefCell<Vec<(usize, ProbeResult)>>>,
     /// Jobs in the running round (0: none running).
     jobs: usize,
+    /// The control core's connections to gRPC workers, shared by its probes.
+    grpc_channels: Rc<RefCell<Channels>>,
 }
 
 impl ProbeRound {
@@ -68,8 +77,9 @@ impl ProbeRound {
         self.jobs = jobs.len();
         for (position, job) in jobs.into_iter().enumerate() {
             let results = self.results.clone();
+            let channels = self.grpc_channels.clone();
             monoio::spawn(async move {
-                let result = run_probe_job(job).await;
+                let result = run_probe_job(job, &channels).await;
                 results.borrow_mut().push((position, result));
             });
         }
@@ -95,6 +105,9 @@ pub async fn probe_new_worker(
     spec: WorkerSpec,
     health: HealthConfig,
 ) -> Result<Option<Vec<ListedModel>>, String> {
+    if let WorkerProtocol::Grpc(backend) = spec.protocol {
+        return admit_grpc_worker(&spec, backend, health.timeout).await;
+    }
     let (addr, authority) = (spec.addr, spec.authority.as_str());
     let checked = client::get(
         addr,
@@ -187,6 +200,7 @@ mod tests {
             kind,
             path: path.into(),
             timeout: Duration::from_secs(5),
+            protocol: spec.protocol,
         }
     }
 
@@ -204,7 +218,10 @@ mod tests {
     fn load_probe_falls_back_to_metrics_within_the_job() {
         let spec = serve(&[("/metrics", 200, "vllm:num_requests_waiting 4\n")]);
         let load = ProbeKind::Load(LoadEndpoint::V1Loads);
-        let r = block_on(run_probe_job(job(0, &spec, load, "/v1/loads")));
+        let r = block_on(run_probe_job(
+            job(0, &spec, load, "/v1/loads"),
+            &Default::default(),
+        ));
         assert_eq!(r.kind, ProbeKind::Load(LoadEndpoint::Metrics));
         let r = r.response.unwrap();
         assert_eq!(

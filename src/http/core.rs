@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::buffers::SpareBuffers;
 use super::pool::UpstreamPool;
 use crate::error::ErrorKind;
+use crate::grpc::Channels;
 use crate::ids::WorkerId;
 use crate::limits::MEMORY_RETURN_DELAY;
 use crate::metrics::{CoreMetrics, Counter};
@@ -70,6 +71,8 @@ pub struct DataCore {
     pub shared: Arc<Shared>,
     /// Idle upstream connections.
     pub pool: RefCell<UpstreamPool>,
+    /// HTTP/2 connections to gRPC workers, multiplexed by every request of this core.
+    pub grpc: RefCell<Channels>,
     /// Empty buffers lent by streams while they wait for their worker.
     pub spare_buffers: RefCell<SpareBuffers>,
     /// The routing policy and what this core remembers of its dispatches.
@@ -93,6 +96,7 @@ impl DataCore {
             core_id,
             shared,
             pool: RefCell::new(UpstreamPool::with_idle_timeout(pool_idle_timeout)),
+            grpc: RefCell::new(Channels::new()),
             spare_buffers: RefCell::new(SpareBuffers::new()),
             router: RefCell::new(router),
             requests_in_flight: Cell::new(0),

@@ -26,8 +26,10 @@
 mod args;
 pub mod bpe;
 mod cache;
+mod decode;
 mod prompt;
 mod split;
+mod stop;
 mod template;
 
 use std::ops::Range;
@@ -40,8 +42,10 @@ pub use args::{ModelSpec, TokenizerArgs};
 use bpe::BpeSlot;
 pub use bpe::{ByteLevelBpe, PretokenTooLong};
 pub use cache::{CacheConfig, CacheStats, TokenCache, ENTRY_OVERHEAD_BYTES, L0_ENTRY_TOKENS_MAX};
+pub use decode::{DecodeStream, DecodeTable, DecoderKind, FirstSpace};
 pub use prompt::{chat_input, messages_input};
 pub use split::{chunks, Chunking, Piece, SpecialSplit, SplitSafety};
+pub use stop::{MatchedStop, StopMatcher, StopSet, StopState};
 pub use template::{ChatInput, ChatTemplate, ContentFormat, TemplateError};
 
 /// A tokenizer's files could not be used (the message names what and why).

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use super::breaker::BreakerState;
 use super::catalog::ListedModel;
 use super::load::LoadReport;
-use super::spec::{KvEventsSource, WorkerUrl};
+use super::spec::{KvEventsSource, WorkerProtocol, WorkerUrl};
 use crate::error::{error_body, ErrorKind};
 use crate::ids::WorkerId;
 use crate::limits::ADMIN_BODY_BYTES_MAX;
@@ -215,7 +215,7 @@ struct AddWorkerBody {
     kv_events_endpoint: Option<String>,
     /// SMG's worker type: only `regular` is served (no prefill/decode disaggregation).
     worker_type: Option<String>,
-    /// SMG's connection mode: only `http` is served.
+    /// SMG's connection mode: `http` or `grpc`, as the URL's scheme says.
     connection_mode: Option<String>,
 }
 
@@ -305,15 +305,15 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
         }
         Some(other) => return Err(bad(format!("worker_type {other}: expected \"regular\""))),
     }
-    match parsed.connection_mode.as_deref() {
-        None | Some("http") => {}
-        Some(other) => {
+    let url = WorkerUrl::parse(&parsed.url).map_err(|e| bad(e.to_string()))?;
+    match (parsed.connection_mode.as_deref(), url.protocol) {
+        (None, _) | (Some("http"), WorkerProtocol::Http) | (Some("grpc"), WorkerProtocol::Grpc(_)) => {}
+        (Some(other), _) => {
             return Err(bad(format!(
-                "connection_mode {other}: not supported (kvgate talks HTTP to workers)"
+                "connection_mode {other}: the URL's scheme says otherwise (HTTP workers are http://, gRPC workers grpc://)"
             )))
         }
     }
-    let url = WorkerUrl::parse(&parsed.url).map_err(|e| bad(e.to_string()))?;
     let kv_events = match &parsed.kv_events_endpoint {
         None => KvEventsSource::Discover,
         Some(text) => KvEventsSource::parse(text, &url.host)
@@ -563,6 +563,8 @@ mod tests {
         );
         let plain = parse_add_worker(br#"{"url":"http://x:1"}"#).unwrap();
         assert!(plain.not_applied.is_empty());
+        let grpc = parse_add_worker(br#"{"url":"GRPC://X:50051","connection_mode":"grpc"}"#);
+        assert_eq!(grpc.unwrap().url, "grpc://x:50051");
         for (body, says) in [
             (
                 &br#"{"url":"http://x:1","worker_type":"prefill"}"#[..],
@@ -574,6 +576,10 @@ mod tests {
             ),
             (br#"{"url":"http://x:1","worker_type":"odd"}"#, "regular"),
             (br#"{"url":"http://x:1","connection_mode":"grpc"}"#, "HTTP"),
+            (
+                br#"{"url":"grpc://x:1","connection_mode":"http"}"#,
+                "grpc://",
+            ),
             (
                 br#"{"url":"http://x:1","model_idd":"m"}"#,
                 "unknown field `model_idd`",

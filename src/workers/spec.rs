@@ -1,8 +1,9 @@
 //! A worker's address: the one parser of worker URLs, used by `--worker-urls`, the admin API's
 //! `POST /workers` and `DELETE /workers/{url}` alike, so a URL means the same thing everywhere.
 //!
-//! Owns [`WorkerUrl`] (the syntax: `http://host[:port][/]`, port 80 when absent, nothing else)
-//! and [`WorkerSpec`] (a worker as the gateway uses it: the URL exactly as given, which is the
+//! Owns [`WorkerUrl`] (the syntax: `http://host[:port][/]`, port 80 when absent, or
+//! `grpc://host:port[/]` for an engine speaking SMG's gRPC protocols, nothing else; the scheme
+//! is its [`WorkerProtocol`]) and [`WorkerSpec`] (a worker as the gateway uses it: the URL exactly as given, which is the
 //! `x-smg-routed-worker-id` value, its resolved address and its `Host` header value). A URL that
 //! cannot be used is a [`UrlError`] saying why.
 
@@ -19,12 +20,15 @@ pub const DEFAULT_PORT: u16 = 80;
 /// Why a URL is not a usable worker URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UrlError {
-    /// Only plain `http://` workers are proxied.
-    #[error("{0} must start with http://")]
+    /// Only plain `http://` and `grpc://` workers are proxied.
+    #[error("{0} must start with http:// or grpc://")]
     Scheme(String),
     /// Missing or malformed host.
     #[error("{0} has no valid host")]
     Host(String),
+    /// A `grpc://` URL without a port: gRPC has no default port to assume.
+    #[error("{0} must name its port (grpc://host:port)")]
+    GrpcPort(String),
     /// A port that is not 1-65535.
     #[error("{0} has a bad port (1-65535)")]
     Port(String),
@@ -36,9 +40,61 @@ pub enum UrlError {
     Resolve(String, String),
 }
 
+/// How the gateway talks to a worker, from its URL's scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerProtocol {
+    /// `http://`: HTTP/1.1, the request forwarded as the client sent it.
+    Http,
+    /// `grpc://`: HTTP/2 gRPC (SGLang's or vLLM's scheduler service): the gateway tokenizes and
+    /// builds the engine's `GenerateRequest` (`grpc`, `http::upstream::grpc`). The backend is
+    /// `--backend`'s, or `None`: detected by asking the worker.
+    Grpc(Option<GrpcBackend>),
+}
+
+impl WorkerProtocol {
+    /// The URL scheme, with its `://`.
+    pub fn scheme(self) -> &'static str {
+        match self {
+            WorkerProtocol::Http => "http://",
+            WorkerProtocol::Grpc(_) => "grpc://",
+        }
+    }
+}
+
+/// The engine protocol a `grpc://` worker speaks (SMG's `--backend`; detected per worker when
+/// the flag is absent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrpcBackend {
+    /// SGLang's scheduler service (`sglang serve --grpc-mode`).
+    Sglang,
+    /// vLLM's engine service (`vllm serve --grpc`).
+    Vllm,
+}
+
+impl GrpcBackend {
+    /// The `--backend` value (`sglang`, `vllm`).
+    pub fn parse(text: &str) -> Option<GrpcBackend> {
+        match text {
+            "sglang" => Some(GrpcBackend::Sglang),
+            "vllm" => Some(GrpcBackend::Vllm),
+            _ => None,
+        }
+    }
+
+    /// The flag's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrpcBackend::Sglang => "sglang",
+            GrpcBackend::Vllm => "vllm",
+        }
+    }
+}
+
 /// A syntactically valid worker URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerUrl {
+    /// The scheme's protocol.
+    pub protocol: WorkerProtocol,
     /// Host name or IP literal (IPv6 without its brackets).
     pub host: String,
     /// TCP port ([`DEFAULT_PORT`] when the URL names none).
@@ -48,14 +104,17 @@ pub struct WorkerUrl {
 }
 
 impl WorkerUrl {
-    /// Parses `http://host[:port][/]`.
+    /// Parses `http://host[:port][/]` or `grpc://host:port[/]`.
     pub fn parse(url: &str) -> Result<WorkerUrl, UrlError> {
         // The scheme is case-insensitive (RFC 3986 3.1): `HTTP://` names the same worker.
-        let rest = url
-            .get(..7)
-            .filter(|scheme| scheme.eq_ignore_ascii_case("http://"))
-            .map(|_| &url[7..])
+        let protocol = [WorkerProtocol::Http, WorkerProtocol::Grpc(None)]
+            .into_iter()
+            .find(|p| {
+                url.get(..p.scheme().len())
+                    .is_some_and(|scheme| scheme.eq_ignore_ascii_case(p.scheme()))
+            })
             .ok_or_else(|| UrlError::Scheme(url.to_string()))?;
+        let rest = &url[protocol.scheme().len()..];
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.contains(['/', '?', '#', '@']) || authority.chars().any(char::is_whitespace) {
             return Err(UrlError::Path(url.to_string()));
@@ -70,6 +129,9 @@ impl WorkerUrl {
             return Err(UrlError::Host(url.to_string()));
         }
         let port = match port {
+            None if protocol != WorkerProtocol::Http => {
+                return Err(UrlError::GrpcPort(url.to_string()))
+            }
             None => DEFAULT_PORT,
             Some(text) => text
                 .parse::<u16>()
@@ -78,17 +140,19 @@ impl WorkerUrl {
                 .ok_or_else(|| UrlError::Port(url.to_string()))?,
         };
         Ok(WorkerUrl {
+            protocol,
             host: host.to_string(),
             port,
             authority: authority.to_string(),
         })
     }
 
-    /// One spelling per URL: `http://`, the authority in lower case (host names and the scheme
-    /// are case-insensitive), no trailing `/`. The port stays as written: the same worker with
-    /// and without `:80` is caught by [`WorkerSpec::same_endpoint`] instead.
+    /// One spelling per URL: the scheme and the authority in lower case (host names and the
+    /// scheme are case-insensitive), no trailing `/`. The port stays as written: the same worker
+    /// with and without `:80` is caught by [`WorkerSpec::same_endpoint`] instead.
     pub fn canonical(&self) -> String {
-        format!("http://{}", self.authority.to_ascii_lowercase())
+        let scheme = self.protocol.scheme();
+        format!("{scheme}{}", self.authority.to_ascii_lowercase())
     }
 
     /// The first address the host resolves to (a DNS lookup for a name: call off the data path).
@@ -141,6 +205,8 @@ pub struct WorkerSpec {
     pub authority: String,
     /// Where it publishes its KV events.
     pub kv_events: KvEventsSource,
+    /// How the gateway talks to it (its URL's scheme).
+    pub protocol: WorkerProtocol,
 }
 
 impl WorkerSpec {
@@ -152,6 +218,7 @@ impl WorkerSpec {
             addr: parsed.resolve()?,
             authority: parsed.authority,
             kv_events: KvEventsSource::Discover,
+            protocol: parsed.protocol,
         })
     }
 
@@ -303,6 +370,37 @@ fn zmq_tcp_endpoint(text: &str, worker_host: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_urls_are_workers_with_their_port() {
+        let url = WorkerUrl::parse("grpc://127.0.0.1:50051").unwrap();
+        assert_eq!(url.protocol, WorkerProtocol::Grpc(None));
+        assert_eq!((url.host.as_str(), url.port), ("127.0.0.1", 50051));
+        assert_eq!(
+            WorkerUrl::parse("GRPC://Worker-1:50051/")
+                .unwrap()
+                .canonical(),
+            "grpc://worker-1:50051"
+        );
+        let http = WorkerUrl::parse("http://a:8000").unwrap();
+        assert_eq!(http.protocol, WorkerProtocol::Http);
+        assert_eq!(
+            WorkerUrl::parse("grpc://a"),
+            Err(UrlError::GrpcPort("grpc://a".into()))
+        );
+        assert!(matches!(
+            WorkerUrl::parse("grpcs://a:1"),
+            Err(UrlError::Scheme(_))
+        ));
+        assert!(matches!(
+            WorkerUrl::parse("grpc://a:1/x"),
+            Err(UrlError::Path(_))
+        ));
+        let spec = WorkerSpec::resolve("grpc://127.0.0.1:50051").unwrap();
+        assert_eq!(spec.protocol, WorkerProtocol::Grpc(None));
+        assert_eq!(GrpcBackend::parse("vllm"), Some(GrpcBackend::Vllm));
+        assert_eq!(GrpcBackend::parse("trtllm"), None);
+    }
 
     #[test]
     fn urls_parse_with_the_default_port_and_keep_their_authority() {

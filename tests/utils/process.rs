@@ -106,7 +106,7 @@ impl ChildProcess {
     }
 
     /// Takes its stdout (if piped).
-    fn stdout(&mut self) -> Option<std::process::ChildStdout> {
+    pub fn stdout(&mut self) -> Option<std::process::ChildStdout> {
         self.child.as_mut()?.stdout.take()
     }
 }

@@ -9,6 +9,7 @@
 //!   bodies, load reports.
 //! - [`kv_events`], [`publisher`]: the engines' KV events (vLLM / SGLang msgpack batches) on ZMQ
 //!   PUB and replay ROUTER sockets, fed from the cache's event log (`cache::CacheEvent`).
+//! - [`grpc`]: the engines' gRPC services (`--grpc sglang|vllm`) over the same engine model;
 //! - [`faults`]: injected failures; [`instant`]: the `--instant` answer cache; [`server`]: the hyper servers; [`options`]: the CLI.
 
 pub mod api;
@@ -18,6 +19,7 @@ pub mod cost;
 pub mod driver;
 pub mod engine;
 pub mod faults;
+pub mod grpc;
 pub mod instant;
 pub mod kv_events;
 pub mod metrics;

@@ -155,6 +155,22 @@ pub struct SimArgs {
     /// per engine whatever this says.
     #[arg(long, default_value_t = KV_EVENTS_REPLAY_BUFFER_DEFAULT, requires = "kv_events_base_port")]
     pub kv_events_replay_buffer: usize,
+    /// Serve SMG's gRPC protocol of this engine (`sglang`: `SglangScheduler`, `vllm`:
+    /// `VllmEngine`) on the engine ports instead of HTTP (`sim::grpc`).
+    #[arg(long, value_enum, conflicts_with = "instant")]
+    pub grpc: Option<GrpcProtocol>,
+    /// With `--grpc`: the HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` each connection announces.
+    #[arg(long, default_value_t = 1024, requires = "grpc")]
+    pub grpc_max_concurrent_streams: u32,
+}
+
+/// Which engine's gRPC service `--grpc` serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GrpcProtocol {
+    /// `sglang.grpc.scheduler.SglangScheduler`.
+    Sglang,
+    /// `vllm.grpc.engine.VllmEngine`.
+    Vllm,
 }
 
 /// Where and how the engines publish their KV events.
@@ -197,6 +213,9 @@ pub struct Options {
     pub faults: Vec<Faults>,
     /// `None`: no KV events.
     pub kv_events: Option<KvEventsOptions>,
+    /// `Some`: the engines speak this gRPC protocol instead of HTTP, announcing this many
+    /// concurrent streams per connection.
+    pub grpc: Option<(GrpcProtocol, u32)>,
 }
 
 impl SimArgs {
@@ -269,6 +288,9 @@ impl SimArgs {
             seed: self.seed,
             faults: self.initial_faults()?,
             kv_events,
+            grpc: self
+                .grpc
+                .map(|protocol| (protocol, self.grpc_max_concurrent_streams.max(1))),
         })
     }
 

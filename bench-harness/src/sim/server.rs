@@ -50,12 +50,12 @@ pub const MAX_BODY_BYTES: usize = 64 << 20;
 pub struct EngineServer {
     pub index: u16,
     pub port: u16,
-    options: Arc<Options>,
+    pub(super) options: Arc<Options>,
     /// `None` in `--instant` mode.
-    engine: Option<EngineHandle>,
+    pub(super) engine: Option<EngineHandle>,
     /// The engine's KV-event sockets and sink, with `--kv-events-base-port`.
     kv_events: Option<(KvEndpoints, Arc<EventSink>)>,
-    faults: watch::Sender<Faults>,
+    pub(super) faults: watch::Sender<Faults>,
     fault_rng: Mutex<fastrand::Rng>,
     connections_accepted: AtomicU64,
     connections_open: AtomicU64,
@@ -124,12 +124,14 @@ pub async fn bind_fleet(options: Options) -> Result<Vec<(TcpListener, Arc<Engine
 /// Binds the fleet, prints one `listening` line per engine and `sim-engine: ready` on stdout,
 /// then serves until the process ends.
 pub async fn run_fleet(options: Options) -> Result<(), String> {
+    let grpc = options.grpc;
     let fleet = bind_fleet(options).await?;
     let mut tasks = Vec::with_capacity(fleet.len());
     for (listener, server) in fleet {
         let address = listener.local_addr().map_err(|error| error.to_string())?;
+        let scheme = if grpc.is_some() { "grpc" } else { "http" };
         println!(
-            "sim-engine: engine {} listening on http://{address}",
+            "sim-engine: engine {} listening on {scheme}://{address}",
             server.index
         );
         if let Some((endpoints, _)) = &server.kv_events {
@@ -138,7 +140,15 @@ pub async fn run_fleet(options: Options) -> Result<(), String> {
                 server.index, endpoints.publish, endpoints.replay
             );
         }
-        tasks.push(tokio::spawn(serve_engine(listener, server)));
+        match grpc {
+            Some((protocol, max_streams)) => tasks.push(tokio::spawn(super::grpc::serve_engine(
+                listener,
+                server,
+                protocol,
+                max_streams,
+            ))),
+            None => tasks.push(tokio::spawn(serve_engine(listener, server))),
+        }
     }
     println!("sim-engine: ready");
     for task in tasks {
@@ -296,7 +306,7 @@ impl EngineServer {
         })
     }
 
-    fn loads(&self) -> LoadSnapshot {
+    pub(super) fn loads(&self) -> LoadSnapshot {
         match &self.engine {
             Some(engine) => engine.loads(),
             None => LoadSnapshot {

@@ -19,15 +19,19 @@
 //! before the head ends the attempt as `ClientClosed` (499), one gone mid-body ends the stream;
 //! both close the upstream connection so the engine stops generating.
 //!
-//! HTTP/1.1 (`http1`) is the one kind today. A new kind (a gRPC worker, a prefill/decode pair) is
-//! a module beside it with the same five steps and a variant of [`Exchange`], picked in
-//! [`Exchange::open`] from the worker's spec; the driver and the relay do not change. Dispatch is
-//! a `match` over the variants: nothing is boxed per request.
+//! HTTP/1.1 (`http1`) and gRPC (`grpc`, a `grpc://` worker: the gateway builds the engine's
+//! `Generate` call and writes its answer) are the kinds today. A new kind (a prefill/decode
+//! pair) is a module beside them with the same five steps and a variant of [`Exchange`], picked
+//! in [`Exchange::open`] from the worker's spec; the driver and the relay do not change.
+//! Dispatch is a `match` over the variants; the gRPC variant is boxed (it holds the request's
+//! output so far), so an HTTP/1.1 exchange stays as small as before and nothing is boxed for
+//! it.
 //!
 //! Errors before the first response byte reached the client are `ProxyError`s the driver's
 //! retry loop reads (`ErrorKind::Upstream*`, with the retry permission each kind sets); after it,
 //! a [`BodyStop`].
 
+mod grpc;
 mod http1;
 
 use std::time::Instant;
@@ -42,6 +46,7 @@ use crate::net::socket::{Cut, Socket};
 use crate::request::Method;
 use crate::workers::breaker::AttemptOutcome;
 use crate::workers::retry::is_retryable_status;
+use crate::workers::spec::WorkerProtocol;
 use crate::workers::table::{InflightCredit, WorkerEntry};
 
 /// One attempt of a request: the worker it goes to, the credit that counts it there, and what
@@ -205,20 +210,29 @@ pub fn drop_idle_connections(core: &DataCore, worker: WorkerId) {
     core.pool.borrow_mut().clear_worker(worker);
 }
 
-/// One attempt's exchange with its worker, by the protocol the worker speaks.
+/// One attempt's exchange with its worker, by the protocol the worker speaks. The HTTP/1.1
+/// variant stays inline (boxing it would allocate on every proxied request); the gRPC one,
+/// larger and off the HTTP path, is boxed.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Exchange {
     /// HTTP/1.1 on a pooled keep-alive connection.
     Http1(http1::Http1Exchange),
+    /// A gRPC `Generate` call on the core's HTTP/2 connection to the worker.
+    Grpc(Box<grpc::GrpcExchange>),
 }
 
 impl Exchange {
-    /// Step 1, connect or reuse. Every worker speaks HTTP/1.1 today; the worker's spec would
-    /// pick another kind here.
+    /// Step 1, connect or reuse, by the protocol of the worker's URL.
     pub async fn open(core: &DataCore, worker: &WorkerEntry) -> Result<Exchange, ProxyError> {
-        http1::Http1Exchange::connect_or_reuse(core, worker)
-            .await
-            .map(Exchange::Http1)
+        match worker.spec.protocol {
+            WorkerProtocol::Http => http1::Http1Exchange::connect_or_reuse(core, worker)
+                .await
+                .map(Exchange::Http1),
+            WorkerProtocol::Grpc(_) => grpc::GrpcExchange::open(core, worker)
+                .await
+                .map(|exchange| Exchange::Grpc(Box::new(exchange))),
+        }
     }
 
     /// Whether the connection served a request before (a failure on it may just be a stale
@@ -226,6 +240,8 @@ impl Exchange {
     pub fn reused(&self) -> bool {
         match self {
             Exchange::Http1(exchange) => exchange.reused(),
+            // A refused call on a shared connection is retried like any other.
+            Exchange::Grpc(_) => false,
         }
     }
 
@@ -238,6 +254,7 @@ impl Exchange {
     ) -> Result<(), ProxyError> {
         match self {
             Exchange::Http1(exchange) => exchange.forward(core, request, attempt).await,
+            Exchange::Grpc(exchange) => exchange.forward(core, request, attempt).await,
         }
     }
 
@@ -252,6 +269,7 @@ impl Exchange {
     ) -> Result<HeadRead, ProxyError> {
         match self {
             Exchange::Http1(exchange) => exchange.read_head(core, client, context, deadline).await,
+            Exchange::Grpc(exchange) => exchange.read_head(core, client, context, deadline).await,
         }
     }
 
@@ -265,6 +283,7 @@ impl Exchange {
     ) -> Result<Option<BodySource>, BodyStop> {
         match self {
             Exchange::Http1(exchange) => exchange.read_body(core, client, deadline).await,
+            Exchange::Grpc(exchange) => exchange.read_body(core, client, deadline).await,
         }
     }
 
@@ -272,6 +291,7 @@ impl Exchange {
     pub fn body_done(&self) -> bool {
         match self {
             Exchange::Http1(exchange) => exchange.body_done(),
+            Exchange::Grpc(exchange) => exchange.body_done(),
         }
     }
 
@@ -279,6 +299,7 @@ impl Exchange {
     pub fn relay_buf(&mut self) -> &mut Vec<u8> {
         match self {
             Exchange::Http1(exchange) => exchange.relay_buf(),
+            Exchange::Grpc(exchange) => exchange.relay_buf(),
         }
     }
 
@@ -287,6 +308,7 @@ impl Exchange {
     pub fn client_at_chunk_boundary(&self) -> bool {
         match self {
             Exchange::Http1(exchange) => exchange.client_at_chunk_boundary(),
+            Exchange::Grpc(exchange) => exchange.client_at_chunk_boundary(),
         }
     }
 
@@ -295,6 +317,7 @@ impl Exchange {
     pub fn give_back(self, core: &DataCore, worker: WorkerId) {
         match self {
             Exchange::Http1(exchange) => exchange.give_back(core, worker),
+            Exchange::Grpc(exchange) => exchange.give_back(core, worker),
         }
     }
 }

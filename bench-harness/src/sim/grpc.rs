@@ -1,0 +1,493 @@
+//! `sim-engine --grpc sglang|vllm`: the same simulated engine behind SMG's gRPC protocols
+//! (SGLang's `SglangScheduler`, vLLM's `VllmEngine`), served with `h2` on the fleet's tokio, so
+//! a gateway's gRPC mode can be run against a fleet. `Generate` submits the prompt's token IDs
+//! to the engine model and streams the output tokens it emits (the sim's own deterministic IDs,
+//! `sim::output`); `HealthCheck`, `GetLoads`, `GetModelInfo` and `Abort` answer from the same
+//! engine. The other engine's service (and any unknown method) is `UNIMPLEMENTED`, which is how
+//! a gateway tells the two apart. Every connection announces `--grpc-max-concurrent-streams`.
+//!
+//! Each HTTP/2 connection, a stream the gateway resets and an `Abort` it sends are written to
+//! stderr (`sim-engine: engine N connection`, `... stream reset RID`, `... Abort RID`), which
+//! tests read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use h2::server::SendResponse;
+use h2::RecvStream;
+use prost::Message;
+use tokio::net::TcpListener;
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::engine::SimRequest;
+use super::options::GrpcProtocol;
+use super::output::output_token;
+use super::server::EngineServer;
+
+/// The generated messages of `proto/smg/`, nested as their packages.
+#[allow(missing_docs, clippy::all)]
+pub mod pb {
+    /// `smg.*`.
+    pub mod smg {
+        /// `smg.grpc`.
+        pub mod grpc {
+            /// `smg.grpc.common`.
+            pub mod common {
+                include!(concat!(env!("OUT_DIR"), "/smg.grpc.common.rs"));
+            }
+        }
+    }
+    /// `sglang.*`.
+    pub mod sglang {
+        /// `sglang.grpc`.
+        pub mod grpc {
+            /// `sglang.grpc.scheduler`.
+            pub mod scheduler {
+                include!(concat!(env!("OUT_DIR"), "/sglang.grpc.scheduler.rs"));
+            }
+        }
+    }
+    /// `vllm.*`.
+    pub mod vllm {
+        /// `vllm.grpc`.
+        pub mod grpc {
+            /// `vllm.grpc.engine`.
+            pub mod engine {
+                include!(concat!(env!("OUT_DIR"), "/vllm.grpc.engine.rs"));
+            }
+        }
+    }
+}
+
+use pb::sglang::grpc::scheduler as sg;
+use pb::vllm::grpc::engine as vl;
+
+/// gRPC status codes this server answers with.
+const UNIMPLEMENTED: u32 = 12;
+const INVALID_ARGUMENT: u32 = 3;
+const RESOURCE_EXHAUSTED: u32 = 8;
+
+/// The largest request message read.
+const REQUEST_BYTES_MAX: usize = 64 << 20;
+
+/// Accepts connections forever and serves each as HTTP/2 gRPC.
+pub async fn serve_engine(
+    listener: TcpListener,
+    server: Arc<EngineServer>,
+    protocol: GrpcProtocol,
+    max_streams: u32,
+) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                eprintln!("sim-engine: engine {} accept failed: {error}", server.index);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let server = Arc::clone(&server);
+        tokio::spawn(async move {
+            let mut builder = h2::server::Builder::new();
+            builder.max_concurrent_streams(max_streams);
+            let Ok(mut connection) = builder.handshake::<_, Bytes>(stream).await else {
+                return;
+            };
+            eprintln!("sim-engine: engine {} connection", server.index);
+            while let Some(Ok((request, respond))) = connection.accept().await {
+                let server = Arc::clone(&server);
+                tokio::spawn(async move {
+                    let path = request.uri().path().to_string();
+                    let body = request.into_body();
+                    serve_call(&server, protocol, &path, body, respond).await;
+                });
+            }
+        });
+    }
+}
+
+/// The service name of `protocol`.
+fn service(protocol: GrpcProtocol) -> &'static str {
+    match protocol {
+        GrpcProtocol::Sglang => "sglang.grpc.scheduler.SglangScheduler",
+        GrpcProtocol::Vllm => "vllm.grpc.engine.VllmEngine",
+    }
+}
+
+async fn serve_call(
+    server: &EngineServer,
+    protocol: GrpcProtocol,
+    path: &str,
+    body: RecvStream,
+    respond: SendResponse<Bytes>,
+) {
+    let method = path
+        .strip_prefix('/')
+        .and_then(|p| p.split_once('/'))
+        .filter(|(s, _)| *s == service(protocol))
+        .map(|(_, method)| method.to_string());
+    let Some(method) = method else {
+        return status_only(respond, UNIMPLEMENTED, "unknown service");
+    };
+    let Some(message) = read_message(body).await else {
+        return status_only(respond, INVALID_ARGUMENT, "malformed request message");
+    };
+    match (protocol, method.as_str()) {
+        (_, "Generate") => generate(server, protocol, message, respond).await,
+        (GrpcProtocol::Sglang, "HealthCheck") => unary(
+            respond,
+            &sg::HealthCheckResponse {
+                healthy: !server.faults.borrow().unhealthy,
+                message: String::new(),
+            },
+        ),
+        (GrpcProtocol::Vllm, "HealthCheck") => unary(
+            respond,
+            &vl::HealthCheckResponse {
+                healthy: !server.faults.borrow().unhealthy,
+                message: String::new(),
+            },
+        ),
+        (GrpcProtocol::Sglang, "Abort") => {
+            let request = sg::AbortRequest::decode(message).unwrap_or_default();
+            eprintln!(
+                "sim-engine: engine {} Abort {}",
+                server.index, request.request_id
+            );
+            unary(
+                respond,
+                &sg::AbortResponse {
+                    success: true,
+                    message: String::new(),
+                },
+            );
+        }
+        (GrpcProtocol::Vllm, "Abort") => {
+            let request = vl::AbortRequest::decode(message).unwrap_or_default();
+            for id in request.request_ids {
+                eprintln!("sim-engine: engine {} Abort {id}", server.index);
+            }
+            unary(respond, &vl::AbortResponse {});
+        }
+        (GrpcProtocol::Sglang, "GetLoads") => unary(respond, &sglang_loads(server)),
+        (GrpcProtocol::Vllm, "GetLoads") => unary(respond, &vllm_loads(server)),
+        (GrpcProtocol::Sglang, "GetModelInfo") => unary(
+            respond,
+            &sg::GetModelInfoResponse {
+                model_path: server.options.model_name.clone(),
+                served_model_name: server.options.model_name.clone(),
+                is_generation: true,
+                max_context_length: clamp_i32(server.options.engine.kv_capacity_tokens),
+                ..Default::default()
+            },
+        ),
+        (GrpcProtocol::Vllm, "GetModelInfo") => unary(
+            respond,
+            &vl::GetModelInfoResponse {
+                model_path: server.options.model_name.clone(),
+                served_model_name: server.options.model_name.clone(),
+                is_generation: true,
+                max_context_length: u32::try_from(server.options.engine.kv_capacity_tokens)
+                    .unwrap_or(u32::MAX),
+                ..Default::default()
+            },
+        ),
+        _ => status_only(respond, UNIMPLEMENTED, "unknown method"),
+    }
+}
+
+fn clamp_i32(value: u64) -> i32 {
+    i32::try_from(value).unwrap_or(i32::MAX)
+}
+
+fn sglang_loads(server: &EngineServer) -> sg::GetLoadsResponse {
+    let l = server.loads();
+    sg::GetLoadsResponse {
+        dp_rank_count: 1,
+        loads: vec![sg::SchedulerLoad {
+            dp_rank: 0,
+            num_running_reqs: clamp_i32(l.num_running_reqs),
+            num_waiting_reqs: clamp_i32(l.num_waiting_reqs),
+            num_total_reqs: clamp_i32(l.num_running_reqs + l.num_waiting_reqs),
+            num_used_tokens: clamp_i32(l.num_used_tokens),
+            max_total_num_tokens: clamp_i32(l.max_total_num_tokens),
+            token_usage: l.token_usage,
+            gen_throughput: l.gen_throughput,
+            cache_hit_rate: l.cache_hit_rate,
+            utilization: l.utilization,
+            max_running_requests: clamp_i32(l.max_running_requests),
+            num_waiting_uncached_tokens: clamp_i32(l.num_waiting_uncached_tokens),
+        }],
+        ..Default::default()
+    }
+}
+
+fn vllm_loads(server: &EngineServer) -> vl::GetLoadsResponse {
+    let l = server.loads();
+    vl::GetLoadsResponse {
+        dp_rank_count: 1,
+        loads: vec![vl::SchedulerLoad {
+            dp_rank: 0,
+            num_running_reqs: clamp_i32(l.num_running_reqs),
+            num_waiting_reqs: clamp_i32(l.num_waiting_reqs),
+            num_total_reqs: clamp_i32(l.num_running_reqs + l.num_waiting_reqs),
+            num_used_tokens: clamp_i32(l.num_used_tokens),
+            max_total_num_tokens: clamp_i32(l.max_total_num_tokens),
+            token_usage: l.token_usage,
+            gen_throughput: l.gen_throughput,
+            cache_hit_rate: l.cache_hit_rate,
+            utilization: l.utilization,
+            max_running_requests: clamp_i32(l.max_running_requests),
+            num_waiting_uncached_tokens: clamp_i32(l.num_waiting_uncached_tokens),
+        }],
+        ..Default::default()
+    }
+}
+
+/// What `Generate` needs of either engine's request.
+struct GenerateCall {
+    request_id: String,
+    input_ids: Vec<u32>,
+    max_new_tokens: Option<u32>,
+    stream: bool,
+}
+
+fn parse_generate(protocol: GrpcProtocol, message: Bytes) -> Option<GenerateCall> {
+    match protocol {
+        GrpcProtocol::Sglang => {
+            let request = sg::GenerateRequest::decode(message).ok()?;
+            Some(GenerateCall {
+                request_id: request.request_id,
+                input_ids: request.tokenized?.input_ids,
+                max_new_tokens: request.sampling_params.and_then(|p| p.max_new_tokens),
+                stream: request.stream,
+            })
+        }
+        GrpcProtocol::Vllm => {
+            let request = vl::GenerateRequest::decode(message).ok()?;
+            let input_ids = match request.input? {
+                vl::generate_request::Input::Tokenized(tokens) => tokens.input_ids,
+                vl::generate_request::Input::Text(_) => return None,
+            };
+            Some(GenerateCall {
+                request_id: request.request_id,
+                input_ids,
+                max_new_tokens: request.sampling_params.and_then(|p| p.max_tokens),
+                stream: request.stream,
+            })
+        }
+    }
+}
+
+/// Counts of one response message.
+#[derive(Clone, Copy)]
+struct Counts {
+    prompt: u32,
+    completion: u32,
+    cached: u32,
+}
+
+fn chunk_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts) -> Bytes {
+    match protocol {
+        GrpcProtocol::Sglang => frame(&sg::GenerateResponse {
+            request_id: rid.to_string(),
+            response: Some(sg::generate_response::Response::Chunk(
+                sg::GenerateStreamChunk {
+                    token_ids: ids,
+                    prompt_tokens: c.prompt,
+                    completion_tokens: c.completion,
+                    cached_tokens: c.cached,
+                    ..Default::default()
+                },
+            )),
+        }),
+        GrpcProtocol::Vllm => frame(&vl::GenerateResponse {
+            response: Some(vl::generate_response::Response::Chunk(
+                vl::GenerateStreamChunk {
+                    token_ids: ids,
+                    prompt_tokens: c.prompt,
+                    completion_tokens: c.completion,
+                    cached_tokens: c.cached,
+                    ..Default::default()
+                },
+            )),
+        }),
+    }
+}
+
+fn complete_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts) -> Bytes {
+    match protocol {
+        GrpcProtocol::Sglang => frame(&sg::GenerateResponse {
+            request_id: rid.to_string(),
+            response: Some(sg::generate_response::Response::Complete(
+                sg::GenerateComplete {
+                    output_ids: ids,
+                    finish_reason: "length".into(),
+                    prompt_tokens: c.prompt,
+                    completion_tokens: c.completion,
+                    cached_tokens: c.cached,
+                    ..Default::default()
+                },
+            )),
+        }),
+        GrpcProtocol::Vllm => frame(&vl::GenerateResponse {
+            response: Some(vl::generate_response::Response::Complete(
+                vl::GenerateComplete {
+                    output_ids: ids,
+                    finish_reason: "length".into(),
+                    prompt_tokens: c.prompt,
+                    completion_tokens: c.completion,
+                    cached_tokens: c.cached,
+                    ..Default::default()
+                },
+            )),
+        }),
+    }
+}
+
+/// `Generate`: the prompt into the engine model, its tokens back as they are emitted. A reset
+/// from the client cancels the request in the engine (its guard drops).
+async fn generate(
+    server: &EngineServer,
+    protocol: GrpcProtocol,
+    message: Bytes,
+    mut respond: SendResponse<Bytes>,
+) {
+    let Some(call) = parse_generate(protocol, message) else {
+        return status_only(respond, INVALID_ARGUMENT, "malformed GenerateRequest");
+    };
+    let Some(engine) = server.engine.as_ref() else {
+        return status_only(respond, UNIMPLEMENTED, "no engine (--instant)");
+    };
+    let mut bytes = Vec::with_capacity(call.input_ids.len() * 4);
+    for token in &call.input_ids {
+        bytes.extend_from_slice(&token.to_le_bytes());
+    }
+    let output_seed = xxh3_64(&bytes);
+    let request = SimRequest {
+        namespace: 0,
+        tokens: call.input_ids,
+        max_new_tokens: call
+            .max_new_tokens
+            .unwrap_or(server.options.default_max_tokens)
+            .max(1),
+        output_seed,
+    };
+    let (guard, mut receiver) = match engine.submit(request) {
+        Ok(submitted) => submitted,
+        Err(error) => return status_only(respond, RESOURCE_EXHAUSTED, &format!("{error:?}")),
+    };
+    let Ok(mut send) = respond.send_response(grpc_head(), false) else {
+        return;
+    };
+    let rid = call.request_id;
+    let mut ids = Vec::new();
+    loop {
+        let emit = tokio::select! {
+            emit = receiver.recv() => emit,
+            reset = std::future::poll_fn(|cx| send.poll_reset(cx)) => {
+                if reset.is_ok() {
+                    eprintln!("sim-engine: engine {} stream reset {rid}", server.index);
+                }
+                return;
+            }
+        };
+        let Some(emit) = emit else {
+            return;
+        };
+        let token = output_token(output_seed, emit.completion_tokens.saturating_sub(1));
+        ids.push(token);
+        let counts = Counts {
+            prompt: emit.prompt_tokens,
+            completion: emit.completion_tokens,
+            cached: emit.cached_tokens,
+        };
+        if call.stream
+            && send
+                .send_data(chunk_message(protocol, &rid, vec![token], counts), false)
+                .is_err()
+        {
+            return;
+        }
+        if emit.finished {
+            let output = if call.stream {
+                Vec::new()
+            } else {
+                std::mem::take(&mut ids)
+            };
+            if send
+                .send_data(complete_message(protocol, &rid, output, counts), false)
+                .is_err()
+            {
+                return;
+            }
+            break;
+        }
+    }
+    drop(guard);
+    let _ = send.send_trailers(grpc_trailers(0, ""));
+}
+
+/// Reads the one request message of a call.
+async fn read_message(mut body: RecvStream) -> Option<Bytes> {
+    let mut data = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.ok()?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+        if data.len() > REQUEST_BYTES_MAX + 5 {
+            return None;
+        }
+    }
+    if data.len() < 5 || data[0] != 0 {
+        return None;
+    }
+    let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
+    (data.len() == 5 + len).then(|| data.freeze().slice(5..))
+}
+
+fn frame(message: &impl Message) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + message.encoded_len());
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(&(message.encoded_len() as u32).to_be_bytes());
+    let _ = message.encode(&mut out);
+    out.freeze()
+}
+
+fn grpc_head() -> http::Response<()> {
+    let mut response = http::Response::new(());
+    response.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
+}
+
+fn grpc_trailers(code: u32, message: &str) -> http::HeaderMap {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from(code));
+    if let Ok(value) = http::HeaderValue::from_str(message) {
+        if !message.is_empty() {
+            trailers.insert("grpc-message", value);
+        }
+    }
+    trailers
+}
+
+/// A trailers-only answer: the status in the response headers, no message.
+fn status_only(mut respond: SendResponse<Bytes>, code: u32, message: &str) {
+    let mut response = grpc_head();
+    response.headers_mut().extend(grpc_trailers(code, message));
+    let _ = respond.send_response(response, true);
+}
+
+fn unary(mut respond: SendResponse<Bytes>, message: &impl Message) {
+    let Ok(mut send) = respond.send_response(grpc_head(), false) else {
+        return;
+    };
+    if send.send_data(frame(message), false).is_ok() {
+        let _ = send.send_trailers(grpc_trailers(0, ""));
+    }
+}

@@ -1,0 +1,118 @@
+//! Anthropic's Messages response shapes: the streamed event sequence (`message_start`,
+//! `content_block_start`, `content_block_delta`..., `content_block_stop`, `message_delta`,
+//! `message_stop`) and the non-streamed `message`.
+
+use super::json::{push_escaped, push_str, push_u64};
+use super::output::{Finish, ResponseMeta, Usage};
+use crate::tokenize::MatchedStop;
+
+/// `usage` as Anthropic counts it: input tokens apart from those read from the cache.
+fn push_usage(out: &mut Vec<u8>, usage: &Usage) {
+    out.extend_from_slice(b"{\"input_tokens\":");
+    push_u64(
+        out,
+        u64::from(usage.prompt_tokens.saturating_sub(usage.cached_tokens)),
+    );
+    out.extend_from_slice(b",\"cache_read_input_tokens\":");
+    push_u64(out, u64::from(usage.cached_tokens));
+    out.extend_from_slice(b",\"output_tokens\":");
+    push_u64(out, u64::from(usage.completion_tokens));
+    out.push(b'}');
+}
+
+fn event(out: &mut Vec<u8>, name: &str) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\ndata: ");
+}
+
+fn push_message_fields(out: &mut Vec<u8>, meta: &ResponseMeta) {
+    out.extend_from_slice(b"{\"id\":");
+    push_str(out, &meta.id);
+    out.extend_from_slice(b",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+    push_str(out, &meta.model);
+}
+
+/// `message_start` and the text block's `content_block_start`; `prompt_tokens` is known
+/// before the engine answers.
+pub(super) fn start(out: &mut Vec<u8>, meta: &ResponseMeta, prompt_tokens: u32) {
+    event(out, "message_start");
+    out.extend_from_slice(b"{\"type\":\"message_start\",\"message\":");
+    push_message_fields(out, meta);
+    out.extend_from_slice(
+        b",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":",
+    );
+    push_usage(
+        out,
+        &Usage {
+            prompt_tokens,
+            ..Usage::default()
+        },
+    );
+    out.extend_from_slice(b"}}\n\n");
+    event(out, "content_block_start");
+    out.extend_from_slice(
+        b"{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    );
+}
+
+/// A `text_delta`.
+pub(super) fn delta(out: &mut Vec<u8>, text: &str) {
+    event(out, "content_block_delta");
+    out.extend_from_slice(
+        b"{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"",
+    );
+    push_escaped(out, text.as_bytes());
+    out.extend_from_slice(b"\"}}\n\n");
+}
+
+fn push_stop(out: &mut Vec<u8>, finish: &Finish, stops: &[String]) {
+    out.extend_from_slice(b"\"stop_reason\":");
+    push_str(out, finish.reason.anthropic(finish.matched.as_ref()));
+    out.extend_from_slice(b",\"stop_sequence\":");
+    match &finish.matched {
+        Some(MatchedStop::Text(i)) if *i < stops.len() => push_str(out, &stops[*i]),
+        _ => out.extend_from_slice(b"null"),
+    }
+}
+
+/// `content_block_stop`, `message_delta` (stop reason, usage) and `message_stop`.
+pub(super) fn end(out: &mut Vec<u8>, finish: &Finish, stops: &[String], usage: &Usage) {
+    event(out, "content_block_stop");
+    out.extend_from_slice(b"{\"type\":\"content_block_stop\",\"index\":0}\n\n");
+    event(out, "message_delta");
+    out.extend_from_slice(b"{\"type\":\"message_delta\",\"delta\":{");
+    push_stop(out, finish, stops);
+    out.extend_from_slice(b"},\"usage\":");
+    push_usage(out, usage);
+    out.extend_from_slice(b"}\n\n");
+    event(out, "message_stop");
+    out.extend_from_slice(b"{\"type\":\"message_stop\"}\n\n");
+}
+
+/// An `error` event (the stream cannot finish).
+pub(super) fn error(out: &mut Vec<u8>, message: &str) {
+    event(out, "error");
+    out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":");
+    push_str(out, message);
+    out.extend_from_slice(b"}}\n\n");
+}
+
+/// The non-streamed `message`.
+pub(super) fn message(
+    out: &mut Vec<u8>,
+    meta: &ResponseMeta,
+    text: &str,
+    finish: &Finish,
+    stops: &[String],
+    usage: &Usage,
+) {
+    push_message_fields(out, meta);
+    out.extend_from_slice(b",\"content\":[{\"type\":\"text\",\"text\":");
+    push_str(out, text);
+    out.extend_from_slice(b"}],");
+    push_stop(out, finish, stops);
+    out.extend_from_slice(b",\"usage\":");
+    push_usage(out, usage);
+    out.push(b'}');
+}

@@ -1,0 +1,300 @@
+//! The response writers: [`StreamWriter`] frames each [`Step`] as server-sent events as it
+//! comes, [`FullWriter`] gathers the steps and writes one JSON body at the end; each in the
+//! shape of the API the request came in on.
+
+use super::anthropic;
+use super::generate::{self, GenerateChoice};
+use super::json::push_str;
+use super::openai;
+use super::output::{Finish, FinishReason, ResponseMeta, Step, TokenLogprob, Usage};
+use super::params::{Api, GenerateParams};
+use crate::tokenize::DecodeTable;
+
+/// What a writer keeps of one choice.
+#[derive(Debug, Default)]
+struct ChoiceRecord {
+    /// Whether its opening chunk was written (chat's role chunk).
+    opened: bool,
+    /// The text so far (non-stream and `/generate`; completions' logprob offsets).
+    text: String,
+    /// The IDs so far (`/generate`).
+    ids: Vec<u32>,
+    /// The logprobs so far (non-stream and `/generate`, when asked).
+    logprobs: Vec<TokenLogprob>,
+    finish: Option<Finish>,
+}
+
+/// Frames a request's steps as server-sent events.
+#[derive(Debug)]
+pub struct StreamWriter {
+    api: Api,
+    meta: ResponseMeta,
+    /// OpenAI: every chunk's beginning, rendered once.
+    head: Vec<u8>,
+    stops: Vec<String>,
+    include_usage: bool,
+    logprobs: bool,
+    prompt_tokens: u32,
+    choices: Vec<ChoiceRecord>,
+}
+
+impl StreamWriter {
+    /// A writer for `params`' API and choices; `prompt_tokens` is the prompt's length, known
+    /// before the engine answers (Anthropic's `message_start`, `/generate`'s `meta_info`).
+    pub fn new(params: &GenerateParams, meta: ResponseMeta, prompt_tokens: u32) -> StreamWriter {
+        let head = match params.api {
+            Api::Chat => openai::chunk_head(&meta, "chat.completion.chunk"),
+            Api::Completion => openai::chunk_head(&meta, "text_completion"),
+            Api::Messages | Api::Generate => Vec::new(),
+        };
+        StreamWriter {
+            api: params.api,
+            meta,
+            head,
+            stops: params.stop.clone(),
+            include_usage: params.include_usage,
+            logprobs: params.logprobs.is_some(),
+            prompt_tokens,
+            choices: (0..params.n.max(1))
+                .map(|_| ChoiceRecord::default())
+                .collect(),
+        }
+    }
+
+    /// The events before any token: Anthropic's `message_start` and `content_block_start`;
+    /// nothing for the other APIs.
+    pub fn start(&mut self, out: &mut Vec<u8>) {
+        if self.api == Api::Messages {
+            anthropic::start(out, &self.meta, self.prompt_tokens);
+        }
+    }
+
+    /// Frames one step: its text (if any), then its finish (if set). A step for an index past
+    /// `n` is ignored.
+    pub fn step(&mut self, step: &Step<'_>, table: &DecodeTable, out: &mut Vec<u8>) {
+        let Some(choice) = self.choices.get_mut(step.index as usize) else {
+            return;
+        };
+        let logprobs =
+            (self.logprobs && !step.logprobs.is_empty()).then_some((step.logprobs, table));
+        let has_content = !step.text.is_empty() || logprobs.is_some();
+        match self.api {
+            Api::Chat => {
+                if !choice.opened && (has_content || step.finish.is_some()) {
+                    openai::chat_role_chunk(out, &self.head, step.index);
+                    choice.opened = true;
+                }
+                if has_content {
+                    openai::chat_content_chunk(out, &self.head, step.index, step.text, logprobs);
+                }
+                if let Some(finish) = step.finish {
+                    openai::chat_finish_chunk(out, &self.head, step.index, finish, &self.stops);
+                }
+            }
+            Api::Completion => {
+                if has_content || step.finish.is_some() {
+                    let finish = step.finish.map(|f| (f, &self.stops[..]));
+                    let offset = choice.text.len();
+                    let chunk = openai::Chunk {
+                        index: step.index,
+                        text: step.text,
+                        logprobs,
+                        text_offset: offset,
+                    };
+                    openai::completion_chunk(out, &self.head, &chunk, finish);
+                }
+                if self.logprobs {
+                    // Completions' text offsets count from the choice's start.
+                    choice.text.push_str(step.text);
+                }
+            }
+            Api::Messages => {
+                if !step.text.is_empty() {
+                    anthropic::delta(out, step.text);
+                }
+            }
+            Api::Generate => {
+                choice.text.push_str(step.text);
+                choice.ids.extend_from_slice(step.token_ids);
+                if self.logprobs {
+                    choice.logprobs.extend_from_slice(step.logprobs);
+                }
+                if !step.token_ids.is_empty() || step.finish.is_some() {
+                    let usage = Usage {
+                        prompt_tokens: self.prompt_tokens,
+                        ..Usage::default()
+                    };
+                    let view = GenerateChoice {
+                        text: &choice.text,
+                        output_ids: &choice.ids,
+                        finish: step.finish,
+                        logprobs: self.logprobs.then_some(&choice.logprobs[..]),
+                    };
+                    generate::event(out, self.meta.id.as_str(), &view, &self.stops, &usage);
+                }
+            }
+        }
+        if let Some(finish) = step.finish {
+            choice.finish = Some(finish.clone());
+        }
+    }
+
+    /// The events after every choice ended: the usage chunk (`include_usage`) and `[DONE]`;
+    /// Anthropic's `content_block_stop`, `message_delta` and `message_stop`.
+    pub fn end(&mut self, usage: &Usage, out: &mut Vec<u8>) {
+        match self.api {
+            Api::Chat | Api::Completion => {
+                if self.include_usage {
+                    openai::usage_chunk(out, &self.head, usage);
+                }
+                out.extend_from_slice(openai::DONE);
+            }
+            Api::Messages => {
+                let finish = self.choices.first().map_or_else(aborted, finish_of);
+                anthropic::end(out, &finish, &self.stops, usage);
+            }
+            Api::Generate => out.extend_from_slice(openai::DONE),
+        }
+    }
+
+    /// An error event ending the stream early (the worker failed mid-stream): OpenAI's
+    /// `data: {"error":...}` then `[DONE]`, or Anthropic's `error` event.
+    pub fn error(&mut self, message: &str, out: &mut Vec<u8>) {
+        match self.api {
+            Api::Messages => anthropic::error(out, message),
+            Api::Chat | Api::Completion | Api::Generate => {
+                out.extend_from_slice(b"data: {\"error\":{\"message\":");
+                push_str(out, message);
+                out.extend_from_slice(b",\"type\":\"internal_error\",\"code\":500}}\n\n");
+                out.extend_from_slice(openai::DONE);
+            }
+        }
+    }
+}
+
+fn aborted() -> Finish {
+    Finish {
+        reason: FinishReason::Abort,
+        matched: None,
+    }
+}
+
+/// A choice's finish; one that never finished is reported as aborted.
+fn finish_of(choice: &ChoiceRecord) -> Finish {
+    choice.finish.clone().unwrap_or_else(aborted)
+}
+
+/// Gathers a request's steps and writes one JSON body (`stream: false`).
+#[derive(Debug)]
+pub struct FullWriter {
+    api: Api,
+    meta: ResponseMeta,
+    stops: Vec<String>,
+    logprobs: bool,
+    choices: Vec<ChoiceRecord>,
+}
+
+impl FullWriter {
+    /// A writer for `params`' API and choices.
+    pub fn new(params: &GenerateParams, meta: ResponseMeta) -> FullWriter {
+        FullWriter {
+            api: params.api,
+            meta,
+            stops: params.stop.clone(),
+            logprobs: params.logprobs.is_some(),
+            choices: (0..params.n.max(1))
+                .map(|_| ChoiceRecord::default())
+                .collect(),
+        }
+    }
+
+    /// Keeps one step.
+    pub fn step(&mut self, step: &Step<'_>) {
+        let Some(choice) = self.choices.get_mut(step.index as usize) else {
+            return;
+        };
+        choice.text.push_str(step.text);
+        choice.ids.extend_from_slice(step.token_ids);
+        if self.logprobs {
+            choice.logprobs.extend_from_slice(step.logprobs);
+        }
+        if let Some(finish) = step.finish {
+            choice.finish = Some(finish.clone());
+        }
+    }
+
+    /// Writes the body. A choice that never finished is reported as aborted.
+    pub fn write(&self, usage: &Usage, table: &DecodeTable, out: &mut Vec<u8>) {
+        match self.api {
+            Api::Chat | Api::Completion => self.write_openai(usage, table, out),
+            Api::Messages => {
+                let first = self.choices.first();
+                let text = first.map_or("", |c| c.text.as_str());
+                let finish = first.map_or_else(aborted, finish_of);
+                anthropic::message(out, &self.meta, text, &finish, &self.stops, usage);
+            }
+            Api::Generate => {
+                let many = self.choices.len() > 1;
+                if many {
+                    out.push(b'[');
+                }
+                for (i, c) in self.choices.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    let finish = finish_of(c);
+                    let view = GenerateChoice {
+                        text: &c.text,
+                        output_ids: &c.ids,
+                        finish: Some(&finish),
+                        logprobs: self.logprobs.then_some(&c.logprobs[..]),
+                    };
+                    generate::choice(out, &self.meta.id, &view, &self.stops, usage);
+                }
+                if many {
+                    out.push(b']');
+                }
+            }
+        }
+    }
+
+    fn write_openai(&self, usage: &Usage, table: &DecodeTable, out: &mut Vec<u8>) {
+        let object = if self.api == Api::Chat {
+            "chat.completion"
+        } else {
+            "text_completion"
+        };
+        // The chunk head without `data: `: the same fields open the body.
+        let head = openai::chunk_head(&self.meta, object);
+        out.extend_from_slice(&head[b"data: ".len()..]);
+        for (i, c) in self.choices.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"index\":");
+            super::json::push_u64(out, i as u64);
+            if self.api == Api::Chat {
+                out.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
+                push_str(out, &c.text);
+                out.extend_from_slice(b",\"reasoning_content\":null,\"tool_calls\":null}");
+            } else {
+                out.extend_from_slice(b",\"text\":");
+                push_str(out, &c.text);
+            }
+            out.extend_from_slice(b",\"logprobs\":");
+            match (self.logprobs, self.api) {
+                (true, Api::Chat) => openai::chat_logprobs(out, &c.logprobs, table),
+                (true, _) => openai::completion_logprobs(out, &c.logprobs, table, 0),
+                (false, _) => out.extend_from_slice(b"null"),
+            }
+            let finish = finish_of(c);
+            out.extend_from_slice(b",\"finish_reason\":");
+            push_str(out, finish.reason.as_str());
+            openai::push_matched_stop(out, finish.matched.as_ref(), &self.stops);
+            out.push(b'}');
+        }
+        out.extend_from_slice(b"],\"usage\":");
+        openai::push_usage(out, usage);
+        out.push(b'}');
+    }
+}

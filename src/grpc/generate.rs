@@ -1,0 +1,404 @@
+//! The `Generate` call in engine-neutral terms: [`GenerateInput`] (prompt token IDs, sampling
+//! fields with the engines' own defaults, streaming) encoded as SGLang's or vLLM's
+//! `GenerateRequest`, and each `GenerateResponse` decoded back into a [`GenerateEvent`]. The
+//! proto3 scalars read 0 when unset, which is not the engines' default (temperature 1, top_p 1,
+//! top_k -1, repetition_penalty 1), so every field is always written from [`Sampling`].
+
+use bytes::Bytes;
+use prost::Message;
+
+use super::backend::Backend;
+use super::call::CallError;
+use super::framing;
+use super::proto::{sglang_pb, vllm_pb};
+pub use crate::frontend::Constraint;
+
+/// Sampling fields as the engines read them, with their defaults in [`Sampling::default`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// Softmax temperature (1: unchanged).
+    pub temperature: f32,
+    /// Nucleus sampling mass (1: off).
+    pub top_p: f32,
+    /// Top-k (-1: off; vLLM's 0).
+    pub top_k: i32,
+    /// Minimum relative probability (0: off).
+    pub min_p: f32,
+    /// OpenAI's frequency penalty.
+    pub frequency_penalty: f32,
+    /// OpenAI's presence penalty.
+    pub presence_penalty: f32,
+    /// Multiplicative repetition penalty (1: off).
+    pub repetition_penalty: f32,
+    /// The most tokens to generate (`None`: the engine's limit).
+    pub max_new_tokens: Option<u32>,
+    /// The fewest tokens before a stop may end it.
+    pub min_new_tokens: u32,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Stop token IDs.
+    pub stop_token_ids: Vec<u32>,
+    /// Whether special tokens are left out of text.
+    pub skip_special_tokens: bool,
+    /// Whether special tokens are separated by spaces in text.
+    pub spaces_between_special_tokens: bool,
+    /// Whether EOS is ignored.
+    pub ignore_eos: bool,
+    /// Samples per prompt.
+    pub n: u32,
+    /// A seed (vLLM only: SGLang's protocol has none).
+    pub seed: Option<i32>,
+    /// The output's shape (`response_format`, `json_schema`, `regex`, `ebnf`).
+    pub constraint: Option<Constraint>,
+    /// A matched stop string stays in the output (SGLang's `no_stop_trim`, vLLM's
+    /// `include_stop_str_in_output`).
+    pub keep_stop: bool,
+}
+
+impl Default for Sampling {
+    /// SGLang's and vLLM's own defaults.
+    fn default() -> Sampling {
+        Sampling {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            min_p: 0.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            repetition_penalty: 1.0,
+            max_new_tokens: None,
+            min_new_tokens: 0,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            skip_special_tokens: true,
+            spaces_between_special_tokens: true,
+            ignore_eos: false,
+            n: 1,
+            seed: None,
+            constraint: None,
+            keep_stop: false,
+        }
+    }
+}
+
+/// One generation request, for either engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateInput {
+    /// The request's id (the engine's, for `Abort`).
+    pub request_id: String,
+    /// The prompt's token IDs.
+    pub input_ids: Vec<u32>,
+    /// The sampling fields.
+    pub sampling: Sampling,
+    /// Whether the engine streams chunks (else one `Complete`).
+    pub stream: bool,
+}
+
+impl GenerateInput {
+    /// The request message for `backend`, framed.
+    pub fn encode(&self, backend: Backend) -> Bytes {
+        match backend {
+            Backend::Sglang => framing::encode(&self.sglang()),
+            Backend::Vllm => framing::encode(&self.vllm()),
+        }
+    }
+
+    fn sglang(&self) -> sglang_pb::GenerateRequest {
+        let s = &self.sampling;
+        sglang_pb::GenerateRequest {
+            request_id: self.request_id.clone(),
+            tokenized: Some(sglang_pb::TokenizedInput {
+                original_text: String::new(),
+                input_ids: self.input_ids.clone(),
+            }),
+            sampling_params: Some(sglang_pb::SamplingParams {
+                temperature: s.temperature,
+                top_p: s.top_p,
+                top_k: s.top_k,
+                min_p: s.min_p,
+                frequency_penalty: s.frequency_penalty,
+                presence_penalty: s.presence_penalty,
+                repetition_penalty: s.repetition_penalty,
+                max_new_tokens: s.max_new_tokens,
+                stop: s.stop.clone(),
+                stop_token_ids: s.stop_token_ids.clone(),
+                skip_special_tokens: s.skip_special_tokens,
+                spaces_between_special_tokens: s.spaces_between_special_tokens,
+                n: s.n,
+                min_new_tokens: s.min_new_tokens,
+                ignore_eos: s.ignore_eos,
+                no_stop_trim: s.keep_stop,
+                constraint: s.constraint.as_ref().map(sglang_constraint),
+                ..Default::default()
+            }),
+            stream: self.stream,
+            ..Default::default()
+        }
+    }
+
+    fn vllm(&self) -> vllm_pb::GenerateRequest {
+        let s = &self.sampling;
+        vllm_pb::GenerateRequest {
+            request_id: self.request_id.clone(),
+            input: Some(vllm_pb::generate_request::Input::Tokenized(
+                vllm_pb::TokenizedInput {
+                    original_text: String::new(),
+                    input_ids: self.input_ids.clone(),
+                },
+            )),
+            sampling_params: Some(vllm_pb::SamplingParams {
+                temperature: Some(s.temperature),
+                top_p: s.top_p,
+                // vLLM's "off" is 0 (its field is unsigned).
+                top_k: u32::try_from(s.top_k).unwrap_or(0),
+                min_p: s.min_p,
+                frequency_penalty: s.frequency_penalty,
+                presence_penalty: s.presence_penalty,
+                repetition_penalty: s.repetition_penalty,
+                max_tokens: s.max_new_tokens,
+                min_tokens: s.min_new_tokens,
+                stop: s.stop.clone(),
+                stop_token_ids: s.stop_token_ids.clone(),
+                skip_special_tokens: s.skip_special_tokens,
+                spaces_between_special_tokens: s.spaces_between_special_tokens,
+                ignore_eos: s.ignore_eos,
+                n: s.n,
+                seed: s.seed,
+                include_stop_str_in_output: s.keep_stop,
+                constraint: s.constraint.as_ref().map(vllm_constraint),
+                ..Default::default()
+            }),
+            stream: self.stream,
+            ..Default::default()
+        }
+    }
+}
+
+/// A constraint in SGLang's fields (any JSON object is the schema `{"type":"object"}`).
+fn sglang_constraint(constraint: &Constraint) -> sglang_pb::sampling_params::Constraint {
+    use sglang_pb::sampling_params::Constraint as C;
+    match constraint {
+        Constraint::JsonSchema(schema) => C::JsonSchema(schema.clone()),
+        Constraint::JsonObject => C::JsonSchema(r#"{"type":"object"}"#.into()),
+        Constraint::Regex(regex) => C::Regex(regex.clone()),
+        Constraint::Ebnf(grammar) => C::EbnfGrammar(grammar.clone()),
+    }
+}
+
+/// A constraint in vLLM's fields.
+fn vllm_constraint(constraint: &Constraint) -> vllm_pb::sampling_params::Constraint {
+    use vllm_pb::sampling_params::Constraint as C;
+    match constraint {
+        Constraint::JsonSchema(schema) => C::JsonSchema(schema.clone()),
+        Constraint::JsonObject => C::JsonObject(true),
+        Constraint::Regex(regex) => C::Regex(regex.clone()),
+        Constraint::Ebnf(grammar) => C::Grammar(grammar.clone()),
+    }
+}
+
+/// What ended a generation early, when a stop did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MatchedStop {
+    /// A stop token ID (EOS included).
+    TokenId(u32),
+    /// A stop string.
+    Text(String),
+}
+
+/// One streamed piece of output.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chunk {
+    /// New token IDs.
+    pub token_ids: Vec<u32>,
+    /// Prompt tokens (cumulative counts, as the engines send them).
+    pub prompt_tokens: u32,
+    /// Tokens generated so far.
+    pub completion_tokens: u32,
+    /// Prompt tokens served from the engine's prefix cache.
+    pub cached_tokens: u32,
+    /// Which of `n` samples.
+    pub index: u32,
+}
+
+/// The end of one sample's generation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Complete {
+    /// All output IDs (unstreamed), or the last ones (SGLang's streamed complete may repeat none).
+    pub output_ids: Vec<u32>,
+    /// `stop`, `length` or `abort`.
+    pub finish_reason: String,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+    /// Prompt tokens served from cache.
+    pub cached_tokens: u32,
+    /// Which of `n` samples.
+    pub index: u32,
+    /// The stop that ended it, if one did.
+    pub matched_stop: Option<MatchedStop>,
+}
+
+/// One `GenerateResponse`, for either engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GenerateEvent {
+    /// Tokens.
+    Chunk(Chunk),
+    /// The end of a sample.
+    Complete(Complete),
+    /// A message with neither (skipped).
+    Empty,
+}
+
+impl GenerateEvent {
+    /// Decodes one response message of `backend`.
+    pub fn decode(backend: Backend, message: Bytes) -> Result<GenerateEvent, CallError> {
+        let malformed = |e: prost::DecodeError| CallError::Malformed(e.to_string());
+        match backend {
+            Backend::Sglang => {
+                let response = sglang_pb::GenerateResponse::decode(message).map_err(malformed)?;
+                use sglang_pb::generate_response::Response;
+                Ok(match response.response {
+                    Some(Response::Chunk(c)) => GenerateEvent::Chunk(Chunk {
+                        token_ids: c.token_ids,
+                        prompt_tokens: c.prompt_tokens,
+                        completion_tokens: c.completion_tokens,
+                        cached_tokens: c.cached_tokens,
+                        index: c.index,
+                    }),
+                    Some(Response::Complete(c)) => {
+                        use sglang_pb::generate_complete::MatchedStop as M;
+                        GenerateEvent::Complete(Complete {
+                            output_ids: c.output_ids,
+                            finish_reason: c.finish_reason,
+                            prompt_tokens: c.prompt_tokens,
+                            completion_tokens: c.completion_tokens,
+                            cached_tokens: c.cached_tokens,
+                            index: c.index,
+                            matched_stop: c.matched_stop.map(|m| match m {
+                                M::MatchedTokenId(id) => MatchedStop::TokenId(id),
+                                M::MatchedStopStr(text) => MatchedStop::Text(text),
+                            }),
+                        })
+                    }
+                    None => GenerateEvent::Empty,
+                })
+            }
+            Backend::Vllm => {
+                let response = vllm_pb::GenerateResponse::decode(message).map_err(malformed)?;
+                use vllm_pb::generate_response::Response;
+                Ok(match response.response {
+                    Some(Response::Chunk(c)) => GenerateEvent::Chunk(Chunk {
+                        token_ids: c.token_ids,
+                        prompt_tokens: c.prompt_tokens,
+                        completion_tokens: c.completion_tokens,
+                        cached_tokens: c.cached_tokens,
+                        index: c.index,
+                    }),
+                    Some(Response::Complete(c)) => {
+                        use vllm_pb::generate_complete::MatchedStop as M;
+                        GenerateEvent::Complete(Complete {
+                            output_ids: c.output_ids,
+                            finish_reason: c.finish_reason,
+                            prompt_tokens: c.prompt_tokens,
+                            completion_tokens: c.completion_tokens,
+                            cached_tokens: c.cached_tokens,
+                            index: c.index,
+                            matched_stop: c.matched_stop.map(|m| match m {
+                                M::MatchedTokenId(id) => MatchedStop::TokenId(id),
+                                M::MatchedStopStr(text) => MatchedStop::Text(text),
+                            }),
+                        })
+                    }
+                    None => GenerateEvent::Empty,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> GenerateInput {
+        GenerateInput {
+            request_id: "req-1".into(),
+            input_ids: vec![1, 2, 3],
+            sampling: Sampling {
+                max_new_tokens: Some(8),
+                stop: vec!["\n".into()],
+                ..Sampling::default()
+            },
+            stream: true,
+        }
+    }
+
+    #[test]
+    fn unset_sampling_fields_carry_the_engines_defaults_not_proto_zeros() {
+        let framed = input().encode(Backend::Sglang);
+        let request = sglang_pb::GenerateRequest::decode(&framed[5..]).unwrap();
+        let params = request.sampling_params.unwrap();
+        assert_eq!(
+            (params.temperature, params.top_p, params.top_k),
+            (1.0, 1.0, -1)
+        );
+        assert_eq!(params.repetition_penalty, 1.0);
+        assert!(params.skip_special_tokens);
+        assert_eq!(params.max_new_tokens, Some(8));
+        assert_eq!(request.tokenized.unwrap().input_ids, [1, 2, 3]);
+        assert!(request.stream);
+
+        let framed = input().encode(Backend::Vllm);
+        let request = vllm_pb::GenerateRequest::decode(&framed[5..]).unwrap();
+        let params = request.sampling_params.unwrap();
+        assert_eq!(
+            (params.temperature, params.top_p, params.top_k),
+            (Some(1.0), 1.0, 0)
+        );
+        assert_eq!(params.max_tokens, Some(8));
+        assert_eq!(params.stop, ["\n"]);
+        let Some(vllm_pb::generate_request::Input::Tokenized(tokens)) = request.input else {
+            panic!("tokenized input expected");
+        };
+        assert_eq!(tokens.input_ids, [1, 2, 3]);
+    }
+
+    #[test]
+    fn both_engines_responses_decode_to_the_same_events() {
+        let sglang = sglang_pb::GenerateResponse {
+            request_id: "r".into(),
+            response: Some(sglang_pb::generate_response::Response::Complete(
+                sglang_pb::GenerateComplete {
+                    output_ids: vec![5, 6],
+                    finish_reason: "stop".into(),
+                    completion_tokens: 2,
+                    matched_stop: Some(sglang_pb::generate_complete::MatchedStop::MatchedTokenId(
+                        6,
+                    )),
+                    ..Default::default()
+                },
+            )),
+        };
+        let vllm = vllm_pb::GenerateResponse {
+            response: Some(vllm_pb::generate_response::Response::Complete(
+                vllm_pb::GenerateComplete {
+                    output_ids: vec![5, 6],
+                    finish_reason: "stop".into(),
+                    completion_tokens: 2,
+                    matched_stop: Some(vllm_pb::generate_complete::MatchedStop::MatchedTokenId(6)),
+                    ..Default::default()
+                },
+            )),
+        };
+        let a = GenerateEvent::decode(Backend::Sglang, sglang.encode_to_vec().into()).unwrap();
+        let b = GenerateEvent::decode(Backend::Vllm, vllm.encode_to_vec().into()).unwrap();
+        assert_eq!(a, b);
+        let GenerateEvent::Complete(complete) = a else {
+            panic!("a complete event expected");
+        };
+        assert_eq!(complete.matched_stop, Some(MatchedStop::TokenId(6)));
+        let garbage = GenerateEvent::decode(Backend::Sglang, Bytes::from_static(&[0xff, 0xff]));
+        assert!(matches!(garbage, Err(CallError::Malformed(_))));
+    }
+}

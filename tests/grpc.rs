@@ -1,0 +1,290 @@
+//! gRPC workers end to end: a real `kvgate` in front of `sim-engine --grpc sglang|vllm` fleets.
+//! `/generate` is routed to `grpc://` workers (the backend detected, or given by `--backend`),
+//! answered in SGLang's native shape streamed and not; a client that goes makes the engine see
+//! its stream reset and an `Abort`; a worker killed mid-stream ends the client's stream with an
+//! SSE error event; an engine announcing `MAX_CONCURRENT_STREAMS` 1 gets more connections; a
+//! worker unreachable at start does not fail requests. The engines write each connection,
+//! reset and `Abort` on stderr, which these tests read from a file.
+
+mod utils;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use utils::client::HttpClient;
+use utils::process::{free_port, free_port_block, workspace_bin, ChildProcess, Gateway};
+use utils::{wait_until, TIMEOUT};
+
+/// A `sim-engine --grpc` fleet whose stderr goes to a file.
+struct GrpcSim {
+    process: ChildProcess,
+    base_port: u16,
+    engines: u16,
+    log: PathBuf,
+}
+
+impl GrpcSim {
+    /// Starts `engines` engines speaking `protocol` with extra flags; returns once ready.
+    fn start(engines: u16, protocol: &str, args: &[&str]) -> GrpcSim {
+        for _ in 0..5 {
+            if let Some(sim) = Self::try_start(engines, protocol, args) {
+                return sim;
+            }
+        }
+        panic!("sim-engine --grpc {protocol} did not start");
+    }
+
+    fn try_start(engines: u16, protocol: &str, args: &[&str]) -> Option<GrpcSim> {
+        let base_port = free_port_block(engines);
+        let log = std::env::temp_dir().join(format!(
+            "kvgate-grpc-sim-{}-{base_port}.log",
+            std::process::id()
+        ));
+        let file = std::fs::File::create(&log).expect("sim log");
+        let mut command = Command::new(workspace_bin("sim-engine"));
+        command
+            .args(["--engines", &engines.to_string()])
+            .args(["--base-port", &base_port.to_string()])
+            .args(["--grpc", protocol])
+            .args(args)
+            .stdout(Stdio::piped());
+        let mut process = ChildProcess::spawn_with_stderr("sim-engine", &mut command, file.into());
+        let stdout = process_stdout(&mut process);
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("sim-engine: ready") {
+                    let _ = tx.send(());
+                }
+            }
+        });
+        match rx.recv_timeout(TIMEOUT) {
+            Ok(()) => Some(GrpcSim {
+                process,
+                base_port,
+                engines,
+                log,
+            }),
+            Err(_) => None,
+        }
+    }
+
+    fn url(&self, i: u16) -> String {
+        format!("grpc://127.0.0.1:{}", self.base_port + i)
+    }
+
+    fn urls(&self) -> Vec<String> {
+        (0..self.engines).map(|i| self.url(i)).collect()
+    }
+
+    /// The engines' stderr so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Lines of the log containing `needle`.
+    fn count(&self, needle: &str) -> usize {
+        self.log().lines().filter(|l| l.contains(needle)).count()
+    }
+}
+
+impl Drop for GrpcSim {
+    fn drop(&mut self) {
+        self.process.kill();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+fn process_stdout(process: &mut ChildProcess) -> std::process::ChildStdout {
+    process.stdout().expect("piped stdout")
+}
+
+fn generate(input_ids: &[u32], max_new_tokens: u32, stream: bool, rid: &str) -> String {
+    serde_json::json!({
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+        "stream": stream,
+        "rid": rid,
+    })
+    .to_string()
+}
+
+/// The JSON of each `data:` event but `[DONE]`, and whether `[DONE]` came last.
+fn events(response: &utils::client::Response) -> (Vec<serde_json::Value>, bool) {
+    let data = response.sse_data();
+    let done = data.last() == Some(&"[DONE]");
+    let events = data
+        .iter()
+        .filter(|d| **d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{d}: {e}")))
+        .collect();
+    (events, done)
+}
+
+#[test]
+fn generate_is_routed_to_grpc_workers_streamed_and_not() {
+    for protocol in ["sglang", "vllm"] {
+        let sim = GrpcSim::start(2, protocol, &[]);
+        let gateway = Gateway::start(&sim.urls(), &[]);
+        let mut client = gateway.client();
+        let response = client.post_json("/generate", &generate(&[1, 2, 3, 4], 6, false, "a"));
+        assert_eq!(response.status, 200, "{protocol}: {}", response.text());
+        let worker = response.routed_worker().unwrap_or_default().to_string();
+        assert!(
+            sim.urls().contains(&worker),
+            "{protocol}: routed to {worker}"
+        );
+        let body = response.json();
+        assert_eq!(
+            body["output_ids"].as_array().map(Vec::len),
+            Some(6),
+            "{body}"
+        );
+        assert_eq!(
+            body["meta_info"]["finish_reason"]["type"], "length",
+            "{body}"
+        );
+        assert_eq!(body["meta_info"]["prompt_tokens"], 4, "{body}");
+        assert_eq!(body["meta_info"]["completion_tokens"], 6, "{body}");
+        assert_eq!(body["meta_info"]["id"], "a", "{body}");
+
+        // The same prompt streamed: the same tokens, one event per token, then [DONE].
+        let response = client.post_json("/generate", &generate(&[1, 2, 3, 4], 6, true, "b"));
+        assert_eq!(response.status, 200, "{protocol}");
+        assert_eq!(response.header("content-type"), Some("text/event-stream"));
+        let (events, done) = events(&response);
+        assert!(done, "{protocol}: the stream ends with [DONE]");
+        let last = events.last().expect("events");
+        assert_eq!(last["output_ids"], body["output_ids"], "{protocol}");
+        assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+        assert!(events[..events.len() - 1]
+            .iter()
+            .all(|e| e["meta_info"]["finish_reason"].is_null()));
+        let lengths: Vec<usize> = events
+            .iter()
+            .map(|e| e["output_ids"].as_array().map_or(0, Vec::len))
+            .collect();
+        assert_eq!(lengths, [1, 2, 3, 4, 5, 6, 6], "{protocol}");
+    }
+}
+
+#[test]
+fn the_configured_backend_is_used_without_detection() {
+    let sim = GrpcSim::start(1, "vllm", &[]);
+    let gateway = Gateway::start(&sim.urls(), &["--backend", "vllm"]);
+    let response = gateway
+        .client()
+        .post_json("/generate", &generate(&[5, 6, 7], 3, false, "v"));
+    assert_eq!(response.status, 200, "{}", response.text());
+    // A gateway told the wrong backend gets the engine's UNIMPLEMENTED: a 501, not retried.
+    let wrong = Gateway::start(&sim.urls(), &["--backend", "sglang"]);
+    let response = wrong
+        .client()
+        .post_json("/generate", &generate(&[5, 6, 7], 3, false, "w"));
+    assert_eq!(response.status, 501, "{}", response.text());
+}
+
+#[test]
+fn a_client_that_goes_resets_the_stream_and_the_engine_gets_abort() {
+    let sim = GrpcSim::start(1, "sglang", &["--speedup", "0.05"]);
+    let gateway = Gateway::start(&sim.urls(), &[]);
+    let mut client = gateway.client();
+    client.send_request(
+        "POST",
+        "/generate",
+        &[("content-type", "application/json")],
+        generate(&[1, 2, 3], 100_000, true, "gone-1").as_bytes(),
+    );
+    assert_eq!(client.read_head_and_first_chunk(), 200);
+    client.close();
+    let seen = wait_until(TIMEOUT, || {
+        sim.count("stream reset gone-1") == 1 && sim.count("Abort gone-1") == 1
+    });
+    assert!(seen, "the engine saw no reset and Abort:\n{}", sim.log());
+}
+
+#[test]
+fn a_worker_killed_mid_stream_ends_the_stream_with_an_error_event() {
+    let mut sim = GrpcSim::start(1, "sglang", &["--speedup", "0.05"]);
+    let gateway = Gateway::start(&sim.urls(), &[]);
+    let mut client = gateway.client();
+    client.send_request(
+        "POST",
+        "/generate",
+        &[("content-type", "application/json")],
+        generate(&[1, 2, 3], 100_000, true, "killed").as_bytes(),
+    );
+    assert_eq!(client.read_head_and_first_chunk(), 200);
+    sim.process.kill();
+    let response = client.read_response_even_if_cut();
+    let data = response.sse_data();
+    let error = data.last().expect("events");
+    let error: serde_json::Value = serde_json::from_str(error).expect("an error event");
+    assert_eq!(error["error"]["code"], 502, "{error}");
+    assert_eq!(error["error"]["type"], "upstream_error", "{error}");
+}
+
+#[test]
+fn an_engine_with_one_stream_per_connection_gets_a_connection_per_call() {
+    let sim = GrpcSim::start(
+        1,
+        "sglang",
+        &["--grpc-max-concurrent-streams", "1", "--speedup", "0.2"],
+    );
+    let gateway = Gateway::start(&sim.urls(), &["--disable-health-check"]);
+    let clients: Vec<HttpClient> = (0..3)
+        .map(|i| {
+            let mut client = gateway.client();
+            client.send_request(
+                "POST",
+                "/generate",
+                &[("content-type", "application/json")],
+                generate(&[i, 1, 2], 40, true, &format!("mcs-{i}")).as_bytes(),
+            );
+            client
+        })
+        .collect();
+    for mut client in clients {
+        let response = client.read_response();
+        assert_eq!(response.status, 200);
+        let (events, done) = events(&response);
+        assert!(done);
+        assert_eq!(
+            events.last().unwrap()["output_ids"]
+                .as_array()
+                .map(Vec::len),
+            Some(40)
+        );
+    }
+    // Three calls at once on a worker that takes one per connection: three connections from
+    // the data core (the control core's probes add theirs).
+    assert!(sim.count("connection") >= 3, "{}", sim.log());
+}
+
+#[test]
+fn a_worker_unreachable_at_start_does_not_fail_requests() {
+    let sim = GrpcSim::start(1, "sglang", &[]);
+    let dead = format!("grpc://127.0.0.1:{}", free_port());
+    let gateway = Gateway::start(&[dead, sim.url(0)], &["--policy", "round_robin"]);
+    for i in 0..6 {
+        let response = gateway.client().post_json(
+            "/generate",
+            &generate(&[i, 7, 7], 2, false, &format!("u{i}")),
+        );
+        assert_eq!(response.status, 200, "request {i}: {}", response.text());
+        assert_eq!(response.routed_worker(), Some(sim.url(0).as_str()));
+    }
+}
+
+#[test]
+fn a_grpc_url_without_a_port_is_refused_at_start() {
+    let output = Command::new(workspace_bin("kvgate"))
+        .args(["--worker-urls", "grpc://127.0.0.1"])
+        .output()
+        .expect("run kvgate");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("grpc://host:port"), "{stderr}");
+}

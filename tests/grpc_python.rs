@@ -1,0 +1,245 @@
+//! Interoperability with a gRPC engine that is not kvgate's: a Python `grpcio` server built from
+//! PyPI's `smg-grpc-proto` stubs (`tests/fixtures/grpc_engine_server.py`, SGLang's protocol).
+//! kvgate detects its backend, probes it, routes `/generate` to it streamed and not, and a
+//! client that goes makes the server see the call cancelled and an `Abort`.
+//!
+//! Needs the venv of `scripts/fetch-grpc-python.sh` (the test script runs it). Without it the
+//! test says so and passes, unless `KVGATE_REQUIRE_GRPC_PYTHON=1` (the test script sets it).
+
+mod utils;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use utils::process::{free_port, wait_for_port, Gateway};
+use utils::{wait_until, TIMEOUT};
+
+/// The venv's Python, or `None` (with a message) when absent and not required.
+fn python() -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::var("KVGATE_GRPC_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target/grpc-python"));
+    let python = dir.join("venv/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    let required = std::env::var("KVGATE_REQUIRE_GRPC_PYTHON").is_ok_and(|v| v == "1");
+    assert!(!required, "no venv: run scripts/fetch-grpc-python.sh");
+    eprintln!("skipped: no venv (scripts/fetch-grpc-python.sh)");
+    None
+}
+
+/// The Python server, killed when dropped; its stdout lines collected.
+struct PythonEngine {
+    child: Child,
+    port: u16,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl PythonEngine {
+    fn start(python: &PathBuf) -> PythonEngine {
+        let port = free_port();
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpc_engine_server.py");
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the Python engine starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let collected = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                collected.lock().unwrap().push(line);
+            }
+        });
+        let engine = PythonEngine { child, port, lines };
+        assert!(
+            wait_until(TIMEOUT, || engine.saw("ready")) && wait_for_port(port, TIMEOUT),
+            "the Python engine did not start"
+        );
+        engine
+    }
+
+    fn url(&self) -> String {
+        format!("grpc://127.0.0.1:{}", self.port)
+    }
+
+    fn saw(&self, line: &str) -> bool {
+        self.lines.lock().unwrap().iter().any(|l| l == line)
+    }
+}
+
+impl Drop for PythonEngine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn generate(first: u32, max_new_tokens: u32, stream: bool, rid: &str) -> String {
+    serde_json::json!({
+        "input_ids": [first, 2, 3],
+        "sampling_params": {"max_new_tokens": max_new_tokens},
+        "stream": stream,
+        "rid": rid,
+    })
+    .to_string()
+}
+
+#[test]
+fn kvgate_routes_streams_and_aborts_on_a_grpcio_engine() {
+    let Some(python) = python() else { return };
+    let engine = PythonEngine::start(&python);
+    let gateway = Gateway::start(&[engine.url()], &[]);
+    let mut client = gateway.client();
+
+    let response = client.post_json("/generate", &generate(7, 4, false, "py-1"));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let body = response.json();
+    assert_eq!(
+        body["output_ids"],
+        serde_json::json!([1007, 1008, 1009, 1010]),
+        "{body}"
+    );
+    assert_eq!(
+        body["meta_info"]["finish_reason"]["type"], "length",
+        "{body}"
+    );
+    assert_eq!(body["meta_info"]["prompt_tokens"], 3, "{body}");
+
+    let response = client.post_json("/generate", &generate(1, 3, true, "py-2"));
+    assert_eq!(response.status, 200);
+    let data = response.sse_data();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{data:?}");
+    let last: serde_json::Value = serde_json::from_str(data[data.len() - 2]).unwrap();
+    assert_eq!(
+        last["output_ids"],
+        serde_json::json!([1001, 1002, 1003]),
+        "{last}"
+    );
+
+    // The model came from GetModelInfo: a request naming it is served.
+    let named = serde_json::json!({"model": "py-model", "input_ids": [4, 5], "sampling_params": {"max_new_tokens": 1}});
+    let routed = wait_until(TIMEOUT, || {
+        gateway
+            .client()
+            .post_json("/generate", &named.to_string())
+            .status
+            == 200
+    });
+    assert!(routed, "a request for the engine's model is routed");
+
+    let mut leaving = gateway.client();
+    leaving.send_request(
+        "POST",
+        "/generate",
+        &[("content-type", "application/json")],
+        generate(1, 10_000, true, "py-gone").as_bytes(),
+    );
+    assert_eq!(leaving.read_head_and_first_chunk(), 200);
+    leaving.close();
+    let seen = wait_until(TIMEOUT, || {
+        engine.saw("cancelled py-gone") && engine.saw("abort py-gone")
+    });
+    assert!(seen, "{:?}", engine.lines.lock().unwrap());
+}
+
+/// Qwen3's tokenizer directory (`scripts/fetch-tokenizers.sh`), or `None` with a message.
+fn qwen3_dir() -> Option<PathBuf> {
+    let dir = match std::env::var_os("KVGATE_TOKENIZER_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers"),
+    }
+    .join("qwen3");
+    if dir.join("tokenizer.json").is_file() {
+        return Some(dir);
+    }
+    let required = std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_some();
+    assert!(
+        !required,
+        "{} is missing: run scripts/fetch-tokenizers.sh",
+        dir.display()
+    );
+    eprintln!("skipped: no tokenizer files (scripts/fetch-tokenizers.sh)");
+    None
+}
+
+#[test]
+fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
+    let Some(python) = python() else { return };
+    let Some(dir) = qwen3_dir() else { return };
+    let engine = PythonEngine::start(&python);
+    let path = dir.to_string_lossy().to_string();
+    let gateway = Gateway::start(&[engine.url()], &["--tokenizer-path", &path]);
+    let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+
+    // A completions prompt of IDs: the engine answers 1007, 1008, ...; the text is what the
+    // tokenizer library decodes of them, whole.
+    let completion = serde_json::json!({"model": "py-model", "prompt": [7, 8, 9], "max_tokens": 5});
+    let response = gateway
+        .client()
+        .post_json("/v1/completions", &completion.to_string());
+    assert_eq!(response.status, 200, "{}", response.text());
+    let body = response.json();
+    let expected = reference
+        .decode(&[1007, 1008, 1009, 1010, 1011], true)
+        .unwrap();
+    assert_eq!(body["object"], "text_completion", "{body}");
+    assert_eq!(body["choices"][0]["text"], expected.as_str(), "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 5, "{body}");
+
+    // A chat, unstreamed and streamed: the same text, in chat's shapes.
+    let chat = |stream: bool| {
+        serde_json::json!({
+            "model": "py-model",
+            "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 6,
+            "stream": stream,
+        })
+        .to_string()
+    };
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &chat(false));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let body = response.json();
+    let content = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(!content.is_empty(), "{body}");
+    assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &chat(true));
+    assert_eq!(response.status, 200);
+    let data = response.sse_data();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{data:?}");
+    let streamed: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(streamed, content);
+
+    // A body the front end refuses is answered 400 with its reason, and no call is made.
+    let calls_before = engine.lines.lock().unwrap().len();
+    let bad = serde_json::json!({"model": "py-model", "messages": "not a list"});
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &bad.to_string());
+    assert_eq!(response.status, 400, "{}", response.text());
+    assert_eq!(engine.lines.lock().unwrap().len(), calls_before);
+}
