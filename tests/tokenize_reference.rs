@@ -1,6 +1,7 @@
 //! kvgate's tokenization against the Python reference, on real tokenizer files: for every
 //! request of `tests/fixtures/tokenize_corpus.jsonl` (system prompts, multi-turn, tools and tool
-//! messages, Unicode, empty content, content parts, completions), the prompt kvgate renders
+//! messages, Unicode, empty content, content parts, completions, Python's whitespace under
+//! `| trim`, floats in tools through `tojson`), the prompt kvgate renders
 //! with minijinja equals the one jinja2 renders (`scripts/tokenize-reference.py`), and the IDs
 //! kvgate computes equal those of the Python `tokenizers` package, whole and piece by piece,
 //! cold and from the segment cache. Also: a growing conversation tokenized through the cache
