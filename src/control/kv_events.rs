@@ -73,6 +73,8 @@ pub struct KvEvents {
     discovered: (mpsc::Sender<Discovered>, mpsc::Receiver<Discovered>),
     /// `--kv-indexer-ttl-secs` (`None`: entries never age out).
     ttl: Option<Duration>,
+    /// The workers' API key `/server_info` is asked with (`--api-key`, as the probes send it).
+    api_key: Option<Arc<str>>,
     /// The roster and catalog last seen (compared by pointer).
     roster: Option<Arc<Roster>>,
     catalog: Option<Arc<ModelCatalog>>,
@@ -95,12 +97,19 @@ impl KvEvents {
             batch: EventBatch::default(),
             discovered: mpsc::channel(),
             ttl,
+            api_key: None,
             roster: None,
             catalog: None,
             models_dirty: true,
             stats_dirty: true,
             warned_full: false,
         }
+    }
+
+    /// These subscriptions with `/server_info` asked with `key` as a bearer token.
+    pub fn with_api_key(mut self, key: Option<&str>) -> Self {
+        self.api_key = key.map(Arc::from);
+        self
     }
 
     /// One control-core turn: follow roster changes, ask and hear `/server_info`, apply what
@@ -244,12 +253,14 @@ impl KvEvents {
             *asked = true;
             let (id, url, addr) = (*id, worker.url.clone(), worker.addr);
             let (authority, answers) = (worker.authority.clone(), self.discovered.0.clone());
+            let bearer = self.api_key.clone();
             monoio::spawn(async move {
                 let timeout = LOAD_POLL_TIMEOUT;
                 let got = client::get(
                     addr,
                     &authority,
                     "/server_info",
+                    bearer.as_deref(),
                     timeout,
                     PROBE_BODY_BYTES_MAX,
                 )

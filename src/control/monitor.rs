@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::ProxyError;
@@ -49,6 +50,8 @@ pub struct ProbeJob {
     pub path: String,
     /// Deadline of the whole probe.
     pub timeout: Duration,
+    /// The workers' API key, sent as a bearer token (`--api-key`, as SMG sends it).
+    pub bearer: Option<Arc<str>>,
 }
 
 /// One probe's result.
@@ -101,6 +104,8 @@ struct Watched {
 #[derive(Debug)]
 pub struct WorkerMonitor {
     config: WorkerSettings,
+    /// The key probes send (`--api-key`).
+    api_key: Option<Arc<str>>,
     workers: BTreeMap<WorkerId, Watched>,
     health_due: Instant,
     load_due: Instant,
@@ -112,6 +117,7 @@ impl WorkerMonitor {
     pub fn new(config: WorkerSettings, now: Instant) -> Self {
         WorkerMonitor {
             config,
+            api_key: None,
             workers: BTreeMap::new(),
             health_due: now,
             load_due: now,
@@ -119,9 +125,22 @@ impl WorkerMonitor {
         }
     }
 
+    /// This monitor with its probes sending `key` as a bearer token: SMG forwards `--api-key`
+    /// to the workers, whose own key (vLLM's, SGLang's `--api-key`) guards `/v1/models` and
+    /// the load endpoints.
+    pub fn with_api_key(mut self, key: Option<&str>) -> Self {
+        self.api_key = key.map(Arc::from);
+        self
+    }
+
     /// The settings.
     pub fn config(&self) -> &WorkerSettings {
         &self.config
+    }
+
+    /// The key probes send, if any.
+    pub fn api_key(&self) -> Option<&Arc<str>> {
+        self.api_key.as_ref()
     }
 
     /// Start watching a worker (admitted healthy, circuit closed, no load signal yet).
@@ -212,6 +231,7 @@ impl WorkerMonitor {
                 kind,
                 path: path.to_string(),
                 timeout,
+                bearer: self.api_key.clone(),
             };
             if health_due && !self.config.health.disabled {
                 jobs.push(job(
