@@ -266,6 +266,11 @@ pub const KV_BLOCKS_DEFAULT: usize = 1 << 21;
 /// its payload, as large as the engine made it).
 pub const KV_EVENTS_FEED_CAPACITY: usize = 1024;
 
+/// The most data-parallel ranks one worker's KV events are followed on (`?dp_size=N`): each
+/// rank is a subscription of its own (a task, a socket, a guard's relay), and a vLLM engine of
+/// more than 64 ranks on one host has no GPUs to run on.
+pub const KV_EVENTS_DP_RANKS_MAX: u16 = 64;
+
 /// Feed items the control core applies per turn: a burst of events never delays the worker
 /// lifecycle by more than a few milliseconds.
 pub const KV_EVENTS_APPLY_PER_TURN_MAX: usize = 512;
