@@ -17,6 +17,17 @@
 # that answers kvgate's subscription with a frame header announcing 2^62 bytes, then a 200 MB
 # frame sent whole, then 2^64-1; prints whether kvgate is alive, its RSS and the subscription
 # failures it counted.
+#   scripts/bench-hostile.sh --big-prompts [--debug] [--kvgate PATH]
+#
+# --big-prompts sends 16 distinct 60 MB completions prompts, one after another (issue 35, item
+# 5), then leaves kvgate idle 10 s; prints its RSS before, at the peak and after.
+#   scripts/bench-hostile.sh --many-messages [--debug] [--kvgate PATH]
+#
+# --many-messages runs kvgate with Qwen3's tokenizer (scripts/fetch-tokenizers.sh) and one data
+# core; a client sends small chats back to back on one connection while another sends a chat of
+# 400k messages (12 MB: past the byte cap) and then one of 400k empty messages (1.2 MB: past the
+# message cap) (issue 35, item 7); prints the small chats' worst latency while each was in
+# flight, and the tokenization counters.
 #
 # Raises the open-file limit to the hard limit (kvgate and the client each hold one descriptor
 # per connection); writes target/bench-hostile/result.json.
@@ -33,9 +44,12 @@ KVGATE_FLAGS=()
 MEASURE_S=30
 PROFILE=release
 KV_FRAMES=0
+MODE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --kv-frames) KV_FRAMES=1; shift ;;
+    --big-prompts) MODE=big-prompts; shift ;;
+    --many-messages) MODE=many-messages; shift ;;
     --idle) IDLE="$2"; shift 2 ;;
     --slow) SLOW="$2"; shift 2 ;;
     --measure-s) MEASURE_S="$2"; shift 2 ;;
@@ -75,6 +89,100 @@ for announced, body in cases:
     conn.close()
 PY
 }
+
+# Big prompts against 127.0.0.1:$1: 16 distinct 60 MB completions prompts, one per connection.
+big_prompts_client() {
+  python3 - "$1" <<'PY'
+import http.client, sys
+port = int(sys.argv[1])
+for i in range(16):
+    prompt = (f"prompt {i} " + "lorem ipsum dolor sit amet " * 2_300_000)[:60_000_000]
+    body = ('{"model":"sim-model","max_tokens":1,"prompt":"%s"}' % prompt).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+    status = conn.getresponse().status
+    conn.close()
+    print(f"prompt {i}: {len(body)} bytes, {status}", flush=True)
+PY
+}
+
+# Small chats on one connection to 127.0.0.1:$1 while the 400k-message chats go on another.
+many_messages_client() {
+  python3 - "$1" <<'PY'
+import http.client, json, sys, threading, time
+port = int(sys.argv[1])
+small = json.dumps({"model": "sim-model", "max_tokens": 1,
+                    "messages": [{"role": "user", "content": "a small question"}]}).encode()
+def chat(messages):
+    first = '{"role":"user","content":"x"}'
+    return ('{"model":"sim-model","max_tokens":1,"messages":[%s]}'
+            % ",".join([first] + [messages] * 399_999)).encode()
+attacks = [("400k messages, 12 MB", chat('{"role":"user","content":"x"}')),
+           ("400k empty messages, 1.2 MB", chat("{}"))]
+window = {"label": None}
+worst = {}
+done = threading.Event()
+def other():
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    while not done.is_set():
+        label, sent = window["label"], time.monotonic()
+        conn.request("POST", "/v1/chat/completions", small, {"content-type": "application/json"})
+        conn.getresponse().read()
+        latency = time.monotonic() - sent
+        key = label or window["label"] or "quiet"
+        worst[key] = max(worst.get(key, 0.0), latency)
+thread = threading.Thread(target=other)
+thread.start()
+time.sleep(3)
+for label, body in attacks:
+    window["label"] = label
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    sent = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    status = conn.getresponse().status
+    print(f"{label}: {status} in {time.monotonic() - sent:.2f} s", flush=True)
+    conn.close()
+    window["label"] = None
+    time.sleep(2)
+done.set()
+thread.join()
+for key, value in worst.items():
+    print(f"another client's worst latency, {key}: {value * 1000:.0f} ms", flush=True)
+PY
+}
+
+if [ -n "$MODE" ]; then
+  fleet_init "$BIN"
+  read -r SIM_PORT GW_PORT PROM_PORT < <(fleet_ports 2 1 1)
+  fleet_start_sim "$BIN" "$SIM_PORT" --engines 2 --speedup 50
+  fleet_wait_port sim-engine "$SIM_PORT"
+  KVGATE_DIR="$BIN"
+  if [ -n "$KVGATE" ]; then
+    KVGATE_DIR="$FLEET_WORK/kvgate-bin"
+    mkdir -p "$KVGATE_DIR"
+    ln -s "$(realpath "$KVGATE")" "$KVGATE_DIR/kvgate"
+  fi
+  WORKERS="http://127.0.0.1:$SIM_PORT http://127.0.0.1:$((SIM_PORT + 1))"
+  if [ "$MODE" = many-messages ]; then
+    TOKENIZER="${KVGATE_TOKENIZER_FIXTURES:-target/tokenizers}/qwen3"
+    [ -s "$TOKENIZER/tokenizer.json" ] || { echo "Error: run scripts/fetch-tokenizers.sh" >&2; exit 1; }
+    KVGATE_FLAGS+=(--tokenizer-path "$TOKENIZER")
+  fi
+  fleet_start_kvgate "$KVGATE_DIR" "$GW_PORT" "$PROM_PORT" "$WORKERS" "${KVGATE_FLAGS[@]}"
+  FLEET_WAIT_S="${FLEET_WAIT_S:-120}" fleet_wait kvgate "http://127.0.0.1:$GW_PORT/health" # a tokenizer loads first
+  sleep 5
+  echo "kvgate RSS at start: $(fleet_rss_kb "$KVGATE_PID") kB" >&2
+  if [ "$MODE" = big-prompts ]; then
+    big_prompts_client "$GW_PORT" >&2
+    echo "kvgate RSS after the 16 prompts: $(fleet_rss_kb "$KVGATE_PID") kB, peak $(fleet_rss_kb --peak "$KVGATE_PID") kB" >&2
+    sleep 10
+    echo "kvgate RSS after 10 s idle: $(fleet_rss_kb "$KVGATE_PID") kB" >&2
+  else
+    many_messages_client "$GW_PORT" >&2
+    curl -s "http://127.0.0.1:$PROM_PORT/metrics" | grep -E '^kvgate_tokenize_' >&2 || true
+  fi
+  exit 0
+fi
 
 if [ "$KV_FRAMES" = 1 ]; then
   fleet_init "$BIN"

@@ -365,6 +365,17 @@ impl Config {
         if cli.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
             return Err(FlagError::new("--api-key", "must not be empty"));
         }
+        // The probes write it into a header line (`net::client::get`).
+        if cli
+            .api_key
+            .as_deref()
+            .is_some_and(|k| k.contains(char::is_control))
+        {
+            return Err(FlagError::new(
+                "--api-key",
+                "must not hold control characters",
+            ));
+        }
         let max_payload_bytes = usize::try_from(cli.max_payload_size).unwrap_or(usize::MAX);
         if max_payload_bytes == 0 || max_payload_bytes > limits::PAYLOAD_BYTES_MAX {
             let message = format!("must be 1..={} bytes", limits::PAYLOAD_BYTES_MAX);
@@ -898,6 +909,8 @@ mod tests {
         let keyed = parse(&["--api-key", "sk-1"]).unwrap();
         assert_eq!(keyed.api_key.as_deref(), Some("sk-1"));
         assert_eq!(parse(&["--api-key", " "]).unwrap_err().flag, "--api-key");
+        let split = parse(&["--api-key", "sk\r\nx-injected: 1"]).unwrap_err();
+        assert_eq!(split.flag, "--api-key");
     }
 
     #[test]

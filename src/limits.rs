@@ -266,6 +266,11 @@ pub const KV_BLOCKS_DEFAULT: usize = 1 << 21;
 /// its payload, as large as the engine made it).
 pub const KV_EVENTS_FEED_CAPACITY: usize = 1024;
 
+/// The most data-parallel ranks one worker's KV events are followed on (`?dp_size=N`): each
+/// rank is a subscription of its own (a task, a socket, a guard's relay), and a vLLM engine of
+/// more than 64 ranks on one host has no GPUs to run on.
+pub const KV_EVENTS_DP_RANKS_MAX: u16 = 64;
+
 /// Feed items the control core applies per turn: a burst of events never delays the worker
 /// lifecycle by more than a few milliseconds.
 pub const KV_EVENTS_APPLY_PER_TURN_MAX: usize = 512;
@@ -330,6 +335,26 @@ pub const TOKENIZER_CACHE_L1_BYTES_MAX: usize = 64 << 30;
 /// the 1 ms a cold prompt may stall the core's other connections; longer cold work goes to the
 /// pool (a typical next turn of a chat, a few hundred bytes, stays on the core).
 pub const TOKENIZE_INLINE_BYTES_DEFAULT: usize = 1024;
+
+/// Body bytes of a chat or messages request whose template a data core parses and renders
+/// itself (a completions prompt: whose added-token cut and cache keys it computes itself);
+/// longer ones are rendered and cut on the tokenizer pool before the core looks the pieces up
+/// in its cache. Parsing and rendering cost about 4 us per message (a 400k-message chat stalled
+/// its core 1.6 s), so 4 KiB, at most about 130 minimal messages, stays near the 1 ms a core
+/// may spend, while a typical short chat renders without leaving the core.
+pub const TOKENIZE_RENDER_INLINE_BYTES: usize = 4 << 10;
+
+/// The longest prompt kvgate tokenizes: a chat or messages body, a completions prompt, or the
+/// text a template renders. About a million tokens at four bytes a token, the longest context
+/// engines serve; encoding it keeps a pool thread about a second (0.23 us per byte). A longer
+/// one routes on its text (`kvgate_tokenize_over_cap_total`): no engine would read it whole.
+pub const TOKENIZE_PROMPT_BYTES_MAX: usize = 4 << 20;
+
+/// The most messages of a chat kvgate renders for tokenization (counted while the body is
+/// parsed, on the pool, which stops there): conversations of thousands of turns fit, and
+/// rendering this many takes a pool thread about 65 ms; a chat of more routes on its text
+/// (`kvgate_tokenize_over_cap_total`).
+pub const TOKENIZE_MESSAGES_MAX: usize = 16_384;
 
 /// Bytes of a chunk of a long prompt segment (`tokenize::split`): a segment that shares its head
 /// with an earlier one reuses the head's chunks and encodes at most about this much of the
@@ -540,6 +565,11 @@ const _: () =
 const _: () = assert!(
     TOKENIZER_PRETOKEN_BYTES_MAX < u32::MAX as usize
         && TOKENIZER_PRETOKEN_BYTES_MAX > TOKENIZER_CHUNK_BYTES
+);
+// A body the core renders itself is far under the prompt cap; a word the BPE refuses fits in it.
+const _: () = assert!(
+    TOKENIZE_RENDER_INLINE_BYTES < TOKENIZE_PROMPT_BYTES_MAX
+        && TOKENIZER_PRETOKEN_BYTES_MAX < TOKENIZE_PROMPT_BYTES_MAX
 );
 // One cold chunk is tokenized on the data core.
 const _: () = assert!(TOKENIZER_CHUNK_BYTES <= TOKENIZE_INLINE_BYTES_DEFAULT);

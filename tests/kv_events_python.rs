@@ -4,7 +4,8 @@
 //! through its ROUTER replay socket, later ones live, removals take the worker out. A
 //! `BlockStored` whose tokens do not fill its blocks (vLLM's null blocks) loses only itself, and
 //! blocks whose vLLM hashes fold a LoRA or extra keys (`cache_salt`) are not predicted for a
-//! request without them.
+//! request without them. An engine of two data-parallel ranks (vLLM: each rank's sockets at the
+//! base ports plus its rank, each numbering its batches from 0) is followed on both.
 //!
 //! Needs the venv of `scripts/fetch-kv-events-python.sh` (the test script runs it). Without it
 //! the test says so and passes, unless `KVGATE_REQUIRE_PYTHON_COMPAT` is set (CI sets it).
@@ -17,7 +18,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use utils::mock_origin::{MockOrigin, Reply};
-use utils::process::{free_port, Gateway};
+use utils::process::{free_port, free_port_block, Gateway};
 use utils::wait_until;
 
 const BLOCK: usize = 16;
@@ -41,12 +42,17 @@ struct PythonPublisher {
 
 impl PythonPublisher {
     fn start(python: &PathBuf) -> PythonPublisher {
-        let (port, replay_port) = (free_port(), free_port());
+        PythonPublisher::start_rank(python, (free_port(), free_port()), 0)
+    }
+
+    /// A publisher of data-parallel rank `rank` on `ports` (its `PUB` and `ROUTER` ports).
+    fn start_rank(python: &PathBuf, ports: (u16, u16), rank: u16) -> PythonPublisher {
+        let (port, replay_port) = ports;
         let script =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kv_events_publisher.py");
         let mut child = Command::new(python)
             .arg(script)
-            .args([port.to_string(), replay_port.to_string()])
+            .args([port.to_string(), replay_port.to_string(), rank.to_string()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -241,4 +247,71 @@ fn vllm_null_blocks_lose_one_event_and_salted_blocks_are_never_predicted_for_pla
     let none = |p: Option<String>| p.is_none_or(|p| p == "0");
     assert!(none(predicted(&lora)), "a LoRA's blocks predicted");
     assert!(none(predicted(&salted)), "salted blocks predicted");
+}
+
+#[test]
+fn both_data_parallel_ranks_of_a_vllm_engine_are_followed_each_with_its_own_numbers() {
+    let Some(python) = python() else {
+        let required = std::env::var_os("KVGATE_REQUIRE_PYTHON_COMPAT").is_some();
+        assert!(!required, "no venv: run scripts/fetch-kv-events-python.sh");
+        eprintln!("skipped: no venv (scripts/fetch-kv-events-python.sh)");
+        return;
+    };
+    let (base, replay_base) = (free_port_block(2), free_port_block(2));
+    let mut rank0 = PythonPublisher::start_rank(&python, (base, replay_base), 0);
+    let mut rank1 = PythonPublisher::start_rank(&python, (base + 1, replay_base + 1), 1);
+    let stored = |hashes: &[i64], tokens: &[u32]| {
+        serde_json::json!({
+            "op": "stored", "hashes": hashes, "parent": null, "tokens": tokens,
+            "block_size": BLOCK,
+        })
+    };
+    // Rank 1 cached a prefix before the gateway subscribed: only its replay socket has it.
+    let early = tokens(7, 2);
+    assert_eq!(rank1.publish(stored(&[700, 701], &early[..2 * BLOCK])), 0);
+    let (a, b) = (
+        MockOrigin::start(|_| Reply::json(r#"{"text":"a"}"#)),
+        MockOrigin::start(|_| Reply::json(r#"{"text":"b"}"#)),
+    );
+    let endpoint = format!("tcp://127.0.0.1:{base}+tcp://127.0.0.1:{replay_base}?dp_size=2");
+    let gateway = Gateway::start(
+        &[a.url(), b.url()],
+        &["--kv-events-endpoints", "none", &endpoint],
+    );
+    let url_b = b.url();
+    let held = format!("kvgate_kv_index_worker_blocks{{worker=\"{url_b}\"}}");
+    let up = format!("kvgate_kv_events_stream_up{{worker=\"{url_b}\"}}");
+    let wait = Duration::from_secs(15);
+    assert!(
+        wait_until(wait, || gateway.metric(&held) == 2.0
+            && gateway.metric(&up) == 1.0),
+        "{}",
+        gateway.metrics()
+    );
+    // Rank 0 numbers its batches from 0 too: not a duplicate of rank 1's.
+    let family = tokens(8, 3);
+    assert_eq!(
+        rank0.publish(stored(&[800, 801, 802], &family[..3 * BLOCK])),
+        0
+    );
+    assert!(wait_until(wait, || gateway.metric(&held) == 5.0));
+    assert_eq!(routed(&gateway, &family), url_b);
+    assert_eq!(routed(&gateway, &early), url_b);
+    // Each rank's next batch, live; then rank 1's removal takes only its blocks.
+    let more = tokens(9, 1);
+    assert_eq!(rank1.publish(stored(&[900], &more[..BLOCK])), 1);
+    assert!(wait_until(wait, || gateway.metric(&held) == 6.0));
+    assert_eq!(
+        rank1.publish(serde_json::json!({ "op": "removed", "hashes": [700, 701, 900] })),
+        2
+    );
+    assert!(wait_until(wait, || gateway.metric(&held) == 3.0));
+    let skipped =
+        format!("kvgate_kv_event_batches_total{{worker=\"{url_b}\",outcome=\"skipped\"}}");
+    assert_eq!(gateway.metric(&skipped), 0.0, "{}", gateway.metrics());
+    for reason in ["gap", "restart"] {
+        let resets =
+            format!("kvgate_kv_event_resets_total{{worker=\"{url_b}\",reason=\"{reason}\"}}");
+        assert_eq!(gateway.metric(&resets), 0.0, "{reason}");
+    }
 }

@@ -2,7 +2,9 @@
 //! tokenizer): a chat request and the same prompt sent as `/generate` `input_ids` land on the
 //! same worker (both route on the same IDs in the token tree); long cold prompts go through the
 //! tokenizer pool; the cache's figures reach `/metrics`; a model with no tokenizer of its own
-//! routes on text; a broken tokenizer file stops the start with one line naming its flag.
+//! routes on text; a chat of 400k messages routes on its text, counted, while another client
+//! of its core is answered; a broken tokenizer file stops the start with one line naming its
+//! flag.
 //!
 //! Needs `scripts/fetch-tokenizers.sh`'s files (see `tests/tokenize_reference.rs`; absent and
 //! not required, the tests say so and pass).
@@ -13,6 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use kvgate::limits::TOKENIZE_PROMPT_BYTES_MAX;
 use kvgate::tokenize::{ModelTokenizer, PromptSource, TokenizerFiles};
 use utils::client::HttpClient;
 use utils::process::{workspace_bin, Gateway, SimFleet};
@@ -152,6 +155,81 @@ fn a_model_without_a_tokenizer_of_its_own_routes_on_text() {
         "not tokenized"
     );
     assert_eq!(gateway.metric("smg_tokenizer_cache_l1_hits_total"), 0.0);
+}
+
+/// The worker a large chat was routed to (debug builds of kvgate and sim-engine take seconds to
+/// read megabytes: past the client's usual timeout).
+fn routed_slowly(client: &mut HttpClient, body: &str) -> Option<String> {
+    client.send_request(
+        "POST",
+        "/v1/chat/completions",
+        &[utils::client::JSON],
+        body.as_bytes(),
+    );
+    client.wait_for_peer(std::time::Duration::from_secs(120));
+    let response = client.read_response();
+    assert_eq!(response.status, 200, "{}", response.text());
+    response.routed_worker().map(str::to_owned)
+}
+
+/// A chat of `count` messages: the first says "x", the rest are `filler`.
+fn many_messages(count: usize, filler: &str) -> String {
+    let mut messages = vec![r#"{"role":"user","content":"x"}"#];
+    messages.extend(std::iter::repeat_n(filler, count - 1));
+    format!(
+        r#"{{"model":"sim-model","max_tokens":1,"messages":[{}]}}"#,
+        messages.join(",")
+    )
+}
+
+/// Issue 35, item 7: a chat of 400k messages (parsing and rendering it took 1.6 s of its core)
+/// is read on the pool, which stops at TOKENIZE_MESSAGES_MAX, and routes on its text, counted;
+/// so does a chat past the byte cap, refused on the core at once. Another client on the
+/// same, only, data core keeps being answered meanwhile; its worst latency is printed, not
+/// asserted (the machine may be loaded).
+#[test]
+fn a_chat_of_400k_messages_routes_on_its_text_and_is_counted() {
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::time::{Duration, Instant};
+    let Some(dir) = qwen3_dir() else {
+        return;
+    };
+    let fleet = SimFleet::start(2, &["--instant"]);
+    let path = dir.to_string_lossy().to_string();
+    let gateway = Gateway::start(&fleet.urls(), &["--tokenizer-path", &path]);
+    let stop = AtomicBool::new(false);
+    let (worst, answered) = std::thread::scope(|scope| {
+        let other = scope.spawn(|| {
+            let mut client = gateway.client();
+            let body = chat_body(99, 10, "a small question");
+            let (mut worst, mut answered) = (Duration::ZERO, 0);
+            for _ in 0..100_000 {
+                if stop.load(Relaxed) {
+                    break;
+                }
+                let sent = Instant::now();
+                routed(&mut client, "/v1/chat/completions", &body);
+                worst = worst.max(sent.elapsed());
+                answered += 1;
+            }
+            (worst, answered)
+        });
+        let mut client = gateway.client();
+        // 400k messages in 1.2 MB: under the byte cap, past TOKENIZE_MESSAGES_MAX.
+        let many = many_messages(400_000, "{}");
+        assert!(many.len() < TOKENIZE_PROMPT_BYTES_MAX);
+        assert!(routed_slowly(&mut client, &many).is_some());
+        // One message past TOKENIZE_PROMPT_BYTES_MAX: refused on the core, never copied.
+        let words = "hello ".repeat(TOKENIZE_PROMPT_BYTES_MAX / 6 + 1);
+        let long = many_messages(2, &format!(r#"{{"role":"user","content":"{words}"}}"#));
+        assert!(routed_slowly(&mut client, &long).is_some());
+        stop.store(true, Relaxed);
+        other.join().expect("the other client")
+    });
+    eprintln!("another client on the same core: {answered} answered, worst latency {worst:?}");
+    assert!(answered > 0);
+    assert_eq!(gateway.metric("kvgate_tokenize_over_cap_total"), 2.0);
+    assert_eq!(gateway.metric("kvgate_tokenize_failures_total"), 0.0);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! kvgate's tokenization against the Python reference, on real tokenizer files: for every
 //! request of `tests/fixtures/tokenize_corpus.jsonl` (system prompts, multi-turn, tools and tool
-//! messages, Unicode, empty content, content parts, completions), the prompt kvgate renders
+//! messages, Unicode, empty content, content parts, completions, Python's whitespace under
+//! `| trim`, floats in tools through `tojson`), the prompt kvgate renders
 //! with minijinja equals the one jinja2 renders (`scripts/tokenize-reference.py`), and the IDs
 //! kvgate computes equal those of the Python `tokenizers` package, whole and piece by piece,
 //! cold and from the segment cache. Also: a growing conversation tokenized through the cache
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use kvgate::tokenize::{
     begin, finish, tokenize_inline, Begun, CacheConfig, ModelTokenizer, PromptSource, TokenCache,
-    TokenizerFiles,
+    TokenizeError, TokenizerFiles,
 };
 use serde_json::Value;
 
@@ -414,16 +415,28 @@ fn long_words_encode_as_the_crate_and_a_16_mb_one_is_refused() {
         // 16 MB of one letter: one pre-token, refused after a linear scan (the crate takes
         // 19 s and 1.4 GB on it); the request then routes on its text.
         let huge = "a".repeat(16 << 20);
-        let refused = tokenizer.encode(&huge, false);
-        assert!(
-            matches!(&refused, Err(kvgate::tokenize::TokenizeError::Encode(e)) if e.contains("pre-token")),
-            "{model}: {refused:?}"
+        let too_long = TokenizeError::TooLarge("bytes in one word");
+        assert_eq!(
+            tokenizer.encode(&huge, false),
+            Err(too_long.clone()),
+            "{model}"
         );
+        // The crate's path refuses one just past the bound too.
+        let past = &huge[..kvgate::limits::TOKENIZER_PRETOKEN_BYTES_MAX + 1];
+        let crate_refused = tokenizer.encode_with_crate(past, false);
+        assert_eq!(crate_refused, Err(too_long.clone()), "{model}");
+        // A chat holding it is past the prompt cap: refused before it is rendered.
         let body = serde_json::json!({"messages": [{"role": "user", "content": huge}]}).to_string();
+        let refused = tokenizer.prompt(PromptSource::Chat(body.as_bytes()));
+        assert_eq!(refused.unwrap_err(), TokenizeError::TooLarge("bytes"));
+        // One of 1 MiB is rendered, and its tokenization refused.
+        let word = "a".repeat(1 << 20);
+        let body = serde_json::json!({"messages": [{"role": "user", "content": word}]}).to_string();
         let prompt = tokenizer
             .prompt(PromptSource::Chat(body.as_bytes()))
             .expect("renders");
         let mut out = Vec::new();
-        assert!(tokenize_inline(&tokenizer, prompt, &mut segment_cache(), &mut out).is_err());
+        let refused = tokenize_inline(&tokenizer, prompt, &mut segment_cache(), &mut out);
+        assert_eq!(refused, Err(too_long), "{model}");
     }
 }

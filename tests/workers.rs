@@ -681,3 +681,42 @@ fn an_smg_worker_spec_is_added_with_the_fields_kvgate_does_not_apply_listed() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("modle_id"), "{}", r.text());
 }
+
+#[test]
+fn probes_send_the_api_key_to_a_worker_that_requires_it() {
+    use utils::mock_origin::{MockOrigin, Reply};
+    const KEY: &str = "sk-worker-key";
+    // An engine started with the same --api-key: everything without it is a 401.
+    let worker = MockOrigin::start(|request| {
+        if request.header("authorization") != Some("Bearer sk-worker-key") {
+            let body = r#"{"error":"unauthorized"}"#.into();
+            return Reply::Full {
+                status: 401,
+                body,
+                headers: vec![],
+            };
+        }
+        match request.path.as_str() {
+            "/v1/models" => Reply::json(r#"{"object":"list","data":[{"id":"keyed-model"}]}"#),
+            _ => Reply::json(r#"{"ok":true}"#),
+        }
+    });
+    let gw = Gateway::start(&[worker.url()], &["--api-key", KEY]);
+    // The worker's model, learned from its /v1/models asked with the key.
+    let listed = || gw.client().get("/v1/models").text().contains("keyed-model");
+    assert!(
+        wait_until(Duration::from_secs(15), listed),
+        "{}",
+        gw.client().get("/v1/models").text()
+    );
+    let probes: Vec<_> = worker
+        .all_requests()
+        .into_iter()
+        .filter(|r| r.method == "GET")
+        .collect();
+    assert!(!probes.is_empty());
+    for probe in &probes {
+        let sent = probe.header("authorization");
+        assert_eq!(sent, Some("Bearer sk-worker-key"), "{}", probe.path);
+    }
+}

@@ -123,6 +123,8 @@ pub async fn admit_grpc_worker(
         path: String::new(),
         timeout,
         protocol: spec.protocol,
+        // gRPC calls carry no API key yet (HTTP probes send `--api-key`).
+        bearer: None,
     };
     let (_, health) = run_grpc_probe(&job(ProbeKind::Health), configured, &channels).await;
     match health {

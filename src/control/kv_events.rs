@@ -42,8 +42,9 @@ enum StreamState {
     },
     /// It publishes nothing the gateway reads.
     Silent,
-    /// Subscribed as `subscription`.
-    Following { subscription: u64 },
+    /// Subscribed as `first..first + ranks`: one subscription per data-parallel rank, each
+    /// with its own numbered batches (one for most engines).
+    Following { first: u64, ranks: u64 },
 }
 
 /// One worker as the KV-event side knows it.
@@ -57,6 +58,8 @@ struct Worker {
     stats: StreamStats,
     /// The last batch applied (or when following began).
     last_batch: Instant,
+    /// Which ranks' subscriptions are connected: the stream is up when all are.
+    ranks_up: Vec<bool>,
 }
 
 /// A `/server_info` answer for worker `id` at `url`.
@@ -73,6 +76,8 @@ pub struct KvEvents {
     discovered: (mpsc::Sender<Discovered>, mpsc::Receiver<Discovered>),
     /// `--kv-indexer-ttl-secs` (`None`: entries never age out).
     ttl: Option<Duration>,
+    /// The workers' API key `/server_info` is asked with (`--api-key`, as the probes send it).
+    api_key: Option<Arc<str>>,
     /// The roster and catalog last seen (compared by pointer).
     roster: Option<Arc<Roster>>,
     catalog: Option<Arc<ModelCatalog>>,
@@ -95,12 +100,19 @@ impl KvEvents {
             batch: EventBatch::default(),
             discovered: mpsc::channel(),
             ttl,
+            api_key: None,
             roster: None,
             catalog: None,
             models_dirty: true,
             stats_dirty: true,
             warned_full: false,
         }
+    }
+
+    /// These subscriptions with `/server_info` asked with `key` as a bearer token.
+    pub fn with_api_key(mut self, key: Option<&str>) -> Self {
+        self.api_key = key.map(Arc::from);
+        self
     }
 
     /// One control-core turn: follow roster changes, ask and hear `/server_info`, apply what
@@ -127,9 +139,11 @@ impl KvEvents {
     }
 
     fn unfollow(&mut self, id: WorkerId, worker: &Worker) {
-        if let StreamState::Following { subscription, .. } = worker.stream {
+        if let StreamState::Following { first, ranks } = worker.stream {
             if let Some(subscribers) = &self.subscribers {
-                subscribers.stop(subscription);
+                for subscription in first..first + ranks {
+                    subscribers.stop(subscription);
+                }
             }
             let blocks = self.writer.blocks_of(id);
             self.writer.detach(id);
@@ -178,6 +192,7 @@ impl KvEvents {
                     ..StreamStats::default()
                 },
                 last_batch: now,
+                ranks_up: Vec::new(),
             };
             match &spec.kv_events {
                 KvEventsSource::Off => {}
@@ -188,7 +203,12 @@ impl KvEvents {
                     };
                 }
                 KvEventsSource::At(endpoint) => {
-                    self.start_following(entry.id, &mut worker, endpoint.clone());
+                    self.start_following(entry.id, &mut worker, vec![endpoint.clone()]);
+                }
+                KvEventsSource::Ranks { endpoint, dp_size } => {
+                    // Every rank's ports were checked when the flag or the call was read.
+                    let ranks = (0..*dp_size).filter_map(|rank| endpoint.rank(rank).ok());
+                    self.start_following(entry.id, &mut worker, ranks.collect());
                 }
             }
             self.workers.insert(entry.id, worker);
@@ -197,8 +217,14 @@ impl KvEvents {
         self.stats_dirty = true;
     }
 
-    /// Subscribes to `worker`'s events at `endpoint`.
-    fn start_following(&mut self, id: WorkerId, worker: &mut Worker, endpoint: KvEventsEndpoint) {
+    /// Subscribes to `worker`'s events at `endpoints`, one subscription per data-parallel
+    /// rank (rank order).
+    fn start_following(
+        &mut self,
+        id: WorkerId,
+        worker: &mut Worker,
+        endpoints: Vec<KvEventsEndpoint>,
+    ) {
         if let Err(e) = self.writer.attach(id) {
             tracing::error!(worker = worker.url, "KV events not read: {e}");
             worker.stats.fail(Failure::TooManyWorkers);
@@ -216,18 +242,23 @@ impl KvEvents {
                 }
             }
         }
-        self.next_subscription += 1;
-        let subscription = self.next_subscription;
+        let first = self.next_subscription + 1;
+        let ranks = endpoints.len() as u64;
+        self.next_subscription += ranks;
         if let Some(subscribers) = &self.subscribers {
-            tracing::info!(
-                worker = worker.url,
-                publisher = endpoint.publisher,
-                replay = endpoint.replay.as_deref().unwrap_or("none"),
-                "KV events: subscribing"
-            );
-            subscribers.follow(id, subscription, endpoint);
+            for (rank, endpoint) in (first..).zip(endpoints) {
+                tracing::info!(
+                    worker = worker.url,
+                    publisher = endpoint.publisher,
+                    replay = endpoint.replay.as_deref().unwrap_or("none"),
+                    rank = rank - first,
+                    "KV events: subscribing"
+                );
+                subscribers.follow(id, rank, endpoint);
+            }
         }
-        worker.stream = StreamState::Following { subscription };
+        worker.stream = StreamState::Following { first, ranks };
+        worker.ranks_up = vec![false; ranks as usize];
         worker.last_batch = Instant::now();
         self.models_dirty = true;
     }
@@ -244,12 +275,14 @@ impl KvEvents {
             *asked = true;
             let (id, url, addr) = (*id, worker.url.clone(), worker.addr);
             let (authority, answers) = (worker.authority.clone(), self.discovered.0.clone());
+            let bearer = self.api_key.clone();
             monoio::spawn(async move {
                 let timeout = LOAD_POLL_TIMEOUT;
                 let got = client::get(
                     addr,
                     &authority,
                     "/server_info",
+                    bearer.as_deref(),
                     timeout,
                     PROBE_BODY_BYTES_MAX,
                 )
@@ -277,7 +310,7 @@ impl KvEvents {
                     };
                 }
                 Ok((200, body)) => match KvEventsEndpoint::from_server_info(&body, &worker.host) {
-                    Ok(Some(endpoint)) => self.start_following(id, &mut worker, endpoint),
+                    Ok(Some(endpoint)) => self.start_following(id, &mut worker, vec![endpoint]),
                     Ok(None) => {
                         tracing::debug!(worker = url, "KV events: the worker announces none");
                         worker.stream = StreamState::Silent;
@@ -311,12 +344,15 @@ impl KvEvents {
             let Some(worker) = self.workers.get_mut(&feed.worker) else {
                 continue;
             };
-            match worker.stream {
-                StreamState::Following { subscription, .. }
-                    if subscription == feed.subscription => {}
+            let rank = match worker.stream {
+                StreamState::Following { first, ranks }
+                    if (first..first + ranks).contains(&feed.subscription) =>
+                {
+                    (feed.subscription - first) as usize
+                }
                 // A subscription stopped since: its items are stale.
                 _ => continue,
-            }
+            };
             let id = feed.worker;
             let stats = &mut worker.stats;
             self.stats_dirty = true;
@@ -364,16 +400,23 @@ impl KvEvents {
                     }
                 }
                 FeedItem::Connected => {
-                    if !stats.up {
+                    if let Some(up) = worker.ranks_up.get_mut(rank) {
+                        *up = true;
+                    }
+                    let all_up = worker.ranks_up.iter().all(|up| *up);
+                    if !stats.up && all_up {
                         tracing::info!(worker = worker.url, "KV events: connected");
                     }
-                    stats.up = true;
+                    stats.up = all_up;
                 }
                 FeedItem::Failed(failure) => {
                     stats.fail(failure);
                     let was_up = stats.up;
                     if failure.stops_stream() {
                         stats.up = false;
+                        if let Some(up) = worker.ranks_up.get_mut(rank) {
+                            *up = false;
+                        }
                     }
                     // Logged when the stream goes down, not on every retry of a dead one.
                     if was_up || failure == Failure::Replay {

@@ -93,7 +93,8 @@ impl ControlCore {
     ) -> Self {
         let index = writer.map(|writer| IndexUpkeep::new(writer, &shared.config.policy));
         let ttl = shared.config.policy.kv_indexer_ttl;
-        let kv_events = kv_writer.map(|writer| KvEvents::new(writer, ttl));
+        let api_key = shared.config.api_key.as_deref();
+        let kv_events = kv_writer.map(|writer| KvEvents::new(writer, ttl).with_api_key(api_key));
         ControlCore {
             shared,
             index,

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::ProxyError;
@@ -51,6 +52,8 @@ pub struct ProbeJob {
     pub timeout: Duration,
     /// How it is asked: HTTP, or the engine's gRPC calls (`control::grpc_probe`).
     pub protocol: WorkerProtocol,
+    /// The workers' API key, sent as a bearer token (`--api-key`, as SMG sends it).
+    pub bearer: Option<Arc<str>>,
 }
 
 /// One probe's result.
@@ -104,6 +107,8 @@ struct Watched {
 #[derive(Debug)]
 pub struct WorkerMonitor {
     config: WorkerSettings,
+    /// The key probes send (`--api-key`).
+    api_key: Option<Arc<str>>,
     workers: BTreeMap<WorkerId, Watched>,
     health_due: Instant,
     load_due: Instant,
@@ -115,6 +120,7 @@ impl WorkerMonitor {
     pub fn new(config: WorkerSettings, now: Instant) -> Self {
         WorkerMonitor {
             config,
+            api_key: None,
             workers: BTreeMap::new(),
             health_due: now,
             load_due: now,
@@ -122,9 +128,22 @@ impl WorkerMonitor {
         }
     }
 
+    /// This monitor with its probes sending `key` as a bearer token: SMG forwards `--api-key`
+    /// to the workers, whose own key (vLLM's, SGLang's `--api-key`) guards `/v1/models` and
+    /// the load endpoints.
+    pub fn with_api_key(mut self, key: Option<&str>) -> Self {
+        self.api_key = key.map(Arc::from);
+        self
+    }
+
     /// The settings.
     pub fn config(&self) -> &WorkerSettings {
         &self.config
+    }
+
+    /// The key probes send, if any.
+    pub fn api_key(&self) -> Option<&Arc<str>> {
+        self.api_key.as_ref()
     }
 
     /// Start watching a worker (admitted healthy, circuit closed, no load signal yet).
@@ -217,6 +236,7 @@ impl WorkerMonitor {
                 path: path.to_string(),
                 timeout,
                 protocol: w.protocol,
+                bearer: self.api_key.clone(),
             };
             if health_due && !self.config.health.disabled {
                 jobs.push(job(

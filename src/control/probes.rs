@@ -9,6 +9,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::grpc_probe::{admit_grpc_worker, run_grpc_probe};
@@ -32,14 +33,14 @@ pub async fn run_probe_job(job: ProbeJob, channels: &RefCell<Channels>) -> Probe
         _ => PROBE_BODY_BYTES_MAX,
     };
     let started = Instant::now();
-    let (addr, authority) = (job.addr, job.authority.as_str());
-    let mut response = client::get(addr, authority, &job.path, job.timeout, cap).await;
+    let (addr, authority, bearer) = (job.addr, job.authority.as_str(), job.bearer.as_deref());
+    let mut response = client::get(addr, authority, &job.path, bearer, job.timeout, cap).await;
     let mut kind = job.kind.clone();
     if let (ProbeKind::Load(endpoint), Ok(r)) = (&job.kind, &response) {
         let next = endpoint.after_status(r.status);
         if next != *endpoint {
             let left = job.timeout.saturating_sub(started.elapsed());
-            response = client::get(addr, authority, next.path(), left, cap).await;
+            response = client::get(addr, authority, next.path(), bearer, left, cap).await;
             kind = ProbeKind::Load(next);
         }
     }
@@ -100,19 +101,21 @@ impl ProbeRound {
 
 /// The admission check of `POST /workers`: the health endpoint must answer 2xx; then the
 /// worker's models are read (`None` when discovery fails: the worker then serves any model).
-/// `Err` says why the worker is refused.
+/// `Err` says why the worker is refused. `bearer`: the workers' API key, as the probes send it.
 pub async fn probe_new_worker(
     spec: WorkerSpec,
     health: HealthConfig,
+    bearer: Option<Arc<str>>,
 ) -> Result<Option<Vec<ListedModel>>, String> {
     if let WorkerProtocol::Grpc(backend) = spec.protocol {
         return admit_grpc_worker(&spec, backend, health.timeout).await;
     }
-    let (addr, authority) = (spec.addr, spec.authority.as_str());
+    let (addr, authority, bearer) = (spec.addr, spec.authority.as_str(), bearer.as_deref());
     let checked = client::get(
         addr,
         authority,
         &health.endpoint,
+        bearer,
         health.timeout,
         PROBE_BODY_BYTES_MAX,
     )
@@ -131,6 +134,7 @@ pub async fn probe_new_worker(
         addr,
         authority,
         "/v1/models",
+        bearer,
         health.timeout,
         PROBE_BODY_BYTES_MAX,
     )
@@ -161,10 +165,22 @@ mod tests {
 
     /// The path of the request on `stream`.
     fn read_path(stream: &mut TcpStream) -> String {
+        read_request(stream).0
+    }
+
+    /// The path of the request on `stream`, and whether it carries `Bearer key`.
+    fn read_request(stream: &mut TcpStream) -> (String, Option<String>) {
         let mut buf = [0u8; 2048];
         let n = stream.read(&mut buf).unwrap_or(0);
         let head = String::from_utf8_lossy(&buf[..n]).to_string();
-        head.split_whitespace().nth(1).unwrap_or("").to_string()
+        let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+        let bearer = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            let token = value.trim().strip_prefix("Bearer ")?;
+            name.eq_ignore_ascii_case("authorization")
+                .then(|| token.to_owned())
+        });
+        (path, bearer)
     }
 
     fn reply(stream: &mut TcpStream, status: u16, body: &str) {
@@ -175,17 +191,28 @@ mod tests {
         let _ = stream.write_all(reply.as_bytes());
     }
 
+    type Routes = &'static [(&'static str, u16, &'static str)];
+
     /// A loopback server answering each path with a canned (status, body), 404 otherwise.
-    fn serve(routes: &'static [(&'static str, u16, &'static str)]) -> WorkerSpec {
+    fn serve(routes: Routes) -> WorkerSpec {
+        serve_keyed(None, routes)
+    }
+
+    /// [`serve`], answering 401 to a request without `Bearer key` when `key` is set (an engine
+    /// started with `--api-key`).
+    fn serve_keyed(key: Option<&'static str>, routes: Routes) -> WorkerSpec {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         std::thread::spawn(move || {
             for mut stream in listener.incoming().flatten() {
-                let path = read_path(&mut stream);
-                let (status, body) = routes
-                    .iter()
-                    .find(|r| r.0 == path)
-                    .map_or((404, ""), |r| (r.1, r.2));
+                let (path, bearer) = read_request(&mut stream);
+                let (status, body) = match key {
+                    Some(key) if bearer.as_deref() != Some(key) => (401, ""),
+                    _ => routes
+                        .iter()
+                        .find(|r| r.0 == path)
+                        .map_or((404, ""), |r| (r.1, r.2)),
+                };
                 reply(&mut stream, status, body);
             }
         });
@@ -201,6 +228,7 @@ mod tests {
             path: path.into(),
             timeout: Duration::from_secs(5),
             protocol: spec.protocol,
+            bearer: None,
         }
     }
 
@@ -298,23 +326,65 @@ mod tests {
             ("/v1/models", 200, r#"{"data":[{"id":"m"}]}"#),
         ]);
         let health = HealthConfig::default();
-        let models = block_on(probe_new_worker(healthy, health.clone())).unwrap();
+        let models = block_on(probe_new_worker(healthy, health.clone(), None)).unwrap();
         assert_eq!(models.map(|m| m.len()), Some(1));
         let no_models = serve(&[("/health", 200, "ok")]);
         assert_eq!(
-            block_on(probe_new_worker(no_models, health.clone())),
+            block_on(probe_new_worker(no_models, health.clone(), None)),
             Ok(None)
         );
         let sick = serve(&[("/health", 503, "")]);
-        let refused = block_on(probe_new_worker(sick, health.clone())).unwrap_err();
+        let refused = block_on(probe_new_worker(sick, health.clone(), None)).unwrap_err();
         assert!(refused.contains("answered 503"), "{refused}");
         let closed = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
         let gone = WorkerSpec::resolve(&format!("http://{closed}")).unwrap();
-        let refused = block_on(probe_new_worker(gone, health)).unwrap_err();
+        let refused = block_on(probe_new_worker(gone, health, None)).unwrap_err();
         assert!(refused.contains("failed"), "{refused}");
         let _ = ErrorKind::UpstreamConnect;
+    }
+
+    #[test]
+    fn probes_send_the_workers_api_key() {
+        const ROUTES: Routes = &[
+            ("/health", 200, "ok"),
+            ("/v1/models", 200, r#"{"data":[{"id":"m"}]}"#),
+            ("/v1/loads", 200, r#"{"loads":[]}"#),
+        ];
+        let keyed = serve_keyed(Some("sk-worker"), ROUTES);
+        let key: Option<Arc<str>> = Some(Arc::from("sk-worker"));
+        // Without the key the engine refuses everything, admission included.
+        let refused = block_on(probe_new_worker(
+            keyed.clone(),
+            HealthConfig::default(),
+            None,
+        ));
+        assert!(refused.unwrap_err().contains("answered 401"));
+        let admitted = block_on(probe_new_worker(
+            keyed.clone(),
+            HealthConfig::default(),
+            key.clone(),
+        ));
+        assert_eq!(admitted.unwrap().map(|m| m.len()), Some(1));
+        // A round's jobs, as the monitor builds them, carry the key.
+        let settings = crate::workers::settings::WorkerArgs::default()
+            .validate()
+            .unwrap();
+        let mut monitor = crate::control::monitor::WorkerMonitor::new(settings, Instant::now())
+            .with_api_key(Some("sk-worker"));
+        monitor.add(WorkerId(7), &keyed);
+        let jobs = monitor.due_probes(Instant::now());
+        assert!(jobs.len() >= 2, "{jobs:?}");
+        let results = block_on(async {
+            let mut round = ProbeRound::default();
+            round.submit(jobs);
+            finish(&mut round).await
+        });
+        for r in &results {
+            let status = r.response.as_ref().map(|r| r.status).ok();
+            assert_eq!(status, Some(200), "{r:?}");
+        }
     }
 }

@@ -57,7 +57,9 @@ impl std::fmt::Debug for WorkerDriver {
 impl WorkerDriver {
     /// A driver watching the configured workers.
     pub fn new(shared: &Shared) -> Self {
-        let mut monitor = WorkerMonitor::new(shared.config.worker_settings.clone(), Instant::now());
+        let settings = shared.config.worker_settings.clone();
+        let mut monitor = WorkerMonitor::new(settings, Instant::now())
+            .with_api_key(shared.config.api_key.as_deref());
         for w in &shared.table.roster().workers {
             monitor.add(w.id, &w.spec);
         }
@@ -279,10 +281,11 @@ impl WorkerDriver {
         }
         spec.kv_events = added.kv_events;
         let health = self.monitor.config().health.clone();
+        let bearer = self.monitor.api_key().cloned();
         let (tx, probed) = mpsc::channel();
         let probed_spec = spec.clone();
         monoio::spawn(async move {
-            let _ = tx.send(probe_new_worker(probed_spec, health).await);
+            let _ = tx.send(probe_new_worker(probed_spec, health, bearer).await);
         });
         Ok(PendingAdd {
             spec,

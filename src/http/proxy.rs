@@ -3,7 +3,8 @@
 //!
 //! 1. **prepare** (`Router::prepare_or_defer`, once): the routing input read from the body (a
 //!    routed body must be a JSON object, 400 otherwise), tokenized when the model has a
-//!    tokenizer (cold work past the inline bound awaited from the tokenizer pool, then
+//!    tokenizer (a body past `TOKENIZE_RENDER_INLINE_BYTES` rendered and cut, and cold work
+//!    past the inline bound encoded, each awaited from the tokenizer pool, then
 //!    `Router::finish_prepare`), and for cache_aware the index lookup, kept in the connection's
 //!    [`Prepared`] value; then the requested model's workers (404 when none).
 //! 2. **select** (`Router::select`, once per attempt): the spec's decision flow over the
@@ -41,14 +42,16 @@ use super::relay::{stream_back, StreamEnd};
 use super::upstream::{self, status_outcome, Attempt, Exchange, RetryableStatus};
 use crate::error::{error_body, ErrorKind, ProxyError, Side};
 use crate::ids::WorkerId;
-use crate::limits::STALE_CONNECTION_RETRIES_MAX;
+use crate::limits::{READ_BUF_BYTES_RETAINED_MAX, STALE_CONNECTION_RETRIES_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, Connection};
+use crate::net::memory;
 use crate::policy::{Prepared, WorkerView};
 use crate::request::{
     Endpoint, RequestError, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
     TARGET_WORKER_HEADER,
 };
+use crate::tokenize::{Deferred, DeferredDone};
 use crate::workers::breaker::AttemptOutcome;
 use crate::workers::retry::{RetryConfig, TriedWorkers};
 
@@ -234,18 +237,33 @@ async fn prepare(
         target_worker: header(TARGET_WORKER_HEADER),
     };
     let now_ms = core.shared.tick_now();
-    let cold = core.router.borrow_mut().prepare_or_defer(
+    let mut deferred = core.router.borrow_mut().prepare_or_defer(
         prepared,
         endpoint,
         headers,
         &read_buf[body.clone()],
         now_ms,
     )?;
-    if let Some(work) = cold {
-        let done = monoio::spawn_blocking(move || work.run()).await.ok();
-        core.router.borrow_mut().finish_prepare(prepared, done);
+    // At most twice: a long body rendered and cut, then its cold segments encoded.
+    while let Some(work) = deferred {
+        let done = monoio::spawn_blocking(move || run_off_core(work))
+            .await
+            .ok();
+        deferred = core.router.borrow_mut().finish_prepare(prepared, done);
     }
     Ok(())
+}
+
+/// Runs deferred tokenization on a pool thread; after work on a large body or prompt that
+/// thread gives its freed pages back (the body's document and the template's values: 5 MB of
+/// tool definitions took 816 MB, kept by the allocator until the thread allocated again).
+fn run_off_core(work: Deferred) -> DeferredDone {
+    let large = work.bytes() > READ_BUF_BYTES_RETAINED_MAX;
+    let done = work.run();
+    if large {
+        memory::return_freed_pages();
+    }
+    done
 }
 
 /// Answers a body that cannot be routed (400, `ErrorKind::InvalidJson`): one that is not UTF-8

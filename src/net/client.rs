@@ -45,11 +45,13 @@ fn io_error(e: std::io::Error, context: &'static str) -> ProxyError {
 }
 
 /// `GET path` on the worker at `addr` (`authority` is its `Host`), within `timeout`, reading a
-/// body of at most `body_max` bytes.
+/// body of at most `body_max` bytes; with `bearer`, as `Authorization: Bearer <bearer>` (the
+/// workers' API key: vLLM's `--api-key` guards every `/v1` route, `/v1/models` included).
 pub async fn get(
     addr: SocketAddr,
     authority: &str,
     path: &str,
+    bearer: Option<&str>,
     timeout: Duration,
     body_max: usize,
 ) -> Result<ClientResponse, ProxyError> {
@@ -60,8 +62,12 @@ pub async fn get(
             std::io::ErrorKind::TimedOut => io_error(e, "connect"),
             _ => ProxyError::upstream(ErrorKind::UpstreamConnect, "connect").because(e),
         })?;
+    let authorization = match bearer {
+        Some(key) => format!("authorization: Bearer {key}\r\n"),
+        None => String::new(),
+    };
     let request = format!(
-        "GET {path} HTTP/1.1\r\nhost: {authority}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: {authority}\r\naccept: application/json\r\nuser-agent: kvgate\r\n{authorization}connection: close\r\n\r\n"
     );
     let (result, _) = socket.write_all(request.into_bytes(), deadline).await;
     result.map_err(|e| io_error(e, "write request"))?;
@@ -150,7 +156,7 @@ mod tests {
             .enable_timer()
             .build()
             .unwrap();
-        runtime.block_on(get(addr, "worker", "/health", timeout, body_max))
+        runtime.block_on(get(addr, "worker", "/health", None, timeout, body_max))
     }
 
     const SECOND: Duration = Duration::from_secs(1);

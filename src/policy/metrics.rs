@@ -3,7 +3,7 @@
 //! figures under SMG's names (`smg_tokenizer_cache_{l0,l1}_{hits,misses}_total`,
 //! `smg_tokenizer_cache_l0_entries`, `smg_tokenizer_cache_l1_memory_bytes`) and kvgate's own
 //! (`kvgate_tokenize_offloaded_total`, `kvgate_tokenize_refused_total`,
-//! `kvgate_tokenize_failures_total`), and their Prometheus text rendering
+//! `kvgate_tokenize_failures_total`, `kvgate_tokenize_over_cap_total`), and their Prometheus text rendering
 //! ([`render_prometheus`]), which sums the cores' counters on scrape.
 //!
 //! Each data core owns one [`PolicyMetrics`] and is its only writer, so an update is a relaxed
@@ -42,7 +42,7 @@ struct Counters {
     tokenize_refused: AtomicU64,
 }
 
-const TOKENIZER_FIGURES: usize = 7;
+const TOKENIZER_FIGURES: usize = 8;
 
 /// One core's tokenization figures, as its router last published them (absolute values).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +61,10 @@ pub struct TokenizerFigures {
     pub l1_bytes: u64,
     /// Requests of a model with a tokenizer that routed on text (a template or body error).
     pub failures: u64,
+    /// Requests that routed on text because their prompt was past the tokenization caps
+    /// (`TOKENIZE_PROMPT_BYTES_MAX`, `TOKENIZE_MESSAGES_MAX`, a word past
+    /// `TOKENIZER_PRETOKEN_BYTES_MAX`).
+    pub over_cap: u64,
 }
 
 impl TokenizerFigures {
@@ -73,6 +77,7 @@ impl TokenizerFigures {
             self.l0_entries,
             self.l1_bytes,
             self.failures,
+            self.over_cap,
         ]
     }
 }
@@ -113,6 +118,11 @@ const TOKENIZER_FAMILIES: [(&str, &str, &str); TOKENIZER_FIGURES] = [
         "kvgate_tokenize_failures_total",
         "counter",
         "Requests of a model with a tokenizer that routed on their text",
+    ),
+    (
+        "kvgate_tokenize_over_cap_total",
+        "counter",
+        "Requests whose prompt was past the tokenization caps (routed on their text)",
     ),
 ];
 
@@ -173,6 +183,7 @@ impl PolicyMetrics {
             l0_entries: v[4],
             l1_bytes: v[5],
             failures: v[6],
+            over_cap: v[7],
         }
     }
 

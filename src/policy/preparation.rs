@@ -1,7 +1,9 @@
 //! The router's first call, once per request ([`Router::prepare`], and the data core's
 //! [`Router::prepare_or_defer`] / [`Router::finish_prepare`]): the routing input extracted
 //! (`request::extract`), the prompt tokenized when the model has a tokenizer ([`Tokenizing`]:
-//! this core's cache, cold work deferred past `--tokenizer-inline-max-bytes`), token IDs
+//! this core's cache; a body past `TOKENIZE_RENDER_INLINE_BYTES` parsed, rendered and cut on the
+//! pool, cold work deferred past `--tokenizer-inline-max-bytes`, a prompt past the caps routed
+//! on its text), token IDs
 //! hashed into pages, and the key looked up in the index mode (trees, heads or the KV-event
 //! blocks), merged with this core's recent dispatches on a miss. Everything lands in the
 //! [`Prepared`] value the later calls read.
@@ -13,10 +15,11 @@ use super::record::model_hash;
 use super::{CacheIndexKind, PolicyKind, PolicyMetrics, Router, TokenizerFigures};
 use crate::index::hash::{request_heads, HeadMatch};
 use crate::index::{count_chars, Namespace, TreeMatch};
+use crate::limits::{TOKENIZE_PROMPT_BYTES_MAX, TOKENIZE_RENDER_INLINE_BYTES};
 use crate::request::{extract, Endpoint, KeySource, RequestError, RoutingHeaders, RoutingKey};
 use crate::tokenize::{
-    self, Begun, CacheConfig, ColdDone, ColdWork, PromptSource, TokenCache, TokenizeError,
-    TokenizerSet,
+    self, Begun, CacheConfig, ColdWork, Deferred, DeferredDone, PromptSource, RenderWork,
+    TokenCache, TokenizeError, TokenizerSet,
 };
 
 /// A data core's tokenization state: the models' tokenizers (shared, read-only) and this
@@ -27,6 +30,7 @@ pub(super) struct Tokenizing {
     cache: TokenCache,
     inline_max_bytes: usize,
     failures: u64,
+    over_cap: u64,
 }
 
 impl Tokenizing {
@@ -38,12 +42,17 @@ impl Tokenizing {
             cache: TokenCache::new(cache),
             inline_max_bytes,
             failures: 0,
+            over_cap: 0,
         }
     }
 
-    /// A request that stays on its text: logged at debug, counted.
+    /// A request that stays on its text: logged at debug, counted (apart when it was past the
+    /// caps).
     fn failed(&mut self, error: &TokenizeError) {
-        self.failures += 1;
+        match error {
+            TokenizeError::TooLarge(_) => self.over_cap += 1,
+            _ => self.failures += 1,
+        }
         tracing::debug!("request not tokenized, routing on its text: {error}");
     }
 
@@ -58,14 +67,15 @@ impl Tokenizing {
             l0_entries: self.cache.l0_entries() as u64,
             l1_bytes: self.cache.l1_bytes() as u64,
             failures: self.failures,
+            over_cap: self.over_cap,
         });
     }
 }
 
 impl Router {
     /// Prepares a request (see the module documentation): `now_ms` is the gateway tick. A body
-    /// that is not a JSON object is a [`RequestError`] (400). Cold tokenization, however long,
-    /// runs here, on the caller's thread (tests, benchmarks); the data core uses
+    /// that is not a JSON object is a [`RequestError`] (400). Deferred tokenization, however
+    /// long, runs here, on the caller's thread (tests, benchmarks); the data core uses
     /// [`Router::prepare_or_defer`] instead.
     pub fn prepare(
         &mut self,
@@ -75,17 +85,18 @@ impl Router {
         body: &[u8],
         now_ms: u64,
     ) -> Result<(), RequestError> {
-        let cold = self.prepare_or_defer(prepared, endpoint, headers, body, now_ms)?;
-        if let Some(work) = cold {
-            self.finish_prepare(prepared, Some(work.run()));
+        let mut deferred = self.prepare_or_defer(prepared, endpoint, headers, body, now_ms)?;
+        while let Some(work) = deferred {
+            deferred = self.finish_prepare(prepared, Some(work.run()));
         }
         Ok(())
     }
 
-    /// [`Router::prepare`], except that cold tokenization longer than the data core may spend
-    /// (`--tokenizer-inline-max-bytes`) comes back as a [`ColdWork`]: the caller runs it off
-    /// the core and then calls [`Router::finish_prepare`] (the request is not prepared until
-    /// then). `None`: the request is prepared.
+    /// [`Router::prepare`], except that tokenization the data core should not do itself comes
+    /// back as a [`Deferred`]: a body past `TOKENIZE_RENDER_INLINE_BYTES` to render, or cold
+    /// work past `--tokenizer-inline-max-bytes` to encode. The caller runs it off the core and
+    /// then calls [`Router::finish_prepare`] (the request is not prepared until that returns
+    /// `None`). `None`: the request is prepared.
     pub fn prepare_or_defer(
         &mut self,
         prepared: &mut Prepared,
@@ -93,7 +104,7 @@ impl Router {
         headers: RoutingHeaders<'_>,
         body: &[u8],
         now_ms: u64,
-    ) -> Result<Option<ColdWork>, RequestError> {
+    ) -> Result<Option<Deferred>, RequestError> {
         // Tree mode records text keys: the string tree keeps a large body's text as built.
         let records_text = self.uses_index() && self.config.cache_index == CacheIndexKind::Tree;
         prepared.input.build_text_for_index(records_text);
@@ -107,48 +118,87 @@ impl Router {
         };
         prepared.lookup = None;
         prepared.heads.clear();
-        if let Some(work) = self.tokenize(prepared, endpoint, body) {
-            if work.cold_bytes() > self.tokenizing.as_ref().map_or(0, |t| t.inline_max_bytes) {
+        match self.tokenize(prepared, endpoint, body) {
+            Some(Deferred::Encode(work)) => Ok(self.encode_or_defer(prepared, work)),
+            Some(render) => {
                 self.metrics.count_tokenize_offloaded();
-                return Ok(Some(work));
+                Ok(Some(render))
             }
-            self.finish_prepare(prepared, Some(work.run()));
-            return Ok(None);
+            None => {
+                self.look_up(prepared);
+                Ok(None)
+            }
         }
-        self.look_up(prepared);
-        Ok(None)
     }
 
-    /// Completes a request [`Router::prepare_or_defer`] deferred, with its cold work done
-    /// (`None`: the work could not run, the request routes on its text).
-    pub fn finish_prepare(&mut self, prepared: &mut Prepared, done: Option<ColdDone>) {
-        if let (Some(tokenizing), Some(done)) = (&mut self.tokenizing, done) {
-            let finished = tokenize::finish(
-                done,
-                &mut tokenizing.cache,
-                prepared.input.tokenizer_output(),
-            );
-            match finished {
-                Ok(()) => prepared.input.set_tokenized(),
-                Err(e) => tokenizing.failed(&e),
-            }
-            tokenizing.publish(&self.metrics);
-        } else {
-            self.metrics.count_tokenize_refused();
+    /// Cold work within `--tokenizer-inline-max-bytes` is encoded here and the request
+    /// prepared; longer work is handed back for the pool.
+    fn encode_or_defer(&mut self, prepared: &mut Prepared, work: ColdWork) -> Option<Deferred> {
+        if work.cold_bytes() > self.tokenizing.as_ref().map_or(0, |t| t.inline_max_bytes) {
+            self.metrics.count_tokenize_offloaded();
+            return Some(Deferred::Encode(work));
         }
+        self.finish_prepare(prepared, Some(DeferredDone::Encoded(work.run())))
+    }
+
+    /// Continues a request [`Router::prepare_or_defer`] deferred, with its work done (`None`:
+    /// the work could not run, the request routes on its text). A rendered prompt is looked
+    /// up in this core's cache, and its cold work may be deferred again: the request is
+    /// prepared once this returns `None`.
+    pub fn finish_prepare(
+        &mut self,
+        prepared: &mut Prepared,
+        done: Option<DeferredDone>,
+    ) -> Option<Deferred> {
+        let Some(tokenizing) = &mut self.tokenizing else {
+            self.look_up(prepared);
+            return None;
+        };
+        let output = prepared.input.tokenizer_output();
+        let finished = match done {
+            None => {
+                self.metrics.count_tokenize_refused();
+                Ok(())
+            }
+            Some(DeferredDone::Encoded(done)) => {
+                tokenize::finish(done, &mut tokenizing.cache, output).map(|()| {
+                    prepared.input.set_tokenized();
+                })
+            }
+            Some(DeferredDone::Rendered(cut)) => match cut {
+                Ok(cut) => match tokenize::begin_cut(cut, &mut tokenizing.cache, output) {
+                    Begun::Done => {
+                        prepared.input.set_tokenized();
+                        Ok(())
+                    }
+                    Begun::Cold(work) => {
+                        tokenizing.publish(&self.metrics);
+                        return self.encode_or_defer(prepared, work);
+                    }
+                },
+                Err(e) => Err(e),
+            },
+        };
+        if let Err(e) = finished {
+            tokenizing.failed(&e);
+        }
+        tokenizing.publish(&self.metrics);
         self.look_up(prepared);
+        None
     }
 
     /// Tokenizes the prompt of a chat, completions or messages request whose model has a
     /// tokenizer, through this core's cache, when the policy reads token IDs (cache_aware,
-    /// prefix_hash); its IDs become the routing key. Returns the cold work left, if any.
-    /// Anything that fails leaves the request on its text.
+    /// prefix_hash); its IDs become the routing key. Returns the work left, if any: a body
+    /// past `TOKENIZE_RENDER_INLINE_BYTES` to render off the core, or cold segments. A prompt
+    /// past `TOKENIZE_PROMPT_BYTES_MAX` is not copied, and, like anything that fails, leaves
+    /// the request on its text.
     fn tokenize(
         &mut self,
         prepared: &mut Prepared,
         endpoint: Endpoint,
         body: &[u8],
-    ) -> Option<ColdWork> {
+    ) -> Option<Deferred> {
         let tokenizing = self.tokenizing.as_mut()?;
         let reads_tokens = matches!(
             self.config.kind,
@@ -166,6 +216,14 @@ impl Router {
             _ => return None,
         };
         let model = tokenizing.set.for_model(prepared.input.model())?.clone();
+        if source.len() > TOKENIZE_PROMPT_BYTES_MAX {
+            tokenizing.failed(&TokenizeError::TooLarge("bytes"));
+            tokenizing.publish(&self.metrics);
+            return None;
+        }
+        if source.len() > TOKENIZE_RENDER_INLINE_BYTES {
+            return Some(Deferred::Render(RenderWork::new(&model, source)));
+        }
         let prompt = match model.prompt(source) {
             Ok(prompt) => prompt,
             Err(e) => {
@@ -186,7 +244,7 @@ impl Router {
                 tokenizing.publish(&self.metrics);
                 None
             }
-            Begun::Cold(work) => Some(work),
+            Begun::Cold(work) => Some(Deferred::Encode(work)),
         }
     }
 

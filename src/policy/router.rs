@@ -11,9 +11,9 @@
 //!    ([`IndexLookup`]), merging this core's recent dispatches on a miss; token IDs of a model
 //!    whose workers publish KV events are looked up in the KV-event index instead ([`Blocks`]).
 //!    The result is a [`Prepared`](super::Prepared) value the caller keeps for the request's
-//!    lifetime. The data core calls [`Router::prepare_or_defer`], which hands back cold
-//!    tokenization too long for the core as a `ColdWork` to run on the tokenizer pool before
-//!    [`Router::finish_prepare`].
+//!    lifetime. The data core calls [`Router::prepare_or_defer`], which hands back
+//!    tokenization the core should not do itself (a long body to render, cold work to encode)
+//!    as a `tokenize::Deferred` to run on the tokenizer pool before [`Router::finish_prepare`].
 //! 2. [`Router::select`] (`decision.rs`), once per attempt: steps 1-6 of the decision flow. It
 //!    reads each worker's published state into a [`WorkerStatus`] (eligibility, in-flight count,
 //!    load report, dispatch credits; a worker this request already tried is not eligible) and
@@ -120,7 +120,8 @@ impl Router {
     }
 
     /// Tokenizes chat, completions and messages requests of the models in `tokenizers`
-    /// through a cache bounded by `cache`; cold work over `inline_max_bytes` is handed back by
+    /// through a cache bounded by `cache`; cold work over `inline_max_bytes`, and a body past
+    /// `TOKENIZE_RENDER_INLINE_BYTES` to render, are handed back by
     /// [`Router::prepare_or_defer`].
     pub fn with_tokenizers(
         mut self,

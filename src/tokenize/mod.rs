@@ -38,6 +38,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
+use crate::limits::{TOKENIZER_PRETOKEN_BYTES_MAX, TOKENIZE_PROMPT_BYTES_MAX};
 pub use args::{ModelSpec, TokenizerArgs};
 use bpe::BpeSlot;
 pub use bpe::{ByteLevelBpe, PretokenTooLong};
@@ -54,7 +55,7 @@ pub use template::{ChatInput, ChatTemplate, ContentFormat, TemplateError};
 pub struct LoadError(pub String);
 
 /// A request could not be tokenized: it routes on its text.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TokenizeError {
     /// The body does not have the shape a template reads.
     #[error("the body has no messages a chat template can render")]
@@ -68,6 +69,11 @@ pub enum TokenizeError {
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Encode(String),
+    /// The prompt is past what kvgate tokenizes (`TOKENIZE_PROMPT_BYTES_MAX` bytes,
+    /// `TOKENIZE_MESSAGES_MAX` messages, or a word past `TOKENIZER_PRETOKEN_BYTES_MAX` for the
+    /// crate): named by what is too large.
+    #[error("too many {0} to tokenize")]
+    TooLarge(&'static str),
 }
 
 /// What a request gives the tokenizer.
@@ -79,6 +85,48 @@ pub enum PromptSource<'a> {
     Chat(&'a [u8]),
     /// An Anthropic Messages body.
     Messages(&'a [u8]),
+}
+
+impl PromptSource<'_> {
+    /// Its bytes: the body, or the completions prompt.
+    pub fn len(&self) -> usize {
+        match self {
+            PromptSource::Completion(text) => text.len(),
+            PromptSource::Chat(body) | PromptSource::Messages(body) => body.len(),
+        }
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A copy that can go to another thread.
+    fn to_owned_source(self) -> OwnedSource {
+        match self {
+            PromptSource::Completion(text) => OwnedSource::Completion(text.to_owned()),
+            PromptSource::Chat(body) => OwnedSource::Chat(body.to_vec()),
+            PromptSource::Messages(body) => OwnedSource::Messages(body.to_vec()),
+        }
+    }
+}
+
+/// A [`PromptSource`] copied for the tokenizer pool.
+#[derive(Debug)]
+enum OwnedSource {
+    Completion(String),
+    Chat(Vec<u8>),
+    Messages(Vec<u8>),
+}
+
+impl OwnedSource {
+    fn source(&self) -> PromptSource<'_> {
+        match self {
+            OwnedSource::Completion(text) => PromptSource::Completion(text),
+            OwnedSource::Chat(body) => PromptSource::Chat(body),
+            OwnedSource::Messages(body) => PromptSource::Messages(body),
+        }
+    }
 }
 
 /// The text the engine tokenizes, and whether the post-processor's special tokens are added.
@@ -270,8 +318,12 @@ impl ModelTokenizer {
         &self.tokenizer
     }
 
-    /// The prompt the engine tokenizes for `source`.
+    /// The prompt the engine tokenizes for `source`; a source or a rendered prompt longer than
+    /// [`TOKENIZE_PROMPT_BYTES_MAX`] is [`TokenizeError::TooLarge`].
     pub fn prompt(&self, source: PromptSource<'_>) -> Result<Prompt, TokenizeError> {
+        if source.len() > TOKENIZE_PROMPT_BYTES_MAX {
+            return Err(TokenizeError::TooLarge("bytes"));
+        }
         let input = match source {
             PromptSource::Completion(text) => {
                 return Ok(Prompt {
@@ -286,6 +338,9 @@ impl ModelTokenizer {
         let text = template
             .render(&input)
             .map_err(|e| TokenizeError::Template(e.to_string()))?;
+        if text.len() > TOKENIZE_PROMPT_BYTES_MAX {
+            return Err(TokenizeError::TooLarge("bytes"));
+        }
         Ok(Prompt {
             text,
             add_special_tokens: false,
@@ -297,8 +352,7 @@ impl ModelTokenizer {
         match self.bpe.get() {
             Some(bpe) => {
                 let mut out = Vec::with_capacity(text.len() / 3);
-                bpe.encode(text, &mut out)
-                    .map_err(|e| TokenizeError::Encode(e.to_string()))?;
+                bpe.encode(text, &mut out).map_err(too_long)?;
                 Ok(out)
             }
             None => self.encode_with_crate(text, false),
@@ -327,21 +381,47 @@ impl ModelTokenizer {
                 })
             }
         };
-        encoded.map_err(|e| TokenizeError::Encode(e.to_string()))?;
+        encoded.map_err(too_long)?;
         Ok(out)
     }
 
-    /// The IDs of `text` from the `tokenizers` crate alone (the reference of kvgate's BPE).
+    /// The IDs of `text` from the `tokenizers` crate alone (the reference of kvgate's BPE). A
+    /// text with a pre-token past [`TOKENIZER_PRETOKEN_BYTES_MAX`] is refused, as kvgate's BPE
+    /// refuses it: the crate merges a long word in O(n log n) time and about 85 bytes a byte (a
+    /// 16 MB word took 19 s and 1.4 GB).
     pub fn encode_with_crate(
         &self,
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizeError> {
+        if text.len() > TOKENIZER_PRETOKEN_BYTES_MAX && self.has_long_word(text) {
+            return Err(TokenizeError::TooLarge("bytes in one word"));
+        }
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
             .map_err(|e| TokenizeError::Encode(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Whether a pre-token of `text` (as the model's pre-tokenizer cuts it; the whole text for
+    /// a model without one) is longer than [`TOKENIZER_PRETOKEN_BYTES_MAX`].
+    fn has_long_word(&self, text: &str) -> bool {
+        use tokenizers::PreTokenizer;
+        let Some(pre_tokenizer) = self.tokenizer.get_pre_tokenizer() else {
+            return true;
+        };
+        let mut pieces = tokenizers::PreTokenizedString::from(text);
+        if pre_tokenizer.pre_tokenize(&mut pieces).is_err() {
+            return true;
+        }
+        pieces
+            .get_splits(
+                tokenizers::OffsetReferential::Original,
+                tokenizers::OffsetType::Byte,
+            )
+            .iter()
+            .any(|(piece, _, _)| piece.len() > TOKENIZER_PRETOKEN_BYTES_MAX)
     }
 
     /// Checks on probe strings around the added tokens that pieces tokenize like the whole;
@@ -471,6 +551,11 @@ fn config_template(config: &serde_json::Value) -> Option<String> {
     }
 }
 
+/// A word kvgate's BPE refused: past the caps, like the crate's refusal of the same word.
+fn too_long(_: PretokenTooLong) -> TokenizeError {
+    TokenizeError::TooLarge("bytes in one word")
+}
+
 /// Which model uses which tokenizer: by model name, else the default (a tokenizer given
 /// without a model name).
 #[derive(Debug, Default)]
@@ -588,6 +673,100 @@ pub enum Begun {
     Cold(ColdWork),
 }
 
+/// A prompt to render and cut on the tokenizer pool ([`RenderWork::run`], pure and `Send`): a
+/// body past `TOKENIZE_RENDER_INLINE_BYTES` is parsed, rendered and cut at its added tokens off
+/// the data core, which then looks the pieces up in its cache ([`begin_cut`]).
+#[derive(Debug)]
+pub struct RenderWork {
+    model: Arc<ModelTokenizer>,
+    source: OwnedSource,
+}
+
+impl RenderWork {
+    /// The work of tokenizing `source` for `model` (the source is copied).
+    pub fn new(model: &Arc<ModelTokenizer>, source: PromptSource<'_>) -> RenderWork {
+        RenderWork {
+            model: model.clone(),
+            source: source.to_owned_source(),
+        }
+    }
+
+    /// Bytes of the body or prompt.
+    pub fn source_bytes(&self) -> usize {
+        self.source.source().len()
+    }
+
+    /// Renders the prompt and cuts it (no cache: safe on any thread).
+    pub fn run(self) -> Result<Cut, TokenizeError> {
+        let prompt = self.model.prompt(self.source.source())?;
+        Ok(cut(&self.model, prompt))
+    }
+}
+
+/// One piece of a cut prompt.
+#[derive(Clone, Debug)]
+enum CutPiece {
+    /// An added token.
+    Special(u32),
+    /// Text between added tokens (a segment or a chunk), with its L1 key.
+    Text(Range<usize>, u64),
+}
+
+/// A prompt cut at its added tokens into pieces with their cache keys: pure work, done inline
+/// or on the pool, which [`begin_cut`] looks up in a core's cache.
+#[derive(Debug)]
+pub struct Cut {
+    model: Arc<ModelTokenizer>,
+    prompt: Prompt,
+    prompt_key: u64,
+    /// `None`: the prompt is tokenized whole (its pieces are not exact, or its affixes unknown).
+    pieces: Option<Vec<CutPiece>>,
+}
+
+/// The post-processor's tokens around `prompt` (none for chat prompts); `None` when unknown.
+fn affixes_of<'m>(model: &'m ModelTokenizer, prompt: &Prompt) -> Option<(&'m [u32], &'m [u32])> {
+    match (&model.affixes, prompt.add_special_tokens) {
+        (_, false) => Some((&[][..], &[][..])),
+        (Some(a), true) => Some((&a.prefix[..], &a.suffix[..])),
+        (None, true) => None,
+    }
+}
+
+/// Cuts `prompt` for `model` (see [`Cut`]).
+pub fn cut(model: &Arc<ModelTokenizer>, prompt: Prompt) -> Cut {
+    let prompt_key = model.prompt_key(&prompt);
+    let pieces = match (&model.split, affixes_of(model, &prompt)) {
+        (Some(split), Some(_)) => Some(cut_pieces(model, split, &prompt.text)),
+        _ => None,
+    };
+    Cut {
+        model: model.clone(),
+        prompt,
+        prompt_key,
+        pieces,
+    }
+}
+
+fn cut_pieces(model: &ModelTokenizer, split: &SpecialSplit, text: &str) -> Vec<CutPiece> {
+    let mut pieces = Vec::new();
+    split.split(text, &mut pieces);
+    let mut out = Vec::with_capacity(pieces.len());
+    let mut ranges = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Special(id) => out.push(CutPiece::Special(id)),
+            Piece::Text(range) => {
+                model.text_ranges(text, range, &mut ranges);
+                for range in ranges.drain(..) {
+                    let key = model.segment_key(&text[range.clone()]);
+                    out.push(CutPiece::Text(range, key));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Starts tokenizing `prompt` for `model`: the IDs of every piece the cache has, and the work
 /// left (see the module documentation). `out` receives the IDs when nothing is cold.
 pub fn begin(
@@ -597,54 +776,63 @@ pub fn begin(
     out: &mut Vec<u32>,
 ) -> Begun {
     out.clear();
-    let prompt_key = model.prompt_key(&prompt);
-    if let Some(ids) = cache.get_prompt(prompt_key) {
+    // A whole prompt the cache holds is not cut at all.
+    if let Some(ids) = cache.get_prompt(model.prompt_key(&prompt)) {
         out.extend_from_slice(ids);
         return Begun::Done;
     }
-    let affixes = match (&model.affixes, prompt.add_special_tokens) {
-        (_, false) => Some(&[][..]).zip(Some(&[][..])),
-        (Some(a), true) => Some((&a.prefix[..], &a.suffix[..])),
-        (None, true) => None,
-    };
-    let (Some(split), Some((prefix, suffix))) = (&model.split, affixes) else {
+    look_up_pieces(cut(model, prompt), cache, out)
+}
+
+/// [`begin`] for a prompt already cut (on the pool: [`RenderWork::run`]).
+pub fn begin_cut(cut: Cut, cache: &mut TokenCache, out: &mut Vec<u32>) -> Begun {
+    out.clear();
+    if let Some(ids) = cache.get_prompt(cut.prompt_key) {
+        out.extend_from_slice(ids);
+        return Begun::Done;
+    }
+    look_up_pieces(cut, cache, out)
+}
+
+/// The IDs of the pieces the cache has (L1), and the cold ones as work.
+fn look_up_pieces(cut: Cut, cache: &mut TokenCache, out: &mut Vec<u32>) -> Begun {
+    let Cut {
+        model,
+        prompt,
+        prompt_key,
+        pieces,
+    } = cut;
+    let (Some(pieces), Some((prefix, suffix))) = (pieces, affixes_of(&model, &prompt)) else {
         return Begun::Cold(ColdWork {
-            model: model.clone(),
             mode: Mode::Whole,
             parts: vec![Part::Cold(0)],
             known: Vec::new(),
             cold: vec![(0..prompt.text.len(), 0)],
+            model,
             prompt,
             prompt_key,
         });
     };
-    let mut pieces = Vec::new();
-    split.split(&prompt.text, &mut pieces);
     let mut known: Vec<u32> = Vec::with_capacity(prompt.text.len() / 3);
     known.extend_from_slice(prefix);
     let mut parts = Vec::with_capacity(pieces.len() + 2);
     let mut cold = Vec::new();
     let mut run_start = 0;
-    let mut ranges = Vec::new();
     for piece in pieces {
-        let range = match piece {
-            Piece::Special(id) => {
+        let (range, key) = match piece {
+            CutPiece::Special(id) => {
                 known.push(id);
                 continue;
             }
-            Piece::Text(range) => range,
+            CutPiece::Text(range, key) => (range, key),
         };
-        model.text_ranges(&prompt.text, range, &mut ranges);
-        for range in ranges.drain(..) {
-            let key = model.segment_key(&prompt.text[range.clone()]);
-            match cache.get_segment(key) {
-                Some(ids) => known.extend_from_slice(ids),
-                None => {
-                    parts.push(Part::Known(run_start..known.len()));
-                    run_start = known.len();
-                    parts.push(Part::Cold(cold.len()));
-                    cold.push((range, key));
-                }
+        match cache.get_segment(key) {
+            Some(ids) => known.extend_from_slice(ids),
+            None => {
+                parts.push(Part::Known(run_start..known.len()));
+                run_start = known.len();
+                parts.push(Part::Cold(cold.len()));
+                cold.push((range, key));
             }
         }
     }
@@ -656,7 +844,7 @@ pub fn begin(
     }
     parts.push(Part::Known(run_start..known.len()));
     Begun::Cold(ColdWork {
-        model: model.clone(),
+        model,
         prompt,
         mode: Mode::Segments,
         parts,
@@ -664,6 +852,42 @@ pub fn begin(
         cold,
         prompt_key,
     })
+}
+
+/// Tokenization a data core hands to the tokenizer pool.
+#[derive(Debug)]
+pub enum Deferred {
+    /// A long body to parse, render and cut.
+    Render(RenderWork),
+    /// Cold segments to encode.
+    Encode(ColdWork),
+}
+
+impl Deferred {
+    /// Does the work (pure: safe on any thread).
+    pub fn run(self) -> DeferredDone {
+        match self {
+            Deferred::Render(work) => DeferredDone::Rendered(work.run()),
+            Deferred::Encode(work) => DeferredDone::Encoded(work.run()),
+        }
+    }
+
+    /// Bytes of the body or text it works on.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Deferred::Render(work) => work.source_bytes(),
+            Deferred::Encode(work) => work.cold_bytes(),
+        }
+    }
+}
+
+/// What [`Deferred::run`] did, for the data core that deferred it.
+#[derive(Debug)]
+pub enum DeferredDone {
+    /// The prompt cut into pieces, for [`begin_cut`], or why it is not tokenized.
+    Rendered(Result<Cut, TokenizeError>),
+    /// Cold segments encoded, for [`finish`].
+    Encoded(ColdDone),
 }
 
 /// Caches what [`ColdWork::run`] tokenized and writes the prompt's IDs to `out`.

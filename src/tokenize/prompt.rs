@@ -8,18 +8,88 @@
 //! `tool_result` block a `tool` message before the rest of its turn, and `tools`' `input_schema`
 //! the function's `parameters`. Requests the engines would render differently
 //! (`continue_final_message`) are not tokenized: they route on their text.
+//!
+//! A body of more than [`TOKENIZE_MESSAGES_MAX`] messages is not tokenized either
+//! ([`TokenizeError::TooLarge`]): its messages are read up to the cap, the rest skipped unbuilt.
 
-use serde::Deserialize;
+use std::fmt;
+
+use serde::de::{IgnoredAny, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_json::{json, Map as JsonMap, Value as Json};
 
 use super::template::ChatInput;
 use super::TokenizeError;
+use crate::limits::TOKENIZE_MESSAGES_MAX;
+
+/// A body's `messages`, built up to [`TOKENIZE_MESSAGES_MAX`] (anything but a list fails to
+/// parse: the body is not one a template reads).
+#[derive(Debug, Default)]
+enum MessageList {
+    /// No `messages` field.
+    #[default]
+    Absent,
+    /// Every message.
+    Read(Vec<Json>),
+    /// More than the cap: the rest was skipped without being built.
+    TooMany,
+}
+
+impl MessageList {
+    /// The messages, or why the body is not tokenized (`absent_is_empty`: a missing field is
+    /// an empty list rather than a body no template reads).
+    fn into_list(self, absent_is_empty: bool) -> Result<Vec<Json>, TokenizeError> {
+        match self {
+            MessageList::Read(list) => Ok(list),
+            MessageList::Absent if absent_is_empty => Ok(Vec::new()),
+            MessageList::Absent => Err(TokenizeError::Body),
+            MessageList::TooMany => Err(TokenizeError::TooLarge("messages")),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for MessageList {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(MessageListVisitor)
+    }
+}
+
+struct MessageListVisitor;
+
+impl<'de> Visitor<'de> for MessageListVisitor {
+    type Value = MessageList;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of messages")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MessageList, A::Error> {
+        let mut list = Vec::new();
+        loop {
+            if list.len() == TOKENIZE_MESSAGES_MAX {
+                let mut more = false;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    more = true;
+                }
+                return Ok(if more {
+                    MessageList::TooMany
+                } else {
+                    MessageList::Read(list)
+                });
+            }
+            match seq.next_element::<Json>()? {
+                Some(message) => list.push(message),
+                None => return Ok(MessageList::Read(list)),
+            }
+        }
+    }
+}
 
 /// The fields of a chat completions body a template reads.
 #[derive(Deserialize)]
 struct ChatBody {
     #[serde(default)]
-    messages: Json,
+    messages: MessageList,
     #[serde(default)]
     tools: Option<Json>,
     #[serde(default)]
@@ -35,11 +105,11 @@ struct ChatBody {
 /// The chat template's input of a chat completions body.
 pub fn chat_input(body: &[u8]) -> Result<ChatInput, TokenizeError> {
     let body: ChatBody = serde_json::from_slice(body).map_err(|_| TokenizeError::Body)?;
-    if body.continue_final_message == Some(true) || !body.messages.is_array() {
+    if body.continue_final_message == Some(true) {
         return Err(TokenizeError::Body);
     }
     Ok(ChatInput {
-        messages: body.messages,
+        messages: Json::Array(body.messages.into_list(false)?),
         tools: body.tools.filter(|t| !t.is_null()),
         documents: body.documents.filter(|d| !d.is_null()),
         add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
@@ -53,7 +123,7 @@ struct MessagesBody {
     #[serde(default)]
     system: Option<Json>,
     #[serde(default)]
-    messages: Vec<Json>,
+    messages: MessageList,
     #[serde(default)]
     tools: Option<Vec<Json>>,
 }
@@ -61,11 +131,12 @@ struct MessagesBody {
 /// The chat template's input of an Anthropic Messages body (see the module documentation).
 pub fn messages_input(body: &[u8]) -> Result<ChatInput, TokenizeError> {
     let body: MessagesBody = serde_json::from_slice(body).map_err(|_| TokenizeError::Body)?;
-    let mut messages = Vec::with_capacity(body.messages.len() + 1);
+    let listed = body.messages.into_list(true)?;
+    let mut messages = Vec::with_capacity(listed.len() + 1);
     if let Some(system) = body.system.as_ref().and_then(block_text) {
         messages.push(json!({"role": "system", "content": system}));
     }
-    for message in &body.messages {
+    for message in &listed {
         convert_message(message, &mut messages)?;
     }
     let tools = body.tools.map(|tools| {
@@ -203,5 +274,45 @@ mod tests {
             tools[0]["function"]["parameters"],
             json!({"type": "object"})
         );
+    }
+
+    #[test]
+    fn a_chat_past_the_message_cap_is_not_built() {
+        let chat = |count: usize| {
+            let message = r#"{"role":"user","content":"hi"}"#;
+            let list = vec![message; count].join(",");
+            format!(r#"{{"model":"m","messages":[{list}],"stream":false}}"#)
+        };
+        let at_cap = chat_input(chat(TOKENIZE_MESSAGES_MAX).as_bytes()).unwrap();
+        assert_eq!(
+            input_len(&at_cap),
+            TOKENIZE_MESSAGES_MAX,
+            "the cap itself is read"
+        );
+        let past = chat(TOKENIZE_MESSAGES_MAX + 1);
+        assert_eq!(
+            chat_input(past.as_bytes()).unwrap_err(),
+            TokenizeError::TooLarge("messages")
+        );
+        let anthropic = past.replace(r#""stream":false"#, r#""system":"s""#);
+        assert_eq!(
+            messages_input(anthropic.as_bytes()).unwrap_err(),
+            TokenizeError::TooLarge("messages")
+        );
+        // Still a body error when the list is malformed after the cap.
+        let broken = past.replace("]", "");
+        assert_eq!(
+            chat_input(broken.as_bytes()).unwrap_err(),
+            TokenizeError::Body
+        );
+        assert_eq!(
+            chat_input(br#"{"model":"m"}"#).unwrap_err(),
+            TokenizeError::Body
+        );
+        assert!(messages_input(br#"{"model":"m"}"#).is_ok());
+    }
+
+    fn input_len(input: &ChatInput) -> usize {
+        input.messages.as_array().map_or(0, Vec::len)
     }
 }

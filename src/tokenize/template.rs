@@ -2,7 +2,9 @@
 //! renders it for the engines (`apply_chat_template`): `trim_blocks` and `lstrip_blocks`, the
 //! `loopcontrols` extension, Python string and dict methods, HF's `tojson` (Python's
 //! `json.dumps` with `ensure_ascii=False`: `", "` and `": "` separators, keys in the client's
-//! order, no HTML escaping), `raise_exception` and `strftime_now`. The context is HF's: the
+//! order, no HTML escaping, floats as Python's `repr`), `raise_exception` and `strftime_now`;
+//! `| trim` and the string methods `strip`, `lstrip`, `rstrip` and `split` without arguments
+//! use Python's whitespace (`str.isspace`: Rust's `char::is_whitespace` and `\x1c`-`\x1f`). The context is HF's: the
 //! messages, `tools` and `documents` (`none` when absent), `add_generation_prompt`, the special
 //! tokens of `tokenizer_config.json` (`bos_token`, `eos_token`, ...) and the request's
 //! `chat_template_kwargs`.
@@ -90,7 +92,8 @@ impl ChatTemplate {
             .lstrip_blocks(true)
             .build()?;
         env.set_syntax(syntax);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.set_unknown_method_callback(python_methods);
+        env.add_filter("trim", trim);
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -204,6 +207,46 @@ fn flatten_content_parts(messages: &Json) -> Option<Json> {
     Some(Json::Array(flattened))
 }
 
+/// Python's `str.isspace()` for one character: Unicode's White_Space (Rust's
+/// `char::is_whitespace`) plus the information separators `\x1c`-`\x1f`, which Python counts
+/// (their bidirectional class is B or S) and Rust does not. Checked against Python over every
+/// code point (`python_whitespace_is_rusts_and_the_separators`).
+fn is_python_space(c: char) -> bool {
+    c.is_whitespace() || ('\x1c'..='\x1f').contains(&c)
+}
+
+/// jinja2's `trim(value, chars=None)`: Python's `value.strip(chars)`.
+fn trim(value: &str, chars: Option<&str>) -> String {
+    match chars {
+        Some(chars) => value.trim_matches(|c| chars.contains(c)).to_owned(),
+        None => value.trim_matches(is_python_space).to_owned(),
+    }
+}
+
+/// Python's string methods (`minijinja_contrib::pycompat`), except that `strip`, `lstrip` and
+/// `rstrip` without characters and `split` without a separator use Python's whitespace.
+fn python_methods(
+    state: &mut minijinja::State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, minijinja::Error> {
+    let without_args = args.iter().all(Value::is_none);
+    match (value.as_str(), method) {
+        (Some(s), "strip") if without_args => Ok(Value::from(s.trim_matches(is_python_space))),
+        (Some(s), "lstrip") if without_args => {
+            Ok(Value::from(s.trim_start_matches(is_python_space)))
+        }
+        (Some(s), "rstrip") if without_args => Ok(Value::from(s.trim_end_matches(is_python_space))),
+        (Some(s), "split") if without_args => Ok(s
+            .split(is_python_space)
+            .filter(|part| !part.is_empty())
+            .map(Value::from)
+            .collect()),
+        _ => minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args),
+    }
+}
+
 /// HF's `tojson`: `json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`.
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
@@ -266,8 +309,53 @@ fn python_json(
             newline(out, depth);
             out.push('}');
         }
-        // Scalars, and empty containers (`[]`, `{}`), read the same in both.
+        Json::Number(number) if number.is_f64() => {
+            python_float(number.as_f64().unwrap_or_default(), out)
+        }
+        // Other scalars, and empty containers (`[]`, `{}`), read the same in both.
         other => out.push_str(&other.to_string()),
+    }
+}
+
+/// Writes `x` as Python's `repr(float)` (what `json.dumps` writes): the shortest digits that
+/// read back as `x`, positional when the decimal exponent is from -4 to 15 (`0.0001`, `1.0`,
+/// `1e+16` is the first beyond), otherwise `d.ddde±XX` with at least two exponent digits
+/// (`1e-07`, `1.5e+300`). JSON has no infinities or NaN, so `x` is finite.
+fn python_float(x: f64, out: &mut String) {
+    use std::fmt::Write;
+    // Rust's `{:e}` writes the same shortest digits: `-1.25e-7`.
+    let scientific = format!("{x:e}");
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => ("-", rest),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    out.push_str(sign);
+    if !(-4..16).contains(&exponent) {
+        out.push_str(&digits[..1]);
+        if digits.len() > 1 {
+            out.push('.');
+            out.push_str(&digits[1..]);
+        }
+        let exponent_sign = if exponent < 0 { '-' } else { '+' };
+        let _ = write!(out, "e{exponent_sign}{:02}", exponent.unsigned_abs());
+    } else if exponent < 0 {
+        out.push_str("0.");
+        out.extend(std::iter::repeat_n('0', (-exponent - 1) as usize));
+        out.push_str(&digits);
+    } else {
+        let point = exponent as usize + 1;
+        if digits.len() > point {
+            out.push_str(&digits[..point]);
+            out.push('.');
+            out.push_str(&digits[point..]);
+        } else {
+            out.push_str(&digits);
+            out.extend(std::iter::repeat_n('0', point - digits.len()));
+            out.push_str(".0");
+        }
     }
 }
 
@@ -381,6 +469,75 @@ mod tests {
         assert_eq!(
             out,
             "{\"z\": [1, \"é<&>\"], \"a\": {\"b\": null, \"e\": []}}|{\n  \"z\": [\n    1,\n    \"é<&>\"\n  ],\n  \"a\": {\n    \"b\": null,\n    \"e\": []\n  }\n}"
+        );
+    }
+
+    #[test]
+    fn tojson_writes_floats_as_python_repr() {
+        // Python: json.dumps([1e-7, 1e16, ...]) (the reference test checks a template's output).
+        let floats = json!([
+            1e-7,
+            1e16,
+            1.5e16,
+            1e15,
+            123456789012345.6,
+            0.0001,
+            0.00012,
+            1e-5,
+            1.0,
+            -0.0,
+            0.0,
+            -2.5e-300,
+            1.7976931348623157e308,
+            5e-324,
+            2.75,
+            100.0,
+            1e22,
+            -1234.5678,
+            0.30000000000000004
+        ]);
+        let mut out = String::new();
+        python_json(&floats, None, false, 0, &mut out);
+        assert_eq!(
+            out,
+            "[1e-07, 1e+16, 1.5e+16, 1000000000000000.0, 123456789012345.6, 0.0001, 0.00012, \
+             1e-05, 1.0, -0.0, 0.0, -2.5e-300, 1.7976931348623157e+308, 5e-324, 2.75, 100.0, \
+             1e+22, -1234.5678, 0.30000000000000004]"
+        );
+        // Integers stay integers.
+        assert_eq!(render("{{ messages | tojson }}", json!([7, -3])), "[7, -3]");
+    }
+
+    #[test]
+    fn python_whitespace_is_rusts_and_the_separators() {
+        // Python: [c for c in range(0x110000) if chr(c).isspace()]
+        let python: Vec<u32> = [0x9..=0xd, 0x1c..=0x20, 0x85..=0x85, 0xa0..=0xa0]
+            .into_iter()
+            .chain([
+                0x1680..=0x1680,
+                0x2000..=0x200a,
+                0x2028..=0x2029,
+                0x202f..=0x202f,
+            ])
+            .chain([0x205f..=0x205f, 0x3000..=0x3000])
+            .flatten()
+            .collect();
+        let ours: Vec<u32> = (0..=0x10ffff_u32)
+            .filter(|&c| char::from_u32(c).is_some_and(is_python_space))
+            .collect();
+        assert_eq!(ours, python);
+    }
+
+    #[test]
+    fn trim_strip_and_split_use_python_whitespace() {
+        let content = json!([{"content": "\x1c\u{2028} a\x1fb \u{85}\x1e"}]);
+        let source = "[{{ messages[0].content | trim }}][{{ messages[0].content.strip() }}]\
+                      [{{ messages[0].content.lstrip() }}][{{ messages[0].content.rstrip() }}]\
+                      {{ messages[0].content.split() | length }}[{{ 'xxaxx' | trim('x') }}]\
+                      [{{ 'xxaxx'.strip('x') }}]";
+        assert_eq!(
+            render(source, content),
+            "[a\x1fb][a\x1fb][a\x1fb \u{85}\x1e][\x1c\u{2028} a\x1fb]2[a][a]"
         );
     }
 

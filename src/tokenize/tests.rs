@@ -232,3 +232,49 @@ fn models_find_their_tokenizer_or_the_default() {
     assert!(only_a.for_model("other").is_none());
     assert!(TokenizerSet::default().is_empty());
 }
+
+#[test]
+fn a_prompt_rendered_and_cut_off_the_core_gives_the_ids_of_begin() {
+    let model = model(false);
+    let body = json!({"messages": [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello world"}]})
+    .to_string();
+    let mut inline = Vec::new();
+    let prompt = model.prompt(PromptSource::Chat(body.as_bytes())).unwrap();
+    tokenize_inline(&model, prompt, &mut cache(), &mut inline).unwrap();
+    let work = RenderWork::new(&model, PromptSource::Chat(body.as_bytes()));
+    assert_eq!(work.source_bytes(), body.len());
+    let mut cache = cache();
+    let mut out = Vec::new();
+    let cut = work.run().expect("renders");
+    let Begun::Cold(cold) = begin_cut(cut, &mut cache, &mut out) else {
+        panic!("a new prompt has cold segments");
+    };
+    finish(cold.run(), &mut cache, &mut out).unwrap();
+    assert_eq!(out, inline);
+    // Cut again, it is found in the cache.
+    let cut = RenderWork::new(&model, PromptSource::Chat(body.as_bytes())).run();
+    assert!(matches!(
+        begin_cut(cut.unwrap(), &mut cache, &mut out),
+        Begun::Done
+    ));
+    assert_eq!(out, inline);
+    // A body no template reads is an error of the work, not a panic.
+    let broken = RenderWork::new(&model, PromptSource::Chat(b"{\"messages\":7}")).run();
+    assert_eq!(broken.unwrap_err(), TokenizeError::Body);
+}
+
+#[test]
+fn the_crate_refuses_a_word_past_the_pretoken_bound_and_takes_long_texts_of_words() {
+    use crate::limits::TOKENIZER_PRETOKEN_BYTES_MAX;
+    let model = model(false);
+    let word = "h".repeat(TOKENIZER_PRETOKEN_BYTES_MAX + 1);
+    assert_eq!(
+        model.encode_with_crate(&word, false).unwrap_err(),
+        TokenizeError::TooLarge("bytes in one word")
+    );
+    let words = "hello ".repeat(TOKENIZER_PRETOKEN_BYTES_MAX / 4);
+    let ids = model.encode_with_crate(&words, false).expect("short words");
+    assert_eq!(ids.len(), TOKENIZER_PRETOKEN_BYTES_MAX / 4);
+}

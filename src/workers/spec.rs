@@ -10,6 +10,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
 use crate::error::FlagError;
+use crate::limits::KV_EVENTS_DP_RANKS_MAX;
 
 /// The longest host name accepted (the DNS limit).
 const HOST_LEN_MAX: usize = 253;
@@ -271,16 +272,46 @@ pub enum KvEventsSource {
     Off,
     /// The endpoint given.
     At(KvEventsEndpoint),
+    /// vLLM's data-parallel ranks (`?dp_size=N`, N > 1): rank `r` publishes, and replays, at
+    /// the endpoint's ports plus `r`, each with its own numbered batches.
+    Ranks {
+        /// Rank 0's sockets.
+        endpoint: KvEventsEndpoint,
+        /// How many ranks publish (2 to `KV_EVENTS_DP_RANKS_MAX`).
+        dp_size: u16,
+    },
 }
 
 impl KvEventsSource {
     /// `auto` (ask the worker), `none`, or a [`KvEventsEndpoint`] (wildcard hosts become
-    /// `worker_host`).
+    /// `worker_host`), optionally followed by `?dp_size=N` for an engine of N data-parallel
+    /// ranks (vLLM's `--data-parallel-size`: each rank's sockets at the given ports plus its
+    /// rank).
     pub fn parse(text: &str, worker_host: &str) -> Result<KvEventsSource, String> {
+        let (text, dp_size) = match text.split_once("?dp_size=") {
+            Some((text, size)) => {
+                let bad = || format!("{size}: dp_size must be 1 to {KV_EVENTS_DP_RANKS_MAX}");
+                let size: u16 = size.parse().map_err(|_| bad())?;
+                if size == 0 || size > KV_EVENTS_DP_RANKS_MAX {
+                    return Err(bad());
+                }
+                (text, size)
+            }
+            None => (text, 1),
+        };
         match text {
+            "auto" | "none" if dp_size > 1 => Err(format!("{text}: dp_size needs an endpoint")),
             "auto" => Ok(KvEventsSource::Discover),
             "none" => Ok(KvEventsSource::Off),
-            _ => KvEventsEndpoint::parse(text, worker_host).map(KvEventsSource::At),
+            _ => {
+                let endpoint = KvEventsEndpoint::parse(text, worker_host)?;
+                if dp_size == 1 {
+                    return Ok(KvEventsSource::At(endpoint));
+                }
+                // Every rank's ports must exist.
+                endpoint.rank(dp_size - 1)?;
+                Ok(KvEventsSource::Ranks { endpoint, dp_size })
+            }
         }
     }
 }
@@ -308,6 +339,24 @@ impl KvEventsEndpoint {
             replay: replay
                 .map(|replay| zmq_tcp_endpoint(replay, worker_host))
                 .transpose()?,
+        })
+    }
+
+    /// Data-parallel rank `rank`'s sockets: this endpoint's ports plus `rank` (vLLM's
+    /// `ZmqEventPublisher.offset_endpoint_port`, for the publisher and the replay socket).
+    pub fn rank(&self, rank: u16) -> Result<KvEventsEndpoint, String> {
+        let offset = |endpoint: &str| {
+            let (host, port) = endpoint.rsplit_once(':').unwrap_or((endpoint, ""));
+            let port = port
+                .parse::<u16>()
+                .ok()
+                .and_then(|port| port.checked_add(rank))
+                .ok_or_else(|| format!("{endpoint}: no port for data-parallel rank {rank}"))?;
+            Ok::<_, String>(format!("{host}:{port}"))
+        };
+        Ok(KvEventsEndpoint {
+            publisher: offset(&self.publisher)?,
+            replay: self.replay.as_deref().map(offset).transpose()?,
         })
     }
 
@@ -538,5 +587,41 @@ mod tests {
             WorkerSpec::resolve("http://no-such-host.invalid:1"),
             Err(UrlError::Resolve(..))
         ));
+    }
+
+    #[test]
+    fn data_parallel_ranks_publish_at_consecutive_ports() {
+        let parse = |text| KvEventsSource::parse(text, "10.0.0.7");
+        let Ok(KvEventsSource::Ranks { endpoint, dp_size }) =
+            parse("tcp://*:5557+tcp://*:5600?dp_size=3")
+        else {
+            panic!("three ranks");
+        };
+        assert_eq!(dp_size, 3);
+        let last = endpoint.rank(2).unwrap();
+        assert_eq!(last.publisher, "tcp://10.0.0.7:5559");
+        assert_eq!(last.replay.as_deref(), Some("tcp://10.0.0.7:5602"));
+        let v6 = KvEventsSource::parse("tcp://[::1]:7?dp_size=2", "h").unwrap();
+        let KvEventsSource::Ranks { endpoint, .. } = v6 else {
+            panic!("two ranks");
+        };
+        assert_eq!(endpoint.rank(1).unwrap().publisher, "tcp://[::1]:8");
+        // One rank is the plain endpoint; a rank past the last port, or no endpoint, is refused.
+        assert_eq!(
+            parse("tcp://h:1?dp_size=1"),
+            Ok(KvEventsSource::At(KvEventsEndpoint {
+                publisher: "tcp://h:1".into(),
+                replay: None,
+            }))
+        );
+        for bad in [
+            "tcp://h:65535?dp_size=2",
+            "tcp://h:1?dp_size=0",
+            "tcp://h:1?dp_size=x",
+            "tcp://h:1?dp_size=100000",
+            "auto?dp_size=2",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -308,6 +308,71 @@ mod tokenize_tests {
         assert_eq!(metrics.tokenize_offloads(), (2, 1));
     }
 
+    /// A chat body of one "hello world" message and `filler` messages the template prints as
+    /// `<|s|> <|e|>` (no role, no content).
+    fn long_chat(filler: usize) -> String {
+        let mut messages = vec![r#"{"role":"user","content":"hello world"}"#; 1];
+        messages.extend(std::iter::repeat_n("{}", filler));
+        format!(r#"{{"model":"m","messages":[{}]}}"#, messages.join(","))
+    }
+
+    #[test]
+    fn a_long_body_is_rendered_off_the_core_and_one_past_the_caps_routes_on_text() {
+        use crate::limits::TOKENIZE_RENDER_INLINE_BYTES;
+        use crate::limits::{TOKENIZE_MESSAGES_MAX, TOKENIZE_PROMPT_BYTES_MAX};
+        use crate::tokenize::{Deferred, PromptSource};
+        let (mut router, metrics) = tokenizing_router(PolicyKind::CacheAware, 1 << 20);
+        let headers = RoutingHeaders::default();
+        let mut prepared = Prepared::default();
+        // Past the render bound: nothing is parsed, rendered or looked up on the core.
+        let long = long_chat(TOKENIZE_RENDER_INLINE_BYTES / 2);
+        let deferred = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                long.as_bytes(),
+                0,
+            )
+            .unwrap()
+            .expect("a long body is deferred");
+        assert!(matches!(deferred, Deferred::Render(_)), "{deferred:?}");
+        assert_eq!(metrics.tokenizer().l0_misses, 0, "not rendered on the core");
+        // Rendered and cut on the pool; the core finds no cold work past its bound.
+        let more = router.finish_prepare(&mut prepared, Some(deferred.run()));
+        assert!(more.is_none());
+        assert_eq!(prepared.input.key_source(), Some(KeySource::Tokenized));
+        let whole = model(false);
+        let prompt = whole.prompt(PromptSource::Chat(long.as_bytes())).unwrap();
+        let ids = whole.encode(&prompt.text, false).unwrap();
+        assert_eq!(
+            prepared.input.key(),
+            RoutingKey::Tokens(&ids),
+            "as encoded whole"
+        );
+        // More messages than the cap: the pool stops reading them, the request keeps its text.
+        let many = long_chat(TOKENIZE_MESSAGES_MAX);
+        let many = prepare(&mut router, Endpoint::ChatCompletions, many.as_bytes(), 0);
+        assert_eq!(many.input.key(), RoutingKey::Text("hello world"));
+        assert_eq!(metrics.tokenizer().over_cap, 1);
+        // More bytes than the cap: refused on the core at once, nothing deferred or copied.
+        let words = "hello ".repeat(TOKENIZE_PROMPT_BYTES_MAX / 6 + 1);
+        let huge = format!(r#"{{"model":"m","messages":[{{"role":"user","content":"{words}"}}]}}"#);
+        let refused = router
+            .prepare_or_defer(
+                &mut prepared,
+                Endpoint::ChatCompletions,
+                headers,
+                huge.as_bytes(),
+                0,
+            )
+            .unwrap();
+        assert!(refused.is_none());
+        assert_eq!(prepared.input.key_source(), Some(KeySource::Text));
+        assert_eq!(metrics.tokenizer().over_cap, 2);
+        assert_eq!(metrics.tokenizer().failures, 0);
+    }
+
     #[test]
     fn policies_that_read_no_token_ids_do_not_tokenize() {
         let (mut router, metrics) = tokenizing_router(PolicyKind::RoundRobin, 1 << 20);
