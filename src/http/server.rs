@@ -73,12 +73,14 @@ async fn serve_requests(core: &Rc<DataCore>, down: &mut Downstream) {
                 .record_request(request.head.method, endpoint, answered.status);
             return;
         }
-        core.requests_in_flight
-            .set(core.requests_in_flight.get() + 1);
+        let in_flight = core.requests_in_flight.get() + 1;
+        core.requests_in_flight.set(in_flight);
+        core.metrics().set_requests_in_flight(in_flight);
         down.request_end = request.end;
         let connection = handle_request(core, down, &request).await;
-        core.requests_in_flight
-            .set(core.requests_in_flight.get() - 1);
+        let in_flight = core.requests_in_flight.get() - 1;
+        core.requests_in_flight.set(in_flight);
+        core.metrics().set_requests_in_flight(in_flight);
         finish_request(core, down);
         if !connection.is_kept() || core.shared.is_shutting_down() {
             return;
