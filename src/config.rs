@@ -21,6 +21,7 @@ use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
 };
+use crate::workers::discovery::{DiscoveryArgs, DiscoveryConfig};
 use crate::workers::settings::{
     AdminArgs, LoadArgs, PolicyLoads, ResilienceArgs, WorkerArgs, WorkerSettings,
 };
@@ -109,6 +110,9 @@ pub struct Cli {
     /// Load monitoring and overload protection (`--load-monitor-interval`, ...).
     #[command(flatten)]
     pub load: LoadArgs,
+    /// Kubernetes service discovery (`--service-discovery`, `--selector`, ...).
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
     /// Log verbosity.
     #[arg(help_heading = "Logging", long = "log-level", value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -311,6 +315,8 @@ pub struct Config {
     pub mesh: Option<MeshConfig>,
     /// The headers a request's ID is read from, lower-case, in order (`--request-id-headers`).
     pub request_id_headers: Vec<String>,
+    /// Kubernetes service discovery (`--service-discovery`); `None`: off.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Config {
@@ -462,9 +468,11 @@ impl Config {
         }
         let request_id_headers = crate::request::id::request_id_headers(&cli.request_id_headers)
             .map_err(|e| FlagError::new("--request-id-headers", e))?;
+        let discovery = cli.discovery.config(&mut startup_notices)?;
         Ok(Config {
             mesh,
             request_id_headers,
+            discovery,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
@@ -716,6 +724,7 @@ mod tests {
                 "Worker Configuration:",
                 "Routing Policy:",
                 "Load Monitoring:",
+                "Service Discovery (Kubernetes):",
                 "Logging:",
                 "Prometheus Metrics:",
                 "Request Handling:",

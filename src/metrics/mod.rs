@@ -28,7 +28,10 @@ use crossbeam_utils::CachePadded;
 use crate::limits::STATUS_CODES_COUNTED;
 use crate::request::{Endpoint, Method};
 
+mod discovery;
 mod workers;
+
+pub use discovery::DiscoveryFigures;
 
 pub use workers::{
     endpoint_label, BreakerOutcomes, BreakerTransitions, WorkerCounters, WorkerLabels,
@@ -328,6 +331,7 @@ pub struct Metrics {
     breaker_outcomes: BreakerOutcomes,
     /// Health probes that passed and failed (the control core's to write).
     health_checks: [AtomicU64; 2],
+    discovery: DiscoveryFigures,
 }
 
 impl Metrics {
@@ -340,6 +344,7 @@ impl Metrics {
             breaker_transitions: BreakerTransitions::new(),
             breaker_outcomes: BreakerOutcomes::new(),
             health_checks: std::array::from_fn(|_| AtomicU64::new(0)),
+            discovery: DiscoveryFigures::default(),
         }
     }
 
@@ -361,6 +366,11 @@ impl Metrics {
     /// The outcomes the circuit breakers heard (the control core's to write).
     pub fn breaker_outcomes(&self) -> &BreakerOutcomes {
         &self.breaker_outcomes
+    }
+
+    /// Kubernetes service discovery's figures (the discovery thread's to write).
+    pub fn discovery(&self) -> &DiscoveryFigures {
+        &self.discovery
     }
 
     /// Counts one health probe of a worker (the control core's to call).
@@ -399,6 +409,7 @@ impl Metrics {
         }
         self.render_requests(out);
         self.render_in_flight_and_health_checks(out);
+        self.discovery.render(out);
         self.render_responses(out);
         self.render_data_cores(out);
         for (which, (name, help)) in LATENCY_DEFS.iter().enumerate() {
