@@ -386,3 +386,53 @@ fn discovery_without_a_selector_is_refused_at_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--selector"), "{stderr}");
 }
+
+/// `deploy/k8s/kvgate.yaml`: the container's command line is one kvgate accepts, with
+/// discovery on, and the role grants discovery exactly what it uses (get, list, watch pods).
+#[test]
+fn the_kubernetes_manifest_runs_a_discovering_gateway_with_the_rbac_it_needs() {
+    use clap::Parser;
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/k8s/kvgate.yaml");
+    let manifest = std::fs::read_to_string(path).expect("deploy/k8s/kvgate.yaml");
+    let documents: Vec<&str> = manifest.split("\n---\n").collect();
+    let kinds: Vec<&str> = documents
+        .iter()
+        .filter_map(|d| d.lines().find_map(|l| l.strip_prefix("kind: ")))
+        .collect();
+    let expected = [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+    ];
+    assert_eq!(kinds, expected);
+    // The container's args: the list items under `args:` (quotes are YAML's).
+    let args: Vec<String> = manifest
+        .lines()
+        .skip_while(|l| l.trim() != "args:")
+        .skip(1)
+        .map_while(|l| l.trim().strip_prefix("- "))
+        .map(|a| a.trim_matches('"').to_string())
+        .collect();
+    assert!(args.len() > 10, "{args:?}");
+    let argv = std::iter::once("kvgate".to_string()).chain(args.iter().cloned());
+    let cli = kvgate::config::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+    let config = kvgate::config::Config::from_cli(&cli).unwrap_or_else(|e| panic!("{e}"));
+    let discovery = config.discovery.expect("discovery on");
+    assert_eq!(discovery.label_selector(), "app=llm-engine");
+    let role = documents
+        .iter()
+        .find(|d| d.contains("kind: Role\n"))
+        .expect("a Role");
+    assert!(role.contains(r#"resources: ["pods"]"#), "{role}");
+    assert!(
+        role.contains(r#"verbs: ["get", "list", "watch"]"#),
+        "{role}"
+    );
+    let deployment = documents
+        .iter()
+        .find(|d| d.contains("kind: Deployment"))
+        .expect("a Deployment");
+    assert!(deployment.contains("serviceAccountName: kvgate"));
+}
