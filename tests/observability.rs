@@ -157,7 +157,7 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
             - before.get(name).map_or(0.0, |f| f.sum(sample, with))
     };
 
-    let expected: [(&str, &str, &[&str]); 26] = [
+    let expected: [(&str, &str, &[&str]); 27] = [
         ("smg_http_requests_total", "counter", &["method", "path"]),
         (
             "smg_http_responses_total",
@@ -229,6 +229,11 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
         ),
         ("smg_http_connections_active", "gauge", &[]),
         (
+            "smg_worker_pool_size",
+            "gauge",
+            &["worker_type", "connection_mode", "model"],
+        ),
+        (
             "smg_worker_health_checks_total",
             "counter",
             &["worker_type", "result"],
@@ -256,6 +261,12 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
         assert_eq!(f.kind, kind, "{name}");
         assert_eq!(f.label_names(), labels(label_names), "{name}");
     }
+    // Both sim engines serve the one model.
+    let pool = "smg_worker_pool_size";
+    assert_eq!(
+        family(&after, pool).sum(pool, &[("model", "sim-model")]),
+        2.0
+    );
     let chat_path = [("path", CHAT_PATH)];
     let n = n as f64;
     // Counters by route and status: the 12 answered and the one 404.

@@ -322,6 +322,7 @@ pub(super) fn render(
     }
 
     render_breaker_outcomes(outcomes, workers, out);
+    render_pool_size(workers, out);
 
     let name = "smg_router_ttft_seconds";
     header(
@@ -391,5 +392,25 @@ fn render_breaker_outcomes(outcomes: &BreakerOutcomes, workers: &[WorkerLabels],
                 }
             }
         }
+    }
+}
+
+/// `smg_worker_pool_size`: the registered workers per model (a worker counted under its
+/// `model` label, as its other series are), SMG's labels.
+fn render_pool_size(workers: &[WorkerLabels], out: &mut String) {
+    let name = "smg_worker_pool_size";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Registered workers by model\n# TYPE {name} gauge"
+    );
+    let mut by_model: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for w in workers {
+        *by_model.entry(w.model.as_str()).or_default() += 1;
+    }
+    for (model, n) in by_model {
+        let _ = writeln!(
+            out,
+            "{name}{{worker_type=\"regular\",connection_mode=\"http\",model=\"{model}\"}} {n}"
+        );
     }
 }
