@@ -30,6 +30,8 @@ struct ApiState {
     watchers: Vec<TcpStream>,
     /// The query strings of every list and watch call, in order.
     calls: Vec<String>,
+    /// The server is down: every connection is closed unanswered.
+    down: bool,
 }
 
 /// A fake Kubernetes API server on loopback: pods of one namespace, list and watch.
@@ -50,6 +52,10 @@ impl FakeApiServer {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
+                if served.lock().expect("state").down {
+                    drop(stream);
+                    continue;
+                }
                 let state = served.clone();
                 std::thread::spawn(move || serve(stream, &state));
             }
@@ -119,6 +125,15 @@ impl FakeApiServer {
         let mut state = self.state.lock().expect("state");
         for stream in state.watchers.drain(..) {
             let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// The API server goes away (its watches cut, every new connection closed unanswered) or
+    /// comes back.
+    fn set_down(&self, down: bool) {
+        self.state.lock().expect("state").down = down;
+        if down {
+            self.cut_watches();
         }
     }
 
@@ -330,7 +345,7 @@ fn ready_pods_become_workers_and_leave_when_unready_or_deleted() {
 }
 
 #[test]
-fn a_410_gone_relists_and_a_lost_watch_resumes_from_its_resource_version() {
+fn a_lost_watch_and_an_outage_resume_from_the_last_version_and_a_410_relists() {
     let (a, b) = (ok_origin(), ok_origin());
     let (url_a, url_b) = (a.url(), b.url());
     let api = FakeApiServer::start();
@@ -358,6 +373,18 @@ fn a_410_gone_relists_and_a_lost_watch_resumes_from_its_resource_version() {
         calls.iter().filter(|c| !c.contains("watch=true")).count(),
         1
     );
+    // The API server is down for a while: the workers stay, the watch retries with a backoff
+    // and resumes once the server is back, still without listing again.
+    api.set_down(true);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(worker_urls(&gateway), both);
+    api.set_down(false);
+    assert!(wait_until(TIMEOUT, || api.open_watches() == 1));
+    let calls = api.calls();
+    let last = calls.last().cloned().unwrap_or_default();
+    assert!(last.contains("resourceVersion=103"), "{calls:?}");
+    let lists = calls.iter().filter(|c| !c.contains("watch=true")).count();
+    assert_eq!(lists, 1, "{calls:?}");
     // a is deleted while no watch sees it, and the version expires (410): a new listing
     // finds a gone, and its worker is removed.
     api.delete_unseen_then_gone("engine-a");
