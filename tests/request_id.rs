@@ -145,7 +145,17 @@ fn a_bad_request_id_flag_is_refused_at_start() {
 
 #[test]
 fn the_requests_debug_logs_name_its_id() {
-    let origin = origin_with_its_own_id();
+    // A streamed answer too: its request's bytes are let go of before the last log line.
+    let origin = MockOrigin::start(|request| match request.path.as_str() {
+        "/generate" => Reply::Chunked {
+            chunks: vec![
+                "data: {\"text\":\"a\"}\n\n".into(),
+                "data: [DONE]\n\n".into(),
+            ],
+            gap: std::time::Duration::from_millis(10),
+        },
+        _ => Reply::json(r#"{"ok":true}"#),
+    });
     let dir = std::env::temp_dir().join(format!("kvgate-request-id-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let log_path = dir.join("kvgate.log");
@@ -164,8 +174,17 @@ fn the_requests_debug_logs_name_its_id() {
             .client()
             .request("POST", "/v1/chat/completions", &headers, CHAT.as_bytes());
     assert_eq!(response.status, 200);
-    let finished = |line: &serde_json::Value| {
-        line["message"] == "finished processing request" && line["request_id"] == "logged-7"
+    let headers = [JSON, ("x-request-id", "streamed-8")];
+    let body = br#"{"text":"a","stream":true}"#;
+    let streamed = gateway
+        .client()
+        .request("POST", "/generate", &headers, body);
+    assert_eq!(streamed.status, 200);
+    assert_eq!(streamed.header("x-request-id"), Some("streamed-8"));
+    let finished = |id: &'static str| {
+        move |line: &serde_json::Value| {
+            line["message"] == "finished processing request" && line["request_id"] == id
+        }
     };
     let decided = |line: &serde_json::Value| {
         line["message"] == "Cache-aware selection" && line["span"]["request_id"] == "logged-7"
@@ -178,7 +197,9 @@ fn the_requests_debug_logs_name_its_id() {
     };
     let logged = wait_until(TIMEOUT, || {
         let lines = lines();
-        lines.iter().any(finished) && lines.iter().any(decided)
+        lines.iter().any(finished("logged-7"))
+            && lines.iter().any(finished("streamed-8"))
+            && lines.iter().any(decided)
     });
     assert!(logged, "no log line names the id: {:?}", lines());
     let _ = std::fs::remove_dir_all(&dir);

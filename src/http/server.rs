@@ -169,17 +169,18 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
     }
     metrics.observe_latency(Latency::EndToEnd, (method, endpoint), elapsed);
     metrics.record_request(method, endpoint, answered.status);
-    log_finished(down, request, answered.status, elapsed);
+    log_finished(&down.request_id, method, answered.status, elapsed);
     answered.connection
 }
 
 /// The request's last log line, after its answer (SMG's `smg::response` line, at debug: a
-/// line per request at the default level would cost every request its formatting).
-fn log_finished(down: &Downstream, request: &Request, status: u16, elapsed: std::time::Duration) {
+/// line per request at the default level would cost every request its formatting). It reads
+/// nothing of the request's bytes: a streamed answer let go of them when it committed.
+fn log_finished(id: &RequestId, method: Method, status: u16, elapsed: std::time::Duration) {
     tracing::debug!(
         target: "smg::response",
-        request_id = down.request_id.as_str(),
-        method = request.head.method_text(&down.read_buf),
+        request_id = id.as_str(),
+        method = method.as_str(),
         status,
         latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
         "finished processing request"
