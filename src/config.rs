@@ -21,6 +21,7 @@ use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
 };
+use crate::workers::discovery::{DiscoveryArgs, DiscoveryConfig};
 use crate::workers::settings::{
     AdminArgs, LoadArgs, PolicyLoads, ResilienceArgs, WorkerArgs, WorkerSettings,
 };
@@ -113,6 +114,9 @@ pub struct Cli {
     /// Load monitoring and overload protection (`--load-monitor-interval`, ...).
     #[command(flatten)]
     pub load: LoadArgs,
+    /// Kubernetes service discovery (`--service-discovery`, `--selector`, ...).
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
     /// Log verbosity.
     #[arg(help_heading = "Logging", long = "log-level", value_enum, default_value_t = LogLevel::Info)]
     pub log_level: LogLevel,
@@ -180,6 +184,12 @@ pub struct Cli {
     /// bound (each read still waits at most 30 s).
     #[arg(help_heading = "Request Handling", long = "stream-body-stall-timeout-secs", default_value_t = limits::STREAM_BODY_STALL_TIMEOUT_SECS_DEFAULT)]
     pub stream_body_stall_timeout_secs: u64,
+    /// Headers a request's ID is taken from, the first one the client sent (SMG's flag and
+    /// default: x-request-id, x-correlation-id, x-trace-id, request-id). Without one the
+    /// gateway generates an OpenAI-style id (chatcmpl-..., cmpl-..., gnt-...); the client's
+    /// response carries it as x-request-id, the worker gets it, and the request's logs name it.
+    #[arg(help_heading = "Request Handling", long = "request-id-headers", num_args = 0.., value_name = "HEADER")]
+    pub request_id_headers: Vec<String>,
     /// Milliseconds a client has to finish a request head (and between body reads).
     #[arg(help_heading = "Request Handling", long = "header-read-timeout-ms", hide = true, default_value_t = limits::HEADER_READ_TIMEOUT.as_millis() as u64)]
     pub header_read_timeout_ms: u64,
@@ -307,6 +317,10 @@ pub struct Config {
     pub via_pseudonym: String,
     /// The mesh between gateways (`--enable-mesh`); `None`: this gateway learns alone.
     pub mesh: Option<MeshConfig>,
+    /// The headers a request's ID is read from, lower-case, in order (`--request-id-headers`).
+    pub request_id_headers: Vec<String>,
+    /// Kubernetes service discovery (`--service-discovery`); `None`: off.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Config {
@@ -471,8 +485,13 @@ impl Config {
                     .to_string(),
             );
         }
+        let request_id_headers = crate::request::id::request_id_headers(&cli.request_id_headers)
+            .map_err(|e| FlagError::new("--request-id-headers", e))?;
+        let discovery = cli.discovery.config(&mut startup_notices)?;
         Ok(Config {
             mesh,
+            request_id_headers,
+            discovery,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
@@ -724,6 +743,7 @@ mod tests {
                 "Worker Configuration:",
                 "Routing Policy:",
                 "Load Monitoring:",
+                "Service Discovery (Kubernetes):",
                 "Logging:",
                 "Prometheus Metrics:",
                 "Request Handling:",

@@ -510,6 +510,16 @@ pub const GRPC_CONNECTION_WINDOW_BYTES: u32 = 16 << 20;
 /// How long a control-side call (HealthCheck, GetLoads, GetModelInfo, Abort) may take.
 pub const GRPC_CONTROL_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
+// ---- Request IDs (`request::id`) ----
+
+/// Bytes of a request ID a client sends (`request::id`): a UUID is 36, a W3C `traceparent`
+/// 55, an OpenAI-style id about 40, so 128 keeps every common one whole while each connection
+/// holds the id in a fixed buffer (no allocation per request). A longer value is passed over
+/// for the next `--request-id-headers` name, or a generated id.
+pub const REQUEST_ID_BYTES_MAX: usize = 128;
+/// Header names `--request-id-headers` may list: each is looked up in every request's head.
+pub const REQUEST_ID_HEADERS_MAX: usize = 16;
+
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);

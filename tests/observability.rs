@@ -157,7 +157,7 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
             - before.get(name).map_or(0.0, |f| f.sum(sample, with))
     };
 
-    let expected: [(&str, &str, &[&str]); 19] = [
+    let expected: [(&str, &str, &[&str]); 27] = [
         ("smg_http_requests_total", "counter", &["method", "path"]),
         (
             "smg_http_responses_total",
@@ -227,12 +227,46 @@ fn metrics_have_their_names_types_and_labels_and_move_with_traffic() {
             "histogram",
             &["router_type", "backend_type", "model", "endpoint"],
         ),
+        ("smg_http_connections_active", "gauge", &[]),
+        (
+            "smg_worker_pool_size",
+            "gauge",
+            &["worker_type", "connection_mode", "model"],
+        ),
+        (
+            "smg_worker_health_checks_total",
+            "counter",
+            &["worker_type", "result"],
+        ),
+        (
+            "smg_worker_cb_outcomes_total",
+            "counter",
+            &["worker", "outcome"],
+        ),
+        ("smg_worker_cb_consecutive_failures", "gauge", &["worker"]),
+        ("smg_worker_cb_consecutive_successes", "gauge", &["worker"]),
+        (
+            "smg_prefix_hash_policy_branch_total",
+            "counter",
+            &["branch"],
+        ),
+        (
+            "smg_consistent_hashing_policy_branch_total",
+            "counter",
+            &["branch"],
+        ),
     ];
     for (name, kind, label_names) in expected {
         let f = family(&after, name);
         assert_eq!(f.kind, kind, "{name}");
         assert_eq!(f.label_names(), labels(label_names), "{name}");
     }
+    // Both sim engines serve the one model.
+    let pool = "smg_worker_pool_size";
+    assert_eq!(
+        family(&after, pool).sum(pool, &[("model", "sim-model")]),
+        2.0
+    );
     let chat_path = [("path", CHAT_PATH)];
     let n = n as f64;
     // Counters by route and status: the 12 answered and the one 404.
@@ -442,6 +476,61 @@ fn a_retry_counts_the_error_and_the_retry_and_one_decision() {
     assert_eq!(picked(&bad), resets);
     assert_eq!(picked(&good), 10.0);
     assert_eq!(total("smg_worker_retries_exhausted_total"), 0.0);
+    // The breakers heard each attempt: the good worker's ten successes in a row, the resetting
+    // one's failures (the control core applies them a turn later).
+    let outcome = |families: &BTreeMap<String, Family>, url: &str, outcome: &str| {
+        let name = "smg_worker_cb_outcomes_total";
+        family(families, name).sum(name, &[("worker", url), ("outcome", outcome)])
+    };
+    let heard = wait_until(TIMEOUT, || {
+        let now = parse_exposition(&gateway.metrics());
+        outcome(&now, &good, "success") == 10.0 && outcome(&now, &bad, "failure") == resets
+    });
+    let now = parse_exposition(&gateway.metrics());
+    assert!(heard, "{}", gateway.metrics());
+    assert_eq!(outcome(&now, &good, "failure"), 0.0);
+    let streak = |name: &str, url: &str| family(&now, name).sum(name, &[("worker", url)]);
+    assert_eq!(streak("smg_worker_cb_consecutive_successes", &good), 10.0);
+    assert_eq!(streak("smg_worker_cb_consecutive_failures", &good), 0.0);
+    // Each worker had its first health check: the good one's passed (the resetting origin
+    // resets its probes too).
+    let checks = "smg_worker_health_checks_total";
+    let passed = family(&now, checks).sum(checks, &[("result", "success")]);
+    let all = family(&now, checks).sum(checks, &[]);
+    assert!(passed >= 1.0 && all >= 2.0, "{passed} of {all}");
+}
+
+/// The hashing policies count SMG's branches, and `smg_http_connections_active` (SMG's
+/// in-flight requests) counts a request while it waits on its worker.
+#[test]
+fn hashing_branches_and_requests_in_flight_are_counted() {
+    let slow = MockOrigin::start(|_| {
+        Reply::Delay(
+            std::time::Duration::from_millis(600),
+            Box::new(Reply::json(r#"{"ok":true}"#)),
+        )
+    });
+    let gateway = Gateway::start(&[slow.url()], &["--policy", "prefix_hash"]);
+    let active = |gateway: &Gateway| gateway.metric("smg_http_connections_active");
+    assert_eq!(active(&gateway), 0.0);
+    let addr = gateway.addr();
+    let waiting = std::thread::spawn(move || {
+        let mut client = utils::client::HttpClient::connect(addr);
+        client.post_json(
+            CHAT_PATH,
+            r#"{"model":"m","messages":[{"role":"user","content":"a"}]}"#,
+        )
+    });
+    assert!(wait_until(TIMEOUT, || active(&gateway) == 1.0));
+    let response = waiting.join().expect("the client thread");
+    assert_eq!(response.status, 200);
+    assert!(wait_until(TIMEOUT, || active(&gateway) == 0.0));
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"b"}]}"#;
+    assert_eq!(gateway.client().post_json(CHAT_PATH, body).status, 200);
+    let branch = "smg_prefix_hash_policy_branch_total{branch=\"ring_hit\"}";
+    assert_eq!(gateway.metric(branch), 2.0);
+    let other = "smg_consistent_hashing_policy_branch_total{branch=\"routing_key_hit\"}";
+    assert_eq!(gateway.metric(other), 0.0);
 }
 
 /// `HEAD /metrics` answers the GET's head (status, type, length) and no body; answers carry a

@@ -12,6 +12,7 @@
 //! `mesh_link` runs the mesh on a thread of its own: the control core queues its tree inserts
 //! for it (`MeshOut`) and applies the peers' inserts it queues back.
 
+pub mod discovery;
 pub mod exposition;
 pub mod grpc_probe;
 pub mod index_upkeep;

@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::monitor::{Change, WorkerMonitor};
+use super::monitor::{Change, ProbeKind, WorkerMonitor};
 use super::probes::{probe_new_worker, ProbeRound};
 use crate::config::is_own_listener;
 use crate::ids::WorkerId;
@@ -21,8 +21,9 @@ use crate::shared::{AdminReply, AdminRequest, Shared};
 use crate::workers::admin::{
     parse_add_worker, render_worker_list, AdminError, AdminRoute, WorkerRef, WorkerReport,
 };
-use crate::workers::breaker::BreakerState;
+use crate::workers::breaker::{AttemptOutcome, BreakerState};
 use crate::workers::catalog::{ListedModel, ModelCatalog};
+use crate::workers::health::ProbeOutcome;
 use crate::workers::spec::WorkerSpec;
 use crate::workers::table::{Health, Roster, WorkerEntry};
 
@@ -77,6 +78,11 @@ impl WorkerDriver {
         let mut changes = Vec::new();
         for queue in shared.attempt_queues.iter() {
             while let Some(record) = queue.pop() {
+                let success = record.outcome == AttemptOutcome::Success;
+                shared
+                    .metrics
+                    .breaker_outcomes()
+                    .record(record.worker, success);
                 changes.extend(
                     self.monitor
                         .record_attempt(record.worker, record.outcome, now),
@@ -84,6 +90,11 @@ impl WorkerDriver {
             }
         }
         if let Some(results) = self.probes.try_results() {
+            for result in results.iter().filter(|r| r.kind == ProbeKind::Health) {
+                let passed = matches!(&result.response,
+                    Ok(r) if ProbeOutcome::from_status(r.status) == ProbeOutcome::Success);
+                shared.metrics.count_health_check(passed);
+            }
             changes.extend(self.monitor.apply(results));
         }
         if !self.probes.is_busy() && now >= self.monitor.next_due() {
@@ -119,6 +130,9 @@ impl WorkerDriver {
                     tracing::info!(worker = %url_of(shared, id), state = state.as_str(), "circuit breaker state changed");
                     let from = shared.table.signals(id).breaker_state();
                     shared.metrics.breaker_transitions().record(id, from, state);
+                    if from != state {
+                        shared.metrics.breaker_outcomes().restart_streaks(id);
+                    }
                     shared.table.signals(id).set_breaker(state);
                 }
                 Change::Load(id, report) => {

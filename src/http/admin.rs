@@ -41,12 +41,13 @@ pub async fn answer_admin_call(
         }
     };
     down.write_buf.clear();
-    codec::write_local_response(
+    codec::write_local_response_with_id(
         &mut down.write_buf,
         status,
         "application/json",
         body.as_bytes(),
         connection,
+        down.request_id.header_line(),
     );
     let written = write_to_client(&mut down.socket, &mut down.write_buf, 0).await;
     Answered {

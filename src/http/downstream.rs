@@ -17,6 +17,7 @@ use crate::limits::DOWNSTREAM_WRITE_TIMEOUT;
 use crate::net::codec::{self, Connection, RequestHead};
 use crate::net::socket::Socket;
 use crate::policy::Prepared;
+use crate::request::id::RequestId;
 use crate::request::Endpoint;
 
 /// How a request was answered: the status (for metrics) and what becomes of the connection.
@@ -44,6 +45,8 @@ pub struct Downstream {
     /// Bytes at the front of `read_buf` that belong to the request being served (0 once a
     /// committed stream let go of them early).
     pub request_end: usize,
+    /// The current request's id (`x-request-id`), in a buffer the connection reuses.
+    pub request_id: RequestId,
 }
 
 /// A connection's routing scratch ([`Prepared`]), boxed: allocated by the connection's first
@@ -106,6 +109,8 @@ pub struct Forwarded<'a> {
     pub request_end: &'a mut usize,
     /// The request prepared for routing.
     pub prepared: &'a mut PreparedSlot,
+    /// The request's id: the worker gets it when the client did not send `x-request-id`.
+    pub request_id: &'a RequestId,
 }
 
 impl Forwarded<'_> {
@@ -137,6 +142,8 @@ pub struct ClientSide<'a> {
     /// When the request was read: the time to first byte is observed when the response head
     /// is written.
     pub started: Instant,
+    /// The request's id, which the response head carries.
+    pub request_id: &'a RequestId,
 }
 
 /// Writes the JSON error answer for `kind` (unless the client is gone): the connection stays
@@ -157,12 +164,13 @@ pub async fn answer_error(
     let mut body = Vec::with_capacity(128);
     write_error_body(&mut body, kind);
     down.write_buf.clear();
-    codec::write_local_response(
+    codec::write_local_response_with_id(
         &mut down.write_buf,
         kind.status(),
         "application/json",
         &body,
         connection,
+        down.request_id.header_line(),
     );
     write_to_client(&mut down.socket, &mut down.write_buf, 0).await;
     answered

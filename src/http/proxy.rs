@@ -47,6 +47,7 @@ use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, Connection};
 use crate::net::memory;
 use crate::policy::{Prepared, WorkerView};
+use crate::request::id::RequestId;
 use crate::request::{
     Endpoint, RequestError, RoutingHeaders, RoutingMode, ROUTING_KEY_HEADER, ROUTING_TOKENS_HEADER,
     TARGET_WORKER_HEADER,
@@ -129,7 +130,8 @@ pub async fn proxy_request(
             table: &core.shared.table,
             models,
         };
-        let picked = select_worker(core, forwarded.prepared.get(), view, &mut tried);
+        let request_id = forwarded.request_id;
+        let picked = select_worker(core, forwarded.prepared.get(), request_id, view, &mut tried);
         let Some(worker) = picked.and_then(|id| roster.get(id)) else {
             break;
         };
@@ -190,14 +192,17 @@ fn split_downstream<'d>(
         write_buf,
         prepared,
         request_end,
+        request_id,
         ..
     } = down;
+    let request_id: &RequestId = request_id;
     let forwarded = Forwarded {
         head: &request.head,
         read_buf,
         body: request.body.clone(),
         request_end,
         prepared,
+        request_id,
     };
     let client = ClientSide {
         socket,
@@ -206,6 +211,7 @@ fn split_downstream<'d>(
         connection: request.head.connection,
         endpoint,
         started,
+        request_id,
     };
     (forwarded, client)
 }
@@ -278,12 +284,13 @@ async fn answer_unusable_body(client: &mut ClientSide<'_>, refused: &RequestErro
     let body = serde_json::to_vec(&error_body(kind.status(), kind.error_type(), &message))
         .unwrap_or_default();
     client.write_buf.clear();
-    codec::write_local_response(
+    codec::write_local_response_with_id(
         client.write_buf,
         kind.status(),
         "application/json",
         &body,
         client.connection,
+        client.request_id.header_line(),
     );
     let written = write_to_client(client.socket, client.write_buf, 0).await;
     Answered {
@@ -295,13 +302,17 @@ async fn answer_unusable_body(client: &mut ClientSide<'_>, refused: &RequestErro
 }
 
 /// The select phase of one attempt: a worker this request has not tried, else (every eligible
-/// worker was tried) any eligible one: a retry in place beats giving up early.
+/// worker was tried) any eligible one: a retry in place beats giving up early. The decision's
+/// logs name the request's id (a span, built only when debug logs are on).
 fn select_worker(
     core: &DataCore,
     prepared: &Prepared,
+    request_id: &RequestId,
     view: WorkerView<'_>,
     tried: &mut TriedWorkers,
 ) -> Option<WorkerId> {
+    let span = tracing::debug_span!("request", request_id = request_id.as_str());
+    let _in_request = span.enter();
     let mut router = core.router.borrow_mut();
     let picked = router.select(prepared, view, tried);
     if picked.is_some() || tried.is_empty() {

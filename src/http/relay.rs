@@ -92,6 +92,7 @@ pub async fn stream_back(
                 .prepared
                 .get()
                 .predicted_cached_tokens(attempt.worker.id),
+            request_id_line: client.request_id.header_line(),
         },
         worker: attempt.worker.id,
         on_status: attempt.on_status,

@@ -33,6 +33,7 @@ use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, ChunkError, ChunkedDecoder, Connection, Framing, RequestHead};
 use crate::net::memory;
 use crate::net::socket::{self, read_spare, Socket};
+use crate::request::id::RequestId;
 use crate::request::{Endpoint, Handling, Method};
 use crate::workers::admin::{bearer_matches, check_access, route_admin};
 
@@ -46,6 +47,7 @@ pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
         prepared: PreparedSlot::default(),
         body_charged_bytes: 0,
         request_end: 0,
+        request_id: RequestId::default(),
     };
     serve_requests(&core, &mut down).await;
     core.body_budget.release(&mut down.body_charged_bytes);
@@ -71,12 +73,14 @@ async fn serve_requests(core: &Rc<DataCore>, down: &mut Downstream) {
                 .record_request(request.head.method, endpoint, answered.status);
             return;
         }
-        core.requests_in_flight
-            .set(core.requests_in_flight.get() + 1);
+        let in_flight = core.requests_in_flight.get() + 1;
+        core.requests_in_flight.set(in_flight);
+        core.metrics().set_requests_in_flight(in_flight);
         down.request_end = request.end;
         let connection = handle_request(core, down, &request).await;
-        core.requests_in_flight
-            .set(core.requests_in_flight.get() - 1);
+        let in_flight = core.requests_in_flight.get() - 1;
+        core.requests_in_flight.set(in_flight);
+        core.metrics().set_requests_in_flight(in_flight);
         finish_request(core, down);
         if !connection.is_kept() || core.shared.is_shutting_down() {
             return;
@@ -89,6 +93,8 @@ async fn serve_requests(core: &Rc<DataCore>, down: &mut Downstream) {
 /// result is not held across the error answer's wait in `serve_requests`, where it would take
 /// 640 bytes of every connection's task, streams included.
 async fn next_request(core: &DataCore, down: &mut Downstream) -> Option<Request> {
+    // A head that does not parse gets an answer without the last request's id.
+    down.request_id.clear();
     match read_request(down, core).await {
         Ok(request) => request,
         Err(error) => {
@@ -163,7 +169,22 @@ async fn handle_request(core: &DataCore, down: &mut Downstream, request: &Reques
     }
     metrics.observe_latency(Latency::EndToEnd, (method, endpoint), elapsed);
     metrics.record_request(method, endpoint, answered.status);
+    log_finished(&down.request_id, method, answered.status, elapsed);
     answered.connection
+}
+
+/// The request's last log line, after its answer (SMG's `smg::response` line, at debug: a
+/// line per request at the default level would cost every request its formatting). It reads
+/// nothing of the request's bytes: a streamed answer let go of them when it committed.
+fn log_finished(id: &RequestId, method: Method, status: u16, elapsed: std::time::Duration) {
+    tracing::debug!(
+        target: "smg::response",
+        request_id = id.as_str(),
+        method = method.as_str(),
+        status,
+        latency_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+        "finished processing request"
+    );
 }
 
 /// Answers `/health`, `/liveness`, `/readiness` and `/v1/models`.
@@ -188,12 +209,13 @@ async fn answer_local(
         _ => (200, br#"{"status":"ok"}"#),
     };
     down.write_buf.clear();
-    codec::write_local_response(
+    codec::write_local_response_with_id(
         &mut down.write_buf,
         status,
         "application/json",
         body,
         connection,
+        down.request_id.header_line(),
     );
     if method == Method::Head {
         down.write_buf.truncate(down.write_buf.len() - body.len());
@@ -280,6 +302,13 @@ pub async fn read_request(
     let Some(head) = read_request_head(down, core).await? else {
         return Ok(None);
     };
+    // Every answer from here on carries the id, the early refusals included.
+    let read_buf = &down.read_buf;
+    down.request_id.assign(
+        &config.request_id_headers,
+        |name| head.headers.get(read_buf, name),
+        head.path(read_buf),
+    );
     let head_len = head.head_len;
     let body_pending = match head.framing {
         Framing::Length(n) => (down.read_buf.len() as u64) < (head_len as u64).saturating_add(n),

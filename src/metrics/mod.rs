@@ -28,9 +28,14 @@ use crossbeam_utils::CachePadded;
 use crate::limits::STATUS_CODES_COUNTED;
 use crate::request::{Endpoint, Method};
 
+mod discovery;
 mod workers;
 
-pub use workers::{endpoint_label, BreakerTransitions, WorkerCounters, WorkerLabels};
+pub use discovery::DiscoveryFigures;
+
+pub use workers::{
+    endpoint_label, BreakerOutcomes, BreakerTransitions, WorkerCounters, WorkerLabels,
+};
 
 /// Upper bounds of the latency histogram buckets, in seconds, then `+Inf`: SMG's 29 (its
 /// `*duration_seconds`, `*ttft_seconds` and `*tpot_seconds` buckets), 1 ms (a gateway answering
@@ -237,6 +242,8 @@ pub struct CoreMetrics {
     responses: Box<[[AtomicU64; STATUS_CODES_COUNTED + 1]; Endpoint::COUNT]>,
     latency: [LatencyHistogram; 2],
     workers: WorkerCounters,
+    /// Requests this core is serving now (a gauge, set by the core).
+    requests_in_flight: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, n: u64) {
@@ -261,6 +268,7 @@ impl CoreMetrics {
                 .unwrap_or_else(|_| unreachable!("sized by COUNT")),
             latency: [LatencyHistogram::new(), LatencyHistogram::new()],
             workers: WorkerCounters::new(),
+            requests_in_flight: AtomicU64::new(0),
         }
     }
 
@@ -303,6 +311,11 @@ impl CoreMetrics {
         bump(&self.counters[counter as usize], n);
     }
 
+    /// Sets the requests this core is serving now.
+    pub fn set_requests_in_flight(&self, n: usize) {
+        self.requests_in_flight.store(n as u64, Ordering::Relaxed);
+    }
+
     /// Counts one request and its response status.
     pub fn record_request(&self, method: Method, endpoint: Endpoint, status: u16) {
         bump(&self.requests[method_slot(method)][endpoint as usize], 1);
@@ -315,6 +328,10 @@ impl CoreMetrics {
 pub struct Metrics {
     cores: Box<[CachePadded<CoreMetrics>]>,
     breaker_transitions: BreakerTransitions,
+    breaker_outcomes: BreakerOutcomes,
+    /// Health probes that passed and failed (the control core's to write).
+    health_checks: [AtomicU64; 2],
+    discovery: DiscoveryFigures,
 }
 
 impl Metrics {
@@ -325,6 +342,9 @@ impl Metrics {
                 .map(|_| CachePadded::new(CoreMetrics::new()))
                 .collect(),
             breaker_transitions: BreakerTransitions::new(),
+            breaker_outcomes: BreakerOutcomes::new(),
+            health_checks: std::array::from_fn(|_| AtomicU64::new(0)),
+            discovery: DiscoveryFigures::default(),
         }
     }
 
@@ -343,11 +363,27 @@ impl Metrics {
         &self.breaker_transitions
     }
 
+    /// The outcomes the circuit breakers heard (the control core's to write).
+    pub fn breaker_outcomes(&self) -> &BreakerOutcomes {
+        &self.breaker_outcomes
+    }
+
+    /// Kubernetes service discovery's figures (the discovery thread's to write).
+    pub fn discovery(&self) -> &DiscoveryFigures {
+        &self.discovery
+    }
+
+    /// Counts one health probe of a worker (the control core's to call).
+    pub fn count_health_check(&self, passed: bool) {
+        bump(&self.health_checks[usize::from(!passed)], 1);
+    }
+
     /// Renders the per-worker and per-endpoint routing families for the registered `workers`
     /// (`policy`: the routing policy's SMG name, the `policy` label).
     pub fn render_workers(&self, workers: &[WorkerLabels], policy: &str, out: &mut String) {
         let cores: Vec<&WorkerCounters> = self.cores.iter().map(|c| &c.workers).collect();
-        workers::render(&cores, &self.breaker_transitions, workers, policy, out);
+        let breakers = (&self.breaker_transitions, &self.breaker_outcomes);
+        workers::render(&cores, breakers, workers, policy, out);
     }
 
     /// The sum of `counter` over all cores.
@@ -372,6 +408,8 @@ impl Metrics {
             );
         }
         self.render_requests(out);
+        self.render_in_flight_and_health_checks(out);
+        self.discovery.render(out);
         self.render_responses(out);
         self.render_data_cores(out);
         for (which, (name, help)) in LATENCY_DEFS.iter().enumerate() {
@@ -416,6 +454,33 @@ impl Metrics {
                     .sum();
                 write_histogram(out, name, &labels, &count_in, sum_us as f64 / 1e6);
             }
+        }
+    }
+
+    /// `smg_http_connections_active` (SMG's meaning: the requests in flight, its in-flight
+    /// request tracker's size) and `smg_worker_health_checks_total`.
+    fn render_in_flight_and_health_checks(&self, out: &mut String) {
+        let name = "smg_http_connections_active";
+        let in_flight: u64 = self
+            .cores
+            .iter()
+            .map(|c| c.requests_in_flight.load(Ordering::Relaxed))
+            .sum();
+        let _ = writeln!(
+            out,
+            "# HELP {name} Requests being served now\n# TYPE {name} gauge\n{name} {in_flight}"
+        );
+        let name = "smg_worker_health_checks_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Worker health probes by result\n# TYPE {name} counter"
+        );
+        for (i, result) in ["success", "failure"].iter().enumerate() {
+            let n = self.health_checks[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "{name}{{worker_type=\"regular\",result=\"{result}\"}} {n}"
+            );
         }
     }
 

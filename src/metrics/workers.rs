@@ -149,6 +149,46 @@ impl BreakerTransitions {
     }
 }
 
+/// What the circuit breakers were told, per worker: SMG's `smg_worker_cb_outcomes_total`
+/// (every attempt outcome a breaker hears) and its two gauges of the current streaks
+/// (`smg_worker_cb_consecutive_{failures,successes}`: a success ends a failure streak and the
+/// reverse, and a state change starts both again, as SMG's breaker counts them). Written by
+/// the control core only.
+#[derive(Debug)]
+pub struct BreakerOutcomes {
+    /// Per worker: successes, failures, the failure streak, the success streak.
+    slots: Box<[[AtomicU64; 4]]>,
+}
+
+impl BreakerOutcomes {
+    pub(super) fn new() -> Self {
+        BreakerOutcomes {
+            slots: (0..WORKERS_MAX)
+                .map(|_| std::array::from_fn(|_| AtomicU64::new(0)))
+                .collect(),
+        }
+    }
+
+    /// Counts one outcome `worker`'s breaker heard.
+    pub fn record(&self, worker: WorkerId, success: bool) {
+        let Some(slot) = self.slots.get(worker.index()) else {
+            return;
+        };
+        let (count, streak, ended) = if success { (0, 3, 2) } else { (1, 2, 3) };
+        bump(&slot[count], 1);
+        bump(&slot[streak], 1);
+        slot[ended].store(0, Ordering::Relaxed);
+    }
+
+    /// `worker`'s breaker changed state: both streaks start again.
+    pub fn restart_streaks(&self, worker: WorkerId) {
+        if let Some(slot) = self.slots.get(worker.index()) {
+            slot[2].store(0, Ordering::Relaxed);
+            slot[3].store(0, Ordering::Relaxed);
+        }
+    }
+}
+
 /// A registered worker as its series are labelled: the id of its slot, its URL and model
 /// (both already escaped for a label value).
 #[derive(Debug)]
@@ -164,7 +204,7 @@ pub struct WorkerLabels {
 /// Writes the families of this module, summing `cores`.
 pub(super) fn render(
     cores: &[&WorkerCounters],
-    transitions: &BreakerTransitions,
+    (transitions, outcomes): (&BreakerTransitions, &BreakerOutcomes),
     workers: &[WorkerLabels],
     policy: &str,
     out: &mut String,
@@ -281,6 +321,9 @@ pub(super) fn render(
         }
     }
 
+    render_breaker_outcomes(outcomes, workers, out);
+    render_pool_size(workers, out);
+
     let name = "smg_router_ttft_seconds";
     header(
         out,
@@ -302,5 +345,72 @@ pub(super) fn render(
         );
         let sum_s = sum(&|c: &WorkerCounters| &c.ttft_sum_us[e]) as f64 / 1e6;
         write_histogram(out, name, &labels, &count_in, sum_s);
+    }
+}
+
+/// `smg_worker_cb_outcomes_total` and the two streak gauges, per registered worker.
+fn render_breaker_outcomes(outcomes: &BreakerOutcomes, workers: &[WorkerLabels], out: &mut String) {
+    let families = [
+        (
+            "smg_worker_cb_outcomes_total",
+            "counter",
+            "Attempt outcomes the circuit breaker heard, by worker and outcome",
+        ),
+        (
+            "smg_worker_cb_consecutive_failures",
+            "gauge",
+            "Failures in a row the circuit breaker heard (since its last success or state change)",
+        ),
+        (
+            "smg_worker_cb_consecutive_successes",
+            "gauge",
+            "Successes in a row the circuit breaker heard (since its last failure or state change)",
+        ),
+    ];
+    for (family, (name, kind, help)) in families.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for w in workers {
+            let Some(slot) = outcomes.slots.get(w.id.index()) else {
+                continue;
+            };
+            let read = |i: usize| slot[i].load(Ordering::Relaxed);
+            match family {
+                0 => {
+                    let url = &w.url;
+                    let (ok, failed) = (read(0), read(1));
+                    let _ = writeln!(out, "{name}{{worker=\"{url}\",outcome=\"success\"}} {ok}");
+                    let _ = writeln!(
+                        out,
+                        "{name}{{worker=\"{url}\",outcome=\"failure\"}} {failed}"
+                    );
+                }
+                1 => {
+                    let _ = writeln!(out, "{name}{{worker=\"{}\"}} {}", w.url, read(2));
+                }
+                _ => {
+                    let _ = writeln!(out, "{name}{{worker=\"{}\"}} {}", w.url, read(3));
+                }
+            }
+        }
+    }
+}
+
+/// `smg_worker_pool_size`: the registered workers per model (a worker counted under its
+/// `model` label, as its other series are), SMG's labels.
+fn render_pool_size(workers: &[WorkerLabels], out: &mut String) {
+    let name = "smg_worker_pool_size";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Registered workers by model\n# TYPE {name} gauge"
+    );
+    let mut by_model: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for w in workers {
+        *by_model.entry(w.model.as_str()).or_default() += 1;
+    }
+    for (model, n) in by_model {
+        let _ = writeln!(
+            out,
+            "{name}{{worker_type=\"regular\",connection_mode=\"http\",model=\"{model}\"}} {n}"
+        );
     }
 }

@@ -458,10 +458,10 @@ fn named_by_connection(buf: &[u8], headers: &HeaderSpans, name: &[u8]) -> bool {
         .any(|(_, v)| comma_tokens(v).any(|t| t.eq_ignore_ascii_case(name)))
 }
 
-fn write_end_to_end_headers(out: &mut Vec<u8>, buf: &[u8], headers: &HeaderSpans, skip: &[u8]) {
+fn write_end_to_end_headers(out: &mut Vec<u8>, buf: &[u8], headers: &HeaderSpans, skip: &[&[u8]]) {
     let has_connection = headers.get(buf, "connection").is_some();
     for (name, value) in headers.iter(buf) {
-        if is_hop_by_hop(name) || name.eq_ignore_ascii_case(skip) {
+        if is_hop_by_hop(name) || skip.iter().any(|s| name.eq_ignore_ascii_case(s)) {
             continue;
         }
         if has_connection && named_by_connection(buf, headers, name) {
@@ -483,17 +483,19 @@ pub fn write_upstream_request_head(
     authority: &str,
     body_len: usize,
 ) {
-    write_upstream_request_head_via(out, head, buf, authority, "", body_len);
+    write_upstream_request_head_via(out, head, buf, authority, "", b"", body_len);
 }
 
 /// As [`write_upstream_request_head`], adding `Via: 1.1 <pseudonym>` (RFC 9110 7.6.3) after the
-/// client's own `Via` headers, unless `pseudonym` is empty.
+/// client's own `Via` headers, unless `pseudonym` is empty, and `request_id_line` (the
+/// gateway's `x-request-id: <id>\r\n`, or nothing) as it is.
 pub fn write_upstream_request_head_via(
     out: &mut Vec<u8>,
     head: &RequestHead,
     buf: &[u8],
     authority: &str,
     pseudonym: &str,
+    request_id_line: &[u8],
     body_len: usize,
 ) {
     out.extend_from_slice(&buf[head.method_span.clone()]);
@@ -502,12 +504,13 @@ pub fn write_upstream_request_head_via(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     out.extend_from_slice(authority.as_bytes());
     out.extend_from_slice(b"\r\n");
-    write_end_to_end_headers(out, buf, &head.headers, b"host");
+    write_end_to_end_headers(out, buf, &head.headers, &[b"host"]);
     if !pseudonym.is_empty() {
         out.extend_from_slice(b"via: 1.1 ");
         out.extend_from_slice(pseudonym.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    out.extend_from_slice(request_id_line);
     write_content_length(out, body_len as u64);
     out.extend_from_slice(b"\r\n");
 }
@@ -549,6 +552,8 @@ pub struct GatewayHeaders<'a> {
     pub routed_worker_line: &'a [u8],
     /// Prompt tokens the index said the worker holds (0: no prediction, no header).
     pub predicted_cached_tokens: u32,
+    /// `x-request-id: <id>\r\n`: the request's id replaces any the worker sent (as SMG's).
+    pub request_id_line: &'a [u8],
 }
 
 /// Writes the head sent to the client: the worker's status and end-to-end headers, the gateway's
@@ -566,12 +571,14 @@ pub fn write_downstream_response_head(
     out.push(b' ');
     out.extend_from_slice(&buf[head.reason.clone()]);
     out.extend_from_slice(b"\r\n");
-    write_end_to_end_headers(out, buf, &head.headers, b"x-smg-routed-worker-id");
+    let skip: [&[u8]; 2] = [b"x-smg-routed-worker-id", b"x-request-id"];
+    write_end_to_end_headers(out, buf, &head.headers, &skip);
     if head.headers.get(buf, "date").is_none() {
         // The worker's own Date passes through; one without gets the gateway's (RFC 9110 6.6.1).
         super::date::write_date_header(out);
     }
     out.extend_from_slice(gateway.routed_worker_line);
+    out.extend_from_slice(gateway.request_id_line);
     if gateway.predicted_cached_tokens > 0 {
         out.extend_from_slice(PREDICTED_CACHED_TOKENS_HEADER);
         out.extend_from_slice(b": ");
@@ -602,6 +609,19 @@ pub fn write_local_response(
     body: &[u8],
     connection: Connection,
 ) {
+    write_local_response_with_id(out, status, content_type, body, connection, b"");
+}
+
+/// As [`write_local_response`], with the request's `x-request-id: <id>\r\n` line (the data
+/// port's answers; empty: none).
+pub fn write_local_response_with_id(
+    out: &mut Vec<u8>,
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    connection: Connection,
+    request_id_line: &[u8],
+) {
     out.extend_from_slice(b"HTTP/1.1 ");
     write_status_code(out, status);
     out.push(b' ');
@@ -610,6 +630,7 @@ pub fn write_local_response(
     out.extend_from_slice(content_type.as_bytes());
     out.extend_from_slice(b"\r\n");
     super::date::write_date_header(out);
+    out.extend_from_slice(request_id_line);
     if status == 401 {
         // RFC 9110 11.6.1: a 401 names its scheme; every credential the gateway checks is a
         // bearer token (`--api-key`, `--admin-api-key`).

@@ -7,6 +7,7 @@
 use super::cache_aware::RequestSize;
 use super::prepared::{prompt_tokens, Lookup, Prepared};
 use super::router::LOG_TARGET;
+use super::simple::HashBranch;
 use super::{
     cache_aware, simple, Affinity, Branch, CacheIndexKind, Decision, PolicyKind, Router,
     WorkerLoad, WorkerRing, WorkerStatus, WorkerView,
@@ -226,11 +227,24 @@ impl Router {
                     load_factor: self.config.prefix_hash_load_factor,
                     abs_threshold: self.config.prefix_hash_balance_abs_threshold,
                 };
-                simple::prefix_hash(key, &self.ring, workers, balance, rng)
+                let (picked, branch) =
+                    simple::prefix_hash_branch(key, &self.ring, workers, balance, rng);
+                // SMG's `no_tokens`: nothing to hash (kvgate still routes it, on the ring).
+                let branch = match (branch, input.key().is_empty()) {
+                    (HashBranch::RingHit | HashBranch::LoadBalanceWalk, true) => {
+                        HashBranch::NoTokens
+                    }
+                    (branch, _) => branch,
+                };
+                self.metrics.record_hash_branch(branch);
+                picked
             }
             PolicyKind::ConsistentHashing => {
                 let (target, key) = (input.target_worker(), input.routing_key_hash());
-                simple::consistent_hashing(target, key, &self.ring, workers, rng)
+                let (picked, branch) =
+                    simple::consistent_hashing_branch(target, key, &self.ring, workers, rng);
+                self.metrics.record_hash_branch(branch);
+                picked
             }
         }
     }

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use crossbeam_utils::CachePadded;
 
+use super::simple::HashBranch;
 use super::{Branch, Decision};
 
 /// Upper bounds of the match-ratio histogram buckets (SMG's: 0, 0.1 … 1.0), then `+Inf`.
@@ -40,6 +41,9 @@ struct Counters {
     tokenize_offloaded: AtomicU64,
     /// Cold tokenizations the pool could not take (queue full): those requests routed on text.
     tokenize_refused: AtomicU64,
+    /// prefix_hash and consistent_hashing decisions by [`HashBranch`] (every attempt's, as
+    /// SMG counts each `select_worker`).
+    hash_branch: [AtomicU64; HashBranch::ALL.len()],
 }
 
 const TOKENIZER_FIGURES: usize = 8;
@@ -157,6 +161,11 @@ impl PolicyMetrics {
         }
     }
 
+    /// Counts one prefix_hash or consistent_hashing decision.
+    pub fn record_hash_branch(&self, branch: HashBranch) {
+        bump(&self.inner.hash_branch[branch as usize], 1);
+    }
+
     /// Counts a cold tokenization handed to the pool.
     pub fn count_tokenize_offloaded(&self) {
         bump(&self.inner.tokenize_offloaded, 1);
@@ -260,7 +269,39 @@ pub fn render_prometheus<'a>(
         .sum();
     let _ = writeln!(out, "smg_cache_aware_match_ratio_sum {sum}");
     let _ = writeln!(out, "smg_cache_aware_match_ratio_count {cumulative}");
+    render_hash_branches(cores.clone(), out);
     render_tokenizer(cores, out);
+}
+
+/// `smg_prefix_hash_policy_branch_total` and `smg_consistent_hashing_policy_branch_total`, each
+/// with SMG's five branches (zero under the other policies).
+fn render_hash_branches<'a>(
+    cores: impl IntoIterator<Item = &'a PolicyMetrics> + Clone,
+    out: &mut String,
+) {
+    let families = [
+        (
+            "smg_prefix_hash_policy_branch_total",
+            "Prefix-hash routing decisions by branch",
+            HashBranch::PREFIX_HASH,
+        ),
+        (
+            "smg_consistent_hashing_policy_branch_total",
+            "Consistent-hashing routing decisions by branch",
+            HashBranch::CONSISTENT_HASHING,
+        ),
+    ];
+    for (name, help, branches) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for branch in branches {
+            let total: u64 = cores
+                .clone()
+                .into_iter()
+                .map(|c| c.inner.hash_branch[branch as usize].load(Relaxed))
+                .sum();
+            let _ = writeln!(out, "{name}{{branch=\"{}\"}} {total}", branch.label());
+        }
+    }
 }
 
 /// The tokenization families, summed over `cores`.

@@ -150,6 +150,79 @@ pub struct PrefixHashBalance {
     pub abs_threshold: f64,
 }
 
+/// Which way a hashing policy decided, as SMG counts it (`smg_prefix_hash_policy_branch_total`
+/// and `smg_consistent_hashing_policy_branch_total`, label `branch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(usize)]
+pub enum HashBranch {
+    /// No eligible worker (both policies).
+    NoHealthyWorkers,
+    /// prefix_hash: the request had no prompt to hash (SMG's; kvgate hashes text too, so only
+    /// an empty prompt counts here, and it still routes).
+    NoTokens,
+    /// prefix_hash: the key's owner on the ring took it.
+    RingHit,
+    /// prefix_hash: the owner was overloaded; the next acceptable worker on the ring took it.
+    LoadBalanceWalk,
+    /// prefix_hash: every worker was overloaded; the least loaded took it.
+    FallbackLeastLoad,
+    /// consistent_hashing: the `x-smg-target-worker` worker took it.
+    TargetWorkerHit,
+    /// consistent_hashing: `x-smg-target-worker` named no eligible worker (kvgate then goes on
+    /// to the routing key or a random worker, where SMG refuses).
+    TargetWorkerMiss,
+    /// consistent_hashing: the routing key's owner on the ring took it.
+    RoutingKeyHit,
+    /// consistent_hashing: no key: a random eligible worker.
+    RandomFallback,
+}
+
+impl HashBranch {
+    /// Every branch, in discriminant order.
+    pub const ALL: [HashBranch; 9] = [
+        HashBranch::NoHealthyWorkers,
+        HashBranch::NoTokens,
+        HashBranch::RingHit,
+        HashBranch::LoadBalanceWalk,
+        HashBranch::FallbackLeastLoad,
+        HashBranch::TargetWorkerHit,
+        HashBranch::TargetWorkerMiss,
+        HashBranch::RoutingKeyHit,
+        HashBranch::RandomFallback,
+    ];
+    /// prefix_hash's branches (SMG's label set).
+    pub const PREFIX_HASH: [HashBranch; 5] = [
+        HashBranch::NoHealthyWorkers,
+        HashBranch::NoTokens,
+        HashBranch::RingHit,
+        HashBranch::LoadBalanceWalk,
+        HashBranch::FallbackLeastLoad,
+    ];
+    /// consistent_hashing's branches (SMG's label set).
+    pub const CONSISTENT_HASHING: [HashBranch; 5] = [
+        HashBranch::NoHealthyWorkers,
+        HashBranch::TargetWorkerHit,
+        HashBranch::TargetWorkerMiss,
+        HashBranch::RoutingKeyHit,
+        HashBranch::RandomFallback,
+    ];
+
+    /// SMG's label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            HashBranch::NoHealthyWorkers => "no_healthy_workers",
+            HashBranch::NoTokens => "no_tokens",
+            HashBranch::RingHit => "ring_hit",
+            HashBranch::LoadBalanceWalk => "load_balance_walk",
+            HashBranch::FallbackLeastLoad => "fallback_least_load",
+            HashBranch::TargetWorkerHit => "target_worker_hit",
+            HashBranch::TargetWorkerMiss => "target_worker_miss",
+            HashBranch::RoutingKeyHit => "routing_key_hit",
+            HashBranch::RandomFallback => "random_fallback",
+        }
+    }
+}
+
 /// `prefix_hash`: the key's owner on the ring, skipping overloaded workers: at or above the
 /// bounded-load cap `ceil(load_factor * (in-flight total + 1) / eligible)` and at least
 /// `abs_threshold` requests above the fleet mean (both, as SMG's gate).
@@ -160,21 +233,42 @@ pub fn prefix_hash(
     balance: PrefixHashBalance,
     rng: &mut Rng,
 ) -> Option<WorkerId> {
+    prefix_hash_branch(key_hash, ring, workers, balance, rng).0
+}
+
+/// [`prefix_hash`] and the branch it took.
+pub fn prefix_hash_branch(
+    key_hash: u64,
+    ring: &WorkerRing,
+    workers: &[WorkerStatus],
+    balance: PrefixHashBalance,
+    rng: &mut Rng,
+) -> (Option<WorkerId>, HashBranch) {
     let fleet = Fleet::scan(workers);
     if fleet.eligible == 0 {
-        return None;
+        return (None, HashBranch::NoHealthyWorkers);
     }
     let total = fleet.in_flight_mean * f64::from(fleet.eligible);
     let cap = (balance.load_factor * (total + 1.0) / f64::from(fleet.eligible)).ceil();
     let abs_limit = fleet.in_flight_mean + balance.abs_threshold;
+    // The first eligible worker met is the key's owner; the walk passes it when overloaded.
+    let mut owner_passed = false;
     let not_overloaded = |id: WorkerId| {
         eligible(workers, id) && {
             let in_flight = f64::from(workers[id.index()].in_flight);
-            in_flight < cap || in_flight < abs_limit
+            let takes = in_flight < cap || in_flight < abs_limit;
+            owner_passed |= !takes;
+            takes
         }
     };
-    ring.walk(key_hash, not_overloaded)
-        .or_else(|| least_load(workers, &ScorerConfig::BUILT_IN, rng))
+    match ring.walk(key_hash, not_overloaded) {
+        Some(id) if owner_passed => (Some(id), HashBranch::LoadBalanceWalk),
+        Some(id) => (Some(id), HashBranch::RingHit),
+        None => {
+            let least = least_load(workers, &ScorerConfig::BUILT_IN, rng);
+            (least, HashBranch::FallbackLeastLoad)
+        }
+    }
 }
 
 /// `consistent_hashing`: the `x-smg-target-worker` worker when it is eligible; else the
@@ -186,13 +280,30 @@ pub fn consistent_hashing(
     workers: &[WorkerStatus],
     rng: &mut Rng,
 ) -> Option<WorkerId> {
-    if let Some(id) = target_worker
-        .and_then(|url| ring.find_url(url))
-        .filter(|&id| eligible(workers, id))
-    {
-        return Some(id);
+    consistent_hashing_branch(target_worker, routing_key_hash, ring, workers, rng).0
+}
+
+/// [`consistent_hashing`] and the branch it took (a target that missed counts as the miss,
+/// whatever then took the request).
+pub fn consistent_hashing_branch(
+    target_worker: Option<&str>,
+    routing_key_hash: Option<u64>,
+    ring: &WorkerRing,
+    workers: &[WorkerStatus],
+    rng: &mut Rng,
+) -> (Option<WorkerId>, HashBranch) {
+    let target = target_worker.map(|url| ring.find_url(url).filter(|&id| eligible(workers, id)));
+    if let Some(Some(id)) = target {
+        return (Some(id), HashBranch::TargetWorkerHit);
     }
-    routing_key_hash
-        .and_then(|hash| ring.walk(hash, |id| eligible(workers, id)))
-        .or_else(|| random(workers, rng))
+    let keyed = routing_key_hash.and_then(|hash| ring.walk(hash, |id| eligible(workers, id)));
+    let (picked, branch) = match keyed {
+        Some(id) => (Some(id), HashBranch::RoutingKeyHit),
+        None => (random(workers, rng), HashBranch::RandomFallback),
+    };
+    match (picked, target) {
+        (None, _) => (None, HashBranch::NoHealthyWorkers),
+        (Some(id), Some(None)) => (Some(id), HashBranch::TargetWorkerMiss),
+        (Some(id), _) => (Some(id), branch),
+    }
 }

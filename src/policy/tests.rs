@@ -1612,3 +1612,65 @@ fn load_aware_under_steady_load_replicates_early_then_holders_share_without_osci
         assert!(widest_gap <= 6.0, "seed {seed}: batches {widest_gap} apart");
     }
 }
+
+#[test]
+fn the_hashing_policies_name_smgs_branches() {
+    use super::simple::{consistent_hashing_branch, prefix_hash_branch, HashBranch};
+    let ring = ring(4);
+    let workers = idle(4);
+    let mut rng = Rng::with_seed(5);
+    let ns = PartitionNamespace::UNPARTITIONED;
+    let key = prefix_hash_key(RoutingKey::Tokens(&[1, 2, 3]), ns, 256, &[]);
+    let (owner, branch) = prefix_hash_branch(key, &ring, &workers, CAP_ONLY, &mut rng);
+    assert_eq!(branch, HashBranch::RingHit);
+    let owner = owner.unwrap_or_default();
+    let mut busy = idle(4);
+    busy[owner.index()].in_flight = 10;
+    let (moved, branch) = prefix_hash_branch(key, &ring, &busy, CAP_ONLY, &mut rng);
+    assert_eq!(branch, HashBranch::LoadBalanceWalk);
+    assert_ne!(moved, Some(owner));
+    // Everyone at the mean and past the cap: none takes it on the ring.
+    let mut all_busy = idle(4);
+    all_busy.iter_mut().for_each(|w| w.in_flight = 10);
+    let strict = PrefixHashBalance {
+        load_factor: 0.1,
+        abs_threshold: 0.0,
+    };
+    let (least, branch) = prefix_hash_branch(key, &ring, &all_busy, strict, &mut rng);
+    assert!(least.is_some());
+    assert_eq!(branch, HashBranch::FallbackLeastLoad);
+    let mut none = idle(4);
+    none.iter_mut().for_each(|w| w.eligible = false);
+    let (picked, branch) = prefix_hash_branch(key, &ring, &none, CAP_ONLY, &mut rng);
+    assert_eq!((picked, branch), (None, HashBranch::NoHealthyWorkers));
+    // consistent_hashing: target hit and miss, routing key, random.
+    let target = Some("http://127.0.0.1:31002");
+    let hit = consistent_hashing_branch(target, None, &ring, &workers, &mut rng);
+    assert_eq!(hit, (Some(WorkerId(2)), HashBranch::TargetWorkerHit));
+    let gone = Some("http://127.0.0.1:39999");
+    let (_, branch) = consistent_hashing_branch(gone, None, &ring, &workers, &mut rng);
+    assert_eq!(branch, HashBranch::TargetWorkerMiss);
+    let keyed = Some(xxhash_rust::xxh3::xxh3_64(b"user-42"));
+    let (_, branch) = consistent_hashing_branch(None, keyed, &ring, &workers, &mut rng);
+    assert_eq!(branch, HashBranch::RoutingKeyHit);
+    let (_, branch) = consistent_hashing_branch(None, None, &ring, &workers, &mut rng);
+    assert_eq!(branch, HashBranch::RandomFallback);
+    let (picked, branch) = consistent_hashing_branch(target, keyed, &ring, &none, &mut rng);
+    assert_eq!((picked, branch), (None, HashBranch::NoHealthyWorkers));
+    // Rendered with SMG's five labels each.
+    let metrics = PolicyMetrics::default();
+    metrics.record_hash_branch(HashBranch::RingHit);
+    metrics.record_hash_branch(HashBranch::RingHit);
+    metrics.record_hash_branch(HashBranch::TargetWorkerMiss);
+    let mut text = String::new();
+    render_prometheus([&metrics], &mut text);
+    assert!(text.contains("smg_prefix_hash_policy_branch_total{branch=\"ring_hit\"} 2\n"));
+    assert!(text.contains("smg_prefix_hash_policy_branch_total{branch=\"no_tokens\"} 0\n"));
+    assert!(text
+        .contains("smg_consistent_hashing_policy_branch_total{branch=\"target_worker_miss\"} 1\n"));
+    assert_eq!(
+        text.matches("smg_consistent_hashing_policy_branch_total{")
+            .count(),
+        5
+    );
+}

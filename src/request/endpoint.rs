@@ -17,6 +17,16 @@ pub enum Method {
 }
 
 impl Method {
+    /// The method's token (`OTHER` for the rest).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Get => "GET",
+            Method::Post => "POST",
+            Method::Head => "HEAD",
+            Method::Other => "OTHER",
+        }
+    }
+
     /// The method of a request line's method token.
     pub fn of_token(token: &str) -> Method {
         match token {

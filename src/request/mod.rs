@@ -14,6 +14,7 @@
 mod body;
 mod endpoint;
 mod header;
+pub mod id;
 mod partition;
 mod scan;
 

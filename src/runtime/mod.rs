@@ -26,6 +26,7 @@ use monoio::io::Canceller;
 use monoio::net::TcpListener;
 
 use crate::config::{Config, PolicyKind};
+use crate::control::discovery;
 use crate::control::index_upkeep::IndexWriters;
 use crate::control::mesh_link::{self, MeshSockets};
 use crate::control::ControlCore;
@@ -255,6 +256,12 @@ pub fn run(config: Config) -> Result<(), StartError> {
             mesh_link::run(sockets, mesh, shared_m)
         })?;
     }
+    if let Some(watched) = shared.config.discovery.clone() {
+        let shared_d = shared.clone();
+        spawn_named("kvgate-discovery".into(), move || {
+            discovery::run(watched, shared_d)
+        })?;
+    }
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let cores = CoreParts {
@@ -283,7 +290,7 @@ pub fn run(config: Config) -> Result<(), StartError> {
     for worker in &shared.config.workers {
         tracing::info!(worker = %worker.url, "worker added");
     }
-    if shared.config.workers.is_empty() {
+    if shared.config.workers.is_empty() && shared.config.discovery.is_none() {
         tracing::warn!(
             "no workers: every routed request is answered 503 until one is added \
              (--worker-urls at start, or POST /workers)"

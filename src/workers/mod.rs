@@ -8,10 +8,13 @@
 //!   overload protection; `retry`: retry settings and the tried-worker list.
 //! - `catalog`: which workers serve which model; `admin`: the admin API's rules.
 //! - `settings`: the worker flags and their validation.
+//! - `discovery`: Kubernetes service discovery's flags, which pods are workers, and the
+//!   reconciliation of the registered workers with them.
 
 pub mod admin;
 pub mod breaker;
 pub mod catalog;
+pub mod discovery;
 pub mod health;
 pub mod load;
 pub mod retry;

@@ -32,6 +32,7 @@ use crate::net::codec::{
     self, Connection, DownstreamFraming, Framing, GatewayHeaders, ResponseHead,
 };
 use crate::net::socket::{Socket, Watched};
+use crate::request::id::REQUEST_ID_HEADER;
 use crate::request::Method;
 use crate::workers::table::WorkerEntry;
 
@@ -314,6 +315,7 @@ async fn write_request(
         request.read_buf,
         authority,
         core.shared.config.via_pseudonym.as_str(),
+        upstream_request_id_line(request),
         body.len(),
     );
     let body_copied = body.len() <= FORWARD_BODY_COPY_BYTES_MAX;
@@ -333,6 +335,19 @@ async fn write_request(
     let (result, buf) = up.socket.write_range(read_buf, body, deadline).await;
     *request.read_buf = buf;
     result.map_err(|e| upstream_io_error(e, "forward request body"))
+}
+
+/// The id line the worker gets: the gateway's, unless the client sent its own `x-request-id`,
+/// which goes through untouched with the other end-to-end headers.
+fn upstream_request_id_line<'r>(request: &'r Forwarded<'_>) -> &'r [u8] {
+    let sent = request
+        .head
+        .headers
+        .get(request.read_buf, REQUEST_ID_HEADER);
+    match sent {
+        Some(_) => b"",
+        None => request.request_id.header_line(),
+    }
 }
 
 /// One read of the worker's response, given up (the read cancelled) when the client goes or

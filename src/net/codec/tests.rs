@@ -239,7 +239,7 @@ fn via_is_added_upstream_and_our_own_entry_is_recognized() {
     assert!(!head.via_names(input, b"kvgate-00c0ffe"));
     assert!(!head.via_names(input, b"kvgate-12345678"));
     let mut out = Vec::new();
-    write_upstream_request_head_via(&mut out, &head, input, "w:1", "kvgate-12345678", 0);
+    write_upstream_request_head_via(&mut out, &head, input, "w:1", "kvgate-12345678", b"", 0);
     let text = String::from_utf8(out).unwrap();
     assert!(
         text.contains("Via: 1.0 edge (squid), 1.1 kvgate-00c0ffee\r\nvia: 1.1 kvgate-12345678\r\n"),
@@ -350,6 +350,7 @@ fn downstream_head_adds_routed_worker_and_framing() {
     let gateway = GatewayHeaders {
         routed_worker_line: b"x-smg-routed-worker-id: http://w:1\r\n",
         predicted_cached_tokens: 0,
+        request_id_line: b"",
     };
     write_downstream_response_head(
         &mut out,
@@ -561,7 +562,7 @@ mod never_panics {
             if let Ok(Some(head)) = parse_response_head(&response, Method::Post) {
                 let mut out = Vec::new();
                 let framing = DownstreamFraming::choose(head.framing, 1);
-                let gateway = GatewayHeaders { routed_worker_line: b"x: y\r\n", predicted_cached_tokens: 0 };
+                let gateway = GatewayHeaders { routed_worker_line: b"x: y\r\n", predicted_cached_tokens: 0, request_id_line: b"" };
                 write_downstream_response_head(&mut out, &head, &response, gateway, framing, Connection::KeepAlive);
             }
         }
@@ -597,4 +598,56 @@ fn headers_at_the_end_of_the_largest_head_are_read_whole() {
     );
     let one_more = format!("{start}{fill}x{end}");
     assert!(parse_request_head(one_more.as_bytes()).is_err());
+}
+
+#[test]
+fn the_request_id_replaces_the_workers_and_goes_upstream_as_given() {
+    // The client's answer: the gateway's id, the worker's own dropped (SMG inserts over it).
+    let input = b"HTTP/1.1 200 OK\r\nX-Request-Id: engine-1\r\nContent-Length: 0\r\n\r\n";
+    let head = parse_response_head(input, Method::Post).unwrap().unwrap();
+    let gateway = GatewayHeaders {
+        routed_worker_line: b"",
+        predicted_cached_tokens: 0,
+        request_id_line: b"x-request-id: chatcmpl-abc\r\n",
+    };
+    let mut out = Vec::new();
+    let framing = DownstreamFraming::choose(head.framing, 1);
+    write_downstream_response_head(
+        &mut out,
+        &head,
+        input,
+        gateway,
+        framing,
+        Connection::KeepAlive,
+    );
+    let text = String::from_utf8(out).unwrap();
+    assert!(!text.contains("engine-1"), "{text}");
+    assert_eq!(
+        text.matches("x-request-id: chatcmpl-abc\r\n").count(),
+        1,
+        "{text}"
+    );
+    // The worker's request: the line after the client's headers.
+    let request = b"POST /generate HTTP/1.1\r\nHost: gw\r\nX-Trace-Id: t-1\r\n\r\n";
+    let head = parse_request_head(request).unwrap().unwrap();
+    let mut out = Vec::new();
+    let line = b"x-request-id: t-1\r\n";
+    write_upstream_request_head_via(&mut out, &head, request, "w:1", "", line, 0);
+    let text = String::from_utf8(out).unwrap();
+    assert!(
+        text.contains("X-Trace-Id: t-1\r\nx-request-id: t-1\r\n"),
+        "{text}"
+    );
+    // A local answer carries it after its Date.
+    let mut out = Vec::new();
+    write_local_response_with_id(
+        &mut out,
+        404,
+        "application/json",
+        b"{}",
+        Connection::KeepAlive,
+        line,
+    );
+    let text = String::from_utf8(out).unwrap();
+    assert_eq!(text.matches("x-request-id: t-1\r\n").count(), 1, "{text}");
 }
