@@ -409,8 +409,7 @@ fn fill_openai(params: &mut GenerateParams, raw: RawOpenAi) -> Result<(), ParamE
     params.n = raw.n.unwrap_or(1);
     params.stream = raw.stream.unwrap_or(false);
     params.include_usage = match raw.stream_options {
-        Some(options) if !params.stream => {
-            let _ = options;
+        Some(_) if !params.stream => {
             return Err(ParamError::field(
                 "stream_options",
                 "stream_options is only allowed when stream is true",
