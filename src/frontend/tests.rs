@@ -437,3 +437,78 @@ fn a_failed_stream_ends_with_an_error_event() {
         .unwrap()
         .starts_with("event: error\ndata: {\"type\":\"error\""));
 }
+
+/// The reference on the whole decoded text: the first stop to end, the longest there, then
+/// the first listed; the text before it (or through it when kept).
+fn trimmed_whole(stops: &[String], text: &str, keep: bool) -> (String, Option<usize>) {
+    for end in (1..=text.len()).filter(|e| text.is_char_boundary(*e)) {
+        let found = stops
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| text[..end].ends_with(s.as_str()))
+            .max_by_key(|(i, s)| (s.len(), std::cmp::Reverse(*i)));
+        if let Some((index, stop)) = found {
+            let cut = if keep { end } else { end - stop.len() };
+            return (text[..cut].to_owned(), Some(index));
+        }
+    }
+    (text.to_owned(), None)
+}
+
+proptest::proptest! {
+    #[test]
+    fn streamed_choices_equal_the_whole_sequence_decoded_then_trimmed(
+        picks in proptest::collection::vec(0usize..1000, 1..40),
+        cuts in proptest::collection::vec(1usize..4, 1..40),
+        stop_spans in proptest::collection::vec((0usize..40, 1usize..4), 0..3),
+        skip in proptest::bool::ANY,
+        keep in proptest::bool::ANY,
+    ) {
+        let table = table();
+        let size = 300;
+        let ids: Vec<u32> = picks.iter().map(|p| (p % size) as u32).collect();
+        let whole = table.decode_whole(&ids, skip);
+        // Stops cut from the whole text, so they do occur (or from its tail, partly).
+        let stops: Vec<String> = stop_spans
+            .iter()
+            .filter_map(|&(at, len)| {
+                let chars: Vec<char> = whole.chars().collect();
+                let at = at % chars.len().max(1);
+                let s: String = chars.iter().skip(at).take(len).collect();
+                (!s.is_empty()).then_some(s)
+            })
+            .collect();
+        let body = json!({"messages": [], "stop": stops, "skip_special_tokens": skip,
+            "no_stop_trim": keep, "ignore_eos": true});
+        let p = params(Api::Chat, body);
+        let mut decoder = OutputDecoder::new(table.clone(), &p, &[]);
+        let mut text = String::new();
+        let mut finish = None;
+        let mut at = 0;
+        for cut in cuts.iter().cycle() {
+            if at >= ids.len() || finish.is_some() {
+                break;
+            }
+            let end = (at + cut).min(ids.len());
+            let d = decoder.push(0, &ids[at..end]);
+            text.push_str(d.text);
+            finish = d.finish.cloned();
+            at = end;
+        }
+        if finish.is_none() {
+            let d = decoder.finish(0, FinishReason::Length, None);
+            text.push_str(d.text);
+            finish = d.finish.cloned();
+        }
+        let (expected, matched) = trimmed_whole(&stops, &whole, keep);
+        proptest::prop_assert_eq!(&text, &expected, "ids {:?} stops {:?}", ids, stops);
+        let finish = finish.unwrap();
+        match matched {
+            Some(index) => {
+                proptest::prop_assert_eq!(finish.reason, FinishReason::Stop);
+                proptest::prop_assert_eq!(finish.matched, Some(MatchedStop::Text(index)));
+            }
+            None => proptest::prop_assert_eq!(finish.reason, FinishReason::Length),
+        }
+    }
+}
