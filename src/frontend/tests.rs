@@ -183,15 +183,18 @@ fn completion_stream_and_body() {
     let hello = id("▁Hello");
     let body = json!({"prompt": "x", "stream": true});
     let sse = stream(Api::Completion, body, &[&[hello]], usage());
-    let head = r#"data: {"id":"chatcmpl-1","object":"text_completion","created":1700000000,"model":"m","choices":["#;
-    assert!(sse.starts_with(&format!(
-        r#"{head}{{"index":0,"text":"Hello","logprobs":null,"finish_reason":null}}]}}"#
-    )));
-    let chunks = data_lines(&sse);
-    assert_eq!(
-        chunks.last().unwrap()["choices"][0]["finish_reason"],
-        "length"
-    );
+    // SMG's completions chunk: `choices` before `model`, no `logprobs` unless asked.
+    let chunk = |choice: &str| {
+        format!(
+            r#"data: {{"id":"chatcmpl-1","object":"text_completion","created":1700000000,"choices":[{choice}],"model":"m"}}"#
+        ) + "\n\n"
+    };
+    let expected = [
+        chunk(r#"{"text":"Hello","index":0,"finish_reason":null}"#),
+        chunk(r#"{"text":"","index":0,"finish_reason":"length"}"#),
+        "data: [DONE]\n\n".to_owned(),
+    ];
+    assert_eq!(sse, expected.concat());
 
     let table = table();
     let p = params(Api::Completion, json!({"prompt": "x", "logprobs": 1}));

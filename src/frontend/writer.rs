@@ -5,7 +5,7 @@
 use super::anthropic;
 use super::generate::{self, GenerateChoice};
 use super::json::push_str;
-use super::openai;
+use super::openai::{self, Frame, ModelField};
 use super::output::{Finish, FinishReason, ResponseMeta, Step, TokenLogprob, Usage};
 use super::params::{Api, GenerateParams};
 use crate::tokenize::DecodeTable;
@@ -29,8 +29,8 @@ struct ChoiceRecord {
 pub struct StreamWriter {
     api: Api,
     meta: ResponseMeta,
-    /// OpenAI: every chunk's beginning, rendered once.
-    head: Vec<u8>,
+    /// OpenAI: the fields around every chunk's choices, rendered once (unused by the others).
+    frame: Frame,
     stops: Vec<String>,
     include_usage: bool,
     logprobs: bool,
@@ -42,15 +42,14 @@ impl StreamWriter {
     /// A writer for `params`' API and choices; `prompt_tokens` is the prompt's length, known
     /// before the engine answers (Anthropic's `message_start`, `/generate`'s `meta_info`).
     pub fn new(params: &GenerateParams, meta: ResponseMeta, prompt_tokens: u32) -> StreamWriter {
-        let head = match params.api {
-            Api::Chat => openai::chunk_head(&meta, "chat.completion.chunk"),
-            Api::Completion => openai::chunk_head(&meta, "text_completion"),
-            Api::Messages | Api::Generate => Vec::new(),
+        let frame = match params.api {
+            Api::Completion => Frame::new(&meta, "text_completion", ModelField::Last),
+            _ => Frame::new(&meta, "chat.completion.chunk", ModelField::First),
         };
         StreamWriter {
             api: params.api,
             meta,
-            head,
+            frame,
             stops: params.stop.clone(),
             include_usage: params.include_usage,
             logprobs: params.logprobs.is_some(),
@@ -81,19 +80,19 @@ impl StreamWriter {
         match self.api {
             Api::Chat => {
                 if !choice.opened && (has_content || step.finish.is_some()) {
-                    openai::chat_role_chunk(out, &self.head, step.index);
+                    openai::chat_role_chunk(out, &self.frame, step.index);
                     choice.opened = true;
                 }
                 if has_content {
-                    openai::chat_content_chunk(out, &self.head, step.index, step.text, logprobs);
+                    openai::chat_content_chunk(out, &self.frame, step.index, step.text, logprobs);
                 }
                 if let Some(finish) = step.finish {
-                    openai::chat_finish_chunk(out, &self.head, step.index, finish, &self.stops);
+                    openai::chat_finish_chunk(out, &self.frame, step.index, finish, &self.stops);
                 }
             }
             Api::Completion => {
                 if has_content || step.finish.is_some() {
-                    let finish = step.finish.map(|f| (f, &self.stops[..]));
+                    let finish = step.finish;
                     let offset = choice.text.len();
                     let chunk = openai::Chunk {
                         index: step.index,
@@ -101,7 +100,7 @@ impl StreamWriter {
                         logprobs,
                         text_offset: offset,
                     };
-                    openai::completion_chunk(out, &self.head, &chunk, finish);
+                    openai::completion_chunk(out, &self.frame, &chunk, finish);
                 }
                 if self.logprobs {
                     // Completions' text offsets count from the choice's start.
@@ -145,7 +144,7 @@ impl StreamWriter {
         match self.api {
             Api::Chat | Api::Completion => {
                 if self.include_usage {
-                    openai::usage_chunk(out, &self.head, usage);
+                    openai::usage_chunk(out, &self.frame, usage);
                 }
                 out.extend_from_slice(openai::DONE);
             }
@@ -264,9 +263,8 @@ impl FullWriter {
         } else {
             "text_completion"
         };
-        // The chunk head without `data: `: the same fields open the body.
-        let head = openai::chunk_head(&self.meta, object);
-        out.extend_from_slice(&head[b"data: ".len()..]);
+        let frame = Frame::new(&self.meta, object, ModelField::First);
+        frame.open(out, false);
         for (i, c) in self.choices.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
@@ -293,7 +291,8 @@ impl FullWriter {
             openai::push_matched_stop(out, finish.matched.as_ref(), &self.stops);
             out.push(b'}');
         }
-        out.extend_from_slice(b"],\"usage\":");
+        frame.close_choices(out);
+        out.extend_from_slice(b",\"usage\":");
         openai::push_usage(out, usage);
         out.push(b'}');
     }
