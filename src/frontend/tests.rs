@@ -223,6 +223,7 @@ fn completion_stream_and_body() {
     let body: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(body["object"], "text_completion");
     assert_eq!(body["choices"][0]["text"], "Hello");
+    assert_eq!(body["choices"][0]["index"], 0);
     assert_eq!(
         body["choices"][0]["logprobs"],
         json!({"tokens": [" Hello"], "token_logprobs": [-0.5], "top_logprobs": [{" Hello": -0.5}], "text_offset": [0]})
@@ -274,7 +275,7 @@ fn chat_body_with_logprobs_and_n() {
     let choices = body["choices"].as_array().unwrap();
     assert_eq!(
         choices[0]["message"],
-        json!({"role": "assistant", "content": "Hello", "reasoning_content": null, "tool_calls": null})
+        json!({"role": "assistant", "content": "Hello", "reasoning_content": null})
     );
     // A choice the engine never ended is reported as aborted.
     assert_eq!(choices[0]["finish_reason"], "abort");
@@ -514,4 +515,31 @@ proptest::proptest! {
             None => proptest::prop_assert_eq!(finish.reason, FinishReason::Length),
         }
     }
+}
+
+#[test]
+fn chat_body_in_smg_shape() {
+    let table = table();
+    let p = params(Api::Chat, json!({"messages": []}));
+    let mut writer = FullWriter::new(&p, meta());
+    let end = Finish {
+        reason: FinishReason::Stop,
+        matched: Some(MatchedStop::Token(2)),
+    };
+    writer.step(&Step {
+        index: 0,
+        token_ids: &[5],
+        text: "Hi",
+        logprobs: &[],
+        finish: Some(&end),
+    });
+    let mut out = Vec::new();
+    writer.write(&usage(), &table, &mut out);
+    let expected = concat!(
+        r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","#,
+        r#""choices":[{"index":0,"message":{"role":"assistant","content":"Hi","reasoning_content":null},"#,
+        r#""finish_reason":"stop","matched_stop":2}],"usage":{"prompt_tokens":12,"#,
+        r#""completion_tokens":5,"total_tokens":17,"prompt_tokens_details":{"cached_tokens":8}}}"#
+    );
+    assert_eq!(String::from_utf8(out).unwrap(), expected);
 }

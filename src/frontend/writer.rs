@@ -269,21 +269,26 @@ impl FullWriter {
             if i > 0 {
                 out.push(b',');
             }
-            out.extend_from_slice(b"{\"index\":");
-            super::json::push_u64(out, i as u64);
+            // SMG's order: chat `index`, `message`; completions `text`, `index`; then
+            // `logprobs` only when asked.
             if self.api == Api::Chat {
+                out.extend_from_slice(b"{\"index\":");
+                super::json::push_u64(out, i as u64);
                 out.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
                 push_str(out, &c.text);
-                out.extend_from_slice(b",\"reasoning_content\":null,\"tool_calls\":null}");
+                out.extend_from_slice(b",\"reasoning_content\":null}");
             } else {
-                out.extend_from_slice(b",\"text\":");
+                out.extend_from_slice(b"{\"text\":");
                 push_str(out, &c.text);
+                out.extend_from_slice(b",\"index\":");
+                super::json::push_u64(out, i as u64);
             }
-            out.extend_from_slice(b",\"logprobs\":");
-            match (self.logprobs, self.api) {
-                (true, Api::Chat) => openai::chat_logprobs(out, &c.logprobs, table),
-                (true, _) => openai::completion_logprobs(out, &c.logprobs, table, 0),
-                (false, _) => out.extend_from_slice(b"null"),
+            if self.logprobs {
+                out.extend_from_slice(b",\"logprobs\":");
+                match self.api {
+                    Api::Chat => openai::chat_logprobs(out, &c.logprobs, table),
+                    _ => openai::completion_logprobs(out, &c.logprobs, table, 0),
+                }
             }
             let finish = finish_of(c);
             out.extend_from_slice(b",\"finish_reason\":");

@@ -175,6 +175,7 @@ fn invalid_values_are_400s_naming_the_field() {
         (r#"{"stop":[""]}"#, "stop"),
         (r#"{"logprobs":true,"top_logprobs":21}"#, "top_logprobs"),
         (r#"{"top_logprobs":2}"#, "top_logprobs"),
+        (r#"{"top_logprobs":0}"#, "top_logprobs"),
         (r#"{"logprobs":3}"#, "logprobs"),
         (
             r#"{"stream_options":{"include_usage":true}}"#,
