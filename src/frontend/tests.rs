@@ -337,6 +337,23 @@ fn anthropic_stream_event_sequence() {
         delta["usage"],
         json!({"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5})
     );
+    // Byte for byte, the events whose fields SMG's types fix.
+    let start_event = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-1\",",
+        "\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",",
+        "\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":12,\"output_tokens\":0}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,",
+        "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,",
+        "\"delta\":{\"type\":\"text_delta\",\"text\":\"Hell\"}}\n\n",
+    );
+    assert!(sse.starts_with(start_event), "{sse}");
+    let end_events = concat!(
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"stop_sequence\",",
+        "\"stop_sequence\":\"orl\"},\"usage\":{\"output_tokens\":5,\"input_tokens\":4,\"cache_read_input_tokens\":8}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    assert!(sse.ends_with(end_events), "{sse}");
 }
 
 #[test]
@@ -365,6 +382,10 @@ fn anthropic_message_body() {
             "stop_reason": "end_turn", "stop_sequence": null,
             "usage": {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5}})
     );
+    let text = String::from_utf8(out).unwrap();
+    let order =
+        r#"{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text""#;
+    assert!(text.starts_with(order), "{text}");
 }
 
 #[test]
