@@ -42,7 +42,8 @@
 //!    (the engine's counts; `decoder.completion_tokens()` when it gives none), then
 //!    `StreamWriter::end(&usage, &mut out)` (usage chunk if asked, `[DONE]`, or Anthropic's
 //!    closing events) or `FullWriter::write(&usage, &table, &mut out)` (the JSON body).
-//!    A worker that fails mid-stream: `StreamWriter::error(message, &mut out)`.
+//!    A worker that fails mid-stream: `StreamWriter::error(message, &mut out)`. `/generate`
+//!    reports `e2e_latency`: call the writer's `set_elapsed(seconds)` before writing.
 //!
 //! Every writer appends to a caller's `Vec<u8>`, so a transport reuses one buffer per
 //! stream; nothing is allocated per token on the OpenAI and Anthropic stream paths after the

@@ -429,17 +429,21 @@ fn generate_stream_and_body_in_sglang_shape() {
             finish: Some(&stop),
         });
     }
+    writer.set_elapsed(0.5);
     let mut out = Vec::new();
     writer.write(&usage(), &table, &mut out);
-    let body: Value = serde_json::from_slice(&out).unwrap();
-    assert_eq!(body.as_array().unwrap().len(), 2);
-    assert_eq!(
-        body[1],
-        json!({"text": "Hello", "output_ids": [hello], "meta_info": {"id": "chatcmpl-1",
-            "finish_reason": {"type": "stop", "matched": "!"}, "prompt_tokens": 12,
-            "completion_tokens": 1, "cached_tokens": 8,
-            "output_token_logprobs": [[-0.25, hello, null]], "output_top_logprobs": [[]]}})
+    let text = String::from_utf8(out).unwrap();
+    // SMG's meta_info fields, in its order.
+    let one = format!(
+        concat!(
+            r#"{{"text":"Hello","output_ids":[{hello}],"meta_info":{{"id":"chatcmpl-1","#,
+            r#""finish_reason":{{"type":"stop"}},"prompt_tokens":12,"weight_version":"default","#,
+            r#""output_token_logprobs":[[-0.25,{hello},null]],"output_top_logprobs":[[]],"#,
+            r#""completion_tokens":1,"cached_tokens":8,"e2e_latency":0.5,"matched_stop":"!"}}}}"#
+        ),
+        hello = hello
     );
+    assert_eq!(text, format!("[{one},{one}]"));
 }
 
 #[test]

@@ -36,6 +36,8 @@ pub struct StreamWriter {
     logprobs: bool,
     prompt_tokens: u32,
     choices: Vec<ChoiceRecord>,
+    /// Seconds since the request arrived (`/generate`'s `e2e_latency`), as last set.
+    elapsed_s: f64,
 }
 
 impl StreamWriter {
@@ -57,7 +59,14 @@ impl StreamWriter {
             choices: (0..params.n.max(1))
                 .map(|_| ChoiceRecord::default())
                 .collect(),
+            elapsed_s: 0.0,
         }
+    }
+
+    /// Sets the seconds since the request arrived, reported by `/generate`'s next events
+    /// (`meta_info.e2e_latency`; 0 until set). The other APIs do not report it.
+    pub fn set_elapsed(&mut self, seconds: f64) {
+        self.elapsed_s = seconds;
     }
 
     /// The events before any token: Anthropic's `message_start` and `content_block_start`;
@@ -128,6 +137,7 @@ impl StreamWriter {
                         output_ids: &choice.ids,
                         finish: step.finish,
                         logprobs: self.logprobs.then_some(&choice.logprobs[..]),
+                        elapsed_s: self.elapsed_s,
                     };
                     generate::event(out, self.meta.id.as_str(), &view, &self.stops, &usage);
                 }
@@ -191,6 +201,8 @@ pub struct FullWriter {
     stops: Vec<String>,
     logprobs: bool,
     choices: Vec<ChoiceRecord>,
+    /// Seconds since the request arrived (`/generate`'s `e2e_latency`), as last set.
+    elapsed_s: f64,
 }
 
 impl FullWriter {
@@ -204,7 +216,14 @@ impl FullWriter {
             choices: (0..params.n.max(1))
                 .map(|_| ChoiceRecord::default())
                 .collect(),
+            elapsed_s: 0.0,
         }
+    }
+
+    /// Sets the seconds since the request arrived (`/generate`'s `meta_info.e2e_latency`; 0
+    /// until set). The other APIs do not report it.
+    pub fn set_elapsed(&mut self, seconds: f64) {
+        self.elapsed_s = seconds;
     }
 
     /// Keeps one step.
@@ -247,6 +266,7 @@ impl FullWriter {
                         output_ids: &c.ids,
                         finish: Some(&finish),
                         logprobs: self.logprobs.then_some(&c.logprobs[..]),
+                        elapsed_s: self.elapsed_s,
                     };
                     generate::choice(out, &self.meta.id, &view, &self.stops, usage);
                 }
