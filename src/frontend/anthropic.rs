@@ -1,23 +1,32 @@
 //! Anthropic's Messages response shapes: the streamed event sequence (`message_start`,
 //! `content_block_start`, `content_block_delta`..., `content_block_stop`, `message_delta`,
-//! `message_stop`) and the non-streamed `message`.
+//! `message_stop`) and the non-streamed `message`, with fields in the order and presence of
+//! SMG's Messages types (`stop_sequence` and `cache_read_input_tokens` left out of a
+//! `message_delta` when none).
 
 use super::json::{push_escaped, push_str, push_u64};
 use super::output::{Finish, ResponseMeta, Usage};
 use crate::tokenize::MatchedStop;
 
-/// `usage` as Anthropic counts it: input tokens apart from those read from the cache.
+/// `usage` as Anthropic counts it: input tokens apart from those read from the cache
+/// (`cache_read_input_tokens`, absent when none), in SMG's field order.
 fn push_usage(out: &mut Vec<u8>, usage: &Usage) {
     out.extend_from_slice(b"{\"input_tokens\":");
     push_u64(
         out,
         u64::from(usage.prompt_tokens.saturating_sub(usage.cached_tokens)),
     );
-    out.extend_from_slice(b",\"cache_read_input_tokens\":");
-    push_u64(out, u64::from(usage.cached_tokens));
     out.extend_from_slice(b",\"output_tokens\":");
     push_u64(out, u64::from(usage.completion_tokens));
+    push_cache_read(out, usage);
     out.push(b'}');
+}
+
+fn push_cache_read(out: &mut Vec<u8>, usage: &Usage) {
+    if usage.cached_tokens > 0 {
+        out.extend_from_slice(b",\"cache_read_input_tokens\":");
+        push_u64(out, u64::from(usage.cached_tokens));
+    }
 }
 
 fn event(out: &mut Vec<u8>, name: &str) {
@@ -26,11 +35,48 @@ fn event(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(b"\ndata: ");
 }
 
-fn push_message_fields(out: &mut Vec<u8>, meta: &ResponseMeta) {
+/// A `message` object: `id`, `type`, `role`, `content` (one text block), `model`, the stop
+/// fields (null while running) and `usage`, in SMG's order.
+fn push_message(
+    out: &mut Vec<u8>,
+    meta: &ResponseMeta,
+    text: Option<&str>,
+    stop: Option<(&Finish, &[String])>,
+    usage: &Usage,
+) {
     out.extend_from_slice(b"{\"id\":");
     push_str(out, &meta.id);
-    out.extend_from_slice(b",\"type\":\"message\",\"role\":\"assistant\",\"model\":");
+    out.extend_from_slice(b",\"type\":\"message\",\"role\":\"assistant\",\"content\":[");
+    if let Some(text) = text {
+        out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
+        push_str(out, text);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"],\"model\":");
     push_str(out, &meta.model);
+    match stop {
+        Some((finish, stops)) => {
+            out.extend_from_slice(b",\"stop_reason\":");
+            push_str(out, finish.reason.anthropic(finish.matched.as_ref()));
+            out.extend_from_slice(b",\"stop_sequence\":");
+            match stop_sequence(finish, stops) {
+                Some(stop) => push_str(out, stop),
+                None => out.extend_from_slice(b"null"),
+            }
+        }
+        None => out.extend_from_slice(b",\"stop_reason\":null,\"stop_sequence\":null"),
+    }
+    out.extend_from_slice(b",\"usage\":");
+    push_usage(out, usage);
+    out.push(b'}');
+}
+
+/// The stop string that ended the message, if one did.
+fn stop_sequence<'a>(finish: &Finish, stops: &'a [String]) -> Option<&'a str> {
+    match &finish.matched {
+        Some(MatchedStop::Text(i)) => stops.get(*i).map(String::as_str),
+        _ => None,
+    }
 }
 
 /// `message_start` and the text block's `content_block_start`; `prompt_tokens` is known
@@ -38,18 +84,12 @@ fn push_message_fields(out: &mut Vec<u8>, meta: &ResponseMeta) {
 pub(super) fn start(out: &mut Vec<u8>, meta: &ResponseMeta, prompt_tokens: u32) {
     event(out, "message_start");
     out.extend_from_slice(b"{\"type\":\"message_start\",\"message\":");
-    push_message_fields(out, meta);
-    out.extend_from_slice(
-        b",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":",
-    );
-    push_usage(
-        out,
-        &Usage {
-            prompt_tokens,
-            ..Usage::default()
-        },
-    );
-    out.extend_from_slice(b"}}\n\n");
+    let usage = Usage {
+        prompt_tokens,
+        ..Usage::default()
+    };
+    push_message(out, meta, None, None, &usage);
+    out.extend_from_slice(b"}\n\n");
     event(out, "content_block_start");
     out.extend_from_slice(
         b"{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
@@ -66,26 +106,26 @@ pub(super) fn delta(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(b"\"}}\n\n");
 }
 
-fn push_stop(out: &mut Vec<u8>, finish: &Finish, stops: &[String]) {
-    out.extend_from_slice(b"\"stop_reason\":");
-    push_str(out, finish.reason.anthropic(finish.matched.as_ref()));
-    out.extend_from_slice(b",\"stop_sequence\":");
-    match &finish.matched {
-        Some(MatchedStop::Text(i)) if *i < stops.len() => push_str(out, &stops[*i]),
-        _ => out.extend_from_slice(b"null"),
-    }
-}
-
 /// `content_block_stop`, `message_delta` (stop reason, usage) and `message_stop`.
 pub(super) fn end(out: &mut Vec<u8>, finish: &Finish, stops: &[String], usage: &Usage) {
     event(out, "content_block_stop");
     out.extend_from_slice(b"{\"type\":\"content_block_stop\",\"index\":0}\n\n");
     event(out, "message_delta");
-    out.extend_from_slice(b"{\"type\":\"message_delta\",\"delta\":{");
-    push_stop(out, finish, stops);
-    out.extend_from_slice(b"},\"usage\":");
-    push_usage(out, usage);
-    out.extend_from_slice(b"}\n\n");
+    out.extend_from_slice(b"{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":");
+    push_str(out, finish.reason.anthropic(finish.matched.as_ref()));
+    if let Some(stop) = stop_sequence(finish, stops) {
+        out.extend_from_slice(b",\"stop_sequence\":");
+        push_str(out, stop);
+    }
+    out.extend_from_slice(b"},\"usage\":{\"output_tokens\":");
+    push_u64(out, u64::from(usage.completion_tokens));
+    out.extend_from_slice(b",\"input_tokens\":");
+    push_u64(
+        out,
+        u64::from(usage.prompt_tokens.saturating_sub(usage.cached_tokens)),
+    );
+    push_cache_read(out, usage);
+    out.extend_from_slice(b"}}\n\n");
     event(out, "message_stop");
     out.extend_from_slice(b"{\"type\":\"message_stop\"}\n\n");
 }
@@ -107,12 +147,5 @@ pub(super) fn message(
     stops: &[String],
     usage: &Usage,
 ) {
-    push_message_fields(out, meta);
-    out.extend_from_slice(b",\"content\":[{\"type\":\"text\",\"text\":");
-    push_str(out, text);
-    out.extend_from_slice(b"}],");
-    push_stop(out, finish, stops);
-    out.extend_from_slice(b",\"usage\":");
-    push_usage(out, usage);
-    out.push(b'}');
+    push_message(out, meta, Some(text), Some((finish, stops)), usage);
 }

@@ -1,8 +1,12 @@
 //! SGLang's native `/generate` response: `{"text","output_ids","meta_info"}` per choice (a
 //! list when `n > 1`), streamed as server-sent events of the text and IDs so far (SGLang's
-//! default, without `--incremental-streaming-output`) ending with `data: [DONE]`.
+//! default, without `--incremental-streaming-output`) ending with `data: [DONE]`. `meta_info`
+//! has SMG's fields in SMG's order: `id`, `finish_reason` (`{"type":"stop"}`,
+//! `{"type":"length","length":N}`, `{"type":"abort"}`, null while running), `prompt_tokens`,
+//! `weight_version`, `output_token_logprobs` (when asked), `completion_tokens`,
+//! `cached_tokens`, `e2e_latency` (seconds), `matched_stop` (when one matched).
 
-use super::json::{push_f32, push_str, push_u64};
+use super::json::{push_f32, push_f64, push_str, push_u64};
 use super::output::{Finish, FinishReason, TokenLogprob, Usage};
 use crate::tokenize::MatchedStop;
 
@@ -12,37 +16,41 @@ pub(super) struct GenerateChoice<'a> {
     pub output_ids: &'a [u32],
     pub finish: Option<&'a Finish>,
     pub logprobs: Option<&'a [TokenLogprob]>,
+    /// Seconds since the request arrived (`e2e_latency`).
+    pub elapsed_s: f64,
 }
 
-/// `meta_info.finish_reason`: `{"type":"stop","matched":...}`, `{"type":"length","length":N}`,
-/// `{"type":"abort","message":...}`, or null while running.
-fn push_finish(out: &mut Vec<u8>, finish: Option<&Finish>, stops: &[String], length: usize) {
-    let Some(finish) = finish else {
-        out.extend_from_slice(b"null");
-        return;
-    };
-    out.extend_from_slice(b"{\"type\":");
-    push_str(out, finish.reason.as_str());
-    match (finish.reason, &finish.matched) {
-        (FinishReason::Stop, Some(MatchedStop::Text(i))) => {
-            out.extend_from_slice(b",\"matched\":");
-            match stops.get(*i) {
-                Some(stop) => push_str(out, stop),
-                None => out.extend_from_slice(b"null"),
+/// `meta_info.finish_reason`, then (after the other fields) `matched_stop`.
+fn push_finish(out: &mut Vec<u8>, finish: Option<&Finish>, length: usize) {
+    match finish.map(|f| f.reason) {
+        None => out.extend_from_slice(b"null"),
+        Some(FinishReason::Length) => {
+            out.extend_from_slice(b"{\"type\":\"length\",\"length\":");
+            push_u64(out, length as u64);
+            out.push(b'}');
+        }
+        Some(reason) => {
+            out.extend_from_slice(b"{\"type\":");
+            push_str(out, reason.as_str());
+            out.push(b'}');
+        }
+    }
+}
+
+fn push_matched(out: &mut Vec<u8>, finish: Option<&Finish>, stops: &[String]) {
+    match finish.and_then(|f| f.matched.as_ref()) {
+        Some(MatchedStop::Text(i)) => {
+            if let Some(stop) = stops.get(*i) {
+                out.extend_from_slice(b",\"matched_stop\":");
+                push_str(out, stop);
             }
         }
-        (FinishReason::Stop, Some(MatchedStop::Token(id))) => {
-            out.extend_from_slice(b",\"matched\":");
+        Some(MatchedStop::Token(id)) => {
+            out.extend_from_slice(b",\"matched_stop\":");
             push_u64(out, u64::from(*id));
         }
-        (FinishReason::Length, _) => {
-            out.extend_from_slice(b",\"length\":");
-            push_u64(out, length as u64);
-        }
-        (FinishReason::Abort, _) => out.extend_from_slice(b",\"message\":null"),
-        (FinishReason::Stop, None) => {}
+        None => {}
     }
-    out.push(b'}');
 }
 
 /// `[[logprob, id, null], ...]` and `[[[logprob, id, null], ...], ...]`.
@@ -99,16 +107,20 @@ pub(super) fn choice(
     out.extend_from_slice(b"],\"meta_info\":{\"id\":");
     push_str(out, id);
     out.extend_from_slice(b",\"finish_reason\":");
-    push_finish(out, choice.finish, stops, choice.output_ids.len());
+    push_finish(out, choice.finish, choice.output_ids.len());
     out.extend_from_slice(b",\"prompt_tokens\":");
     push_u64(out, u64::from(usage.prompt_tokens));
+    out.extend_from_slice(b",\"weight_version\":\"default\"");
+    if let Some(logprobs) = choice.logprobs {
+        push_logprobs(out, logprobs);
+    }
     out.extend_from_slice(b",\"completion_tokens\":");
     push_u64(out, choice.output_ids.len() as u64);
     out.extend_from_slice(b",\"cached_tokens\":");
     push_u64(out, u64::from(usage.cached_tokens));
-    if let Some(logprobs) = choice.logprobs {
-        push_logprobs(out, logprobs);
-    }
+    out.extend_from_slice(b",\"e2e_latency\":");
+    push_f64(out, choice.elapsed_s);
+    push_matched(out, choice.finish, stops);
     out.extend_from_slice(b"}}");
 }
 

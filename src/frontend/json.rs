@@ -67,6 +67,14 @@ pub fn push_f32(out: &mut Vec<u8>, value: f32) {
     }
 }
 
+/// Appends a duration or other float as `serde_json` writes it (`null` when not finite).
+pub fn push_f64(out: &mut Vec<u8>, value: f64) {
+    if value.is_finite() && serde_json::to_writer(&mut *out, &value).is_ok() {
+        return;
+    }
+    out.extend_from_slice(b"null");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,14 +25,15 @@
 //! 3. `OutputDecoder::new(table.clone(), &params, &eos_ids)`, and either
 //!    `StreamWriter::new(&params, meta, prompt_tokens)` (`params.stream`) or
 //!    `FullWriter::new(&params, meta)`; `ResponseMeta` is the response id (`chatcmpl-...`,
-//!    `cmpl-...`, `msg_...`, or the `/generate` rid), the model name and the Unix time.
+//!    `cmpl-...`, `msg_...`, or the `/generate` rid), the model name and the Unix time
+//!    (`ResponseMeta::for_api` makes the id from a number unique to the request).
 //!    Streaming: `writer.start(&mut out)` once, before the first token (Anthropic's
 //!    `message_start`; nothing for the others).
 //! 4. For each engine chunk of choice `i` with new IDs `ids` (and logprobs `lp`, converted to
 //!    [`TokenLogprob`]s): `let d = decoder.push(i, ids)`; then `writer.step(&Step { index: i,
 //!    token_ids: &ids[..d.ids_used], text: d.text, logprobs: &lp[..d.ids_used.min(lp.len())],
-//!    finish: d.finish }, decoder.table(), &mut out)` (`FullWriter::step` takes the step
-//!    alone). When `d.finish` is set the gateway itself ended the choice (a stop string or
+//!    finish: d.finish }, &table, &mut out)` (`table`: the model's `Arc<DecodeTable>`, since
+//!    `d` borrows the decoder; `FullWriter::step` takes the step alone). When `d.finish` is set the gateway itself ended the choice (a stop string or
 //!    stop token): stop reading it and, when every choice ended (`decoder.all_finished()`),
 //!    cancel the engine's stream (`Abort`).
 //! 5. When the engine ends choice `i` (its finish reason, `FinishReason::{Stop, Length,
@@ -42,11 +43,12 @@
 //!    (the engine's counts; `decoder.completion_tokens()` when it gives none), then
 //!    `StreamWriter::end(&usage, &mut out)` (usage chunk if asked, `[DONE]`, or Anthropic's
 //!    closing events) or `FullWriter::write(&usage, &table, &mut out)` (the JSON body).
-//!    A worker that fails mid-stream: `StreamWriter::error(message, &mut out)`.
+//!    A worker that fails mid-stream: `StreamWriter::error(message, &mut out)`. `/generate`
+//!    reports `e2e_latency`: call the writer's `set_elapsed(seconds)` before writing.
 //!
 //! Every writer appends to a caller's `Vec<u8>`, so a transport reuses one buffer per
-//! stream; nothing is allocated per token on the OpenAI and Anthropic stream paths after the
-//! first chunk (`/generate` keeps the cumulative text and IDs it reports).
+//! stream; without logprobs nothing is allocated per token on the OpenAI and Anthropic stream
+//! paths after the first chunk (`/generate` keeps the cumulative text and IDs it reports).
 //!
 //! Key types: [`GenerateParams`] (and [`Sampling`], [`Constraint`], [`ParamError`]),
 //! [`OutputDecoder`], [`Step`], [`Finish`], [`Usage`], [`StreamWriter`], [`FullWriter`].

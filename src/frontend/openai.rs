@@ -7,7 +7,9 @@
 //! `role`, `content` and `reasoning_content: null`, `logprobs` and `finish_reason` are always
 //! present (null until set), a choice's last chunk has an empty delta with its `finish_reason`
 //! and SGLang's `matched_stop` (absent when none), the usage chunk has no choices, and the
-//! stream ends with `data: [DONE]`. One difference, on purpose: a step whose text is held back
+//! stream ends with `data: [DONE]`. Completions chunks follow SMG's field order (`choices`
+//! before `model`; each choice `text`, `index`, `logprobs` only when asked, `finish_reason`,
+//! no `matched_stop`). One difference, on purpose: a step whose text is held back
 //! (an incomplete character, a possible stop's beginning) but which carries logprobs is written
 //! with empty content, where SMG drops the chunk and its logprobs with it.
 
@@ -15,45 +17,92 @@ use super::json::{push_escaped, push_f32, push_str, push_u64};
 use super::output::{Finish, ResponseMeta, TokenLogprob, Usage};
 use crate::tokenize::{DecodeTable, MatchedStop};
 
-/// `data: {"id":...,"object":...,"created":...,"model":...,"choices":[` of every chunk,
-/// rendered once per response.
-pub(super) fn chunk_head(meta: &ResponseMeta, object: &str) -> Vec<u8> {
-    let mut head = Vec::with_capacity(96 + meta.id.len() + meta.model.len());
-    head.extend_from_slice(b"data: {\"id\":");
-    push_str(&mut head, &meta.id);
-    head.extend_from_slice(b",\"object\":");
-    push_str(&mut head, object);
-    head.extend_from_slice(b",\"created\":");
-    push_u64(&mut head, meta.created);
-    head.extend_from_slice(b",\"model\":");
-    push_str(&mut head, &meta.model);
-    head.extend_from_slice(b",\"choices\":[");
-    head
+/// The fields around a response's choices, rendered once per response: chat chunks and bodies
+/// put `model` before `choices`; SMG's `text_completion` chunks put it after.
+#[derive(Debug)]
+pub(super) struct Frame {
+    /// `{"id":...,"object":...,"created":...[,"model":...],"choices":[`.
+    head: Vec<u8>,
+    /// `,"model":...` when it follows the choices, else empty.
+    after_choices: Vec<u8>,
 }
 
-/// The end of every chunk with choices.
-const CHUNK_TAIL: &[u8] = b"]}\n\n";
+/// Where a frame puts `model`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ModelField {
+    /// Before `choices` (chat chunks, every body).
+    First,
+    /// After `choices` (completions chunks).
+    Last,
+}
+
+impl Frame {
+    pub(super) fn new(meta: &ResponseMeta, object: &str, model: ModelField) -> Frame {
+        let mut head = Vec::with_capacity(96 + meta.id.len() + meta.model.len());
+        head.extend_from_slice(b"{\"id\":");
+        push_str(&mut head, &meta.id);
+        head.extend_from_slice(b",\"object\":");
+        push_str(&mut head, object);
+        head.extend_from_slice(b",\"created\":");
+        push_u64(&mut head, meta.created);
+        let mut model_field = Vec::with_capacity(12 + meta.model.len());
+        model_field.extend_from_slice(b",\"model\":");
+        push_str(&mut model_field, &meta.model);
+        let after_choices = match model {
+            ModelField::First => {
+                head.extend_from_slice(&model_field);
+                Vec::new()
+            }
+            ModelField::Last => model_field,
+        };
+        head.extend_from_slice(b",\"choices\":[");
+        Frame {
+            head,
+            after_choices,
+        }
+    }
+
+    /// Opens an event (or a body, without `data: `) up to its first choice.
+    pub(super) fn open(&self, out: &mut Vec<u8>, event: bool) {
+        if event {
+            out.extend_from_slice(b"data: ");
+        }
+        out.extend_from_slice(&self.head);
+    }
+
+    /// Closes the choices and what follows them, up to the object's closing brace (excluded).
+    pub(super) fn close_choices(&self, out: &mut Vec<u8>) {
+        out.push(b']');
+        out.extend_from_slice(&self.after_choices);
+    }
+
+    /// Closes an event.
+    fn close_event(&self, out: &mut Vec<u8>) {
+        self.close_choices(out);
+        out.extend_from_slice(b"}\n\n");
+    }
+}
 
 /// The chat stream's chunk that opens choice `index`.
-pub(super) fn chat_role_chunk(out: &mut Vec<u8>, head: &[u8], index: u32) {
-    out.extend_from_slice(head);
+pub(super) fn chat_role_chunk(out: &mut Vec<u8>, frame: &Frame, index: u32) {
+    frame.open(out, true);
     out.extend_from_slice(b"{\"index\":");
     push_u64(out, u64::from(index));
     out.extend_from_slice(
         b",\"delta\":{\"role\":\"assistant\",\"reasoning_content\":null},\"logprobs\":null,\"finish_reason\":null}",
     );
-    out.extend_from_slice(CHUNK_TAIL);
+    frame.close_event(out);
 }
 
 /// A chat content chunk.
 pub(super) fn chat_content_chunk(
     out: &mut Vec<u8>,
-    head: &[u8],
+    frame: &Frame,
     index: u32,
     text: &str,
     logprobs: Option<(&[TokenLogprob], &DecodeTable)>,
 ) {
-    out.extend_from_slice(head);
+    frame.open(out, true);
     out.extend_from_slice(b"{\"index\":");
     push_u64(out, u64::from(index));
     out.extend_from_slice(b",\"delta\":{\"role\":\"assistant\",\"content\":\"");
@@ -64,18 +113,18 @@ pub(super) fn chat_content_chunk(
         None => out.extend_from_slice(b"null"),
     }
     out.extend_from_slice(b",\"finish_reason\":null}");
-    out.extend_from_slice(CHUNK_TAIL);
+    frame.close_event(out);
 }
 
 /// A chat choice's last chunk: its finish reason.
 pub(super) fn chat_finish_chunk(
     out: &mut Vec<u8>,
-    head: &[u8],
+    frame: &Frame,
     index: u32,
     finish: &Finish,
     stops: &[String],
 ) {
-    out.extend_from_slice(head);
+    frame.open(out, true);
     out.extend_from_slice(b"{\"index\":");
     push_u64(out, u64::from(index));
     out.extend_from_slice(
@@ -84,7 +133,7 @@ pub(super) fn chat_finish_chunk(
     push_str(out, finish.reason.as_str());
     push_matched_stop(out, finish.matched.as_ref(), stops);
     out.push(b'}');
-    out.extend_from_slice(CHUNK_TAIL);
+    frame.close_event(out);
 }
 
 /// One completions chunk's content.
@@ -99,36 +148,33 @@ pub(super) struct Chunk<'a> {
 /// A completions chunk: its text, and its finish reason when the choice ends.
 pub(super) fn completion_chunk(
     out: &mut Vec<u8>,
-    head: &[u8],
+    frame: &Frame,
     chunk: &Chunk<'_>,
-    finish: Option<(&Finish, &[String])>,
+    finish: Option<&Finish>,
 ) {
-    out.extend_from_slice(head);
-    out.extend_from_slice(b"{\"index\":");
-    push_u64(out, u64::from(chunk.index));
-    out.extend_from_slice(b",\"text\":\"");
+    frame.open(out, true);
+    out.extend_from_slice(b"{\"text\":\"");
     push_escaped(out, chunk.text.as_bytes());
-    out.extend_from_slice(b"\",\"logprobs\":");
-    match chunk.logprobs {
-        Some((logprobs, table)) => completion_logprobs(out, logprobs, table, chunk.text_offset),
-        None => out.extend_from_slice(b"null"),
+    out.extend_from_slice(b"\",\"index\":");
+    push_u64(out, u64::from(chunk.index));
+    if let Some((logprobs, table)) = chunk.logprobs {
+        out.extend_from_slice(b",\"logprobs\":");
+        completion_logprobs(out, logprobs, table, chunk.text_offset);
     }
     out.extend_from_slice(b",\"finish_reason\":");
     match finish {
-        Some((finish, stops)) => {
-            push_str(out, finish.reason.as_str());
-            push_matched_stop(out, finish.matched.as_ref(), stops);
-        }
+        Some(finish) => push_str(out, finish.reason.as_str()),
         None => out.extend_from_slice(b"null"),
     }
     out.push(b'}');
-    out.extend_from_slice(CHUNK_TAIL);
+    frame.close_event(out);
 }
 
 /// The usage chunk (`stream_options.include_usage`): no choices.
-pub(super) fn usage_chunk(out: &mut Vec<u8>, head: &[u8], usage: &Usage) {
-    out.extend_from_slice(head);
-    out.extend_from_slice(b"],\"usage\":");
+pub(super) fn usage_chunk(out: &mut Vec<u8>, frame: &Frame, usage: &Usage) {
+    frame.open(out, true);
+    frame.close_choices(out);
+    out.extend_from_slice(b",\"usage\":");
     push_usage(out, usage);
     out.extend_from_slice(b"}\n\n");
 }

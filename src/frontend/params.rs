@@ -298,6 +298,8 @@ struct RawOpenAi {
     stop_token_ids: Option<Vec<u32>>,
     n: Option<u32>,
     seed: Option<u64>,
+    /// SGLang's name for `seed`.
+    sampling_seed: Option<u64>,
     /// Chat: a boolean; completions: a count of alternatives.
     logprobs: Option<Value>,
     top_logprobs: Option<u32>,
@@ -329,10 +331,10 @@ pub fn parse_chat(body: &[u8]) -> Result<GenerateParams, ParamError> {
         (true, top) => Some(LogprobRequest {
             top: check_top_logprobs("top_logprobs", top.unwrap_or(0))?,
         }),
-        (false, Some(top)) if top > 0 => {
+        (false, Some(_)) => {
             return Err(ParamError::field(
                 "top_logprobs",
-                "top_logprobs requires logprobs: true",
+                "top_logprobs is only allowed when logprobs is true",
             ))
         }
         (false, _) => None,
@@ -399,7 +401,7 @@ fn fill_openai(params: &mut GenerateParams, raw: RawOpenAi) -> Result<(), ParamE
         // OpenAI's newer name wins over the deprecated one, as in vLLM and SGLang.
         max_tokens: raw.max_completion_tokens.or(raw.max_tokens),
         min_tokens: raw.min_tokens,
-        seed: raw.seed,
+        seed: raw.seed.or(raw.sampling_seed),
     };
     params.stop = stop_list(raw.stop)?;
     params.stop_token_ids = raw.stop_token_ids.unwrap_or_default();
@@ -409,8 +411,7 @@ fn fill_openai(params: &mut GenerateParams, raw: RawOpenAi) -> Result<(), ParamE
     params.n = raw.n.unwrap_or(1);
     params.stream = raw.stream.unwrap_or(false);
     params.include_usage = match raw.stream_options {
-        Some(options) if !params.stream => {
-            let _ = options;
+        Some(_) if !params.stream => {
             return Err(ParamError::field(
                 "stream_options",
                 "stream_options is only allowed when stream is true",

@@ -183,15 +183,18 @@ fn completion_stream_and_body() {
     let hello = id("▁Hello");
     let body = json!({"prompt": "x", "stream": true});
     let sse = stream(Api::Completion, body, &[&[hello]], usage());
-    let head = r#"data: {"id":"chatcmpl-1","object":"text_completion","created":1700000000,"model":"m","choices":["#;
-    assert!(sse.starts_with(&format!(
-        r#"{head}{{"index":0,"text":"Hello","logprobs":null,"finish_reason":null}}]}}"#
-    )));
-    let chunks = data_lines(&sse);
-    assert_eq!(
-        chunks.last().unwrap()["choices"][0]["finish_reason"],
-        "length"
-    );
+    // SMG's completions chunk: `choices` before `model`, no `logprobs` unless asked.
+    let chunk = |choice: &str| {
+        format!(
+            r#"data: {{"id":"chatcmpl-1","object":"text_completion","created":1700000000,"choices":[{choice}],"model":"m"}}"#
+        ) + "\n\n"
+    };
+    let expected = [
+        chunk(r#"{"text":"Hello","index":0,"finish_reason":null}"#),
+        chunk(r#"{"text":"","index":0,"finish_reason":"length"}"#),
+        "data: [DONE]\n\n".to_owned(),
+    ];
+    assert_eq!(sse, expected.concat());
 
     let table = table();
     let p = params(Api::Completion, json!({"prompt": "x", "logprobs": 1}));
@@ -220,6 +223,7 @@ fn completion_stream_and_body() {
     let body: Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(body["object"], "text_completion");
     assert_eq!(body["choices"][0]["text"], "Hello");
+    assert_eq!(body["choices"][0]["index"], 0);
     assert_eq!(
         body["choices"][0]["logprobs"],
         json!({"tokens": [" Hello"], "token_logprobs": [-0.5], "top_logprobs": [{" Hello": -0.5}], "text_offset": [0]})
@@ -271,7 +275,7 @@ fn chat_body_with_logprobs_and_n() {
     let choices = body["choices"].as_array().unwrap();
     assert_eq!(
         choices[0]["message"],
-        json!({"role": "assistant", "content": "Hello", "reasoning_content": null, "tool_calls": null})
+        json!({"role": "assistant", "content": "Hello", "reasoning_content": null})
     );
     // A choice the engine never ended is reported as aborted.
     assert_eq!(choices[0]["finish_reason"], "abort");
@@ -333,6 +337,23 @@ fn anthropic_stream_event_sequence() {
         delta["usage"],
         json!({"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5})
     );
+    // Byte for byte, the events whose fields SMG's types fix.
+    let start_event = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"chatcmpl-1\",",
+        "\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",",
+        "\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":12,\"output_tokens\":0}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,",
+        "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,",
+        "\"delta\":{\"type\":\"text_delta\",\"text\":\"Hell\"}}\n\n",
+    );
+    assert!(sse.starts_with(start_event), "{sse}");
+    let end_events = concat!(
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"stop_sequence\",",
+        "\"stop_sequence\":\"orl\"},\"usage\":{\"output_tokens\":5,\"input_tokens\":4,\"cache_read_input_tokens\":8}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    assert!(sse.ends_with(end_events), "{sse}");
 }
 
 #[test]
@@ -361,6 +382,10 @@ fn anthropic_message_body() {
             "stop_reason": "end_turn", "stop_sequence": null,
             "usage": {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 5}})
     );
+    let text = String::from_utf8(out).unwrap();
+    let order =
+        r#"{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text""#;
+    assert!(text.starts_with(order), "{text}");
 }
 
 #[test]
@@ -404,17 +429,21 @@ fn generate_stream_and_body_in_sglang_shape() {
             finish: Some(&stop),
         });
     }
+    writer.set_elapsed(0.5);
     let mut out = Vec::new();
     writer.write(&usage(), &table, &mut out);
-    let body: Value = serde_json::from_slice(&out).unwrap();
-    assert_eq!(body.as_array().unwrap().len(), 2);
-    assert_eq!(
-        body[1],
-        json!({"text": "Hello", "output_ids": [hello], "meta_info": {"id": "chatcmpl-1",
-            "finish_reason": {"type": "stop", "matched": "!"}, "prompt_tokens": 12,
-            "completion_tokens": 1, "cached_tokens": 8,
-            "output_token_logprobs": [[-0.25, hello, null]], "output_top_logprobs": [[]]}})
+    let text = String::from_utf8(out).unwrap();
+    // SMG's meta_info fields, in its order.
+    let one = format!(
+        concat!(
+            r#"{{"text":"Hello","output_ids":[{hello}],"meta_info":{{"id":"chatcmpl-1","#,
+            r#""finish_reason":{{"type":"stop"}},"prompt_tokens":12,"weight_version":"default","#,
+            r#""output_token_logprobs":[[-0.25,{hello},null]],"output_top_logprobs":[[]],"#,
+            r#""completion_tokens":1,"cached_tokens":8,"e2e_latency":0.5,"matched_stop":"!"}}}}"#
+        ),
+        hello = hello
     );
+    assert_eq!(text, format!("[{one},{one}]"));
 }
 
 #[test]
@@ -436,4 +465,106 @@ fn a_failed_stream_ends_with_an_error_event() {
     assert!(String::from_utf8(out)
         .unwrap()
         .starts_with("event: error\ndata: {\"type\":\"error\""));
+}
+
+/// The reference on the whole decoded text: the first stop to end, the longest there, then
+/// the first listed; the text before it (or through it when kept).
+fn trimmed_whole(stops: &[String], text: &str, keep: bool) -> (String, Option<usize>) {
+    for end in (1..=text.len()).filter(|e| text.is_char_boundary(*e)) {
+        let found = stops
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| text[..end].ends_with(s.as_str()))
+            .max_by_key(|(i, s)| (s.len(), std::cmp::Reverse(*i)));
+        if let Some((index, stop)) = found {
+            let cut = if keep { end } else { end - stop.len() };
+            return (text[..cut].to_owned(), Some(index));
+        }
+    }
+    (text.to_owned(), None)
+}
+
+proptest::proptest! {
+    #[test]
+    fn streamed_choices_equal_the_whole_sequence_decoded_then_trimmed(
+        picks in proptest::collection::vec(0usize..1000, 1..40),
+        cuts in proptest::collection::vec(1usize..4, 1..40),
+        stop_spans in proptest::collection::vec((0usize..40, 1usize..4), 0..3),
+        skip in proptest::bool::ANY,
+        keep in proptest::bool::ANY,
+    ) {
+        let table = table();
+        let size = 300;
+        let ids: Vec<u32> = picks.iter().map(|p| (p % size) as u32).collect();
+        let whole = table.decode_whole(&ids, skip);
+        // Stops cut from the whole text, so they do occur (or from its tail, partly).
+        let stops: Vec<String> = stop_spans
+            .iter()
+            .filter_map(|&(at, len)| {
+                let chars: Vec<char> = whole.chars().collect();
+                let at = at % chars.len().max(1);
+                let s: String = chars.iter().skip(at).take(len).collect();
+                (!s.is_empty()).then_some(s)
+            })
+            .collect();
+        let body = json!({"messages": [], "stop": stops, "skip_special_tokens": skip,
+            "no_stop_trim": keep, "ignore_eos": true});
+        let p = params(Api::Chat, body);
+        let mut decoder = OutputDecoder::new(table.clone(), &p, &[]);
+        let mut text = String::new();
+        let mut finish = None;
+        let mut at = 0;
+        for cut in cuts.iter().cycle() {
+            if at >= ids.len() || finish.is_some() {
+                break;
+            }
+            let end = (at + cut).min(ids.len());
+            let d = decoder.push(0, &ids[at..end]);
+            text.push_str(d.text);
+            finish = d.finish.cloned();
+            at = end;
+        }
+        if finish.is_none() {
+            let d = decoder.finish(0, FinishReason::Length, None);
+            text.push_str(d.text);
+            finish = d.finish.cloned();
+        }
+        let (expected, matched) = trimmed_whole(&stops, &whole, keep);
+        proptest::prop_assert_eq!(&text, &expected, "ids {:?} stops {:?}", ids, stops);
+        let finish = finish.unwrap();
+        match matched {
+            Some(index) => {
+                proptest::prop_assert_eq!(finish.reason, FinishReason::Stop);
+                proptest::prop_assert_eq!(finish.matched, Some(MatchedStop::Text(index)));
+            }
+            None => proptest::prop_assert_eq!(finish.reason, FinishReason::Length),
+        }
+    }
+}
+
+#[test]
+fn chat_body_in_smg_shape() {
+    let table = table();
+    let p = params(Api::Chat, json!({"messages": []}));
+    let mut writer = FullWriter::new(&p, meta());
+    let end = Finish {
+        reason: FinishReason::Stop,
+        matched: Some(MatchedStop::Token(2)),
+    };
+    writer.step(&Step {
+        index: 0,
+        token_ids: &[5],
+        text: "Hi",
+        logprobs: &[],
+        finish: Some(&end),
+    });
+    let mut out = Vec::new();
+    writer.write(&usage(), &table, &mut out);
+    let expected = concat!(
+        r#"{"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"m","#,
+        r#""choices":[{"index":0,"message":{"role":"assistant","content":"Hi","reasoning_content":null},"#,
+        r#""finish_reason":"stop","matched_stop":2}],"usage":{"prompt_tokens":12,"#,
+        r#""completion_tokens":5,"total_tokens":17,"prompt_tokens_details":{"cached_tokens":8}}}"#
+    );
+    assert_eq!(String::from_utf8(out).unwrap(), expected);
 }

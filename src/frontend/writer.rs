@@ -5,7 +5,7 @@
 use super::anthropic;
 use super::generate::{self, GenerateChoice};
 use super::json::push_str;
-use super::openai;
+use super::openai::{self, Frame, ModelField};
 use super::output::{Finish, FinishReason, ResponseMeta, Step, TokenLogprob, Usage};
 use super::params::{Api, GenerateParams};
 use crate::tokenize::DecodeTable;
@@ -29,28 +29,29 @@ struct ChoiceRecord {
 pub struct StreamWriter {
     api: Api,
     meta: ResponseMeta,
-    /// OpenAI: every chunk's beginning, rendered once.
-    head: Vec<u8>,
+    /// OpenAI: the fields around every chunk's choices, rendered once (unused by the others).
+    frame: Frame,
     stops: Vec<String>,
     include_usage: bool,
     logprobs: bool,
     prompt_tokens: u32,
     choices: Vec<ChoiceRecord>,
+    /// Seconds since the request arrived (`/generate`'s `e2e_latency`), as last set.
+    elapsed_s: f64,
 }
 
 impl StreamWriter {
     /// A writer for `params`' API and choices; `prompt_tokens` is the prompt's length, known
     /// before the engine answers (Anthropic's `message_start`, `/generate`'s `meta_info`).
     pub fn new(params: &GenerateParams, meta: ResponseMeta, prompt_tokens: u32) -> StreamWriter {
-        let head = match params.api {
-            Api::Chat => openai::chunk_head(&meta, "chat.completion.chunk"),
-            Api::Completion => openai::chunk_head(&meta, "text_completion"),
-            Api::Messages | Api::Generate => Vec::new(),
+        let frame = match params.api {
+            Api::Completion => Frame::new(&meta, "text_completion", ModelField::Last),
+            _ => Frame::new(&meta, "chat.completion.chunk", ModelField::First),
         };
         StreamWriter {
             api: params.api,
             meta,
-            head,
+            frame,
             stops: params.stop.clone(),
             include_usage: params.include_usage,
             logprobs: params.logprobs.is_some(),
@@ -58,7 +59,14 @@ impl StreamWriter {
             choices: (0..params.n.max(1))
                 .map(|_| ChoiceRecord::default())
                 .collect(),
+            elapsed_s: 0.0,
         }
+    }
+
+    /// Sets the seconds since the request arrived, reported by `/generate`'s next events
+    /// (`meta_info.e2e_latency`; 0 until set). The other APIs do not report it.
+    pub fn set_elapsed(&mut self, seconds: f64) {
+        self.elapsed_s = seconds;
     }
 
     /// The events before any token: Anthropic's `message_start` and `content_block_start`;
@@ -81,19 +89,19 @@ impl StreamWriter {
         match self.api {
             Api::Chat => {
                 if !choice.opened && (has_content || step.finish.is_some()) {
-                    openai::chat_role_chunk(out, &self.head, step.index);
+                    openai::chat_role_chunk(out, &self.frame, step.index);
                     choice.opened = true;
                 }
                 if has_content {
-                    openai::chat_content_chunk(out, &self.head, step.index, step.text, logprobs);
+                    openai::chat_content_chunk(out, &self.frame, step.index, step.text, logprobs);
                 }
                 if let Some(finish) = step.finish {
-                    openai::chat_finish_chunk(out, &self.head, step.index, finish, &self.stops);
+                    openai::chat_finish_chunk(out, &self.frame, step.index, finish, &self.stops);
                 }
             }
             Api::Completion => {
                 if has_content || step.finish.is_some() {
-                    let finish = step.finish.map(|f| (f, &self.stops[..]));
+                    let finish = step.finish;
                     let offset = choice.text.len();
                     let chunk = openai::Chunk {
                         index: step.index,
@@ -101,7 +109,7 @@ impl StreamWriter {
                         logprobs,
                         text_offset: offset,
                     };
-                    openai::completion_chunk(out, &self.head, &chunk, finish);
+                    openai::completion_chunk(out, &self.frame, &chunk, finish);
                 }
                 if self.logprobs {
                     // Completions' text offsets count from the choice's start.
@@ -129,6 +137,7 @@ impl StreamWriter {
                         output_ids: &choice.ids,
                         finish: step.finish,
                         logprobs: self.logprobs.then_some(&choice.logprobs[..]),
+                        elapsed_s: self.elapsed_s,
                     };
                     generate::event(out, self.meta.id.as_str(), &view, &self.stops, &usage);
                 }
@@ -145,7 +154,7 @@ impl StreamWriter {
         match self.api {
             Api::Chat | Api::Completion => {
                 if self.include_usage {
-                    openai::usage_chunk(out, &self.head, usage);
+                    openai::usage_chunk(out, &self.frame, usage);
                 }
                 out.extend_from_slice(openai::DONE);
             }
@@ -192,6 +201,8 @@ pub struct FullWriter {
     stops: Vec<String>,
     logprobs: bool,
     choices: Vec<ChoiceRecord>,
+    /// Seconds since the request arrived (`/generate`'s `e2e_latency`), as last set.
+    elapsed_s: f64,
 }
 
 impl FullWriter {
@@ -205,7 +216,14 @@ impl FullWriter {
             choices: (0..params.n.max(1))
                 .map(|_| ChoiceRecord::default())
                 .collect(),
+            elapsed_s: 0.0,
         }
+    }
+
+    /// Sets the seconds since the request arrived (`/generate`'s `meta_info.e2e_latency`; 0
+    /// until set). The other APIs do not report it.
+    pub fn set_elapsed(&mut self, seconds: f64) {
+        self.elapsed_s = seconds;
     }
 
     /// Keeps one step.
@@ -248,6 +266,7 @@ impl FullWriter {
                         output_ids: &c.ids,
                         finish: Some(&finish),
                         logprobs: self.logprobs.then_some(&c.logprobs[..]),
+                        elapsed_s: self.elapsed_s,
                     };
                     generate::choice(out, &self.meta.id, &view, &self.stops, usage);
                 }
@@ -264,28 +283,32 @@ impl FullWriter {
         } else {
             "text_completion"
         };
-        // The chunk head without `data: `: the same fields open the body.
-        let head = openai::chunk_head(&self.meta, object);
-        out.extend_from_slice(&head[b"data: ".len()..]);
+        let frame = Frame::new(&self.meta, object, ModelField::First);
+        frame.open(out, false);
         for (i, c) in self.choices.iter().enumerate() {
             if i > 0 {
                 out.push(b',');
             }
-            out.extend_from_slice(b"{\"index\":");
-            super::json::push_u64(out, i as u64);
+            // SMG's order: chat `index`, `message`; completions `text`, `index`; then
+            // `logprobs` only when asked.
             if self.api == Api::Chat {
+                out.extend_from_slice(b"{\"index\":");
+                super::json::push_u64(out, i as u64);
                 out.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
                 push_str(out, &c.text);
-                out.extend_from_slice(b",\"reasoning_content\":null,\"tool_calls\":null}");
+                out.extend_from_slice(b",\"reasoning_content\":null}");
             } else {
-                out.extend_from_slice(b",\"text\":");
+                out.extend_from_slice(b"{\"text\":");
                 push_str(out, &c.text);
+                out.extend_from_slice(b",\"index\":");
+                super::json::push_u64(out, i as u64);
             }
-            out.extend_from_slice(b",\"logprobs\":");
-            match (self.logprobs, self.api) {
-                (true, Api::Chat) => openai::chat_logprobs(out, &c.logprobs, table),
-                (true, _) => openai::completion_logprobs(out, &c.logprobs, table, 0),
-                (false, _) => out.extend_from_slice(b"null"),
+            if self.logprobs {
+                out.extend_from_slice(b",\"logprobs\":");
+                match self.api {
+                    Api::Chat => openai::chat_logprobs(out, &c.logprobs, table),
+                    _ => openai::completion_logprobs(out, &c.logprobs, table, 0),
+                }
             }
             let finish = finish_of(c);
             out.extend_from_slice(b",\"finish_reason\":");
@@ -293,7 +316,8 @@ impl FullWriter {
             openai::push_matched_stop(out, finish.matched.as_ref(), &self.stops);
             out.push(b'}');
         }
-        out.extend_from_slice(b"],\"usage\":");
+        frame.close_choices(out);
+        out.extend_from_slice(b",\"usage\":");
         openai::push_usage(out, usage);
         out.push(b'}');
     }

@@ -1,3 +1,5 @@
+use proptest::prelude::*;
+
 use super::*;
 
 fn error_of(api: Api, body: &str) -> ParamError {
@@ -173,6 +175,7 @@ fn invalid_values_are_400s_naming_the_field() {
         (r#"{"stop":[""]}"#, "stop"),
         (r#"{"logprobs":true,"top_logprobs":21}"#, "top_logprobs"),
         (r#"{"top_logprobs":2}"#, "top_logprobs"),
+        (r#"{"top_logprobs":0}"#, "top_logprobs"),
         (r#"{"logprobs":3}"#, "logprobs"),
         (
             r#"{"stream_options":{"include_usage":true}}"#,
@@ -218,6 +221,81 @@ fn malformed_bodies_are_400s_not_panics() {
             let e = error_of(api, body);
             assert_eq!(e.status(), 400);
             assert!(!e.message.is_empty());
+        }
+    }
+}
+
+const FIELDS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "max_tokens",
+    "max_completion_tokens",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "seed",
+    "logprobs",
+    "top_logprobs",
+    "ignore_eos",
+    "stream",
+    "stream_options",
+    "response_format",
+    "prompt",
+    "text",
+    "input_ids",
+    "sampling_params",
+    "max_new_tokens",
+    "stop_sequences",
+    "regex",
+    "ebnf",
+    "json_schema",
+    "return_logprob",
+];
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::from)),
+        "[a-z ]{0,6}".prop_map(Value::from),
+        (0u32..4).prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+            prop::collection::vec((prop::sample::select(FIELDS), inner), 0..4).prop_map(|pairs| {
+                Value::Object(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+            }),
+        ]
+    })
+}
+
+proptest! {
+    #[test]
+    fn any_body_parses_or_is_a_400(
+        pairs in prop::collection::vec((prop::sample::select(FIELDS), json_value()), 0..8),
+        raw in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let body: serde_json::Map<String, Value> =
+            pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+        let body = Value::Object(body).to_string();
+        for api in [Api::Chat, Api::Completion, Api::Messages, Api::Generate] {
+            for bytes in [body.as_bytes(), &raw[..]] {
+                match GenerateParams::parse(api, bytes) {
+                    Ok(p) => {
+                        prop_assert!(p.n >= 1 && p.n <= GENERATE_N_MAX);
+                        prop_assert!(p.stop.iter().all(|s| !s.is_empty()));
+                    }
+                    Err(e) => prop_assert_eq!(e.status(), 400),
+                }
+            }
         }
     }
 }
