@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+pub mod tls;
+
 use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
 use crate::mesh::{MeshArgs, MeshConfig};
@@ -188,6 +190,9 @@ pub struct Cli {
     /// Tokenizers, chat templates and the tokenization cache.
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
+    /// TLS on the data port and to `https://` workers (`--tls-*`, `--ca-cert-paths`, ...).
+    #[command(flatten)]
+    pub tls: tls::TlsArgs,
     /// The admin API's key (`--admin-api-key`, `--admin-api-insecure`).
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -303,6 +308,8 @@ pub struct Config {
     pub via_pseudonym: String,
     /// The mesh between gateways (`--enable-mesh`); `None`: this gateway learns alone.
     pub mesh: Option<MeshConfig>,
+    /// TLS on the data port and to `https://` workers.
+    pub tls: tls::TlsConfig,
 }
 
 impl Config {
@@ -454,6 +461,7 @@ impl Config {
         }
         Ok(Config {
             mesh,
+            tls: cli.tls.config()?,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
@@ -712,6 +720,7 @@ mod tests {
                 "Circuit Breaker:",
                 "Health Checks:",
                 "Tokenizer:",
+                "TLS/mTLS Security:",
                 "Control Plane Authentication:",
                 "Data Plane Authentication:",
                 "Mesh:",

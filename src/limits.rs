@@ -452,6 +452,26 @@ pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;
 /// (TCP pushes back, and the sending peer's own queue drops).
 pub const MESH_INBOUND_FRAMES_MAX: usize = 256;
 
+// TLS (`net::tls`).
+
+/// Default of the hidden `--tls-handshake-timeout-ms`: how long a client has to finish its TLS
+/// handshake on the data port (tests shorten it). A handshake is two round trips; 10 s covers a
+/// slow mobile link many times over, while a client that opens connections and never speaks
+/// holds each one's task (5 KiB) and rustls state (about 1 KiB) no longer than that. nginx's
+/// `ssl_handshake_timeout` is 60 s; ours is shorter because, unlike a request head, nothing of
+/// value is lost by cutting a handshake that makes no progress.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS records taken from the kernel per non-waiting read before it yields (`net::tls`): a peer
+/// that streams records with no data in them (alerts, key updates, empty records) cannot keep a
+/// data core in one task; the next read takes up where this one stopped.
+pub const TLS_READS_PER_CALL_MAX: usize = 64;
+
+/// Plaintext bytes one TLS connection may have encrypted and waiting for the kernel (rustls'
+/// buffer limit): a write encrypts this much at most before it waits for the socket to drain,
+/// so a slow client holds at most this much ciphertext beside the response buffer.
+pub const TLS_PENDING_BYTES_MAX: usize = 64 * 1024;
+
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
@@ -523,3 +543,5 @@ const _: () = assert!(MESH_PEER_QUEUE_BYTES_MAX >= 2 * MESH_FRAME_BYTES_MAX);
 const _: () = assert!(MESH_INBOUND_STREAMS_MAX >= MESH_PEERS_MAX);
 const _: () = assert!(MESH_HANDSHAKE_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
 const _: () = assert!(MESH_FRAME_READ_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
+const _: () = assert!(TLS_HANDSHAKE_TIMEOUT.as_millis() <= HEADER_READ_TIMEOUT.as_millis());
+const _: () = assert!(TLS_PENDING_BYTES_MAX >= UPSTREAM_READ_BYTES);

@@ -25,14 +25,14 @@ pub async fn run_probe_job(job: ProbeJob) -> ProbeResult {
         _ => PROBE_BODY_BYTES_MAX,
     };
     let started = Instant::now();
-    let (addr, authority) = (job.addr, job.authority.as_str());
-    let mut response = client::get(addr, authority, &job.path, job.timeout, cap).await;
+    let (addr, scheme, authority) = (job.addr, job.scheme, job.authority.as_str());
+    let mut response = client::get(addr, scheme, authority, &job.path, job.timeout, cap).await;
     let mut kind = job.kind.clone();
     if let (ProbeKind::Load(endpoint), Ok(r)) = (&job.kind, &response) {
         let next = endpoint.after_status(r.status);
         if next != *endpoint {
             let left = job.timeout.saturating_sub(started.elapsed());
-            response = client::get(addr, authority, next.path(), left, cap).await;
+            response = client::get(addr, scheme, authority, next.path(), left, cap).await;
             kind = ProbeKind::Load(next);
         }
     }
@@ -95,9 +95,10 @@ pub async fn probe_new_worker(
     spec: WorkerSpec,
     health: HealthConfig,
 ) -> Result<Option<Vec<ListedModel>>, String> {
-    let (addr, authority) = (spec.addr, spec.authority.as_str());
+    let (addr, scheme, authority) = (spec.addr, spec.scheme, spec.authority.as_str());
     let checked = client::get(
         addr,
+        scheme,
         authority,
         &health.endpoint,
         health.timeout,
@@ -116,6 +117,7 @@ pub async fn probe_new_worker(
     }
     let listed = client::get(
         addr,
+        scheme,
         authority,
         "/v1/models",
         health.timeout,
@@ -183,6 +185,7 @@ mod tests {
         ProbeJob {
             id: WorkerId(id),
             addr: spec.addr,
+            scheme: spec.scheme,
             authority: spec.authority.clone(),
             kind,
             path: path.into(),
