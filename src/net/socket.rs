@@ -39,6 +39,14 @@ impl std::fmt::Debug for Socket {
     }
 }
 
+impl Drop for Socket {
+    fn drop(&mut self) {
+        if let Some(tls) = &mut self.tls {
+            tls::close_now(&self.stream, tls);
+        }
+    }
+}
+
 fn timed_out() -> io::Error {
     io::Error::from(io::ErrorKind::TimedOut)
 }
@@ -179,7 +187,7 @@ impl Socket {
     /// pinned by the caller: a future passed by value would sit twice in this one's state.
     pub async fn read_more_unless(
         &mut self,
-        mut buf: Vec<u8>,
+        buf: Vec<u8>,
         spare: usize,
         stop: impl std::future::Future<Output = Cut> + Unpin,
     ) -> (Watched, Vec<u8>) {

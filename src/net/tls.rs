@@ -267,6 +267,17 @@ pub fn has_plaintext(tls: &mut Connection) -> bool {
     }
 }
 
+/// Says the connection is closing (`close_notify`), as far as the socket takes it now: a peer
+/// reading to the end of the stream then sees a clean end, not a cut.
+/// A handshake that did not finish gets nothing: the peer may be anyone.
+pub fn close_now(stream: &TcpStream, tls: &mut Connection) {
+    if tls.is_handshaking() {
+        return;
+    }
+    tls.send_close_notify();
+    let _ = send_pending(stream.as_raw_fd(), tls);
+}
+
 /// `Socket::read_more_unless` on a TLS connection: appends plaintext to `buf` (room for `spare`
 /// more made first), waiting for the socket's readiness until `stop` cuts the wait.
 pub async fn read_more_unless(
