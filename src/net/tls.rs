@@ -11,7 +11,7 @@
 //! second pair of buffers, and has no cancelable, non-waiting or readiness operations, which
 //! every caller of `Socket` uses; this adapter is what `Socket` needs and no more.
 //!
-//! Owns [`NowIo`] (the kernel's side for rustls, never waiting), the handshake, reads (waiting,
+//! Owns `NowIo` (the kernel's side for rustls, never waiting), the handshake, reads (waiting,
 //! or now), writes and the worker-side client configuration ([`upstream_config`]). Errors are
 //! `io::Error`s as `Socket`'s are: a missed deadline is `TimedOut`, a TLS failure (bad record,
 //! failed handshake, unknown certificate) `InvalidData` after its alert was sent when the socket
@@ -49,7 +49,7 @@ pub fn set_upstream_config(config: Arc<ClientConfig>) -> bool {
 pub fn upstream_config() -> Arc<ClientConfig> {
     let system_roots = || {
         let config = tls_flags::upstream_config(tls_flags::system_roots(), None);
-        // Without a client certificate, ring's provider cannot refuse the default versions.
+        // Without a client certificate nothing can fail: the provider has the default versions.
         Arc::new(config.unwrap_or_else(|e| unreachable!("{e}")))
     };
     UPSTREAM_CONFIG.get_or_init(system_roots).clone()
@@ -109,8 +109,8 @@ impl io::Write for NowIo {
 
     /// One `sendmsg` for all of rustls' pending records (it hands over up to 64 at once).
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        // SAFETY: an all-zero `msghdr` is valid (null pointers with zero lengths: no name, no
-        // control data), and every field this function reads is set below or left zero.
+        // SAFETY: an all-zero `msghdr` is a valid one (null pointers with zero lengths: no
+        // address, no control data); the vector is set below.
         let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
         // `IoSlice` is ABI-compatible with `iovec` on Unix (std's documented guarantee);
         // `sendmsg` only reads through the pointer, whatever its mutability says.
