@@ -409,5 +409,9 @@ fn an_https_worker_whose_certificate_no_root_vouches_for_is_not_reached() {
     assert!([502, 503].contains(&response.status), "{}", response.text());
     utils::assert_error(&response, response.status);
     assert_eq!(worker.completions.load(Ordering::Relaxed), 0);
-    assert_eq!(worker.health_checks.load(Ordering::Relaxed), 0, "no probe got through");
+    assert_eq!(
+        worker.health_checks.load(Ordering::Relaxed),
+        0,
+        "no probe got through"
+    );
 }
