@@ -2,7 +2,8 @@
 //! for `localhost` and `127.0.0.1`): a real TLS client (rustls) through kvgate's
 //! `--tls-cert-path` to a plain worker, plain and streamed (SSE); kvgate to an `https://`
 //! worker checked against `--ca-cert-paths` (a small rustls server here), its probes included;
-//! a client that never finishes its handshake is cut at `--tls-handshake-timeout-ms`; a key
+//! a client certificate shown to a worker that asks (`--client-cert-path`); a client that never
+//! finishes its handshake is cut at `--tls-handshake-timeout-ms`; a key
 //! that is not the certificate's refuses the start with one line naming the file.
 
 mod utils;
@@ -88,6 +89,21 @@ impl Pki {
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key_der.clone()));
         let config = ServerConfig::builder()
             .with_no_client_auth()
+            .with_single_cert(vec![self.leaf_der.clone()], key)
+            .unwrap();
+        Arc::new(config)
+    }
+
+    /// The worker's side, asking for a client certificate the test CA signed (mTLS).
+    fn mtls_server_config(&self) -> Arc<ServerConfig> {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.ca_der.clone()).unwrap();
+        let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+            .build()
+            .unwrap();
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key_der.clone()));
+        let config = ServerConfig::builder()
+            .with_client_cert_verifier(verifier)
             .with_single_cert(vec![self.leaf_der.clone()], key)
             .unwrap();
         Arc::new(config)
@@ -414,4 +430,33 @@ fn an_https_worker_whose_certificate_no_root_vouches_for_is_not_reached() {
         0,
         "no probe got through"
     );
+}
+
+#[test]
+fn kvgate_shows_its_client_certificate_to_an_https_worker_that_asks_for_one() {
+    let pki = Pki::new("mtls");
+    let worker = HttpsWorker::start(pki.mtls_server_config());
+    let url = format!("https://localhost:{}", worker.port);
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("cert.pem"),
+        pki.path("key.pem"),
+    );
+    let without = Gateway::start(std::slice::from_ref(&url), &["--ca-cert-paths", &ca]);
+    let refused = without.client().post_json("/v1/chat/completions", CHAT);
+    assert_ne!(refused.status, 200, "no client certificate, no answer");
+    assert_eq!(worker.completions.load(Ordering::Relaxed), 0);
+    drop(without);
+    let flags = [
+        "--ca-cert-paths",
+        ca.as_str(),
+        "--client-cert-path",
+        cert.as_str(),
+        "--client-key-path",
+        key.as_str(),
+    ];
+    let gateway = Gateway::start(std::slice::from_ref(&url), &flags);
+    let response = gateway.client().post_json("/v1/chat/completions", CHAT);
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(worker.completions.load(Ordering::Relaxed), 1);
 }
