@@ -22,6 +22,10 @@
 #        BENCH_FLOOR=1 scripts/bench-proxy.sh   (adds the floor: perf/floor_proxy.rs, a monoio
 #          proxy that only relays bytes, on kvgate's ring setup; its ratio to nginx is the ceiling
 #          of kvgate's on this host)
+#        BENCH_TLS=1 scripts/bench-proxy.sh   (adds kvgate-tls and nginx-tls: the same proxies
+#          with TLS 1.3 on their client port (a self-signed P-256 certificate made with openssl;
+#          nginx with ssl_session_cache), wrk over https, in the same rounds as the plain ones:
+#          the cost of TLS per request, side by side)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/fleet.sh
@@ -42,19 +46,32 @@ cargo build --release -q -p kvgate --bin kvgate
 KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
 cargo build --release -q -p bench-harness --bin sim-engine --bin fleet
 FLOOR="${BENCH_FLOOR:-0}"
+TLS="${BENCH_TLS:-0}"
 SYSTEMS=(kvgate nginx)
 if [ "$FLOOR" = 1 ]; then
   cargo build --release -q -p kvgate --example floor_proxy
   SYSTEMS+=(floor)
 fi
+[ "$TLS" = 1 ] && SYSTEMS+=(kvgate-tls nginx-tls)
 
 fleet_init target/release
 WORK="$FLEET_WORK"
-read -r SIM_PORT KVGATE_PORT NGINX_PORT FLOOR_PORT < <(fleet_ports 1 2 1 1)
+read -r SIM_PORT KVGATE_PORT NGINX_PORT FLOOR_PORT KVGATE_TLS_PORT NGINX_TLS_PORT < <(fleet_ports 1 2 1 1 2 1)
 METRICS_PORT=$((KVGATE_PORT + 1))
 FLEET_PIN="$LOADGEN_CPU" fleet_start_sim target/release "$SIM_PORT" --engines 1 --instant --threads 1
 FLEET_PIN="$PROXY_CPU" fleet_start_kvgate "$KVGATE_BIN" "$KVGATE_PORT" "$METRICS_PORT" \
   "http://127.0.0.1:$SIM_PORT"
+KVGATE_PLAIN_PID=$KVGATE_PID KVGATE_TLS_PID=""
+if [ "$TLS" = 1 ]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
+    -addext subjectAltName=DNS:localhost,IP:127.0.0.1 \
+    -keyout "$WORK/key.pem" -out "$WORK/cert.pem" 2>/dev/null
+  FLEET_PIN="$PROXY_CPU" fleet_start_kvgate "$KVGATE_BIN" "$KVGATE_TLS_PORT" $((KVGATE_TLS_PORT + 1)) \
+    "http://127.0.0.1:$SIM_PORT" --tls-cert-path "$WORK/cert.pem" --tls-key-path "$WORK/key.pem"
+  KVGATE_TLS_PID=$KVGATE_PID
+  export FLEET_NGINX_TLS="$NGINX_TLS_PORT $WORK/cert.pem $WORK/key.pem"
+fi
+KVGATE_PID=$KVGATE_PLAIN_PID
 
 FLEET_PIN="$PROXY_CPU" fleet_start_nginx nginx "$NGINX_PORT" "$SIM_PORT" 1 4096
 FLOOR_PID=""
@@ -73,11 +90,14 @@ fleet_wait_port sim-engine "$SIM_PORT"
 fleet_wait_port kvgate "$KVGATE_PORT"
 fleet_wait_port nginx "$NGINX_PORT"
 [ -z "$FLOOR_PID" ] || fleet_wait_port floor "$FLOOR_PORT"
+# kvgate-tls answers only HTTPS: its plain metrics port says it is up.
+[ -z "$KVGATE_TLS_PID" ] || fleet_wait kvgate-tls "http://127.0.0.1:$((KVGATE_TLS_PORT + 1))/metrics"
 sleep 1  # let kvgate's control core fetch /v1/models once
 
 proxy_pids() { # system -> its pids (nginx: master and workers)
   case "$1" in
     kvgate) echo "$KVGATE_PID" ;;
+    kvgate-tls) echo "$KVGATE_TLS_PID" ;;
     floor) echo "$FLOOR_PID" ;;
     *) echo "$NGINX_PID" $(pgrep -P "$NGINX_PID") ;;
   esac
@@ -92,10 +112,11 @@ busy_shares() { # times_before times_after ("busy total steal" of CPU 0, then of
 }
 
 run() { # name port -> "name req/s p50 p99 non2xx cpu_us_per_req [cpu0_busy cpu1_busy steal]"
-  local out pids before after times_before times_after
+  local out pids before after times_before times_after scheme=http
+  case "$1" in *-tls) scheme=https ;; esac
   pids="$(proxy_pids "$1")"
   before="$(fleet_cpu_us $pids)"; times_before="$(fleet_host_cpu 0 1)"
-  out="$("${LOADGEN[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/chat.lua" "http://127.0.0.1:$2")"
+  out="$("${LOADGEN[@]}" wrk -t1 -c"$CONNECTIONS" -d"$DURATION" --latency -s "$WORK/chat.lua" "$scheme://127.0.0.1:$2")"
   after="$(fleet_cpu_us $pids)"; times_after="$(fleet_host_cpu 0 1)"
   wrk_read "$out"
   local cpu_us
@@ -111,7 +132,10 @@ echo "# system req/s p50 p99 non2xx cpu_us_per_req$([ "$PIN" = 1 ] && echo " cpu
 RESULTS=()
 for _ in $(seq "$ROUNDS"); do
   for system in "${SYSTEMS[@]}"; do
-    case "$system" in kvgate) port=$KVGATE_PORT ;; nginx) port=$NGINX_PORT ;; floor) port=$FLOOR_PORT ;; esac
+    case "$system" in
+      kvgate) port=$KVGATE_PORT ;; nginx) port=$NGINX_PORT ;; floor) port=$FLOOR_PORT ;;
+      kvgate-tls) port=$KVGATE_TLS_PORT ;; nginx-tls) port=$NGINX_TLS_PORT ;;
+    esac
     line="$(run "$system" "$port")"
     echo "$line"
     RESULTS+=("$line")
@@ -134,5 +158,12 @@ if [ "$FLOOR" = 1 ]; then
   F="$(median floor 2)"; FC="$(median floor 6)"
   echo "median req/s: floor $(fleet_round 0 "$F"), ratio floor/nginx $(ratio "$F" "$N"), kvgate/floor $(ratio "$K" "$F")"
   echo "median proxy CPU us/request: floor $(fleet_round 1 "$FC"), ratio floor/nginx $(ratio "$FC" "$NC"), kvgate/floor $(ratio "$KC" "$FC")"
+fi
+if [ "$TLS" = 1 ]; then
+  KT="$(median kvgate-tls 2)"; NT="$(median nginx-tls 2)"
+  KTC="$(median kvgate-tls 6)"; NTC="$(median nginx-tls 6)"
+  echo "median req/s over TLS: kvgate $(fleet_round 0 "$KT"), nginx $(fleet_round 0 "$NT"), ratio kvgate/nginx $(ratio "$KT" "$NT")"
+  echo "median proxy CPU us/request over TLS: kvgate $(fleet_round 1 "$KTC"), nginx $(fleet_round 1 "$NTC"), ratio nginx/kvgate $(ratio "$NTC" "$KTC")"
+  echo "TLS/plain CPU us/request: kvgate $(ratio "$KTC" "$KC"), nginx $(ratio "$NTC" "$NC")"
 fi
 echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

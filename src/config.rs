@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+pub mod tls;
+
 use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
 use crate::mesh::{MeshArgs, MeshConfig};
@@ -202,6 +204,9 @@ pub struct Cli {
     /// Tokenizers, chat templates and the tokenization cache.
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
+    /// TLS on the data port and to `https://` workers (`--tls-*`, `--ca-cert-paths`, ...).
+    #[command(flatten)]
+    pub tls: tls::TlsArgs,
     /// The admin API's key (`--admin-api-key`, `--admin-api-insecure`).
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -321,6 +326,8 @@ pub struct Config {
     pub request_id_headers: Vec<String>,
     /// Kubernetes service discovery (`--service-discovery`); `None`: off.
     pub discovery: Option<DiscoveryConfig>,
+    /// TLS on the data port and to `https://` workers.
+    pub tls: tls::TlsConfig,
 }
 
 impl Config {
@@ -492,6 +499,7 @@ impl Config {
             mesh,
             request_id_headers,
             discovery,
+            tls: cli.tls.config()?,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
@@ -751,6 +759,7 @@ mod tests {
                 "Circuit Breaker:",
                 "Health Checks:",
                 "Tokenizer:",
+                "TLS/mTLS Security:",
                 "Control Plane Authentication:",
                 "Data Plane Authentication:",
                 "Mesh:",

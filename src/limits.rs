@@ -520,6 +520,26 @@ pub const REQUEST_ID_BYTES_MAX: usize = 128;
 /// Header names `--request-id-headers` may list: each is looked up in every request's head.
 pub const REQUEST_ID_HEADERS_MAX: usize = 16;
 
+// TLS (`net::tls`).
+
+/// Default of the hidden `--tls-handshake-timeout-ms`: how long a client has to finish its TLS
+/// handshake on the data port (tests shorten it). A handshake is two round trips; 10 s covers a
+/// slow mobile link many times over, while a client that opens connections and never speaks
+/// holds each one's task (5 KiB) and rustls state (about 1 KiB) no longer than that. nginx's
+/// `ssl_handshake_timeout` is 60 s; ours is shorter because, unlike a request head, nothing of
+/// value is lost by cutting a handshake that makes no progress.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS records taken from the kernel per non-waiting read before it yields (`net::tls`): a peer
+/// that streams records with no data in them (alerts, key updates, empty records) cannot keep a
+/// data core in one task; the next read takes up where this one stopped.
+pub const TLS_READS_PER_CALL_MAX: usize = 64;
+
+/// Plaintext bytes one TLS connection may have encrypted and waiting for the kernel (rustls'
+/// buffer limit): a write encrypts this much at most before it waits for the socket to drain,
+/// so a slow client holds at most this much ciphertext beside the response buffer.
+pub const TLS_PENDING_BYTES_MAX: usize = 64 * 1024;
+
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
@@ -618,3 +638,5 @@ pub const TOP_LOGPROBS_MAX: u32 = 20;
 /// The window detokenizer (decoders kvgate does not model) drops IDs before its prefix once
 /// this many accumulate, so each step decodes a bounded window, not the whole sequence.
 pub const DECODE_WINDOW_TOKENS_MAX: usize = 64;
+const _: () = assert!(TLS_HANDSHAKE_TIMEOUT.as_millis() <= HEADER_READ_TIMEOUT.as_millis());
+const _: () = assert!(TLS_PENDING_BYTES_MAX >= UPSTREAM_READ_BYTES);

@@ -23,7 +23,9 @@
 #   fleet_start_nginx NGINX PORT UPSTREAM_PORT WORKERS CONNECTIONS [MAIN_DIRECTIVES]
 #                                       nginx on 127.0.0.1:PORT in front of UPSTREAM_PORT with
 #                                       upstream keepalive (the proxy the benchmarks compare kvgate
-#                                       with), WORKERS workers of CONNECTIONS each; NGINX_PID
+#                                       with), WORKERS workers of CONNECTIONS each; NGINX_PID.
+#                                       FLEET_NGINX_TLS="PORT CERT KEY": also HTTPS on PORT
+#                                       (TLS 1.3, ssl_session_cache)
 #   FLEET_PIN=CPUS fleet_start...       the process pinned to CPUS (taskset -c)
 #   fleet_wait NAME URL...              waits up to 20 s (FLEET_WAIT_S) until each URL answers
 #                                       GET with 200, else fails with the tail of NAME's log
@@ -113,8 +115,14 @@ fleet_start_kvgate() {
 
 fleet_start_nginx() {
   local nginx="$1" port="$2" upstream="$3" workers="$4" connections="$5" main="${6:-}"
-  local dir="$FLEET_WORK/nginx"
+  local dir="$FLEET_WORK/nginx" tls=""
   mkdir -p "$dir/logs"
+  if [ -n "${FLEET_NGINX_TLS:-}" ]; then
+    local tls_port tls_cert tls_key
+    read -r tls_port tls_cert tls_key <<<"$FLEET_NGINX_TLS"
+    tls="listen 127.0.0.1:$tls_port ssl reuseport; ssl_certificate $tls_cert; ssl_certificate_key $tls_key;
+    ssl_protocols TLSv1.3; ssl_session_cache shared:SSL:10m;"
+  fi
   cat >"$dir/nginx.conf" <<EOF
 worker_processes $workers;
 $main
@@ -130,6 +138,7 @@ http {
   upstream sim { server 127.0.0.1:$upstream; keepalive 256; }
   server {
     listen 127.0.0.1:$port reuseport;
+    $tls
     location / {
       proxy_pass http://sim;
       proxy_http_version 1.1;

@@ -53,12 +53,10 @@ pub fn run(config: DiscoveryConfig, shared: Arc<Shared>) {
 
 /// Watches the pods and keeps the registered workers following them.
 async fn watch_pods(config: DiscoveryConfig, shared: Arc<Shared>) {
-    // kube's TLS (an in-cluster API server speaks https) takes the process's rustls provider;
-    // ring is the one built (rustls 0.23.48 deprecates it for lacking post-quantum key
-    // exchange: aws-lc-rs would bring a C build of its own). Installing fails only when a
+    // kube's TLS (an in-cluster API server speaks https) takes the process's rustls provider:
+    // aws-lc-rs, the one the data port's TLS uses (`config::tls`). Installing fails only when a
     // provider is already installed, which then serves as well.
-    #[allow(deprecated)]
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let client = match Client::try_default().await {
         Ok(client) => client,
         Err(e) => {

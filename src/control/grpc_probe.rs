@@ -122,6 +122,7 @@ pub async fn admit_grpc_worker(
         kind,
         path: String::new(),
         timeout,
+        scheme: spec.scheme,
         protocol: spec.protocol,
         // gRPC calls carry no API key yet (HTTP probes send `--api-key`).
         bearer: None,

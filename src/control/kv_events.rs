@@ -25,7 +25,7 @@ use crate::net::client;
 use crate::policy::model_hash;
 use crate::shared::Shared;
 use crate::workers::catalog::ModelCatalog;
-use crate::workers::spec::{KvEventsEndpoint, KvEventsSource};
+use crate::workers::spec::{KvEventsEndpoint, KvEventsSource, Scheme};
 use crate::workers::table::Roster;
 
 use super::kv_subscriber::{FeedItem, Subscribers};
@@ -52,6 +52,7 @@ enum StreamState {
 struct Worker {
     url: String,
     addr: SocketAddr,
+    scheme: Scheme,
     authority: String,
     host: String,
     stream: StreamState,
@@ -184,6 +185,7 @@ impl KvEvents {
             let mut worker = Worker {
                 url: spec.url.clone(),
                 addr: spec.addr,
+                scheme: spec.scheme,
                 authority: spec.authority.clone(),
                 host: spec.host().to_string(),
                 stream: StreamState::Silent,
@@ -273,13 +275,14 @@ impl KvEvents {
                 continue;
             }
             *asked = true;
-            let (id, url, addr) = (*id, worker.url.clone(), worker.addr);
+            let (id, url, addr, scheme) = (*id, worker.url.clone(), worker.addr, worker.scheme);
             let (authority, answers) = (worker.authority.clone(), self.discovered.0.clone());
             let bearer = self.api_key.clone();
             monoio::spawn(async move {
                 let timeout = LOAD_POLL_TIMEOUT;
                 let got = client::get(
                     addr,
+                    scheme,
                     &authority,
                     "/server_info",
                     bearer.as_deref(),

@@ -21,7 +21,7 @@ use crate::workers::catalog::{parse_models, ListedModel};
 use crate::workers::health::{HealthTracker, HealthTransition, ProbeOutcome};
 use crate::workers::load::{parse_load_body, LoadEndpoint, LoadReport};
 use crate::workers::settings::{LoadPolling, WorkerSettings};
-use crate::workers::spec::{WorkerProtocol, WorkerSpec};
+use crate::workers::spec::{Scheme, WorkerProtocol, WorkerSpec};
 
 /// What a probe asks a worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +42,8 @@ pub struct ProbeJob {
     pub id: WorkerId,
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Plain HTTP or TLS.
+    pub scheme: Scheme,
     /// Its `Host` header value.
     pub authority: String,
     /// What to ask.
@@ -90,6 +92,7 @@ pub enum Change {
 #[derive(Debug)]
 struct Watched {
     addr: SocketAddr,
+    scheme: Scheme,
     authority: String,
     protocol: WorkerProtocol,
     health: HealthTracker,
@@ -150,6 +153,7 @@ impl WorkerMonitor {
     pub fn add(&mut self, id: WorkerId, spec: &WorkerSpec) {
         let watched = Watched {
             addr: spec.addr,
+            scheme: spec.scheme,
             authority: spec.authority.clone(),
             protocol: spec.protocol,
             health: HealthTracker::new_healthy(),
@@ -231,6 +235,7 @@ impl WorkerMonitor {
             let job = |kind: ProbeKind, path: &str, timeout: Duration| ProbeJob {
                 id: *id,
                 addr: w.addr,
+                scheme: w.scheme,
                 authority: w.authority.clone(),
                 kind,
                 path: path.to_string(),

@@ -33,14 +33,16 @@ pub async fn run_probe_job(job: ProbeJob, channels: &RefCell<Channels>) -> Probe
         _ => PROBE_BODY_BYTES_MAX,
     };
     let started = Instant::now();
-    let (addr, authority, bearer) = (job.addr, job.authority.as_str(), job.bearer.as_deref());
-    let mut response = client::get(addr, authority, &job.path, bearer, job.timeout, cap).await;
+    let (addr, scheme, authority) = (job.addr, job.scheme, job.authority.as_str());
+    let bearer = job.bearer.as_deref();
+    let mut response =
+        client::get(addr, scheme, authority, &job.path, bearer, job.timeout, cap).await;
     let mut kind = job.kind.clone();
     if let (ProbeKind::Load(endpoint), Ok(r)) = (&job.kind, &response) {
         let next = endpoint.after_status(r.status);
         if next != *endpoint {
             let left = job.timeout.saturating_sub(started.elapsed());
-            response = client::get(addr, authority, next.path(), bearer, left, cap).await;
+            response = client::get(addr, scheme, authority, next.path(), bearer, left, cap).await;
             kind = ProbeKind::Load(next);
         }
     }
@@ -110,9 +112,11 @@ pub async fn probe_new_worker(
     if let WorkerProtocol::Grpc(backend) = spec.protocol {
         return admit_grpc_worker(&spec, backend, health.timeout).await;
     }
-    let (addr, authority, bearer) = (spec.addr, spec.authority.as_str(), bearer.as_deref());
+    let (addr, scheme, authority) = (spec.addr, spec.scheme, spec.authority.as_str());
+    let bearer = bearer.as_deref();
     let checked = client::get(
         addr,
+        scheme,
         authority,
         &health.endpoint,
         bearer,
@@ -132,6 +136,7 @@ pub async fn probe_new_worker(
     }
     let listed = client::get(
         addr,
+        scheme,
         authority,
         "/v1/models",
         bearer,
@@ -223,6 +228,7 @@ mod tests {
         ProbeJob {
             id: WorkerId(id),
             addr: spec.addr,
+            scheme: spec.scheme,
             authority: spec.authority.clone(),
             kind,
             path: path.into(),

@@ -37,9 +37,19 @@ use crate::request::id::RequestId;
 use crate::request::{Endpoint, Handling, Method};
 use crate::workers::admin::{bearer_matches, check_access, route_admin};
 
-/// Serves one client connection until it closes, errs or the gateway shuts down.
-pub async fn serve_connection(core: Rc<DataCore>, socket: Socket) {
+/// Serves one client connection until it closes, errs or the gateway shuts down. With
+/// `--tls-cert-path` the TLS handshake comes first, within `--tls-handshake-timeout-ms`; a
+/// client that fails it or runs out of time is closed without an answer (nothing can reach it).
+pub async fn serve_connection(core: Rc<DataCore>, mut socket: Socket) {
     core.metrics().incr(Counter::DownstreamConnectionsAccepted);
+    let tls = &core.shared.config.tls;
+    if let Some(server) = &tls.server {
+        let deadline = Instant::now() + tls.handshake_timeout;
+        if let Err(e) = socket.accept_tls(server, deadline).await {
+            tracing::debug!("TLS handshake with a client failed: {e}");
+            return;
+        }
+    }
     let mut down = Downstream {
         socket,
         read_buf: Vec::with_capacity(READ_BUF_BYTES_INITIAL),

@@ -1,8 +1,8 @@
 //! A one-shot HTTP/1.1 `GET` for the control core's requests to workers (health checks, load
 //! polls, model discovery, the admin API's admission probe): one connection per request, closed
 //! after it, the whole body buffered up to a cap, everything within one deadline. It speaks
-//! through the same codec, body framer (`body::BodyFramer`) and socket as the proxy. Not for
-//! the data path, which pools.
+//! through the same codec, body framer (`body::BodyFramer`) and socket as the proxy, over TLS
+//! for an `https://` worker. Not for the data path, which pools.
 //!
 //! Failures are `ProxyError`s on the upstream side: `UpstreamConnect` (refused, unreachable),
 //! `UpstreamTimeout` (the deadline passed), `UpstreamClosed` (closed early) and
@@ -17,6 +17,7 @@ use super::socket::Socket;
 use crate::error::{ErrorKind, ProxyError};
 use crate::limits::UPSTREAM_READ_BYTES;
 use crate::request::Method;
+use crate::workers::spec::{authority_host, Scheme};
 
 /// A complete response.
 #[derive(Debug)]
@@ -44,11 +45,13 @@ fn io_error(e: std::io::Error, context: &'static str) -> ProxyError {
     ProxyError::upstream(kind, context).because(e)
 }
 
-/// `GET path` on the worker at `addr` (`authority` is its `Host`), within `timeout`, reading a
-/// body of at most `body_max` bytes; with `bearer`, as `Authorization: Bearer <bearer>` (the
-/// workers' API key: vLLM's `--api-key` guards every `/v1` route, `/v1/models` included).
+/// `GET path` on the worker at `addr` (`authority` is its `Host`, and for `Scheme::Https` the
+/// name its certificate must carry), within `timeout`, reading a body of at most `body_max`
+/// bytes; with `bearer`, as `Authorization: Bearer <bearer>` (the workers' API key: vLLM's
+/// `--api-key` guards every `/v1` route, `/v1/models` included).
 pub async fn get(
     addr: SocketAddr,
+    scheme: Scheme,
     authority: &str,
     path: &str,
     bearer: Option<&str>,
@@ -56,7 +59,7 @@ pub async fn get(
     body_max: usize,
 ) -> Result<ClientResponse, ProxyError> {
     let deadline = Instant::now() + timeout;
-    let mut socket = Socket::connect_before(addr, deadline)
+    let mut socket = Socket::connect_to(addr, scheme, authority_host(authority), deadline)
         .await
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::TimedOut => io_error(e, "connect"),
@@ -156,7 +159,15 @@ mod tests {
             .enable_timer()
             .build()
             .unwrap();
-        runtime.block_on(get(addr, "worker", "/health", None, timeout, body_max))
+        runtime.block_on(get(
+            addr,
+            Scheme::Http,
+            "worker",
+            "/health",
+            None,
+            timeout,
+            body_max,
+        ))
     }
 
     const SECOND: Duration = Duration::from_secs(1);

@@ -10,6 +10,7 @@
 //!   proxy and the client alike.
 //! - `client`: a one-shot `GET` on a fresh connection, for the control core's probes.
 //! - `memory`: gives the pages of freed I/O buffers back to the system.
+//! - `tls`: TLS on a socket (rustls driven by readiness), for `Socket` when it is encrypted.
 
 pub mod body;
 pub mod client;
@@ -17,3 +18,4 @@ pub mod codec;
 pub mod date;
 pub mod memory;
 pub mod socket;
+pub mod tls;

@@ -4,6 +4,10 @@
 //! is cancelled and awaited, so the buffer comes back before we return (monoio's `io-cancel`
 //! guidance). Keeping all socket I/O here is what lets the runtime be swapped later.
 //!
+//! A socket may carry a TLS session (`net::tls`: a client of `--tls-cert-path`, an `https://`
+//! worker); each operation then goes through it, after one test of which kind the socket is, and
+//! the plain path is the same as before TLS existed.
+//!
 //! Errors are plain `io::Error`s; a missed deadline is `io::ErrorKind::TimedOut`. Callers map
 //! them to `ProxyError`s with the side they know.
 
@@ -16,17 +20,30 @@ use monoio::buf::{IoBuf, IoBufMut};
 use monoio::io::{CancelableAsyncReadRent, CancelableAsyncWriteRent, Canceller};
 use monoio::net::TcpStream;
 
+use super::tls;
 use crate::limits::UPSTREAM_CONNECT_TIMEOUT;
+use crate::workers::spec::Scheme;
 
 /// A TCP connection with owned-buffer, deadline-bounded reads and writes.
 pub struct Socket {
     stream: TcpStream,
     canceller: Canceller,
+    /// The TLS session of an encrypted connection. Boxed: rustls' state (about 1 KiB) stays out
+    /// of every connection's task, and a plain socket pays one pointer for it.
+    tls: Option<Box<rustls::Connection>>,
 }
 
 impl std::fmt::Debug for Socket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Socket").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Socket {
+    fn drop(&mut self) {
+        if let Some(tls) = &mut self.tls {
+            tls::close_now(&self.stream, tls);
+        }
     }
 }
 
@@ -90,7 +107,41 @@ impl Socket {
         Socket {
             stream,
             canceller: Canceller::new(),
+            tls: None,
         }
+    }
+
+    /// Whether the connection is encrypted.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Makes an accepted connection a TLS one: runs the server's handshake by `deadline`.
+    pub async fn accept_tls(
+        &mut self,
+        config: &std::sync::Arc<rustls::ServerConfig>,
+        deadline: Instant,
+    ) -> io::Result<()> {
+        let tls = self.tls.insert(tls::server_session(config)?);
+        tls::handshake(&self.stream, tls, deadline).await
+    }
+
+    /// Connects to a worker at `addr` as its URL's `scheme` says: for `https://`, the TLS
+    /// handshake with `host` (which its certificate must name) follows the connection. Each step
+    /// gives up at `deadline` or after `UPSTREAM_CONNECT_TIMEOUT`, whichever comes first.
+    pub async fn connect_to(
+        addr: SocketAddr,
+        scheme: Scheme,
+        host: &str,
+        deadline: Instant,
+    ) -> io::Result<Self> {
+        let mut socket = Self::connect_before(addr, deadline).await?;
+        if scheme == Scheme::Https {
+            let tls = socket.tls.insert(tls::client_session(host)?);
+            let handshake_deadline = deadline.min(Instant::now() + UPSTREAM_CONNECT_TIMEOUT);
+            tls::handshake(&socket.stream, tls, handshake_deadline).await?;
+        }
+        Ok(socket)
     }
 
     /// Connects to `addr`, giving up after `UPSTREAM_CONNECT_TIMEOUT`.
@@ -136,6 +187,21 @@ impl Socket {
     /// pinned by the caller: a future passed by value would sit twice in this one's state.
     pub async fn read_more_unless(
         &mut self,
+        buf: Vec<u8>,
+        spare: usize,
+        stop: impl std::future::Future<Output = Cut> + Unpin,
+    ) -> (Watched, Vec<u8>) {
+        // Each kind's read is a future of its own: the larger of the two, not their sum, is
+        // what every connection's task holds for it.
+        match &mut self.tls {
+            Some(tls) => tls::read_more_unless(&self.stream, tls, buf, spare, stop).await,
+            None => self.read_more_unless_plain(buf, spare, stop).await,
+        }
+    }
+
+    /// `read_more_unless` on a plain connection: one ring read, cancelled when `stop` cuts it.
+    async fn read_more_unless_plain(
+        &mut self,
         mut buf: Vec<u8>,
         spare: usize,
         stop: impl std::future::Future<Output = Cut> + Unpin,
@@ -144,7 +210,9 @@ impl Socket {
             buf.reserve(spare);
         }
         let start = buf.len();
-        let Socket { stream, canceller } = self;
+        let Socket {
+            stream, canceller, ..
+        } = self;
         let tail = buf.slice_mut(start..);
         let mut read = std::pin::pin!(stream.cancelable_read(tail, canceller.handle()));
         let cut = monoio::select! {
@@ -165,9 +233,13 @@ impl Socket {
     /// error: the read that follows tells which). `None` when `stop` cuts it with `Cut::Stop`;
     /// `Cut::Deadline` is `TimedOut`. Dropping the wait cancels the kernel's poll.
     pub async fn readable_unless(
-        &self,
+        &mut self,
         stop: impl std::future::Future<Output = Cut> + Unpin,
     ) -> Option<io::Result<()>> {
+        if self.tls.as_mut().is_some_and(|tls| tls::has_plaintext(tls)) {
+            // Decrypted by an earlier read and not taken yet: the kernel has no more to say.
+            return Some(Ok(()));
+        }
         let ready = self.stream.readable(false);
         monoio::select! {
             result = ready => Some(result),
@@ -198,8 +270,11 @@ impl Socket {
     /// poll of its task, so a decode step that wakes every stream of the core at once does not
     /// hold a buffer per stream (see `http::upstream::http1::read_upstream`). `WouldBlock` when
     /// nothing is there (a spurious wake); 0 at the end of the stream.
-    pub fn read_now(&self, buf: &mut Vec<u8>, spare: usize) -> io::Result<usize> {
+    pub fn read_now(&mut self, buf: &mut Vec<u8>, spare: usize) -> io::Result<usize> {
         buf.reserve(spare);
+        if let Some(tls) = &mut self.tls {
+            return tls::read_now(&self.stream, tls, buf);
+        }
         let room = buf.spare_capacity_mut();
         // SAFETY: `room` is `buf`'s spare capacity, valid for writes of `room.len()` bytes and
         // exclusively borrowed; the fd stays open while `self` is borrowed; MSG_DONTWAIT makes
@@ -223,7 +298,13 @@ impl Socket {
 
     /// Writes as much of `bytes` as the kernel takes now, without waiting: how many bytes it
     /// took (`WouldBlock` when none). A small event to a client that keeps up goes out whole.
+    /// A TLS connection takes none here (`WouldBlock`): bytes rustls encrypted must all reach
+    /// the kernel before the caller moves on, which `write_range` sees to, and sends at once
+    /// when the socket takes them, as this would.
     pub fn write_now(&self, bytes: &[u8]) -> io::Result<usize> {
+        if self.tls.is_some() {
+            return Err(io::Error::from(io::ErrorKind::WouldBlock));
+        }
         // SAFETY: `bytes` is valid for reads of its length; the fd stays open while `self` is
         // borrowed; MSG_DONTWAIT makes the call return at once, MSG_NOSIGNAL turns a closed
         // peer into EPIPE instead of a signal.
@@ -245,10 +326,29 @@ impl Socket {
         range: std::ops::Range<usize>,
         deadline: Instant,
     ) -> (io::Result<()>, Vec<u8>) {
+        // As for reads, one future per kind of connection.
+        match &mut self.tls {
+            Some(tls) => {
+                let result = tls::write_all(&self.stream, tls, &buf[range], deadline).await;
+                (result, buf)
+            }
+            None => self.write_range_plain(buf, range, deadline).await,
+        }
+    }
+
+    /// `write_range` on a plain connection: ring writes until the range is out.
+    async fn write_range_plain(
+        &mut self,
+        buf: Vec<u8>,
+        range: std::ops::Range<usize>,
+        deadline: Instant,
+    ) -> (io::Result<()>, Vec<u8>) {
         let mut written = range.start;
         let mut buf = buf;
         while written < range.end {
-            let Socket { stream, canceller } = self;
+            let Socket {
+                stream, canceller, ..
+            } = self;
             let part = buf.slice(written..range.end);
             let (result, part) = with_deadline!(canceller, deadline, |handle| {
                 stream.cancelable_write(part, handle)
@@ -296,7 +396,7 @@ mod tests {
     }
 
     /// `read_now` retried for up to 5 s while nothing has arrived.
-    async fn read_soon(socket: &Socket, buf: &mut Vec<u8>) -> usize {
+    async fn read_soon(socket: &mut Socket, buf: &mut Vec<u8>) -> usize {
         for _ in 0..1000 {
             match socket.read_now(buf, 64) {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -327,10 +427,10 @@ mod tests {
             b
         });
         runtime().block_on(async move {
-            let socket = Socket::connect(addr).await.unwrap();
+            let mut socket = Socket::connect(addr).await.unwrap();
             let mut buf = b"kept:".to_vec();
             // Nothing may have arrived yet: a read now does not wait for it.
-            let first = read_soon(&socket, &mut buf).await;
+            let first = read_soon(&mut socket, &mut buf).await;
             assert_eq!(first, 5);
             assert_eq!(buf, b"kept:first");
             let nothing = socket.read_now(&mut buf, 64).unwrap_err();
@@ -338,7 +438,7 @@ mod tests {
             assert_eq!(buf, b"kept:first");
             assert_eq!(socket.write_now(b"back").unwrap(), 4);
             // The peer has read its four bytes and closed: the end of the stream reads as 0.
-            let end = read_soon(&socket, &mut buf).await;
+            let end = read_soon(&mut socket, &mut buf).await;
             assert_eq!(end, 0);
             assert_eq!(buf, b"kept:first");
         });

@@ -249,6 +249,8 @@ pub fn run(config: Config) -> Result<(), StartError> {
     } else {
         Some(tokenizer_pool::start()?)
     };
+    // Before any core starts: every connection to an `https://` worker uses this one.
+    crate::net::tls::set_upstream_config(config.tls.upstream.clone());
     let shared = Arc::new(Shared::new(config));
     if let (Some(sockets), Some(mesh)) = (mesh_sockets, shared.config.mesh.clone()) {
         let shared_m = shared.clone();
@@ -281,8 +283,13 @@ pub fn run(config: Config) -> Result<(), StartError> {
             Err(_) => return Err(StartError("a core thread died during start-up".into())),
         }
     }
+    let scheme = match shared.config.tls.server {
+        Some(_) => "https",
+        None => "http",
+    };
     tracing::info!(
-        "kvgate listening on {listen_addr}: {} data cores, {driver} driver, policy {}, {} workers",
+        "kvgate listening on {listen_addr} ({scheme}): {} data cores, {driver} driver, policy {}, \
+         {} workers",
         shared.config.data_cores,
         shared.config.policy.kind.name(),
         shared.config.workers.len(),

@@ -1,11 +1,12 @@
 //! A worker's address: the one parser of worker URLs, used by `--worker-urls`, the admin API's
 //! `POST /workers` and `DELETE /workers/{url}` alike, so a URL means the same thing everywhere.
 //!
-//! Owns [`WorkerUrl`] (the syntax: `http://host[:port][/]`, port 80 when absent, or
-//! `grpc://host:port[/]` for an engine speaking SMG's gRPC protocols, nothing else; the scheme
-//! is its [`WorkerProtocol`]) and [`WorkerSpec`] (a worker as the gateway uses it: the URL exactly as given, which is the
-//! `x-smg-routed-worker-id` value, its resolved address and its `Host` header value). A URL that
-//! cannot be used is a [`UrlError`] saying why.
+//! Owns [`WorkerUrl`] (the syntax: `http://host[:port][/]` or `https://`, port 80 or 443 when
+//! absent, or `grpc://host:port[/]` for an engine speaking SMG's gRPC protocols, nothing else),
+//! [`Scheme`] (plain or TLS), [`WorkerProtocol`] (HTTP/1.1 or gRPC) and [`WorkerSpec`] (a worker
+//! as the gateway uses it: the URL exactly as given, which is the `x-smg-routed-worker-id` value,
+//! its scheme and protocol, its resolved address and its `Host` header value). A URL that cannot
+//! be used is a [`UrlError`] saying why.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
@@ -15,14 +16,49 @@ use crate::limits::KV_EVENTS_DP_RANKS_MAX;
 /// The longest host name accepted (the DNS limit).
 const HOST_LEN_MAX: usize = 253;
 
-/// The port of a worker URL that names none (plain HTTP's).
+/// The port of an `http://` worker URL that names none (plain HTTP's).
 pub const DEFAULT_PORT: u16 = 80;
+
+/// Whether the gateway's connections to a worker are plain or TLS: its URL's scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scheme {
+    /// `http://` and `grpc://`: plain TCP.
+    Http,
+    /// `https://`: HTTP/1.1 over TLS, the worker's certificate checked (`net::tls`).
+    Https,
+}
+
+impl Scheme {
+    /// The port of a URL that names none.
+    pub fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => DEFAULT_PORT,
+            Scheme::Https => 443,
+        }
+    }
+}
+
+/// The URL prefixes a worker may have, with what each means.
+const URL_PREFIXES: [(&str, Scheme, WorkerProtocol); 3] = [
+    ("http://", Scheme::Http, WorkerProtocol::Http),
+    ("https://", Scheme::Https, WorkerProtocol::Http),
+    ("grpc://", Scheme::Http, WorkerProtocol::Grpc(None)),
+];
+
+/// The URL prefix of a scheme and protocol, as the canonical spelling writes it.
+pub fn url_prefix(scheme: Scheme, protocol: WorkerProtocol) -> &'static str {
+    match (scheme, protocol) {
+        (Scheme::Http, WorkerProtocol::Http) => "http://",
+        (Scheme::Https, _) => "https://",
+        (Scheme::Http, WorkerProtocol::Grpc(_)) => "grpc://",
+    }
+}
 
 /// Why a URL is not a usable worker URL.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UrlError {
-    /// Only plain `http://` and `grpc://` workers are proxied.
-    #[error("{0} must start with http:// or grpc://")]
+    /// Only `http://`, `https://` and `grpc://` workers are proxied.
+    #[error("{0} must start with http://, https:// or grpc://")]
     Scheme(String),
     /// Missing or malformed host.
     #[error("{0} has no valid host")]
@@ -50,16 +86,6 @@ pub enum WorkerProtocol {
     /// builds the engine's `GenerateRequest` (`grpc`, `http::upstream::grpc`). The backend is
     /// `--backend`'s, or `None`: detected by asking the worker.
     Grpc(Option<GrpcBackend>),
-}
-
-impl WorkerProtocol {
-    /// The URL scheme, with its `://`.
-    pub fn scheme(self) -> &'static str {
-        match self {
-            WorkerProtocol::Http => "http://",
-            WorkerProtocol::Grpc(_) => "grpc://",
-        }
-    }
 }
 
 /// The engine protocol a `grpc://` worker speaks (SMG's `--backend`; detected per worker when
@@ -94,28 +120,31 @@ impl GrpcBackend {
 /// A syntactically valid worker URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerUrl {
-    /// The scheme's protocol.
+    /// Plain or TLS.
+    pub scheme: Scheme,
+    /// HTTP/1.1 or gRPC.
     pub protocol: WorkerProtocol,
     /// Host name or IP literal (IPv6 without its brackets).
     pub host: String,
-    /// TCP port ([`DEFAULT_PORT`] when the URL names none).
+    /// TCP port (the scheme's default when the URL names none).
     pub port: u16,
     /// `host:port` as written in the URL (brackets kept, port only if given): the `Host` header.
     pub authority: String,
 }
 
 impl WorkerUrl {
-    /// Parses `http://host[:port][/]` or `grpc://host:port[/]`.
+    /// Parses `http://host[:port][/]`, `https://host[:port][/]` or `grpc://host:port[/]`.
     pub fn parse(url: &str) -> Result<WorkerUrl, UrlError> {
         // The scheme is case-insensitive (RFC 3986 3.1): `HTTP://` names the same worker.
-        let protocol = [WorkerProtocol::Http, WorkerProtocol::Grpc(None)]
-            .into_iter()
-            .find(|p| {
-                url.get(..p.scheme().len())
-                    .is_some_and(|scheme| scheme.eq_ignore_ascii_case(p.scheme()))
+        let (&(prefix, scheme, protocol), rest) = URL_PREFIXES
+            .iter()
+            .find_map(|entry| {
+                url.get(..entry.0.len())
+                    .filter(|head| head.eq_ignore_ascii_case(entry.0))
+                    .map(|_| (entry, &url[entry.0.len()..]))
             })
             .ok_or_else(|| UrlError::Scheme(url.to_string()))?;
-        let rest = &url[protocol.scheme().len()..];
+        debug_assert_eq!(prefix, url_prefix(scheme, protocol));
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         if authority.contains(['/', '?', '#', '@']) || authority.chars().any(char::is_whitespace) {
             return Err(UrlError::Path(url.to_string()));
@@ -133,7 +162,7 @@ impl WorkerUrl {
             None if protocol != WorkerProtocol::Http => {
                 return Err(UrlError::GrpcPort(url.to_string()))
             }
-            None => DEFAULT_PORT,
+            None => scheme.default_port(),
             Some(text) => text
                 .parse::<u16>()
                 .ok()
@@ -141,6 +170,7 @@ impl WorkerUrl {
                 .ok_or_else(|| UrlError::Port(url.to_string()))?,
         };
         Ok(WorkerUrl {
+            scheme,
             protocol,
             host: host.to_string(),
             port,
@@ -148,12 +178,12 @@ impl WorkerUrl {
         })
     }
 
-    /// One spelling per URL: the scheme and the authority in lower case (host names and the
-    /// scheme are case-insensitive), no trailing `/`. The port stays as written: the same worker
-    /// with and without `:80` is caught by [`WorkerSpec::same_endpoint`] instead.
+    /// One spelling per URL: the scheme's prefix, the authority in lower case (host names and
+    /// the scheme are case-insensitive), no trailing `/`. The port stays as written: the same
+    /// worker with and without `:80` is caught by [`WorkerSpec::same_endpoint`] instead.
     pub fn canonical(&self) -> String {
-        let scheme = self.protocol.scheme();
-        format!("{scheme}{}", self.authority.to_ascii_lowercase())
+        let authority = self.authority.to_ascii_lowercase();
+        format!("{}{authority}", url_prefix(self.scheme, self.protocol))
     }
 
     /// The first address the host resolves to (a DNS lookup for a name: call off the data path).
@@ -180,6 +210,14 @@ pub fn resolve_flag(flag: &'static str, host: &str, port: u16) -> Result<SocketA
         .map_err(|why| FlagError::new(flag, format!("cannot resolve {host:?}: {why}")))
 }
 
+/// The host of an authority (`host:port` as a URL writes it), IPv6 without its brackets.
+pub fn authority_host(authority: &str) -> &str {
+    match split_host_port(authority) {
+        Some((host, _)) => host,
+        None => authority,
+    }
+}
+
 /// `host` and the port text, if any, of an authority; IPv6 literals come in brackets.
 fn split_host_port(authority: &str) -> Option<(&str, Option<&str>)> {
     if let Some(v6) = authority.strip_prefix('[') {
@@ -200,6 +238,8 @@ fn split_host_port(authority: &str) -> Option<(&str, Option<&str>)> {
 pub struct WorkerSpec {
     /// The URL exactly as given (the `x-smg-routed-worker-id` value and the metrics label).
     pub url: String,
+    /// Plain HTTP or TLS, as the URL says.
+    pub scheme: Scheme,
     /// The resolved address the gateway connects to.
     pub addr: SocketAddr,
     /// `host:port` as written in the URL, for the upstream `Host` header.
@@ -216,6 +256,7 @@ impl WorkerSpec {
         let parsed = WorkerUrl::parse(url)?;
         Ok(WorkerSpec {
             url: url.to_string(),
+            scheme: parsed.scheme,
             addr: parsed.resolve()?,
             authority: parsed.authority,
             kv_events: KvEventsSource::Discover,
@@ -223,13 +264,10 @@ impl WorkerSpec {
         })
     }
 
-    /// The host of its URL (IPv6 without brackets): the host of a wildcard KV-event endpoint.
+    /// The host of its URL (IPv6 without brackets): the host of a wildcard KV-event endpoint,
+    /// and the name an `https://` worker's certificate must carry.
     pub fn host(&self) -> &str {
-        let authority = self.authority.as_str();
-        match split_host_port(authority) {
-            Some((host, _)) => host,
-            None => authority,
-        }
+        authority_host(&self.authority)
     }
 
     /// The URL without a trailing `/`: two spellings of one worker compare equal this way.
@@ -465,10 +503,27 @@ mod tests {
     }
 
     #[test]
+    fn https_urls_keep_their_scheme_and_default_to_port_443() {
+        let url = WorkerUrl::parse("HTTPS://Worker-1.local/").unwrap();
+        assert_eq!((url.scheme, url.port), (Scheme::Https, 443));
+        assert_eq!(url.canonical(), "https://worker-1.local");
+        assert_eq!(WorkerUrl::parse("https://[::1]:8443").unwrap().port, 8443);
+        assert_eq!(WorkerUrl::parse("http://a").unwrap().scheme, Scheme::Http);
+        let spec = WorkerSpec::resolve("https://127.0.0.1:31002/").unwrap();
+        assert_eq!(spec.scheme, Scheme::Https);
+        // The worker's identity is its URL as given, scheme included.
+        assert_eq!(spec.url, "https://127.0.0.1:31002/");
+        assert_eq!(spec.normalized_url(), "https://127.0.0.1:31002");
+        assert_eq!(spec.host(), "127.0.0.1");
+        assert_eq!(authority_host("[::1]:8443"), "::1");
+    }
+
+    #[test]
     fn bad_urls_say_what_is_wrong() {
         type Expected = fn(&UrlError) -> bool;
         let cases: &[(&str, Expected)] = &[
-            ("https://a:1", |e| matches!(e, UrlError::Scheme(_))),
+            ("ftp://a:1", |e| matches!(e, UrlError::Scheme(_))),
+            ("https:/a:1", |e| matches!(e, UrlError::Scheme(_))),
             ("a:1", |e| matches!(e, UrlError::Scheme(_))),
             ("http://a:0", |e| matches!(e, UrlError::Port(_))),
             ("http://a:", |e| matches!(e, UrlError::Port(_))),

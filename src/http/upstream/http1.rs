@@ -25,7 +25,9 @@ use crate::http::core::DataCore;
 use crate::http::downstream::{ClientSide, Forwarded};
 use crate::http::pool::UpstreamConn;
 use crate::ids::WorkerId;
-use crate::limits::{FORWARD_BODY_COPY_BYTES_MAX, STREAM_READ_BYTES, UPSTREAM_READ_BYTES};
+use crate::limits::{
+    FORWARD_BODY_COPY_BYTES_MAX, STREAM_READ_BYTES, UPSTREAM_CONNECT_TIMEOUT, UPSTREAM_READ_BYTES,
+};
 use crate::metrics::Counter;
 use crate::net::body::BodyFramer;
 use crate::net::codec::{
@@ -79,7 +81,10 @@ impl Http1Exchange {
                 conn
             }
             None => {
-                let socket = Socket::connect(worker.spec.addr).await.map_err(|e| {
+                let spec = &worker.spec;
+                let deadline = Instant::now() + UPSTREAM_CONNECT_TIMEOUT;
+                let connected = Socket::connect_to(spec.addr, spec.scheme, spec.host(), deadline);
+                let socket = connected.await.map_err(|e| {
                     ProxyError::upstream(ErrorKind::UpstreamConnect, "connect")
                         .because(e)
                         .retryable()
