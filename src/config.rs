@@ -17,10 +17,12 @@ use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
 use crate::mesh::{MeshArgs, MeshConfig};
+use crate::pd::{Handshake, PdArgs, PdConfig, WorkerStartup};
 use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
 };
+use crate::workers::role::WorkerRole;
 use crate::workers::settings::{
     AdminArgs, LoadArgs, PolicyLoads, ResilienceArgs, WorkerArgs, WorkerSettings,
 };
@@ -106,6 +108,9 @@ pub struct Cli {
     /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
     #[command(flatten)]
     pub policy: PolicyArgs,
+    /// Prefill/decode disaggregation and worker startup (`--pd-disaggregation`, ...).
+    #[command(flatten)]
+    pub pd: PdArgs,
     /// Load monitoring and overload protection (`--load-monitor-interval`, ...).
     #[command(flatten)]
     pub load: LoadArgs,
@@ -188,6 +193,16 @@ pub struct Cli {
     /// Tokenizers, chat templates and the tokenization cache.
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
+    /// The handshake of a --pd-disaggregation fleet: sglang (bootstrap fields, both workers at
+    /// once) or vllm (kv_transfer_params, prefill then decode).
+    #[arg(
+        help_heading = "Backend",
+        long,
+        visible_alias = "runtime",
+        value_enum,
+        default_value = "sglang"
+    )]
+    pub backend: Handshake,
     /// The admin API's key (`--admin-api-key`, `--admin-api-insecure`).
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -303,6 +318,10 @@ pub struct Config {
     pub via_pseudonym: String,
     /// The mesh between gateways (`--enable-mesh`); `None`: this gateway learns alone.
     pub mesh: Option<MeshConfig>,
+    /// Prefill/decode disaggregation (`--pd-disaggregation`); `None`: regular mode.
+    pub pd: Option<PdConfig>,
+    /// How a worker's registration waits for it to start (`--worker-startup-*`).
+    pub worker_startup: WorkerStartup,
 }
 
 impl Config {
@@ -314,29 +333,28 @@ impl Config {
             &cli.prometheus_host,
             cli.prometheus_port,
         )?;
-        if cli.worker_urls.len() > WORKERS_MAX {
-            let message = format!(
-                "{} workers given, at most {WORKERS_MAX}",
-                cli.worker_urls.len()
-            );
-            return Err(FlagError::new("--worker-urls", message));
+        let given = worker_flags(cli)?;
+        if given.len() > WORKERS_MAX {
+            let message = format!("{} workers given, at most {WORKERS_MAX}", given.len());
+            return Err(FlagError::new(given[0].0, message));
         }
-        let mut workers: Vec<WorkerSpec> = Vec::with_capacity(cli.worker_urls.len());
-        for url in &cli.worker_urls {
-            let spec = WorkerSpec::resolve(url)
-                .map_err(|e| FlagError::new("--worker-urls", e.to_string()))?;
+        let mut workers: Vec<WorkerSpec> = Vec::with_capacity(given.len());
+        for (flag, url, role) in given {
+            let mut spec =
+                WorkerSpec::resolve(&url).map_err(|e| FlagError::new(flag, e.to_string()))?;
             if is_own_listener(spec.addr, listen_addr) {
                 return Err(FlagError::new(
-                    "--worker-urls",
+                    flag,
                     format!("{url} is this gateway's own --host/--port: requests would loop"),
                 ));
             }
             if workers.iter().any(|w| w.same_endpoint(&spec)) {
                 return Err(FlagError::new(
-                    "--worker-urls",
+                    flag,
                     format!("{url} is given twice (spellings of one address count once)"),
                 ));
             }
+            spec.role = role;
             workers.push(spec);
         }
         if !cli.kv_events_endpoints.is_empty() {
@@ -425,9 +443,7 @@ impl Config {
             timeout_ms("--header-read-timeout-ms", cli.header_read_timeout_ms)?;
         let client_idle_timeout =
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
-        let worker_settings = cli
-            .worker_args()
-            .validate_for(policy_loads(cli.policy.policy))?;
+        let worker_settings = cli.worker_args().validate_for(fleet_policy_loads(cli))?;
         let unused = cli.policy.unused_in_hash_mode();
         let mut startup_notices = if unused.is_empty() {
             Vec::new()
@@ -443,6 +459,23 @@ impl Config {
         }
         let tokenizer_cache = tokenizer_cache(&cli.tokenizer, data_cores)?;
         let mesh = cli.mesh.config()?;
+        let policy = cli.policy.validate()?;
+        let pd = cli.pd.config(&policy, cli.backend)?;
+        let worker_startup = cli.pd.worker_startup()?;
+        let unused = cli.pd.unused_in_regular_mode();
+        if !unused.is_empty() {
+            startup_notices.push(format!(
+                "{} given without --pd-disaggregation (ignored)",
+                unused.join(", ")
+            ));
+        }
+        if pd.is_some() && !cli.worker_urls.is_empty() {
+            startup_notices.push(
+                "--worker-urls given with --pd-disaggregation (ignored: PD routes to --prefill \
+                 and --decode workers)"
+                    .to_string(),
+            );
+        }
         let trees = cli.policy.policy == PolicyKind::CacheAware
             && cli.policy.cache_index == crate::policy::CacheIndexKind::Tree;
         if mesh.is_some() && !trees {
@@ -454,6 +487,8 @@ impl Config {
         }
         Ok(Config {
             mesh,
+            pd,
+            worker_startup,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
@@ -468,7 +503,7 @@ impl Config {
             listen_addr,
             prometheus_addr,
             workers,
-            policy: cli.policy.validate()?,
+            policy,
             log_level: cli.log_level,
             log_format: if cli.log_json {
                 LogFormat::Json
@@ -484,6 +519,59 @@ impl Config {
             max_inflight_body_bytes_per_core,
             data_cores,
         })
+    }
+}
+
+/// The workers the flags give, with the flag each came from and its role: `--worker-urls`
+/// (regular), or under `--pd-disaggregation` `--prefill` and `--decode` (SMG then ignores
+/// `--worker-urls`).
+fn worker_flags(cli: &Cli) -> Result<Vec<(&'static str, String, WorkerRole)>, FlagError> {
+    if !cli.pd.pd_disaggregation {
+        let regular = cli.worker_urls.iter();
+        return Ok(regular
+            .map(|url| ("--worker-urls", url.clone(), WorkerRole::Regular))
+            .collect());
+    }
+    let pd = cli.pd.workers()?;
+    Ok(pd.into_iter().map(|w| (w.flag, w.url, w.role)).collect())
+}
+
+impl Config {
+    /// Whether a worker of `role` may join this gateway's fleet (`POST /workers`): regular
+    /// workers in regular mode, prefill and decode workers under `--pd-disaggregation`; `Err`
+    /// says why not.
+    pub fn admits_role(&self, role: WorkerRole) -> Result<(), String> {
+        match (self.pd.is_some(), role) {
+            (false, WorkerRole::Regular)
+            | (true, WorkerRole::Prefill { .. } | WorkerRole::Decode) => Ok(()),
+            (false, role) => Err(format!(
+                "worker_type {}: this gateway runs without --pd-disaggregation; only regular \
+                 workers",
+                role.name()
+            )),
+            (true, role) => Err(format!(
+                "worker_type {}: this gateway runs --pd-disaggregation; give worker_type \
+                 prefill or decode",
+                role.name()
+            )),
+        }
+    }
+}
+
+/// Whether any policy routing this fleet reads load reports: `--policy`, and under
+/// `--pd-disaggregation` each side's.
+fn fleet_policy_loads(cli: &Cli) -> PolicyLoads {
+    let mut kinds = vec![cli.policy.policy];
+    if cli.pd.pd_disaggregation {
+        kinds.extend(cli.pd.prefill_policy);
+        kinds.extend(cli.pd.decode_policy);
+    }
+    match kinds
+        .into_iter()
+        .any(|k| policy_loads(k) == PolicyLoads::Read)
+    {
+        true => PolicyLoads::Read,
+        false => PolicyLoads::Ignored,
     }
 }
 
@@ -704,6 +792,7 @@ mod tests {
                 "Options:",
                 "Worker Configuration:",
                 "Routing Policy:",
+                "PD Disaggregation:",
                 "Load Monitoring:",
                 "Logging:",
                 "Prometheus Metrics:",
@@ -712,6 +801,7 @@ mod tests {
                 "Circuit Breaker:",
                 "Health Checks:",
                 "Tokenizer:",
+                "Backend:",
                 "Control Plane Authentication:",
                 "Data Plane Authentication:",
                 "Mesh:",
@@ -995,6 +1085,160 @@ mod tests {
         .unwrap();
         assert_eq!(config.tokenizer_cache.l0_entries_max, 2_500);
         assert_eq!(config.tokenizer_cache.l1_bytes_max, (50 << 20) / 4);
+    }
+
+    #[test]
+    fn pd_flags_are_smgs_with_smgs_defaults() {
+        let config = parse(&[
+            "--pd-disaggregation",
+            "--prefill",
+            "http://127.0.0.1:31001",
+            "9001",
+            "--prefill",
+            "http://127.0.0.1:31002",
+            "--prefill",
+            "http://127.0.0.1:31003",
+            "none",
+            "--decode",
+            "http://127.0.0.1:31004",
+            "--decode",
+            "http://127.0.0.1:31005",
+            "--decode-policy",
+            "round_robin",
+        ])
+        .unwrap();
+        let roles: Vec<(&str, WorkerRole)> = config
+            .workers
+            .iter()
+            .map(|w| (w.url.as_str(), w.role))
+            .collect();
+        let prefill = |port| WorkerRole::Prefill {
+            bootstrap_port: port,
+        };
+        assert_eq!(
+            roles,
+            [
+                ("http://127.0.0.1:31001", prefill(Some(9001))),
+                ("http://127.0.0.1:31002", prefill(None)),
+                ("http://127.0.0.1:31003", prefill(None)),
+                ("http://127.0.0.1:31004", WorkerRole::Decode),
+                ("http://127.0.0.1:31005", WorkerRole::Decode),
+            ]
+        );
+        let pd = config.pd.as_ref().unwrap();
+        // --prefill-policy falls back to --policy; --decode-policy was given.
+        assert_eq!(pd.prefill.kind, PolicyKind::CacheAware);
+        assert_eq!(pd.decode.kind, PolicyKind::RoundRobin);
+        assert_eq!(pd.handshake, Handshake::Sglang);
+        assert_eq!(
+            config.worker_startup,
+            WorkerStartup {
+                timeout: Duration::from_secs(1800),
+                delay: Duration::ZERO,
+                check_interval: Duration::from_secs(30),
+            }
+        );
+        assert!(config.admits_role(WorkerRole::Decode).is_ok());
+        assert!(config.admits_role(WorkerRole::Regular).is_err());
+        let fallback = parse(&["--pd-disaggregation", "--policy", "random"]).unwrap();
+        let fallback = fallback.pd.unwrap();
+        assert_eq!(
+            (fallback.prefill.kind, fallback.decode.kind),
+            (PolicyKind::Random, PolicyKind::Random)
+        );
+        let vllm = parse(&["--pd-disaggregation", "--runtime", "vllm"]).unwrap();
+        assert_eq!(vllm.pd.unwrap().handshake, Handshake::Vllm);
+        // Without --pd-disaggregation the PD flags are ignored, as SMG ignores them: said once.
+        let regular = parse(&["--decode", "http://127.0.0.1:31004"]).unwrap();
+        assert!(regular.pd.is_none() && regular.workers.is_empty());
+        assert!(regular
+            .startup_notices
+            .iter()
+            .any(|n| n.contains("--decode")));
+        assert!(regular.admits_role(WorkerRole::Regular).is_ok());
+        assert!(regular.admits_role(WorkerRole::Decode).is_err());
+    }
+
+    #[test]
+    fn pd_flag_errors_name_their_flag_in_one_line() {
+        let cases: &[(&[&str], &str, &str)] = &[
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://127.0.0.1:1",
+                    "0",
+                ],
+                "--prefill",
+                "1-65535",
+            ),
+            (
+                &["--pd-disaggregation", "--prefill", "9001"],
+                "--prefill",
+                "no URL",
+            ),
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://127.0.0.1:1",
+                    "port",
+                ],
+                "--prefill",
+                "neither",
+            ),
+            (
+                &["--pd-disaggregation", "--prefill", "https://127.0.0.1:1"],
+                "--prefill",
+                "http://",
+            ),
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--decode",
+                    "http://127.0.0.1:1",
+                    "--prefill",
+                    "http://localhost:1",
+                ],
+                "--decode",
+                "twice",
+            ),
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://127.0.0.1:1",
+                    "--prefill-policy",
+                    "power_of_two",
+                ],
+                "--prefill-policy",
+                "at least 2",
+            ),
+            (
+                &["--pd-disaggregation", "--decode-policy", "power_of_two"],
+                "--decode-policy",
+                "at least 2",
+            ),
+            (
+                &["--worker-startup-timeout-secs", "0"],
+                "--worker-startup-timeout-secs",
+                "1..=",
+            ),
+            (
+                &["--worker-startup-check-interval", "0"],
+                "--worker-startup-check-interval",
+                "1..=",
+            ),
+        ];
+        for (args, flag, says) in cases {
+            let error = parse(args).unwrap_err();
+            assert_eq!(error.flag, *flag, "{args:?}: {error}");
+            let line = error.to_string();
+            assert!(line.contains(says) && !line.contains('\n'), "{line}");
+        }
+        // clap's own refusals: an unknown backend, a third value after --prefill.
+        assert!(parse(&["--backend", "trtllm"]).is_err());
+        assert!(parse(&["--prefill", "http://127.0.0.1:1", "1", "2"]).is_err());
     }
 
     #[test]

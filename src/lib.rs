@@ -7,7 +7,7 @@
 //!
 //! 1. leaves: `limits`, `ids`, `error`, `copy`;
 //! 2. the domain, free of I/O: `config`, `request`, `index`, `kv_events`, `policy`, `tokenize`,
-//!    `workers`, `metrics`, `mesh` (importing each other only as `ARCHITECTURE.md`'s edge
+//!    `workers`, `metrics`, `mesh`, `pd` (importing each other only as `ARCHITECTURE.md`'s edge
 //!    table lists);
 //! 3. `shared`: the state published between threads and the messages on their channels;
 //! 4. `net`: HTTP/1.1 on sockets, for both planes;
@@ -28,6 +28,7 @@ pub mod limits;
 pub mod mesh;
 pub mod metrics;
 pub mod net;
+pub mod pd;
 pub mod policy;
 pub mod request;
 pub mod runtime;

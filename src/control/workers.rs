@@ -196,6 +196,7 @@ impl WorkerDriver {
         WorkerReport {
             id: w.id,
             url: &w.spec.url,
+            role: w.spec.role,
             healthy,
             breaker,
             draining: shared.table.signals(w.id).is_draining(),
@@ -277,7 +278,11 @@ impl WorkerDriver {
             );
             return Err(refuse(e));
         }
+        if let Err(why) = shared.config.admits_role(added.role) {
+            return Err(refuse(AdminError::new(400, "invalid_request_error", why)));
+        }
         spec.kv_events = added.kv_events;
+        spec.role = added.role;
         let health = self.monitor.config().health.clone();
         let (tx, probed) = mpsc::channel();
         let probed_spec = spec.clone();

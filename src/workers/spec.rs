@@ -8,6 +8,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
+use super::role::WorkerRole;
 use crate::error::FlagError;
 
 /// The longest host name accepted (the DNS limit).
@@ -141,6 +142,8 @@ pub struct WorkerSpec {
     pub authority: String,
     /// Where it publishes its KV events.
     pub kv_events: KvEventsSource,
+    /// Regular, or its side of a prefill/decode pair (`--prefill`, `--decode`, `worker_type`).
+    pub role: WorkerRole,
 }
 
 impl WorkerSpec {
@@ -152,6 +155,7 @@ impl WorkerSpec {
             addr: parsed.resolve()?,
             authority: parsed.authority,
             kv_events: KvEventsSource::Discover,
+            role: WorkerRole::Regular,
         })
     }
 
