@@ -487,7 +487,7 @@ impl Config {
         }
         Ok(Config {
             mesh,
-            pd,
+            pd: pd.clone(),
             worker_startup,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
@@ -503,7 +503,12 @@ impl Config {
             listen_addr,
             prometheus_addr,
             workers,
-            policy,
+            // In PD mode the gateway's policy is the prefill side's: it owns the index (the
+            // prefix cache lives on the prefill engines); the decode side's is `pd.decode`.
+            policy: match &pd {
+                Some(pd) => pd.prefill.clone(),
+                None => policy,
+            },
             log_level: cli.log_level,
             log_format: if cli.log_json {
                 LogFormat::Json

@@ -452,6 +452,11 @@ pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;
 /// (TCP pushes back, and the sending peer's own queue drops).
 pub const MESH_INBOUND_FRAMES_MAX: usize = 256;
 
+/// Largest answer of a prefill worker the gateway reads whole (a prefill/decode pair's prefill
+/// side, and the decode side when logprobs are merged): the answer carries one input logprob
+/// per prompt token, tens of bytes each, so a 256k-token prompt's fits with room to spare.
+pub const PD_ANSWER_BYTES_MAX: usize = 64 << 20;
+
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
@@ -523,3 +528,5 @@ const _: () = assert!(MESH_PEER_QUEUE_BYTES_MAX >= 2 * MESH_FRAME_BYTES_MAX);
 const _: () = assert!(MESH_INBOUND_STREAMS_MAX >= MESH_PEERS_MAX);
 const _: () = assert!(MESH_HANDSHAKE_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
 const _: () = assert!(MESH_FRAME_READ_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
+// A merged answer holds at most the body cap of both sides' answers.
+const _: () = assert!(PD_ANSWER_BYTES_MAX <= PAYLOAD_BYTES_MAX);

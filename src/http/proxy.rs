@@ -113,6 +113,11 @@ pub async fn proxy_request(
     let models = catalog
         .workers_for(forwarded.prepared.get().model())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    if let Some(pd) = &core.shared.config.pd {
+        // Prefill/decode disaggregation: two workers per request, their own driver.
+        let handshake = pd.handshake;
+        return upstream::proxy_pair(core, &mut client, &mut forwarded, models, handshake).await;
+    }
     let deadline = Instant::now() + core.shared.config.request_timeout;
     let retry = &core.shared.config.worker_settings.retry;
     let attempts_max = retry.attempts_allowed();
@@ -227,8 +232,13 @@ async fn prepare(
     } = request;
     let prepared = prepared.get();
     let header = |name| head.headers.get(read_buf, name);
+    // In PD mode the spec ignores `x-smg-routing-tokens` (it applies in regular mode only).
+    let mode = match core.shared.config.pd {
+        Some(_) => RoutingMode::PrefillDecode,
+        None => RoutingMode::Regular,
+    };
     let headers = RoutingHeaders {
-        mode: RoutingMode::Regular,
+        mode,
         routing_tokens: header(ROUTING_TOKENS_HEADER),
         routing_key: header(ROUTING_KEY_HEADER),
         target_worker: header(TARGET_WORKER_HEADER),

@@ -1,8 +1,9 @@
 //! A one-shot HTTP/1.1 `GET` for the control core's requests to workers (health checks, load
-//! polls, model discovery, the admin API's admission probe): one connection per request, closed
-//! after it, the whole body buffered up to a cap, everything within one deadline. It speaks
-//! through the same codec, body framer (`body::BodyFramer`) and socket as the proxy. Not for
-//! the data path, which pools.
+//! polls, model discovery, the admin API's admission probe), and a one-shot JSON `POST` for the
+//! prefill side of a prefill/decode pair, whose answer is read whole and never relayed: one
+//! connection per request, closed after it, the whole body buffered up to a cap, everything
+//! within one deadline. It speaks through the same codec, body framer (`body::BodyFramer`) and
+//! socket as the proxy. Not for relayed answers, which pool.
 //!
 //! Failures are `ProxyError`s on the upstream side: `UpstreamConnect` (refused, unreachable),
 //! `UpstreamTimeout` (the deadline passed), `UpstreamClosed` (closed early) and
@@ -53,21 +54,53 @@ pub async fn get(
     timeout: Duration,
     body_max: usize,
 ) -> Result<ClientResponse, ProxyError> {
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nhost: {authority}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n\r\n"
+    );
     let deadline = Instant::now() + timeout;
+    exchange(addr, head.into_bytes(), Method::Get, deadline, body_max).await
+}
+
+/// `POST path` of a JSON `body` to the worker at `addr` (`authority` is its `Host`), answered
+/// by `deadline`, reading a body of at most `body_max` bytes. The one data-path use: the
+/// prefill side of a prefill/decode pair (`http::upstream::pd`), whose whole answer the
+/// gateway reads rather than relays.
+pub async fn post_json(
+    addr: SocketAddr,
+    authority: &str,
+    path: &str,
+    body: &[u8],
+    deadline: Instant,
+    body_max: usize,
+) -> Result<ClientResponse, ProxyError> {
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(body);
+    exchange(addr, request, Method::Post, deadline, body_max).await
+}
+
+/// Connects, writes `request` whole, and reads the answer to a `method` request.
+async fn exchange(
+    addr: SocketAddr,
+    request: Vec<u8>,
+    method: Method,
+    deadline: Instant,
+    body_max: usize,
+) -> Result<ClientResponse, ProxyError> {
     let mut socket = Socket::connect_before(addr, deadline)
         .await
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::TimedOut => io_error(e, "connect"),
             _ => ProxyError::upstream(ErrorKind::UpstreamConnect, "connect").because(e),
         })?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nhost: {authority}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n\r\n"
-    );
-    let (result, _) = socket.write_all(request.into_bytes(), deadline).await;
+    let (result, _) = socket.write_all(request, deadline).await;
     result.map_err(|e| io_error(e, "write request"))?;
     let mut buf = Vec::with_capacity(UPSTREAM_READ_BYTES);
     let head = loop {
-        if let Some(head) = codec::parse_response_head(&buf, Method::Get)? {
+        if let Some(head) = codec::parse_response_head(&buf, method)? {
             break head;
         }
         let (result, b) = socket.read_more(buf, UPSTREAM_READ_BYTES, deadline).await;

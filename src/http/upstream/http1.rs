@@ -122,6 +122,40 @@ impl Http1Exchange {
         Ok(())
     }
 
+    /// Step 2 with a body of the gateway's own in place of the client's (a prefill/decode
+    /// pair's rewritten body): the client's rebuilt head with `body`'s length, then `body`.
+    pub(super) async fn forward_body(
+        &mut self,
+        core: &DataCore,
+        request: &Forwarded<'_>,
+        body: &[u8],
+        attempt: &Attempt<'_>,
+    ) -> Result<(), ProxyError> {
+        let up = &mut self.conn;
+        core.spare_buffers
+            .borrow_mut()
+            .borrow_into(&mut up.write_buf);
+        up.write_buf.clear();
+        codec::write_upstream_request_head_via(
+            &mut up.write_buf,
+            request.head,
+            request.read_buf,
+            &attempt.worker.spec.authority,
+            core.shared.config.via_pseudonym.as_str(),
+            body.len(),
+        );
+        copy::extend_from_slice(&mut up.write_buf, body);
+        let (result, buf) = up
+            .socket
+            .write_all(std::mem::take(&mut up.write_buf), attempt.deadline)
+            .await;
+        up.write_buf = buf;
+        result.map_err(|e| upstream_io_error(e, "forward request"))?;
+        up.write_buf.clear();
+        core.spare_buffers.borrow_mut().lend(&mut up.write_buf);
+        Ok(())
+    }
+
     /// Step 3: the worker's head (interim 1xx answers skipped), then, when it is relayed, the
     /// client's head with the body bytes that came with it.
     pub(super) async fn read_head(

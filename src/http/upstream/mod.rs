@@ -29,6 +29,9 @@
 //! a [`BodyStop`].
 
 mod http1;
+mod pd;
+
+pub use pd::proxy_pair;
 
 use std::time::Instant;
 
@@ -238,6 +241,20 @@ impl Exchange {
     ) -> Result<(), ProxyError> {
         match self {
             Exchange::Http1(exchange) => exchange.forward(core, request, attempt).await,
+        }
+    }
+
+    /// Step 2 with the gateway's own `body` in place of the client's: a prefill/decode pair's
+    /// request, rewritten for the engines' handshake (`upstream::pd`).
+    pub async fn forward_body(
+        &mut self,
+        core: &DataCore,
+        request: &Forwarded<'_>,
+        body: &[u8],
+        attempt: &Attempt<'_>,
+    ) -> Result<(), ProxyError> {
+        match self {
+            Exchange::Http1(exchange) => exchange.forward_body(core, request, body, attempt).await,
         }
     }
 
