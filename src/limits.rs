@@ -217,6 +217,10 @@ pub const ADMIN_BODY_BYTES_MAX: usize = 16 << 10;
 /// most 5 s by default); this leaves room for both plus a slow turn.
 pub const ADMIN_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What a `POST /workers` keeps of `ADMIN_REPLY_TIMEOUT` after its last startup probe
+/// (`--worker-startup-*`) to register the worker and answer before the caller stops waiting.
+pub const ADMIN_REPLY_MARGIN: Duration = Duration::from_secs(1);
+
 /// How often a data core looks for the control core's answer to an admin call.
 pub const ADMIN_REPLY_POLL: Duration = Duration::from_millis(2);
 

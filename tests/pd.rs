@@ -102,6 +102,21 @@ fn sglang_pairs_answer_streaming_and_not_from_the_decode_side_with_each_role_in_
         .unwrap_or_default();
     assert_eq!(types, ["prefill", "prefill", "decode", "decode"]);
     assert_eq!(listed["workers"][0]["bootstrap_port"], prefill.port(0));
+    // Each worker's series carry its worker_type and its side's policy.
+    let metrics = gateway.metrics();
+    let selection = |worker_type: &str, policy: &str, url: &str| {
+        format!(
+            "smg_worker_selection_total{{worker_type=\"{worker_type}\",connection_mode=\"http\",\
+             model=\"sim-model\",policy=\"{policy}\",worker=\"{url}\"}}"
+        )
+    };
+    for (worker_type, policy, url) in [
+        ("prefill", "cache_aware", prefill.url(0)),
+        ("decode", "round_robin", decode.url(1)),
+    ] {
+        let series = selection(worker_type, policy, &url);
+        assert!(metrics.contains(&series), "{series} not in\n{metrics}");
+    }
 }
 
 #[test]

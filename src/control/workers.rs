@@ -16,13 +16,15 @@ use super::monitor::{Change, WorkerMonitor};
 use super::probes::{probe_new_worker, ProbeRound};
 use crate::config::is_own_listener;
 use crate::ids::WorkerId;
-use crate::limits::WORKERS_MAX;
+use crate::limits::{ADMIN_REPLY_MARGIN, ADMIN_REPLY_TIMEOUT, WORKERS_MAX};
+use crate::pd::WorkerStartup;
 use crate::shared::{AdminReply, AdminRequest, Shared};
 use crate::workers::admin::{
     parse_add_worker, render_worker_list, AdminError, AdminRoute, WorkerRef, WorkerReport,
 };
 use crate::workers::breaker::BreakerState;
 use crate::workers::catalog::{ListedModel, ModelCatalog};
+use crate::workers::health::HealthConfig;
 use crate::workers::spec::WorkerSpec;
 use crate::workers::table::{Health, Roster, WorkerEntry};
 
@@ -284,10 +286,11 @@ impl WorkerDriver {
         spec.kv_events = added.kv_events;
         spec.role = added.role;
         let health = self.monitor.config().health.clone();
+        let startup = shared.config.worker_startup;
         let (tx, probed) = mpsc::channel();
         let probed_spec = spec.clone();
         monoio::spawn(async move {
-            let _ = tx.send(probe_new_worker(probed_spec, health).await);
+            let _ = tx.send(probe_starting_worker(probed_spec, health, startup).await);
         });
         Ok(PendingAdd {
             spec,
@@ -388,4 +391,30 @@ fn url_of(shared: &Shared, id: WorkerId) -> String {
         .roster()
         .get(id)
         .map_or_else(|| format!("#{}", id.0), |w| w.spec.url.clone())
+}
+
+/// The admission probe under `--worker-startup-*` (SMG's registration): the first probe after
+/// `delay`, then one every `check_interval` while the worker is not ready, for at most
+/// `timeout`, and never past the admin call's own wait (`ADMIN_REPLY_TIMEOUT`): with SMG's
+/// defaults (no delay, 30 s between probes) that is one probe, answered at once.
+async fn probe_starting_worker(
+    spec: WorkerSpec,
+    health: HealthConfig,
+    startup: WorkerStartup,
+) -> Result<Option<Vec<ListedModel>>, String> {
+    let started = Instant::now();
+    let window = startup
+        .timeout
+        .min(ADMIN_REPLY_TIMEOUT.saturating_sub(health.timeout + ADMIN_REPLY_MARGIN));
+    if !startup.delay.is_zero() {
+        monoio::time::sleep(startup.delay.min(window)).await;
+    }
+    loop {
+        let probed = probe_new_worker(spec.clone(), health.clone()).await;
+        let next = started.elapsed() + startup.check_interval;
+        if probed.is_ok() || next >= window {
+            return probed;
+        }
+        monoio::time::sleep(startup.check_interval).await;
+    }
 }

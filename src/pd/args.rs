@@ -59,7 +59,7 @@ pub struct PdArgs {
     #[arg(long = "decode-policy", value_enum)]
     pub decode_policy: Option<PolicyKind>,
     /// Seconds a worker's registration (POST /workers) keeps probing a starting worker before
-    /// it gives up.
+    /// it refuses it (within the admin call's own 30 s wait).
     #[arg(long = "worker-startup-timeout-secs", default_value_t = 1800)]
     pub worker_startup_timeout_secs: u64,
     /// Seconds registration waits before its first probe, leaving a loading engine alone.
