@@ -158,18 +158,27 @@ pub struct Transfers {
     changed: Notify,
 }
 
+/// One finished transfer: the prompt's tokens, and how many of them the prefill engine found
+/// in its prefix cache (a decode engine reports those as its answer's cached tokens: the prompt
+/// was served from the prefill's cache, so a replay's hit rate is the prefill side's).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transfer {
+    pub tokens: u32,
+    pub cached: u32,
+}
+
 #[derive(Debug, Default)]
 struct TransferLog {
-    /// Room → prompt tokens transferred.
-    rooms: HashMap<u64, u32>,
+    /// Room → what was transferred.
+    rooms: HashMap<u64, Transfer>,
     order: VecDeque<u64>,
 }
 
 impl Transfers {
-    /// Marks `room` transferred (`tokens` of prompt) and wakes whoever waits on it.
-    pub fn complete(&self, room: u64, tokens: u32) {
+    /// Marks `room` transferred and wakes whoever waits on it.
+    pub fn complete(&self, room: u64, transfer: Transfer) {
         if let Ok(mut log) = self.done.lock() {
-            if log.rooms.insert(room, tokens).is_none() {
+            if log.rooms.insert(room, transfer).is_none() {
                 log.order.push_back(room);
             }
             while log.order.len() > TRANSFERS_KEPT_MAX {
@@ -181,8 +190,8 @@ impl Transfers {
         self.changed.notify_waiters();
     }
 
-    /// The tokens of `room` once it is transferred, waiting at most `wait`; `None` if not.
-    pub async fn wait(&self, room: u64, wait: Duration) -> Option<u32> {
+    /// `room`'s transfer once it is done, waiting at most `wait`; `None` if not.
+    pub async fn wait(&self, room: u64, wait: Duration) -> Option<Transfer> {
         let deadline = Instant::now() + wait.min(TRANSFER_WAIT_MAX);
         loop {
             let notified = self.changed.notified();
@@ -212,7 +221,7 @@ pub async fn fetch_transfer(
     port: u16,
     room: u64,
     timeout: Duration,
-) -> Result<u32, String> {
+) -> Result<Transfer, String> {
     let deadline = Instant::now() + timeout;
     let failed = |why: String| format!("KVTransferError(bootstrap_room={room}): {why}");
     loop {
@@ -227,7 +236,7 @@ pub async fn fetch_transfer(
         let asked =
             tokio::time::timeout(wait + Duration::from_secs(1), ask(host, port, room, wait));
         match asked.await {
-            Ok(Ok(Some(tokens))) => return Ok(tokens),
+            Ok(Ok(Some(transfer))) => return Ok(transfer),
             Ok(Ok(None)) => continue,
             Ok(Err(why)) => {
                 // The prefill engine is unreachable: try again until the deadline, as the
@@ -242,8 +251,8 @@ pub async fn fetch_transfer(
     }
 }
 
-/// One question to the bootstrap server: `Some(tokens)` when done, `None` when still pending.
-async fn ask(host: &str, port: u16, room: u64, wait: Duration) -> Result<Option<u32>, String> {
+/// One question to the bootstrap server: `Some` when done, `None` when still pending.
+async fn ask(host: &str, port: u16, room: u64, wait: Duration) -> Result<Option<Transfer>, String> {
     let mut stream = TcpStream::connect((host, port))
         .await
         .map_err(|e| format!("cannot reach the bootstrap server {host}:{port}: {e}"))?;
@@ -267,11 +276,13 @@ async fn ask(host: &str, port: u16, room: u64, wait: Duration) -> Result<Option<
         return Ok(None);
     }
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
-    let tokens = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("tokens").and_then(Value::as_u64))
-        .unwrap_or(0);
-    Ok(Some(u32::try_from(tokens).unwrap_or(u32::MAX)))
+    let answer = serde_json::from_str::<Value>(body).unwrap_or_default();
+    let field = |name: &str| answer.get(name).and_then(Value::as_u64).unwrap_or(0);
+    let count = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(Some(Transfer {
+        tokens: count(field("tokens")),
+        cached: count(field("cached")),
+    }))
 }
 
 /// The `room` and `wait_ms` of a `/sim/transfer` query.
@@ -337,9 +348,10 @@ mod tests {
         let later = std::sync::Arc::clone(&transfers);
         let waiter = tokio::spawn(async move { later.wait(1, Duration::from_secs(5)).await });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        transfers.complete(2, 9);
-        transfers.complete(1, 40);
-        assert_eq!(waiter.await.unwrap(), Some(40));
+        let transfer = |tokens| Transfer { tokens, cached: 8 };
+        transfers.complete(2, transfer(9));
+        transfers.complete(1, transfer(40));
+        assert_eq!(waiter.await.unwrap(), Some(transfer(40)));
         assert_eq!(
             transfer_query("room=5&wait_ms=30"),
             Some((5, Duration::from_millis(30)))

@@ -33,7 +33,9 @@ use super::api::{
     error_body, full_body, parse_request, stream_chunk, Endpoint, ParsedRequest, ResponseContext,
 };
 use super::body::{DropAfterFlush, SimBody, TokenStream};
-use super::disagg::{fetch_transfer, transfer_query, transfer_time, Handoff, SimRole, Transfers};
+use super::disagg::{
+    fetch_transfer, transfer_query, transfer_time, Handoff, SimRole, Transfer, Transfers,
+};
 use super::driver::{EngineHandle, SimClock};
 use super::engine::{Engine, LoadSnapshot, SimRequest, SubmitError};
 use super::faults::Faults;
@@ -489,9 +491,9 @@ impl EngineServer {
         fail_after: Option<usize>,
         prefilled: Prefilled,
     ) -> HttpResponse {
-        let (logprobs, received) = match prefilled {
-            Prefilled::No { logprobs } => (logprobs, false),
-            Prefilled::Received { logprobs } => (logprobs, true),
+        let (logprobs, received, reported_cached) = match prefilled {
+            Prefilled::No { logprobs } => (logprobs, false, None),
+            Prefilled::Received { logprobs, cached } => (logprobs, true, Some(cached)),
         };
         let request = SimRequest {
             namespace: parsed.namespace,
@@ -515,6 +517,7 @@ impl EngineServer {
                 context,
                 arrival_us,
                 fail_after,
+                reported_cached,
                 chunks_sent: 0,
                 done: false,
                 drop: DropAfterFlush::default(),
@@ -531,7 +534,7 @@ impl EngineServer {
             };
             if emit.finished {
                 context.completion_tokens = emit.completion_tokens;
-                context.cached_tokens = emit.cached_tokens;
+                context.cached_tokens = reported_cached.unwrap_or(emit.cached_tokens);
                 context.e2e_latency_s = emit.at_us.saturating_sub(arrival_us) as f64 / 1e6;
                 break;
             }
@@ -580,9 +583,10 @@ impl EngineServer {
                     );
                 };
                 match self.transfers.wait(room, wait).await {
-                    Some(tokens) => {
-                        json_response(StatusCode::OK, &json!({"room": room, "tokens": tokens}))
-                    }
+                    Some(done) => json_response(
+                        StatusCode::OK,
+                        &json!({"room": room, "tokens": done.tokens, "cached": done.cached}),
+                    ),
                     None => json_response(
                         StatusCode::ACCEPTED,
                         &json!({"room": room, "pending": true}),
@@ -737,8 +741,9 @@ fn submit_error_response(error: &SubmitError) -> HttpResponse {
 enum Prefilled {
     /// Computed here (a regular or a prefill engine).
     No { logprobs: Option<u32> },
-    /// Received from a prefill engine (a decode engine).
-    Received { logprobs: Option<u32> },
+    /// Received from a prefill engine (a decode engine), which found `cached` of its tokens
+    /// in its prefix cache: the answer reports those.
+    Received { logprobs: Option<u32>, cached: u32 },
 }
 
 /// What a prefill engine does once its token is out.
@@ -768,7 +773,6 @@ impl EngineServer {
             }
         };
         let role = self.options.disagg.role;
-        let logprobs = parsed.return_logprob.then_some(parsed.tokens.len() as u32);
         match (role, handoff) {
             (SimRole::Prefill, Handoff::Bootstrap { rooms, .. }) => {
                 let after = AfterPrefill::TransferThenAnswer(rooms);
@@ -779,20 +783,8 @@ impl EngineServer {
                 self.prefill(engine, endpoint, parsed, after).await
             }
             (SimRole::Decode, Handoff::Bootstrap { host, port, rooms }) => {
-                for room in rooms {
-                    let timeout = self.options.disagg.transfer_timeout;
-                    if let Err(why) = fetch_transfer(&host, port, room, timeout).await {
-                        return error_response(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "internal_error",
-                            &why,
-                        );
-                    }
-                }
-                let prefilled = Prefilled::Received {
-                    logprobs: logprobs.map(|_| 0),
-                };
-                self.simulate(engine, endpoint, parsed, fail_after, prefilled)
+                let received = self.receive(&host, port, &rooms).await;
+                self.decode(engine, endpoint, parsed, fail_after, received)
                     .await
             }
             (
@@ -803,18 +795,8 @@ impl EngineServer {
                     request_id,
                 },
             ) => {
-                let timeout = self.options.disagg.transfer_timeout;
-                if let Err(why) = fetch_transfer(&host, port, request_id, timeout).await {
-                    return error_response(
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        "internal_error",
-                        &why,
-                    );
-                }
-                let prefilled = Prefilled::Received {
-                    logprobs: logprobs.map(|_| 0),
-                };
-                self.simulate(engine, endpoint, parsed, fail_after, prefilled)
+                let received = self.receive(&host, port, &[request_id]).await;
+                self.decode(engine, endpoint, parsed, fail_after, received)
                     .await
             }
             (role, _) => {
@@ -826,6 +808,42 @@ impl EngineServer {
                 error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
             }
         }
+    }
+
+    /// Waits for every room's transfer from the prefill engine at `host:port`; the first
+    /// room's, or SGLang's error once one never comes.
+    async fn receive(&self, host: &str, port: u16, rooms: &[u64]) -> Result<Transfer, String> {
+        let timeout = self.options.disagg.transfer_timeout;
+        let mut first = None;
+        for room in rooms {
+            let done = fetch_transfer(host, port, *room, timeout).await?;
+            first = first.or(Some(done));
+        }
+        Ok(first.unwrap_or_default())
+    }
+
+    /// A decode engine's request once its transfer is in (`received`): decoded with the
+    /// prompt's KV cache received, not computed.
+    async fn decode(
+        &self,
+        engine: &EngineHandle,
+        endpoint: Endpoint,
+        parsed: ParsedRequest,
+        fail_after: Option<usize>,
+        received: Result<Transfer, String>,
+    ) -> HttpResponse {
+        let done = match received {
+            Ok(done) => done,
+            Err(why) => {
+                return error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", &why)
+            }
+        };
+        let prefilled = Prefilled::Received {
+            logprobs: parsed.return_logprob.then_some(0),
+            cached: done.cached,
+        };
+        self.simulate(engine, endpoint, parsed, fail_after, prefilled)
+            .await
     }
 
     /// A prefill engine's request: the prompt against its prefix cache, one output token, the
@@ -873,8 +891,12 @@ impl EngineServer {
         match after {
             AfterPrefill::TransferThenAnswer(rooms) => {
                 tokio::time::sleep(transfer).await;
+                let done = Transfer {
+                    tokens: prompt_tokens,
+                    cached: context.cached_tokens,
+                };
                 for room in rooms {
-                    self.transfers.complete(room, prompt_tokens);
+                    self.transfers.complete(room, done);
                 }
             }
             AfterPrefill::AnswerThenTransfer => {
@@ -889,9 +911,13 @@ impl EngineServer {
                     "remote_request_id": request_id,
                 });
                 let transfers = Arc::clone(&self.transfers);
+                let done = Transfer {
+                    tokens: prompt_tokens,
+                    cached: context.cached_tokens,
+                };
                 tokio::spawn(async move {
                     tokio::time::sleep(transfer).await;
-                    transfers.complete(request_id, prompt_tokens);
+                    transfers.complete(request_id, done);
                 });
             }
         }
