@@ -120,14 +120,23 @@ fn sglang_pairs_answer_streaming_and_not_from_the_decode_side_with_each_role_in_
 }
 
 #[test]
-fn a_shared_prefix_goes_to_the_prefill_engine_that_holds_it() {
+fn a_shared_prefix_goes_to_the_prefill_engine_that_holds_it_whatever_the_routing_tokens_header() {
     let (prefill, decode) = fleets(2, &[]);
     let gateway = pd_gateway(&prefill, &decode, &["--prefill-policy", "cache_aware"]);
     let mut client = gateway.client();
     let prefix = "the quick brown fox jumps over the lazy dog ".repeat(40);
-    for i in 0..6 {
+    for i in 0..6u32 {
         let text = format!("{prefix} question {i}");
-        let response = client.post_json("/generate", &generate(&text, 2, false));
+        // Distinct routing tokens on every request: in regular mode each would be its own key
+        // (a miss, spread by load); in PD mode the spec ignores the header and the prompt routes.
+        let tokens: Vec<String> = (0..256).map(|t| (i * 1000 + t).to_string()).collect();
+        let tokens = tokens.join(",");
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-smg-routing-tokens", tokens.as_str()),
+        ];
+        let body = generate(&text, 2, false);
+        let response = client.request("POST", "/generate", &headers, body.as_bytes());
         assert_eq!(response.status, 200, "{}", response.text());
     }
     // cache_aware on the prefill side: one engine got every request of the prefix.

@@ -61,23 +61,30 @@ pub async fn get(
     exchange(addr, head.into_bytes(), Method::Get, deadline, body_max).await
 }
 
-/// `POST path` of a JSON `body` to the worker at `addr` (`authority` is its `Host`), answered
-/// by `deadline`, reading a body of at most `body_max` bytes. The one data-path use: the
-/// prefill side of a prefill/decode pair (`http::upstream::pd`), whose whole answer the
-/// gateway reads rather than relays.
+/// `POST path` of a JSON `body` to the worker at `addr` (`authority` is its `Host`; the
+/// client's `authorization` passed on when given), answered by `deadline`, reading a body of at
+/// most `body_max` bytes. The one data-path use: the prefill side of a prefill/decode pair
+/// (`http::upstream::pd`), whose whole answer the gateway reads rather than relays.
 pub async fn post_json(
     addr: SocketAddr,
     authority: &str,
     path: &str,
+    authorization: Option<&[u8]>,
     body: &[u8],
     deadline: Instant,
     body_max: usize,
 ) -> Result<ClientResponse, ProxyError> {
     let mut request = format!(
-        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n",
         body.len()
     )
     .into_bytes();
+    if let Some(value) = authorization {
+        request.extend_from_slice(b"authorization: ");
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
     request.extend_from_slice(body);
     exchange(addr, request, Method::Post, deadline, body_max).await
 }

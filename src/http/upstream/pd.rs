@@ -39,7 +39,7 @@ use crate::http::core::DataCore;
 use crate::http::downstream::{write_to_client, Answered, ClientSide, Forwarded};
 use crate::http::relay::{head_context, relay_started, stream_back, StreamEnd, Streamed};
 use crate::ids::WorkerId;
-use crate::limits::PD_ANSWER_BYTES_MAX;
+use crate::limits::{PD_ANSWER_BYTES_MAX, STALE_CONNECTION_RETRIES_MAX};
 use crate::metrics::Counter;
 use crate::net::client::{self, ClientResponse};
 use crate::net::codec::{self, Connection};
@@ -62,6 +62,9 @@ struct PairFailure {
     worker: WorkerId,
     /// The worker answered this status, which was not forwarded.
     status: Option<u16>,
+    /// A pooled decode connection the engine had closed (a restart): not the worker failing,
+    /// tried again on a fresh connection apart from the attempts, as the regular driver does.
+    stale: bool,
 }
 
 impl PairFailure {
@@ -70,6 +73,17 @@ impl PairFailure {
             error,
             worker: worker.id,
             status: None,
+            stale: false,
+        }
+    }
+
+    /// A failure of the decode's exchange `up`: stale when it failed retryably on a connection
+    /// that served a request before.
+    fn of_decode(worker: &WorkerEntry, up: &Exchange, error: ProxyError) -> Self {
+        let stale = up.reused() && error.may_retry();
+        PairFailure {
+            stale,
+            ..PairFailure::of(worker, error)
         }
     }
 
@@ -80,6 +94,7 @@ impl PairFailure {
             error,
             worker: worker.id,
             status: Some(status),
+            stale: false,
         }
     }
 }
@@ -122,11 +137,11 @@ pub async fn proxy_pair(
     let deadline = Instant::now() + core.shared.config.request_timeout;
     let retry = &core.shared.config.worker_settings.retry;
     let attempts_max = retry.attempts_allowed();
-    let mut attempts = 0usize;
+    let (mut attempts, mut stale_retries) = (0usize, 0usize);
     let mut tried = TriedPair::default();
     let mut last_error = None;
     let mut rewritten = Vec::new();
-    while attempts < attempts_max {
+    while attempts < attempts_max && stale_retries < STALE_CONNECTION_RETRIES_MAX {
         let roster = core.shared.table.roster();
         let view = WorkerView {
             roster: &roster,
@@ -195,12 +210,18 @@ pub async fn proxy_pair(
         if !failure.error.may_retry() {
             return Err(failure.error);
         }
-        attempts += 1;
-        match failure.worker == prefill.id {
-            true => tried.prefill.insert(prefill.id),
-            false => tried.decode.insert(decode.id),
+        if failure.stale {
+            // Its siblings in the pool are most likely stale too (an engine restart).
+            super::drop_idle_connections(core, decode.id);
+            stale_retries += 1;
+        } else {
+            attempts += 1;
+            match failure.worker == prefill.id {
+                true => tried.prefill.insert(prefill.id),
+                false => tried.decode.insert(decode.id),
+            }
+            backoff(core, attempts - 1, deadline).await;
         }
-        backoff(core, attempts - 1, deadline).await;
         core.metrics().incr(Counter::UpstreamRetries);
         core.metrics()
             .workers()
@@ -271,32 +292,38 @@ async fn sglang_pair(
         .map_err(|e| PairFailure::of(decode, e))?;
     up.forward_body(core, request, body, &pair.decode)
         .await
-        .map_err(|e| PairFailure::of(decode, e))?;
+        .map_err(|e| PairFailure::of_decode(decode, &up, e))?;
     let first_byte_deadline = pair
         .decode
         .deadline
         .min(Instant::now() + core.shared.config.upstream_first_byte_timeout);
-    let path = target(request);
+    let (path, auth) = (target(request), authorization(request));
     let prefill_answer = client::post_json(
         prefill.spec.addr,
         &prefill.spec.authority,
         &path,
+        auth.as_deref(),
         body,
         first_byte_deadline,
         PD_ANSWER_BYTES_MAX,
     );
     record_prefill(core, request, prefill.id);
     let context = head_context(request, &pair.decode);
+    let reused = up.reused();
+    let decode_failed = |e: ProxyError| PairFailure {
+        stale: reused && e.may_retry(),
+        ..PairFailure::of(decode, e)
+    };
     let start = {
         let prefill_answer = pin!(prefill_answer);
         let decode_head = pin!(up.read_head(core, client, context, first_byte_deadline));
         match select(prefill_answer, decode_head).await {
             Either::Left((answered, decode_head)) => match check_prefill(prefill, answered) {
-                Ok(_) => decode_head.await.map_err(|e| PairFailure::of(decode, e)),
+                Ok(_) => decode_head.await.map_err(decode_failed),
                 Err(failure) => Err(failure),
             },
             // A decode that fails first ends the pair: the prefill leg is dropped, cancelled.
-            Either::Right((Err(e), _)) => Err(PairFailure::of(decode, e)),
+            Either::Right((Err(e), _)) => Err(decode_failed(e)),
             Either::Right((Ok(head), prefill_answer)) => {
                 check_prefill(prefill, prefill_answer.await).map(|_| head)
             }
@@ -343,6 +370,8 @@ async fn merged_pair(
     let path = target(request);
     let deadline = pair.decode.deadline;
     let (p_spec, d_spec) = (&prefill.spec, &decode.spec);
+    let auth = authorization(request);
+    let auth = auth.as_deref();
     let body = body.as_slice();
     record_prefill(core, request, prefill.id);
     let answers = {
@@ -350,6 +379,7 @@ async fn merged_pair(
             p_spec.addr,
             &p_spec.authority,
             &path,
+            auth,
             body,
             deadline,
             PD_ANSWER_BYTES_MAX,
@@ -358,6 +388,7 @@ async fn merged_pair(
             d_spec.addr,
             &d_spec.authority,
             &path,
+            auth,
             body,
             deadline,
             PD_ANSWER_BYTES_MAX,
@@ -425,11 +456,12 @@ async fn vllm_pair(
         .prefill
         .deadline
         .min(Instant::now() + core.shared.config.upstream_first_byte_timeout);
-    let path = target(request);
+    let (path, auth) = (target(request), authorization(request));
     let answer = client::post_json(
         prefill.spec.addr,
         &prefill.spec.authority,
         &path,
+        auth.as_deref(),
         body,
         first_byte_deadline,
         PD_ANSWER_BYTES_MAX,
@@ -461,10 +493,10 @@ async fn vllm_pair(
         .map_err(|e| PairFailure::of(decode, e))?;
     up.forward_body(core, request, body, &pair.decode)
         .await
-        .map_err(|e| PairFailure::of(decode, e))?;
+        .map_err(|e| PairFailure::of_decode(decode, &up, e))?;
     let streamed = stream_back(core, &mut up, client, request, &mut pair.decode)
         .await
-        .map_err(|e| PairFailure::of(decode, e))?;
+        .map_err(|e| PairFailure::of_decode(decode, &up, e))?;
     match streamed {
         StreamEnd::RetryableStatus(status) => Err(PairFailure::status(decode, status)),
         StreamEnd::Done(streamed) => Ok(finish_relay(core, up, decode.id, streamed)),
@@ -513,6 +545,14 @@ fn bootstrap_of(prefill: &WorkerEntry) -> Bootstrap<'_> {
         host: prefill.spec.host(),
         port: prefill.spec.role.bootstrap_port(),
     }
+}
+
+/// The client's `Authorization`, passed on to the side read whole (engines started with an API
+/// key want it on both requests; the relayed side gets the client's head as it is).
+fn authorization(request: &Forwarded<'_>) -> Option<Vec<u8>> {
+    (request.head.headers)
+        .get(request.read_buf, "authorization")
+        .map(<[u8]>::to_vec)
 }
 
 /// The request's path and query, for the prefill's request.
@@ -594,6 +634,10 @@ async fn answer_local(
 
 /// The side at fault's breaker and error counters hear a failed pair.
 fn note_failure(core: &DataCore, failure: &PairFailure) {
+    if failure.stale {
+        core.metrics().incr(Counter::UpstreamStaleConnections);
+        return;
+    }
     let at_fault = match failure.error.kind {
         ErrorKind::UpstreamConnect
         | ErrorKind::UpstreamClosed
