@@ -7,11 +7,20 @@
 //! logprobs put ahead of the decode's, as SGLang's router does), and vLLM's two bodies
 //! ([`write_vllm_prefill_body`], [`write_vllm_decode_body`], [`kv_transfer_params_of`]).
 //!
+//! The request body is never rebuilt: the shape is read in one pass that copies nothing of the
+//! prompt, and the handshake's fields are appended before the body's closing brace. A field the
+//! client sent too (its own `bootstrap_room`, `max_tokens`) then appears twice and the last,
+//! the gateway's, is the one the engines keep: they read JSON as Python's `json` does.
+//!
 //! Errors: a body that is not a JSON object, or a prefill answer without what the decode
 //! needs, is a [`RewriteError`] saying why; the data plane answers the first 400 and counts the
 //! second as the prefill worker's failure.
 
-use serde_json::{Map, Value};
+use std::fmt;
+
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::Value;
 
 use crate::request::Endpoint;
 
@@ -26,17 +35,171 @@ pub enum RewriteError {
     NoTransferParams,
 }
 
-/// What the handshake reads of a request body.
-#[derive(Clone, Debug, PartialEq)]
+/// What the handshake reads of a request body: read in one pass without building a document
+/// (the prompt's text is skipped, not copied), since the body itself is forwarded as it is with
+/// the handshake's fields appended.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestShape {
-    /// The body, parsed once (the handshake rewrites it).
-    pub body: Map<String, Value>,
     /// Items in a batch request (`None`: one request). SGLang wants one room per item.
     pub batch_size: Option<usize>,
     /// The client asked for a stream of events.
     pub stream: bool,
     /// The client asked for logprobs: the prefill's input logprobs are merged in.
     pub return_logprob: bool,
+    /// The body names `max_completion_tokens` (vLLM's prefill gets it set to 1 too).
+    pub max_completion_tokens: bool,
+}
+
+/// The fields of a body the shape reads; every other field is skipped.
+#[derive(Deserialize)]
+struct Fields {
+    text: Option<ListShape>,
+    input_ids: Option<ListShape>,
+    prompt: Option<ListShape>,
+    n: Option<IgnoredNumber>,
+    stream: Option<IgnoredBool>,
+    return_logprob: Option<IgnoredBool>,
+    logprobs: Option<Logprobs>,
+    max_completion_tokens: Option<IgnoredAny>,
+}
+
+/// A field's value as far as batches go: not a list, or a list of `len` items whose first is
+/// itself a list (`nested`) or a number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct ListShape {
+    list: bool,
+    len: usize,
+    nested: bool,
+    numbers: bool,
+}
+
+/// What an item of a list is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ItemKind {
+    List,
+    Number,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for ListShape {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ShapeVisitor;
+        impl<'de> Visitor<'de> for ShapeVisitor {
+            type Value = ListShape;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ListShape, A::Error> {
+                let mut shape = ListShape {
+                    list: true,
+                    ..ListShape::default()
+                };
+                while let Some(kind) = seq.next_element::<ItemKind>()? {
+                    if shape.len == 0 {
+                        shape.nested = kind == ItemKind::List;
+                        shape.numbers = kind == ItemKind::Number;
+                    }
+                    shape.len += 1;
+                }
+                Ok(shape)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ListShape, E> {
+                Ok(ListShape::default())
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ListShape, E> {
+                Ok(ListShape::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ListShape, E> {
+                Ok(ListShape::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ListShape, E> {
+                Ok(ListShape::default())
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ListShape, E> {
+                Ok(ListShape::default())
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ListShape, E> {
+                Ok(ListShape::default())
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<ListShape, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(ListShape::default())
+            }
+        }
+        deserializer.deserialize_any(ShapeVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for ItemKind {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KindVisitor;
+        impl<'de> Visitor<'de> for KindVisitor {
+            type Value = ItemKind;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ItemKind, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(ItemKind::List)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ItemKind, E> {
+                Ok(ItemKind::Number)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ItemKind, E> {
+                Ok(ItemKind::Number)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ItemKind, E> {
+                Ok(ItemKind::Number)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ItemKind, E> {
+                Ok(ItemKind::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ItemKind, E> {
+                Ok(ItemKind::Other)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ItemKind, E> {
+                Ok(ItemKind::Other)
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<ItemKind, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(ItemKind::Other)
+            }
+        }
+        deserializer.deserialize_any(KindVisitor)
+    }
+}
+
+/// A field read as a number when it is one (anything else: `None`).
+#[derive(Clone, Copy)]
+struct IgnoredNumber(Option<u64>);
+
+impl<'de> Deserialize<'de> for IgnoredNumber {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Ok(IgnoredNumber(value.as_u64()))
+    }
+}
+
+/// A field read as a boolean when it is one (anything else: false).
+#[derive(Clone, Copy)]
+struct IgnoredBool(bool);
+
+impl<'de> Deserialize<'de> for IgnoredBool {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Ok(IgnoredBool(value.as_bool() == Some(true)))
+    }
+}
+
+/// `logprobs`: `true` on chat, a number on completions; `null` or `false` asks for none.
+#[derive(Clone, Copy)]
+struct Logprobs(bool);
+
+impl<'de> Deserialize<'de> for Logprobs {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Ok(Logprobs(!value.is_null() && value != Value::Bool(false)))
+    }
 }
 
 impl RequestShape {
@@ -45,43 +208,35 @@ impl RequestShape {
     /// IDs is one prompt); on `/v1/chat/completions` `n` above 1 (SMG's rule: the engine
     /// expands the choices into a batch).
     pub fn read(endpoint: Endpoint, body: &[u8]) -> Result<RequestShape, RewriteError> {
-        let value: Value =
+        let fields: Fields =
             serde_json::from_slice(body).map_err(|e| RewriteError::NotAnObject(e.to_string()))?;
-        let Value::Object(body) = value else {
-            return Err(RewriteError::NotAnObject("not an object".into()));
-        };
-        let list_len = |field: &str, item_is_list: bool| match body.get(field) {
-            Some(Value::Array(items))
-                if !items.is_empty() && items.iter().all(|i| i.is_array() == item_is_list) =>
-            {
-                Some(items.len())
-            }
-            _ => None,
+        let batch = |shape: Option<ListShape>, nested: bool| {
+            shape
+                .filter(|s| s.list && s.len > 0 && s.nested == nested && (nested || !s.numbers))
+                .map(|s| s.len)
         };
         let batch_size = match endpoint {
-            Endpoint::Generate => list_len("text", false).or_else(|| list_len("input_ids", true)),
-            Endpoint::Completions => list_len("prompt", false)
-                .filter(|_| !body["prompt"][0].is_number())
-                .or_else(|| list_len("prompt", true)),
-            Endpoint::ChatCompletions => body
-                .get("n")
-                .and_then(Value::as_u64)
+            Endpoint::Generate => batch(fields.text, false).or(batch(fields.input_ids, true)),
+            Endpoint::Completions => batch(fields.prompt, false).or(batch(fields.prompt, true)),
+            Endpoint::ChatCompletions => (fields.n)
+                .and_then(|n| n.0)
                 .filter(|n| *n > 1)
                 .and_then(|n| usize::try_from(n).ok()),
             _ => None,
         };
-        let flag = |field: &str| body.get(field).and_then(Value::as_bool).unwrap_or(false);
+        let flag = |field: Option<IgnoredBool>| field.is_some_and(|f| f.0);
         let return_logprob = match endpoint {
-            Endpoint::Generate => flag("return_logprob"),
-            Endpoint::ChatCompletions => flag("logprobs"),
-            Endpoint::Completions => body.get("logprobs").is_some_and(|v| !v.is_null()),
+            Endpoint::Generate => flag(fields.return_logprob),
+            Endpoint::ChatCompletions | Endpoint::Completions => {
+                fields.logprobs.is_some_and(|l| l.0)
+            }
             _ => false,
         };
         Ok(RequestShape {
-            stream: flag("stream"),
+            stream: flag(fields.stream),
             return_logprob,
             batch_size,
-            body,
+            max_completion_tokens: fields.max_completion_tokens.is_some(),
         })
     }
 }
@@ -100,16 +255,43 @@ pub fn draw_room(rng: &mut fastrand::Rng) -> u64 {
     rng.u64(..) & (i64::MAX as u64)
 }
 
-/// Writes into `out` the body both workers get under SGLang's handshake: `shape`'s body with
-/// `bootstrap_host`, `bootstrap_port` and `bootstrap_room` set (lists of one per item for a
+/// Writes into `out` the client's `body` (a JSON object, as `RequestShape::read` found it)
+/// with `fields` appended before its closing brace. A field the client sent too appears twice;
+/// the engines read JSON as Python does, and the last occurrence wins: the gateway's.
+fn write_with_fields(body: &[u8], fields: impl FnOnce(&mut Vec<u8>), out: &mut Vec<u8>) {
+    out.clear();
+    let end = body.iter().rposition(|b| *b == b'}').unwrap_or(body.len());
+    let inner = body[..end].iter().rposition(|b| !b.is_ascii_whitespace());
+    out.extend_from_slice(&body[..end]);
+    // `{` alone before the brace: an empty object takes no comma.
+    if inner.is_some_and(|i| body[i] != b'{') {
+        out.push(b',');
+    }
+    fields(out);
+    out.push(b'}');
+}
+
+/// Appends `"name":value` (with a comma before it unless it is the first).
+fn push_field(out: &mut Vec<u8>, first: bool, name: &str, value: &Value) {
+    if !first {
+        out.push(b',');
+    }
+    // Writing JSON strings and values into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, name);
+    out.push(b':');
+    let _ = serde_json::to_writer(&mut *out, value);
+}
+
+/// Writes into `out` the body both workers get under SGLang's handshake: the client's `body`
+/// with `bootstrap_host`, `bootstrap_port` and `bootstrap_room` (lists of one per item for a
 /// batch, each item its own room). Returns the rooms drawn, first item first.
 pub fn write_bootstrap_body(
+    body: &[u8],
     shape: &RequestShape,
     bootstrap: Bootstrap<'_>,
     rng: &mut fastrand::Rng,
     out: &mut Vec<u8>,
 ) -> Vec<u64> {
-    let mut body = shape.body.clone();
     let port = bootstrap.port.map_or(Value::Null, Value::from);
     let rooms: Vec<u64> = (0..shape.batch_size.unwrap_or(1))
         .map(|_| draw_room(rng))
@@ -122,17 +304,16 @@ pub fn write_bootstrap_body(
             Value::Array(rooms.iter().map(|r| Value::from(*r)).collect()),
         ),
     };
-    body.insert("bootstrap_host".into(), host);
-    body.insert("bootstrap_port".into(), port);
-    body.insert("bootstrap_room".into(), room);
-    write_object(&body, out);
+    write_with_fields(
+        body,
+        |out| {
+            push_field(out, true, "bootstrap_host", &host);
+            push_field(out, false, "bootstrap_port", &port);
+            push_field(out, false, "bootstrap_room", &room);
+        },
+        out,
+    );
     rooms
-}
-
-fn write_object(body: &Map<String, Value>, out: &mut Vec<u8>) {
-    out.clear();
-    // Writing a map of JSON values into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, body);
 }
 
 /// Puts the prefill answer's `meta_info.input_token_logprobs` ahead of the decode answer's
@@ -176,28 +357,31 @@ pub fn merge_event_logprobs(prefill: &Value, data: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&event).ok()
 }
 
-/// The body the prefill worker gets under vLLM's handshake: one output token, no stream, and
-/// `kv_transfer_params` asking it to keep the KV cache for a remote decode.
-pub fn write_vllm_prefill_body(shape: &RequestShape, out: &mut Vec<u8>) {
-    let mut body = shape.body.clone();
-    body.insert(
-        "kv_transfer_params".into(),
-        serde_json::json!({
-            "do_remote_decode": true,
-            "do_remote_prefill": false,
-            "remote_engine_id": null,
-            "remote_block_ids": null,
-            "remote_host": null,
-            "remote_port": null,
-        }),
+/// The body the prefill worker gets under vLLM's handshake: the client's `body` with one
+/// output token, no stream and `kv_transfer_params` asking it to keep the KV cache for a remote
+/// decode.
+pub fn write_vllm_prefill_body(body: &[u8], shape: &RequestShape, out: &mut Vec<u8>) {
+    let params = serde_json::json!({
+        "do_remote_decode": true,
+        "do_remote_prefill": false,
+        "remote_engine_id": null,
+        "remote_block_ids": null,
+        "remote_host": null,
+        "remote_port": null,
+    });
+    write_with_fields(
+        body,
+        |out| {
+            push_field(out, true, "kv_transfer_params", &params);
+            push_field(out, false, "max_tokens", &Value::from(1));
+            if shape.max_completion_tokens {
+                push_field(out, false, "max_completion_tokens", &Value::from(1));
+            }
+            push_field(out, false, "stream", &Value::Bool(false));
+            push_field(out, false, "stream_options", &Value::Null);
+        },
+        out,
     );
-    body.insert("max_tokens".into(), Value::from(1));
-    if body.contains_key("max_completion_tokens") {
-        body.insert("max_completion_tokens".into(), Value::from(1));
-    }
-    body.insert("stream".into(), Value::Bool(false));
-    body.remove("stream_options");
-    write_object(&body, out);
 }
 
 /// The `kv_transfer_params` object of the prefill worker's answer (vLLM).
@@ -210,12 +394,14 @@ pub fn kv_transfer_params_of(prefill_answer: &[u8]) -> Result<Value, RewriteErro
     }
 }
 
-/// The body the decode worker gets under vLLM's handshake: the client's, with the
+/// The body the decode worker gets under vLLM's handshake: the client's `body`, with the
 /// `kv_transfer_params` the prefill worker returned.
-pub fn write_vllm_decode_body(shape: &RequestShape, params: Value, out: &mut Vec<u8>) {
-    let mut body = shape.body.clone();
-    body.insert("kv_transfer_params".into(), params);
-    write_object(&body, out);
+pub fn write_vllm_decode_body(body: &[u8], params: Value, out: &mut Vec<u8>) {
+    write_with_fields(
+        body,
+        |out| push_field(out, true, "kv_transfer_params", &params),
+        out,
+    );
 }
 
 #[cfg(test)]
@@ -263,24 +449,29 @@ mod tests {
     fn bootstrap_fields_are_added_once_or_per_item_with_distinct_rooms() {
         let mut rng = fastrand::Rng::with_seed(7);
         let mut out = Vec::new();
-        let one = shape(Endpoint::Generate, r#"{"text":"hi","bootstrap_room":5}"#);
+        let one_body = r#"{"text":"hi","bootstrap_room":5}"#;
+        let one = shape(Endpoint::Generate, one_body);
         let bootstrap = Bootstrap {
             host: "10.0.0.1",
             port: Some(8998),
         };
-        let rooms = write_bootstrap_body(&one, bootstrap, &mut rng, &mut out);
+        let rooms = write_bootstrap_body(one_body.as_bytes(), &one, bootstrap, &mut rng, &mut out);
+        // The client's own bootstrap_room stays in the text; the gateway's, last, is the one
+        // a JSON reader keeps (Python's, the engines', as serde_json's).
         let body: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(body["text"], "hi");
         assert_eq!(body["bootstrap_host"], "10.0.0.1");
         assert_eq!(body["bootstrap_port"], 8998);
         assert_eq!(body["bootstrap_room"], rooms[0]);
         assert!(rooms[0] <= i64::MAX as u64);
-        let batch = shape(Endpoint::Generate, r#"{"text":["a","b","c"]}"#);
+        let batch_body = r#" { "text" : ["a","b","c"] }  "#;
+        let batch = shape(Endpoint::Generate, batch_body);
         let no_port = Bootstrap {
             host: "p",
             port: None,
         };
-        let rooms = write_bootstrap_body(&batch, no_port, &mut rng, &mut out);
+        let rooms =
+            write_bootstrap_body(batch_body.as_bytes(), &batch, no_port, &mut rng, &mut out);
         let body: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(body["bootstrap_host"], serde_json::json!(["p", "p", "p"]));
         assert_eq!(
@@ -290,6 +481,11 @@ mod tests {
         assert_eq!(body["bootstrap_room"], serde_json::json!(rooms));
         assert_eq!(rooms.len(), 3);
         assert!(rooms[0] != rooms[1] && rooms[1] != rooms[2]);
+        // An empty object takes the fields without a comma.
+        let empty = shape(Endpoint::Generate, "{ }");
+        write_bootstrap_body(b"{ }", &empty, no_port, &mut rng, &mut out);
+        let body: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(body["bootstrap_host"], "p");
     }
 
     #[test]
@@ -320,20 +516,19 @@ mod tests {
 
     #[test]
     fn vllm_bodies_ask_for_a_remote_decode_then_pass_its_params_on() {
-        let request = shape(
-            Endpoint::ChatCompletions,
-            r#"{"messages":[],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50}"#,
-        );
+        let client = r#"{"messages":[],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50}"#;
+        let request = shape(Endpoint::ChatCompletions, client);
         let mut out = Vec::new();
-        write_vllm_prefill_body(&request, &mut out);
+        write_vllm_prefill_body(client.as_bytes(), &request, &mut out);
         let prefill: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(prefill["max_tokens"], 1);
         assert_eq!(prefill["stream"], false);
-        assert!(prefill.get("stream_options").is_none());
+        assert_eq!(prefill["stream_options"], Value::Null);
+        assert!(prefill.get("max_completion_tokens").is_none());
         assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
         let answer = br#"{"choices":[],"kv_transfer_params":{"remote_engine_id":"e1","remote_block_ids":[1,2]}}"#;
         let params = kv_transfer_params_of(answer).unwrap();
-        write_vllm_decode_body(&request, params, &mut out);
+        write_vllm_decode_body(client.as_bytes(), params, &mut out);
         let decode: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(decode["max_tokens"], 50);
         assert_eq!(decode["stream"], true);

@@ -281,9 +281,12 @@ async fn sglang_pair(
     body: &mut Vec<u8>,
 ) -> Result<PairDone, PairFailure> {
     let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
+    let client_body = &request.read_buf[request.body.clone()];
+    let bootstrap = bootstrap_of(prefill);
     write_bootstrap_body(
+        client_body,
         shape,
-        bootstrap_of(prefill),
+        bootstrap,
         &mut fastrand::Rng::new(),
         body,
     );
@@ -361,9 +364,12 @@ async fn merged_pair(
     body: &mut Vec<u8>,
 ) -> Result<PairDone, PairFailure> {
     let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
+    let client_body = &request.read_buf[request.body.clone()];
+    let bootstrap = bootstrap_of(prefill);
     write_bootstrap_body(
+        client_body,
         shape,
-        bootstrap_of(prefill),
+        bootstrap,
         &mut fastrand::Rng::new(),
         body,
     );
@@ -451,7 +457,7 @@ async fn vllm_pair(
     body: &mut Vec<u8>,
 ) -> Result<PairDone, PairFailure> {
     let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
-    write_vllm_prefill_body(shape, body);
+    write_vllm_prefill_body(&request.read_buf[request.body.clone()], shape, body);
     let first_byte_deadline = pair
         .prefill
         .deadline
@@ -487,7 +493,7 @@ async fn vllm_pair(
         let error = ProxyError::upstream(ErrorKind::UpstreamMalformed, "kv_transfer_params");
         PairFailure::of(prefill, error.retryable())
     })?;
-    write_vllm_decode_body(shape, params, body);
+    write_vllm_decode_body(&request.read_buf[request.body.clone()], params, body);
     let mut up = Exchange::open(core, decode)
         .await
         .map_err(|e| PairFailure::of(decode, e))?;
