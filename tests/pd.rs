@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use utils::process::{workspace_bin, Gateway, SimFleet};
+use utils::process::{free_port, workspace_bin, Gateway, SimFleet};
 use utils::{chat, wait_until, TIMEOUT};
 
 /// A prefill fleet and a decode fleet of `engines` each, the transfer quick.
@@ -222,6 +222,53 @@ fn a_failing_prefill_is_retried_on_another_and_a_failing_decode_fails_the_reques
     }
     let response = client.post_json("/generate", &generate("no decode", 2, false));
     assert!(response.status >= 500, "{}", response.text());
+}
+
+#[test]
+fn pd_records_stay_on_their_gateway_and_are_not_broadcast_over_the_mesh() {
+    let (prefill, decode) = fleets(2, &[]);
+    let secret = std::env::temp_dir().join(format!("kvgate-pd-mesh-{}", std::process::id()));
+    std::fs::write(&secret, "kvgate-tests-pd-mesh-shared-secret-0123456789\n").expect("secret");
+    let secret = secret.to_str().unwrap_or_default().to_string();
+    let ports = [free_port(), free_port()];
+    let mesh = |i: usize| {
+        let mut args = vec![
+            "--enable-mesh".to_string(),
+            "--mesh-host".into(),
+            "127.0.0.1".into(),
+            "--mesh-port".into(),
+            ports[i].to_string(),
+            "--mesh-secret-file".into(),
+            secret.clone(),
+        ];
+        if i == 1 {
+            args.extend(["--mesh-peer-urls".into(), format!("127.0.0.1:{}", ports[0])]);
+        }
+        args
+    };
+    let gateways: Vec<Gateway> = (0..2)
+        .map(|i| {
+            let args = mesh(i);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            pd_gateway(&prefill, &decode, &args)
+        })
+        .collect();
+    let alive = |g: &Gateway| g.metric("kvgate_mesh_peers{state=\"alive\"}");
+    assert!(wait_until(Duration::from_secs(40), || gateways
+        .iter()
+        .all(|g| alive(g) == 1.0)));
+    let mut client = gateways[0].client();
+    for i in 0..8 {
+        let text = format!("{} family {i}", "shared words ".repeat(60));
+        let response = client.post_json("/generate", &generate(&text, 2, false));
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    // Ten mesh rounds and more: a regular gateway has sent its deltas by then (tests/mesh.rs).
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = gateways[0].metric("kvgate_mesh_deltas_total{outcome=\"sent\"}");
+    let received = gateways[1].metric("kvgate_mesh_deltas_total{outcome=\"received\"}");
+    assert_eq!((sent, received), (0.0, 0.0));
+    assert_eq!(queued(&prefill).iter().sum::<u64>(), 8);
 }
 
 #[test]
