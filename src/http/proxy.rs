@@ -114,9 +114,13 @@ pub async fn proxy_request(
         .workers_for(forwarded.prepared.get().model())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
     if let Some(pd) = &core.shared.config.pd {
-        // Prefill/decode disaggregation: two workers per request, their own driver.
+        // Prefill/decode disaggregation: two workers per request, their own driver. Its future
+        // (two upstream legs raced) is boxed: inline it would more than double every
+        // connection's task, a held stream's included (`server`'s allocation-class test); a PD
+        // request allocates its rewritten body anyway.
         let handshake = pd.handshake;
-        return upstream::proxy_pair(core, &mut client, &mut forwarded, models, handshake).await;
+        let pair = upstream::proxy_pair(core, &mut client, &mut forwarded, models, handshake);
+        return Box::pin(pair).await;
     }
     let deadline = Instant::now() + core.shared.config.request_timeout;
     let retry = &core.shared.config.worker_settings.retry;
