@@ -1,6 +1,6 @@
 //! A one-shot HTTP/1.1 `GET` for the control core's requests to workers (health checks, load
-//! polls, model discovery, the admin API's admission probe), and a one-shot JSON `POST` for the
-//! prefill side of a prefill/decode pair, whose answer is read whole and never relayed: one
+//! polls, model discovery, the admin API's admission probe), and a one-shot JSON `POST` for a
+//! prefill/decode pair whose two answers are merged, read whole and never relayed: one
 //! connection per request, closed after it, the whole body buffered up to a cap, everything
 //! within one deadline. It speaks through the same codec, body framer (`body::BodyFramer`) and
 //! socket as the proxy. Not for relayed answers, which pool.
@@ -63,8 +63,8 @@ pub async fn get(
 
 /// `POST path` of a JSON `body` to the worker at `addr` (`authority` is its `Host`; the
 /// client's `authorization` passed on when given), answered by `deadline`, reading a body of at
-/// most `body_max` bytes. The one data-path use: the prefill side of a prefill/decode pair
-/// (`http::upstream::pd`), whose whole answer the gateway reads rather than relays.
+/// most `body_max` bytes. The one data-path use: both sides of a prefill/decode pair whose
+/// answers are merged (`http::upstream::pd`, logprobs asked for), read whole, never relayed.
 pub async fn post_json(
     addr: SocketAddr,
     authority: &str,

@@ -40,6 +40,7 @@ use super::downstream::{ClientSide, Forwarded};
 use crate::error::{ErrorKind, ProxyError};
 use crate::ids::WorkerId;
 use crate::limits::CLIENT_GONE_POLL_INTERVAL;
+use crate::net::client::ClientResponse;
 use crate::net::codec::{Connection, GatewayHeaders};
 use crate::net::socket::{Cut, Socket};
 use crate::request::Method;
@@ -255,6 +256,19 @@ impl Exchange {
     ) -> Result<(), ProxyError> {
         match self {
             Exchange::Http1(exchange) => exchange.forward_body(core, request, body, attempt).await,
+        }
+    }
+
+    /// Steps 3 and 4 for an answer read whole, never relayed (a prefill/decode pair's prefill
+    /// side): its status and de-chunked body, at most `body_max` bytes.
+    pub async fn read_whole(
+        &mut self,
+        method: Method,
+        deadline: Instant,
+        body_max: usize,
+    ) -> Result<ClientResponse, ProxyError> {
+        match self {
+            Exchange::Http1(exchange) => exchange.read_whole(method, deadline, body_max).await,
         }
     }
 

@@ -12,10 +12,11 @@
 //! then the handshake:
 //!
 //! - **SGLang** ([`sglang_pair`]): the body with `bootstrap_host`, `bootstrap_port` and a fresh
-//!   `bootstrap_room` (per item for a batch) goes to both at once; the prefill's answer is read
-//!   whole (`net::client::post_json`) while the decode's head is awaited, and the decode's answer
-//!   is relayed only once the prefill's succeeded. With logprobs asked for, both answers are read
-//!   whole and the prefill's input logprobs put ahead of the decode's ([`merged_pair`]).
+//!   `bootstrap_room` (per item for a batch) goes to both at once, each on a pooled connection;
+//!   the prefill's answer is read whole (`Exchange::read_whole`) while the decode's head is
+//!   awaited, and the decode's answer is relayed only once the prefill's succeeded. With logprobs asked for, both answers are read
+//!   whole (`net::client::post_json`) and the prefill's input logprobs put ahead of the
+//!   decode's ([`merged_pair`]).
 //! - **vLLM** ([`vllm_pair`]): the prefill first (one token, `kv_transfer_params` asking for a
 //!   remote decode), then the decode with the `kv_transfer_params` it returned.
 //!
@@ -77,9 +78,9 @@ impl PairFailure {
         }
     }
 
-    /// A failure of the decode's exchange `up`: stale when it failed retryably on a connection
+    /// A failure of a side's exchange `up`: stale when it failed retryably on a connection
     /// that served a request before.
-    fn of_decode(worker: &WorkerEntry, up: &Exchange, error: ProxyError) -> Self {
+    fn of_exchange(worker: &WorkerEntry, up: &Exchange, error: ProxyError) -> Self {
         let stale = up.reused() && error.may_retry();
         PairFailure {
             stale,
@@ -212,7 +213,7 @@ pub async fn proxy_pair(
         }
         if failure.stale {
             // Its siblings in the pool are most likely stale too (an engine restart).
-            super::drop_idle_connections(core, decode.id);
+            super::drop_idle_connections(core, failure.worker);
             stale_retries += 1;
         } else {
             attempts += 1;
@@ -290,27 +291,27 @@ async fn sglang_pair(
         &mut fastrand::Rng::new(),
         body,
     );
+    let mut prefill_up = Exchange::open(core, prefill)
+        .await
+        .map_err(|e| PairFailure::of(prefill, e))?;
+    prefill_up
+        .forward_body(core, request, body, &pair.prefill)
+        .await
+        .map_err(|e| PairFailure::of_exchange(prefill, &prefill_up, e))?;
+    record_prefill(core, request, prefill.id);
     let mut up = Exchange::open(core, decode)
         .await
         .map_err(|e| PairFailure::of(decode, e))?;
     up.forward_body(core, request, body, &pair.decode)
         .await
-        .map_err(|e| PairFailure::of_decode(decode, &up, e))?;
+        .map_err(|e| PairFailure::of_exchange(decode, &up, e))?;
     let first_byte_deadline = pair
         .decode
         .deadline
         .min(Instant::now() + core.shared.config.upstream_first_byte_timeout);
-    let (path, auth) = (target(request), authorization(request));
-    let prefill_answer = client::post_json(
-        prefill.spec.addr,
-        &prefill.spec.authority,
-        &path,
-        auth.as_deref(),
-        body,
-        first_byte_deadline,
-        PD_ANSWER_BYTES_MAX,
-    );
-    record_prefill(core, request, prefill.id);
+    let method = request.head.method;
+    let prefill_reused = prefill_up.reused();
+    let prefill_answer = prefill_up.read_whole(method, first_byte_deadline, PD_ANSWER_BYTES_MAX);
     let context = head_context(request, &pair.decode);
     let reused = up.reused();
     let decode_failed = |e: ProxyError| PairFailure {
@@ -321,14 +322,16 @@ async fn sglang_pair(
         let prefill_answer = pin!(prefill_answer);
         let decode_head = pin!(up.read_head(core, client, context, first_byte_deadline));
         match select(prefill_answer, decode_head).await {
-            Either::Left((answered, decode_head)) => match check_prefill(prefill, answered) {
-                Ok(_) => decode_head.await.map_err(decode_failed),
-                Err(failure) => Err(failure),
-            },
+            Either::Left((answered, decode_head)) => {
+                match check_prefill(prefill, prefill_reused, answered) {
+                    Ok(_) => decode_head.await.map_err(decode_failed),
+                    Err(failure) => Err(failure),
+                }
+            }
             // A decode that fails first ends the pair: the prefill leg is dropped, cancelled.
             Either::Right((Err(e), _)) => Err(decode_failed(e)),
             Either::Right((Ok(head), prefill_answer)) => {
-                check_prefill(prefill, prefill_answer.await).map(|_| head)
+                check_prefill(prefill, prefill_reused, prefill_answer.await).map(|_| head)
             }
         }
     };
@@ -336,6 +339,7 @@ async fn sglang_pair(
     // tried again.
     let start = start.inspect_err(|_| client.write_buf.clear())?;
     pair.prefill.credit.prefill_done();
+    prefill_up.give_back(core, prefill.id);
     let start = match start {
         HeadRead::RetryableStatus(status) => return Err(PairFailure::status(decode, status)),
         HeadRead::Relaying(start) => start,
@@ -411,14 +415,14 @@ async fn merged_pair(
                 Err(PairFailure::of(decode, error))
             }
             Either::Left((Either::Left((answered, decode_answer)), _)) => {
-                match check_prefill(prefill, answered) {
+                match check_prefill(prefill, false, answered) {
                     Ok(prefill_answer) => Ok((prefill_answer, decode_answer.await)),
                     Err(failure) => Err(failure),
                 }
             }
             Either::Left((Either::Right((Err(e), _)), _)) => Err(PairFailure::of(decode, e)),
             Either::Left((Either::Right((Ok(decode_answer), prefill_answer)), _)) => {
-                check_prefill(prefill, prefill_answer.await).map(|p| (p, Ok(decode_answer)))
+                check_prefill(prefill, false, prefill_answer.await).map(|p| (p, Ok(decode_answer)))
             }
         }
     };
@@ -462,25 +466,24 @@ async fn vllm_pair(
         .prefill
         .deadline
         .min(Instant::now() + core.shared.config.upstream_first_byte_timeout);
-    let (path, auth) = (target(request), authorization(request));
-    let answer = client::post_json(
-        prefill.spec.addr,
-        &prefill.spec.authority,
-        &path,
-        auth.as_deref(),
-        body,
-        first_byte_deadline,
-        PD_ANSWER_BYTES_MAX,
-    );
+    let mut prefill_up = Exchange::open(core, prefill)
+        .await
+        .map_err(|e| PairFailure::of(prefill, e))?;
+    prefill_up
+        .forward_body(core, request, body, &pair.prefill)
+        .await
+        .map_err(|e| PairFailure::of_exchange(prefill, &prefill_up, e))?;
     record_prefill(core, request, prefill.id);
+    let (method, reused) = (request.head.method, prefill_up.reused());
     let answer = {
+        let answer = prefill_up.read_whole(method, first_byte_deadline, PD_ANSWER_BYTES_MAX);
         let interrupted = pin!(super::interruption(
             core,
             client.socket,
             first_byte_deadline
         ));
         match select(pin!(answer), interrupted).await {
-            Either::Left((answer, _)) => check_prefill(prefill, answer),
+            Either::Left((answer, _)) => check_prefill(prefill, reused, answer),
             Either::Right(_) => {
                 let error =
                     ProxyError::new(ErrorKind::ClientClosed, Side::Downstream, "pd prefill");
@@ -489,6 +492,7 @@ async fn vllm_pair(
         }
     }?;
     pair.prefill.credit.prefill_done();
+    prefill_up.give_back(core, prefill.id);
     let params = kv_transfer_params_of(&answer.body).map_err(|_| {
         let error = ProxyError::upstream(ErrorKind::UpstreamMalformed, "kv_transfer_params");
         PairFailure::of(prefill, error.retryable())
@@ -499,10 +503,10 @@ async fn vllm_pair(
         .map_err(|e| PairFailure::of(decode, e))?;
     up.forward_body(core, request, body, &pair.decode)
         .await
-        .map_err(|e| PairFailure::of_decode(decode, &up, e))?;
+        .map_err(|e| PairFailure::of_exchange(decode, &up, e))?;
     let streamed = stream_back(core, &mut up, client, request, &mut pair.decode)
         .await
-        .map_err(|e| PairFailure::of_decode(decode, &up, e))?;
+        .map_err(|e| PairFailure::of_exchange(decode, &up, e))?;
     match streamed {
         StreamEnd::RetryableStatus(status) => Err(PairFailure::status(decode, status)),
         StreamEnd::Done(streamed) => Ok(finish_relay(core, up, decode.id, streamed)),
@@ -532,11 +536,14 @@ fn finish_relay(core: &DataCore, up: Exchange, decode: WorkerId, streamed: Strea
 /// than 2xx (whatever it is, the decode will not get its KV cache).
 fn check_prefill(
     prefill: &WorkerEntry,
+    reused: bool,
     answered: Result<ClientResponse, ProxyError>,
 ) -> Result<ClientResponse, PairFailure> {
-    let answer = answered.map_err(|e| {
+    let answer = answered.map_err(|e| PairFailure {
+        // A pooled connection the engine had closed fails at once: tried again apart.
+        stale: reused && e.may_retry(),
         // Nothing of the pair reached the client: any prefill failure may be retried.
-        PairFailure::of(prefill, e.retryable())
+        ..PairFailure::of(prefill, e.retryable())
     })?;
     match answer.status {
         200..=299 => Ok(answer),
