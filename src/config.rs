@@ -355,6 +355,11 @@ impl Config {
                 ));
             }
             spec.role = role;
+            // The KV-event index follows the prefill engines: a decode engine's cache serves no
+            // prefix a request is routed on, so it is not asked (an endpoint given still is).
+            if role == WorkerRole::Decode {
+                spec.kv_events = KvEventsSource::Off;
+            }
             workers.push(spec);
         }
         if !cli.kv_events_endpoints.is_empty() {
@@ -1144,6 +1149,11 @@ mod tests {
             }
         );
         assert!(config.admits_role(WorkerRole::Decode).is_ok());
+        // The KV-event index follows the prefill engines: decode workers are not asked.
+        let sources: Vec<&KvEventsSource> = config.workers.iter().map(|w| &w.kv_events).collect();
+        let discover = &KvEventsSource::Discover;
+        let off = &KvEventsSource::Off;
+        assert_eq!(sources, [discover, discover, discover, off, off]);
         assert!(config.admits_role(WorkerRole::Regular).is_err());
         let fallback = parse(&["--pd-disaggregation", "--policy", "random"]).unwrap();
         let fallback = fallback.pd.unwrap();

@@ -25,7 +25,8 @@ use crate::workers::admin::{
 use crate::workers::breaker::BreakerState;
 use crate::workers::catalog::{ListedModel, ModelCatalog};
 use crate::workers::health::HealthConfig;
-use crate::workers::spec::WorkerSpec;
+use crate::workers::role::WorkerRole;
+use crate::workers::spec::{KvEventsSource, WorkerSpec};
 use crate::workers::table::{Health, Roster, WorkerEntry};
 
 /// The admission probe's verdict: the worker's models (`None`: unknown), or why it is refused.
@@ -283,7 +284,11 @@ impl WorkerDriver {
         if let Err(why) = shared.config.admits_role(added.role) {
             return Err(refuse(AdminError::new(400, "invalid_request_error", why)));
         }
-        spec.kv_events = added.kv_events;
+        spec.kv_events = match (added.role, added.kv_events) {
+            // The KV-event index follows the prefill engines (see `Config::from_cli`).
+            (WorkerRole::Decode, KvEventsSource::Discover) => KvEventsSource::Off,
+            (_, given) => given,
+        };
         spec.role = added.role;
         let health = self.monitor.config().health.clone();
         let startup = shared.config.worker_startup;
