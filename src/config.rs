@@ -105,6 +105,10 @@ pub struct Cli {
     /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`).
     #[arg(help_heading = "Worker Configuration", long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
     pub kv_events_endpoints: Vec<String>,
+    /// The engine protocol of the `grpc://` workers: `sglang` or `vllm` (SMG's flag). Without
+    /// it each gRPC worker is asked, as SMG does: SGLang's `HealthCheck`, then vLLM's.
+    #[arg(help_heading = "Worker Configuration", long = "backend", value_name = "BACKEND", value_parser = ["sglang", "vllm"])]
+    pub backend: Option<String>,
     /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -193,16 +197,6 @@ pub struct Cli {
     /// Tokenizers, chat templates and the tokenization cache.
     #[command(flatten)]
     pub tokenizer: TokenizerArgs,
-    /// The handshake of a --pd-disaggregation fleet: sglang (bootstrap fields, both workers at
-    /// once) or vllm (kv_transfer_params, prefill then decode).
-    #[arg(
-        help_heading = "Backend",
-        long,
-        visible_alias = "runtime",
-        value_enum,
-        default_value = "sglang"
-    )]
-    pub backend: Handshake,
     /// The admin API's key (`--admin-api-key`, `--admin-api-insecure`).
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -465,7 +459,10 @@ impl Config {
         let tokenizer_cache = tokenizer_cache(&cli.tokenizer, data_cores)?;
         let mesh = cli.mesh.config()?;
         let policy = cli.policy.validate()?;
-        let pd = cli.pd.config(&policy, cli.backend)?;
+        // `--backend` names the engines' protocol (the gRPC workers', merged from main) and, in
+        // PD mode, the handshake; without it PD speaks SGLang's.
+        let handshake = Handshake::from_backend(cli.backend.as_deref());
+        let pd = cli.pd.config(&policy, handshake)?;
         let worker_startup = cli.pd.worker_startup()?;
         let unused = cli.pd.unused_in_regular_mode();
         if !unused.is_empty() {
@@ -811,7 +808,6 @@ mod tests {
                 "Circuit Breaker:",
                 "Health Checks:",
                 "Tokenizer:",
-                "Backend:",
                 "Control Plane Authentication:",
                 "Data Plane Authentication:",
                 "Mesh:",
@@ -1161,7 +1157,7 @@ mod tests {
             (fallback.prefill.kind, fallback.decode.kind),
             (PolicyKind::Random, PolicyKind::Random)
         );
-        let vllm = parse(&["--pd-disaggregation", "--runtime", "vllm"]).unwrap();
+        let vllm = parse(&["--pd-disaggregation", "--backend", "vllm"]).unwrap();
         assert_eq!(vllm.pd.unwrap().handshake, Handshake::Vllm);
         // Without --pd-disaggregation the PD flags are ignored, as SMG ignores them: said once.
         let regular = parse(&["--decode", "http://127.0.0.1:31004"]).unwrap();

@@ -2,7 +2,7 @@
 //! [BOOTSTRAP_PORT|none]` and `--decode URL` (each repeatable), `--prefill-policy` and
 //! `--decode-policy` (each falls back to `--policy`), and the three `--worker-startup-*` flags, which SMG lists under the same heading but
 //! which govern every worker's registration. Owns [`PdArgs`] (flattened into `config::Cli`),
-//! [`PdConfig`], [`WorkerStartup`] and [`Handshake`] (`--backend`'s values).
+//! [`PdConfig`], [`WorkerStartup`] and [`Handshake`] (what `--backend` means in PD mode).
 
 use std::time::Duration;
 
@@ -13,19 +13,27 @@ use crate::limits::REQUEST_TIMEOUT_SECS_MAX;
 use crate::policy::{PolicyConfig, PolicyKind};
 use crate::workers::role::{parse_bootstrap_port, WorkerRole};
 
-/// The handshake a PD fleet speaks (SMG's `--backend`, alias `--runtime`, in `config::Cli`
-/// under SMG's "Backend" heading).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// The handshake a PD fleet speaks, from SMG's `--backend` (in `config::Cli`, which the gRPC
+/// workers read too): `vllm`, or SGLang's by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Handshake {
     /// SGLang: the request goes to both workers at once with bootstrap_host, bootstrap_port
     /// and bootstrap_room; the decode worker's answer is the client's.
     #[default]
-    #[value(name = "sglang")]
     Sglang,
     /// vLLM: the prefill worker first (one output token, kv_transfer_params asking for a
     /// remote decode), then the decode worker with the kv_transfer_params it returned.
-    #[value(name = "vllm")]
     Vllm,
+}
+
+impl Handshake {
+    /// The handshake `--backend` names (`None`: not given, SGLang's).
+    pub fn from_backend(backend: Option<&str>) -> Handshake {
+        match backend {
+            Some("vllm") => Handshake::Vllm,
+            _ => Handshake::Sglang,
+        }
+    }
 }
 
 /// The PD flags as clap parses them.
