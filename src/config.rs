@@ -19,11 +19,13 @@ pub mod tls;
 use crate::error::FlagError;
 use crate::limits::{self, WORKERS_MAX};
 use crate::mesh::{MeshArgs, MeshConfig};
+use crate::pd::{Handshake, PdArgs, PdConfig, WorkerStartup};
 use crate::policy::{PolicyArgs, PolicyConfig};
 use crate::tokenize::{
     CacheConfig, ModelSpec, ModelTokenizer, TokenizerArgs, TokenizerFiles, TokenizerSet,
 };
 use crate::workers::discovery::{DiscoveryArgs, DiscoveryConfig};
+use crate::workers::role::WorkerRole;
 use crate::workers::settings::{
     AdminArgs, LoadArgs, PolicyLoads, ResilienceArgs, WorkerArgs, WorkerSettings,
 };
@@ -113,6 +115,9 @@ pub struct Cli {
     /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
     #[command(flatten)]
     pub policy: PolicyArgs,
+    /// Prefill/decode disaggregation and worker startup (`--pd-disaggregation`, ...).
+    #[command(flatten)]
+    pub pd: PdArgs,
     /// Load monitoring and overload protection (`--load-monitor-interval`, ...).
     #[command(flatten)]
     pub load: LoadArgs,
@@ -328,6 +333,10 @@ pub struct Config {
     pub discovery: Option<DiscoveryConfig>,
     /// TLS on the data port and to `https://` workers.
     pub tls: tls::TlsConfig,
+    /// Prefill/decode disaggregation (`--pd-disaggregation`); `None`: regular mode.
+    pub pd: Option<PdConfig>,
+    /// How a worker's registration waits for it to start (`--worker-startup-*`).
+    pub worker_startup: WorkerStartup,
 }
 
 impl Config {
@@ -339,32 +348,37 @@ impl Config {
             &cli.prometheus_host,
             cli.prometheus_port,
         )?;
-        if cli.worker_urls.len() > WORKERS_MAX {
-            let message = format!(
-                "{} workers given, at most {WORKERS_MAX}",
-                cli.worker_urls.len()
-            );
-            return Err(FlagError::new("--worker-urls", message));
+        let given = worker_flags(cli)?;
+        if given.len() > WORKERS_MAX {
+            let message = format!("{} workers given, at most {WORKERS_MAX}", given.len());
+            return Err(FlagError::new(given[0].0, message));
         }
-        let mut workers: Vec<WorkerSpec> = Vec::with_capacity(cli.worker_urls.len());
+        let mut workers: Vec<WorkerSpec> = Vec::with_capacity(given.len());
         let backend = cli.backend.as_deref().and_then(GrpcBackend::parse);
-        for url in &cli.worker_urls {
-            let mut spec = WorkerSpec::resolve(url)
-                .map_err(|e| FlagError::new("--worker-urls", e.to_string()))?;
+        for (flag, url, role) in given {
+            let mut spec =
+                WorkerSpec::resolve(&url).map_err(|e| FlagError::new(flag, e.to_string()))?;
             if let WorkerProtocol::Grpc(detected) = &mut spec.protocol {
                 *detected = backend;
             }
             if is_own_listener(spec.addr, listen_addr) {
                 return Err(FlagError::new(
-                    "--worker-urls",
+                    flag,
                     format!("{url} is this gateway's own --host/--port: requests would loop"),
                 ));
             }
             if workers.iter().any(|w| w.same_endpoint(&spec)) {
                 return Err(FlagError::new(
-                    "--worker-urls",
+                    flag,
                     format!("{url} is given twice (spellings of one address count once)"),
                 ));
+            }
+            pd_speaks_http(role, spec.protocol).map_err(|why| FlagError::new(flag, why))?;
+            spec.role = role;
+            // The KV-event index follows the prefill engines: a decode engine's cache serves no
+            // prefix a request is routed on, so it is not asked (an endpoint given still is).
+            if role == WorkerRole::Decode {
+                spec.kv_events = KvEventsSource::Off;
             }
             workers.push(spec);
         }
@@ -465,9 +479,7 @@ impl Config {
             timeout_ms("--header-read-timeout-ms", cli.header_read_timeout_ms)?;
         let client_idle_timeout =
             timeout_ms("--client-idle-timeout-ms", cli.client_idle_timeout_ms)?;
-        let worker_settings = cli
-            .worker_args()
-            .validate_for(policy_loads(cli.policy.policy))?;
+        let worker_settings = cli.worker_args().validate_for(fleet_policy_loads(cli))?;
         let unused = cli.policy.unused_in_hash_mode();
         let mut startup_notices = if unused.is_empty() {
             Vec::new()
@@ -483,6 +495,26 @@ impl Config {
         }
         let tokenizer_cache = tokenizer_cache(&cli.tokenizer, data_cores)?;
         let mesh = cli.mesh.config()?;
+        let policy = cli.policy.validate()?;
+        // `--backend` names the engines' protocol (the gRPC workers', merged from main) and, in
+        // PD mode, the handshake; without it PD speaks SGLang's.
+        let handshake = Handshake::from_backend(cli.backend.as_deref());
+        let pd = cli.pd.config(&policy, handshake)?;
+        let worker_startup = cli.pd.worker_startup()?;
+        let unused = cli.pd.unused_in_regular_mode();
+        if !unused.is_empty() {
+            startup_notices.push(format!(
+                "{} given without --pd-disaggregation (ignored)",
+                unused.join(", ")
+            ));
+        }
+        if pd.is_some() && !cli.worker_urls.is_empty() {
+            startup_notices.push(
+                "--worker-urls given with --pd-disaggregation (ignored: PD routes to --prefill \
+                 and --decode workers)"
+                    .to_string(),
+            );
+        }
         let trees = cli.policy.policy == PolicyKind::CacheAware
             && cli.policy.cache_index == crate::policy::CacheIndexKind::Tree;
         if mesh.is_some() && !trees {
@@ -500,6 +532,8 @@ impl Config {
             request_id_headers,
             discovery,
             tls: cli.tls.config()?,
+            pd: pd.clone(),
+            worker_startup,
             tokenizers: Arc::new(tokenizers),
             tokenizer_cache,
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
@@ -514,7 +548,12 @@ impl Config {
             listen_addr,
             prometheus_addr,
             workers,
-            policy: cli.policy.validate()?,
+            // In PD mode the gateway's policy is the prefill side's: it owns the index (the
+            // prefix cache lives on the prefill engines); the decode side's is `pd.decode`.
+            policy: match &pd {
+                Some(pd) => pd.prefill.clone(),
+                None => policy,
+            },
             log_level: cli.log_level,
             log_format: if cli.log_json {
                 LogFormat::Json
@@ -530,6 +569,72 @@ impl Config {
             max_inflight_body_bytes_per_core,
             data_cores,
         })
+    }
+}
+
+/// The workers the flags give, with the flag each came from and its role: `--worker-urls`
+/// (regular), or under `--pd-disaggregation` `--prefill` and `--decode` (SMG then ignores
+/// `--worker-urls`).
+fn worker_flags(cli: &Cli) -> Result<Vec<(&'static str, String, WorkerRole)>, FlagError> {
+    if !cli.pd.pd_disaggregation {
+        let regular = cli.worker_urls.iter();
+        return Ok(regular
+            .map(|url| ("--worker-urls", url.clone(), WorkerRole::Regular))
+            .collect());
+    }
+    let pd = cli.pd.workers()?;
+    Ok(pd.into_iter().map(|w| (w.flag, w.url, w.role)).collect())
+}
+
+impl Config {
+    /// Whether a worker of `role` may join this gateway's fleet (`POST /workers`): regular
+    /// workers in regular mode, prefill and decode workers under `--pd-disaggregation`; `Err`
+    /// says why not.
+    pub fn admits_role(&self, role: WorkerRole) -> Result<(), String> {
+        match (self.pd.is_some(), role) {
+            (false, WorkerRole::Regular)
+            | (true, WorkerRole::Prefill { .. } | WorkerRole::Decode) => Ok(()),
+            (false, role) => Err(format!(
+                "worker_type {}: this gateway runs without --pd-disaggregation; only regular \
+                 workers",
+                role.name()
+            )),
+            (true, role) => Err(format!(
+                "worker_type {}: this gateway runs --pd-disaggregation; give worker_type \
+                 prefill or decode",
+                role.name()
+            )),
+        }
+    }
+}
+
+/// Refuses a `grpc://` worker on either side of a prefill/decode pair: pairs speak HTTP/1.1
+/// only (the gRPC form of disaggregation is not built).
+pub fn pd_speaks_http(role: WorkerRole, protocol: WorkerProtocol) -> Result<(), String> {
+    match (role, protocol) {
+        (WorkerRole::Prefill { .. } | WorkerRole::Decode, WorkerProtocol::Grpc(_)) => Err(format!(
+            "worker_type {}: prefill/decode workers must be http:// or https:// (disaggregation \
+             over gRPC is not supported yet)",
+            role.name()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Whether any policy routing this fleet reads load reports: `--policy`, and under
+/// `--pd-disaggregation` each side's.
+fn fleet_policy_loads(cli: &Cli) -> PolicyLoads {
+    let mut kinds = vec![cli.policy.policy];
+    if cli.pd.pd_disaggregation {
+        kinds.extend(cli.pd.prefill_policy);
+        kinds.extend(cli.pd.decode_policy);
+    }
+    match kinds
+        .into_iter()
+        .any(|k| policy_loads(k) == PolicyLoads::Read)
+    {
+        true => PolicyLoads::Read,
+        false => PolicyLoads::Ignored,
     }
 }
 
@@ -750,6 +855,7 @@ mod tests {
                 "Options:",
                 "Worker Configuration:",
                 "Routing Policy:",
+                "PD Disaggregation:",
                 "Load Monitoring:",
                 "Service Discovery (Kubernetes):",
                 "Logging:",
@@ -1062,6 +1168,165 @@ mod tests {
         .unwrap();
         assert_eq!(config.tokenizer_cache.l0_entries_max, 2_500);
         assert_eq!(config.tokenizer_cache.l1_bytes_max, (50 << 20) / 4);
+    }
+
+    #[test]
+    fn pd_flags_are_smgs_with_smgs_defaults() {
+        let config = parse(&[
+            "--pd-disaggregation",
+            "--prefill",
+            "http://127.0.0.1:31001",
+            "9001",
+            "--prefill",
+            "http://127.0.0.1:31002",
+            "--prefill",
+            "http://127.0.0.1:31003",
+            "none",
+            "--decode",
+            "http://127.0.0.1:31004",
+            "--decode",
+            "http://127.0.0.1:31005",
+            "--decode-policy",
+            "round_robin",
+        ])
+        .unwrap();
+        let roles: Vec<(&str, WorkerRole)> = config
+            .workers
+            .iter()
+            .map(|w| (w.url.as_str(), w.role))
+            .collect();
+        let prefill = |port| WorkerRole::Prefill {
+            bootstrap_port: port,
+        };
+        assert_eq!(
+            roles,
+            [
+                ("http://127.0.0.1:31001", prefill(Some(9001))),
+                ("http://127.0.0.1:31002", prefill(None)),
+                ("http://127.0.0.1:31003", prefill(None)),
+                ("http://127.0.0.1:31004", WorkerRole::Decode),
+                ("http://127.0.0.1:31005", WorkerRole::Decode),
+            ]
+        );
+        let pd = config.pd.as_ref().unwrap();
+        // --prefill-policy falls back to --policy; --decode-policy was given.
+        assert_eq!(pd.prefill.kind, PolicyKind::CacheAware);
+        assert_eq!(pd.decode.kind, PolicyKind::RoundRobin);
+        assert_eq!(pd.handshake, Handshake::Sglang);
+        assert_eq!(
+            config.worker_startup,
+            WorkerStartup {
+                timeout: Duration::from_secs(1800),
+                delay: Duration::ZERO,
+                check_interval: Duration::from_secs(30),
+            }
+        );
+        assert!(config.admits_role(WorkerRole::Decode).is_ok());
+        // The KV-event index follows the prefill engines: decode workers are not asked.
+        let sources: Vec<&KvEventsSource> = config.workers.iter().map(|w| &w.kv_events).collect();
+        let discover = &KvEventsSource::Discover;
+        let off = &KvEventsSource::Off;
+        assert_eq!(sources, [discover, discover, discover, off, off]);
+        assert!(config.admits_role(WorkerRole::Regular).is_err());
+        let fallback = parse(&["--pd-disaggregation", "--policy", "random"]).unwrap();
+        let fallback = fallback.pd.unwrap();
+        assert_eq!(
+            (fallback.prefill.kind, fallback.decode.kind),
+            (PolicyKind::Random, PolicyKind::Random)
+        );
+        let vllm = parse(&["--pd-disaggregation", "--backend", "vllm"]).unwrap();
+        assert_eq!(vllm.pd.unwrap().handshake, Handshake::Vllm);
+        // Without --pd-disaggregation the PD flags are ignored, as SMG ignores them: said once.
+        let regular = parse(&["--decode", "http://127.0.0.1:31004"]).unwrap();
+        assert!(regular.pd.is_none() && regular.workers.is_empty());
+        assert!(regular
+            .startup_notices
+            .iter()
+            .any(|n| n.contains("--decode")));
+        assert!(regular.admits_role(WorkerRole::Regular).is_ok());
+        assert!(regular.admits_role(WorkerRole::Decode).is_err());
+    }
+
+    #[test]
+    fn pd_flag_errors_name_their_flag_in_one_line() {
+        let cases: &[(&[&str], &str, &str)] = &[
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://127.0.0.1:1",
+                    "0",
+                ],
+                "--prefill",
+                "1-65535",
+            ),
+            (
+                &["--pd-disaggregation", "--prefill", "9001"],
+                "--prefill",
+                "no URL",
+            ),
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://127.0.0.1:1",
+                    "port",
+                ],
+                "--prefill",
+                "neither",
+            ),
+            (
+                &["--pd-disaggregation", "--prefill", "https://127.0.0.1:1"],
+                "--prefill",
+                "http://",
+            ),
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--decode",
+                    "http://127.0.0.1:1",
+                    "--prefill",
+                    "http://localhost:1",
+                ],
+                "--decode",
+                "twice",
+            ),
+            (
+                &[
+                    "--pd-disaggregation",
+                    "--prefill",
+                    "http://127.0.0.1:1",
+                    "--prefill-policy",
+                    "power_of_two",
+                ],
+                "--prefill-policy",
+                "at least 2",
+            ),
+            (
+                &["--pd-disaggregation", "--decode-policy", "power_of_two"],
+                "--decode-policy",
+                "at least 2",
+            ),
+            (
+                &["--worker-startup-timeout-secs", "0"],
+                "--worker-startup-timeout-secs",
+                "1..=",
+            ),
+            (
+                &["--worker-startup-check-interval", "0"],
+                "--worker-startup-check-interval",
+                "1..=",
+            ),
+        ];
+        for (args, flag, says) in cases {
+            let error = parse(args).unwrap_err();
+            assert_eq!(error.flag, *flag, "{args:?}: {error}");
+            let line = error.to_string();
+            assert!(line.contains(says) && !line.contains('\n'), "{line}");
+        }
+        // clap's own refusals: an unknown backend, a third value after --prefill.
+        assert!(parse(&["--backend", "trtllm"]).is_err());
+        assert!(parse(&["--prefill", "http://127.0.0.1:1", "1", "2"]).is_err());
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //!
 //! 1. leaves: `limits`, `ids`, `error`, `copy`;
 //! 2. the domain, free of I/O: `config`, `request`, `index`, `kv_events`, `policy`, `tokenize`,
-//!    `workers`, `metrics`, `mesh`, `frontend` (importing each other only as `ARCHITECTURE.md`'s
-//!    edge table lists);
+//!    `workers`, `metrics`, `mesh`, `frontend`, `pd` (importing each other only as
+//!    `ARCHITECTURE.md`'s edge table lists);
 //! 3. `shared`: the state published between threads and the messages on their channels;
 //! 4. `net`: HTTP/1.1 on sockets, for both planes; `grpc`: HTTP/2 gRPC calls to engines, for both
 //!    planes;
@@ -31,6 +31,7 @@ pub mod limits;
 pub mod mesh;
 pub mod metrics;
 pub mod net;
+pub mod pd;
 pub mod policy;
 pub mod request;
 pub mod runtime;

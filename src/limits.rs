@@ -217,6 +217,10 @@ pub const ADMIN_BODY_BYTES_MAX: usize = 16 << 10;
 /// most 5 s by default); this leaves room for both plus a slow turn.
 pub const ADMIN_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// What a `POST /workers` keeps of `ADMIN_REPLY_TIMEOUT` after its last startup probe
+/// (`--worker-startup-*`) to register the worker and answer before the caller stops waiting.
+pub const ADMIN_REPLY_MARGIN: Duration = Duration::from_secs(1);
+
 /// How often a data core looks for the control core's answer to an admin call.
 pub const ADMIN_REPLY_POLL: Duration = Duration::from_millis(2);
 
@@ -540,6 +544,13 @@ pub const TLS_READS_PER_CALL_MAX: usize = 64;
 /// so a slow client holds at most this much ciphertext beside the response buffer.
 pub const TLS_PENDING_BYTES_MAX: usize = 64 * 1024;
 
+// ---- Prefill/decode disaggregation (`http::upstream::pd`) ----
+
+/// Largest answer of a prefill worker the gateway reads whole (a prefill/decode pair's prefill
+/// side, and the decode side when logprobs are merged): the answer carries one input logprob
+/// per prompt token, tens of bytes each, so a 256k-token prompt's fits with room to spare.
+pub const PD_ANSWER_BYTES_MAX: usize = 64 << 20;
+
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);
 const _: () = assert!(READ_BUF_BYTES_INITIAL <= HEADER_BYTES_MAX);
 const _: () = assert!(CHUNK_LINE_BYTES_MAX < HEADER_BYTES_MAX);
@@ -640,3 +651,5 @@ pub const TOP_LOGPROBS_MAX: u32 = 20;
 pub const DECODE_WINDOW_TOKENS_MAX: usize = 64;
 const _: () = assert!(TLS_HANDSHAKE_TIMEOUT.as_millis() <= HEADER_READ_TIMEOUT.as_millis());
 const _: () = assert!(TLS_PENDING_BYTES_MAX >= UPSTREAM_READ_BYTES);
+// A merged answer holds at most the body cap of both sides' answers.
+const _: () = assert!(PD_ANSWER_BYTES_MAX <= PAYLOAD_BYTES_MAX);

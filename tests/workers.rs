@@ -639,11 +639,12 @@ fn ten_thousand_client_disconnects_leave_every_in_flight_count_at_zero() {
 fn an_smg_worker_spec_is_added_with_the_fields_kvgate_does_not_apply_listed() {
     let sim = SimFleet::start(2, &[]);
     let gw = Gateway::start(&[sim.url(0)], &[]);
-    // A prefill worker is refused before any probe: kvgate has no PD disaggregation.
+    // A prefill worker is refused before any probe: this gateway runs without
+    // --pd-disaggregation (tests/pd.rs adds one to a PD gateway).
     let prefill = json!({"url": sim.url(1), "worker_type": "prefill", "bootstrap_port": 8998});
     let r = gw.request("POST", "/workers", &prefill.to_string(), None);
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("PD not supported"), "{}", r.text());
+    assert!(r.text().contains("--pd-disaggregation"), "{}", r.text());
     // SMG's spec for a regular worker: admitted; what kvgate ignores is named in the answer.
     let spec = json!({
         "url": sim.url(1),

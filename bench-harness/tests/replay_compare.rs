@@ -233,3 +233,47 @@ fn ctrl_c_stops_the_replay_and_its_children() {
         assert!(!is_running(child), "child {child} outlived replay");
     }
 }
+
+#[test]
+fn a_pd_fleet_compares_prefill_policies_by_the_prefill_engines_hit_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = compare_command(dir.path(), "round_robin,cache_aware", REQUESTS);
+    command.args(["--pd", "2:2"]);
+    let output = wait_bounded(command.spawn().unwrap(), Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "replay compare --pd failed:\n{stderr}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("compare.json")).unwrap())
+            .unwrap();
+    let reports = json["policies"].as_array().unwrap();
+    for report in reports {
+        assert_eq!(report["requests"], REQUESTS, "{}", report["errors_by_kind"]);
+        assert_eq!(report["errors"], 0, "{}", report["errors_by_kind"]);
+        // The answers come from the decode engines, two of them.
+        assert_eq!(report["per_worker"].as_object().unwrap().len(), 2);
+    }
+    let hit = |i: usize| reports[i]["cache_hit_rate"].as_f64().unwrap();
+    // Two prefill engines hold four of the eight groups' prompts: cache_aware keeps each group
+    // on one, round robin sends every group to both.
+    assert!(
+        hit(1) > hit(0) + 0.1,
+        "cache_aware {:.3} vs round robin {:.3}",
+        hit(1),
+        hit(0)
+    );
+    // `direct` has no meaning on a PD fleet: refused before anything starts.
+    let other = tempfile::tempdir().unwrap();
+    let mut direct = compare_command(other.path(), "direct", 4);
+    direct.args(["--pd", "2:2"]);
+    let refused = direct.output().unwrap();
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("direct") && stderr.contains("--pd"),
+        "{stderr}"
+    );
+    assert!(!other.path().join("logs").exists(), "nothing was started");
+}

@@ -27,7 +27,18 @@ use crate::shared::Shared;
 use crate::workers::breaker::BreakerState;
 use crate::workers::catalog::ModelCatalog;
 use crate::workers::load::RankGauges;
+use crate::workers::role::WorkerRole;
 use crate::workers::table::WorkerTable;
+
+/// The policy that selects workers of `role`: in PD mode each side's, else the gateway's.
+fn side_policy(config: &crate::config::Config, role: WorkerRole) -> Option<&'static str> {
+    let pd = config.pd.as_ref()?;
+    match role {
+        WorkerRole::Prefill { .. } => Some(pd.prefill.kind.name()),
+        WorkerRole::Decode => Some(pd.decode.kind.name()),
+        WorkerRole::Regular => None,
+    }
+}
 
 /// The whole `/metrics` page.
 pub fn render(shared: &Shared, out: &mut String) {
@@ -42,6 +53,8 @@ pub fn render(shared: &Shared, out: &mut String) {
             id: w.id,
             url: escape_label(&w.spec.url),
             model: escape_label(worker_model(&catalog, w.id)),
+            worker_type: w.spec.role.name(),
+            policy: side_policy(&shared.config, w.spec.role),
         })
         .collect();
     let policy = shared.config.policy.kind.name();

@@ -14,17 +14,19 @@ use std::time::Instant;
 
 use super::monitor::{Change, ProbeKind, WorkerMonitor};
 use super::probes::{probe_new_worker, ProbeRound};
-use crate::config::is_own_listener;
+use crate::config::{is_own_listener, pd_speaks_http};
 use crate::ids::WorkerId;
-use crate::limits::WORKERS_MAX;
+use crate::limits::{ADMIN_REPLY_MARGIN, ADMIN_REPLY_TIMEOUT, WORKERS_MAX};
+use crate::pd::WorkerStartup;
 use crate::shared::{AdminReply, AdminRequest, Shared};
 use crate::workers::admin::{
     parse_add_worker, render_worker_list, AdminError, AdminRoute, WorkerRef, WorkerReport,
 };
 use crate::workers::breaker::{AttemptOutcome, BreakerState};
 use crate::workers::catalog::{ListedModel, ModelCatalog};
-use crate::workers::health::ProbeOutcome;
-use crate::workers::spec::WorkerSpec;
+use crate::workers::health::{HealthConfig, ProbeOutcome};
+use crate::workers::role::WorkerRole;
+use crate::workers::spec::{KvEventsSource, WorkerSpec};
 use crate::workers::table::{Health, Roster, WorkerEntry};
 
 /// The admission probe's verdict: the worker's models (`None`: unknown), or why it is refused.
@@ -212,6 +214,7 @@ impl WorkerDriver {
         WorkerReport {
             id: w.id,
             url: &w.spec.url,
+            role: w.spec.role,
             healthy,
             breaker,
             draining: shared.table.signals(w.id).is_draining(),
@@ -293,13 +296,26 @@ impl WorkerDriver {
             );
             return Err(refuse(e));
         }
-        spec.kv_events = added.kv_events;
+        if let Err(why) = shared
+            .config
+            .admits_role(added.role)
+            .and_then(|()| pd_speaks_http(added.role, spec.protocol))
+        {
+            return Err(refuse(AdminError::new(400, "invalid_request_error", why)));
+        }
+        spec.kv_events = match (added.role, added.kv_events) {
+            // The KV-event index follows the prefill engines (see `Config::from_cli`).
+            (WorkerRole::Decode, KvEventsSource::Discover) => KvEventsSource::Off,
+            (_, given) => given,
+        };
+        spec.role = added.role;
         let health = self.monitor.config().health.clone();
+        let startup = shared.config.worker_startup;
         let bearer = self.monitor.api_key().cloned();
         let (tx, probed) = mpsc::channel();
         let probed_spec = spec.clone();
         monoio::spawn(async move {
-            let _ = tx.send(probe_new_worker(probed_spec, health, bearer).await);
+            let _ = tx.send(probe_starting_worker(probed_spec, health, startup, bearer).await);
         });
         Ok(PendingAdd {
             spec,
@@ -400,4 +416,31 @@ fn url_of(shared: &Shared, id: WorkerId) -> String {
         .roster()
         .get(id)
         .map_or_else(|| format!("#{}", id.0), |w| w.spec.url.clone())
+}
+
+/// The admission probe under `--worker-startup-*` (SMG's registration): the first probe after
+/// `delay`, then one every `check_interval` while the worker is not ready, for at most
+/// `timeout`, and never past the admin call's own wait (`ADMIN_REPLY_TIMEOUT`): with SMG's
+/// defaults (no delay, 30 s between probes) that is one probe, answered at once.
+async fn probe_starting_worker(
+    spec: WorkerSpec,
+    health: HealthConfig,
+    startup: WorkerStartup,
+    bearer: Option<Arc<str>>,
+) -> Result<Option<Vec<ListedModel>>, String> {
+    let started = Instant::now();
+    let window = startup
+        .timeout
+        .min(ADMIN_REPLY_TIMEOUT.saturating_sub(health.timeout + ADMIN_REPLY_MARGIN));
+    if !startup.delay.is_zero() {
+        monoio::time::sleep(startup.delay.min(window)).await;
+    }
+    loop {
+        let probed = probe_new_worker(spec.clone(), health.clone(), bearer.clone()).await;
+        let next = started.elapsed() + startup.check_interval;
+        if probed.is_ok() || next >= window {
+            return probed;
+        }
+        monoio::time::sleep(startup.check_interval).await;
+    }
 }

@@ -75,8 +75,12 @@ pub struct DataCore {
     pub grpc: RefCell<Channels>,
     /// Empty buffers lent by streams while they wait for their worker.
     pub spare_buffers: RefCell<SpareBuffers>,
-    /// The routing policy and what this core remembers of its dispatches.
+    /// The routing policy and what this core remembers of its dispatches (in PD mode, the
+    /// prefill side's, which owns the index).
     pub router: RefCell<Router>,
+    /// The decode side's policy under `--pd-disaggregation` (no index: decode placement is
+    /// about load); `None` in regular mode.
+    pub decode_router: Option<RefCell<Router>>,
     /// Requests being served (for graceful shutdown).
     pub requests_in_flight: Cell<usize>,
     /// Request body bytes held, against `--max-inflight-body-bytes-per-core`.
@@ -99,11 +103,18 @@ impl DataCore {
             grpc: RefCell::new(Channels::new()),
             spare_buffers: RefCell::new(SpareBuffers::new()),
             router: RefCell::new(router),
+            decode_router: None,
             requests_in_flight: Cell::new(0),
             cutting_requests: Cell::new(false),
             memory_return_pending: Cell::new(false),
             body_budget: BodyBudget::new(max_body_bytes),
         }
+    }
+
+    /// This core with `router` choosing the decode side of prefill/decode pairs.
+    pub fn with_decode_router(mut self, router: Router) -> Self {
+        self.decode_router = Some(RefCell::new(router));
+        self
     }
 
     /// Gives the pages of the buffers this core freed back to the system in

@@ -117,6 +117,15 @@ pub async fn proxy_request(
     let models = catalog
         .workers_for(forwarded.prepared.get().model())
         .ok_or_else(|| ProxyError::downstream(ErrorKind::ModelNotFound, "model"))?;
+    if let Some(pd) = &core.shared.config.pd {
+        // Prefill/decode disaggregation: two workers per request, their own driver. Its future
+        // (two upstream legs raced) is boxed: inline it would more than double every
+        // connection's task, a held stream's included (`server`'s allocation-class test); a PD
+        // request allocates its rewritten body anyway.
+        let handshake = pd.handshake;
+        let pair = upstream::proxy_pair(core, &mut client, &mut forwarded, models, handshake);
+        return Box::pin(pair).await;
+    }
     let deadline = Instant::now() + core.shared.config.request_timeout;
     let retry = &core.shared.config.worker_settings.retry;
     let attempts_max = retry.attempts_allowed();
@@ -236,8 +245,13 @@ async fn prepare(
     } = request;
     let prepared = prepared.get();
     let header = |name| head.headers.get(read_buf, name);
+    // In PD mode the spec ignores `x-smg-routing-tokens` (it applies in regular mode only).
+    let mode = match core.shared.config.pd {
+        Some(_) => RoutingMode::PrefillDecode,
+        None => RoutingMode::Regular,
+    };
     let headers = RoutingHeaders {
-        mode: RoutingMode::Regular,
+        mode,
         routing_tokens: header(ROUTING_TOKENS_HEADER),
         routing_key: header(ROUTING_KEY_HEADER),
         target_worker: header(TARGET_WORKER_HEADER),

@@ -24,6 +24,7 @@ use crate::metrics::{Counter, Latency};
 use crate::net::codec::{Connection, GatewayHeaders};
 use crate::net::memory;
 use crate::net::socket::Socket;
+use crate::request::id::RequestId;
 
 /// What streaming a response produced.
 #[derive(Debug)]
@@ -79,24 +80,11 @@ pub async fn stream_back(
     request: &mut Forwarded<'_>,
     attempt: &mut Attempt<'_>,
 ) -> Result<StreamEnd, ProxyError> {
-    let method = request.head.method;
     // Until the first body byte the worker queues and prefills; after it, it decodes.
     let first_byte_deadline = attempt
         .deadline
         .min(Instant::now() + core.shared.config.upstream_first_byte_timeout);
-    let context = HeadContext {
-        method,
-        gateway_headers: GatewayHeaders {
-            routed_worker_line: &attempt.worker.routed_header_line,
-            predicted_cached_tokens: request
-                .prepared
-                .get()
-                .predicted_cached_tokens(attempt.worker.id),
-            request_id_line: client.request_id.header_line(),
-        },
-        worker: attempt.worker.id,
-        on_status: attempt.on_status,
-    };
+    let context = head_context(request, attempt, client.request_id);
     let start = match up
         .read_head(core, client, context, first_byte_deadline)
         .await?
@@ -104,6 +92,55 @@ pub async fn stream_back(
         HeadRead::RetryableStatus(status) => return Ok(StreamEnd::RetryableStatus(status)),
         HeadRead::Relaying(start) => start,
     };
+    let streamed = relay_started(
+        core,
+        up,
+        client,
+        request,
+        attempt,
+        start,
+        first_byte_deadline,
+    )
+    .await;
+    Ok(StreamEnd::Done(streamed))
+}
+
+/// The head context of `attempt`'s response (the headers the gateway adds, the worker whose
+/// breaker hears the status): what `stream_back` reads the head with, and a prefill/decode
+/// pair's decode side (`upstream::pd`).
+pub fn head_context<'a>(
+    request: &mut Forwarded<'_>,
+    attempt: &'a Attempt<'_>,
+    request_id: &'a RequestId,
+) -> HeadContext<'a> {
+    HeadContext {
+        method: request.head.method,
+        gateway_headers: GatewayHeaders {
+            routed_worker_line: &attempt.worker.routed_header_line,
+            predicted_cached_tokens: request
+                .prepared
+                .get()
+                .predicted_cached_tokens(attempt.worker.id),
+            request_id_line: request_id.header_line(),
+        },
+        worker: attempt.worker.id,
+        on_status: attempt.on_status,
+    }
+}
+
+/// The rest of the stream-back phase once a head is ready in the client's buffer (`start`):
+/// the head written, then the body relayed. `stream_back` calls it after reading the head; a
+/// prefill/decode pair (`upstream::pd`) after the prefill side answered too.
+pub async fn relay_started(
+    core: &DataCore,
+    up: &mut Exchange,
+    client: &mut ClientSide<'_>,
+    request: &mut Forwarded<'_>,
+    attempt: &mut Attempt<'_>,
+    start: ResponseStart,
+    first_byte_deadline: Instant,
+) -> Streamed {
+    let method = request.head.method;
     // The first body byte is the first token (or, unstreamed, the whole answer): the prompt is
     // no longer queued work on the worker.
     if start.body_begun {
@@ -119,7 +156,7 @@ pub async fn stream_back(
         .observe_latency(Latency::FirstByte, (method, client.endpoint), elapsed);
     if !head_written {
         core.metrics().incr(Counter::DownstreamAborts);
-        return Ok(StreamEnd::Done(Streamed::ended(&start, false)));
+        return Streamed::ended(&start, false);
     }
     if start.body_kind == BodyKind::EventStream {
         // Committed, and a stream may last minutes: it keeps nothing of its request (bytes,
@@ -132,8 +169,7 @@ pub async fn stream_back(
             memory::return_freed_pages();
         }
     }
-    let streamed = relay_body(core, up, client, attempt, &start, first_byte_deadline).await;
-    Ok(StreamEnd::Done(streamed))
+    relay_body(core, up, client, attempt, &start, first_byte_deadline).await
 }
 
 /// The body loop of `stream_back`: one read, one write, until the body ends or stops.

@@ -694,6 +694,8 @@ mod tests {
             id,
             url: url.to_string(),
             model: "m".to_string(),
+            worker_type: "regular",
+            policy: None,
         };
         let workers = [labels(w0, "http://a"), labels(w1, "http://b")];
         let mut text = String::new();

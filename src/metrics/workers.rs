@@ -199,6 +199,11 @@ pub struct WorkerLabels {
     pub url: String,
     /// `model`: the model its series are counted under.
     pub model: String,
+    /// `worker_type`: `regular`, or its side of a prefill/decode pair (SMG's label).
+    pub worker_type: &'static str,
+    /// `policy` of its selections: the gateway's, or in PD mode its side's (`None`: the
+    /// gateway's, given to `render`).
+    pub policy: Option<&'static str>,
 }
 
 /// Writes the families of this module, summing `cores`.
@@ -218,7 +223,6 @@ pub(super) fn render(
     let header = |out: &mut String, name: &str, kind: &str, help: &str| {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     };
-    const REGULAR_HTTP: &str = "worker_type=\"regular\",connection_mode=\"http\"";
 
     let name = "smg_worker_errors_total";
     header(
@@ -232,8 +236,8 @@ pub(super) fn render(
             let n = slot_sum(w.id, i);
             let _ = writeln!(
                 out,
-                "{name}{{{REGULAR_HTTP},error_type=\"{error_type}\",worker=\"{}\"}} {n}",
-                w.url
+                "{name}{{worker_type=\"{}\",connection_mode=\"http\",error_type=\"{error_type}\",worker=\"{}\"}} {n}",
+                w.worker_type, w.url
             );
         }
     }
@@ -249,8 +253,11 @@ pub(super) fn render(
         let n = slot_sum(w.id, SELECTED);
         let _ = writeln!(
             out,
-            "{name}{{{REGULAR_HTTP},model=\"{}\",policy=\"{policy}\",worker=\"{}\"}} {n}",
-            w.model, w.url
+            "{name}{{worker_type=\"{}\",connection_mode=\"http\",model=\"{}\",policy=\"{}\",worker=\"{}\"}} {n}",
+            w.worker_type,
+            w.model,
+            w.policy.unwrap_or(policy),
+            w.url
         );
     }
 
@@ -269,8 +276,8 @@ pub(super) fn render(
             let n = slot_sum(w.id, RETRIES + endpoint as usize);
             let _ = writeln!(
                 out,
-                "{name}{{worker_type=\"regular\",endpoint=\"{label}\",worker=\"{}\"}} {n}",
-                w.url
+                "{name}{{worker_type=\"{}\",endpoint=\"{label}\",worker=\"{}\"}} {n}",
+                w.worker_type, w.url
             );
         }
     }

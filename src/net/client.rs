@@ -1,8 +1,9 @@
 //! A one-shot HTTP/1.1 `GET` for the control core's requests to workers (health checks, load
-//! polls, model discovery, the admin API's admission probe): one connection per request, closed
-//! after it, the whole body buffered up to a cap, everything within one deadline. It speaks
-//! through the same codec, body framer (`body::BodyFramer`) and socket as the proxy, over TLS
-//! for an `https://` worker. Not for the data path, which pools.
+//! polls, model discovery, the admin API's admission probe), and a one-shot JSON `POST` for a
+//! prefill/decode pair whose two answers are merged, read whole and never relayed: one
+//! connection per request, closed after it, the whole body buffered up to a cap, everything
+//! within one deadline. It speaks through the same codec, body framer (`body::BodyFramer`) and
+//! socket as the proxy, over TLS for an `https://` worker. Not for relayed answers, which pool.
 //!
 //! Failures are `ProxyError`s on the upstream side: `UpstreamConnect` (refused, unreachable),
 //! `UpstreamTimeout` (the deadline passed), `UpstreamClosed` (closed early) and
@@ -58,25 +59,87 @@ pub async fn get(
     timeout: Duration,
     body_max: usize,
 ) -> Result<ClientResponse, ProxyError> {
+    let authorization = match bearer {
+        Some(key) => format!("authorization: Bearer {key}\r\n"),
+        None => String::new(),
+    };
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nhost: {authority}\r\naccept: application/json\r\nuser-agent: kvgate\r\n{authorization}connection: close\r\n\r\n"
+    );
     let deadline = Instant::now() + timeout;
+    exchange(
+        addr,
+        scheme,
+        authority,
+        head.into_bytes(),
+        Method::Get,
+        deadline,
+        body_max,
+    )
+    .await
+}
+
+/// `POST path` of a JSON `body` to the worker at `addr` (`authority` is its `Host`; the
+/// client's `authorization` passed on when given), answered by `deadline`, reading a body of at
+/// most `body_max` bytes. The one data-path use: both sides of a prefill/decode pair whose
+/// answers are merged (`http::upstream::pd`, logprobs asked for), read whole, never relayed.
+#[allow(clippy::too_many_arguments)]
+pub async fn post_json(
+    addr: SocketAddr,
+    scheme: Scheme,
+    authority: &str,
+    path: &str,
+    authorization: Option<&[u8]>,
+    body: &[u8],
+    deadline: Instant,
+    body_max: usize,
+) -> Result<ClientResponse, ProxyError> {
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if let Some(value) = authorization {
+        request.extend_from_slice(b"authorization: ");
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    request.extend_from_slice(body);
+    exchange(
+        addr,
+        scheme,
+        authority,
+        request,
+        Method::Post,
+        deadline,
+        body_max,
+    )
+    .await
+}
+
+/// Connects (over TLS for `Scheme::Https`, `authority`'s host the name its certificate must
+/// carry), writes `request` whole, and reads the answer to a `method` request.
+async fn exchange(
+    addr: SocketAddr,
+    scheme: Scheme,
+    authority: &str,
+    request: Vec<u8>,
+    method: Method,
+    deadline: Instant,
+    body_max: usize,
+) -> Result<ClientResponse, ProxyError> {
     let mut socket = Socket::connect_to(addr, scheme, authority_host(authority), deadline)
         .await
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::TimedOut => io_error(e, "connect"),
             _ => ProxyError::upstream(ErrorKind::UpstreamConnect, "connect").because(e),
         })?;
-    let authorization = match bearer {
-        Some(key) => format!("authorization: Bearer {key}\r\n"),
-        None => String::new(),
-    };
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nhost: {authority}\r\naccept: application/json\r\nuser-agent: kvgate\r\n{authorization}connection: close\r\n\r\n"
-    );
-    let (result, _) = socket.write_all(request.into_bytes(), deadline).await;
+    let (result, _) = socket.write_all(request, deadline).await;
     result.map_err(|e| io_error(e, "write request"))?;
     let mut buf = Vec::with_capacity(UPSTREAM_READ_BYTES);
     let head = loop {
-        if let Some(head) = codec::parse_response_head(&buf, Method::Get)? {
+        if let Some(head) = codec::parse_response_head(&buf, method)? {
             break head;
         }
         let (result, b) = socket.read_more(buf, UPSTREAM_READ_BYTES, deadline).await;

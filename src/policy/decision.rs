@@ -15,6 +15,7 @@ use super::{
 use crate::ids::WorkerId;
 use crate::index::kv::BlockMatch;
 use crate::workers::retry::TriedWorkers;
+use crate::workers::role::PdSide;
 
 impl Router {
     /// Steps 1-6: picks a worker for `prepared` from the published `workers`, never one in
@@ -26,9 +27,24 @@ impl Router {
         workers: WorkerView<'_>,
         tried: &TriedWorkers,
     ) -> Option<WorkerId> {
+        self.select_serving(prepared, workers, tried, None)
+    }
+
+    /// [`Router::select`] among the workers of one side of a prefill/decode pair (`side`;
+    /// `None`: every worker): a decode worker is never a candidate for prefill, nor the
+    /// reverse, and the other side's workers take no part in the fleet's means.
+    pub fn select_serving(
+        &mut self,
+        prepared: &Prepared,
+        workers: WorkerView<'_>,
+        tried: &TriedWorkers,
+        side: Option<PdSide>,
+    ) -> Option<WorkerId> {
         let (roster, table, models) = (workers.roster, workers.table, workers.models);
         let mean_prefill_tokens = self.config.scorer().mean_prefill_tokens;
-        let active = roster.workers.iter().map(|w| (w.id, w.spec.url.as_str()));
+        let active = (roster.workers.iter())
+            .filter(move |w| side.is_none_or(|side| w.spec.role.serves(side)))
+            .map(|w| (w.id, w.spec.url.as_str()));
         let status_of = |id: WorkerId| {
             let signals = table.signals(id);
             // Generation before report: a report published in between is read with the older

@@ -406,7 +406,16 @@ fn data_core(
     if let Some(events) = events {
         router = router.with_events(events);
     }
-    DataCore::new(core_id, shared, router)
+    let decode = config.pd.as_ref().map(|pd| {
+        // Its own counters, not exported: the branch metric counts prefill decisions.
+        let seed = (core_id as u64) ^ 0x5eed_dec0;
+        Router::new(pd.decode.clone(), seed, None, Arc::default())
+    });
+    let core = DataCore::new(core_id, shared, router);
+    match decode {
+        Some(decode) => core.with_decode_router(decode),
+        None => core,
+    }
 }
 
 fn spawn_named(name: String, body: impl FnOnce() + Send + 'static) -> Result<(), StartError> {

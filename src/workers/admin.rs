@@ -19,6 +19,7 @@ use serde::Deserialize;
 use super::breaker::BreakerState;
 use super::catalog::ListedModel;
 use super::load::LoadReport;
+use super::role::{parse_bootstrap_port, WorkerRole};
 use super::spec::{KvEventsSource, WorkerProtocol, WorkerUrl};
 use crate::error::{error_body, ErrorKind};
 use crate::ids::WorkerId;
@@ -213,8 +214,10 @@ struct AddWorkerBody {
     url: String,
     /// Where it publishes KV events (`--kv-events-endpoints` syntax); absent: ask the worker.
     kv_events_endpoint: Option<String>,
-    /// SMG's worker type: only `regular` is served (no prefill/decode disaggregation).
+    /// SMG's worker type: `regular`, or `prefill`/`decode` under `--pd-disaggregation`.
     worker_type: Option<String>,
+    /// A prefill worker's bootstrap port (SMG's field: a number, or `null` for none).
+    bootstrap_port: Option<serde_json::Value>,
     /// SMG's connection mode: `http` or `grpc`, as the URL's scheme says.
     connection_mode: Option<String>,
 }
@@ -222,7 +225,7 @@ struct AddWorkerBody {
 /// The fields of SMG's worker spec (`POST /workers`) kvgate accepts without using them: a
 /// request written for SMG is admitted, and the answer lists what was not applied. Any other
 /// field is refused, so a misspelt one is not silently dropped.
-const SMG_FIELDS_NOT_USED: [&str; 29] = [
+const SMG_FIELDS_NOT_USED: [&str; 28] = [
     "model_id",
     "models",
     "runtime_type",
@@ -232,7 +235,6 @@ const SMG_FIELDS_NOT_USED: [&str; 29] = [
     "priority",
     "cost",
     "api_key",
-    "bootstrap_port",
     "bootstrap_host",
     "dp_base_url",
     "dp_rank",
@@ -261,6 +263,9 @@ pub struct AddWorker {
     pub url: String,
     /// Its KV-event endpoint as given (checked against the URL's host).
     pub kv_events: KvEventsSource,
+    /// Regular, prefill (with its bootstrap port) or decode (`worker_type`); whether the
+    /// gateway's mode takes it is the caller's check.
+    pub role: WorkerRole,
     /// SMG worker-spec fields given that kvgate does not apply, in the body's order.
     pub not_applied: Vec<String>,
 }
@@ -285,7 +290,8 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
     let mut not_applied = Vec::new();
     for name in fields.keys() {
         match name.as_str() {
-            "url" | "kv_events_endpoint" | "worker_type" | "connection_mode" => {}
+            "url" | "kv_events_endpoint" | "worker_type" | "connection_mode" | "bootstrap_port" => {
+            }
             known if SMG_FIELDS_NOT_USED.contains(&known) => not_applied.push(known.to_string()),
             unknown => return Err(expected(&format!("unknown field `{unknown}`"))),
         }
@@ -295,16 +301,7 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
     }
     let parsed: AddWorkerBody =
         serde_json::from_value(serde_json::Value::Object(fields)).map_err(|e| expected(&e))?;
-    match parsed.worker_type.as_deref() {
-        None | Some("regular") => {}
-        Some(kind @ ("prefill" | "decode" | "encode")) => {
-            return Err(bad(format!(
-                "worker_type {kind}: PD not supported (kvgate has no prefill/decode \
-                 disaggregation; only regular workers)"
-            )))
-        }
-        Some(other) => return Err(bad(format!("worker_type {other}: expected \"regular\""))),
-    }
+    let role = add_worker_role(&parsed).map_err(bad)?;
     let url = WorkerUrl::parse(&parsed.url).map_err(|e| bad(e.to_string()))?;
     match (parsed.connection_mode.as_deref(), url.protocol) {
         (None, _) | (Some("http"), WorkerProtocol::Http) | (Some("grpc"), WorkerProtocol::Grpc(_)) => {}
@@ -322,8 +319,44 @@ pub fn parse_add_worker(body: &[u8]) -> Result<AddWorker, AdminError> {
     Ok(AddWorker {
         url: url.canonical(),
         kv_events,
+        role,
         not_applied,
     })
+}
+
+/// The role `worker_type` and `bootstrap_port` give (SMG's fields): a bootstrap port only for a
+/// prefill worker, a number 1-65535, `null` or `"none"`.
+fn add_worker_role(parsed: &AddWorkerBody) -> Result<WorkerRole, String> {
+    let bootstrap_port = match &parsed.bootstrap_port {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::Number(n)) => {
+            parse_bootstrap_port(&n.to_string()).map_err(|e| format!("bootstrap_port: {e}"))?
+        }
+        Some(serde_json::Value::String(text)) => {
+            parse_bootstrap_port(text).map_err(|e| format!("bootstrap_port: {e}"))?
+        }
+        Some(other) => return Err(format!("bootstrap_port {other}: expected a port or null")),
+    };
+    let role = match parsed.worker_type.as_deref() {
+        None | Some("regular") => WorkerRole::Regular,
+        Some("prefill") => WorkerRole::Prefill { bootstrap_port },
+        Some("decode") => WorkerRole::Decode,
+        Some("encode") => {
+            return Err("worker_type encode: not supported (kvgate has no encode stage)".into())
+        }
+        Some(other) => {
+            return Err(format!(
+                "worker_type {other}: expected \"regular\", \"prefill\" or \"decode\""
+            ))
+        }
+    };
+    if bootstrap_port.is_some() && !matches!(role, WorkerRole::Prefill { .. }) {
+        return Err(format!(
+            "bootstrap_port: only a prefill worker has one (worker_type {})",
+            role.name()
+        ));
+    }
+    Ok(role)
 }
 
 /// One worker as `GET /workers` reports it.
@@ -333,6 +366,8 @@ pub struct WorkerReport<'a> {
     pub id: WorkerId,
     /// URL as registered.
     pub url: &'a str,
+    /// Regular, prefill or decode (SMG's `worker_type`, with `bootstrap_port`).
+    pub role: WorkerRole,
     /// Health-check verdict.
     pub healthy: bool,
     /// Circuit state.
@@ -355,6 +390,8 @@ pub fn render_worker_list(workers: &[WorkerReport<'_>]) -> String {
             serde_json::json!({
                 "id": w.id.0,
                 "url": w.url,
+                "worker_type": w.role.name(),
+                "bootstrap_port": w.role.bootstrap_port(),
                 "healthy": w.healthy,
                 "circuit_breaker": w.breaker.as_str(),
                 "draining": w.draining,
@@ -567,12 +604,16 @@ mod tests {
         assert_eq!(grpc.unwrap().url, "grpc://x:50051");
         for (body, says) in [
             (
-                &br#"{"url":"http://x:1","worker_type":"prefill"}"#[..],
-                "PD not supported",
+                &br#"{"url":"http://x:1","worker_type":"encode"}"#[..],
+                "encode",
             ),
             (
-                br#"{"url":"http://x:1","worker_type":"decode"}"#,
-                "PD not supported",
+                br#"{"url":"http://x:1","worker_type":"decode","bootstrap_port":9}"#,
+                "only a prefill worker",
+            ),
+            (
+                br#"{"url":"http://x:1","worker_type":"prefill","bootstrap_port":0}"#,
+                "1-65535",
             ),
             (br#"{"url":"http://x:1","worker_type":"odd"}"#, "regular"),
             (br#"{"url":"http://x:1","connection_mode":"grpc"}"#, "HTTP"),
@@ -596,6 +637,30 @@ mod tests {
     }
 
     #[test]
+    fn smgs_worker_type_and_bootstrap_port_give_the_role() {
+        let role = |body: &[u8]| parse_add_worker(body).unwrap().role;
+        assert_eq!(role(br#"{"url":"http://x:1"}"#), WorkerRole::Regular);
+        assert_eq!(
+            role(br#"{"url":"http://x:1","worker_type":"prefill","bootstrap_port":8998}"#),
+            WorkerRole::Prefill {
+                bootstrap_port: Some(8998)
+            }
+        );
+        assert_eq!(
+            role(br#"{"url":"http://x:1","worker_type":"prefill","bootstrap_port":null}"#),
+            WorkerRole::Prefill {
+                bootstrap_port: None
+            }
+        );
+        assert_eq!(
+            role(br#"{"url":"http://x:1","worker_type":"decode"}"#),
+            WorkerRole::Decode
+        );
+        let added = parse_add_worker(br#"{"url":"http://x:1","bootstrap_port":null}"#).unwrap();
+        assert!(added.not_applied.is_empty());
+    }
+
+    #[test]
     fn worker_list_renders() {
         let models = crate::workers::catalog::parse_models(br#"{"data":[{"id":"m"}]}"#).unwrap();
         let load = LoadReport {
@@ -606,6 +671,9 @@ mod tests {
         let views = [WorkerReport {
             id: WorkerId(4),
             url: "http://127.0.0.1:9",
+            role: WorkerRole::Prefill {
+                bootstrap_port: Some(8998),
+            },
             healthy: false,
             breaker: BreakerState::Open,
             draining: true,
@@ -617,6 +685,8 @@ mod tests {
         assert_eq!(v["total"], 1);
         assert_eq!(v["workers"][0]["id"], 4);
         assert_eq!(v["workers"][0]["circuit_breaker"], "open");
+        assert_eq!(v["workers"][0]["worker_type"], "prefill");
+        assert_eq!(v["workers"][0]["bootstrap_port"], 8998);
         assert_eq!(v["workers"][0]["in_flight"], 3);
         assert_eq!(v["workers"][0]["models"][0], "m");
         assert_eq!(v["workers"][0]["load"]["waiting_requests"], 1);

@@ -1,7 +1,8 @@
 //! Workers as the domain sees them, free of I/O: the published worker table and its signals,
 //! and the rules the control core applies to what it observes.
 //!
-//! - `spec`: the one worker-URL parser and [`spec::WorkerSpec`].
+//! - `spec`: the one worker-URL parser and [`spec::WorkerSpec`]; `role`: a worker's part in
+//!   prefill/decode disaggregation ([`role::WorkerRole`]).
 //! - `table`: the worker table data cores read lock-free (roster, health, in-flight and token
 //!   credits); `signals`: a slot's circuit, overload, drain and load signals.
 //! - `breaker`: the circuit breaker; `health`: health-check thresholds; `load`: load reports and
@@ -18,6 +19,7 @@ pub mod discovery;
 pub mod health;
 pub mod load;
 pub mod retry;
+pub mod role;
 pub mod settings;
 pub mod signals;
 pub mod spec;

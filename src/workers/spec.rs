@@ -10,6 +10,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
+use super::role::WorkerRole;
 use crate::error::FlagError;
 use crate::limits::KV_EVENTS_DP_RANKS_MAX;
 
@@ -248,6 +249,8 @@ pub struct WorkerSpec {
     pub kv_events: KvEventsSource,
     /// How the gateway talks to it (its URL's scheme).
     pub protocol: WorkerProtocol,
+    /// Regular, or its side of a prefill/decode pair (`--prefill`, `--decode`, `worker_type`).
+    pub role: WorkerRole,
 }
 
 impl WorkerSpec {
@@ -261,6 +264,7 @@ impl WorkerSpec {
             authority: parsed.authority,
             kv_events: KvEventsSource::Discover,
             protocol: parsed.protocol,
+            role: WorkerRole::Regular,
         })
     }
 

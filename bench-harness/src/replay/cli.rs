@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use super::compare::{validate_policies, CompareOptions};
+use super::compare::{validate_policies, CompareOptions, PdFleet};
 use super::form::{CapturedModel, FormOptions, RequestForm, TenantOptions};
 use super::limits::CONCURRENCY_MAX;
 use super::pacing::Pacing;
@@ -66,6 +66,11 @@ pub struct CompareArgs {
     /// Simulated engines per fleet.
     #[arg(long, default_value_t = 4)]
     pub engines: u16,
+    /// Run each policy on a prefill/decode fleet of P prefill and D decode engines (e.g. 2:2),
+    /// kvgate --pd-disaggregation with the policy on the prefill side; the hit rate is the
+    /// prefill engines'. Replaces --engines.
+    #[arg(long, value_name = "P:D")]
+    pub pd: Option<String>,
     /// The sim-engine binary (default: next to this executable).
     #[arg(long)]
     pub sim_engine: Option<PathBuf>,
@@ -482,6 +487,7 @@ impl CompareArgs {
         Ok(CompareOptions {
             policies: self.policies.clone(),
             engines: self.engines,
+            pd: self.pd.as_deref().map(PdFleet::parse).transpose()?,
             sim_engine: binary(&self.sim_engine, "sim-engine")?,
             kvgate: binary(&self.kvgate, "kvgate")?,
             sim_args: self.sim_flags(),

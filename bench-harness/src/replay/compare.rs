@@ -5,6 +5,13 @@
 //! answer `/health`, replays, and stops both. The processes are [`Children`]: killed when
 //! dropped, so an error, a panic or Ctrl-C (which makes the replay return early) never leaves
 //! them running. Ports, logs and waits are [`crate::fleet`]'s.
+//!
+//! With `--pd P:D` each policy runs on a prefill/decode fleet instead ([`PdFleet`]): P
+//! `sim-engine --role prefill` engines and D `--role decode` ones, and `kvgate
+//! --pd-disaggregation` with the policy on the prefill side (`--prefill-policy`; the decode side
+//! keeps `--policy`'s default, cache_aware, which without an index places by expected wait). The
+//! decode engines report the prefill engines' cached tokens, so the hit rate is the prefill
+//! side's; `direct` has no meaning there and is refused.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -62,11 +69,39 @@ fn policy_flags(policy: &str) -> Vec<&str> {
 /// Tries to start a fleet and its gateway before giving up.
 const STARTUP_ATTEMPTS: u32 = 3;
 
+/// A prefill/decode fleet (`--pd P:D`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PdFleet {
+    pub prefill: u16,
+    pub decode: u16,
+}
+
+impl PdFleet {
+    /// `P:D`, each 1 to `FLEET_ENGINES_MAX`.
+    pub fn parse(text: &str) -> Result<PdFleet, String> {
+        let bad =
+            || format!("--pd {text:?}: expected P:D, e.g. 2:2 (1 to {FLEET_ENGINES_MAX} each)");
+        let (p, d) = text.split_once(':').ok_or_else(bad)?;
+        let count = |n: &str| {
+            n.parse::<u16>()
+                .ok()
+                .filter(|n| (1..=FLEET_ENGINES_MAX).contains(n))
+                .ok_or_else(bad)
+        };
+        Ok(PdFleet {
+            prefill: count(p)?,
+            decode: count(d)?,
+        })
+    }
+}
+
 /// Settings of a comparison.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompareOptions {
     pub policies: Vec<String>,
     pub engines: u16,
+    /// A prefill/decode fleet instead of `engines` regular ones.
+    pub pd: Option<PdFleet>,
     pub sim_engine: PathBuf,
     pub kvgate: PathBuf,
     /// Extra flags for every `sim-engine` (e.g. `--kv-capacity-tokens=...`).
@@ -104,6 +139,11 @@ pub fn validate_policies(policies: &[String]) -> Result<(), String> {
 /// that both binaries are there.
 pub fn validate(options: &CompareOptions) -> Result<(), String> {
     validate_policies(&options.policies)?;
+    if options.pd.is_some() && options.policies.iter().any(|p| p == DIRECT) {
+        return Err(
+            "--policies: direct needs a gateway-free fleet; it has no meaning with --pd".into(),
+        );
+    }
     if options.engines == 0 || options.engines > FLEET_ENGINES_MAX {
         return Err(format!(
             "--engines must be between 1 and {FLEET_ENGINES_MAX}"
@@ -184,6 +224,14 @@ async fn start_with_retries(
     for attempt in 1..=STARTUP_ATTEMPTS {
         let mut fleet = Children::default();
         let started = async {
+            if let Some(pd) = options.pd {
+                let (decode, prefill_flags) =
+                    start_pd_engines(options, pd, policy, &mut fleet, stop.clone()).await?;
+                let gateway =
+                    start_gateway(options, policy, &prefill_flags, &mut fleet, stop.clone())
+                        .await?;
+                return Ok((decode, gateway));
+            }
             let workers = start_engines(options, policy, &mut fleet, stop.clone()).await?;
             if policy == DIRECT {
                 return Ok((workers.clone(), (workers.join(","), None)));
@@ -256,14 +304,21 @@ async fn start_gateway(
     let mut gateway = Command::new(&options.kvgate);
     let (port_text, metrics_text) = (port.to_string(), metrics_port.to_string());
     gateway.args(["--host", "127.0.0.1", "--port", &port_text]);
-    gateway.args(policy_flags(policy));
+    match options.pd {
+        // `workers` are the PD flags; the policy picks the prefill side.
+        Some(_) => gateway.args(pd_policy_flags(policy)),
+        None => gateway.args(policy_flags(policy)),
+    };
     gateway.args([
         "--prometheus-host",
         "127.0.0.1",
         "--prometheus-port",
         &metrics_text,
     ]);
-    gateway.arg("--worker-urls").args(workers);
+    match options.pd {
+        Some(_) => gateway.args(workers),
+        None => gateway.arg("--worker-urls").args(workers),
+    };
     gateway.args(&options.gateway_args);
     let log = options
         .log_dir
@@ -274,6 +329,62 @@ async fn start_gateway(
         .wait_until_healthy(addr, STARTUP_TIMEOUT, stop)
         .await?;
     Ok((format!("http://127.0.0.1:{port}"), pid))
+}
+
+/// The gateway flags that run one entry of `--policies` on the prefill side of a PD fleet.
+fn pd_policy_flags(policy: &str) -> Vec<&str> {
+    let mut flags = policy_flags(policy);
+    if let Some(flag) = flags.iter_mut().find(|f| **f == "--policy") {
+        *flag = "--prefill-policy";
+    }
+    flags.insert(0, "--pd-disaggregation");
+    flags
+}
+
+/// Starts the prefill and the decode fleet of `pd` (one `sim-engine` process each) and waits
+/// until every engine answers; returns the decode URLs (the answers come from them) and the
+/// gateway's `--prefill URL PORT` and `--decode URL` flags (each prefill engine's bootstrap
+/// server is its own HTTP port).
+async fn start_pd_engines(
+    options: &CompareOptions,
+    pd: PdFleet,
+    policy: &str,
+    fleet: &mut Children,
+    stop: watch::Receiver<bool>,
+) -> Result<(Vec<String>, Vec<String>), String> {
+    let ports = free_port_blocks(&[pd.prefill, pd.decode])?;
+    let mut flags = Vec::new();
+    let mut decode_urls = Vec::new();
+    for ((role, engines), base_port) in [("prefill", pd.prefill), ("decode", pd.decode)]
+        .into_iter()
+        .zip(ports)
+    {
+        let mut sim = Command::new(&options.sim_engine);
+        let (count, base) = (engines.to_string(), base_port.to_string());
+        sim.args(["--engines", &count, "--base-port", &base, "--role", role]);
+        sim.args(&options.sim_args);
+        let log = options.log_dir.join(format!(
+            "{}-sim-engine-{role}.log",
+            policy.replace(':', "-")
+        ));
+        fleet.start("sim-engine", sim, &log)?;
+        for i in 0..engines {
+            let port = base_port + i;
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            fleet
+                .wait_until_healthy(addr, STARTUP_TIMEOUT, stop.clone())
+                .await?;
+            let url = format!("http://127.0.0.1:{port}");
+            match role {
+                "prefill" => flags.extend(["--prefill".to_string(), url, port.to_string()]),
+                _ => {
+                    flags.extend(["--decode".to_string(), url.clone()]);
+                    decode_urls.push(url);
+                }
+            }
+        }
+    }
+    Ok((decode_urls, flags))
 }
 
 #[cfg(test)]
@@ -298,5 +409,33 @@ mod tests {
             ["--policy", "cache_aware", "--load-aware-affinity"]
         );
         assert_eq!(policy_flags(CACHE_AWARE_KV), ["--policy", "cache_aware"]);
+    }
+
+    #[test]
+    fn a_pd_fleet_is_p_colon_d_and_its_policy_picks_the_prefill_side() {
+        assert_eq!(
+            PdFleet::parse("2:3"),
+            Ok(PdFleet {
+                prefill: 2,
+                decode: 3
+            })
+        );
+        for bad in ["2", "0:1", "1:x", "2:2:2", ""] {
+            assert!(PdFleet::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            pd_policy_flags(CACHE_AWARE_HASH),
+            [
+                "--pd-disaggregation",
+                "--prefill-policy",
+                "cache_aware",
+                "--cache-index",
+                "hash"
+            ]
+        );
+        assert_eq!(
+            pd_policy_flags("round_robin"),
+            ["--pd-disaggregation", "--prefill-policy", "round_robin"]
+        );
     }
 }

@@ -46,6 +46,9 @@ pub struct ParsedRequest {
     pub namespace: u64,
     /// The `model` field, if any (echoed back; the engine serves one model).
     pub model: Option<String>,
+    /// SGLang's `return_logprob` (on `/generate`): the answer's `meta_info` carries
+    /// `input_token_logprobs`.
+    pub return_logprob: bool,
 }
 
 impl ParsedRequest {
@@ -106,6 +109,8 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<ParsedRequest, A
             .get("model")
             .and_then(Value::as_str)
             .map(str::to_string),
+        return_logprob: endpoint == Endpoint::Generate
+            && value.get("return_logprob").and_then(Value::as_bool) == Some(true),
     })
 }
 
@@ -208,6 +213,9 @@ pub struct ResponseContext {
     /// Simulated seconds from arrival to the last token.
     pub e2e_latency_s: f64,
     pub output_seed: u64,
+    /// Prompt tokens whose logprobs `meta_info.input_token_logprobs` lists (`None`: no such
+    /// field). A decode engine of a disaggregated pair lists none: the prefill computed them.
+    pub input_logprobs: Option<u32>,
 }
 
 impl ResponseContext {
@@ -234,14 +242,22 @@ impl ResponseContext {
         } else {
             Value::Null
         };
-        json!({
+        let mut meta = json!({
             "id": self.id,
             "finish_reason": finish,
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
             "e2e_latency": self.e2e_latency_s,
-        })
+        });
+        if let Some(count) = self.input_logprobs {
+            // [logprob, token position, text]: deterministic values a merge can be checked by.
+            let listed: Vec<Value> = (0..count)
+                .map(|i| json!([-f64::from(i + 1) / 100.0, i, null]))
+                .collect();
+            meta["input_token_logprobs"] = Value::Array(listed);
+        }
+        meta
     }
 }
 
@@ -504,6 +520,7 @@ mod tests {
             hit_length_limit: true,
             e2e_latency_s: 0.5,
             output_seed: 3,
+            input_logprobs: None,
         }
     }
 

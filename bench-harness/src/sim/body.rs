@@ -68,6 +68,9 @@ pub struct TokenStream {
     pub arrival_us: u64,
     /// Drop the connection after this many chunks (`drop_mid_stream` fault).
     pub fail_after: Option<usize>,
+    /// The cached tokens to report instead of the engine's own (a decode engine reports its
+    /// prefill engine's: the prompt came from that cache).
+    pub reported_cached: Option<u32>,
     pub chunks_sent: usize,
     pub done: bool,
     pub drop: DropAfterFlush,
@@ -132,7 +135,7 @@ impl TokenStream {
 
     fn render(&mut self, emit: Emit, out: &mut String) {
         self.context.completion_tokens = emit.completion_tokens;
-        self.context.cached_tokens = emit.cached_tokens;
+        self.context.cached_tokens = self.reported_cached.unwrap_or(emit.cached_tokens);
         self.context.prompt_tokens = emit.prompt_tokens;
         self.context.e2e_latency_s = emit.at_us.saturating_sub(self.arrival_us) as f64 / 1e6;
         self.done = emit.finished;

@@ -86,6 +86,9 @@ pub struct SimRequest {
     pub max_new_tokens: u32,
     /// Seed of the deterministic output tokens (`sim::output`).
     pub output_seed: u64,
+    /// The prompt's KV cache came from a prefill engine (a decode engine's request): its pages
+    /// are reserved at admission but nothing of it is computed.
+    pub prefilled: bool,
 }
 
 /// Why a request was refused.
@@ -543,7 +546,10 @@ impl Engine {
             }
             let prompt_len = front.request.tokens.len();
             let matched_pages = self.cacheable_pages(&front.keys, prompt_len);
-            let uncached = (prompt_len - matched_pages * page_size) as u64;
+            let uncached = match front.request.prefilled {
+                true => 0,
+                false => (prompt_len - matched_pages * page_size) as u64,
+            };
             let fits = uncached <= budget;
             if !batch.is_empty() && (budget == 0 || (!chunking && !fits)) {
                 break;

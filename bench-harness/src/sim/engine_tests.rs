@@ -18,6 +18,7 @@ fn request(first_token: u32, prompt_len: u32, max_new_tokens: u32) -> SimRequest
         tokens: (first_token..first_token + prompt_len).collect(),
         max_new_tokens,
         output_seed: u64::from(first_token),
+        prefilled: false,
     }
 }
 

@@ -374,6 +374,7 @@ async fn generate(
             .unwrap_or(server.options.default_max_tokens)
             .max(1),
         output_seed,
+        prefilled: false,
     };
     let (guard, mut receiver) = match engine.submit(request) {
         Ok(submitted) => submitted,

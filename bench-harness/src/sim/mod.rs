@@ -10,12 +10,15 @@
 //! - [`kv_events`], [`publisher`]: the engines' KV events (vLLM / SGLang msgpack batches) on ZMQ
 //!   PUB and replay ROUTER sockets, fed from the cache's event log (`cache::CacheEvent`).
 //! - [`grpc`]: the engines' gRPC services (`--grpc sglang|vllm`) over the same engine model;
+//! - [`disagg`]: `--role prefill|decode`, SGLang's bootstrap and vLLM's `kv_transfer_params`
+//!   handshakes with a simulated KV-cache transfer.
 //! - [`faults`]: injected failures; [`instant`]: the `--instant` answer cache; [`server`]: the hyper servers; [`options`]: the CLI.
 
 pub mod api;
 pub mod body;
 pub mod cache;
 pub mod cost;
+pub mod disagg;
 pub mod driver;
 pub mod engine;
 pub mod faults;

@@ -6,6 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use clap::Parser;
 
 use super::cost::CostModel;
+use super::disagg::{DisaggOptions, SimRole};
 use super::engine::{EngineConfig, MAX_WAITING_REQUESTS_DEFAULT};
 use super::faults::Faults;
 use super::kv_events::KvEventsFormat;
@@ -155,6 +156,17 @@ pub struct SimArgs {
     /// per engine whatever this says.
     #[arg(long, default_value_t = KV_EVENTS_REPLAY_BUFFER_DEFAULT, requires = "kv_events_base_port")]
     pub kv_events_replay_buffer: usize,
+    /// The engines' part in prefill/decode disaggregation: regular (whole requests), prefill
+    /// (the prompt, then a simulated KV-cache transfer) or decode (waits for the transfer named
+    /// by bootstrap_room or kv_transfer_params, then generates). See sim::disagg.
+    #[arg(long, value_enum, default_value_t = SimRole::Regular, conflicts_with = "instant")]
+    pub role: SimRole,
+    /// KV-cache transfer speed of a prefill engine, prompt tokens per simulated second.
+    #[arg(long, default_value_t = 200_000.0)]
+    pub transfer_tokens_per_s: f64,
+    /// How long a decode engine waits for its KV cache before failing the request (real ms).
+    #[arg(long, default_value_t = 30_000)]
+    pub transfer_timeout_ms: u64,
     /// Serve SMG's gRPC protocol of this engine (`sglang`: `SglangScheduler`, `vllm`:
     /// `VllmEngine`) on the engine ports instead of HTTP (`sim::grpc`).
     #[arg(long, value_enum, conflicts_with = "instant")]
@@ -216,6 +228,8 @@ pub struct Options {
     /// `Some`: the engines speak this gRPC protocol instead of HTTP, announcing this many
     /// concurrent streams per connection.
     pub grpc: Option<(GrpcProtocol, u32)>,
+    /// Role and KV-cache transfer settings.
+    pub disagg: DisaggOptions,
 }
 
 impl SimArgs {
@@ -265,6 +279,18 @@ impl SimArgs {
         }
         self.validate_costs()?;
         let kv_events = self.validate_kv_events()?;
+        if !(self.transfer_tokens_per_s.is_finite() && self.transfer_tokens_per_s > 0.0) {
+            return Err(format!(
+                "--transfer-tokens-per-s must be a positive number, got {}",
+                self.transfer_tokens_per_s
+            ));
+        }
+        if self.transfer_timeout_ms == 0 || self.transfer_timeout_ms > 3_600_000 {
+            return Err(format!(
+                "--transfer-timeout-ms must be within 1..=3600000, got {}",
+                self.transfer_timeout_ms
+            ));
+        }
         Ok(Options {
             engines: self.engines,
             base_port: self.base_port,
@@ -291,6 +317,11 @@ impl SimArgs {
             grpc: self
                 .grpc
                 .map(|protocol| (protocol, self.grpc_max_concurrent_streams.max(1))),
+            disagg: DisaggOptions {
+                role: self.role,
+                transfer_tokens_per_s: self.transfer_tokens_per_s,
+                transfer_timeout: std::time::Duration::from_millis(self.transfer_timeout_ms),
+            },
         })
     }
 

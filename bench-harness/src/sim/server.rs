@@ -33,6 +33,9 @@ use super::api::{
     error_body, full_body, parse_request, stream_chunk, Endpoint, ParsedRequest, ResponseContext,
 };
 use super::body::{DropAfterFlush, SimBody, TokenStream};
+use super::disagg::{
+    fetch_transfer, transfer_query, transfer_time, Handoff, SimRole, Transfer, Transfers,
+};
 use super::driver::{EngineHandle, SimClock};
 use super::engine::{Engine, LoadSnapshot, SimRequest, SubmitError};
 use super::faults::Faults;
@@ -61,6 +64,8 @@ pub struct EngineServer {
     connections_open: AtomicU64,
     requests_total: AtomicU64,
     instant: InstantCache,
+    /// As a prefill engine: the rooms whose KV cache it has transferred.
+    transfers: Arc<Transfers>,
 }
 
 type HttpResponse = Response<SimBody>;
@@ -115,6 +120,7 @@ pub async fn bind_fleet(options: Options) -> Result<Vec<(TcpListener, Arc<Engine
             connections_open: AtomicU64::new(0),
             requests_total: AtomicU64::new(0),
             instant: InstantCache::default(),
+            transfers: Arc::new(Transfers::default()),
         };
         fleet.push((listener, Arc::new(server)));
     }
@@ -248,7 +254,9 @@ impl EngineServer {
             ),
             ("GET", "/server_info") => json_response(StatusCode::OK, &self.server_info()),
             ("GET", "/v1/loads") => {
-                json_response(StatusCode::OK, &loads_json(&self.loads(), self.now_s()))
+                let mut loads = loads_json(&self.loads(), self.now_s());
+                loads["disaggregation_mode"] = self.options.disagg.role.mode_json();
+                json_response(StatusCode::OK, &loads)
             }
             ("GET", "/metrics") => self.metrics(),
             ("POST", "/flush_cache") | ("GET", "/flush_cache") => {
@@ -302,6 +310,7 @@ impl EngineServer {
             "chunked_prefill_size": options.engine.chunked_prefill_size,
             "disable_radix_cache": options.instant,
             "kv_events_config": kv_events_config,
+            "disaggregation_mode": options.disagg.role.mode_json(),
             "version": concat!("sim-engine ", env!("CARGO_PKG_VERSION")),
         })
     }
@@ -420,7 +429,16 @@ impl EngineServer {
             return response;
         }
         match &self.engine {
-            Some(engine) => self.simulate(engine, endpoint, parsed, fail_after).await,
+            Some(engine) if self.options.disagg.role != SimRole::Regular => {
+                self.serve_disaggregated(engine, endpoint, &body, parsed, fail_after)
+                    .await
+            }
+            Some(engine) => {
+                let logprobs = parsed.return_logprob.then_some(parsed.tokens.len() as u32);
+                let prefilled = Prefilled::No { logprobs };
+                self.simulate(engine, endpoint, parsed, fail_after, prefilled)
+                    .await
+            }
             None => {
                 let answer = self.answer_instantly(endpoint, &parsed, body_hash);
                 self.instant.insert(endpoint, body_hash, &answer);
@@ -464,6 +482,7 @@ impl EngineServer {
             hit_length_limit: parsed.max_new_tokens.is_some(),
             e2e_latency_s: 0.0,
             output_seed: parsed.output_seed(),
+            input_logprobs: None,
         }
     }
 
@@ -480,18 +499,25 @@ impl EngineServer {
         endpoint: Endpoint,
         parsed: ParsedRequest,
         fail_after: Option<usize>,
+        prefilled: Prefilled,
     ) -> HttpResponse {
+        let (logprobs, received, reported_cached) = match prefilled {
+            Prefilled::No { logprobs } => (logprobs, false, None),
+            Prefilled::Received { logprobs, cached } => (logprobs, true, Some(cached)),
+        };
         let request = SimRequest {
             namespace: parsed.namespace,
             tokens: parsed.tokens.clone(),
             max_new_tokens: self.max_new_tokens(&parsed),
             output_seed: parsed.output_seed(),
+            prefilled: received,
         };
         let (guard, mut receiver) = match engine.submit(request) {
             Ok(submitted) => submitted,
             Err(error) => return submit_error_response(&error),
         };
         let mut context = self.context(&parsed, guard.id());
+        context.input_logprobs = logprobs;
         let arrival_us = guard.arrival_us();
         if parsed.stream {
             let stream = TokenStream {
@@ -501,6 +527,7 @@ impl EngineServer {
                 context,
                 arrival_us,
                 fail_after,
+                reported_cached,
                 chunks_sent: 0,
                 done: false,
                 drop: DropAfterFlush::default(),
@@ -517,7 +544,7 @@ impl EngineServer {
             };
             if emit.finished {
                 context.completion_tokens = emit.completion_tokens;
-                context.cached_tokens = emit.cached_tokens;
+                context.cached_tokens = reported_cached.unwrap_or(emit.cached_tokens);
                 context.e2e_latency_s = emit.at_us.saturating_sub(arrival_us) as f64 / 1e6;
                 break;
             }
@@ -556,6 +583,26 @@ impl EngineServer {
         request: Request<Incoming>,
     ) -> HttpResponse {
         match (method.as_str(), path) {
+            ("GET", "/sim/transfer") => {
+                let query = request.uri().query().and_then(transfer_query);
+                let Some((room, wait)) = query else {
+                    return error_response(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "expected ?room=R&wait_ms=T",
+                    );
+                };
+                match self.transfers.wait(room, wait).await {
+                    Some(done) => json_response(
+                        StatusCode::OK,
+                        &json!({"room": room, "tokens": done.tokens, "cached": done.cached}),
+                    ),
+                    None => json_response(
+                        StatusCode::ACCEPTED,
+                        &json!({"room": room, "pending": true}),
+                    ),
+                }
+            }
             ("GET", "/sim/faults") => json_response(StatusCode::OK, &json!(*self.faults.borrow())),
             ("POST", "/sim/faults") => {
                 let body = match Self::read_body(request).await {
@@ -695,5 +742,195 @@ fn submit_error_response(error: &SubmitError) -> HttpResponse {
             let message = format!("the request queue is full ({max_waiting_requests} waiting)");
             error_response(StatusCode::SERVICE_UNAVAILABLE, "queue_full", &message)
         }
+    }
+}
+
+/// Whether a request's prompt is computed here or arrived as a transferred KV cache, and how
+/// many input logprobs its answer lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Prefilled {
+    /// Computed here (a regular or a prefill engine).
+    No { logprobs: Option<u32> },
+    /// Received from a prefill engine (a decode engine), which found `cached` of its tokens
+    /// in its prefix cache: the answer reports those.
+    Received { logprobs: Option<u32>, cached: u32 },
+}
+
+/// What a prefill engine does once its token is out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AfterPrefill {
+    /// SGLang: transfer to the rooms, then answer.
+    TransferThenAnswer(Vec<u64>),
+    /// vLLM: answer with `kv_transfer_params` naming this engine; the transfer follows.
+    AnswerThenTransfer,
+}
+
+impl EngineServer {
+    /// A request to a prefill or decode engine (see `sim::disagg`).
+    async fn serve_disaggregated(
+        &self,
+        engine: &EngineHandle,
+        endpoint: Endpoint,
+        body: &[u8],
+        parsed: ParsedRequest,
+        fail_after: Option<usize>,
+    ) -> HttpResponse {
+        let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let handoff = match Handoff::of(&value) {
+            Ok(handoff) => handoff,
+            Err(why) => {
+                return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &why)
+            }
+        };
+        let role = self.options.disagg.role;
+        match (role, handoff) {
+            (SimRole::Prefill, Handoff::Bootstrap { rooms, .. }) => {
+                let after = AfterPrefill::TransferThenAnswer(rooms);
+                self.prefill(engine, endpoint, parsed, after).await
+            }
+            (SimRole::Prefill, Handoff::RemoteDecode) => {
+                let after = AfterPrefill::AnswerThenTransfer;
+                self.prefill(engine, endpoint, parsed, after).await
+            }
+            (SimRole::Decode, Handoff::Bootstrap { host, port, rooms }) => {
+                let received = self.receive(&host, port, &rooms).await;
+                self.decode(engine, endpoint, parsed, fail_after, received)
+                    .await
+            }
+            (
+                SimRole::Decode,
+                Handoff::RemotePrefill {
+                    host,
+                    port,
+                    request_id,
+                },
+            ) => {
+                let received = self.receive(&host, port, &[request_id]).await;
+                self.decode(engine, endpoint, parsed, fail_after, received)
+                    .await
+            }
+            (role, _) => {
+                let message = format!(
+                    "a {} engine needs bootstrap_host/bootstrap_port/bootstrap_room (SGLang) or \
+                     kv_transfer_params (vLLM) for its side of the transfer",
+                    role.mode_json().as_str().unwrap_or("regular")
+                );
+                error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message)
+            }
+        }
+    }
+
+    /// Waits for every room's transfer from the prefill engine at `host:port`; the first
+    /// room's, or SGLang's error once one never comes.
+    async fn receive(&self, host: &str, port: u16, rooms: &[u64]) -> Result<Transfer, String> {
+        let timeout = self.options.disagg.transfer_timeout;
+        let mut first = None;
+        for room in rooms {
+            let done = fetch_transfer(host, port, *room, timeout).await?;
+            first = first.or(Some(done));
+        }
+        Ok(first.unwrap_or_default())
+    }
+
+    /// A decode engine's request once its transfer is in (`received`): decoded with the
+    /// prompt's KV cache received, not computed.
+    async fn decode(
+        &self,
+        engine: &EngineHandle,
+        endpoint: Endpoint,
+        parsed: ParsedRequest,
+        fail_after: Option<usize>,
+        received: Result<Transfer, String>,
+    ) -> HttpResponse {
+        let done = match received {
+            Ok(done) => done,
+            Err(why) => {
+                return error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", &why)
+            }
+        };
+        let prefilled = Prefilled::Received {
+            logprobs: parsed.return_logprob.then_some(0),
+            cached: done.cached,
+        };
+        self.simulate(engine, endpoint, parsed, fail_after, prefilled)
+            .await
+    }
+
+    /// A prefill engine's request: the prompt against its prefix cache, one output token, the
+    /// transfer, and a whole (non-streaming) answer.
+    async fn prefill(
+        &self,
+        engine: &EngineHandle,
+        endpoint: Endpoint,
+        parsed: ParsedRequest,
+        after: AfterPrefill,
+    ) -> HttpResponse {
+        let prompt_tokens = parsed.tokens.len() as u32;
+        let request = SimRequest {
+            namespace: parsed.namespace,
+            tokens: parsed.tokens.clone(),
+            max_new_tokens: 1,
+            output_seed: parsed.output_seed(),
+            prefilled: false,
+        };
+        let (guard, mut receiver) = match engine.submit(request) {
+            Ok(submitted) => submitted,
+            Err(error) => return submit_error_response(&error),
+        };
+        let mut context = self.context(&parsed, guard.id());
+        context.input_logprobs = parsed.return_logprob.then_some(prompt_tokens);
+        let arrival_us = guard.arrival_us();
+        loop {
+            let Some(emit) = receiver.recv().await else {
+                return error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal_error",
+                    "request cancelled",
+                );
+            };
+            if emit.finished {
+                context.completion_tokens = emit.completion_tokens;
+                context.cached_tokens = emit.cached_tokens;
+                context.e2e_latency_s = emit.at_us.saturating_sub(arrival_us) as f64 / 1e6;
+                break;
+            }
+        }
+        drop(guard);
+        let transfer = transfer_time(prompt_tokens, &self.options.disagg, self.options.speedup);
+        let mut body = full_body(endpoint, &context);
+        match after {
+            AfterPrefill::TransferThenAnswer(rooms) => {
+                tokio::time::sleep(transfer).await;
+                let done = Transfer {
+                    tokens: prompt_tokens,
+                    cached: context.cached_tokens,
+                };
+                for room in rooms {
+                    self.transfers.complete(room, done);
+                }
+            }
+            AfterPrefill::AnswerThenTransfer => {
+                let request_id = xxh3_64(context.id.as_bytes()) & (i64::MAX as u64);
+                body["kv_transfer_params"] = json!({
+                    "do_remote_prefill": true,
+                    "do_remote_decode": false,
+                    "remote_engine_id": format!("sim-{}", self.index),
+                    "remote_block_ids": (0..prompt_tokens.div_ceil(self.options.engine.page_size as u32)).collect::<Vec<u32>>(),
+                    "remote_host": self.options.host.to_string(),
+                    "remote_port": self.port,
+                    "remote_request_id": request_id,
+                });
+                let transfers = Arc::clone(&self.transfers);
+                let done = Transfer {
+                    tokens: prompt_tokens,
+                    cached: context.cached_tokens,
+                };
+                tokio::spawn(async move {
+                    tokio::time::sleep(transfer).await;
+                    transfers.complete(request_id, done);
+                });
+            }
+        }
+        json_response(StatusCode::OK, &body)
     }
 }

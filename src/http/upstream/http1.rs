@@ -1,7 +1,8 @@
 //! The HTTP/1.1 upstream: the client's request forwarded on a pooled keep-alive connection
 //! (`http::pool`), the worker's response head rebuilt for the client and its body relayed as it
 //! arrives, framed by `net::body::BodyFramer` so the connection can be pooled again. Owns
-//! [`Http1Exchange`], the five steps of the seam for an HTTP/1.1 worker.
+//! [`Http1Exchange`], the five steps of the seam for an HTTP/1.1 worker, and the whole-answer
+//! read of a prefill/decode pair's prefill side (`read_whole`).
 //!
 //! The body goes through as the worker framed it (no copy: the client gets the bytes of the
 //! worker's read buffer), except for an HTTP/1.0 client of a chunked worker, which gets it
@@ -30,6 +31,7 @@ use crate::limits::{
 };
 use crate::metrics::Counter;
 use crate::net::body::BodyFramer;
+use crate::net::client::ClientResponse;
 use crate::net::codec::{
     self, Connection, DownstreamFraming, Framing, GatewayHeaders, ResponseHead,
 };
@@ -126,6 +128,113 @@ impl Http1Exchange {
         up.write_buf.clear();
         core.spare_buffers.borrow_mut().lend(&mut up.write_buf);
         Ok(())
+    }
+
+    /// Step 2 with a body of the gateway's own in place of the client's (a prefill/decode
+    /// pair's rewritten body): the client's rebuilt head with `body`'s length, then `body`.
+    pub(super) async fn forward_body(
+        &mut self,
+        core: &DataCore,
+        request: &Forwarded<'_>,
+        body: &[u8],
+        attempt: &Attempt<'_>,
+    ) -> Result<(), ProxyError> {
+        let up = &mut self.conn;
+        core.spare_buffers
+            .borrow_mut()
+            .borrow_into(&mut up.write_buf);
+        up.write_buf.clear();
+        codec::write_upstream_request_head_via(
+            &mut up.write_buf,
+            request.head,
+            request.read_buf,
+            &attempt.worker.spec.authority,
+            core.shared.config.via_pseudonym.as_str(),
+            upstream_request_id_line(request),
+            body.len(),
+        );
+        copy::extend_from_slice(&mut up.write_buf, body);
+        let (result, buf) = up
+            .socket
+            .write_all(std::mem::take(&mut up.write_buf), attempt.deadline)
+            .await;
+        up.write_buf = buf;
+        result.map_err(|e| upstream_io_error(e, "forward request"))?;
+        up.write_buf.clear();
+        core.spare_buffers.borrow_mut().lend(&mut up.write_buf);
+        Ok(())
+    }
+
+    /// Steps 3 and 4 for an answer the gateway reads rather than relays (a prefill/decode
+    /// pair's prefill side): the head and the whole de-chunked body, at most `body_max` bytes,
+    /// by `deadline`. It watches no client (the pair's relayed side does); the connection can
+    /// then be given back as after a relayed body.
+    pub(super) async fn read_whole(
+        &mut self,
+        method: Method,
+        deadline: Instant,
+        body_max: usize,
+    ) -> Result<ClientResponse, ProxyError> {
+        let up = &mut self.conn;
+        up.read_buf.clear();
+        let head = loop {
+            if let Some(head) = codec::parse_response_head(&up.read_buf, method)? {
+                if head.status >= 200 {
+                    break head;
+                }
+                // An interim 1xx answer: the final one follows it.
+                up.read_buf.drain(..head.head_len);
+                continue;
+            }
+            let buf = std::mem::take(&mut up.read_buf);
+            let (result, buf) = up
+                .socket
+                .read_more(buf, UPSTREAM_READ_BYTES, deadline)
+                .await;
+            up.read_buf = buf;
+            if result.map_err(|e| upstream_io_error(e, "read answer head"))? == 0 {
+                return Err(upstream_io_error(closed_early(), "read answer head"));
+            }
+        };
+        let too_large =
+            || ProxyError::upstream(ErrorKind::UpstreamMalformed, "answer over its cap");
+        if matches!(head.framing, Framing::Length(n) if n > body_max as u64) {
+            return Err(too_large());
+        }
+        self.body = BodyFramer::new(head.framing);
+        self.worker_keeps_connection = head.connection.is_kept();
+        let mut body = Vec::new();
+        let mut fed = head.head_len;
+        loop {
+            let available = &up.read_buf[fed..];
+            let consumed = self
+                .body
+                .advance(available, |data| copy::extend_from_slice(&mut body, data))?;
+            self.leftover |= consumed < available.len();
+            if body.len() > body_max {
+                return Err(too_large());
+            }
+            if self.body.is_done() {
+                break;
+            }
+            up.read_buf.clear();
+            fed = 0;
+            let buf = std::mem::take(&mut up.read_buf);
+            let (result, buf) = up
+                .socket
+                .read_more(buf, UPSTREAM_READ_BYTES, deadline)
+                .await;
+            up.read_buf = buf;
+            match result.map_err(|e| upstream_io_error(e, "read answer body"))? {
+                0 if self.body.ends_at_close() => break,
+                0 => return Err(upstream_io_error(closed_early(), "read answer body")),
+                _ => {}
+            }
+        }
+        Ok(ClientResponse {
+            status: head.status,
+            body,
+        })
     }
 
     /// Step 3: the worker's head (interim 1xx answers skipped), then, when it is relayed, the
@@ -290,6 +399,11 @@ fn advance(
             copy::extend_from_slice(decoded, data)
         }
     })
+}
+
+/// The worker closed before its answer ended.
+fn closed_early() -> std::io::Error {
+    std::io::Error::from(std::io::ErrorKind::UnexpectedEof)
 }
 
 fn upstream_io_error(error: std::io::Error, context: &'static str) -> ProxyError {

@@ -33,6 +33,9 @@
 
 mod grpc;
 mod http1;
+mod pd;
+
+pub use pd::proxy_pair;
 
 use std::time::Instant;
 
@@ -41,6 +44,7 @@ use super::downstream::{ClientSide, Forwarded};
 use crate::error::{ErrorKind, ProxyError};
 use crate::ids::WorkerId;
 use crate::limits::CLIENT_GONE_POLL_INTERVAL;
+use crate::net::client::ClientResponse;
 use crate::net::codec::{Connection, GatewayHeaders};
 use crate::net::socket::{Cut, Socket};
 use crate::request::Method;
@@ -258,6 +262,35 @@ impl Exchange {
         }
     }
 
+    /// Step 2 with the gateway's own `body` in place of the client's: a prefill/decode pair's
+    /// request, rewritten for the engines' handshake (`upstream::pd`).
+    pub async fn forward_body(
+        &mut self,
+        core: &DataCore,
+        request: &Forwarded<'_>,
+        body: &[u8],
+        attempt: &Attempt<'_>,
+    ) -> Result<(), ProxyError> {
+        match self {
+            Exchange::Http1(exchange) => exchange.forward_body(core, request, body, attempt).await,
+            Exchange::Grpc(_) => Err(http_only()),
+        }
+    }
+
+    /// Steps 3 and 4 for an answer read whole, never relayed (a prefill/decode pair's prefill
+    /// side): its status and de-chunked body, at most `body_max` bytes.
+    pub async fn read_whole(
+        &mut self,
+        method: Method,
+        deadline: Instant,
+        body_max: usize,
+    ) -> Result<ClientResponse, ProxyError> {
+        match self {
+            Exchange::Http1(exchange) => exchange.read_whole(method, deadline, body_max).await,
+            Exchange::Grpc(_) => Err(http_only()),
+        }
+    }
+
     /// Step 3: waits for the worker's answer (until `deadline`, the first byte's) and, when it
     /// is relayed, writes the client's response head into `client.write_buf`.
     pub async fn read_head(
@@ -320,4 +353,10 @@ impl Exchange {
             Exchange::Grpc(exchange) => exchange.give_back(core, worker),
         }
     }
+}
+
+/// A prefill/decode pair's step asked of a gRPC worker: pairs speak HTTP/1.1 only, and the
+/// configuration refuses `grpc://` prefill and decode workers, so this is never reached.
+fn http_only() -> ProxyError {
+    ProxyError::upstream(ErrorKind::UpstreamMalformed, "prefill/decode over gRPC")
 }
