@@ -1276,9 +1276,9 @@ mod tests {
                 "neither",
             ),
             (
-                &["--pd-disaggregation", "--prefill", "https://127.0.0.1:1"],
+                &["--pd-disaggregation", "--prefill", "grpc://127.0.0.1:1"],
                 "--prefill",
-                "http://",
+                "must be http:// or https://",
             ),
             (
                 &[
