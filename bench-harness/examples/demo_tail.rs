@@ -6,7 +6,8 @@
 //! and its end-to-end time, with each engine's steps (kind, batch, duration):
 //!
 //! ```text
-//! cargo run --release -p bench-harness --example demo_tail -- [REQUESTS] [--batch-cost US_PER_SEQ]
+//! cargo run --release -p bench-harness --example demo_tail -- [REQUESTS] [--seed N]
+//!     [--decode-pool-tokens N] [--prefill-constant-ms MS]
 //! ```
 //!
 //! It answered why cache_aware's E2E p99 and ITL p50 were worse than round robin's in the demo
@@ -76,7 +77,7 @@ fn request(n: u64, group: u64) -> SimRequest {
     }
 }
 
-fn run(routing: Routing, requests: u64, cost: CostModel) -> Figures {
+fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64) -> Figures {
     let config = EngineConfig {
         kv_capacity_tokens: KV_CAPACITY_TOKENS,
         cost,
@@ -91,7 +92,7 @@ fn run(routing: Routing, requests: u64, cost: CostModel) -> Figures {
     };
     let mut home: Vec<Option<usize>> = vec![None; GROUPS as usize];
     let mut in_flight: Vec<InFlight> = Vec::new();
-    let (mut sent, mut done, mut cursor, mut rng) = (0u64, 0u64, 0usize, 0x9e37_79b9u64);
+    let (mut sent, mut done, mut cursor, mut rng) = (0u64, 0u64, 0usize, 0x9e37_79b9u64 ^ seed);
     let mut now = 0u64;
     let mut send = |engines: &mut Vec<Engine>,
                     in_flight: &mut Vec<InFlight>,
@@ -230,11 +231,6 @@ fn percentile(values: &mut [u64], p: f64) -> f64 {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let requests = args.first().and_then(|a| a.parse().ok()).unwrap_or(1500);
-    let batch_cost_us = args
-        .iter()
-        .position(|a| a == "--batch-cost")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|a| a.parse::<f64>().ok());
     let flag = |name: &str| {
         args.iter()
             .position(|a| a == name)
@@ -242,18 +238,19 @@ fn main() {
             .and_then(|a| a.parse::<f64>().ok())
     };
     let mut cost = CostModel::default();
+    let seed = flag("--seed").map_or(0, |s| s as u64);
+    if let Some(tokens) = flag("--decode-pool-tokens") {
+        cost.decode_pool_tokens = tokens as u64;
+    }
     if let Some(ms) = flag("--prefill-constant-ms") {
         cost.prefill_constant_ms = ms;
-    }
-    if let Some(us) = batch_cost_us {
-        println!("(a decode step also costs {us} us per running request)");
     }
     println!(
         "{:12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  per engine: decode steps / mean batch / prefill steps",
         "routing", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "decode p99", "E2E p50", "E2E p99", "E2E max"
     );
     for routing in [Routing::RoundRobin, Routing::Affinity] {
-        let mut f = run(routing, requests, cost);
+        let mut f = run(routing, requests, cost, seed);
         let engines: Vec<String> = f
             .steps
             .iter()
@@ -263,7 +260,7 @@ fn main() {
             })
             .collect();
         println!(
-            "{:12} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}  routed {:?}",
+            "{:12} {:>9.1} {:>9.1} {:>9.2} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}  routed {:?}",
             format!("{routing:?}"),
             percentile(&mut f.ttft_us, 0.5),
             percentile(&mut f.ttft_us, 0.99),
