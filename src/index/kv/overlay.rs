@@ -28,6 +28,7 @@
 use std::collections::HashMap;
 
 use super::super::slots::{Probe, SlotTable};
+use super::{SLOTS_PER_BLOCKS_DEN, SLOTS_PER_BLOCKS_NUM};
 use crate::limits::{KV_INFLIGHT_BLOCKS_MAX, KV_INFLIGHT_CONFIRM_GRACE, KV_INFLIGHT_FLIGHTS_MAX};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -75,7 +76,8 @@ pub(super) struct Provisional {
 impl Provisional {
     pub(super) fn new(blocks_max: usize) -> Self {
         Provisional {
-            table: SlotTable::new(blocks_max * 3 / 2 + 1),
+            // Sized as the engines' table, for the same load and probe runs.
+            table: SlotTable::new(blocks_max * SLOTS_PER_BLOCKS_NUM / SLOTS_PER_BLOCKS_DEN + 1),
             live: AtomicU64::new(0),
         }
     }
