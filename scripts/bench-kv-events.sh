@@ -4,7 +4,8 @@
 # (`cache_aware:kv`: the simulated engines publish their caches' events and the gateway follows
 # them), each on a fresh fleet, with engine caches small enough that engines evict:
 #
-#   scripts/bench-kv-events.sh [OUT_DIR]    (about 30 minutes on 2 cores; default OUT_DIR
+#   scripts/bench-kv-events.sh [OUT_DIR] [all|evicting|overloaded]
+#                                           (about 30 minutes on 2 cores for all; default OUT_DIR
 #                                            target/bench-kv-events)
 #
 # Workloads (every request sent as `/generate` `input_ids`, so both modes route on tokens):
@@ -16,6 +17,12 @@
 #                  load (paced 20x faster, engines simulated 20x faster), 8 engines of 262,144
 #                  KV tokens each; once more with `--balance-abs-threshold 8` (the spill gate
 #                  opens at 8 requests over the mean instead of 64).
+#   overloaded     (issue 42) 16 groups x 2 conversations of 8 turns on 4,096-token system
+#                  prompts, 1,500 requests at 200 req/s on 8 real-time engines of 262,144 tokens:
+#                  more than the fleet serves, so a follow-up turn often arrives before its earlier
+#                  turn's prefill has been published. The tree (which records its own dispatches),
+#                  the KV-event index without its in-flight overlay (`cache_aware:kv:events-only`)
+#                  and with it (`cache_aware:kv`); its ceiling: one engine, unbounded, one at a time.
 # The ceiling of each finite-cache workload: the same requests, one at a time, on one engine
 # whose cache is the whole fleet's (4 x 8,192, 4 x 16,384, 8 x 262,144 tokens) or unbounded: no
 # router over the split caches can do better. The summary gives each mode's hit rate against
@@ -24,6 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/bench-kv-events}"
+which="${2:-all}"
 mkdir -p "$out"
 cargo build --release --workspace --bins
 source scripts/lib/replay-compare-run.sh
@@ -33,31 +41,45 @@ synthetic=(--synthetic --turns 4 --form generate-ids --max-requests 1500)
 mooncake=(--trace "$trace" --form generate-ids --max-requests 3000)
 unbounded=1000000000
 
-for cache in 8192 16384 "$unbounded"; do
-    name=$([ "$cache" = "$unbounded" ] && echo unbounded || echo "$((cache / 1024))k")
-    run "synth-$name" "${synthetic[@]}" --engines 4 --kv-capacity-tokens "$cache" \
-        --policies "$policies"
-    run "synth-$name-ceiling" "${synthetic[@]}" --concurrency 1 --engines 1 \
-        --kv-capacity-tokens "$([ "$cache" = "$unbounded" ] && echo "$cache" || echo $((4 * cache)))" \
-        --sim-speedup 1000 --policies round_robin
-done
-run mooncake-256k "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 8 \
-    --kv-capacity-tokens 262144 --policies "$policies"
-run mooncake-256k-abs8 "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 8 \
-    --kv-capacity-tokens 262144 --policies cache_aware,cache_aware:kv \
-    --gateway-arg=--balance-abs-threshold=8
-run mooncake-256k-ceiling "${mooncake[@]}" --concurrency 1 --engines 1 \
-    --kv-capacity-tokens $((8 * 262144)) --sim-speedup 1000 --policies round_robin
+overloaded=(--synthetic --groups 16 --prompts-per-group 2 --system-prompt-len 4096
+    --question-len 128 --output-len 64 --turns 8 --form generate-ids --max-requests 1500)
+
+if [[ "$which" == all || "$which" == overloaded ]]; then
+    run overloaded "${overloaded[@]}" --rate 200 --engines 8 --kv-capacity-tokens 262144 \
+        --sim-speedup 1 --policies cache_aware,cache_aware:kv:events-only,cache_aware:kv
+    run overloaded-ceiling "${overloaded[@]}" --concurrency 1 --engines 1 \
+        --kv-capacity-tokens "$unbounded" --sim-speedup 1000 --policies round_robin
+fi
+if [[ "$which" == all || "$which" == evicting ]]; then
+    for cache in 8192 16384 "$unbounded"; do
+        name=$([ "$cache" = "$unbounded" ] && echo unbounded || echo "$((cache / 1024))k")
+        run "synth-$name" "${synthetic[@]}" --engines 4 --kv-capacity-tokens "$cache" \
+            --policies "$policies"
+        run "synth-$name-ceiling" "${synthetic[@]}" --concurrency 1 --engines 1 \
+            --kv-capacity-tokens "$([ "$cache" = "$unbounded" ] && echo "$cache" || echo $((4 * cache)))" \
+            --sim-speedup 1000 --policies round_robin
+    done
+    run mooncake-256k "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 8 \
+        --kv-capacity-tokens 262144 --policies "$policies"
+    run mooncake-256k-abs8 "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 8 \
+        --kv-capacity-tokens 262144 --policies cache_aware,cache_aware:kv \
+        --gateway-arg=--balance-abs-threshold=8
+    run mooncake-256k-ceiling "${mooncake[@]}" --concurrency 1 --engines 1 \
+        --kv-capacity-tokens $((8 * 262144)) --sim-speedup 1000 --policies round_robin
+fi
 
 python3 - "$out" <<'EOF'
-import json, sys
+import json, os, sys
 out = sys.argv[1]
 def policies(name):
     return {p["label"]: p for p in json.load(open(f"{out}/{name}.json"))["policies"]}
-for name, ceiling in [("synth-8k", "synth-8k-ceiling"), ("synth-16k", "synth-16k-ceiling"),
+for name, ceiling in [("overloaded", "overloaded-ceiling"),
+                      ("synth-8k", "synth-8k-ceiling"), ("synth-16k", "synth-16k-ceiling"),
                       ("synth-unbounded", "synth-unbounded-ceiling"),
                       ("mooncake-256k", "mooncake-256k-ceiling"),
                       ("mooncake-256k-abs8", "mooncake-256k-ceiling")]:
+    if not os.path.exists(f"{out}/{name}.json"):
+        continue
     top = policies(ceiling)["round_robin"]["cache_hit_rate"]
     parts = []
     for label, p in policies(name).items():

@@ -3,8 +3,9 @@
 # prefix_hash and cache_aware's default (the benchmark of issue 24), each policy on a fresh fleet
 # of 8 simulated engines:
 #
-#   scripts/bench-load-aware.sh [OUT_DIR] [hot|routing|all]   (about 35 minutes on 2 cores for
-#                                                              all; default OUT_DIR
+#   scripts/bench-load-aware.sh [OUT_DIR] [hot|modes|routing|all]   (about 35 minutes on 2 cores
+#                                                              for hot and routing, 20 more for
+#                                                              modes; default OUT_DIR
 #                                                              target/bench-load-aware)
 #
 # POLICIES=a,b,... replaces the five policies (a rerun of two of them, for the run-to-run spread).
@@ -15,6 +16,11 @@
 #                384-token answers, 2,400 requests at R = 30, 40, 50 req/s (near the fleet's
 #                capacity), engines in real time with 1,048,576 KV tokens each. Its ceiling: the
 #                same requests one at a time on one engine with an unbounded cache.
+#   hot-spot-R-modes  (issue 42) the hot-spot workload sent as token IDs (`--form generate-ids`)
+#                at the same rates, --load-aware-affinity in all three index modes: the trees
+#                (`cache_aware:load`, token tree), the hash index (`cache_aware:hash:load`, heads at
+#                2,048 and 8,192 tokens) and the KV-event index (`cache_aware:kv:load`), against
+#                round robin; its ceiling is the text run's (the same tokens).
 #   shared-prefix, mooncake-1x, mooncake-6x   scripts/bench-routing.sh's workloads (their ceilings
 #                and floors are that script's).
 # Each run's table is kept in OUT_DIR/*.txt, its JSON report in OUT_DIR/*.json; the summary at
@@ -42,6 +48,16 @@ if [[ "$which" == hot || "$which" == all ]]; then
             --kv-capacity-tokens 1048576 --policies "$policies"
     done
 fi
+if [[ "$which" == modes || "$which" == all ]]; then
+    [[ -f "$out/hot-spot-ceiling.json" ]] || run hot-spot-ceiling "${hot[@]}" --concurrency 1 \
+        --engines 1 --kv-capacity-tokens 1000000000 --sim-speedup 1000 --policies round_robin
+    for rate in 30 40 50; do
+        run "hot-spot-$rate-modes" "${hot[@]}" --form generate-ids --rate "$rate" \
+            --sim-speedup 1 --engines 8 --kv-capacity-tokens 1048576 \
+            --gateway-arg=--cache-boundaries=2048,8192 \
+            --policies "${MODES_POLICIES:-round_robin,cache_aware:load,cache_aware:hash:load,cache_aware:kv:load}"
+    done
+fi
 if [[ "$which" == routing || "$which" == all ]]; then
     run shared-prefix "${synthetic[@]}" --rate 120 --engines 8 --kv-capacity-tokens 65536 \
         --sim-speedup 1 --policies "$policies"
@@ -58,17 +74,21 @@ def load(name):
     path = f"{out}/{name}.json"
     return {p["label"]: p for p in json.load(open(path))["policies"]} if os.path.exists(path) else None
 ceiling = load("hot-spot-ceiling")
-for name in ["hot-spot-30", "hot-spot-40", "hot-spot-50", "shared-prefix", "mooncake-1x", "mooncake-6x"]:
+names = ["hot-spot-30", "hot-spot-40", "hot-spot-50", "hot-spot-30-modes", "hot-spot-40-modes",
+         "hot-spot-50-modes", "shared-prefix", "mooncake-1x", "mooncake-6x"]
+for name in names:
     runs = load(name)
     if runs is None:
         continue
     print(f"{name}:")
+    rr = runs.get("round_robin")
     for label, p in runs.items():
         hit = p["cache_hit_rate"]
         of_ceiling = ""
         if ceiling and name.startswith("hot-spot"):
             of_ceiling = f" ({hit / ceiling['round_robin']['cache_hit_rate']:.2f} of ceiling)"
-        print(f"  {label:18} hit {hit:6.1%}{of_ceiling}  TTFT p99 {p['ttft_ms']['p99']:8.1f} ms"
-              f"  E2E p50 {p['e2e_ms']['p50']:8.1f}  p99 {p['e2e_ms']['p99']:8.1f} ms"
+        of_rr = f" ({p['e2e_ms']['p99'] / rr['e2e_ms']['p99']:.2f}x rr)" if rr else ""
+        print(f"  {label:22} hit {hit:6.1%}{of_ceiling}  TTFT p99 {p['ttft_ms']['p99']:8.1f} ms"
+              f"  E2E p50 {p['e2e_ms']['p50']:8.1f}  p99 {p['e2e_ms']['p99']:8.1f} ms{of_rr}"
               f"  imbalance {p['imbalance']:.2f}")
 PY

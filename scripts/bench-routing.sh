@@ -2,8 +2,9 @@
 # Routing quality of round_robin, least_load, prefix_hash and cache_aware on 8 simulated engines
 # with finite KV caches (the benchmark of issue 6), each policy on a fresh fleet:
 #
-#   scripts/bench-routing.sh [OUT_DIR]      (about 15 minutes on 2 cores; default OUT_DIR
-#                                            target/bench-routing)
+#   scripts/bench-routing.sh [OUT_DIR] [all|routing|demo]
+#                                           (about 15 minutes on 2 cores for routing, 10 for demo;
+#                                            default OUT_DIR target/bench-routing)
 #
 # Workloads (the flags are in the commands below; each run's table is kept in OUT_DIR/*.txt, its
 # JSON report in OUT_DIR/*.json):
@@ -15,6 +16,11 @@
 #                  the trace's own load (paced 20x faster, engines simulated 20x faster), 2,097,152
 #                  KV tokens per engine (an H200-class engine serving an 8B model).
 #   mooncake-6x    the same rows at six times the trace's load (paced 30x, engines 5x).
+#   demo-before-N, demo-after-N   (issue 42) `make demo`'s workload (replay compare's defaults:
+#                  1,500 requests, 32 groups of 2,048-token prompts, 8 in flight, 4 engines of 32,768
+#                  tokens at 5x), round robin and cache_aware in one run, three rounds each: before,
+#                  with sim-engine's decode priced over the engine's own cache as it was
+#                  (`--decode-pool-tokens 32768`), and after (over the published curve's pool).
 # For each workload the ceiling is measured too: the same requests, one at a time, on one engine
 # with an unbounded cache (what "the hit rate an unbounded cache would allow" means here). And
 # the TTFT floor: cache_aware on four times the engines (32) at the same load, where requests
@@ -26,6 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-target/bench-routing}"
+which="${2:-all}"
 mkdir -p "$out"
 cargo build --release --workspace --bins
 source scripts/lib/replay-compare-run.sh
@@ -35,30 +42,56 @@ synthetic=(--synthetic --groups 128 --prompts-per-group 8 --system-prompt-len 20
     --question-len 64 --output-len 16 --max-requests 6000)
 mooncake=(--trace "$trace" --max-requests 3000)
 
-run shared-prefix-ceiling "${synthetic[@]}" --concurrency 1 --engines 1 \
-    --kv-capacity-tokens 1000000000 --sim-speedup 1000 --policies round_robin
-run shared-prefix "${synthetic[@]}" --rate 120 --engines 8 --kv-capacity-tokens 65536 \
-    --sim-speedup 1 --policies "$policies"
-run shared-prefix-floor "${synthetic[@]}" --rate 120 --engines 32 --kv-capacity-tokens 65536 \
-    --sim-speedup 1 --policies cache_aware
-run mooncake-ceiling "${mooncake[@]}" --concurrency 1 --engines 1 \
-    --kv-capacity-tokens 1000000000 --sim-speedup 1000 --policies round_robin
-run mooncake-1x "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 8 \
-    --kv-capacity-tokens 2097152 --policies "$policies"
-run mooncake-1x-floor "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 32 \
-    --kv-capacity-tokens 2097152 --policies cache_aware
-run mooncake-6x "${mooncake[@]}" --speedup 30 --sim-speedup 5 --engines 8 \
-    --kv-capacity-tokens 2097152 --policies "$policies"
-run mooncake-6x-floor "${mooncake[@]}" --speedup 30 --sim-speedup 5 --engines 32 \
-    --kv-capacity-tokens 2097152 --policies cache_aware
+if [[ "$which" == all || "$which" == demo ]]; then
+    for round in 1 2 3; do
+        run "demo-before-$round" --synthetic --max-requests 1500 \
+            --policies round_robin,cache_aware --sim-arg=--decode-pool-tokens=32768
+        run "demo-after-$round" --synthetic --max-requests 1500 --policies round_robin,cache_aware
+    done
+fi
+if [[ "$which" == all || "$which" == routing ]]; then
+    run shared-prefix-ceiling "${synthetic[@]}" --concurrency 1 --engines 1 \
+        --kv-capacity-tokens 1000000000 --sim-speedup 1000 --policies round_robin
+    run shared-prefix "${synthetic[@]}" --rate 120 --engines 8 --kv-capacity-tokens 65536 \
+        --sim-speedup 1 --policies "$policies"
+    run shared-prefix-floor "${synthetic[@]}" --rate 120 --engines 32 --kv-capacity-tokens 65536 \
+        --sim-speedup 1 --policies cache_aware
+    run mooncake-ceiling "${mooncake[@]}" --concurrency 1 --engines 1 \
+        --kv-capacity-tokens 1000000000 --sim-speedup 1000 --policies round_robin
+    run mooncake-1x "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 8 \
+        --kv-capacity-tokens 2097152 --policies "$policies"
+    run mooncake-1x-floor "${mooncake[@]}" --speedup 20 --sim-speedup 20 --engines 32 \
+        --kv-capacity-tokens 2097152 --policies cache_aware
+    run mooncake-6x "${mooncake[@]}" --speedup 30 --sim-speedup 5 --engines 8 \
+        --kv-capacity-tokens 2097152 --policies "$policies"
+    run mooncake-6x-floor "${mooncake[@]}" --speedup 30 --sim-speedup 5 --engines 32 \
+        --kv-capacity-tokens 2097152 --policies cache_aware
+fi
 
 python3 - "$out" <<'EOF'
-import json, sys
+import json, os, sys
 out = sys.argv[1]
 def policies(name):
     return {p["label"]: p for p in json.load(open(f"{out}/{name}.json"))["policies"]}
+for phase in ["before", "after"]:
+    for round in [1, 2, 3]:
+        name = f"demo-{phase}-{round}"
+        if not os.path.exists(f"{out}/{name}.json"):
+            continue
+        rr, ca = policies(name)["round_robin"], policies(name)["cache_aware"]
+        rows = [("hit", "cache_hit_rate", None), ("TTFT p50", "ttft_ms", "p50"),
+                ("TTFT p99", "ttft_ms", "p99"), ("ITL p50", "itl_ms", "p50"),
+                ("E2E p50", "e2e_ms", "p50"), ("E2E p99", "e2e_ms", "p99"),
+                ("req/s", "throughput_rps", None)]
+        cells = []
+        for label, key, pct in rows:
+            a, b = (rr[key][pct], ca[key][pct]) if pct else (rr[key], ca[key])
+            cells.append(f"{label} {a:.4g}/{b:.4g}")
+        print(f"{name} (round_robin/cache_aware): " + ", ".join(cells))
 for name, ceiling in [("shared-prefix", "shared-prefix-ceiling"), ("mooncake-1x", "mooncake-ceiling"),
                       ("mooncake-6x", "mooncake-ceiling")]:
+    if not os.path.exists(f"{out}/{name}.json"):
+        continue
     top = policies(ceiling)["round_robin"]["cache_hit_rate"]
     runs = policies(name)
     ca, rr = runs["cache_aware"], runs["round_robin"]

@@ -2,7 +2,8 @@
 # The main job: build, start a simulated engine fleet and one kvgate per policy, replay the same
 # workload through each, and print what happened side by side.
 #
-# With no arguments: round_robin vs cache_aware, each on 4 fresh engines of 32k KV tokens, with
+# With no arguments: round_robin vs cache_aware (the recommended configuration for engines without
+# KV events: README, "Recommended configuration"), each on 4 fresh engines of 32k KV tokens, with
 # 1,500 requests of the shared-prefix generator (32 groups of 2k-token system prompts), 8 in
 # flight: about a minute on 2 cores. The table goes to stdout; replay-compare.json and
 # replay-compare.svg (TTFT CDF and hit rate over time) to the current directory. Any

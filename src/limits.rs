@@ -266,6 +266,34 @@ pub const KV_BLOCKS_MAX: usize = 1 << 24;
 /// at 16 per block. Stores beyond are refused and counted.
 pub const KV_BLOCKS_DEFAULT: usize = 1 << 21;
 
+/// Distinct blocks the KV-event index's in-flight overlay holds for requests not yet confirmed
+/// by their engines (its table is sized at start, 16 bytes per slot, pages committed as first
+/// written): 256k blocks of 16 tokens are 4M prompt tokens in flight, the prefills of a large
+/// fleet's whole batch. Claims beyond are refused (that request is predicted a miss until its
+/// engine reports it).
+pub const KV_INFLIGHT_BLOCKS_MAX: usize = 1 << 18;
+
+/// Requests the in-flight overlay follows at once; beyond, a dispatch claims nothing. Far above
+/// what a gateway keeps in flight (its data cores' connections), so only a flood of ends lost
+/// (full queues) reaches it, and the TTL empties it.
+pub const KV_INFLIGHT_FLIGHTS_MAX: usize = 1 << 16;
+
+/// How long an answered request's claims wait for its engine's events: the engines publish a
+/// prefill's blocks as it stores them, well before the answer ends, so a claim still
+/// unconfirmed a second after is a prompt the engine did not keep (evicted, or its events
+/// lost), and predicting it would send the next turn to a cold cache.
+pub const KV_INFLIGHT_CONFIRM_GRACE: Duration = Duration::from_secs(1);
+
+/// `--kv-inflight-ttl-secs` by default: the longest an overlay claim lives when its request's
+/// end is never heard (a dropped record); a request that long has long been prefilled.
+pub const KV_INFLIGHT_TTL_DEFAULT_SECS: u64 = 30;
+
+/// Flight records (a dispatch on the KV-event index, then its end) queued from one data core to
+/// the control core: two per request, so twice `DISPATCH_QUEUE_CAPACITY`'s stalled turn. A
+/// record beyond is dropped and counted with the dispatch records (a dropped start claims
+/// nothing, a dropped end waits for the TTL).
+pub const KV_FLIGHT_QUEUE_CAPACITY: usize = 32 * 1024;
+
 /// Items a KV-event subscriber may queue for the control core before it waits (a batch holds
 /// its payload, as large as the engine made it).
 pub const KV_EVENTS_FEED_CAPACITY: usize = 1024;
@@ -589,6 +617,8 @@ const _: () = assert!(PLACEMENT_HOLDERS_MAX <= MATCH_TENANTS_MAX);
 const _: () = assert!(KV_EVENT_WORKERS_MAX == u64::BITS as usize);
 const _: () = assert!(KV_EVENT_WORKERS_MAX <= WORKERS_MAX);
 const _: () = assert!(KV_BLOCKS_DEFAULT <= KV_BLOCKS_MAX);
+const _: () = assert!(KV_INFLIGHT_BLOCKS_MAX <= KV_BLOCKS_MAX);
+const _: () = assert!(KV_INFLIGHT_CONFIRM_GRACE.as_secs() < KV_INFLIGHT_TTL_DEFAULT_SECS);
 const _: () = assert!(KV_EVENTS_APPLY_PER_TURN_MAX <= KV_EVENTS_FEED_CAPACITY);
 const _: () = assert!(KV_EVENTS_BACKOFF_MIN.as_millis() < KV_EVENTS_BACKOFF_MAX.as_millis());
 // A lookup's tenant count is a u8.

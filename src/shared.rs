@@ -6,7 +6,8 @@
 //!   the tree gauges); each data core writes only its own rows (in-flight credits, counters) and
 //!   its own queues.
 //! - Data core to control core, one bounded queue per data core and kind: [`DispatchRecord`]
-//!   (the index learns where a request went, spec step 7) and [`AttemptRecord`] (an upstream
+//!   (the index learns where a request went, spec step 7), [`FlightRecord`] (a request on the
+//!   KV-event index began or ended, for its in-flight overlay) and [`AttemptRecord`] (an upstream
 //!   attempt's outcome, for the worker's circuit breaker). A full queue drops the message and the
 //!   data core counts the drop: routing stays correct, only recency or a breaker's reaction lags.
 //! - Admin calls: an [`AdminRequest`] queued for the control core (the only writer of worker
@@ -21,9 +22,12 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::config::Config;
 use crate::ids::WorkerId;
+use crate::index::kv::{FlightEnd, FlightId};
 use crate::index::ModelGauges;
 use crate::kv_events::{IndexGauges, StreamStats};
-use crate::limits::{ADMIN_QUEUE_CAPACITY, ATTEMPT_QUEUE_CAPACITY, DISPATCH_QUEUE_CAPACITY};
+use crate::limits::{
+    ADMIN_QUEUE_CAPACITY, ATTEMPT_QUEUE_CAPACITY, DISPATCH_QUEUE_CAPACITY, KV_FLIGHT_QUEUE_CAPACITY,
+};
 use crate::mesh::MeshLink;
 use crate::metrics::Metrics;
 use crate::policy::{PolicyMetrics, RecordKey};
@@ -51,6 +55,9 @@ pub struct Shared {
     pub kv_index_gauges: ArcSwap<IndexGauges>,
     /// One dispatch-record queue per data core (`core_id`), drained by the control core.
     pub dispatch_queues: Box<[ArrayQueue<DispatchRecord>]>,
+    /// One flight-record queue per data core (`core_id`): the KV-event index's in-flight
+    /// overlay, drained by the control core.
+    pub flight_queues: Box<[ArrayQueue<FlightRecord>]>,
     /// One attempt-record queue per data core (`core_id`), drained by the control core.
     pub attempt_queues: Box<[ArrayQueue<AttemptRecord>]>,
     /// Admin calls waiting for the control core.
@@ -79,6 +86,9 @@ impl Shared {
             kv_index_gauges: ArcSwap::from_pointee(IndexGauges::default()),
             dispatch_queues: (0..cores)
                 .map(|_| ArrayQueue::new(DISPATCH_QUEUE_CAPACITY))
+                .collect(),
+            flight_queues: (0..cores)
+                .map(|_| ArrayQueue::new(KV_FLIGHT_QUEUE_CAPACITY))
                 .collect(),
             attempt_queues: (0..cores)
                 .map(|_| ArrayQueue::new(ATTEMPT_QUEUE_CAPACITY))
@@ -118,6 +128,29 @@ pub struct DispatchRecord {
     pub tick: u64,
     /// The request's index key (cache_aware): the index learns from every dispatch.
     pub key: RecordKey,
+}
+
+/// A request dispatched on the KV-event index, for its in-flight overlay: its start (the
+/// worker has the request), then its end, from the same data core in that order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlightRecord {
+    /// The worker has the request, whose prompt's block keys (those its engine had not
+    /// confirmed when it was looked up) are `keys`.
+    Dispatched {
+        /// The request, as the overlay names it.
+        id: FlightId,
+        /// The worker it went to.
+        worker: WorkerId,
+        /// Its block keys (`index::kv::chain_hashes`), in order.
+        keys: Box<[u64]>,
+    },
+    /// The request ended.
+    Ended {
+        /// The request.
+        id: FlightId,
+        /// How.
+        end: FlightEnd,
+    },
 }
 
 /// One upstream attempt's outcome, for the worker's circuit breaker.

@@ -298,7 +298,9 @@ fn routing_follows_what_the_engines_report_holding() {
     let (a, b) = (origin(), origin());
     let (pub_a, pub_b) = (Publisher::start(), Publisher::start());
     let endpoints = [pub_a.endpoint(true), pub_b.endpoint(true)];
-    let mut args = vec!["--kv-events-endpoints"];
+    // The engines' events alone: these origins never report what they were sent, so the
+    // in-flight overlay (its own test below) would count the dispatches' blocks too.
+    let mut args = vec!["--kv-inflight-ttl-secs", "0", "--kv-events-endpoints"];
     args.extend(endpoints.iter().map(String::as_str));
     let gateway = Gateway::start(&[a.url(), b.url()], &args);
     let (url_a, url_b) = (a.url(), b.url());
@@ -336,6 +338,90 @@ fn routing_follows_what_the_engines_report_holding() {
     assert_eq!((applied(&url_a), applied(&url_b)), (2.0, 2.0));
     let entries = gateway.metric_sum("kvgate_kv_index_blocks");
     assert_eq!(entries, 6.0, "distinct blocks");
+}
+
+#[test]
+fn dispatched_blocks_count_as_in_flight_until_confirmed_and_lapse_when_never_reported() {
+    // b answers a request longer than 6 blocks after a while: it stays in flight meanwhile.
+    let slow = |req: &utils::mock_origin::RecordedRequest| {
+        let ids = String::from_utf8_lossy(&req.body).matches(',').count();
+        let ok = Reply::json(r#"{"text":"ok"}"#);
+        if ids >= 6 * BLOCK + 3 {
+            Reply::Delay(Duration::from_secs(3), Box::new(ok))
+        } else {
+            ok
+        }
+    };
+    let (a, b) = (origin(), MockOrigin::start(slow));
+    let (pub_a, pub_b) = (Publisher::start(), Publisher::start());
+    let endpoints = [pub_a.endpoint(true), pub_b.endpoint(true)];
+    let mut args = vec!["--kv-events-endpoints"];
+    args.extend(endpoints.iter().map(String::as_str));
+    let gateway = Gateway::start(&[a.url(), b.url()], &args);
+    let (url_a, url_b) = (a.url(), b.url());
+    wait_up(&gateway, &url_a);
+    wait_up(&gateway, &url_b);
+    // b reports 4 blocks of family 1 (and a something else, so the model's block size is
+    // known on both).
+    pub_b.publish(&[store_family(1, 4)]);
+    pub_a.publish(&[store_family(2, 4)]);
+    wait_held(&gateway, &url_b, 4.0);
+    // An 8-block request goes to b and waits there: its last 4 blocks count as b's while it
+    // is in flight, never in the engines' table.
+    let mut client = gateway.client();
+    let long = std::thread::spawn(move || {
+        let response = client.post_json("/generate", &generate(&tokens(1, 8)));
+        response
+            .header("x-smg-routed-worker-id")
+            .map(str::to_string)
+    });
+    let claims = || gateway.metric("kvgate_kv_inflight_blocks");
+    assert!(
+        wait_until(WAIT, || claims() == 4.0),
+        "{}",
+        gateway.metrics()
+    );
+    let predicted = || {
+        let response = gateway
+            .client()
+            .post_json("/generate", &generate(&tokens(1, 6)));
+        let header = response.header("x-kvgate-predicted-cached-tokens");
+        header.map(str::to_string)
+    };
+    assert_eq!(
+        predicted().as_deref(),
+        Some("96"),
+        "4 blocks confirmed, 2 in flight"
+    );
+    assert_eq!(
+        held(&gateway, &url_b),
+        4.0,
+        "nothing written into the engines' table"
+    );
+    let provisional = "kvgate_kv_event_predictions_total{basis=\"provisional\"}";
+    assert_eq!(gateway.metric(provisional), 1.0, "{}", gateway.metrics());
+    assert_eq!(long.join().unwrap().as_deref(), Some(url_b.as_str()));
+    // b's origin never reports those blocks: once the answers' grace is past (each look
+    // dispatches again, so each waits out a grace first), the prediction is what the engine
+    // reported again.
+    let grace = Duration::from_millis(1500);
+    assert!(
+        wait_until(WAIT, || {
+            std::thread::sleep(grace);
+            predicted().as_deref() == Some("64")
+        }),
+        "the unconfirmed claims never lapsed:\n{}",
+        gateway.metrics()
+    );
+    // b's engine reports two more blocks now: confirmed.
+    let all = hashes(1, 6);
+    let family = tokens(1, 6);
+    let stored = &family[4 * BLOCK..6 * BLOCK];
+    pub_b.publish(&[sglang::stored(&all[4..], Some(all[3]), stored)]);
+    wait_held(&gateway, &url_b, 6.0);
+    assert_eq!(predicted().as_deref(), Some("96"));
+    let confirmed = "kvgate_kv_event_predictions_total{basis=\"confirmed\"}";
+    assert!(gateway.metric(confirmed) >= 1.0, "{}", gateway.metrics());
 }
 
 #[test]

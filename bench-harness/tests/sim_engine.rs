@@ -293,8 +293,8 @@ fn reported_latency_is_simulated_time_at_any_speedup() {
         .post_json("/generate", &body.to_string())
         .json();
     let e2e_ms = response["meta_info"]["e2e_latency"].as_f64().unwrap() * 1000.0;
-    // Prefill of 1000 uncached tokens, then 9 decode steps at about 0.4% KV usage.
-    let expected_ms = cost.prefill_ms(1000) + 9.0 * cost.decode_ms(1005.0 / 262_144.0);
+    // Prefill of 1000 uncached tokens, then 9 decode steps holding about 1005 KV tokens.
+    let expected_ms = cost.prefill_ms(1000) + 9.0 * cost.decode_ms_holding(1005);
     assert!(
         (e2e_ms - expected_ms).abs() < 0.5,
         "e2e {e2e_ms:.3} ms, model {expected_ms:.3} ms"

@@ -326,6 +326,23 @@ pub fn render_kv_events(streams: &[StreamStats], index: &IndexGauges, out: &mut 
         "Bytes of the KV-event index (table and per-worker maps)",
     );
     let _ = writeln!(out, "{name} {}", index.memory_bytes);
+    let name = "kvgate_kv_inflight_requests";
+    header(
+        out,
+        name,
+        "gauge",
+        "Requests the KV-event index's in-flight overlay follows (dispatched, not yet confirmed \
+         by their engine's events or ended)",
+    );
+    let _ = writeln!(out, "{name} {}", index.inflight_requests);
+    let name = "kvgate_kv_inflight_blocks";
+    header(
+        out,
+        name,
+        "gauge",
+        "Blocks the in-flight overlay holds provisionally, one per worker holding it",
+    );
+    let _ = writeln!(out, "{name} {}", index.inflight_claims);
 }
 
 /// `smg_cache_tree_chars` and `smg_cache_tree_tokens` per model, and `smg_cache_tree_tenants`

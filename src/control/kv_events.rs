@@ -23,7 +23,7 @@ use crate::limits::{
 };
 use crate::net::client;
 use crate::policy::model_hash;
-use crate::shared::Shared;
+use crate::shared::{FlightRecord, Shared};
 use crate::workers::catalog::ModelCatalog;
 use crate::workers::spec::{KvEventsEndpoint, KvEventsSource, Scheme};
 use crate::workers::table::Roster;
@@ -88,6 +88,8 @@ pub struct KvEvents {
     stats_dirty: bool,
     /// Whether the index's fullness was logged.
     warned_full: bool,
+    /// The in-flight overlay's requests and claims as last published.
+    inflight_published: (usize, usize),
 }
 
 impl KvEvents {
@@ -107,6 +109,7 @@ impl KvEvents {
             models_dirty: true,
             stats_dirty: true,
             warned_full: false,
+            inflight_published: (0, 0),
         }
     }
 
@@ -124,7 +127,19 @@ impl KvEvents {
         self.discover(now);
         self.apply_feed(now);
         self.expire(now);
+        self.writer.expire_flights(shared.tick_now());
         self.publish(shared);
+    }
+
+    /// Applies a data core's flight record to the in-flight overlay (`now_ms`: the gateway
+    /// tick).
+    pub fn apply_flight(&mut self, record: FlightRecord, now_ms: u64) {
+        match record {
+            FlightRecord::Dispatched { id, worker, keys } => {
+                self.writer.dispatched(id, worker, &keys, now_ms);
+            }
+            FlightRecord::Ended { id, end } => self.writer.flight_ended(id, end, now_ms),
+        }
     }
 
     /// The index as written so far.
@@ -519,6 +534,11 @@ impl KvEvents {
             self.writer.publish_models(self.publishing_models(&catalog));
             self.stats_dirty = true;
         }
+        let inflight = self.writer.inflight();
+        if inflight != self.inflight_published {
+            self.inflight_published = inflight;
+            self.stats_dirty = true;
+        }
         if !self.stats_dirty {
             return;
         }
@@ -546,6 +566,8 @@ impl KvEvents {
             models,
             blocks: self.writer.live_blocks() as u64,
             memory_bytes: self.writer.memory_bytes() as u64,
+            inflight_requests: inflight.0 as u64,
+            inflight_claims: inflight.1 as u64,
         }));
     }
 

@@ -156,6 +156,20 @@ impl ControlCore {
             let counters = self.shared.metrics.control();
             counters.add(Counter::DispatchRecordsApplied, applied);
         }
+        self.drain_flights();
+    }
+
+    /// Applies every queued flight record to the KV-event index's in-flight overlay (drained,
+    /// and dropped, when there is no KV-event index).
+    fn drain_flights(&mut self) {
+        let now_ms = self.shared.tick_now();
+        for queue in self.shared.flight_queues.iter() {
+            while let Some(record) = queue.pop() {
+                if let Some(kv_events) = &mut self.kv_events {
+                    kv_events.apply_flight(record, now_ms);
+                }
+            }
+        }
     }
 
     /// Queues a tree insert for the mesh's next gossip round (`--enable-mesh`): string and

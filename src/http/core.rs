@@ -12,11 +12,12 @@ use super::pool::UpstreamPool;
 use crate::error::ErrorKind;
 use crate::grpc::Channels;
 use crate::ids::WorkerId;
+use crate::index::kv::{FlightEnd, FlightId};
 use crate::limits::MEMORY_RETURN_DELAY;
 use crate::metrics::{CoreMetrics, Counter};
 use crate::net::memory;
 use crate::policy::{RecordKey, Router};
-use crate::shared::{AttemptRecord, DispatchRecord, Shared};
+use crate::shared::{AttemptRecord, DispatchRecord, FlightRecord, Shared};
 use crate::workers::breaker::AttemptOutcome;
 
 /// The request body bytes a data core holds, against `--max-inflight-body-bytes-per-core`
@@ -89,6 +90,8 @@ pub struct DataCore {
     pub cutting_requests: Cell<bool>,
     /// A return of freed pages to the system is scheduled (`return_memory_soon`).
     memory_return_pending: Cell<bool>,
+    /// Requests this core sent to the KV-event index's in-flight overlay (their ids).
+    flights_sent: Cell<u64>,
 }
 
 impl DataCore {
@@ -107,6 +110,7 @@ impl DataCore {
             requests_in_flight: Cell::new(0),
             cutting_requests: Cell::new(false),
             memory_return_pending: Cell::new(false),
+            flights_sent: Cell::new(0),
             body_budget: BodyBudget::new(max_body_bytes),
         }
     }
@@ -160,6 +164,35 @@ impl DataCore {
             .is_err()
         {
             self.metrics().incr(Counter::AttemptRecordsDropped);
+        }
+    }
+
+    /// Tells the KV-event index's in-flight overlay that `worker` has a request whose block keys
+    /// are `keys`; the id names the request's end ([`DataCore::send_flight_end`]). `None`: the
+    /// queue was full (counted with the dispatch records), the overlay never hears of it.
+    pub fn send_flight_start(&self, worker: WorkerId, keys: Box<[u64]>) -> Option<FlightId> {
+        let sent = self.flights_sent.get();
+        self.flights_sent.set(sent.wrapping_add(1));
+        // This core's number above its sequence: ids from different cores never meet.
+        let id = FlightId(((self.core_id as u64) << 48) | (sent & ((1 << 48) - 1)));
+        let record = FlightRecord::Dispatched { id, worker, keys };
+        match self.shared.flight_queues[self.core_id].push(record) {
+            Ok(()) => Some(id),
+            Err(_) => {
+                self.metrics().incr(Counter::DispatchRecordsDropped);
+                None
+            }
+        }
+    }
+
+    /// Tells the in-flight overlay that request `id` ended (`end`).
+    pub fn send_flight_end(&self, id: FlightId, end: FlightEnd) {
+        let record = FlightRecord::Ended { id, end };
+        if self.shared.flight_queues[self.core_id]
+            .push(record)
+            .is_err()
+        {
+            self.metrics().incr(Counter::DispatchRecordsDropped);
         }
     }
 

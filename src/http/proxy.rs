@@ -42,6 +42,7 @@ use super::relay::{stream_back, StreamEnd};
 use super::upstream::{self, status_outcome, Attempt, Exchange, RetryableStatus};
 use crate::error::{error_body, ErrorKind, ProxyError, Side};
 use crate::ids::WorkerId;
+use crate::index::kv::{FlightEnd, FlightId};
 use crate::limits::{READ_BUF_BYTES_RETAINED_MAX, STALE_CONNECTION_RETRIES_MAX};
 use crate::metrics::{Counter, Latency};
 use crate::net::codec::{self, Connection};
@@ -390,7 +391,7 @@ async fn attempt(
         .await
         .map_err(|e| fail(e, reused))?;
     // The worker has the request: the index learns it now, not when the response ends.
-    record_dispatch(core, request.prepared.get(), worker.id);
+    let mut flight = record_dispatch(core, request.prepared.get(), worker.id);
     let streamed = stream_back(core, &mut up, client, request, attempt)
         .await
         .map_err(|e| fail(e, reused))?;
@@ -420,17 +421,51 @@ async fn attempt(
         (AttemptOutcome::Success, false) => Some(AttemptOutcome::Success),
         (AttemptOutcome::Failure, false) => None,
     };
+    if outcome == Some(AttemptOutcome::Success) {
+        flight.answered();
+    }
     Ok(AttemptDone {
         answered: streamed.answered,
         outcome,
     })
 }
 
-/// The record phase (spec step 7): the index learns where this request went.
-fn record_dispatch(core: &DataCore, prepared: &Prepared, worker: WorkerId) {
+/// The record phase (spec step 7): the index learns where this request went, and the
+/// KV-event index's in-flight overlay that the worker has its blocks until the attempt ends.
+fn record_dispatch<'c>(core: &'c DataCore, prepared: &Prepared, worker: WorkerId) -> Flight<'c> {
     let tick = core.shared.tick_now();
-    let record = core.router.borrow_mut().record(prepared, worker, tick);
-    if let Some(key) = record {
+    let mut router = core.router.borrow_mut();
+    if let Some(key) = router.record(prepared, worker, tick) {
         core.send_dispatch_record(worker, tick, key);
+    }
+    let keys = router.flight_keys(prepared, worker);
+    Flight {
+        core,
+        id: keys.and_then(|keys| core.send_flight_start(worker, keys)),
+    }
+}
+
+/// An attempt the in-flight overlay follows: its end is sent when it is dropped, a failure
+/// unless [`Flight::answered`] said otherwise first (an error, a timeout or a client gone end
+/// the attempt by returning early, and each drops it).
+struct Flight<'c> {
+    core: &'c DataCore,
+    id: Option<FlightId>,
+}
+
+impl Flight<'_> {
+    /// The worker answered whole.
+    fn answered(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.core.send_flight_end(id, FlightEnd::Answered);
+        }
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.core.send_flight_end(id, FlightEnd::Failed);
+        }
     }
 }

@@ -26,6 +26,12 @@
 //! refused (workers sharing a system prompt all list it). A block whose parent is unknown (its
 //! parent's event was missed) cannot be reached from a request's first block and is not stored
 //! (counted as an orphan).
+//!
+//! Beside the engines' table, the in-flight overlay ([`overlay`], on with
+//! [`KvIndexWriter::with_inflight_overlay`]): blocks of requests the gateway dispatched, held
+//! provisionally by their worker until its events confirm them or the request ends. A lookup
+//! counts them with the engines' blocks and says which holders it counted on the overlay alone
+//! ([`BlockMatch::held_by`]); nothing of it is ever written into the engines' table.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,8 +41,10 @@ use arc_swap::ArcSwap;
 use super::keys::page_hash;
 use super::slots::{Probe, SlotTable};
 use crate::ids::WorkerId;
-use crate::limits::KV_EVENT_WORKERS_MAX;
+use crate::limits::{KV_EVENT_WORKERS_MAX, KV_INFLIGHT_BLOCKS_MAX};
 use engine_blocks::EngineBlocks;
+pub use overlay::{FlightEnd, FlightId, FlightStats};
+use overlay::{Flights, Provisional};
 
 /// The parent key of a sequence's first block.
 const CHAIN_ROOT: u64 = 0x243f_6a88_85a3_08d3;
@@ -104,6 +112,9 @@ pub struct BlockMatch {
     pub request_blocks: u32,
     /// Tokens per block.
     pub block_size: u32,
+    /// Bit `i` set: `holders[i]`'s count includes blocks only in flight to it (the overlay, or
+    /// this core's recent dispatches), not all confirmed by its engine.
+    pub provisional: u64,
 }
 
 impl Default for BlockMatch {
@@ -113,6 +124,7 @@ impl Default for BlockMatch {
             len: 0,
             request_blocks: 0,
             block_size: 0,
+            provisional: 0,
         }
     }
 }
@@ -123,22 +135,59 @@ impl BlockMatch {
         &self.holders[..usize::from(self.len)]
     }
 
+    /// The leading blocks `worker` holds, and whether some of them are only in flight to it
+    /// (`(0, false)`: not a holder).
+    pub fn held_by(&self, worker: WorkerId) -> (u32, Provenance) {
+        let len = usize::from(self.len);
+        match self.holders[..len].iter().position(|(w, _)| *w == worker) {
+            Some(i) if self.provisional & (1 << i) != 0 => {
+                (self.holders[i].1, Provenance::InFlight)
+            }
+            Some(i) => (self.holders[i].1, Provenance::Engine),
+            None => (0, Provenance::Engine),
+        }
+    }
+
     /// Counts `worker` as holding `blocks` leading blocks unless it holds more already (a
     /// dispatch whose blocks its engine has not reported yet); the order is kept.
     pub fn add_holder(&mut self, worker: WorkerId, blocks: u32) {
         let len = usize::from(self.len);
-        match self.holders[..len].iter().position(|(w, _)| *w == worker) {
+        let mut i = match self.holders[..len].iter().position(|(w, _)| *w == worker) {
             Some(i) if self.holders[i].1 >= blocks => return,
-            Some(i) => self.holders[i].1 = blocks,
+            Some(i) => {
+                self.holders[i].1 = blocks;
+                i
+            }
             None if len < KV_EVENT_WORKERS_MAX => {
                 self.holders[len] = (worker, blocks);
                 self.len += 1;
+                len
             }
             None => return,
+        };
+        self.provisional |= 1 << i;
+        // Most blocks first: the changed holder moves up past those holding fewer (its
+        // provisional bit with it).
+        while i > 0 && self.holders[i - 1].1 < self.holders[i].1 {
+            self.holders.swap(i - 1, i);
+            let (below, here) = (
+                (self.provisional >> (i - 1)) & 1,
+                (self.provisional >> i) & 1,
+            );
+            self.provisional &= !(0b11 << (i - 1));
+            self.provisional |= (below << i) | (here << (i - 1));
+            i -= 1;
         }
-        let len = usize::from(self.len);
-        self.holders[..len].sort_by_key(|(_, held)| std::cmp::Reverse(*held));
     }
+}
+
+/// What a holder's count of blocks rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provenance {
+    /// Every block counted was reported by the worker's engine.
+    Engine,
+    /// Some were only in flight to it.
+    InFlight,
 }
 
 /// The models whose workers publish KV events, each with the block size its workers' events
@@ -175,6 +224,8 @@ struct BlockHolders {
     /// Workers attached and not detached.
     attached: AtomicU64,
     models: ArcSwap<PublishingModels>,
+    /// The in-flight overlay's table (empty while it is off).
+    provisional: Provisional,
 }
 
 /// A data core's handle on the index.
@@ -196,7 +247,8 @@ impl KvIndexReader {
     }
 
     /// The holders of the request whose block keys are `chain` ([`chain_hashes`] of its pages
-    /// of `block_size` tokens).
+    /// of `block_size` tokens): the engines' blocks and, with the overlay on, the blocks of
+    /// requests in flight to them ([`BlockMatch::held_by`] says whose count rests on those).
     pub fn lookup(&self, chain: &[u64], block_size: usize) -> BlockMatch {
         let mut found = BlockMatch {
             request_blocks: u32::try_from(chain.len()).unwrap_or(u32::MAX),
@@ -204,10 +256,11 @@ impl KvIndexReader {
             ..BlockMatch::default()
         };
         // The holders in the order they drop out of the walk, so by how many blocks they hold,
-        // fewest first (no sort needed), and how many each holds.
+        // fewest first (no sort needed), and how many each holds (and the engine confirmed).
         let mut order = [0u8; KV_EVENT_WORKERS_MAX];
         let mut dropped_out = 0;
         let mut depth = [0u32; KV_EVENT_WORKERS_MAX];
+        let mut confirmed_depth = [0u32; KV_EVENT_WORKERS_MAX];
         let mut record = |bits: u64, blocks: u32| {
             let mut bits = bits;
             while bits != 0 {
@@ -218,9 +271,17 @@ impl KvIndexReader {
                 bits &= bits - 1;
             }
         };
-        let mut alive = u64::MAX;
+        let mut record_confirmed = |bits: u64, blocks: u32| {
+            let mut bits = bits;
+            while bits != 0 {
+                confirmed_depth[bits.trailing_zeros() as usize] = blocks;
+                bits &= bits - 1;
+            }
+        };
+        // `alive_confirmed` is always within `alive`: a walk ends when `alive` is empty.
+        let (mut alive, mut alive_confirmed) = (u64::MAX, u64::MAX);
         let mut blocks = 0u32;
-        let table = &self.shared.table;
+        let (table, provisional) = (&self.shared.table, &self.shared.provisional);
         for &key in chain.iter().take(PREFETCH_AHEAD) {
             table.prefetch(key);
         }
@@ -229,12 +290,15 @@ impl KvIndexReader {
             if let Some(&ahead) = chain.get(i + PREFETCH_AHEAD) {
                 table.prefetch(ahead);
             }
-            let holders = table.read(key).map_or(0, |words| words[1]);
-            let next = alive & holders;
+            let confirmed = table.read(key).map_or(0, |words| words[1]);
+            let next = alive & (confirmed | provisional.holders(key));
+            let next_confirmed = alive_confirmed & confirmed;
             if blocks > 0 {
                 record(alive & !next, blocks);
+                record_confirmed(alive_confirmed & !next_confirmed, blocks);
             }
             alive = next;
+            alive_confirmed = next_confirmed;
             if alive == 0 {
                 break;
             }
@@ -242,12 +306,17 @@ impl KvIndexReader {
         }
         if blocks > 0 {
             record(alive, blocks);
+            record_confirmed(alive_confirmed, blocks);
         }
         for &bit in order[..dropped_out].iter().rev() {
             let id = self.shared.workers[usize::from(bit)].load(Ordering::Acquire);
             if id > 0 {
                 let worker = WorkerId((id - 1) as u16);
-                found.holders[usize::from(found.len)] = (worker, depth[usize::from(bit)]);
+                let (at, bit) = (usize::from(found.len), usize::from(bit));
+                found.holders[at] = (worker, depth[bit]);
+                if confirmed_depth[bit] < depth[bit] {
+                    found.provisional |= 1 << at;
+                }
                 found.len += 1;
             }
         }
@@ -302,6 +371,8 @@ pub struct KvIndexWriter {
     /// The `(state, key)` of a stored run's blocks, or the keys of removed ones: a batch's keys
     /// are computed and their slots prefetched before any is touched.
     scratch: Vec<(u64, u64)>,
+    /// The in-flight overlay's claims (`None`: off).
+    flights: Option<Flights>,
 }
 
 impl KvIndexWriter {
@@ -314,13 +385,73 @@ impl KvIndexWriter {
                 workers: std::array::from_fn(|_| AtomicU32::new(0)),
                 attached: AtomicU64::new(0),
                 models: ArcSwap::from_pointee(PublishingModels::default()),
+                provisional: Provisional::new(0),
             }),
             blocks_max,
             live_blocks: 0,
             sole: [0; KV_EVENT_WORKERS_MAX],
             publishers: std::array::from_fn(|_| None),
             scratch: Vec::new(),
+            flights: None,
         }
+    }
+
+    /// Turns the in-flight overlay on, its claims living at most `ttl` (`--kv-inflight-ttl-secs`).
+    /// Called before any reader is made (the overlay's table is sized here).
+    pub fn with_inflight_overlay(mut self, ttl: std::time::Duration) -> Self {
+        let blocks_max = self.blocks_max.min(KV_INFLIGHT_BLOCKS_MAX);
+        match Arc::get_mut(&mut self.shared) {
+            Some(shared) => shared.provisional = Provisional::new(blocks_max),
+            None => unreachable!("the overlay is turned on before readers are made"),
+        }
+        self.flights = Some(Flights::new(ttl.as_millis() as u64, blocks_max));
+        self
+    }
+
+    /// The request `id` went to `worker`, its prompt's block keys `keys` ([`chain_hashes`]):
+    /// they count as the worker's (provisionally) until its engine stores them or the request
+    /// ends. Nothing with the overlay off or for a worker that does not publish.
+    pub fn dispatched(
+        &mut self,
+        id: FlightId,
+        worker: WorkerId,
+        keys: &[u64],
+        now_ms: u64,
+    ) -> FlightStats {
+        let Some((bit, _)) = self.publisher(worker) else {
+            return FlightStats::default();
+        };
+        let Some(flights) = self.flights.as_mut() else {
+            return FlightStats::default();
+        };
+        let (table, provisional) = (&self.shared.table, &self.shared.provisional);
+        let mask = 1u64 << bit;
+        let confirmed = |key| table.read(key).is_some_and(|words| words[1] & mask != 0);
+        flights.start(provisional, id, bit as u8, keys, now_ms, confirmed)
+    }
+
+    /// The request `id` ended (`end`): a failed one's claims go now, an answered one's once
+    /// confirmed or after `KV_INFLIGHT_CONFIRM_GRACE`.
+    pub fn flight_ended(&mut self, id: FlightId, end: FlightEnd, now_ms: u64) {
+        if let Some(flights) = self.flights.as_mut() {
+            flights.end(&self.shared.provisional, id, end, now_ms);
+        }
+    }
+
+    /// Lets go of flights past their time (the TTL, or the grace after their answer); returns
+    /// how many.
+    pub fn expire_flights(&mut self, now_ms: u64) -> usize {
+        match self.flights.as_mut() {
+            Some(flights) => flights.expire(&self.shared.provisional, now_ms),
+            None => 0,
+        }
+    }
+
+    /// Requests in flight, and the `(block, worker)` pairs they hold provisionally.
+    pub fn inflight(&self) -> (usize, usize) {
+        self.flights
+            .as_ref()
+            .map_or((0, 0), |f| (f.len(), f.claims()))
     }
 
     /// A reader for a data core.
@@ -378,7 +509,7 @@ impl KvIndexWriter {
             .flatten()
             .map(|p| p.blocks.memory_bytes())
             .sum();
-        self.shared.table.memory_bytes() + maps
+        self.shared.table.memory_bytes() + self.shared.provisional.table.memory_bytes() + maps
     }
 
     /// Lets `worker` publish: it gets a bit of its own (idempotent).
@@ -407,6 +538,9 @@ impl KvIndexWriter {
             return;
         };
         self.clear(worker);
+        if let Some(flights) = self.flights.as_mut() {
+            flights.drop_worker(&self.shared.provisional, bit as u8);
+        }
         self.shared.workers[bit].store(0, Ordering::Release);
         self.publishers[bit] = None;
         self.shared.attached.fetch_sub(1, Ordering::Release);
@@ -521,6 +655,9 @@ impl KvIndexWriter {
                 }
             }
             publisher.blocks.insert(*engine, state);
+            if let Some(flights) = self.flights.as_mut() {
+                flights.confirm(&self.shared.provisional, key, bit as u8);
+            }
         }
         Ok(stats)
     }
@@ -593,5 +730,6 @@ impl KvIndexWriter {
 }
 
 mod engine_blocks;
+pub mod overlay;
 #[cfg(test)]
 mod tests;

@@ -156,4 +156,8 @@ pub struct IndexGauges {
     pub blocks: u64,
     /// Bytes of the index's table and the workers' block maps.
     pub memory_bytes: u64,
+    /// Requests the in-flight overlay follows.
+    pub inflight_requests: u64,
+    /// Blocks they hold provisionally, one per worker holding it.
+    pub inflight_claims: u64,
 }

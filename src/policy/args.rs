@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use super::ScorerConfig;
 use crate::error::FlagError;
-use crate::limits::{CACHE_BOUNDARIES_MAX, KV_BLOCKS_DEFAULT, KV_BLOCKS_MAX};
+use crate::limits::{
+    CACHE_BOUNDARIES_MAX, KV_BLOCKS_DEFAULT, KV_BLOCKS_MAX, KV_INFLIGHT_TTL_DEFAULT_SECS,
+};
 
 /// `--policy`: which routing policy the gateway runs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -123,6 +125,12 @@ pub struct PolicyArgs {
     /// about 24 bytes each, memory committed as used); stores beyond are refused and counted.
     #[arg(long, default_value_t = KV_BLOCKS_DEFAULT)]
     pub kv_indexer_max_entries: usize,
+    /// KV-event index: blocks of requests dispatched to a worker count as its (provisionally)
+    /// until its engine's events confirm them or the request ends; this is the longest such a
+    /// claim lives when its end is never heard (0: no in-flight overlay, the engines' events
+    /// alone).
+    #[arg(long, default_value_t = KV_INFLIGHT_TTL_DEFAULT_SECS)]
+    pub kv_inflight_ttl_secs: u64,
     /// prefix_hash: how many leading tokens are hashed (without --cache-boundaries).
     #[arg(long, default_value_t = 256)]
     pub prefix_token_count: u32,
@@ -217,6 +225,8 @@ pub struct PolicyConfig {
     pub kv_indexer_ttl: Option<Duration>,
     /// `--kv-indexer-max-entries`.
     pub kv_indexer_max_entries: usize,
+    /// `--kv-inflight-ttl-secs` (`None`: 0, no in-flight overlay).
+    pub kv_inflight_ttl: Option<Duration>,
     /// `--prefix-token-count`.
     pub prefix_token_count: u32,
     /// `--prefix-hash-load-factor`.
@@ -290,6 +300,8 @@ impl PolicyArgs {
             kv_indexer_ttl: (self.kv_indexer_ttl_secs > 0)
                 .then(|| Duration::from_secs(self.kv_indexer_ttl_secs)),
             kv_indexer_max_entries: self.validate_kv_indexer_max_entries()?,
+            kv_inflight_ttl: (self.kv_inflight_ttl_secs > 0)
+                .then(|| Duration::from_secs(self.kv_inflight_ttl_secs)),
             prefix_token_count: positive("--prefix-token-count", self.prefix_token_count)?,
             prefix_hash_load_factor: self.prefix_hash_load_factor,
             prefix_hash_balance_abs_threshold: f64::from(self.prefix_hash_balance_abs_threshold),
@@ -385,6 +397,9 @@ impl PolicyArgs {
         }
         if self.kv_indexer_max_entries != defaults.kv_indexer_max_entries {
             unused.push("--kv-indexer-max-entries");
+        }
+        if self.kv_inflight_ttl_secs != defaults.kv_inflight_ttl_secs {
+            unused.push("--kv-inflight-ttl-secs");
         }
         unused
     }

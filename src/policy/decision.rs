@@ -5,6 +5,7 @@
 //! SMG's target ([`LOG_TARGET`]) and, in tree mode, counted once per request.
 
 use super::cache_aware::RequestSize;
+use super::metrics::PredictionBasis;
 use super::prepared::{prompt_tokens, Lookup, Prepared};
 use super::router::LOG_TARGET;
 use super::simple::HashBranch;
@@ -13,7 +14,7 @@ use super::{
     WorkerLoad, WorkerRing, WorkerStatus, WorkerView,
 };
 use crate::ids::WorkerId;
-use crate::index::kv::BlockMatch;
+use crate::index::kv::{BlockMatch, Provenance};
 use crate::workers::retry::TriedWorkers;
 use crate::workers::role::PdSide;
 
@@ -141,11 +142,26 @@ impl Router {
         match &prepared.lookup {
             // KV-event decisions are logged, not counted (the branch counter covers the trees).
             Some(Lookup::Blocks(blocks)) => {
+                // Once per request: a retry's decision is not counted again.
+                if !prepared.decision_counted.replace(true) {
+                    self.count_kv_prediction(blocks, &decision);
+                }
                 self.decide_cache_aware_log_blocks(prepared.input.model(), blocks, &decision)
             }
             _ => self.decide_cache_aware_count_and_log(prepared, &decision),
         }
         Some(decision)
+    }
+
+    /// `decide_cache_aware`'s count of a KV-event decision that rests on a predicted prefix:
+    /// confirmed by the engine, or provisional (in flight to it).
+    fn count_kv_prediction(&self, blocks: &BlockMatch, decision: &Decision) {
+        let basis = match blocks.held_by(decision.worker) {
+            (0, _) => return,
+            (_, Provenance::Engine) => PredictionBasis::Confirmed,
+            (_, Provenance::InFlight) => PredictionBasis::Provisional,
+        };
+        self.metrics.count_kv_prediction(basis);
     }
 
     /// `decide_cache_aware`'s log of a KV-event decision.

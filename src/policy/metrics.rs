@@ -3,7 +3,9 @@
 //! figures under SMG's names (`smg_tokenizer_cache_{l0,l1}_{hits,misses}_total`,
 //! `smg_tokenizer_cache_l0_entries`, `smg_tokenizer_cache_l1_memory_bytes`) and kvgate's own
 //! (`kvgate_tokenize_offloaded_total`, `kvgate_tokenize_refused_total`,
-//! `kvgate_tokenize_failures_total`, `kvgate_tokenize_over_cap_total`), and their Prometheus text rendering
+//! `kvgate_tokenize_failures_total`, `kvgate_tokenize_over_cap_total`), the KV-event index's
+//! predictions by what they rest on (`kvgate_kv_event_predictions_total{basis}`), and their
+//! Prometheus text rendering
 //! ([`render_prometheus`]), which sums the cores' counters on scrape.
 //!
 //! Each data core owns one [`PolicyMetrics`] and is its only writer, so an update is a relaxed
@@ -44,6 +46,17 @@ struct Counters {
     /// prefix_hash and consistent_hashing decisions by [`HashBranch`] (every attempt's, as
     /// SMG counts each `select_worker`).
     hash_branch: [AtomicU64; HashBranch::ALL.len()],
+    /// KV-event predictions by [`PredictionBasis`], in its order.
+    kv_predictions: [AtomicU64; 2],
+}
+
+/// What a KV-event index prediction (the worker chosen holds a prefix of the request) rests on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PredictionBasis {
+    /// Every block counted for the worker was reported by its engine.
+    Confirmed,
+    /// Some were only in flight to it (the overlay, or this core's recent dispatches).
+    Provisional,
 }
 
 const TOKENIZER_FIGURES: usize = 8;
@@ -166,6 +179,17 @@ impl PolicyMetrics {
         bump(&self.inner.hash_branch[branch as usize], 1);
     }
 
+    /// Counts a request routed to a worker the KV-event index predicted holds a prefix of it.
+    pub fn count_kv_prediction(&self, basis: PredictionBasis) {
+        bump(&self.inner.kv_predictions[basis as usize], 1);
+    }
+
+    /// This core's KV-event predictions: confirmed, provisional.
+    pub fn kv_predictions(&self) -> (u64, u64) {
+        let [confirmed, provisional] = &self.inner.kv_predictions;
+        (confirmed.load(Relaxed), provisional.load(Relaxed))
+    }
+
     /// Counts a cold tokenization handed to the pool.
     pub fn count_tokenize_offloaded(&self) {
         bump(&self.inner.tokenize_offloaded, 1);
@@ -270,6 +294,7 @@ pub fn render_prometheus<'a>(
     let _ = writeln!(out, "smg_cache_aware_match_ratio_sum {sum}");
     let _ = writeln!(out, "smg_cache_aware_match_ratio_count {cumulative}");
     render_hash_branches(cores.clone(), out);
+    render_kv_predictions(cores.clone(), out);
     render_tokenizer(cores, out);
 }
 
@@ -302,6 +327,24 @@ fn render_hash_branches<'a>(
             let _ = writeln!(out, "{name}{{branch=\"{}\"}} {total}", branch.label());
         }
     }
+}
+
+/// `kvgate_kv_event_predictions_total{basis}`, summed over `cores`.
+fn render_kv_predictions<'a>(cores: impl IntoIterator<Item = &'a PolicyMetrics>, out: &mut String) {
+    let (confirmed, provisional) = cores.into_iter().fold((0, 0), |(c, p), core| {
+        let (cc, cp) = core.kv_predictions();
+        (c + cc, p + cp)
+    });
+    let name = "kvgate_kv_event_predictions_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Requests routed to a worker the KV-event index predicted holds a prefix of \
+         them, by basis: confirmed (its engine reported every block counted) or provisional \
+         (some were only in flight to it)"
+    );
+    let _ = writeln!(out, "# TYPE {name} counter");
+    let _ = writeln!(out, "{name}{{basis=\"confirmed\"}} {confirmed}");
+    let _ = writeln!(out, "{name}{{basis=\"provisional\"}} {provisional}");
 }
 
 /// The tokenization families, summed over `cores`.

@@ -35,7 +35,9 @@ pub use expected_wait::{
 };
 pub use hashing::{WorkerRing, RING_POINTS_PER_WORKER};
 pub use lookup::{Blocks, Heads, IndexLookup, Trees};
-pub use metrics::{render_prometheus, PolicyMetrics, TokenizerFigures, MATCH_RATIO_BOUNDS};
+pub use metrics::{
+    render_prometheus, PolicyMetrics, PredictionBasis, TokenizerFigures, MATCH_RATIO_BOUNDS,
+};
 pub use placements::PLACEMENT_HALF_LIFE_MS;
 pub use prepared::{IndexKey, Lookup, Prepared};
 pub use recent::{RecentDispatches, RECENT_DISPATCHES_MAX, RECENT_DISPATCH_WINDOW_MS};

@@ -13,6 +13,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::prepared::{IndexKey, Lookup, Prepared};
 use super::Router;
 use crate::ids::WorkerId;
+use crate::index::kv::Provenance;
 use crate::index::{self, LookupHint, Namespace, TokenKey};
 use crate::limits::MODELS_MAX;
 
@@ -127,5 +128,23 @@ impl Router {
         self.recent
             .push(namespace, record.key.clone(), worker, tick_ms);
         Some(record)
+    }
+
+    /// The block keys the KV-event index's in-flight overlay should count as `worker`'s while
+    /// it has the request: those after the leading blocks its engine confirmed at the lookup,
+    /// or all of them when some of those were only in flight (the control core passes over
+    /// the ones its engine holds). `None`: the overlay is off, the request was not looked up
+    /// in the KV-event index, or its engine holds it all.
+    pub fn flight_keys(&self, prepared: &Prepared, worker: WorkerId) -> Option<Box<[u64]>> {
+        self.config.kv_inflight_ttl?;
+        let Some(Lookup::Blocks(blocks)) = prepared.lookup.as_ref() else {
+            return None;
+        };
+        let confirmed = match blocks.held_by(worker) {
+            (held, Provenance::Engine) => held as usize,
+            (_, Provenance::InFlight) => 0,
+        };
+        let keys = prepared.chain.get(confirmed..)?;
+        (!keys.is_empty()).then(|| Box::from(keys))
     }
 }

@@ -1512,17 +1512,40 @@ fn load_aware_holders_are_ranked_by_cost_and_ineligible_ones_spill() {
     assert_eq!((d.worker, d.branch), (WorkerId(2), Branch::Spill));
 }
 
+/// Which index a [`QueueModel`] routes on: what its affinity looks like to the decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ModelIndex {
+    /// A token-tree match of 8,192 of the request's 8,256 tokens, every holder a tenant.
+    Tree,
+    /// The hash index: the 8,192-token head, its holders most recently sent first, at most
+    /// `PLACEMENT_HOLDERS_MAX` (a new one evicts the stalest), as `HashIndexWriter::record`.
+    Heads,
+    /// The KV-event index: 512 of the request's 516 blocks of 16 held by each holder; a
+    /// holder from its dispatch on, as the in-flight overlay makes it until its engine reports.
+    Blocks,
+}
+
 /// A queue model for the decision: one prefix family, a request arriving every step with
 /// probability `rate`, each in flight until it has made 100 units of progress, a worker giving
 /// each of its `n` requests `1 / (1 + n / 16)` units a step (a bigger batch decodes slower).
 /// Reports are current: a worker's KV is the prefix (while it runs any request of it) plus 600
-/// tokens per request. `holders` grows as decisions land on new workers (step 7).
+/// tokens per request. `holders` grows as decisions land on new workers (step 7), most recent
+/// first.
 struct QueueModel {
     in_flight: Vec<Vec<f64>>,
     holders: Vec<u16>,
+    index: ModelIndex,
 }
 
 impl QueueModel {
+    fn new(workers: usize, index: ModelIndex) -> Self {
+        QueueModel {
+            in_flight: vec![Vec::new(); workers],
+            holders: vec![0],
+            index,
+        }
+    }
+
     fn statuses(&self) -> Vec<WorkerStatus> {
         self.in_flight
             .iter()
@@ -1539,6 +1562,41 @@ impl QueueModel {
             .collect()
     }
 
+    /// Routes one request of 8,256 tokens on this model's index.
+    fn decide(&self, rng: &mut Rng) -> Option<Decision> {
+        let statuses = self.statuses();
+        match self.index {
+            ModelIndex::Tree => {
+                let tree = matched(8192, 8256, &self.holders);
+                select(Some(&tree), &statuses, &load_aware(), 8256, rng)
+            }
+            ModelIndex::Heads => {
+                let head = crate::index::hash::Head {
+                    tokens: 8192,
+                    hash: 1,
+                };
+                let mut heads = crate::index::hash::HeadMatch::of(&[head]);
+                for &h in &self.holders {
+                    heads.add_holder(0, WorkerId(h));
+                }
+                let affinity = cache_aware::Affinity::Heads(&heads);
+                select(affinity, &statuses, &load_aware(), 8256, rng)
+            }
+            ModelIndex::Blocks => {
+                let mut blocks = crate::index::kv::BlockMatch {
+                    request_blocks: 516,
+                    block_size: 16,
+                    ..Default::default()
+                };
+                for &h in &self.holders {
+                    blocks.add_holder(WorkerId(h), 512);
+                }
+                let affinity = cache_aware::Affinity::Blocks(&blocks);
+                select(affinity, &statuses, &load_aware(), 8256, rng)
+            }
+        }
+    }
+
     fn step(&mut self, rng: &mut Rng, rate: f64) -> Option<Decision> {
         for requests in &mut self.in_flight {
             let speed = 1.0 / (1.0 + requests.len() as f64 / 16.0);
@@ -1548,10 +1606,12 @@ impl QueueModel {
         if rng.f64() >= rate {
             return None;
         }
-        let tree = matched(8192, 8256, &self.holders);
-        let d = select(Some(&tree), &self.statuses(), &load_aware(), 8256, rng)?;
-        if !self.holders.contains(&d.worker.0) {
-            self.holders.push(d.worker.0);
+        let d = self.decide(rng)?;
+        // Step 7: the worker becomes (or stays) a holder, the most recent.
+        self.holders.retain(|h| *h != d.worker.0);
+        self.holders.insert(0, d.worker.0);
+        if self.index == ModelIndex::Heads {
+            self.holders.truncate(crate::limits::PLACEMENT_HOLDERS_MAX);
         }
         self.in_flight[d.worker.index()].push(0.0);
         Some(d)
@@ -1560,22 +1620,27 @@ impl QueueModel {
 
 #[test]
 fn load_aware_under_steady_load_replicates_early_then_holders_share_without_oscillating() {
+    for index in [ModelIndex::Tree, ModelIndex::Heads, ModelIndex::Blocks] {
+        steady_load_replicates_early_then_holders_share_without_oscillating(index);
+    }
+}
+
+/// The seeded no-oscillation simulation on one index mode's affinity.
+fn steady_load_replicates_early_then_holders_share_without_oscillating(index: ModelIndex) {
     for seed in 0..10 {
         let mut rng = Rng::with_seed(seed);
-        let mut model = QueueModel {
-            in_flight: vec![Vec::new(); 4],
-            holders: vec![0],
-        };
+        let mut model = QueueModel::new(4, index);
         // Warm-up: the batch grows to its steady size and the prefix spreads.
         for _ in 0..5_000 {
             model.step(&mut rng, 0.2);
         }
-        let holders = model.holders.clone();
+        let mut holders = model.holders.clone();
+        holders.sort_unstable();
         // One holder cannot carry the load (its batch would grow without bound), two or three
         // can: the prefix spreads as far as the load needs, not to every worker.
         assert!(
             (2..=3).contains(&holders.len()),
-            "seed {seed}: holders {holders:?}"
+            "{index:?} seed {seed}: holders {holders:?}"
         );
         let (mut picks, mut run, mut longest_run, mut last) = (vec![0u32; 4], 0, 0, None);
         let mut widest_gap = 0.0f64;
@@ -1583,7 +1648,11 @@ fn load_aware_under_steady_load_replicates_early_then_holders_share_without_osci
             let Some(d) = model.step(&mut rng, 0.2) else {
                 continue;
             };
-            assert_ne!(d.branch, Branch::Replicate, "seed {seed}: a late replica");
+            assert_ne!(
+                d.branch,
+                Branch::Replicate,
+                "{index:?} seed {seed}: a late replica"
+            );
             picks[d.worker.index()] += 1;
             run = if last == Some(d.worker) { run + 1 } else { 1 };
             longest_run = longest_run.max(run);
@@ -1605,11 +1674,17 @@ fn load_aware_under_steady_load_replicates_early_then_holders_share_without_osci
             let even = 1.0 / holders.len() as f64;
             assert!(
                 (share - even).abs() < 0.05,
-                "seed {seed}: holder {h} took {share:.2} of {picks:?}"
+                "{index:?} seed {seed}: holder {h} took {share:.2} of {picks:?}"
             );
         }
-        assert!(longest_run <= 10, "seed {seed}: a run of {longest_run}");
-        assert!(widest_gap <= 6.0, "seed {seed}: batches {widest_gap} apart");
+        assert!(
+            longest_run <= 10,
+            "{index:?} seed {seed}: a run of {longest_run}"
+        );
+        assert!(
+            widest_gap <= 6.0,
+            "{index:?} seed {seed}: batches {widest_gap} apart"
+        );
     }
 }
 

@@ -90,7 +90,10 @@ fn build_kv_index(config: &Config) -> (Option<KvIndexWriter>, Vec<Option<Blocks>
     if policy.kind != PolicyKind::CacheAware || policy.cache_index != CacheIndexKind::Tree {
         return (None, (0..cores).map(|_| None).collect());
     }
-    let writer = KvIndexWriter::new(policy.kv_indexer_max_entries);
+    let mut writer = KvIndexWriter::new(policy.kv_indexer_max_entries);
+    if let Some(ttl) = policy.kv_inflight_ttl {
+        writer = writer.with_inflight_overlay(ttl);
+    }
     let readers = (0..cores)
         .map(|_| Some(Blocks::new(writer.reader())))
         .collect();

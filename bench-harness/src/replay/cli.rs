@@ -60,7 +60,9 @@ pub struct CompareArgs {
     /// (cache_aware with --cache-index hash; its --cache-boundaries go in --gateway-args),
     /// `cache_aware:kv` (the engines publish KV events and cache_aware routes token IDs on them;
     /// use a token-ID form such as --form generate-ids), `cache_aware:load` (cache_aware with
-    /// --load-aware-affinity), and `direct` (no gateway).
+    /// --load-aware-affinity), and `direct` (no gateway). cache_aware's modifiers combine with
+    /// `:` (`cache_aware:kv:load`, `cache_aware:hash:load`; `events-only`: the KV-event index
+    /// without its in-flight overlay, --kv-inflight-ttl-secs 0).
     #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.

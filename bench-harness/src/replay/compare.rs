@@ -56,13 +56,49 @@ pub const CACHE_AWARE_LOAD: &str = "cache_aware:load";
 /// The pseudo-policies beside `--policy` names.
 const PSEUDO_POLICIES: [&str; 4] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV, CACHE_AWARE_LOAD];
 
+/// The modifiers a `cache_aware:` pseudo-policy may join with `:`, in any order (`hash` and
+/// `kv` exclusive): `cache_aware:kv:load` is cache_aware on the KV-event index with
+/// `--load-aware-affinity`; `events-only` turns the KV-event index's in-flight overlay off.
+const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 4] = [
+    ("hash", &["--cache-index", "hash"]),
+    ("kv", &[]),
+    ("load", &["--load-aware-affinity"]),
+    ("events-only", &["--kv-inflight-ttl-secs", "0"]),
+];
+
+/// The modifiers of a `cache_aware:...` pseudo-policy, each once; `None`: not one.
+fn cache_aware_modifiers(policy: &str) -> Option<Vec<&'static str>> {
+    let rest = policy.strip_prefix("cache_aware:")?;
+    let mut modifiers: Vec<&'static str> = Vec::new();
+    for part in rest.split(':') {
+        let (name, _) = CACHE_AWARE_MODIFIERS.iter().find(|(m, _)| *m == part)?;
+        if modifiers.contains(name) {
+            return None;
+        }
+        modifiers.push(name);
+    }
+    let exclusive = modifiers.contains(&"hash") && modifiers.contains(&"kv");
+    (!exclusive).then_some(modifiers)
+}
+
+/// Whether `policy`'s engines publish KV events.
+fn publishes_kv_events(policy: &str) -> bool {
+    cache_aware_modifiers(policy).is_some_and(|m| m.contains(&"kv"))
+}
+
 /// The gateway flags that run one entry of `--policies`.
 fn policy_flags(policy: &str) -> Vec<&str> {
-    match policy {
-        CACHE_AWARE_HASH => vec!["--policy", "cache_aware", "--cache-index", "hash"],
-        CACHE_AWARE_KV => vec!["--policy", "cache_aware"],
-        CACHE_AWARE_LOAD => vec!["--policy", "cache_aware", "--load-aware-affinity"],
-        _ => vec!["--policy", policy],
+    match cache_aware_modifiers(policy) {
+        Some(modifiers) => {
+            let mut flags = vec!["--policy", "cache_aware"];
+            for (name, modifier_flags) in CACHE_AWARE_MODIFIERS {
+                if modifiers.contains(&name) {
+                    flags.extend_from_slice(modifier_flags);
+                }
+            }
+            flags
+        }
+        None => vec!["--policy", policy],
     }
 }
 
@@ -123,12 +159,14 @@ pub fn validate_policies(policies: &[String]) -> Result<(), String> {
         ));
     }
     for policy in policies {
-        let pseudo = PSEUDO_POLICIES.contains(&policy.as_str());
+        let pseudo = policy == DIRECT || cache_aware_modifiers(policy).is_some();
         if !pseudo && !KNOWN_POLICIES.contains(&policy.as_str()) {
             return Err(format!(
-                "--policies: unknown policy {policy:?} (known: {}, and {})",
+                "--policies: unknown policy {policy:?} (known: {}, and {}; cache_aware:'s \
+                 modifiers join with ':': {})",
                 KNOWN_POLICIES.join(", "),
-                PSEUDO_POLICIES.join(", ")
+                PSEUDO_POLICIES.join(", "),
+                CACHE_AWARE_MODIFIERS.map(|(m, _)| m).join(", ")
             ));
         }
     }
@@ -262,9 +300,9 @@ async fn start_engines(
     stop: watch::Receiver<bool>,
 ) -> Result<Vec<String>, String> {
     // With KV events, PUB sockets on kv_base + i and replay sockets on kv_base + engines + i.
-    let blocks = match policy {
-        CACHE_AWARE_KV => vec![options.engines, 2 * options.engines],
-        _ => vec![options.engines],
+    let blocks = match publishes_kv_events(policy) {
+        true => vec![options.engines, 2 * options.engines],
+        false => vec![options.engines],
     };
     let ports = free_port_blocks(&blocks)?;
     let base_port = ports[0];
@@ -436,6 +474,43 @@ mod tests {
         assert_eq!(
             pd_policy_flags("round_robin"),
             ["--pd-disaggregation", "--prefill-policy", "round_robin"]
+        );
+    }
+
+    #[test]
+    fn cache_aware_modifiers_combine_in_any_order_once_each() {
+        let policies = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            policy_flags("cache_aware:load:hash"),
+            [
+                "--policy",
+                "cache_aware",
+                "--cache-index",
+                "hash",
+                "--load-aware-affinity"
+            ]
+        );
+        assert_eq!(
+            policy_flags("cache_aware:kv:load"),
+            ["--policy", "cache_aware", "--load-aware-affinity"]
+        );
+        assert!(publishes_kv_events("cache_aware:kv:load"));
+        assert!(publishes_kv_events("cache_aware:events-only:kv"));
+        assert!(!publishes_kv_events("cache_aware:hash:load"));
+        assert_eq!(
+            policy_flags("cache_aware:kv:events-only"),
+            ["--policy", "cache_aware", "--kv-inflight-ttl-secs", "0"]
+        );
+        for bad in [
+            "cache_aware:hash:kv",
+            "cache_aware:load:load",
+            "cache_aware:",
+            "cache_aware:x",
+        ] {
+            assert!(validate_policies(&policies(&[bad])).is_err(), "{bad}");
+        }
+        assert!(
+            validate_policies(&policies(&["cache_aware:kv:load", "cache_aware:hash:load"])).is_ok()
         );
     }
 }

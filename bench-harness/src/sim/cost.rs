@@ -4,6 +4,16 @@
 //! `T` uncached tokens takes `4.21e-7·T² + 1.52e-2·T + 16.5` ms, a decode step at KV usage `p`
 //! (0..=1) takes `max(1, -25.74·p² + 54.01·p + 5.74)` ms. Every coefficient is a flag of
 //! `sim-engine`; [`CostModel`] is plain data so tests can build any curve.
+//!
+//! The decode curve's usage is the KV tokens the running requests hold over the pool the curve
+//! was published for (`decode_pool_tokens`: the mocker's default pool, 16,384 blocks of 64
+//! tokens, 1,048,576 tokens), not over the simulated engine's own cache. A decode step reads the
+//! model's weights and the batch's KV: its time grows with the KV tokens read, whatever the
+//! pool they sit in. Priced over the engine's own cache, a demo engine of 32,768 tokens charged
+//! a batch of six 2k-token requests (13k tokens) as 40% of a full GPU's KV (23.5 ms a step
+//! instead of 6.4), so any momentary pile-up of requests on one engine (a cache-aware router's
+//! groups, never round robin's strict turns) slowed every token of it 2-4x: an artefact of
+//! shrinking the caches to make routing matter, not an engine's behaviour.
 
 /// Prefill and decode step costs (coefficients in milliseconds).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,7 +32,14 @@ pub struct CostModel {
     pub decode_constant_ms: f64,
     /// Floor of a decode step, ms (the fitted parabola turns down near full usage).
     pub decode_min_ms: f64,
+    /// KV tokens of the pool whose usage the decode curve takes (usage = KV tokens in use over
+    /// this; at least 1).
+    pub decode_pool_tokens: u64,
 }
+
+/// The pool the published decode curve's usage is a fraction of: the mocker's default KV cache,
+/// 16,384 blocks of 64 tokens.
+pub const DECODE_POOL_TOKENS_DEFAULT: u64 = 16_384 * 64;
 
 impl Default for CostModel {
     fn default() -> Self {
@@ -34,6 +51,7 @@ impl Default for CostModel {
             decode_linear_ms: 54.01,
             decode_constant_ms: 5.74,
             decode_min_ms: 1.0,
+            decode_pool_tokens: DECODE_POOL_TOKENS_DEFAULT,
         }
     }
 }
@@ -52,6 +70,22 @@ impl CostModel {
         let ms =
             self.decode_quadratic_ms * p * p + self.decode_linear_ms * p + self.decode_constant_ms;
         ms.max(self.decode_min_ms).max(0.0)
+    }
+
+    /// Milliseconds of a decode step whose running requests hold `kv_tokens` KV tokens: the curve
+    /// at their share of `decode_pool_tokens`.
+    pub fn decode_ms_holding(&self, kv_tokens: u64) -> f64 {
+        self.decode_ms(self.usage_of(kv_tokens))
+    }
+
+    /// The decode curve's usage for `kv_tokens` in use.
+    pub fn usage_of(&self, kv_tokens: u64) -> f64 {
+        kv_tokens as f64 / self.decode_pool_tokens.max(1) as f64
+    }
+
+    /// [`Self::decode_ms_holding`] in whole simulated microseconds (at least 1).
+    pub fn decode_us_holding(&self, kv_tokens: u64) -> u64 {
+        ms_to_us(self.decode_ms_holding(kv_tokens))
     }
 
     /// [`Self::prefill_ms`] in whole simulated microseconds (at least 1, so time always advances).
@@ -118,5 +152,37 @@ mod tests {
         };
         assert!(close(steep.decode_ms(0.0), 1.0));
         assert!(cost.decode_ms(0.9) > cost.decode_ms(0.1));
+    }
+
+    #[test]
+    fn decode_is_priced_by_the_kv_tokens_held_over_the_published_pool_not_the_engines_cache() {
+        let cost = CostModel::default();
+        assert_eq!(cost.decode_pool_tokens, 1_048_576);
+        // Six 2,176-token requests: 1.2% of the published pool, whatever cache holds them.
+        let held = 6 * 2176;
+        let p = held as f64 / 1_048_576.0;
+        assert!(close(
+            cost.decode_ms_holding(held),
+            -25.74 * p * p + 54.01 * p + 5.74
+        ));
+        assert!(cost.decode_ms_holding(held) < 6.5);
+        assert!(cost.decode_ms_holding(held) > cost.decode_ms_holding(2176));
+        // A full pool costs what full usage costs; more than it, no more.
+        assert!(close(
+            cost.decode_ms_holding(1_048_576),
+            cost.decode_ms(1.0)
+        ));
+        assert!(close(
+            cost.decode_ms_holding(4_000_000),
+            cost.decode_ms(1.0)
+        ));
+        let small = CostModel {
+            decode_pool_tokens: 32_768,
+            ..CostModel::default()
+        };
+        assert!(close(
+            small.decode_ms_holding(held),
+            small.decode_ms(held as f64 / 32_768.0)
+        ));
     }
 }

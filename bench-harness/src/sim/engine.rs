@@ -372,7 +372,7 @@ impl Engine {
         } else if !self.running.is_empty() {
             (
                 StepKind::Decode,
-                self.config.cost.decode_us(self.token_usage()),
+                self.config.cost.decode_us_holding(self.used_tokens()),
             )
         } else {
             return None;
@@ -690,11 +690,6 @@ impl Engine {
             })
             .sum();
         self.cache.pinned_pages() * page_size + private
-    }
-
-    fn token_usage(&self) -> f64 {
-        let max_total = self.cache.capacity_pages() * self.config.page_size as u64;
-        ratio(self.used_tokens() as f64, max_total as f64)
     }
 }
 

@@ -44,10 +44,10 @@ fn a_lone_request_follows_the_cost_model() {
     assert_eq!(emits[0].at_us, ttft);
     assert!(!emits[0].finished);
     assert!(emits[2].finished);
-    // Decode steps are priced at the KV usage of the moment: 1001 then 1002 tokens in use.
-    let usage = |tokens: f64| tokens / f64::from(1 << 16);
-    let step1 = cost.decode_us(usage(992.0 + 9.0));
-    let step2 = cost.decode_us(usage(992.0 + 10.0));
+    // Decode steps are priced at the KV tokens held at the moment: 1001 then 1002 tokens in
+    // use (their share of the published curve's pool, not of this engine's cache).
+    let step1 = cost.decode_us_holding(992 + 9);
+    let step2 = cost.decode_us_holding(992 + 10);
     assert_eq!(emits[1].at_us, ttft + step1);
     assert_eq!(emits[2].at_us, ttft + step1 + step2);
     assert!(engine.is_idle());
@@ -283,10 +283,14 @@ fn decode_slows_as_kv_usage_grows() {
     engine.finish_step();
     let start = engine.now_us();
     let end = engine.begin_step(start).unwrap();
-    let usage = engine.loads(start).token_usage;
-    assert!(usage > 0.8);
-    assert_eq!(end - start, engine.config().cost.decode_us(usage));
-    assert!(end - start > engine.config().cost.decode_us(0.1));
+    let loads = engine.loads(start);
+    assert!(loads.token_usage > 0.8);
+    let cost = engine.config().cost;
+    assert_eq!(end - start, cost.decode_us_holding(loads.num_used_tokens));
+    assert!(
+        end - start > cost.decode_us_holding(1001),
+        "one request's step is quicker"
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use clap::Parser;
 
-use super::cost::CostModel;
+use super::cost::{CostModel, DECODE_POOL_TOKENS_DEFAULT};
 use super::disagg::{DisaggOptions, SimRole};
 use super::engine::{EngineConfig, MAX_WAITING_REQUESTS_DEFAULT};
 use super::faults::Faults;
@@ -124,6 +124,10 @@ pub struct SimArgs {
     /// Floor of a decode step, ms.
     #[arg(long, default_value_t = 1.0)]
     pub decode_min_ms: f64,
+    /// The decode curve's usage is the KV tokens in use over this many (the pool the published
+    /// curve was measured on), not over --kv-capacity-tokens.
+    #[arg(long, default_value_t = DECODE_POOL_TOKENS_DEFAULT)]
+    pub decode_pool_tokens: u64,
     /// Engines the --fault-* flags apply to (comma-separated indices; default: all).
     #[arg(long, value_delimiter = ',')]
     pub fault_engines: Vec<u16>,
@@ -370,6 +374,7 @@ impl SimArgs {
             decode_linear_ms: self.decode_linear_ms,
             decode_constant_ms: self.decode_constant_ms,
             decode_min_ms: self.decode_min_ms,
+            decode_pool_tokens: self.decode_pool_tokens.max(1),
         }
     }
 

@@ -257,6 +257,22 @@ fn added_holders_keep_the_most_blocks_first_and_never_lower_a_count() {
 }
 
 #[test]
+fn an_added_holder_is_provisional_and_its_mark_moves_with_it() {
+    let (mut writer, reader) = overlay_writer();
+    writer
+        .store(WorkerId(2), &[21, 22], None, &tokens(&[1, 2]), BS)
+        .unwrap();
+    let mut found = reader.lookup(&chain_of(&tokens(&[1, 2, 3])), BS);
+    assert_eq!(found.held_by(WorkerId(2)), (2, Provenance::Engine));
+    // This core's recent dispatch of the whole prompt to worker 1 passes worker 2.
+    found.add_holder(WorkerId(1), 3);
+    assert_eq!(found.holders(), &[(WorkerId(1), 3), (WorkerId(2), 2)]);
+    assert_eq!(found.held_by(WorkerId(1)), (3, Provenance::InFlight));
+    assert_eq!(found.held_by(WorkerId(2)), (2, Provenance::Engine));
+    assert_eq!(found.held_by(WorkerId(5)), (0, Provenance::Engine));
+}
+
+#[test]
 fn publishing_models_answer_with_their_block_size_or_for_any_model() {
     let models = PublishingModels {
         models: vec![(7, 16), (8, 0)],
@@ -355,4 +371,158 @@ fn blocks_salted_by_a_lora_or_extra_keys_are_never_predicted_for_a_plain_request
         .store_salted(WorkerId(2), &[31, 32], None, &content[..2 * BS], BS, &[])
         .unwrap();
     assert_eq!(held(&reader.lookup(&chain_of(&content), BS)), [(2, 2)]);
+}
+
+/// The in-flight overlay's lifecycle: a writer with it on, workers 1 and 2 publishing.
+fn overlay_writer() -> (KvIndexWriter, KvIndexReader) {
+    let mut writer =
+        KvIndexWriter::new(1024).with_inflight_overlay(std::time::Duration::from_secs(30));
+    let reader = writer.reader();
+    for w in [1, 2] {
+        writer.attach(WorkerId(w)).unwrap();
+    }
+    (writer, reader)
+}
+
+/// `(worker, blocks held, whether some are only in flight)` of a lookup, by worker.
+fn held_confirmed(found: &BlockMatch) -> Vec<(u16, u32, bool)> {
+    let mut held: Vec<(u16, u32, bool)> = found
+        .holders()
+        .iter()
+        .map(|(w, n)| {
+            let (blocks, provenance) = found.held_by(*w);
+            assert_eq!(blocks, *n);
+            (w.0, *n, provenance == Provenance::InFlight)
+        })
+        .collect();
+    held.sort_unstable();
+    held
+}
+
+#[test]
+fn a_dispatch_holds_its_blocks_provisionally_until_its_engine_confirms_them() {
+    let (mut writer, reader) = overlay_writer();
+    // Worker 1's engine holds a b; a request for a b c d goes to it.
+    writer
+        .store(WorkerId(1), &[11, 12], None, &tokens(&[1, 2]), BS)
+        .unwrap();
+    let chain = chain_of(&tokens(&[1, 2, 3, 4]));
+    let stats = writer.dispatched(FlightId(7), WorkerId(1), &chain, 0);
+    assert_eq!((stats.claimed, stats.confirmed, stats.refused), (2, 2, 0));
+    assert_eq!(writer.inflight(), (1, 2));
+    let found = reader.lookup(&chain, BS);
+    assert_eq!(held_confirmed(&found), [(1, 4, true)], "c d in flight");
+    // Never written into the engines' truth.
+    assert_eq!(
+        (writer.live_blocks(), writer.blocks_of(WorkerId(1))),
+        (2, 2)
+    );
+    // The engine stores c d: confirmed, the claims are gone though the request runs on.
+    writer
+        .store(WorkerId(1), &[13, 14], Some(12), &tokens(&[3, 4]), BS)
+        .unwrap();
+    assert_eq!(writer.inflight(), (1, 0));
+    assert_eq!(held_confirmed(&reader.lookup(&chain, BS)), [(1, 4, false)]);
+    // It evicts d: the lookup follows the engine, the ended flight releases nothing twice.
+    writer.remove(WorkerId(1), &[14]);
+    writer.flight_ended(FlightId(7), FlightEnd::Failed, 5);
+    assert_eq!(writer.inflight(), (0, 0));
+    assert_eq!(held_confirmed(&reader.lookup(&chain, BS)), [(1, 3, false)]);
+}
+
+#[test]
+fn a_failed_or_aborted_request_lets_go_at_once_and_an_answered_one_after_the_grace() {
+    let (mut writer, reader) = overlay_writer();
+    let chain = chain_of(&tokens(&[5, 6, 7]));
+    writer.dispatched(FlightId(1), WorkerId(1), &chain, 0);
+    writer.dispatched(FlightId(2), WorkerId(2), &chain, 0);
+    assert_eq!(
+        held_confirmed(&reader.lookup(&chain, BS)),
+        [(1, 3, true), (2, 3, true)]
+    );
+    // Failure, abort and timeout all end as failed: worker 1's claim goes now.
+    writer.flight_ended(FlightId(1), FlightEnd::Failed, 10);
+    assert_eq!(held_confirmed(&reader.lookup(&chain, BS)), [(2, 3, true)]);
+    // Worker 2 answered, but its engine never confirmed: the claim outlives the answer by the
+    // grace only.
+    writer.flight_ended(FlightId(2), FlightEnd::Answered, 10);
+    let grace = crate::limits::KV_INFLIGHT_CONFIRM_GRACE.as_millis() as u64;
+    assert_eq!(writer.expire_flights(10 + grace - 1), 0);
+    assert_eq!(held_confirmed(&reader.lookup(&chain, BS)), [(2, 3, true)]);
+    assert_eq!(writer.expire_flights(10 + grace), 1);
+    assert!(reader.lookup(&chain, BS).holders().is_empty());
+    assert_eq!(writer.inflight(), (0, 0));
+    // An end heard twice, or for a flight never started, changes nothing.
+    writer.flight_ended(FlightId(2), FlightEnd::Failed, 20);
+    writer.flight_ended(FlightId(99), FlightEnd::Answered, 20);
+    assert_eq!(writer.inflight(), (0, 0));
+}
+
+#[test]
+fn a_flight_whose_end_is_never_heard_expires_after_the_ttl() {
+    let (mut writer, reader) = overlay_writer();
+    let chain = chain_of(&tokens(&[8, 9]));
+    writer.dispatched(FlightId(3), WorkerId(2), &chain, 1_000);
+    assert_eq!(writer.expire_flights(30_999), 0);
+    assert_eq!(held_confirmed(&reader.lookup(&chain, BS)), [(2, 2, true)]);
+    assert_eq!(writer.expire_flights(31_000), 1);
+    assert!(reader.lookup(&chain, BS).holders().is_empty());
+}
+
+#[test]
+fn flights_sharing_a_prefix_keep_it_until_the_last_ends_and_a_removed_worker_drops_all() {
+    let (mut writer, reader) = overlay_writer();
+    let system = chain_of(&tokens(&[1, 2]));
+    let first = chain_of(&tokens(&[1, 2, 3]));
+    let second = chain_of(&tokens(&[1, 2, 4]));
+    writer.dispatched(FlightId(1), WorkerId(1), &first, 0);
+    writer.dispatched(FlightId(2), WorkerId(1), &second, 0);
+    writer.dispatched(FlightId(3), WorkerId(2), &system, 0);
+    assert_eq!(writer.inflight(), (3, 4 + 2));
+    writer.flight_ended(FlightId(1), FlightEnd::Failed, 1);
+    // The shared system blocks stay for flight 2; block 3 went with flight 1.
+    assert_eq!(
+        held_confirmed(&reader.lookup(&first, BS)),
+        [(1, 2, true), (2, 2, true)]
+    );
+    assert_eq!(
+        held_confirmed(&reader.lookup(&second, BS)),
+        [(1, 3, true), (2, 2, true)]
+    );
+    // Worker 1 is removed: its flights and claims go, worker 2's stay.
+    writer.detach(WorkerId(1));
+    assert_eq!(held_confirmed(&reader.lookup(&second, BS)), [(2, 2, true)]);
+    assert_eq!(writer.inflight(), (1, 2));
+    // A worker that does not publish claims nothing.
+    let stats = writer.dispatched(FlightId(4), WorkerId(9), &second, 2);
+    assert_eq!(stats, FlightStats::default());
+    assert_eq!(writer.inflight(), (1, 2));
+}
+
+#[test]
+fn without_the_overlay_a_dispatch_changes_nothing() {
+    let mut writer = KvIndexWriter::new(1024);
+    let reader = writer.reader();
+    writer.attach(WorkerId(1)).unwrap();
+    let chain = chain_of(&tokens(&[1, 2]));
+    assert_eq!(
+        writer.dispatched(FlightId(1), WorkerId(1), &chain, 0),
+        FlightStats::default()
+    );
+    assert!(reader.lookup(&chain, BS).holders().is_empty());
+    assert_eq!(writer.inflight(), (0, 0));
+}
+
+#[test]
+fn the_overlay_refuses_claims_past_its_most_blocks_and_counts_them() {
+    // An index of 4 blocks sizes its overlay for 4.
+    let mut writer = KvIndexWriter::new(4).with_inflight_overlay(std::time::Duration::from_secs(5));
+    let reader = writer.reader();
+    writer.attach(WorkerId(1)).unwrap();
+    let chain = chain_of(&tokens(&[1, 2, 3, 4, 5, 6]));
+    let stats = writer.dispatched(FlightId(1), WorkerId(1), &chain, 0);
+    assert_eq!((stats.claimed, stats.refused), (4, 2));
+    assert_eq!(held_confirmed(&reader.lookup(&chain, BS)), [(1, 4, true)]);
+    writer.flight_ended(FlightId(1), FlightEnd::Failed, 1);
+    assert!(reader.lookup(&chain, BS).holders().is_empty());
 }

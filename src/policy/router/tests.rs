@@ -802,3 +802,95 @@ mod hash_tests {
         assert!(chosen.iter().all(|w| *w == chosen[0]), "{chosen:?}");
     }
 }
+
+/// A router in front of a KV-event index with the in-flight overlay on, whose workers 0 and 1
+/// publish (model "m", block size 4), and the index's writer.
+fn router_with_overlay() -> (Router, Arc<PolicyMetrics>, crate::index::kv::KvIndexWriter) {
+    use crate::index::kv::{KvIndexWriter, PublishingModels};
+    let config = PolicyArgs::default().validate().unwrap();
+    let ttl = config.kv_inflight_ttl.expect("on by default");
+    let mut writer = KvIndexWriter::new(1024).with_inflight_overlay(ttl);
+    let metrics = Arc::new(PolicyMetrics::default());
+    let blocks = crate::policy::Blocks::new(writer.reader());
+    let router = Router::new(config, 5, None, metrics.clone()).with_events(blocks);
+    for w in [0, 1] {
+        writer.attach(WorkerId(w)).unwrap();
+    }
+    writer.publish_models(PublishingModels {
+        models: vec![(model_hash("m"), 4)],
+        any_model: None,
+    });
+    (router, metrics, writer)
+}
+
+#[test]
+fn a_follow_up_before_its_engine_reports_routes_on_the_overlay_and_counts_as_provisional() {
+    use crate::index::kv::{FlightEnd, FlightId, Provenance};
+    let (mut router, metrics, mut writer) = router_with_overlay();
+    let urls = ["http://w0", "http://w1"];
+    let turn = |ids: std::ops::Range<u32>| {
+        let ids: Vec<u32> = ids.collect();
+        serde_json::json!({"model": "m", "input_ids": ids}).to_string()
+    };
+    // The first turn: nobody holds it; the worker chosen gets its 4 blocks in flight (no
+    // record is made here, so this core's recent dispatches know nothing of it).
+    let (first, prepared) =
+        prepare_and_route_idle(&mut router, &urls, (Endpoint::Generate, &turn(0..16)), 10);
+    assert_eq!(metrics.kv_predictions(), (0, 0), "a miss predicts nothing");
+    let keys = router.flight_keys(&prepared, first).expect("its keys");
+    assert_eq!(keys.len(), 4);
+    writer.dispatched(FlightId(1), first, &keys, 10);
+    // Follow-ups (the first turn and more) before the engine reported a block find the first
+    // turn's worker every time, provisionally.
+    for n in 1..=8 {
+        let (worker, prepared) =
+            prepare_and_route_idle(&mut router, &urls, (Endpoint::Generate, &turn(0..24)), 20);
+        assert_eq!(
+            worker, first,
+            "the follow-up goes where its prefix is in flight"
+        );
+        let Some(Lookup::Blocks(blocks)) = &prepared.lookup else {
+            panic!("a KV-event lookup");
+        };
+        assert_eq!(blocks.held_by(first), (4, Provenance::InFlight));
+        // Its leading blocks were only in flight: all 6 keys go, the control core passes over
+        // those the engine holds.
+        let keys = router.flight_keys(&prepared, first);
+        assert_eq!(keys.map(|k| k.len()), Some(6));
+        assert_eq!(metrics.kv_predictions(), (0, n));
+    }
+    // The engine reports the first turn's blocks: the claims are gone, the prediction is
+    // confirmed, and only the follow-up's 2 new blocks would be claimed.
+    let hashes: Vec<u64> = (100..104).collect();
+    writer
+        .store(first, &hashes, None, &(0..16).collect::<Vec<u32>>(), 4)
+        .unwrap();
+    assert_eq!(writer.inflight(), (1, 0));
+    let (worker, prepared) =
+        prepare_and_route_idle(&mut router, &urls, (Endpoint::Generate, &turn(0..24)), 30);
+    assert_eq!(worker, first);
+    assert_eq!(
+        router.flight_keys(&prepared, first).map(|k| k.len()),
+        Some(2)
+    );
+    assert_eq!(metrics.kv_predictions(), (1, 8));
+    writer.flight_ended(FlightId(1), FlightEnd::Answered, 30);
+}
+
+#[test]
+fn without_the_overlay_no_flight_is_sent() {
+    let args = PolicyArgs {
+        kv_inflight_ttl_secs: 0,
+        ..PolicyArgs::default()
+    };
+    let config = args.validate().unwrap();
+    assert_eq!(config.kv_inflight_ttl, None);
+    let writer = crate::index::kv::KvIndexWriter::new(64);
+    let blocks = crate::policy::Blocks::new(writer.reader());
+    let mut router =
+        Router::new(config, 5, None, Arc::new(PolicyMetrics::default())).with_events(blocks);
+    let body = r#"{"model":"m","input_ids":[1,2,3,4,5,6,7,8]}"#;
+    let (worker, prepared) =
+        prepare_and_route_idle(&mut router, &["http://w0"], (Endpoint::Generate, body), 10);
+    assert_eq!(router.flight_keys(&prepared, worker), None);
+}
