@@ -81,7 +81,7 @@ impl Universe {
 
     fn check_tokens(&self, query: &[u32], found: &TreeMatch) -> Result<(), String> {
         let matched = found.matched_len as usize;
-        if matched % BLOCK_SIZE != 0
+        if !matched.is_multiple_of(BLOCK_SIZE)
             || matched > query.len()
             || found.request_len as usize != query.len()
         {

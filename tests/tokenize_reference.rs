@@ -254,7 +254,7 @@ fn mixed_text(seed: u64, bytes: usize) -> String {
         state ^= state >> 7;
         state ^= state << 17;
         out.push_str(WORDS[(state % WORDS.len() as u64) as usize]);
-        if state % 5 != 0 {
+        if !state.is_multiple_of(5) {
             out.push(' ');
         }
     }

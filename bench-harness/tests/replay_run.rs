@@ -93,7 +93,7 @@ async fn handle(
     } else {
         response.header("x-smg-routed-worker-id", format!("http://w{}", n % 3))
     };
-    if n % 5 == 0 {
+    if n.is_multiple_of(5) {
         drop(tx);
         return Ok(response.status(503).body(ChannelBody(rx)).unwrap());
     }

@@ -452,7 +452,7 @@ impl<E: Element> Node<E> {
             ];
             fence(Ordering::Acquire);
             let after = self.mru_version.load(Ordering::Relaxed);
-            if before == after && before % 2 == 0 {
+            if before == after && before.is_multiple_of(2) {
                 return unpack_mru(words);
             }
             std::hint::spin_loop();

@@ -48,7 +48,7 @@ impl<const W: usize> std::fmt::Debug for SlotTable<W> {
 impl<const W: usize> SlotTable<W> {
     const PER_LINE: usize = LINE_WORDS / W;
     const TILES: () = assert!(
-        W >= 1 && W <= LINE_WORDS && LINE_WORDS % W == 0,
+        W >= 1 && W <= LINE_WORDS && LINE_WORDS.is_multiple_of(W),
         "slots tile a cache line"
     );
 
