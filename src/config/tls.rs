@@ -319,12 +319,19 @@ mod tests {
         };
         let one = parse(&["--ca-cert-path", "a.pem"]).unwrap();
         assert_eq!(one, [PathBuf::from("a.pem")]);
-        let mixed = parse(&["--ca-cert-path", "a.pem", "b.pem", "--ca-cert-paths", "c.pem"]);
+        let mixed = parse(&[
+            "--ca-cert-path",
+            "a.pem",
+            "b.pem",
+            "--ca-cert-paths",
+            "c.pem",
+        ]);
         let paths = ["a.pem", "b.pem", "c.pem"].map(PathBuf::from);
         assert_eq!(mixed.unwrap(), paths);
         // Read as --ca-cert-paths is: a file without a certificate is refused under that name.
         // (A file of its own: the test above removes its directory when it ends.)
-        let empty = std::env::temp_dir().join(format!("kvgate-ca-alias-{}.pem", std::process::id()));
+        let empty =
+            std::env::temp_dir().join(format!("kvgate-ca-alias-{}.pem", std::process::id()));
         std::fs::write(&empty, "no PEM here\n").unwrap();
         let error = config(&["--ca-cert-path", &empty.display().to_string()]).unwrap_err();
         assert_eq!(error.flag, "--ca-cert-paths");
