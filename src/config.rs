@@ -526,7 +526,9 @@ impl Config {
         }
         let request_id_headers = crate::request::id::request_id_headers(&cli.request_id_headers)
             .map_err(|e| FlagError::new("--request-id-headers", e))?;
-        let discovery = cli.discovery.config(&mut startup_notices)?;
+        let discovery = cli
+            .discovery
+            .config(cli.pd.pd_disaggregation, &mut startup_notices)?;
         Ok(Config {
             mesh,
             request_id_headers,

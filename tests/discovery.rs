@@ -237,6 +237,17 @@ fn pod(name: &str, port: u16, ready: bool) -> Value {
     })
 }
 
+/// A pod of a disaggregated fleet: `app=engine` and `role=<role>`, ready, with SMG's
+/// bootstrap-port annotation when `bootstrap_port` is given.
+fn role_pod(name: &str, port: u16, role: &str, bootstrap_port: Option<u16>) -> Value {
+    let mut pod = pod(name, port, true);
+    pod["metadata"]["labels"]["role"] = json!(role);
+    if let Some(bootstrap) = bootstrap_port {
+        pod["metadata"]["annotations"]["sglang.ai/bootstrap-port"] = json!(bootstrap.to_string());
+    }
+    pod
+}
+
 fn origin_port(origin: &MockOrigin) -> u16 {
     origin
         .url()
@@ -264,17 +275,20 @@ fn worker_urls(gateway: &Gateway) -> Vec<String> {
 static KUBECONFIG_LOCK: Mutex<()> = Mutex::new(());
 
 fn start_gateway(api: &FakeApiServer, dir: &std::path::Path) -> Gateway {
+    start_gateway_with(api, dir, &["--selector", "app=engine"])
+}
+
+/// A gateway discovering through `api`'s namespace with `selectors` (and any other flags).
+fn start_gateway_with(api: &FakeApiServer, dir: &std::path::Path, selectors: &[&str]) -> Gateway {
     let _alone = KUBECONFIG_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     // The child inherits the environment: the kubeconfig is found as kubectl finds it.
     std::env::set_var("KUBECONFIG", api.kubeconfig(dir));
-    let flags = [
+    let discovery = [
         "--service-discovery",
-        "--selector",
-        "app=engine",
         "--service-discovery-namespace",
         NAMESPACE,
     ];
-    Gateway::start(&[], &flags)
+    Gateway::start(&[], &[&discovery[..], selectors].concat())
 }
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
@@ -401,6 +415,119 @@ fn a_lost_watch_and_an_outage_resume_from_the_last_version_and_a_410_relists() {
         .count();
     assert_eq!(lists, 2, "{:?}", api.calls());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `(url, worker_type, bootstrap_port)` of each worker `GET /workers` lists, not draining (the
+/// port as JSON text: `null` when the engine's default).
+fn worker_roles(gateway: &Gateway) -> Vec<(String, String, String)> {
+    let listed: Value = serde_json::from_str(&gateway.workers_json()).unwrap_or(Value::Null);
+    let workers = listed["workers"].as_array().cloned().unwrap_or_default();
+    let mut roles: Vec<(String, String, String)> = workers
+        .iter()
+        .filter(|w| w["draining"] != json!(true))
+        .map(|w| {
+            let url = w["url"].as_str().unwrap_or("").to_string();
+            let worker_type = w["worker_type"].as_str().unwrap_or("").to_string();
+            (url, worker_type, w["bootstrap_port"].to_string())
+        })
+        .collect();
+    roles.sort();
+    roles
+}
+
+#[test]
+fn under_pd_prefill_and_decode_pods_become_workers_in_their_roles() {
+    let (prefill, decode, other) = (ok_origin(), ok_origin(), ok_origin());
+    let api = FakeApiServer::start();
+    api.put(role_pod(
+        "engine-p",
+        origin_port(&prefill),
+        "prefill",
+        Some(8998),
+    ));
+    api.put(role_pod("engine-d", origin_port(&decode), "decode", None));
+    // Matches neither role selector: no worker.
+    api.put(role_pod("engine-x", origin_port(&other), "router", None));
+    let dir = temp_dir("discovery-pd");
+    let selectors = [
+        "--pd-disaggregation",
+        "--prefill-selector",
+        "app=engine",
+        "role=prefill",
+        "--decode-selector",
+        "app=engine",
+        "role=decode",
+    ];
+    let gateway = start_gateway_with(&api, &dir, &selectors);
+    let mut both = vec![
+        (prefill.url(), "prefill".to_string(), "8998".to_string()),
+        (decode.url(), "decode".to_string(), "null".to_string()),
+    ];
+    both.sort();
+    assert!(
+        wait_until(TIMEOUT, || worker_roles(&gateway) == both),
+        "{:?}",
+        worker_roles(&gateway)
+    );
+    // One watch for both roles, filtered by the labels their selectors share.
+    let calls = api.calls();
+    assert!(
+        calls[0].contains("labelSelector=app%3Dengine&")
+            || calls[0].ends_with("labelSelector=app%3Dengine"),
+        "{calls:?}"
+    );
+    // Deleted: the prefill pod's worker leaves, then the decode pod's.
+    api.delete("engine-p");
+    let decode_only = vec![(decode.url(), "decode".to_string(), "null".to_string())];
+    assert!(
+        wait_until(TIMEOUT, || worker_roles(&gateway) == decode_only),
+        "{:?}",
+        worker_roles(&gateway)
+    );
+    api.delete("engine-d");
+    assert!(
+        wait_until(TIMEOUT, || worker_roles(&gateway).is_empty()),
+        "{:?}",
+        worker_roles(&gateway)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SMG's rules for the role selectors: under `--pd-disaggregation` discovery needs one of them
+/// (`--selector` alone is refused); without it they are accepted and not applied.
+#[test]
+fn the_pd_selectors_follow_smgs_rules() {
+    let output = std::process::Command::new(utils::process::workspace_bin("kvgate"))
+        .args([
+            "--pd-disaggregation",
+            "--service-discovery",
+            "--selector",
+            "app=engine",
+        ])
+        .args(["--port", "1"])
+        .output()
+        .expect("run kvgate");
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--prefill-selector"), "{stderr}");
+    use clap::Parser;
+    let argv = [
+        "kvgate",
+        "--service-discovery",
+        "--selector",
+        "app=engine",
+        "--prefill-selector",
+        "role=prefill",
+    ];
+    let cli = kvgate::config::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+    let config = kvgate::config::Config::from_cli(&cli).unwrap_or_else(|e| panic!("{e}"));
+    let discovery = config.discovery.expect("discovery on");
+    assert_eq!(discovery.label_selector(), "app=engine");
+    let named = config
+        .startup_notices
+        .iter()
+        .any(|n| n.contains("--prefill-selector"));
+    assert!(named, "{:?}", config.startup_notices);
 }
 
 #[test]

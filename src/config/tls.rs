@@ -46,10 +46,11 @@ pub struct TlsArgs {
     )]
     pub tls_key_path: Option<PathBuf>,
     /// CA certificates (PEM) trusted for https:// workers, besides the system's roots; several
-    /// paths may follow the flag.
+    /// paths may follow the flag (--ca-cert-path, as issue 39 spells it, is the same flag).
     #[arg(
         help_heading = "TLS/mTLS Security",
         long = "ca-cert-paths",
+        visible_alias = "ca-cert-path",
         value_name = "PATH",
         num_args = 1..
     )]
@@ -307,5 +308,33 @@ mod tests {
         let mismatched = config(&[&client[..], &[path("other-key.pem").as_str()]].concat());
         assert_eq!(mismatched.unwrap_err().flag, "--client-key-path");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ca_cert_path_is_ca_cert_paths() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let argv = std::iter::once("kvgate").chain(args.iter().copied());
+            Flags::try_parse_from(argv).map(|f| f.tls.ca_cert_paths)
+        };
+        let one = parse(&["--ca-cert-path", "a.pem"]).unwrap();
+        assert_eq!(one, [PathBuf::from("a.pem")]);
+        let mixed = parse(&[
+            "--ca-cert-path",
+            "a.pem",
+            "b.pem",
+            "--ca-cert-paths",
+            "c.pem",
+        ]);
+        let paths = ["a.pem", "b.pem", "c.pem"].map(PathBuf::from);
+        assert_eq!(mixed.unwrap(), paths);
+        // Read as --ca-cert-paths is: a file without a certificate is refused under that name.
+        // (A file of its own: the test above removes its directory when it ends.)
+        let empty =
+            std::env::temp_dir().join(format!("kvgate-ca-alias-{}.pem", std::process::id()));
+        std::fs::write(&empty, "no PEM here\n").unwrap();
+        let error = config(&["--ca-cert-path", &empty.display().to_string()]).unwrap_err();
+        assert_eq!(error.flag, "--ca-cert-paths");
+        std::fs::remove_file(&empty).unwrap();
     }
 }

@@ -1,7 +1,9 @@
 //! The discovery thread (`kvgate-discovery`, only with `--service-discovery`): a tokio
 //! current-thread runtime (the `kube` client needs tokio) that lists and watches the pods
-//! matching `--selector` through the API server and hands the control core the same admin calls
-//! an operator would make: `POST /workers` for a pod that turned ready, `DELETE /workers/{url}`
+//! matching `--selector` (under `--pd-disaggregation`, `--prefill-selector` and
+//! `--decode-selector`) through the API server and hands the control core the same admin calls
+//! an operator would make: `POST /workers` (with `worker_type` and `bootstrap_port`) for a pod
+//! that turned ready, `DELETE /workers/{url}`
 //! (which drains) for one that turned unready, is being deleted or is gone. The rules (which
 //! pod is a worker, what to ask next) are `workers::discovery`; this thread only talks to the
 //! API server and the admin queue. It never touches the worker table, and no data core sees it.
@@ -77,7 +79,12 @@ async fn watch_pods(config: DiscoveryConfig, shared: Arc<Shared>) {
         namespace = config.namespace.as_deref().unwrap_or("(all)"),
         "service discovery: watching pods"
     );
-    let watch = watcher::Config::default().labels(&selector);
+    // Under --pd-disaggregation the role selectors may share no label: then every pod is
+    // listed and the roles' selectors pick the workers.
+    let watch = match selector.is_empty() {
+        true => watcher::Config::default(),
+        false => watcher::Config::default().labels(&selector),
+    };
     let mut events = watcher::watcher(pods, watch).default_backoff().boxed();
     let mut found = DiscoveredWorkers::default();
     let mut sent: Vec<Sent> = Vec::new();
@@ -125,9 +132,14 @@ fn send_step(
     now: Instant,
 ) {
     let (route, body) = match &step {
-        Step::Add(url) => {
-            tracing::info!(worker = %url, "service discovery: pod ready, adding its worker");
-            let body = serde_json::json!({ "url": url }).to_string().into_bytes();
+        Step::Add(url, role) => {
+            tracing::info!(worker = %url, worker_type = role.name(), "service discovery: pod ready, adding its worker");
+            let body = serde_json::json!({
+                "url": url,
+                "worker_type": role.name(),
+                "bootstrap_port": role.bootstrap_port(),
+            });
+            let body = body.to_string().into_bytes();
             (AdminRoute::AddWorker, body)
         }
         Step::Remove(url) => {
@@ -163,13 +175,13 @@ fn collect_answers(
             return true;
         };
         match &call.step {
-            Step::Add(_) => figures.count_registration(status == 201),
+            Step::Add(..) => figures.count_registration(status == 201),
             Step::Remove(_) if status == 202 => figures.count_deregistration(),
             Step::Remove(_) => {}
         }
         match (&call.step, status) {
-            (Step::Add(_), 201) | (Step::Remove(_), 202 | 404) => {}
-            (Step::Add(url), _) => {
+            (Step::Add(..), 201) | (Step::Remove(_), 202 | 404) => {}
+            (Step::Add(url, _), _) => {
                 tracing::warn!(worker = %url, status, answer = %body, "service discovery: worker not added yet; trying again")
             }
             (Step::Remove(url), _) => {

@@ -1,26 +1,35 @@
 //! Kubernetes service discovery as SMG's (`--service-discovery`, `--selector`,
-//! `--service-discovery-port`, `--service-discovery-namespace`), free of I/O: which pods are
-//! workers, at which URLs, and what to add or remove so the registered workers follow them.
+//! `--service-discovery-port`, `--service-discovery-namespace`, and under `--pd-disaggregation`
+//! `--prefill-selector`/`--decode-selector`), free of I/O: which pods are workers, in which
+//! role, at which URLs, and what to add or remove so the registered workers follow them.
 //!
-//! Key types: [`DiscoveryArgs`] (the flags) and [`DiscoveryConfig`] (checked); [`pod_urls`] (a
-//! pod's worker URLs, none unless it matches the selector, runs, is `Ready` and is not being
-//! deleted: SMG's `PodInfo::is_healthy`); [`DiscoveredWorkers`], the reconciliation: the URLs
-//! the watched pods want against the ones discovery registered, as [`Step`]s for the control
-//! core's admin lifecycle (`POST /workers`, `DELETE /workers/{url}`, which drains). A worker
-//! discovery did not add (`--worker-urls`, the admin API) is never removed by it. Errors: a
+//! Key types: [`DiscoveryArgs`] (the flags) and [`DiscoveryConfig`] (checked, its
+//! [`Selectors`] per mode); [`pod_workers`] (a pod's workers, none unless it matches a selector,
+//! runs, is `Ready` and is not being deleted: SMG's `PodInfo::is_healthy`; a prefill pod's
+//! bootstrap port from its `sglang.ai/bootstrap-port` annotation); [`DiscoveredWorkers`], the
+//! reconciliation: the workers the watched pods want against the ones discovery registered, as
+//! [`Step`]s for the control core's admin lifecycle (`POST /workers` with `worker_type` and
+//! `bootstrap_port`, `DELETE /workers/{url}`, which drains). A worker discovery did not add
+//! (`--worker-urls`, `--prefill`/`--decode`, the admin API) is never removed by it. Errors: a
 //! malformed flag is a `FlagError`; a pod that cannot be read is no worker.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::role::WorkerRole;
 use crate::error::FlagError;
 
 /// SMG's annotation listing a pod's worker ports (comma-separated), for pods that run several
 /// servers; without it a pod has one worker on `--service-discovery-port`.
 pub const WORKER_PORTS_ANNOTATION: &str = "smg.ai/worker-ports";
+
+/// SMG's annotation giving a prefill pod's bootstrap port: one port for all its workers, or a
+/// comma-separated list aligned with its worker ports. Absent or misaligned: `null`, the
+/// engine's default (as `--prefill URL` without a port).
+pub const BOOTSTRAP_PORT_ANNOTATION: &str = "sglang.ai/bootstrap-port";
 
 /// How long a refused add (the worker not healthy yet, or still draining from an earlier pod
 /// of the same address) waits before it is tried again.
@@ -60,40 +69,108 @@ pub struct DiscoveryArgs {
         long = "model-id-from"
     )]
     pub model_id_from: Option<String>,
+    /// Labels of prefill worker pods, as key=value (all must match), under --pd-disaggregation;
+    /// a pod's bootstrap port is its sglang.ai/bootstrap-port annotation.
+    #[arg(help_heading = "Service Discovery (Kubernetes)", long = "prefill-selector", num_args = 0.., value_name = "KEY=VALUE")]
+    pub prefill_selector: Vec<String>,
+    /// Labels of decode worker pods, as key=value (all must match), under --pd-disaggregation.
+    #[arg(help_heading = "Service Discovery (Kubernetes)", long = "decode-selector", num_args = 0.., value_name = "KEY=VALUE")]
+    pub decode_selector: Vec<String>,
+}
+
+/// Labels a pod must carry (all of them), in flag order.
+pub type LabelSelector = Vec<(String, String)>;
+
+/// Which pods are workers, and in which role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selectors {
+    /// Regular mode: pods matching `--selector` are regular workers.
+    Regular(LabelSelector),
+    /// `--pd-disaggregation`: pods matching `--prefill-selector` are prefill workers, else those
+    /// matching `--decode-selector` decode workers (SMG's order); either may be empty (no pod
+    /// of that role is discovered).
+    PrefillDecode {
+        /// `--prefill-selector`.
+        prefill: LabelSelector,
+        /// `--decode-selector`.
+        decode: LabelSelector,
+    },
 }
 
 /// The checked discovery settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiscoveryConfig {
-    /// Labels a worker pod must carry, in flag order.
-    pub selector: Vec<(String, String)>,
+    /// Which pods are workers, in which role.
+    pub selectors: Selectors,
     /// A pod's worker port when it has no ports annotation.
     pub port: u16,
     /// The namespace watched (`None`: all).
     pub namespace: Option<String>,
 }
 
+/// A selector flag's `key=value` items, checked.
+fn parse_selector(flag: &'static str, items: &[String]) -> Result<LabelSelector, FlagError> {
+    let mut selector = Vec::with_capacity(items.len());
+    for item in items {
+        let pair = item.split_once('=').filter(|(k, _)| !k.trim().is_empty());
+        let Some((key, value)) = pair else {
+            let message = format!("{item:?} is not key=value");
+            return Err(FlagError::new(flag, message));
+        };
+        selector.push((key.trim().to_string(), value.trim().to_string()));
+    }
+    Ok(selector)
+}
+
 impl DiscoveryArgs {
-    /// The settings, `None` without `--service-discovery`; notices for flags accepted and not
-    /// applied go to `notices`.
-    pub fn config(&self, notices: &mut Vec<String>) -> Result<Option<DiscoveryConfig>, FlagError> {
+    /// The settings, `None` without `--service-discovery`; `pd_disaggregation` picks the
+    /// selectors that apply (SMG's: `--selector` in regular mode, the role selectors under
+    /// `--pd-disaggregation`, the others accepted and ignored). Notices for flags accepted and
+    /// not applied go to `notices`.
+    pub fn config(
+        &self,
+        pd_disaggregation: bool,
+        notices: &mut Vec<String>,
+    ) -> Result<Option<DiscoveryConfig>, FlagError> {
         if !self.service_discovery {
             return Ok(None);
         }
-        let mut selector = Vec::with_capacity(self.selector.len());
-        for item in &self.selector {
-            let pair = item.split_once('=').filter(|(k, _)| !k.trim().is_empty());
-            let Some((key, value)) = pair else {
-                let message = format!("{item:?} is not key=value");
-                return Err(FlagError::new("--selector", message));
-            };
-            selector.push((key.trim().to_string(), value.trim().to_string()));
-        }
-        if selector.is_empty() {
-            // SMG discovers nothing without one; refusing says why at start.
-            let message = "--service-discovery needs at least one key=value label";
-            return Err(FlagError::new("--selector", message));
-        }
+        let selector = parse_selector("--selector", &self.selector)?;
+        let prefill = parse_selector("--prefill-selector", &self.prefill_selector)?;
+        let decode = parse_selector("--decode-selector", &self.decode_selector)?;
+        let selectors = match pd_disaggregation {
+            false => {
+                if selector.is_empty() {
+                    // SMG refuses regular-mode discovery without one; so do we, saying why.
+                    let message = "--service-discovery needs at least one key=value label";
+                    return Err(FlagError::new("--selector", message));
+                }
+                if !prefill.is_empty() || !decode.is_empty() {
+                    notices.push(
+                        "--prefill-selector/--decode-selector are not applied without \
+                         --pd-disaggregation: pods matching --selector are regular workers"
+                            .to_string(),
+                    );
+                }
+                Selectors::Regular(selector)
+            }
+            true => {
+                if prefill.is_empty() && decode.is_empty() {
+                    // SMG's rule: PD discovery needs at least one role selector.
+                    let message = "--service-discovery with --pd-disaggregation needs \
+                                   --prefill-selector or --decode-selector (key=value labels)";
+                    return Err(FlagError::new("--prefill-selector", message));
+                }
+                if !selector.is_empty() {
+                    notices.push(
+                        "--selector is not applied under --pd-disaggregation: pods are found by \
+                         --prefill-selector and --decode-selector"
+                            .to_string(),
+                    );
+                }
+                Selectors::PrefillDecode { prefill, decode }
+            }
+        };
         if self.service_discovery_port == 0 {
             return Err(FlagError::new(
                 "--service-discovery-port",
@@ -107,7 +184,7 @@ impl DiscoveryArgs {
             ));
         }
         Ok(Some(DiscoveryConfig {
-            selector,
+            selectors,
             port: self.service_discovery_port,
             namespace: self.service_discovery_namespace.clone(),
         }))
@@ -115,29 +192,69 @@ impl DiscoveryArgs {
 }
 
 impl DiscoveryConfig {
-    /// The selector as the API server takes it (`key=value,key=value`), so it filters.
+    /// The selector as the API server takes it (`key=value,key=value`), so it filters: in
+    /// regular mode `--selector`; under `--pd-disaggregation` the labels both role selectors
+    /// share (SMG's), so one watch sees both roles; empty (no filter) when they share none.
     pub fn label_selector(&self) -> String {
-        let pairs: Vec<String> = self
-            .selector
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let pairs: Vec<String> = match &self.selectors {
+            Selectors::Regular(selector) => {
+                selector.iter().map(|(k, v)| format!("{k}={v}")).collect()
+            }
+            Selectors::PrefillDecode { prefill, decode } => {
+                let (first, other) = match (prefill.is_empty(), decode.is_empty()) {
+                    (true, _) => (decode, decode),
+                    (_, true) => (prefill, prefill),
+                    _ => (prefill, decode),
+                };
+                let shared = first.iter().filter(|pair| other.contains(pair));
+                shared.map(|(k, v)| format!("{k}={v}")).collect()
+            }
+        };
         pairs.join(",")
     }
 
-    fn matches(&self, pod: &Pod) -> bool {
+    /// The role a pod matching the selectors has, `None` when it matches none (a prefill pod's
+    /// bootstrap port is read later, per worker port).
+    fn role_of(&self, pod: &Pod) -> Option<WorkerRole> {
         let labels = pod.metadata.labels.as_ref();
-        self.selector
-            .iter()
-            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        // An empty selector matches no pod (SMG's `matches_selector`).
+        let matches = |selector: &LabelSelector| {
+            !selector.is_empty()
+                && selector
+                    .iter()
+                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        };
+        match &self.selectors {
+            Selectors::Regular(selector) => matches(selector).then_some(WorkerRole::Regular),
+            Selectors::PrefillDecode { prefill, .. } if matches(prefill) => {
+                Some(WorkerRole::Prefill {
+                    bootstrap_port: None,
+                })
+            }
+            Selectors::PrefillDecode { decode, .. } => {
+                matches(decode).then_some(WorkerRole::Decode)
+            }
+        }
     }
 }
 
-/// The worker URLs `pod` serves now: `http://<pod IP>:<port>` for each of its ports, or none
-/// when it does not match the selector, is not `Running` and `Ready`, is being deleted or has
-/// no IP yet.
-pub fn pod_urls(pod: &Pod, config: &DiscoveryConfig) -> Vec<String> {
-    if !config.matches(pod) || pod.metadata.deletion_timestamp.is_some() {
+/// One worker a pod serves: its URL and its role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodWorker {
+    /// `http://<pod IP>:<port>`.
+    pub url: String,
+    /// Regular, prefill (with its bootstrap port) or decode.
+    pub role: WorkerRole,
+}
+
+/// The workers `pod` serves now: `http://<pod IP>:<port>` for each of its ports, in the role
+/// its labels give, or none when it matches no selector, is not `Running` and `Ready`, is
+/// being deleted or has no IP yet.
+pub fn pod_workers(pod: &Pod, config: &DiscoveryConfig) -> Vec<PodWorker> {
+    let Some(role) = config.role_of(pod) else {
+        return Vec::new();
+    };
+    if pod.metadata.deletion_timestamp.is_some() {
         return Vec::new();
     }
     let Some(status) = &pod.status else {
@@ -160,10 +277,53 @@ pub fn pod_urls(pod: &Pod, config: &DiscoveryConfig) -> Vec<String> {
         true => format!("[{ip}]"),
         false => ip.to_string(),
     };
-    pod_ports(pod, config)
+    let ports = pod_ports(pod, config);
+    let bootstrap_ports = match role {
+        WorkerRole::Prefill { .. } => pod_bootstrap_ports(pod, ports.len()),
+        _ => vec![None; ports.len()],
+    };
+    let roles = bootstrap_ports
         .into_iter()
-        .map(|port| format!("http://{host}:{port}"))
+        .map(|bootstrap_port| match role {
+            WorkerRole::Prefill { .. } => WorkerRole::Prefill { bootstrap_port },
+            other => other,
+        });
+    ports
+        .into_iter()
+        .zip(roles)
+        .map(|(port, role)| PodWorker {
+            url: format!("http://{host}:{port}"),
+            role,
+        })
         .collect()
+}
+
+/// A prefill pod's bootstrap port per worker port (SMG's rule): its annotation's one port for
+/// all of them, or its list when as long as the worker ports; otherwise (absent, malformed,
+/// misaligned) none, the engine's default.
+fn pod_bootstrap_ports(pod: &Pod, worker_ports: usize) -> Vec<Option<u16>> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let Some(raw) = annotations.and_then(|a| a.get(BOOTSTRAP_PORT_ANNOTATION)) else {
+        return vec![None; worker_ports];
+    };
+    let parsed: Option<Vec<u16>> = raw
+        .split(',')
+        .map(|part| part.trim().parse::<u16>().ok().filter(|p| *p > 0))
+        .collect();
+    match parsed {
+        Some(ports) if ports.len() == 1 => vec![Some(ports[0]); worker_ports],
+        Some(ports) if ports.len() == worker_ports => ports.into_iter().map(Some).collect(),
+        _ => {
+            tracing::warn!(
+                pod = pod.metadata.name.as_deref().unwrap_or(""),
+                annotation = %raw,
+                worker_ports,
+                "invalid {BOOTSTRAP_PORT_ANNOTATION} annotation (a port, or one per worker \
+                 port); using the engine's default"
+            );
+            vec![None; worker_ports]
+        }
+    }
 }
 
 /// The pod's worker ports: its annotation's list (in order, each once) when it parses, else
@@ -223,8 +383,9 @@ enum Registration {
 /// What discovery asks of the control core next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Register this worker (`POST /workers`).
-    Add(String),
+    /// Register this worker in this role (`POST /workers` with `worker_type` and
+    /// `bootstrap_port`).
+    Add(String, WorkerRole),
     /// Remove this worker, draining it (`DELETE /workers/{url}`).
     Remove(String),
 }
@@ -232,10 +393,10 @@ pub enum Step {
 /// The pods watched and the workers discovery registered for them.
 #[derive(Debug, Default)]
 pub struct DiscoveredWorkers {
-    /// Worker URLs per pod, for the pods that serve now.
-    pods: BTreeMap<String, Vec<String>>,
+    /// Workers per pod, for the pods that serve now.
+    pods: BTreeMap<String, Vec<PodWorker>>,
     /// A listing in progress (the watch restarted): pods seen so far.
-    relisting: Option<BTreeMap<String, Vec<String>>>,
+    relisting: Option<BTreeMap<String, Vec<PodWorker>>>,
     registered: BTreeMap<String, Registration>,
 }
 
@@ -245,12 +406,12 @@ impl DiscoveredWorkers {
         let Some(key) = pod_key(pod) else {
             return;
         };
-        let urls = pod_urls(pod, config);
+        let workers = pod_workers(pod, config);
         let pods = self.relisting.as_mut().unwrap_or(&mut self.pods);
-        if urls.is_empty() {
+        if workers.is_empty() {
             pods.remove(&key);
         } else {
-            pods.insert(key, urls);
+            pods.insert(key, workers);
         }
     }
 
@@ -274,9 +435,14 @@ impl DiscoveredWorkers {
         }
     }
 
-    /// The URLs the pods want now.
-    pub fn wanted(&self) -> BTreeSet<&str> {
-        self.pods.values().flatten().map(String::as_str).collect()
+    /// The URLs the pods want now, each with its role (the first pod's, should two claim one
+    /// address).
+    pub fn wanted(&self) -> BTreeMap<&str, WorkerRole> {
+        let mut wanted = BTreeMap::new();
+        for worker in self.pods.values().flatten() {
+            wanted.entry(worker.url.as_str()).or_insert(worker.role);
+        }
+        wanted
     }
 
     /// Workers discovery registered (and has not removed).
@@ -292,9 +458,11 @@ impl DiscoveredWorkers {
     /// tried again), a removal for each registered URL no pod wants. Each step is marked as
     /// sent; its answer comes back through [`DiscoveredWorkers::answered`].
     pub fn next_steps(&mut self, now: Instant) -> Vec<Step> {
-        let wanted: BTreeSet<String> = self.wanted().into_iter().map(String::from).collect();
+        let wanted: BTreeMap<String, WorkerRole> = (self.wanted().into_iter())
+            .map(|(url, role)| (url.to_string(), role))
+            .collect();
         let mut steps = Vec::new();
-        for url in &wanted {
+        for (url, role) in &wanted {
             let due = match self.registered.get(url) {
                 None => true,
                 Some(Registration::RetryAfter(at)) => now >= *at,
@@ -302,12 +470,12 @@ impl DiscoveredWorkers {
             };
             if due {
                 self.registered.insert(url.clone(), Registration::Adding);
-                steps.push(Step::Add(url.clone()));
+                steps.push(Step::Add(url.clone(), *role));
             }
         }
         let mut forgotten = Vec::new();
         for (url, registration) in self.registered.iter_mut() {
-            if wanted.contains(url) {
+            if wanted.contains_key(url) {
                 continue;
             }
             match registration {
@@ -331,7 +499,7 @@ impl DiscoveredWorkers {
     /// done (202) or of a worker already gone (404).
     pub fn answered(&mut self, step: &Step, status: u16, now: Instant) {
         match step {
-            Step::Add(url) => {
+            Step::Add(url, _) => {
                 let registration = match status {
                     201 => Registration::Added,
                     _ => Registration::RetryAfter(now + ADD_RETRY_WAIT),
@@ -357,7 +525,7 @@ mod tests {
 
     fn config() -> DiscoveryConfig {
         DiscoveryConfig {
-            selector: vec![("app".into(), "engine".into())],
+            selectors: Selectors::Regular(vec![("app".into(), "engine".into())]),
             port: 8000,
             namespace: Some("default".into()),
         }
@@ -375,6 +543,14 @@ mod tests {
                        "conditions": [{"type": "Ready", "status": ready}]},
         }))
         .unwrap_or_default()
+    }
+
+    /// The URLs of a pod's workers.
+    fn pod_urls(pod: &Pod, config: &DiscoveryConfig) -> Vec<String> {
+        pod_workers(pod, config)
+            .into_iter()
+            .map(|w| w.url)
+            .collect()
     }
 
     #[test]
@@ -417,7 +593,7 @@ mod tests {
         found.apply(&pod("a", "10.0.0.1", true, &engine), &config());
         found.apply(&pod("b", "10.0.0.2", false, &engine), &config());
         found.relist_done();
-        let add_a = Step::Add("http://10.0.0.1:8000".into());
+        let add_a = Step::Add("http://10.0.0.1:8000".into(), WorkerRole::Regular);
         assert_eq!(found.next_steps(now), std::slice::from_ref(&add_a));
         // Asked once while the answer is pending.
         assert!(found.next_steps(now).is_empty());
@@ -425,7 +601,7 @@ mod tests {
         assert_eq!(found.registered(), ["http://10.0.0.1:8000"]);
         // b turns ready and its add is refused: tried again after the wait.
         found.apply(&pod("b", "10.0.0.2", true, &engine), &config());
-        let add_b = Step::Add("http://10.0.0.2:8000".into());
+        let add_b = Step::Add("http://10.0.0.2:8000".into(), WorkerRole::Regular);
         assert_eq!(found.next_steps(now), std::slice::from_ref(&add_b));
         found.answered(&add_b, 503, now);
         assert!(found.next_steps(now).is_empty());
@@ -447,7 +623,7 @@ mod tests {
         assert!(found.next_steps(now).is_empty());
         // A relisting that no longer lists a pod removes its worker.
         found.apply(&pod("c", "10.0.0.3", true, &engine), &config());
-        let add_c = Step::Add("http://10.0.0.3:8000".into());
+        let add_c = Step::Add("http://10.0.0.3:8000".into(), WorkerRole::Regular);
         assert_eq!(found.next_steps(now), std::slice::from_ref(&add_c));
         found.answered(&add_c, 201, now);
         found.relist_started();
@@ -460,15 +636,17 @@ mod tests {
     fn the_flags_need_a_selector_of_key_value_pairs() {
         let mut notices = Vec::new();
         let off = DiscoveryArgs::default();
-        assert_eq!(off.config(&mut notices).ok(), Some(None));
+        assert_eq!(off.config(false, &mut notices).ok(), Some(None));
         let on = DiscoveryArgs {
             service_discovery: true,
             selector: vec!["app=engine".into(), "tier = gpu".into()],
             service_discovery_port: 8000,
             service_discovery_namespace: None,
             model_id_from: Some("namespace".into()),
+            prefill_selector: vec![],
+            decode_selector: vec![],
         };
-        let config = on.config(&mut notices).ok().flatten();
+        let config = on.config(false, &mut notices).ok().flatten();
         let config = config.unwrap_or_else(|| panic!("refused"));
         assert_eq!(config.label_selector(), "app=engine,tier=gpu");
         assert_eq!(
@@ -481,7 +659,185 @@ mod tests {
                 selector,
                 ..on.clone()
             };
-            assert!(args.config(&mut notices).is_err());
+            assert!(args.config(false, &mut notices).is_err());
         }
+    }
+
+    fn pd_config(prefill: &[(&str, &str)], decode: &[(&str, &str)]) -> DiscoveryConfig {
+        let selector = |pairs: &[(&str, &str)]| -> LabelSelector {
+            let owned = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+            owned.collect()
+        };
+        DiscoveryConfig {
+            selectors: Selectors::PrefillDecode {
+                prefill: selector(prefill),
+                decode: selector(decode),
+            },
+            ..config()
+        }
+    }
+
+    fn annotated(mut pod: Pod, pairs: &[(&str, &str)]) -> Pod {
+        let annotations = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()));
+        pod.metadata.annotations = Some(annotations.collect());
+        pod
+    }
+
+    #[test]
+    fn under_pd_a_pod_is_a_prefill_or_decode_worker_by_its_labels() {
+        let config = pd_config(
+            &[("app", "engine"), ("role", "prefill")],
+            &[("app", "engine"), ("role", "decode")],
+        );
+        // One watch covers both roles: the labels the selectors share.
+        assert_eq!(config.label_selector(), "app=engine");
+        let prefill_labels = [("app", "engine"), ("role", "prefill")];
+        let prefill = annotated(
+            pod("p", "10.0.0.1", true, &prefill_labels),
+            &[(BOOTSTRAP_PORT_ANNOTATION, "8998")],
+        );
+        let role = |bootstrap_port| WorkerRole::Prefill { bootstrap_port };
+        let worker = |url: &str, role| PodWorker {
+            url: url.into(),
+            role,
+        };
+        assert_eq!(
+            pod_workers(&prefill, &config),
+            [worker("http://10.0.0.1:8000", role(Some(8998)))]
+        );
+        let decode = pod(
+            "d",
+            "10.0.0.2",
+            true,
+            &[("app", "engine"), ("role", "decode")],
+        );
+        assert_eq!(
+            pod_workers(&decode, &config),
+            [worker("http://10.0.0.2:8000", WorkerRole::Decode)]
+        );
+        // A pod of neither role, or an unready one, is no worker.
+        assert!(pod_workers(&pod("r", "10.0.0.3", true, &[("app", "engine")]), &config).is_empty());
+        assert!(pod_workers(&pod("p", "10.0.0.1", false, &prefill_labels), &config).is_empty());
+        // A decode pod's bootstrap annotation is not read.
+        let decode = annotated(decode, &[(BOOTSTRAP_PORT_ANNOTATION, "8998")]);
+        assert_eq!(pod_workers(&decode, &config)[0].role, WorkerRole::Decode);
+        // Several worker ports: one bootstrap port for all, or one each; else the default.
+        let cases = [
+            ("9000", [Some(9000), Some(9000)]),
+            ("9000,9001", [Some(9000), Some(9001)]),
+            ("9000,9001,9002", [None, None]),
+            ("x", [None, None]),
+            ("0", [None, None]),
+        ];
+        for (annotation, expected) in cases {
+            let multi = annotated(
+                pod("p", "10.0.0.1", true, &prefill_labels),
+                &[
+                    (WORKER_PORTS_ANNOTATION, "8001,8002"),
+                    (BOOTSTRAP_PORT_ANNOTATION, annotation),
+                ],
+            );
+            let roles: Vec<WorkerRole> = pod_workers(&multi, &config)
+                .into_iter()
+                .map(|w| w.role)
+                .collect();
+            assert_eq!(roles, expected.map(role), "{annotation}");
+        }
+        // Without the annotation: the engine's default.
+        let bare = pod("p", "10.0.0.1", true, &prefill_labels);
+        assert_eq!(pod_workers(&bare, &config)[0].role, role(None));
+        // Only a decode selector: its labels filter, and no pod is a prefill worker.
+        let decode_only = pd_config(&[], &[("role", "decode")]);
+        assert_eq!(decode_only.label_selector(), "role=decode");
+        assert!(pod_workers(&bare, &decode_only).is_empty());
+        // Selectors sharing no label: no filter.
+        assert_eq!(pd_config(&[("a", "1")], &[("b", "2")]).label_selector(), "");
+    }
+
+    #[test]
+    fn pd_discovery_adds_each_worker_in_its_role() {
+        let config = pd_config(&[("role", "prefill")], &[("role", "decode")]);
+        let now = Instant::now();
+        let mut found = DiscoveredWorkers::default();
+        let prefill = annotated(
+            pod("p", "10.0.0.1", true, &[("role", "prefill")]),
+            &[(BOOTSTRAP_PORT_ANNOTATION, "8998")],
+        );
+        found.apply(&prefill, &config);
+        found.apply(&pod("d", "10.0.0.2", true, &[("role", "decode")]), &config);
+        let add_p = Step::Add(
+            "http://10.0.0.1:8000".into(),
+            WorkerRole::Prefill {
+                bootstrap_port: Some(8998),
+            },
+        );
+        let add_d = Step::Add("http://10.0.0.2:8000".into(), WorkerRole::Decode);
+        assert_eq!(found.next_steps(now), [add_p.clone(), add_d.clone()]);
+        found.answered(&add_p, 201, now);
+        found.answered(&add_d, 201, now);
+        found.delete(&prefill);
+        assert_eq!(
+            found.next_steps(now),
+            [Step::Remove("http://10.0.0.1:8000".into())]
+        );
+    }
+
+    #[test]
+    fn the_pd_selectors_apply_under_pd_disaggregation_as_smgs_do() {
+        let mut notices = Vec::new();
+        let args = DiscoveryArgs {
+            service_discovery: true,
+            selector: vec!["app=engine".into()],
+            service_discovery_port: 8000,
+            prefill_selector: vec!["role=prefill".into()],
+            decode_selector: vec!["role=decode".into()],
+            ..DiscoveryArgs::default()
+        };
+        // Regular mode: --selector applies, the role selectors are named as not applied.
+        let regular = args.config(false, &mut notices).ok().flatten();
+        let regular = regular.unwrap_or_else(|| panic!("refused"));
+        let engine = vec![("app".to_string(), "engine".to_string())];
+        assert_eq!(regular.selectors, Selectors::Regular(engine));
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(notices[0].contains("--prefill-selector"), "{notices:?}");
+        // PD: the role selectors apply, --selector is named as not applied.
+        notices.clear();
+        let pd = args.config(true, &mut notices).ok().flatten();
+        let pd = pd.unwrap_or_else(|| panic!("refused"));
+        let pair = |k: &str, v: &str| vec![(k.to_string(), v.to_string())];
+        let expected = Selectors::PrefillDecode {
+            prefill: pair("role", "prefill"),
+            decode: pair("role", "decode"),
+        };
+        assert_eq!(pd.selectors, expected);
+        assert!(
+            notices.len() == 1 && notices[0].contains("--selector"),
+            "{notices:?}"
+        );
+        // PD without --selector and with one role selector is enough (SMG's rule).
+        let decode_only = DiscoveryArgs {
+            selector: vec![],
+            prefill_selector: vec![],
+            ..args.clone()
+        };
+        assert!(matches!(
+            decode_only.config(true, &mut notices),
+            Ok(Some(_))
+        ));
+        // PD with neither role selector is refused, even with --selector.
+        let neither = DiscoveryArgs {
+            prefill_selector: vec![],
+            decode_selector: vec![],
+            ..args.clone()
+        };
+        let refused = neither.config(true, &mut notices).err();
+        assert_eq!(refused.map(|e| e.flag), Some("--prefill-selector"));
+        // A malformed role selector is refused under its own flag.
+        let bad = DiscoveryArgs {
+            decode_selector: vec!["decode".into()],
+            ..args
+        };
+        let refused = bad.config(true, &mut notices).err();
+        assert_eq!(refused.map(|e| e.flag), Some("--decode-selector"));
     }
 }
