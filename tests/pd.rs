@@ -203,6 +203,95 @@ fn vllm_pairs_pass_the_prefills_kv_transfer_params_to_the_decode() {
 }
 
 #[test]
+fn without_backend_the_handshake_is_the_prefill_engines_as_its_models_list_names_it() {
+    // Engines that say they are vLLM (`owned_by` in /v1/models), no --backend, and a prefill
+    // whose bootstrap port is closed: SGLang's handshake would leave the decode waiting for a
+    // transfer that never comes (a 500 after the sim's timeout); vLLM's passes the prefill's
+    // kv_transfer_params instead and answers.
+    let (prefill, decode) = fleets(1, &["--owned-by", "vllm"]);
+    let closed = free_port().to_string();
+    let flags = [
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.url(0),
+        &closed,
+        "--decode",
+        &decode.url(0),
+    ];
+    let gateway = Gateway::start(&[], &flags);
+    let mut client = gateway.client();
+    // The engines' /v1/models answered (the catalog lists the model with its owner).
+    assert!(wait_until(TIMEOUT, || {
+        let models = client.get("/v1/models").json();
+        models["data"][0]["owned_by"] == "vllm"
+    }));
+    for stream in [false, true] {
+        let response = client.post_json("/v1/chat/completions", &chat("hi vllm", 5, stream));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.routed_worker(), Some(decode.url(0).as_str()));
+    }
+    assert_eq!(queued(&prefill), [2]);
+    assert_eq!(queued(&decode), [2]);
+}
+
+#[test]
+fn the_decision_log_names_the_side_each_worker_was_chosen_for() {
+    let (prefill, decode) = fleets(1, &[]);
+    let dir = std::env::temp_dir().join(format!("kvgate-pd-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log_path = dir.join("kvgate.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let port = prefill.port(0).to_string();
+    let flags = [
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.url(0),
+        &port,
+        "--decode",
+        &decode.url(0),
+        "--policy",
+        "cache_aware",
+        "--log-level",
+        "debug",
+        "--log-json",
+    ];
+    let gateway = Gateway::start_logging(&[], &flags, Some(log));
+    let response = gateway
+        .client()
+        .post_json("/generate", &generate("which side am I", 2, false));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let decided = |worker_type: &'static str| {
+        move |line: &Value| {
+            line["message"] == "Cache-aware selection" && line["worker_type"] == worker_type
+        }
+    };
+    let lines = || -> Vec<Value> {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    assert!(
+        wait_until(TIMEOUT, || {
+            let lines = lines();
+            lines.iter().any(decided("prefill")) && lines.iter().any(decided("decode"))
+        }),
+        "{:?}",
+        lines()
+    );
+    // Each decision names its own side's worker.
+    let lines = lines();
+    let worker_of = |side| {
+        let line = lines.iter().find(|l| decided(side)(l));
+        line.map(|l| l["worker"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(worker_of("prefill"), Some(prefill.url(0)));
+    assert_eq!(worker_of("decode"), Some(decode.url(0)));
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn a_failing_prefill_is_retried_on_another_and_a_failing_decode_fails_the_request() {
     let (prefill, decode) = fleets(2, &[]);
     let gateway = pd_gateway(&prefill, &decode, &["--prefill-policy", "round_robin"]);

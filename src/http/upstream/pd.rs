@@ -51,7 +51,7 @@ use crate::pd::handshake::{
 use crate::pd::Handshake;
 use crate::policy::{MeshShare, Router, WorkerView};
 use crate::workers::breaker::AttemptOutcome;
-use crate::workers::catalog::ModelWorkers;
+use crate::workers::catalog::{ModelCatalog, ModelWorkers};
 use crate::workers::retry::{is_retryable_status, TriedWorkers};
 use crate::workers::role::PdSide;
 use crate::workers::table::WorkerEntry;
@@ -120,13 +120,16 @@ struct Pair<'a> {
 }
 
 /// Proxies one routed request to a prefill/decode pair (the PD driver; `proxy::proxy_request`
-/// hands it every routed request under `--pd-disaggregation`, once prepared).
+/// hands it every routed request under `--pd-disaggregation`, once prepared). `configured` is
+/// `--backend`'s handshake; without it each pair speaks its prefill engine's, as `catalog`
+/// found it in the worker's `/v1/models` (SMG's detection).
 pub async fn proxy_pair(
     core: &DataCore,
     client: &mut ClientSide<'_>,
     request: &mut Forwarded<'_>,
     models: ModelWorkers<'_>,
-    handshake: Handshake,
+    catalog: &ModelCatalog,
+    configured: Option<Handshake>,
 ) -> Result<Answered, ProxyError> {
     let body = &request.read_buf[request.body.clone()];
     let shape = match RequestShape::read(client.endpoint, body) {
@@ -186,6 +189,7 @@ pub async fn proxy_pair(
                 on_status,
             },
         };
+        let handshake = Handshake::of_pair(configured, catalog.owner_of(prefill.id));
         let done = match (handshake, shape.return_logprob) {
             (Handshake::Sglang, false) => {
                 sglang_pair(core, client, request, &shape, &mut pair, &mut rewritten).await
