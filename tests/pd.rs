@@ -166,17 +166,35 @@ fn a_batch_gets_one_room_per_item_and_logprobs_are_merged_from_the_prefill() {
     assert_eq!(merged[0][1], 0);
     let mut streamed = logprobs.clone();
     streamed["stream"] = Value::Bool(true);
+    streamed["sampling_params"]["max_new_tokens"] = json!(8);
     let response = client.post_json("/generate", &streamed.to_string());
     assert_eq!(response.status, 200, "{}", response.text());
-    // With logprobs the gateway reads the decode's events whole to merge them (buffered, not
-    // relayed token by token): the body is read as lines, not as chunks.
+    // The decode's events are relayed as they come (more than one chunk), each with the
+    // prefill's input logprobs merged in: the first already carries them.
+    assert_eq!(
+        response.header("transfer-encoding"),
+        Some("chunked"),
+        "{:?}",
+        response.headers
+    );
+    assert!(
+        response.chunk_times.len() > 1,
+        "{} chunk(s): {}",
+        response.chunk_times.len(),
+        response.text()
+    );
+    assert_eq!(response.routed_worker(), Some(decode.url(0).as_str()));
+    assert!(response.text().trim_end().ends_with("data: [DONE]"));
     let events: Vec<Value> = response
         .text()
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str(d).ok())
         .collect();
-    assert!(!events.is_empty(), "{}", response.text());
+    assert!(events.len() > 1, "{}", response.text());
+    let first = events[0]["meta_info"]["input_token_logprobs"].clone();
+    assert_eq!(first.as_array().map(Vec::len), Some(7), "{}", events[0]);
+    assert_eq!(first[0][1], 0);
     for event in events {
         let listed = event["meta_info"]["input_token_logprobs"]
             .as_array()
