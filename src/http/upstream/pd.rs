@@ -31,6 +31,7 @@
 //! prefill worker's and is not broadcast over the mesh; `x-smg-routing-tokens` is ignored
 //! (`proxy::prepare` reads the head in `RoutingMode::PrefillDecode`).
 
+use std::future::Future;
 use std::pin::pin;
 use std::time::Instant;
 
@@ -393,50 +394,27 @@ async fn merged_pair(
     let auth = auth.as_deref();
     let body = body.as_slice();
     record_prefill(core, request, prefill.id);
-    let answers = {
-        let prefill_answer = pin!(client::post_json(
-            p_spec.addr,
-            p_spec.scheme,
-            &p_spec.authority,
-            &path,
-            auth,
-            body,
-            deadline,
-            PD_ANSWER_BYTES_MAX,
-        ));
-        let decode_answer = pin!(client::post_json(
-            d_spec.addr,
-            d_spec.scheme,
-            &d_spec.authority,
-            &path,
-            auth,
-            body,
-            deadline,
-            PD_ANSWER_BYTES_MAX,
-        ));
-        let waits = select(prefill_answer, decode_answer);
-        let interrupted = pin!(super::interruption(
-            core,
-            client.socket,
-            pair.decode.deadline
-        ));
-        match select(waits, interrupted).await {
-            Either::Right(_) => {
-                let error = ProxyError::new(ErrorKind::ClientClosed, Side::Downstream, "pd pair");
-                Err(PairFailure::of(decode, error))
-            }
-            Either::Left((Either::Left((answered, decode_answer)), _)) => {
-                match check_prefill(prefill, false, answered) {
-                    Ok(prefill_answer) => Ok((prefill_answer, decode_answer.await)),
-                    Err(failure) => Err(failure),
-                }
-            }
-            Either::Left((Either::Right((Err(e), _)), _)) => Err(PairFailure::of(decode, e)),
-            Either::Left((Either::Right((Ok(decode_answer), prefill_answer)), _)) => {
-                check_prefill(prefill, false, prefill_answer.await).map(|p| (p, Ok(decode_answer)))
-            }
-        }
-    };
+    let prefill_answer = client::post_json(
+        p_spec.addr,
+        p_spec.scheme,
+        &p_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+        PD_ANSWER_BYTES_MAX,
+    );
+    let decode_answer = client::post_json(
+        d_spec.addr,
+        d_spec.scheme,
+        &d_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+        PD_ANSWER_BYTES_MAX,
+    );
+    let answers = await_both(core, client, pair, prefill_answer, decode_answer).await;
     let (prefill_answer, decode_answer) = answers?;
     pair.prefill.credit.prefill_done();
     let decode_answer = decode_answer.map_err(|e| PairFailure::of(decode, e))?;
@@ -446,12 +424,8 @@ async fn merged_pair(
     }
     let prefill_json: serde_json::Value =
         serde_json::from_slice(&prefill_answer.body).unwrap_or_default();
-    let merged = merge_answer(&prefill_json, decode_answer, shape.stream);
-    let content_type = match shape.stream {
-        true => "text/event-stream",
-        false => "application/json",
-    };
-    let answered = answer_bytes(client, status, content_type, &merged).await;
+    let merged = merge_answer(&prefill_json, decode_answer);
+    let answered = answer_bytes(client, status, "application/json", &merged).await;
     let outcome = match status >= 500 {
         true => AttemptOutcome::Failure,
         false => AttemptOutcome::Success,
@@ -489,45 +463,26 @@ async fn merged_stream_pair(
     let auth = authorization(request);
     let (auth, body) = (auth.as_deref(), body.as_slice());
     record_prefill(core, request, prefill.id);
-    let answers = {
-        let prefill_answer = pin!(client::post_json(
-            p_spec.addr,
-            p_spec.scheme,
-            &p_spec.authority,
-            &path,
-            auth,
-            body,
-            deadline,
-            PD_ANSWER_BYTES_MAX,
-        ));
-        let decode_head = pin!(client::post_json_streaming(
-            d_spec.addr,
-            d_spec.scheme,
-            &d_spec.authority,
-            &path,
-            auth,
-            body,
-            deadline,
-        ));
-        let waits = select(prefill_answer, decode_head);
-        let interrupted = pin!(super::interruption(core, client.socket, deadline));
-        match select(waits, interrupted).await {
-            Either::Right(_) => {
-                let error = ProxyError::new(ErrorKind::ClientClosed, Side::Downstream, "pd pair");
-                Err(PairFailure::of(decode, error))
-            }
-            Either::Left((Either::Left((answered, decode_head)), _)) => {
-                match check_prefill(prefill, false, answered) {
-                    Ok(prefill_answer) => Ok((prefill_answer, decode_head.await)),
-                    Err(failure) => Err(failure),
-                }
-            }
-            Either::Left((Either::Right((Err(e), _)), _)) => Err(PairFailure::of(decode, e)),
-            Either::Left((Either::Right((Ok(head), prefill_answer)), _)) => {
-                check_prefill(prefill, false, prefill_answer.await).map(|p| (p, Ok(head)))
-            }
-        }
-    };
+    let prefill_answer = client::post_json(
+        p_spec.addr,
+        p_spec.scheme,
+        &p_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+        PD_ANSWER_BYTES_MAX,
+    );
+    let decode_head = client::post_json_streaming(
+        d_spec.addr,
+        d_spec.scheme,
+        &d_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+    );
+    let answers = await_both(core, client, pair, prefill_answer, decode_head).await;
     let (prefill_answer, decode_answer) = answers?;
     pair.prefill.credit.prefill_done();
     let mut decode_answer = decode_answer.map_err(|e| PairFailure::of(decode, e))?;
@@ -659,6 +614,43 @@ fn write_body_part(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
     out.extend_from_slice(data);
     if chunked {
         out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// The two legs of a merged pair (`merged_pair`, `merged_stream_pair`) awaited at once, racing
+/// the client: the prefill's answer checked as soon as it is in (a failure ends the pair), then
+/// the decode's (its whole answer, or its head); a decode that fails first ends the pair too,
+/// the prefill's request dropped.
+async fn await_both<T>(
+    core: &DataCore,
+    client: &mut ClientSide<'_>,
+    pair: &Pair<'_>,
+    prefill_answer: impl Future<Output = Result<ClientResponse, ProxyError>>,
+    decode_answer: impl Future<Output = Result<T, ProxyError>>,
+) -> Result<(ClientResponse, Result<T, ProxyError>), PairFailure> {
+    let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
+    let (prefill_answer, decode_answer) = (pin!(prefill_answer), pin!(decode_answer));
+    let waits = select(prefill_answer, decode_answer);
+    let interrupted = pin!(super::interruption(
+        core,
+        client.socket,
+        pair.decode.deadline
+    ));
+    match select(waits, interrupted).await {
+        Either::Right(_) => {
+            let error = ProxyError::new(ErrorKind::ClientClosed, Side::Downstream, "pd pair");
+            Err(PairFailure::of(decode, error))
+        }
+        Either::Left((Either::Left((answered, decode_answer)), _)) => {
+            match check_prefill(prefill, false, answered) {
+                Ok(prefill_answer) => Ok((prefill_answer, decode_answer.await)),
+                Err(failure) => Err(failure),
+            }
+        }
+        Either::Left((Either::Right((Err(e), _)), _)) => Err(PairFailure::of(decode, e)),
+        Either::Left((Either::Right((Ok(answer), prefill_answer)), _)) => {
+            check_prefill(prefill, false, prefill_answer.await).map(|p| (p, Ok(answer)))
+        }
     }
 }
 
@@ -798,19 +790,14 @@ fn record_prefill(core: &DataCore, request: &mut Forwarded<'_>, prefill: WorkerI
     }
 }
 
-/// The decode's answer with the prefill's input logprobs merged in: one JSON document, or each
-/// `data:` event of a stream (an event that does not parse goes through unchanged).
-fn merge_answer(prefill: &serde_json::Value, decode: ClientResponse, stream: bool) -> Vec<u8> {
-    if !stream {
-        let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&decode.body) else {
-            return decode.body;
-        };
-        merge_input_logprobs(prefill, &mut answer);
-        return serde_json::to_vec(&answer).unwrap_or(decode.body);
-    }
-    let mut merged = Vec::with_capacity(decode.body.len() + 1024);
-    merge_stream_events(prefill, &decode.body, &mut merged);
-    merged
+/// The decode's answer with the prefill's input logprobs merged in (an answer that does not
+/// parse goes through unchanged).
+fn merge_answer(prefill: &serde_json::Value, decode: ClientResponse) -> Vec<u8> {
+    let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&decode.body) else {
+        return decode.body;
+    };
+    merge_input_logprobs(prefill, &mut answer);
+    serde_json::to_vec(&answer).unwrap_or(decode.body)
 }
 
 /// Appends to `merged` the SSE `events` (whole lines) with the prefill's input logprobs merged
