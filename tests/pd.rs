@@ -201,6 +201,18 @@ fn a_batch_gets_one_room_per_item_and_logprobs_are_merged_from_the_prefill() {
             .map(Vec::len);
         assert_eq!(listed, Some(7), "{event}");
     }
+    // A decode that drops its stream after the first event: the client gets that event merged,
+    // then the relay's SSE error event, in a whole chunked body.
+    decode.set_faults(0, json!({"drop_mid_stream": true}));
+    let response = client.post_json("/generate", &streamed.to_string());
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert!(response.complete, "{}", response.text());
+    let text = response.text();
+    assert!(text.contains("input_token_logprobs"), "{text}");
+    assert!(
+        text.contains("the worker closed the stream before it finished"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -41,7 +41,9 @@ use super::{Attempt, Exchange, HeadRead, RetryableStatus};
 use crate::error::{error_body, ErrorKind, ProxyError, Side};
 use crate::http::core::DataCore;
 use crate::http::downstream::{write_to_client, Answered, ClientSide, Forwarded};
-use crate::http::relay::{head_context, relay_started, stream_back, StreamEnd, Streamed};
+use crate::http::relay::{
+    head_context, relay_started, stream_back, write_cut_event_chunk, StreamEnd, Streamed,
+};
 use crate::ids::WorkerId;
 use crate::limits::{PD_ANSWER_BYTES_MAX, STALE_CONNECTION_RETRIES_MAX};
 use crate::metrics::Counter;
@@ -546,9 +548,22 @@ async fn relay_merged_events(
     let (mut pending, mut merged) = (Vec::new(), Vec::new());
     loop {
         let read_deadline = deadline.min(Instant::now() + core.shared.config.upstream_idle_timeout);
-        let more = match decode.read_more(&mut pending, read_deadline).await {
+        let read = match core.cutting_requests.get() {
+            true => Err(None),
+            false => {
+                (decode.read_more(&mut pending, read_deadline).await).map_err(|e| Some(e.kind))
+            }
+        };
+        let more = match read {
             Ok(more) => more,
-            Err(_) => return ended(false, true),
+            Err(failed) => {
+                // Cut: the client gets the relay's SSE error event (our chunks are whole).
+                client.write_buf.clear();
+                if chunked && write_cut_event_chunk(core, client.write_buf, failed) {
+                    write_to_client(client.socket, client.write_buf, 0).await;
+                }
+                return ended(false, failed.is_some());
+            }
         };
         // The whole lines read so far (an event's `data:` line is merged on its own); a line
         // still arriving waits for its end, or the body's.
