@@ -497,7 +497,7 @@ impl Config {
         let mesh = cli.mesh.config()?;
         let policy = cli.policy.validate()?;
         // `--backend` names the engines' protocol (the gRPC workers', merged from main) and, in
-        // PD mode, the handshake; without it PD speaks SGLang's.
+        // PD mode, the handshake; without it each pair speaks its prefill engine's (detected).
         let handshake = Handshake::from_backend(cli.backend.as_deref());
         let pd = cli.pd.config(&policy, handshake)?;
         let worker_startup = cli.pd.worker_startup()?;
@@ -1214,7 +1214,7 @@ mod tests {
         // --prefill-policy falls back to --policy; --decode-policy was given.
         assert_eq!(pd.prefill.kind, PolicyKind::CacheAware);
         assert_eq!(pd.decode.kind, PolicyKind::RoundRobin);
-        assert_eq!(pd.handshake, Handshake::Sglang);
+        assert_eq!(pd.handshake, None);
         assert_eq!(
             config.worker_startup,
             WorkerStartup {
@@ -1237,7 +1237,7 @@ mod tests {
             (PolicyKind::Random, PolicyKind::Random)
         );
         let vllm = parse(&["--pd-disaggregation", "--backend", "vllm"]).unwrap();
-        assert_eq!(vllm.pd.unwrap().handshake, Handshake::Vllm);
+        assert_eq!(vllm.pd.unwrap().handshake, Some(Handshake::Vllm));
         // Without --pd-disaggregation the PD flags are ignored, as SMG ignores them: said once.
         let regular = parse(&["--decode", "http://127.0.0.1:31004"]).unwrap();
         assert!(regular.pd.is_none() && regular.workers.is_empty());

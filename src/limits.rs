@@ -575,8 +575,9 @@ pub const TLS_PENDING_BYTES_MAX: usize = 64 * 1024;
 // ---- Prefill/decode disaggregation (`http::upstream::pd`) ----
 
 /// Largest answer of a prefill worker the gateway reads whole (a prefill/decode pair's prefill
-/// side, and the decode side when logprobs are merged): the answer carries one input logprob
-/// per prompt token, tens of bytes each, so a 256k-token prompt's fits with room to spare.
+/// side, and the decode side when logprobs are merged, or one line of its merged stream): the
+/// answer carries one input logprob per prompt token, tens of bytes each, so a 256k-token
+/// prompt's fits with room to spare.
 pub const PD_ANSWER_BYTES_MAX: usize = 64 << 20;
 
 const _: () = assert!(HEADER_BYTES_MAX <= READ_BUF_BYTES_RETAINED_MAX);

@@ -166,23 +166,53 @@ fn a_batch_gets_one_room_per_item_and_logprobs_are_merged_from_the_prefill() {
     assert_eq!(merged[0][1], 0);
     let mut streamed = logprobs.clone();
     streamed["stream"] = Value::Bool(true);
+    streamed["sampling_params"]["max_new_tokens"] = json!(8);
     let response = client.post_json("/generate", &streamed.to_string());
     assert_eq!(response.status, 200, "{}", response.text());
-    // With logprobs the gateway reads the decode's events whole to merge them (buffered, not
-    // relayed token by token): the body is read as lines, not as chunks.
+    // The decode's events are relayed as they come (more than one chunk), each with the
+    // prefill's input logprobs merged in: the first already carries them.
+    assert_eq!(
+        response.header("transfer-encoding"),
+        Some("chunked"),
+        "{:?}",
+        response.headers
+    );
+    assert!(
+        response.chunk_times.len() > 1,
+        "{} chunk(s): {}",
+        response.chunk_times.len(),
+        response.text()
+    );
+    assert_eq!(response.routed_worker(), Some(decode.url(0).as_str()));
+    assert!(response.text().trim_end().ends_with("data: [DONE]"));
     let events: Vec<Value> = response
         .text()
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
         .filter_map(|d| serde_json::from_str(d).ok())
         .collect();
-    assert!(!events.is_empty(), "{}", response.text());
+    assert!(events.len() > 1, "{}", response.text());
+    let first = events[0]["meta_info"]["input_token_logprobs"].clone();
+    assert_eq!(first.as_array().map(Vec::len), Some(7), "{}", events[0]);
+    assert_eq!(first[0][1], 0);
     for event in events {
         let listed = event["meta_info"]["input_token_logprobs"]
             .as_array()
             .map(Vec::len);
         assert_eq!(listed, Some(7), "{event}");
     }
+    // A decode that drops its stream after the first event: the client gets that event merged,
+    // then the relay's SSE error event, in a whole chunked body.
+    decode.set_faults(0, json!({"drop_mid_stream": true}));
+    let response = client.post_json("/generate", &streamed.to_string());
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert!(response.complete, "{}", response.text());
+    let text = response.text();
+    assert!(text.contains("input_token_logprobs"), "{text}");
+    assert!(
+        text.contains("the worker closed the stream before it finished"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -200,6 +230,95 @@ fn vllm_pairs_pass_the_prefills_kv_transfer_params_to_the_decode() {
     }
     assert_eq!(queued(&prefill), [2]);
     assert_eq!(queued(&decode), [2]);
+}
+
+#[test]
+fn without_backend_the_handshake_is_the_prefill_engines_as_its_models_list_names_it() {
+    // Engines that say they are vLLM (`owned_by` in /v1/models), no --backend, and a prefill
+    // whose bootstrap port is closed: SGLang's handshake would leave the decode waiting for a
+    // transfer that never comes (a 500 after the sim's timeout); vLLM's passes the prefill's
+    // kv_transfer_params instead and answers.
+    let (prefill, decode) = fleets(1, &["--owned-by", "vllm"]);
+    let closed = free_port().to_string();
+    let flags = [
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.url(0),
+        &closed,
+        "--decode",
+        &decode.url(0),
+    ];
+    let gateway = Gateway::start(&[], &flags);
+    let mut client = gateway.client();
+    // The engines' /v1/models answered (the catalog lists the model with its owner).
+    assert!(wait_until(TIMEOUT, || {
+        let models = client.get("/v1/models").json();
+        models["data"][0]["owned_by"] == "vllm"
+    }));
+    for stream in [false, true] {
+        let response = client.post_json("/v1/chat/completions", &chat("hi vllm", 5, stream));
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.routed_worker(), Some(decode.url(0).as_str()));
+    }
+    assert_eq!(queued(&prefill), [2]);
+    assert_eq!(queued(&decode), [2]);
+}
+
+#[test]
+fn the_decision_log_names_the_side_each_worker_was_chosen_for() {
+    let (prefill, decode) = fleets(1, &[]);
+    let dir = std::env::temp_dir().join(format!("kvgate-pd-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log_path = dir.join("kvgate.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let port = prefill.port(0).to_string();
+    let flags = [
+        "--pd-disaggregation",
+        "--prefill",
+        &prefill.url(0),
+        &port,
+        "--decode",
+        &decode.url(0),
+        "--policy",
+        "cache_aware",
+        "--log-level",
+        "debug",
+        "--log-json",
+    ];
+    let gateway = Gateway::start_logging(&[], &flags, Some(log));
+    let response = gateway
+        .client()
+        .post_json("/generate", &generate("which side am I", 2, false));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let decided = |worker_type: &'static str| {
+        move |line: &Value| {
+            line["message"] == "Cache-aware selection" && line["worker_type"] == worker_type
+        }
+    };
+    let lines = || -> Vec<Value> {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    assert!(
+        wait_until(TIMEOUT, || {
+            let lines = lines();
+            lines.iter().any(decided("prefill")) && lines.iter().any(decided("decode"))
+        }),
+        "{:?}",
+        lines()
+    );
+    // Each decision names its own side's worker.
+    let lines = lines();
+    let worker_of = |side| {
+        let line = lines.iter().find(|l| decided(side)(l));
+        line.map(|l| l["worker"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(worker_of("prefill"), Some(prefill.url(0)));
+    assert_eq!(worker_of("decode"), Some(decode.url(0)));
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -124,7 +124,14 @@ pub async fn proxy_request(
         // connection's task, a held stream's included (`server`'s allocation-class test); a PD
         // request allocates its rewritten body anyway.
         let handshake = pd.handshake;
-        let pair = upstream::proxy_pair(core, &mut client, &mut forwarded, models, handshake);
+        let pair = upstream::proxy_pair(
+            core,
+            &mut client,
+            &mut forwarded,
+            models,
+            &catalog,
+            handshake,
+        );
         return Box::pin(pair).await;
     }
     let deadline = Instant::now() + core.shared.config.request_timeout;

@@ -318,6 +318,32 @@ impl StreamCut {
     }
 }
 
+/// The last chunk of a stream the gateway frames itself (a prefill/decode pair's merged stream,
+/// `upstream::pd`) cut by the worker failing (`Some(kind)`) or by shutdown (`None`): the SSE
+/// error event the relay writes, when the client can be told; returns whether one was written.
+/// The failure is counted as the relay counts it.
+pub fn write_cut_event_chunk(
+    core: &DataCore,
+    out: &mut Vec<u8>,
+    failed: Option<ErrorKind>,
+) -> bool {
+    let cut = match failed {
+        None => Some(StreamCut::ShuttingDown),
+        Some(kind) => {
+            core.count_error(kind);
+            core.metrics().incr(Counter::UpstreamResponsesCut);
+            StreamCut::of_worker_failure(kind)
+        }
+    };
+    match cut {
+        Some(cut) => {
+            write_error_event_chunk(out, cut);
+            true
+        }
+        None => false,
+    }
+}
+
 /// The last chunk written to a streaming client whose stream is cut: one SSE error event, then
 /// the terminating chunk, so the client sees a clear error instead of a cut stream. (Failure
 /// path only: the formatting allocates.)

@@ -1,6 +1,7 @@
 //! A one-shot HTTP/1.1 `GET` for the control core's requests to workers (health checks, load
 //! polls, model discovery, the admin API's admission probe), and a one-shot JSON `POST` for a
-//! prefill/decode pair whose two answers are merged, read whole and never relayed: one
+//! prefill/decode pair whose two answers are merged, read whole or, for the decode's stream, as
+//! it arrives ([`StreamingResponse`], merged event by event by the caller): one
 //! connection per request, closed after it, the whole body buffered up to a cap, everything
 //! within one deadline. It speaks through the same codec, body framer (`body::BodyFramer`) and
 //! socket as the proxy, over TLS for an `https://` worker. Not for relayed answers, which pool.
@@ -94,18 +95,7 @@ pub async fn post_json(
     deadline: Instant,
     body_max: usize,
 ) -> Result<ClientResponse, ProxyError> {
-    let mut request = format!(
-        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\naccept: application/json\r\nuser-agent: kvgate\r\nconnection: close\r\n",
-        body.len()
-    )
-    .into_bytes();
-    if let Some(value) = authorization {
-        request.extend_from_slice(b"authorization: ");
-        request.extend_from_slice(value);
-        request.extend_from_slice(b"\r\n");
-    }
-    request.extend_from_slice(b"\r\n");
-    request.extend_from_slice(body);
+    let request = post_request(authority, path, authorization, body, "application/json");
     exchange(
         addr,
         scheme,
@@ -116,6 +106,29 @@ pub async fn post_json(
         body_max,
     )
     .await
+}
+
+/// A `POST path` of a JSON `body`, accepting `accept`, the connection closed after it.
+fn post_request(
+    authority: &str,
+    path: &str,
+    authorization: Option<&[u8]>,
+    body: &[u8],
+    accept: &str,
+) -> Vec<u8> {
+    let mut request = format!(
+        "POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\ncontent-length: {}\r\naccept: {accept}\r\nuser-agent: kvgate\r\nconnection: close\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if let Some(value) = authorization {
+        request.extend_from_slice(b"authorization: ");
+        request.extend_from_slice(value);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    request.extend_from_slice(body);
+    request
 }
 
 /// Connects (over TLS for `Scheme::Https`, `authority`'s host the name its certificate must
@@ -129,6 +142,27 @@ async fn exchange(
     deadline: Instant,
     body_max: usize,
 ) -> Result<ClientResponse, ProxyError> {
+    let (mut socket, buf, head) = open(addr, scheme, authority, request, method, deadline).await?;
+    if matches!(head.framing, Framing::Length(n) if n > body_max as u64) {
+        return Err(too_large());
+    }
+    let body = read_body(&mut socket, buf, &head, deadline, body_max).await?;
+    Ok(ClientResponse {
+        status: head.status,
+        body,
+    })
+}
+
+/// `exchange`'s first half: connects, writes `request`, reads the response head (whose bytes,
+/// and any body bytes that came with them, start the returned buffer).
+async fn open(
+    addr: SocketAddr,
+    scheme: Scheme,
+    authority: &str,
+    request: Vec<u8>,
+    method: Method,
+    deadline: Instant,
+) -> Result<(Socket, Vec<u8>, ResponseHead), ProxyError> {
     let mut socket = Socket::connect_to(addr, scheme, authority_host(authority), deadline)
         .await
         .map_err(|e| match e.kind() {
@@ -148,14 +182,83 @@ async fn exchange(
             return Err(closed("read response head"));
         }
     };
-    if matches!(head.framing, Framing::Length(n) if n > body_max as u64) {
-        return Err(too_large());
-    }
-    let body = read_body(&mut socket, buf, &head, deadline, body_max).await?;
-    Ok(ClientResponse {
+    Ok((socket, buf, head))
+}
+
+/// An answer whose body is read as it arrives: the decode side of a prefill/decode pair whose
+/// stream gets the prefill's input logprobs merged into its events (`http::upstream::pd`),
+/// relayed event by event. The connection closes with it.
+#[derive(Debug)]
+pub struct StreamingResponse {
+    /// The status code.
+    pub status: u16,
+    socket: Socket,
+    /// Bytes read and not yet fed to the framer, from `fed`.
+    buf: Vec<u8>,
+    fed: usize,
+    framer: BodyFramer,
+}
+
+/// [`post_json`] whose answer is returned once its head is read, its body then read as it
+/// arrives ([`StreamingResponse::read_more`]).
+#[allow(clippy::too_many_arguments)]
+pub async fn post_json_streaming(
+    addr: SocketAddr,
+    scheme: Scheme,
+    authority: &str,
+    path: &str,
+    authorization: Option<&[u8]>,
+    body: &[u8],
+    deadline: Instant,
+) -> Result<StreamingResponse, ProxyError> {
+    let request = post_request(authority, path, authorization, body, "text/event-stream");
+    let (socket, buf, head) =
+        open(addr, scheme, authority, request, Method::Post, deadline).await?;
+    Ok(StreamingResponse {
         status: head.status,
-        body,
+        socket,
+        buf,
+        fed: head.head_len,
+        framer: BodyFramer::new(head.framing),
     })
+}
+
+impl StreamingResponse {
+    /// Appends to `out` the de-chunked body bytes of the next read (those already read first);
+    /// `Ok(false)` once the body ended. A read waits until `deadline`.
+    pub async fn read_more(
+        &mut self,
+        out: &mut Vec<u8>,
+        deadline: Instant,
+    ) -> Result<bool, ProxyError> {
+        loop {
+            if self.framer.is_done() {
+                return Ok(false);
+            }
+            let before = out.len();
+            self.framer
+                .advance(&self.buf[self.fed..], |data| out.extend_from_slice(data))?;
+            self.buf.clear();
+            self.fed = 0;
+            if out.len() > before {
+                return Ok(true);
+            }
+            if self.framer.is_done() {
+                return Ok(false);
+            }
+            let buf = std::mem::take(&mut self.buf);
+            let (result, buf) = self
+                .socket
+                .read_more(buf, UPSTREAM_READ_BYTES, deadline)
+                .await;
+            self.buf = buf;
+            match result.map_err(|e| io_error(e, "read response body"))? {
+                0 if self.framer.ends_at_close() => return Ok(false),
+                0 => return Err(closed("read response body")),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Reads and de-chunks the body that follows `head` (whose bytes start `buf`).
@@ -258,6 +361,46 @@ mod tests {
         let until_close = serve_once(vec![b"HTTP/1.1 503 Busy\r\n\r\ndown"], Duration::ZERO);
         let r = fetch(until_close, SECOND, 1024).unwrap();
         assert_eq!((r.status, r.body.as_slice()), (503, &b"down"[..]));
+    }
+
+    #[test]
+    fn a_streaming_body_is_read_as_it_arrives() {
+        let addr = serve_once(
+            vec![
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\ndata: ",
+                b"\r\n1\r\n1\r\n",
+                b"2\r\n\n\n\r\n0\r\n\r\n",
+            ],
+            Duration::from_millis(20),
+        );
+        let mut runtime = monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .enable_timer()
+            .build()
+            .unwrap();
+        let reads = runtime.block_on(async {
+            let deadline = Instant::now() + SECOND;
+            let mut answer = post_json_streaming(
+                addr,
+                Scheme::Http,
+                "worker",
+                "/generate",
+                None,
+                b"{}",
+                deadline,
+            )
+            .await?;
+            let mut reads = Vec::new();
+            let mut out = Vec::new();
+            while answer.read_more(&mut out, deadline).await? {
+                reads.push(std::mem::take(&mut out));
+            }
+            Ok::<_, ProxyError>((answer.status, reads))
+        });
+        let (status, reads) = reads.unwrap();
+        assert_eq!(status, 200);
+        // One read per part that carried body bytes, de-chunked, in order.
+        assert_eq!(reads.concat(), b"data: 1\n\n");
+        assert!(reads.len() > 1, "{reads:?}");
     }
 
     #[test]

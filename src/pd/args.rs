@@ -13,8 +13,9 @@ use crate::limits::REQUEST_TIMEOUT_SECS_MAX;
 use crate::policy::{PolicyConfig, PolicyKind};
 use crate::workers::role::{parse_bootstrap_port, WorkerRole};
 
-/// The handshake a PD fleet speaks, from SMG's `--backend` (in `config::Cli`, which the gRPC
-/// workers read too): `vllm`, or SGLang's by default.
+/// The handshake a PD pair speaks: `--backend` (in `config::Cli`, which the gRPC workers read
+/// too) when given, else the engine the prefill worker's `/v1/models` names (`owned_by`, SMG's
+/// detection), else SGLang's.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Handshake {
     /// SGLang: the request goes to both workers at once with bootstrap_host, bootstrap_port
@@ -27,12 +28,31 @@ pub enum Handshake {
 }
 
 impl Handshake {
-    /// The handshake `--backend` names (`None`: not given, SGLang's).
-    pub fn from_backend(backend: Option<&str>) -> Handshake {
-        match backend {
-            Some("vllm") => Handshake::Vllm,
-            _ => Handshake::Sglang,
+    /// The handshake `--backend` names (`None`: not given, detected per worker).
+    pub fn from_backend(backend: Option<&str>) -> Option<Handshake> {
+        match backend? {
+            "vllm" => Some(Handshake::Vllm),
+            _ => Some(Handshake::Sglang),
         }
+    }
+
+    /// The handshake of the engine a `/v1/models` `owned_by` names, as SMG reads it
+    /// (`sglang` or `nvidia`: SGLang; `vllm`: vLLM; anything else: not known).
+    pub fn from_owner(owned_by: &str) -> Option<Handshake> {
+        match owned_by {
+            "sglang" | "nvidia" => Some(Handshake::Sglang),
+            "vllm" => Some(Handshake::Vllm),
+            _ => None,
+        }
+    }
+
+    /// The handshake of a pair: `configured` (`--backend`) when given, else the prefill
+    /// worker's engine (`owned_by`), else SGLang's (SMG's default for an HTTP worker it could
+    /// not identify).
+    pub fn of_pair(configured: Option<Handshake>, prefill_owner: Option<&str>) -> Handshake {
+        configured
+            .or_else(|| prefill_owner.and_then(Handshake::from_owner))
+            .unwrap_or_default()
     }
 }
 
@@ -85,8 +105,9 @@ pub struct PdConfig {
     pub prefill: PolicyConfig,
     /// The policy choosing decode workers, with `--policy`'s knobs.
     pub decode: PolicyConfig,
-    /// The engines' handshake.
-    pub handshake: Handshake,
+    /// The engines' handshake as `--backend` names it (`None`: detected per prefill worker,
+    /// `Handshake::of_pair`).
+    pub handshake: Option<Handshake>,
 }
 
 /// How a worker's registration waits for it to start (`--worker-startup-*`).
@@ -186,7 +207,7 @@ impl PdArgs {
     pub fn config(
         &self,
         policy: &PolicyConfig,
-        handshake: Handshake,
+        handshake: Option<Handshake>,
     ) -> Result<Option<PdConfig>, FlagError> {
         if !self.pd_disaggregation {
             return Ok(None);
@@ -233,5 +254,27 @@ impl PdArgs {
             true => Vec::new(),
             false => given.iter().filter(|(_, g)| *g).map(|(f, _)| *f).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backend_flag_wins_then_the_prefill_engines_owner_then_sglang() {
+        let (vllm, sglang) = (Some(Handshake::Vllm), Some(Handshake::Sglang));
+        assert_eq!(Handshake::from_backend(Some("vllm")), vllm);
+        assert_eq!(Handshake::from_backend(Some("sglang")), sglang);
+        assert_eq!(Handshake::from_backend(None), None);
+        assert_eq!(Handshake::of_pair(sglang, Some("vllm")), Handshake::Sglang);
+        assert_eq!(Handshake::of_pair(None, Some("vllm")), Handshake::Vllm);
+        assert_eq!(Handshake::of_pair(None, Some("nvidia")), Handshake::Sglang);
+        assert_eq!(Handshake::of_pair(vllm, Some("sglang")), Handshake::Vllm);
+        assert_eq!(
+            Handshake::of_pair(None, Some("sim-engine")),
+            Handshake::Sglang
+        );
+        assert_eq!(Handshake::of_pair(None, None), Handshake::Sglang);
     }
 }

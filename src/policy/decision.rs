@@ -63,7 +63,10 @@ impl Router {
                 placed_tokens: 0.0,
             }
         };
-        self.choose(prepared, active, status_of)
+        self.side = side;
+        let picked = self.choose(prepared, active, status_of);
+        self.side = None;
+        picked
     }
 
     /// Steps 1-6 over any worker set: `workers` gives `(id, url)` of every active worker and
@@ -178,6 +181,7 @@ impl Router {
         if decision.branch == Branch::EventFallback {
             tracing::debug!(
                 target: LOG_TARGET,
+                worker_type = self.side.map(PdSide::name),
                 worker,
                 model_id,
                 request_blocks,
@@ -186,6 +190,7 @@ impl Router {
         } else {
             tracing::debug!(
                 target: LOG_TARGET,
+                worker_type = self.side.map(PdSide::name),
                 branch = decision.branch.label(),
                 worker,
                 model_id,
@@ -204,6 +209,7 @@ impl Router {
             // SMG logs the KV-pressure fallback without an index.
             CacheIndexKind::Tree if decision.branch == Branch::KvPressure => tracing::debug!(
                 target: LOG_TARGET,
+                worker_type = self.side.map(PdSide::name),
                 branch = decision.branch.label(),
                 worker,
                 model_id,
@@ -216,6 +222,7 @@ impl Router {
                 }
                 tracing::debug!(
                     target: LOG_TARGET,
+                worker_type = self.side.map(PdSide::name),
                     index = "tree",
                     branch = decision.branch.label(),
                     worker,
@@ -227,6 +234,7 @@ impl Router {
             }
             CacheIndexKind::Hash => tracing::debug!(
                 target: LOG_TARGET,
+                worker_type = self.side.map(PdSide::name),
                 index = "hash",
                 branch = decision.branch.label(),
                 level = decision.head_tokens,

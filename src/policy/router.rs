@@ -40,6 +40,7 @@ use super::{CacheIndexKind, PolicyConfig, PolicyKind, PolicyMetrics, WorkerRing,
 use crate::ids::WorkerId;
 use crate::tokenize::{CacheConfig, TokenizerSet};
 use crate::workers::catalog::ModelWorkers;
+use crate::workers::role::PdSide;
 use crate::workers::table::{Roster, WorkerTable};
 
 /// The tracing target of decision logs (SMG's module path).
@@ -63,6 +64,9 @@ pub struct Router {
     pub(super) config: PolicyConfig,
     pub(super) rng: Rng,
     pub(super) round_robin_cursor: usize,
+    /// The side of a prefill/decode pair the current selection is for (`None`: regular mode),
+    /// which its decision log names as `worker_type`.
+    pub(super) side: Option<PdSide>,
     pub(super) metrics: Arc<PolicyMetrics>,
     /// The index mode this core reads (cache_aware; `None` for the other policies, or when the
     /// index could not start: cache_aware then routes every request as a miss).
@@ -96,6 +100,7 @@ impl Router {
             config,
             rng: Rng::with_seed(seed),
             round_robin_cursor: 0,
+            side: None,
             metrics,
             index,
             events: None,

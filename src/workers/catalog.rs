@@ -64,6 +64,9 @@ pub fn parse_models(body: &[u8]) -> Result<Vec<ListedModel>, ModelsError> {
 pub struct ModelCatalog {
     by_model: HashMap<String, Vec<WorkerId>>,
     wildcard: Vec<WorkerId>,
+    /// Each worker's engine as its first listed model names it (`owned_by`: `sglang`,
+    /// `vllm`), which PD mode reads when `--backend` is absent (SMG's detection).
+    owners: HashMap<WorkerId, String>,
     /// The gateway's `/v1/models` answer: every listed model once, the first worker's entry.
     body: Vec<u8>,
 }
@@ -106,11 +109,16 @@ impl ModelCatalog {
         let mut by_model: HashMap<String, Vec<WorkerId>> = HashMap::new();
         let mut wildcard = Vec::new();
         let mut entries: Vec<&serde_json::Value> = Vec::new();
+        let mut owners = HashMap::new();
         for (id, models) in workers {
             let Some(models) = models else {
                 wildcard.push(id);
                 continue;
             };
+            let owner = models.first().and_then(|m| m.entry.get("owned_by"));
+            if let Some(owner) = owner.and_then(|o| o.as_str()) {
+                owners.insert(id, owner.to_string());
+            }
             for model in models {
                 let holders = by_model.entry(model.id.clone()).or_default();
                 if holders.is_empty() {
@@ -123,6 +131,7 @@ impl ModelCatalog {
         ModelCatalog {
             by_model,
             wildcard,
+            owners,
             // Serializing a `Value` into a Vec cannot fail.
             body: serde_json::to_vec(&answer).unwrap_or_default(),
         }
@@ -133,6 +142,11 @@ impl ModelCatalog {
         self.by_model
             .iter()
             .map(|(m, w)| (m.as_str(), w.as_slice()))
+    }
+
+    /// The `owned_by` of worker `id`'s first listed model (`None`: not listed, or no owner).
+    pub fn owner_of(&self, id: WorkerId) -> Option<&str> {
+        self.owners.get(&id).map(String::as_str)
     }
 
     /// Workers that serve every model.
@@ -234,6 +248,25 @@ mod tests {
         // Nobody listed models: no restriction.
         let empty = ModelCatalog::build([(WorkerId(0), None)].into_iter());
         assert_eq!(empty.workers_for("gpt"), Some(ModelWorkers::Any));
+    }
+
+    #[test]
+    fn each_workers_engine_is_its_first_models_owner() {
+        let vllm =
+            parse_models(br#"{"data":[{"id":"m","owned_by":"vllm"},{"id":"n","owned_by":"x"}]}"#)
+                .unwrap();
+        let bare = listed(&["m"]);
+        let catalog = ModelCatalog::build(
+            [
+                (WorkerId(0), Some(&vllm[..])),
+                (WorkerId(1), Some(&bare[..])),
+                (WorkerId(2), None),
+            ]
+            .into_iter(),
+        );
+        assert_eq!(catalog.owner_of(WorkerId(0)), Some("vllm"));
+        assert_eq!(catalog.owner_of(WorkerId(1)), None);
+        assert_eq!(catalog.owner_of(WorkerId(2)), None);
     }
 
     #[test]

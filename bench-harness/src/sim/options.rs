@@ -66,6 +66,10 @@ pub struct SimArgs {
     /// Model id served (`/v1/models`, response `model` fields).
     #[arg(long, default_value = "sim-model")]
     pub model_name: String,
+    /// The model's owner in `/v1/models` (`owned_by`), which names the engine to a gateway
+    /// that detects it (SMG, kvgate's PD mode: `sglang` or `vllm`).
+    #[arg(long, default_value = "sim-engine")]
+    pub owned_by: String,
     /// KV cache capacity of each engine, in tokens.
     #[arg(long, default_value_t = 262_144)]
     pub kv_capacity_tokens: u64,
@@ -218,6 +222,8 @@ pub struct Options {
     pub base_port: u16,
     pub host: IpAddr,
     pub model_name: String,
+    /// `owned_by` of the model in `/v1/models`.
+    pub owned_by: String,
     pub engine: EngineConfig,
     pub default_max_tokens: u32,
     pub speedup: f64,
@@ -300,6 +306,7 @@ impl SimArgs {
             base_port: self.base_port,
             host: self.host,
             model_name: self.model_name.clone(),
+            owned_by: self.owned_by.clone(),
             engine: EngineConfig {
                 page_size: self.page_size,
                 kv_capacity_tokens: self.kv_capacity_tokens,

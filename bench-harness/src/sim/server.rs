@@ -286,7 +286,7 @@ impl EngineServer {
 
     fn models_json(&self) -> Value {
         json!({"object": "list", "data": [{
-            "id": self.options.model_name, "object": "model", "created": 0, "owned_by": "sim-engine",
+            "id": self.options.model_name, "object": "model", "created": 0, "owned_by": self.options.owned_by,
             "root": self.options.model_name, "max_model_len": self.options.engine.kv_capacity_tokens,
         }]})
     }

@@ -14,9 +14,11 @@
 //! - **SGLang** ([`sglang_pair`]): the body with `bootstrap_host`, `bootstrap_port` and a fresh
 //!   `bootstrap_room` (per item for a batch) goes to both at once, each on a pooled connection;
 //!   the prefill's answer is read whole (`Exchange::read_whole`) while the decode's head is
-//!   awaited, and the decode's answer is relayed only once the prefill's succeeded. With logprobs asked for, both answers are read
-//!   whole (`net::client::post_json`) and the prefill's input logprobs put ahead of the
-//!   decode's ([`merged_pair`]).
+//!   awaited, and the decode's answer is relayed only once the prefill's succeeded. With
+//!   logprobs asked for, the prefill's answer is read whole (`net::client::post_json`) and its
+//!   input logprobs put ahead of the decode's: in the decode's answer read whole
+//!   ([`merged_pair`]), or in each event of its stream, relayed as it comes
+//!   (`net::client::post_json_streaming`, [`merged_stream_pair`]).
 //! - **vLLM** ([`vllm_pair`]): the prefill first (one token, `kv_transfer_params` asking for a
 //!   remote decode), then the decode with the `kv_transfer_params` it returned.
 //!
@@ -29,6 +31,7 @@
 //! prefill worker's and is not broadcast over the mesh; `x-smg-routing-tokens` is ignored
 //! (`proxy::prepare` reads the head in `RoutingMode::PrefillDecode`).
 
+use std::future::Future;
 use std::pin::pin;
 use std::time::Instant;
 
@@ -38,7 +41,9 @@ use super::{Attempt, Exchange, HeadRead, RetryableStatus};
 use crate::error::{error_body, ErrorKind, ProxyError, Side};
 use crate::http::core::DataCore;
 use crate::http::downstream::{write_to_client, Answered, ClientSide, Forwarded};
-use crate::http::relay::{head_context, relay_started, stream_back, StreamEnd, Streamed};
+use crate::http::relay::{
+    head_context, relay_started, stream_back, write_cut_event_chunk, StreamEnd, Streamed,
+};
 use crate::ids::WorkerId;
 use crate::limits::{PD_ANSWER_BYTES_MAX, STALE_CONNECTION_RETRIES_MAX};
 use crate::metrics::Counter;
@@ -51,7 +56,7 @@ use crate::pd::handshake::{
 use crate::pd::Handshake;
 use crate::policy::{MeshShare, Router, WorkerView};
 use crate::workers::breaker::AttemptOutcome;
-use crate::workers::catalog::ModelWorkers;
+use crate::workers::catalog::{ModelCatalog, ModelWorkers};
 use crate::workers::retry::{is_retryable_status, TriedWorkers};
 use crate::workers::role::PdSide;
 use crate::workers::table::WorkerEntry;
@@ -120,13 +125,16 @@ struct Pair<'a> {
 }
 
 /// Proxies one routed request to a prefill/decode pair (the PD driver; `proxy::proxy_request`
-/// hands it every routed request under `--pd-disaggregation`, once prepared).
+/// hands it every routed request under `--pd-disaggregation`, once prepared). `configured` is
+/// `--backend`'s handshake; without it each pair speaks its prefill engine's, as `catalog`
+/// found it in the worker's `/v1/models` (SMG's detection).
 pub async fn proxy_pair(
     core: &DataCore,
     client: &mut ClientSide<'_>,
     request: &mut Forwarded<'_>,
     models: ModelWorkers<'_>,
-    handshake: Handshake,
+    catalog: &ModelCatalog,
+    configured: Option<Handshake>,
 ) -> Result<Answered, ProxyError> {
     let body = &request.read_buf[request.body.clone()];
     let shape = match RequestShape::read(client.endpoint, body) {
@@ -186,9 +194,13 @@ pub async fn proxy_pair(
                 on_status,
             },
         };
+        let handshake = Handshake::of_pair(configured, catalog.owner_of(prefill.id));
         let done = match (handshake, shape.return_logprob) {
             (Handshake::Sglang, false) => {
                 sglang_pair(core, client, request, &shape, &mut pair, &mut rewritten).await
+            }
+            (Handshake::Sglang, true) if shape.stream => {
+                merged_stream_pair(core, client, request, &shape, &mut pair, &mut rewritten).await
             }
             (Handshake::Sglang, true) => {
                 merged_pair(core, client, request, &shape, &mut pair, &mut rewritten).await
@@ -357,8 +369,8 @@ async fn sglang_pair(
     Ok(finish_relay(core, up, decode.id, streamed))
 }
 
-/// SGLang's handshake with logprobs asked for: both answers read whole, the prefill's input
-/// logprobs merged into the decode's (each event of a stream), and the result answered.
+/// SGLang's handshake with logprobs asked for, unstreamed: both answers read whole, the
+/// prefill's input logprobs merged into the decode's, and the result answered.
 async fn merged_pair(
     core: &DataCore,
     client: &mut ClientSide<'_>,
@@ -384,50 +396,27 @@ async fn merged_pair(
     let auth = auth.as_deref();
     let body = body.as_slice();
     record_prefill(core, request, prefill.id);
-    let answers = {
-        let prefill_answer = pin!(client::post_json(
-            p_spec.addr,
-            p_spec.scheme,
-            &p_spec.authority,
-            &path,
-            auth,
-            body,
-            deadline,
-            PD_ANSWER_BYTES_MAX,
-        ));
-        let decode_answer = pin!(client::post_json(
-            d_spec.addr,
-            d_spec.scheme,
-            &d_spec.authority,
-            &path,
-            auth,
-            body,
-            deadline,
-            PD_ANSWER_BYTES_MAX,
-        ));
-        let waits = select(prefill_answer, decode_answer);
-        let interrupted = pin!(super::interruption(
-            core,
-            client.socket,
-            pair.decode.deadline
-        ));
-        match select(waits, interrupted).await {
-            Either::Right(_) => {
-                let error = ProxyError::new(ErrorKind::ClientClosed, Side::Downstream, "pd pair");
-                Err(PairFailure::of(decode, error))
-            }
-            Either::Left((Either::Left((answered, decode_answer)), _)) => {
-                match check_prefill(prefill, false, answered) {
-                    Ok(prefill_answer) => Ok((prefill_answer, decode_answer.await)),
-                    Err(failure) => Err(failure),
-                }
-            }
-            Either::Left((Either::Right((Err(e), _)), _)) => Err(PairFailure::of(decode, e)),
-            Either::Left((Either::Right((Ok(decode_answer), prefill_answer)), _)) => {
-                check_prefill(prefill, false, prefill_answer.await).map(|p| (p, Ok(decode_answer)))
-            }
-        }
-    };
+    let prefill_answer = client::post_json(
+        p_spec.addr,
+        p_spec.scheme,
+        &p_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+        PD_ANSWER_BYTES_MAX,
+    );
+    let decode_answer = client::post_json(
+        d_spec.addr,
+        d_spec.scheme,
+        &d_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+        PD_ANSWER_BYTES_MAX,
+    );
+    let answers = await_both(core, client, pair, prefill_answer, decode_answer).await;
     let (prefill_answer, decode_answer) = answers?;
     pair.prefill.credit.prefill_done();
     let decode_answer = decode_answer.map_err(|e| PairFailure::of(decode, e))?;
@@ -437,12 +426,8 @@ async fn merged_pair(
     }
     let prefill_json: serde_json::Value =
         serde_json::from_slice(&prefill_answer.body).unwrap_or_default();
-    let merged = merge_answer(&prefill_json, decode_answer, shape.stream);
-    let content_type = match shape.stream {
-        true => "text/event-stream",
-        false => "application/json",
-    };
-    let answered = answer_bytes(client, status, content_type, &merged).await;
+    let merged = merge_answer(&prefill_json, decode_answer);
+    let answered = answer_bytes(client, status, "application/json", &merged).await;
     let outcome = match status >= 500 {
         true => AttemptOutcome::Failure,
         false => AttemptOutcome::Success,
@@ -451,6 +436,237 @@ async fn merged_pair(
         answered,
         decode: Some(outcome),
     })
+}
+
+/// SGLang's handshake with logprobs asked for, streamed: the prefill's answer read whole while
+/// the decode's head is awaited, then the decode's events relayed as they come, each with the
+/// prefill's input logprobs put ahead of its own (`merge_stream_events`), as SGLang's router
+/// and SMG's do: the first event the client gets already carries them.
+async fn merged_stream_pair(
+    core: &DataCore,
+    client: &mut ClientSide<'_>,
+    request: &mut Forwarded<'_>,
+    shape: &RequestShape,
+    pair: &mut Pair<'_>,
+    body: &mut Vec<u8>,
+) -> Result<PairDone, PairFailure> {
+    let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
+    let client_body = &request.read_buf[request.body.clone()];
+    write_bootstrap_body(
+        client_body,
+        shape,
+        bootstrap_of(prefill),
+        &mut fastrand::Rng::new(),
+        body,
+    );
+    let path = target(request);
+    let deadline = pair.decode.deadline;
+    let (p_spec, d_spec) = (&prefill.spec, &decode.spec);
+    let auth = authorization(request);
+    let (auth, body) = (auth.as_deref(), body.as_slice());
+    record_prefill(core, request, prefill.id);
+    let prefill_answer = client::post_json(
+        p_spec.addr,
+        p_spec.scheme,
+        &p_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+        PD_ANSWER_BYTES_MAX,
+    );
+    let decode_head = client::post_json_streaming(
+        d_spec.addr,
+        d_spec.scheme,
+        &d_spec.authority,
+        &path,
+        auth,
+        body,
+        deadline,
+    );
+    let answers = await_both(core, client, pair, prefill_answer, decode_head).await;
+    let (prefill_answer, decode_answer) = answers?;
+    pair.prefill.credit.prefill_done();
+    let mut decode_answer = decode_answer.map_err(|e| PairFailure::of(decode, e))?;
+    let status = decode_answer.status;
+    if is_retryable_status(status) && pair.decode.on_status == RetryableStatus::Retry {
+        return Err(PairFailure::status(decode, status));
+    }
+    let prefill_json: serde_json::Value =
+        serde_json::from_slice(&prefill_answer.body).unwrap_or_default();
+    let streamed = relay_merged_events(
+        core,
+        client,
+        decode,
+        &prefill_json,
+        &mut decode_answer,
+        deadline,
+    )
+    .await;
+    let outcome = match (status >= 500, streamed.upstream_failed) {
+        (false, false) => AttemptOutcome::Success,
+        _ => AttemptOutcome::Failure,
+    };
+    Ok(PairDone {
+        answered: streamed.answered,
+        decode: Some(outcome),
+    })
+}
+
+/// `merged_stream_pair`'s relay: the head, then each read of the decode's body, its whole lines
+/// merged (`merge_stream_events`) and written as one chunk; a line still arriving waits for its
+/// end, within `PD_ANSWER_BYTES_MAX`. A client gone is seen at the next write.
+async fn relay_merged_events(
+    core: &DataCore,
+    client: &mut ClientSide<'_>,
+    worker: &WorkerEntry,
+    prefill: &serde_json::Value,
+    decode: &mut client::StreamingResponse,
+    deadline: Instant,
+) -> Streamed {
+    let chunked = client.version_minor >= 1;
+    let connection = match chunked {
+        true => client.connection,
+        // An HTTP/1.0 client's body ends when the connection closes.
+        false => Connection::Close,
+    };
+    let status = decode.status;
+    let ended = |whole: bool, upstream_failed: bool| Streamed {
+        answered: Answered {
+            status,
+            connection: connection.and(Connection::keep_if(whole)),
+        },
+        relayed_whole: whole,
+        upstream_failed,
+    };
+    client.write_buf.clear();
+    write_stream_head(client, worker, status, chunked, connection);
+    if !write_to_client(client.socket, client.write_buf, 0).await {
+        core.metrics().incr(Counter::DownstreamAborts);
+        return ended(false, false);
+    }
+    let (mut pending, mut merged) = (Vec::new(), Vec::new());
+    loop {
+        let read_deadline = deadline.min(Instant::now() + core.shared.config.upstream_idle_timeout);
+        let read = match core.cutting_requests.get() {
+            true => Err(None),
+            false => {
+                (decode.read_more(&mut pending, read_deadline).await).map_err(|e| Some(e.kind))
+            }
+        };
+        let more = match read {
+            Ok(more) => more,
+            Err(failed) => {
+                // Cut: the client gets the relay's SSE error event (our chunks are whole).
+                client.write_buf.clear();
+                if chunked && write_cut_event_chunk(core, client.write_buf, failed) {
+                    write_to_client(client.socket, client.write_buf, 0).await;
+                }
+                return ended(false, failed.is_some());
+            }
+        };
+        // The whole lines read so far (an event's `data:` line is merged on its own); a line
+        // still arriving waits for its end, or the body's.
+        let complete = match more {
+            true => (pending.iter().rposition(|b| *b == b'\n')).map_or(0, |i| i + 1),
+            false => pending.len(),
+        };
+        if complete == 0 && more && pending.len() > PD_ANSWER_BYTES_MAX {
+            return ended(false, true);
+        }
+        merged.clear();
+        merge_stream_events(prefill, &pending[..complete], &mut merged);
+        pending.drain(..complete);
+        client.write_buf.clear();
+        if !merged.is_empty() {
+            write_body_part(client.write_buf, &merged, chunked);
+        }
+        if !more && chunked {
+            client.write_buf.extend_from_slice(b"0\r\n\r\n");
+        }
+        if !client.write_buf.is_empty()
+            && !write_to_client(client.socket, client.write_buf, 0).await
+        {
+            core.metrics().incr(Counter::DownstreamAborts);
+            return ended(false, false);
+        }
+        if !more {
+            return ended(chunked, false);
+        }
+    }
+}
+
+/// The head of a merged stream the gateway writes itself.
+fn write_stream_head(
+    client: &mut ClientSide<'_>,
+    worker: &WorkerEntry,
+    status: u16,
+    chunked: bool,
+    connection: Connection,
+) {
+    let out = &mut *client.write_buf;
+    out.extend_from_slice(
+        format!("HTTP/1.1 {status} {}\r\n", codec::reason_phrase(status)).as_bytes(),
+    );
+    out.extend_from_slice(b"content-type: text/event-stream\r\ncache-control: no-cache\r\n");
+    crate::net::date::write_date_header(out);
+    out.extend_from_slice(&worker.routed_header_line);
+    out.extend_from_slice(client.request_id.header_line());
+    if chunked {
+        out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+    }
+    if connection == Connection::Close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `data` as one chunk (or raw, unchunked).
+fn write_body_part(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
+    if chunked {
+        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+    }
+    out.extend_from_slice(data);
+    if chunked {
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// The two legs of a merged pair (`merged_pair`, `merged_stream_pair`) awaited at once, racing
+/// the client: the prefill's answer checked as soon as it is in (a failure ends the pair), then
+/// the decode's (its whole answer, or its head); a decode that fails first ends the pair too,
+/// the prefill's request dropped.
+async fn await_both<T>(
+    core: &DataCore,
+    client: &mut ClientSide<'_>,
+    pair: &Pair<'_>,
+    prefill_answer: impl Future<Output = Result<ClientResponse, ProxyError>>,
+    decode_answer: impl Future<Output = Result<T, ProxyError>>,
+) -> Result<(ClientResponse, Result<T, ProxyError>), PairFailure> {
+    let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
+    let (prefill_answer, decode_answer) = (pin!(prefill_answer), pin!(decode_answer));
+    let waits = select(prefill_answer, decode_answer);
+    let interrupted = pin!(super::interruption(
+        core,
+        client.socket,
+        pair.decode.deadline
+    ));
+    match select(waits, interrupted).await {
+        Either::Right(_) => {
+            let error = ProxyError::new(ErrorKind::ClientClosed, Side::Downstream, "pd pair");
+            Err(PairFailure::of(decode, error))
+        }
+        Either::Left((Either::Left((answered, decode_answer)), _)) => {
+            match check_prefill(prefill, false, answered) {
+                Ok(prefill_answer) => Ok((prefill_answer, decode_answer.await)),
+                Err(failure) => Err(failure),
+            }
+        }
+        Either::Left((Either::Right((Err(e), _)), _)) => Err(PairFailure::of(decode, e)),
+        Either::Left((Either::Right((Ok(answer), prefill_answer)), _)) => {
+            check_prefill(prefill, false, prefill_answer.await).map(|p| (p, Ok(answer)))
+        }
+    }
 }
 
 /// vLLM's handshake: the prefill answered whole first, then the decode relayed.
@@ -589,18 +805,20 @@ fn record_prefill(core: &DataCore, request: &mut Forwarded<'_>, prefill: WorkerI
     }
 }
 
-/// The decode's answer with the prefill's input logprobs merged in: one JSON document, or each
-/// `data:` event of a stream (an event that does not parse goes through unchanged).
-fn merge_answer(prefill: &serde_json::Value, decode: ClientResponse, stream: bool) -> Vec<u8> {
-    if !stream {
-        let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&decode.body) else {
-            return decode.body;
-        };
-        merge_input_logprobs(prefill, &mut answer);
-        return serde_json::to_vec(&answer).unwrap_or(decode.body);
-    }
-    let mut merged = Vec::with_capacity(decode.body.len() + 1024);
-    for line in decode.body.split_inclusive(|b| *b == b'\n') {
+/// The decode's answer with the prefill's input logprobs merged in (an answer that does not
+/// parse goes through unchanged).
+fn merge_answer(prefill: &serde_json::Value, decode: ClientResponse) -> Vec<u8> {
+    let Ok(mut answer) = serde_json::from_slice::<serde_json::Value>(&decode.body) else {
+        return decode.body;
+    };
+    merge_input_logprobs(prefill, &mut answer);
+    serde_json::to_vec(&answer).unwrap_or(decode.body)
+}
+
+/// Appends to `merged` the SSE `events` (whole lines) with the prefill's input logprobs merged
+/// into each `data:` event (an event that does not parse, `[DONE]`, goes through unchanged).
+fn merge_stream_events(prefill: &serde_json::Value, events: &[u8], merged: &mut Vec<u8>) {
+    for line in events.split_inclusive(|b| *b == b'\n') {
         let data = line.strip_prefix(b"data: ").map(<[u8]>::trim_ascii);
         match data.and_then(|data| merge_event_logprobs(prefill, data)) {
             Some(event) => {
@@ -611,7 +829,6 @@ fn merge_answer(prefill: &serde_json::Value, decode: ClientResponse, stream: boo
             None => merged.extend_from_slice(line),
         }
     }
-    merged
 }
 
 /// Answers `status` with `body` written by the gateway (a merged answer).
