@@ -30,12 +30,14 @@ prebuild=$!
 trap 'kill -- "-$prebuild" 2>/dev/null || true' EXIT
 # Real tokenizer files and the Python reference IDs (cached under target/tokenizers), pyzmq and
 # msgspec for the KV-event compatibility test (under target/kv-events-python), grpcio with
-# smg-grpc-proto for the gRPC interoperability test (under target/grpc-python), promtool for the
+# smg-grpc-proto for the gRPC interoperability test (under target/grpc-python), the openai and
+# anthropic clients for the SDK test (under target/sdk-python), promtool for the
 # exposition check (Debian's prometheus package); the tests that need them fail rather than skip
 # without them here.
 scripts/fetch-tokenizers.sh
 scripts/fetch-kv-events-python.sh
 scripts/fetch-grpc-python.sh
+scripts/fetch-sdk-python.sh
 scripts/fetch-promtool.sh
 # perf (Debian linux-perf, with apt-get when missing) for tests/flamegraph.rs, which then fails
 # rather than skips without it. Where perf is installed but cannot record (a container whose
@@ -48,7 +50,7 @@ else
   export KVGATE_REQUIRE_PERF=0
 fi
 KVGATE_REQUIRE_TOKENIZER_FIXTURES=1 KVGATE_REQUIRE_PYTHON_COMPAT=1 KVGATE_REQUIRE_PROMTOOL=1 \
-    KVGATE_REQUIRE_GRPC_PYTHON=1 cargo test --workspace
+    KVGATE_REQUIRE_GRPC_PYTHON=1 KVGATE_REQUIRE_SDK_PYTHON=1 cargo test --workspace
 step_done "cargo test"
 # One short seed of the chaos test (about a minute; scripts/chaos.sh, bench-harness/src/chaos/),
 # on the debug binaries built above; its abort probes check that a departed client's request

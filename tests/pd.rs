@@ -480,3 +480,60 @@ fn pd_flag_errors_are_one_line() {
         );
     }
 }
+
+/// The venv of `scripts/fetch-sdk-python.sh`'s Python, or `None` (with a message) when absent
+/// and not required (`KVGATE_REQUIRE_SDK_PYTHON=1`, which the test script sets).
+fn sdk_python() -> Option<std::path::PathBuf> {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::var("KVGATE_SDK_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| root.join("target/sdk-python"));
+    let python = dir.join("venv/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    let required = std::env::var("KVGATE_REQUIRE_SDK_PYTHON").is_ok_and(|v| v == "1");
+    assert!(!required, "no venv: run scripts/fetch-sdk-python.sh");
+    eprintln!("skipped: no venv (scripts/fetch-sdk-python.sh)");
+    None
+}
+
+#[test]
+fn the_openai_and_anthropic_sdks_talk_to_a_pd_fleet_whole_and_streamed() {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let (prefill, decode) = fleets(2, &[]);
+    let gateway = pd_gateway(&prefill, &decode, &["--decode-policy", "round_robin"]);
+    let script =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sdk_client.py");
+    let output = Command::new(python)
+        .arg(script)
+        .arg(format!("http://127.0.0.1:{}", gateway.port))
+        .arg("sim-model")
+        .output()
+        .expect("the SDK client runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the SDK client failed:\n{stderr}");
+    let answers: Value = serde_json::from_slice(&output.stdout).expect("one JSON line");
+    for text in [
+        "openai_text",
+        "openai_stream_text",
+        "anthropic_text",
+        "anthropic_stream_text",
+    ] {
+        let text = answers[text].as_str().unwrap_or_default();
+        assert!(!text.is_empty(), "{answers}");
+    }
+    assert_eq!(answers["openai_finish"], "length", "{answers}");
+    assert_eq!(answers["openai_completion_tokens"], 8, "{answers}");
+    assert_eq!(answers["openai_stream_finish"], "length", "{answers}");
+    assert!(
+        answers["openai_stream_chunks"].as_u64() > Some(2),
+        "{answers}"
+    );
+    assert_eq!(answers["anthropic_stop"], "max_tokens", "{answers}");
+    // Every one of the four went through a pair: each side admitted four requests.
+    assert_eq!(queued(&prefill).iter().sum::<u64>(), 4);
+    assert_eq!(queued(&decode).iter().sum::<u64>(), 4);
+}
