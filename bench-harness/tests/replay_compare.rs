@@ -327,7 +327,14 @@ fn figure(reports: &[serde_json::Value], label: &str, name: &str) -> f64 {
     report[name].as_f64().unwrap()
 }
 
+/// Not in the test pass: whether a follow-up arrives before its engine published the earlier
+/// turn depends on how fast this machine runs the engines (on a quiet one they publish in time
+/// and both policies hit 96%), so the comparison is a benchmark:
+/// `scripts/bench-kv-events.sh OUT overloaded`. Run it with `--ignored` on a loaded machine.
+/// The overlay's behaviour is tested without timing in `index::kv`'s unit tests and
+/// `tests/kv_events.rs`.
 #[test]
+#[ignore = "timing-dependent comparison: scripts/bench-kv-events.sh OUT overloaded"]
 fn the_in_flight_overlay_keeps_follow_ups_that_arrive_before_their_engine_reports() {
     // Four conversations of 8 turns on 4,096-token system prompts at 100 req/s: each
     // conversation's next turn arrives every ~40 ms, before its earlier turn's prefill (queued
@@ -351,6 +358,11 @@ fn the_in_flight_overlay_keeps_follow_ups_that_arrive_before_their_engine_report
     let policies = "cache_aware:kv:events-only,cache_aware:kv";
     let reports = compare_open_loop(dir.path(), &workload, (200, 100), policies, &[]);
     let hit = |label| figure(&reports, label, "cache_hit_rate");
+    eprintln!(
+        "hit rate with the overlay {:.3}, events only {:.3}",
+        hit("cache_aware:kv"),
+        hit("cache_aware:kv:events-only")
+    );
     // Measured on a loaded box in three runs: 91.8-93.4% without, 95.2-95.7% with.
     assert!(
         hit("cache_aware:kv") > hit("cache_aware:kv:events-only"),
