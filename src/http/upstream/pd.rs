@@ -294,15 +294,7 @@ async fn sglang_pair(
     body: &mut Vec<u8>,
 ) -> Result<PairDone, PairFailure> {
     let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
-    let client_body = &request.read_buf[request.body.clone()];
-    let bootstrap = bootstrap_of(prefill);
-    write_bootstrap_body(
-        client_body,
-        shape,
-        bootstrap,
-        &mut fastrand::Rng::new(),
-        body,
-    );
+    write_sglang_body(request, shape, prefill, body);
     let mut prefill_up = Exchange::open(core, prefill)
         .await
         .map_err(|e| PairFailure::of(prefill, e))?;
@@ -380,15 +372,7 @@ async fn merged_pair(
     body: &mut Vec<u8>,
 ) -> Result<PairDone, PairFailure> {
     let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
-    let client_body = &request.read_buf[request.body.clone()];
-    let bootstrap = bootstrap_of(prefill);
-    write_bootstrap_body(
-        client_body,
-        shape,
-        bootstrap,
-        &mut fastrand::Rng::new(),
-        body,
-    );
+    write_sglang_body(request, shape, prefill, body);
     let path = target(request);
     let deadline = pair.decode.deadline;
     let (p_spec, d_spec) = (&prefill.spec, &decode.spec);
@@ -451,14 +435,7 @@ async fn merged_stream_pair(
     body: &mut Vec<u8>,
 ) -> Result<PairDone, PairFailure> {
     let (prefill, decode) = (pair.prefill.worker, pair.decode.worker);
-    let client_body = &request.read_buf[request.body.clone()];
-    write_bootstrap_body(
-        client_body,
-        shape,
-        bootstrap_of(prefill),
-        &mut fastrand::Rng::new(),
-        body,
-    );
+    write_sglang_body(request, shape, prefill, body);
     let path = target(request);
     let deadline = pair.decode.deadline;
     let (p_spec, d_spec) = (&prefill.spec, &decode.spec);
@@ -769,13 +746,26 @@ fn check_prefill(
     }
 }
 
-/// Where a prefill worker's engine meets its decode worker (SGLang): its URL's host and its
-/// bootstrap port.
-fn bootstrap_of(prefill: &WorkerEntry) -> Bootstrap<'_> {
-    Bootstrap {
+/// Writes into `body` the client's request with SGLang's bootstrap fields for the pair's
+/// `prefill` worker (its host and bootstrap port, a fresh random room per item).
+fn write_sglang_body(
+    request: &Forwarded<'_>,
+    shape: &RequestShape,
+    prefill: &WorkerEntry,
+    body: &mut Vec<u8>,
+) {
+    let bootstrap = Bootstrap {
         host: prefill.spec.host(),
         port: prefill.spec.role.bootstrap_port(),
-    }
+    };
+    let client_body = &request.read_buf[request.body.clone()];
+    write_bootstrap_body(
+        client_body,
+        shape,
+        bootstrap,
+        &mut fastrand::Rng::new(),
+        body,
+    );
 }
 
 /// The client's `Authorization`, passed on to the side read whole (engines started with an API
