@@ -46,7 +46,7 @@ pub struct TlsArgs {
     )]
     pub tls_key_path: Option<PathBuf>,
     /// CA certificates (PEM) trusted for https:// workers, besides the system's roots; several
-    /// paths may follow the flag (--ca-cert-path, as issue 39 spells it, is the same flag).
+    /// paths may follow the flag (--ca-cert-path is the same flag).
     #[arg(
         help_heading = "TLS/mTLS Security",
         long = "ca-cert-paths",
