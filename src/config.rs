@@ -112,6 +112,26 @@ pub struct Cli {
     /// it each gRPC worker is asked, as SMG does: SGLang's `HealthCheck`, then vLLM's.
     #[arg(help_heading = "Worker Configuration", long = "backend", value_name = "BACKEND", value_parser = ["sglang", "vllm"])]
     pub backend: Option<String>,
+    /// How the gRPC workers' output is read for tool calls when a request has `tools` (SMG's
+    /// flag and names: qwen, llama, json, mistral, deepseek, or passthrough for none). Without
+    /// it the model's name picks SMG's default (Qwen* qwen, llama-3.2* llama, mistral-* mistral,
+    /// deepseek-v3* deepseek, ...; passthrough when none matches).
+    #[arg(
+        help_heading = "Worker Configuration",
+        long = "tool-call-parser",
+        value_name = "NAME"
+    )]
+    pub tool_call_parser: Option<String>,
+    /// How the gRPC workers' output is split into reasoning_content and the answer (SMG's flag
+    /// and names: qwen3, deepseek_r1, qwen3_thinking, glm45, step3, minimax, kimi, cohere_cmd,
+    /// base, or passthrough for none). Without it the model's name picks SMG's default
+    /// (deepseek-r1 deepseek_r1, qwen3 and qwen qwen3, ...; none when no pattern matches).
+    #[arg(
+        help_heading = "Worker Configuration",
+        long = "reasoning-parser",
+        value_name = "NAME"
+    )]
+    pub reasoning_parser: Option<String>,
     /// The routing-policy flags (`--policy`, `--cache-threshold`, ...).
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -329,6 +349,8 @@ pub struct Config {
     pub mesh: Option<MeshConfig>,
     /// The headers a request's ID is read from, lower-case, in order (`--request-id-headers`).
     pub request_id_headers: Vec<String>,
+    /// `--tool-call-parser` and `--reasoning-parser` (the gRPC workers' front end).
+    pub parsers: crate::frontend::ParserFlags,
     /// Kubernetes service discovery (`--service-discovery`); `None`: off.
     pub discovery: Option<DiscoveryConfig>,
     /// TLS on the data port and to `https://` workers.
@@ -529,9 +551,15 @@ impl Config {
         let discovery = cli
             .discovery
             .config(cli.pd.pd_disaggregation, &mut startup_notices)?;
+        let parsers = crate::frontend::ParserFlags::parse(
+            cli.tool_call_parser.as_deref(),
+            cli.reasoning_parser.as_deref(),
+        )
+        .map_err(|(flag, e)| FlagError::new(flag, e))?;
         Ok(Config {
             mesh,
             request_id_headers,
+            parsers,
             discovery,
             tls: cli.tls.config()?,
             pd: pd.clone(),

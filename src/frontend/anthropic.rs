@@ -29,30 +29,26 @@ fn push_cache_read(out: &mut Vec<u8>, usage: &Usage) {
     }
 }
 
-fn event(out: &mut Vec<u8>, name: &str) {
+pub(super) fn event(out: &mut Vec<u8>, name: &str) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(name.as_bytes());
     out.extend_from_slice(b"\ndata: ");
 }
 
-/// A `message` object: `id`, `type`, `role`, `content` (one text block), `model`, the stop
-/// fields (null while running) and `usage`, in SMG's order.
+/// A `message` object: `id`, `type`, `role`, `content` (the array `content` writes), `model`,
+/// the stop fields (null while running) and `usage`, in SMG's order.
 fn push_message(
     out: &mut Vec<u8>,
     meta: &ResponseMeta,
-    text: Option<&str>,
+    content: &dyn Fn(&mut Vec<u8>),
     stop: Option<(&Finish, &[String])>,
     usage: &Usage,
 ) {
     out.extend_from_slice(b"{\"id\":");
     push_str(out, &meta.id);
-    out.extend_from_slice(b",\"type\":\"message\",\"role\":\"assistant\",\"content\":[");
-    if let Some(text) = text {
-        out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
-        push_str(out, text);
-        out.push(b'}');
-    }
-    out.extend_from_slice(b"],\"model\":");
+    out.extend_from_slice(b",\"type\":\"message\",\"role\":\"assistant\",\"content\":");
+    content(out);
+    out.extend_from_slice(b",\"model\":");
     push_str(out, &meta.model);
     match stop {
         Some((finish, stops)) => {
@@ -82,18 +78,23 @@ fn stop_sequence<'a>(finish: &Finish, stops: &'a [String]) -> Option<&'a str> {
 /// `message_start` and the text block's `content_block_start`; `prompt_tokens` is known
 /// before the engine answers.
 pub(super) fn start(out: &mut Vec<u8>, meta: &ResponseMeta, prompt_tokens: u32) {
+    message_start(out, meta, prompt_tokens);
+    event(out, "content_block_start");
+    out.extend_from_slice(
+        b"{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    );
+}
+
+/// `message_start` alone (a parsed message opens its blocks as they come).
+pub(super) fn message_start(out: &mut Vec<u8>, meta: &ResponseMeta, prompt_tokens: u32) {
     event(out, "message_start");
     out.extend_from_slice(b"{\"type\":\"message_start\",\"message\":");
     let usage = Usage {
         prompt_tokens,
         ..Usage::default()
     };
-    push_message(out, meta, None, None, &usage);
+    push_message(out, meta, &|out| out.extend_from_slice(b"[]"), None, &usage);
     out.extend_from_slice(b"}\n\n");
-    event(out, "content_block_start");
-    out.extend_from_slice(
-        b"{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
-    );
 }
 
 /// A `text_delta`.
@@ -110,6 +111,11 @@ pub(super) fn delta(out: &mut Vec<u8>, text: &str) {
 pub(super) fn end(out: &mut Vec<u8>, finish: &Finish, stops: &[String], usage: &Usage) {
     event(out, "content_block_stop");
     out.extend_from_slice(b"{\"type\":\"content_block_stop\",\"index\":0}\n\n");
+    end_message(out, finish, stops, usage);
+}
+
+/// `message_delta` (stop reason, usage) and `message_stop`, after the last block's stop.
+pub(super) fn end_message(out: &mut Vec<u8>, finish: &Finish, stops: &[String], usage: &Usage) {
     event(out, "message_delta");
     out.extend_from_slice(b"{\"type\":\"message_delta\",\"delta\":{\"stop_reason\":");
     push_str(out, finish.reason.anthropic(finish.matched.as_ref()));
@@ -138,7 +144,7 @@ pub(super) fn error(out: &mut Vec<u8>, message: &str) {
     out.extend_from_slice(b"}}\n\n");
 }
 
-/// The non-streamed `message`.
+/// The non-streamed `message` with one text block.
 pub(super) fn message(
     out: &mut Vec<u8>,
     meta: &ResponseMeta,
@@ -147,5 +153,23 @@ pub(super) fn message(
     stops: &[String],
     usage: &Usage,
 ) {
-    push_message(out, meta, Some(text), Some((finish, stops)), usage);
+    let content = |out: &mut Vec<u8>| {
+        out.extend_from_slice(b"[{\"type\":\"text\",\"text\":");
+        push_str(out, text);
+        out.extend_from_slice(b"}]");
+    };
+    push_message(out, meta, &content, Some((finish, stops)), usage);
+}
+
+/// The non-streamed `message` whose `content` array `content` writes (a parsed message's
+/// blocks).
+pub(super) fn message_with(
+    out: &mut Vec<u8>,
+    meta: &ResponseMeta,
+    content: &dyn Fn(&mut Vec<u8>),
+    finish: &Finish,
+    stops: &[String],
+    usage: &Usage,
+) {
+    push_message(out, meta, content, Some((finish, stops)), usage);
 }

@@ -63,6 +63,7 @@ mod json;
 mod openai;
 mod output;
 mod params;
+pub mod parsers;
 mod writer;
 
 pub use choice::{Decoded, OutputDecoder};
@@ -72,6 +73,7 @@ pub use params::{
     LogprobRequest, ParamError, PromptInput, ResolvedSampling, Sampling,
     GENERATE_MAX_NEW_TOKENS_DEFAULT,
 };
+pub use parsers::{ParseSetup, ParserFlags, ToolChoice, ToolRequest};
 pub use writer::{FullWriter, StreamWriter};
 
 #[cfg(test)]

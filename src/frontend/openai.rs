@@ -77,7 +77,7 @@ impl Frame {
     }
 
     /// Closes an event.
-    fn close_event(&self, out: &mut Vec<u8>) {
+    pub(super) fn close_event(&self, out: &mut Vec<u8>) {
         self.close_choices(out);
         out.extend_from_slice(b"}\n\n");
     }

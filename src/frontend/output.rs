@@ -14,6 +14,9 @@ pub enum FinishReason {
     Length,
     /// The engine aborted the request.
     Abort,
+    /// The output was tool calls (a stop after calls the gateway parsed: OpenAI's
+    /// `tool_calls`, Anthropic's `tool_use`).
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -23,6 +26,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 
@@ -34,6 +38,7 @@ impl FinishReason {
             (FinishReason::Length, _) => "max_tokens",
             // Anthropic has no abort; a refusal is the nearest ending that is not an error.
             (FinishReason::Abort, _) => "refusal",
+            (FinishReason::ToolCalls, _) => "tool_use",
         }
     }
 }

@@ -10,6 +10,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::parsers::{ParseSetup, ToolRequest};
 use crate::error::error_body;
 use crate::limits::{GENERATE_N_MAX, STOP_STRINGS_MAX, STOP_STRING_BYTES_MAX, TOP_LOGPROBS_MAX};
 
@@ -37,7 +38,7 @@ pub struct ParamError {
 }
 
 impl ParamError {
-    fn field(param: &'static str, message: impl Into<String>) -> ParamError {
+    pub(super) fn field(param: &'static str, message: impl Into<String>) -> ParamError {
         ParamError {
             message: message.into(),
             param: Some(param),
@@ -205,6 +206,11 @@ pub struct GenerateParams {
     pub include_usage: bool,
     /// The client's request id (`/generate`'s `rid`), when given.
     pub request_id: Option<String>,
+    /// `tools` and `tool_choice` (chat and messages), when tools were given.
+    pub tools: Option<ToolRequest>,
+    /// What the output is parsed for (tool calls, reasoning): none until the transport sets it
+    /// from `--tool-call-parser`/`--reasoning-parser` and the model (`ParserFlags::setup`).
+    pub parsing: ParseSetup,
 }
 
 impl GenerateParams {
@@ -225,6 +231,8 @@ impl GenerateParams {
             stream: false,
             include_usage: false,
             request_id: None,
+            tools: None,
+            parsing: ParseSetup::default(),
         }
     }
 
@@ -312,6 +320,8 @@ struct RawOpenAi {
     ebnf: Option<String>,
     stream: Option<bool>,
     stream_options: Option<RawStreamOptions>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
 }
 
 fn from_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ParamError> {
@@ -339,7 +349,11 @@ pub fn parse_chat(body: &[u8]) -> Result<GenerateParams, ParamError> {
         }
         (false, _) => None,
     };
+    params.tools = ToolRequest::from_openai(raw.tools.as_ref(), raw.tool_choice.as_ref())?;
     fill_openai(&mut params, raw)?;
+    if let Some(constraint) = params.tools.as_ref().and_then(ToolRequest::constraint) {
+        set_constraint(&mut params, constraint)?;
+    }
     Ok(params)
 }
 
@@ -589,6 +603,8 @@ struct RawMessages {
     top_k: Option<i32>,
     stop_sequences: Option<Vec<String>>,
     stream: Option<bool>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
 }
 
 /// Parses an Anthropic `/v1/messages` body (`messages` and `system` are the template's).
@@ -610,6 +626,8 @@ pub fn parse_messages(body: &[u8]) -> Result<GenerateParams, ParamError> {
     };
     params.stop = stop_list(raw.stop_sequences.map(OneOrMany::Many))?;
     params.stream = raw.stream.unwrap_or(false);
+    params.tools = ToolRequest::from_anthropic(raw.tools.as_ref(), raw.tool_choice.as_ref())?;
+    params.constraint = params.tools.as_ref().and_then(ToolRequest::constraint);
     check(&params)?;
     Ok(params)
 }

@@ -8,6 +8,7 @@ use super::json::push_str;
 use super::openai::{self, Frame, ModelField};
 use super::output::{Finish, FinishReason, ResponseMeta, Step, TokenLogprob, Usage};
 use super::params::{Api, GenerateParams};
+use super::parsers::write::ParsedChoice;
 use crate::tokenize::DecodeTable;
 
 /// What a writer keeps of one choice.
@@ -22,6 +23,43 @@ struct ChoiceRecord {
     /// The logprobs so far (non-stream and `/generate`, when asked).
     logprobs: Vec<TokenLogprob>,
     finish: Option<Finish>,
+    /// Its parser, when its tool calls or reasoning are parsed (chat and messages).
+    parsed: Option<Box<ParsedChoice>>,
+}
+
+impl ChoiceRecord {
+    fn new(params: &GenerateParams) -> ChoiceRecord {
+        let parsed = match params.api {
+            Api::Chat | Api::Messages => ParsedChoice::new(&params.parsing),
+            Api::Completion | Api::Generate => None,
+        };
+        ChoiceRecord {
+            parsed,
+            ..ChoiceRecord::default()
+        }
+    }
+
+    /// The finish a client sees: a stop after parsed tool calls is `tool_calls`.
+    fn shown(&self, finish: &Finish) -> Finish {
+        match &self.parsed {
+            Some(parsed) if finish.reason == FinishReason::Stop && parsed.tool_calls() > 0 => {
+                Finish {
+                    reason: FinishReason::ToolCalls,
+                    matched: finish.matched.clone(),
+                }
+            }
+            _ => finish.clone(),
+        }
+    }
+}
+
+/// Markup the choices' parsers gave back as content, or calls cut short.
+fn parse_failures(choices: &[ChoiceRecord]) -> u32 {
+    choices
+        .iter()
+        .filter_map(|c| c.parsed.as_ref())
+        .map(|p| p.failures())
+        .sum()
 }
 
 /// Frames a request's steps as server-sent events.
@@ -57,7 +95,7 @@ impl StreamWriter {
             logprobs: params.logprobs.is_some(),
             prompt_tokens,
             choices: (0..params.n.max(1))
-                .map(|_| ChoiceRecord::default())
+                .map(|_| ChoiceRecord::new(params))
                 .collect(),
             elapsed_s: 0.0,
         }
@@ -73,7 +111,10 @@ impl StreamWriter {
     /// nothing for the other APIs.
     pub fn start(&mut self, out: &mut Vec<u8>) {
         if self.api == Api::Messages {
-            anthropic::start(out, &self.meta, self.prompt_tokens);
+            match self.choices.first().is_some_and(|c| c.parsed.is_some()) {
+                true => anthropic::message_start(out, &self.meta, self.prompt_tokens),
+                false => anthropic::start(out, &self.meta, self.prompt_tokens),
+            }
         }
     }
 
@@ -92,11 +133,21 @@ impl StreamWriter {
                     openai::chat_role_chunk(out, &self.frame, step.index);
                     choice.opened = true;
                 }
-                if has_content {
-                    openai::chat_content_chunk(out, &self.frame, step.index, step.text, logprobs);
+                let end = step.finish.is_some();
+                match &mut choice.parsed {
+                    Some(p) => p.chat_step(out, &self.frame, step.index, step.text, end, logprobs),
+                    None if has_content => openai::chat_content_chunk(
+                        out,
+                        &self.frame,
+                        step.index,
+                        step.text,
+                        logprobs,
+                    ),
+                    None => {}
                 }
                 if let Some(finish) = step.finish {
-                    openai::chat_finish_chunk(out, &self.frame, step.index, finish, &self.stops);
+                    let finish = choice.shown(finish);
+                    openai::chat_finish_chunk(out, &self.frame, step.index, &finish, &self.stops);
                 }
             }
             Api::Completion => {
@@ -116,11 +167,11 @@ impl StreamWriter {
                     choice.text.push_str(step.text);
                 }
             }
-            Api::Messages => {
-                if !step.text.is_empty() {
-                    anthropic::delta(out, step.text);
-                }
-            }
+            Api::Messages => match &mut choice.parsed {
+                Some(p) => p.messages_step(out, step.text, step.finish.is_some()),
+                None if !step.text.is_empty() => anthropic::delta(out, step.text),
+                None => {}
+            },
             Api::Generate => {
                 choice.text.push_str(step.text);
                 choice.ids.extend_from_slice(step.token_ids);
@@ -148,6 +199,11 @@ impl StreamWriter {
         }
     }
 
+    /// Markup the parsers gave back as content, or tool calls cut short (`/metrics`).
+    pub fn parse_failures(&self) -> u32 {
+        parse_failures(&self.choices)
+    }
+
     /// The events after every choice ended: the usage chunk (`include_usage`) and `[DONE]`;
     /// Anthropic's `content_block_stop`, `message_delta` and `message_stop`.
     pub fn end(&mut self, usage: &Usage, out: &mut Vec<u8>) {
@@ -160,7 +216,13 @@ impl StreamWriter {
             }
             Api::Messages => {
                 let finish = self.choices.first().map_or_else(aborted, finish_of);
-                anthropic::end(out, &finish, &self.stops, usage);
+                match self.choices.first_mut().and_then(|c| c.parsed.as_mut()) {
+                    Some(parsed) => {
+                        parsed.messages_close(out);
+                        anthropic::end_message(out, &finish, &self.stops, usage);
+                    }
+                    None => anthropic::end(out, &finish, &self.stops, usage),
+                }
             }
             Api::Generate => out.extend_from_slice(openai::DONE),
         }
@@ -188,9 +250,12 @@ fn aborted() -> Finish {
     }
 }
 
-/// A choice's finish; one that never finished is reported as aborted.
+/// A choice's finish as the client sees it; one that never finished is reported as aborted.
 fn finish_of(choice: &ChoiceRecord) -> Finish {
-    choice.finish.clone().unwrap_or_else(aborted)
+    choice
+        .finish
+        .as_ref()
+        .map_or_else(aborted, |finish| choice.shown(finish))
 }
 
 /// Gathers a request's steps and writes one JSON body (`stream: false`).
@@ -214,7 +279,7 @@ impl FullWriter {
             stops: params.stop.clone(),
             logprobs: params.logprobs.is_some(),
             choices: (0..params.n.max(1))
-                .map(|_| ChoiceRecord::default())
+                .map(|_| ChoiceRecord::new(params))
                 .collect(),
             elapsed_s: 0.0,
         }
@@ -231,6 +296,9 @@ impl FullWriter {
         let Some(choice) = self.choices.get_mut(step.index as usize) else {
             return;
         };
+        if let Some(parsed) = &mut choice.parsed {
+            parsed.collect(step.text, step.finish.is_some());
+        }
         choice.text.push_str(step.text);
         choice.ids.extend_from_slice(step.token_ids);
         if self.logprobs {
@@ -241,15 +309,35 @@ impl FullWriter {
         }
     }
 
+    /// Markup the parsers gave back as content, or tool calls cut short (`/metrics`).
+    pub fn parse_failures(&self) -> u32 {
+        parse_failures(&self.choices)
+    }
+
     /// Writes the body. A choice that never finished is reported as aborted.
     pub fn write(&self, usage: &Usage, table: &DecodeTable, out: &mut Vec<u8>) {
         match self.api {
             Api::Chat | Api::Completion => self.write_openai(usage, table, out),
             Api::Messages => {
                 let first = self.choices.first();
-                let text = first.map_or("", |c| c.text.as_str());
                 let finish = first.map_or_else(aborted, finish_of);
-                anthropic::message(out, &self.meta, text, &finish, &self.stops, usage);
+                match first.and_then(|c| c.parsed.as_ref()) {
+                    Some(parsed) => {
+                        let content = |out: &mut Vec<u8>| parsed.messages_content(out);
+                        anthropic::message_with(
+                            out,
+                            &self.meta,
+                            &content,
+                            &finish,
+                            &self.stops,
+                            usage,
+                        );
+                    }
+                    None => {
+                        let text = first.map_or("", |c| c.text.as_str());
+                        anthropic::message(out, &self.meta, text, &finish, &self.stops, usage);
+                    }
+                }
             }
             Api::Generate => {
                 let many = self.choices.len() > 1;
@@ -294,9 +382,15 @@ impl FullWriter {
             if self.api == Api::Chat {
                 out.extend_from_slice(b"{\"index\":");
                 super::json::push_u64(out, i as u64);
-                out.extend_from_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
-                push_str(out, &c.text);
-                out.extend_from_slice(b",\"reasoning_content\":null}");
+                out.extend_from_slice(b",\"message\":");
+                match &c.parsed {
+                    Some(parsed) => parsed.chat_message(out),
+                    None => {
+                        out.extend_from_slice(b"{\"role\":\"assistant\",\"content\":");
+                        push_str(out, &c.text);
+                        out.extend_from_slice(b",\"reasoning_content\":null}");
+                    }
+                }
             } else {
                 out.extend_from_slice(b"{\"text\":");
                 push_str(out, &c.text);

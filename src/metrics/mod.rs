@@ -138,6 +138,9 @@ pub enum Counter {
     /// Requests answered 503 because their body would take their data core past
     /// `--max-inflight-body-bytes-per-core`.
     BodyBudgetRejections,
+    /// gRPC workers' output: tool-call markup that could not be parsed (given back to the
+    /// client as content) or a call cut short by the end of the output.
+    ToolParseFailures,
 }
 
 impl Counter {
@@ -146,7 +149,7 @@ impl Counter {
 }
 
 /// Name and help of each `Counter`, in variant order.
-const COUNTER_DEFS: [(&str, &str); 16] = [
+const COUNTER_DEFS: [(&str, &str); 17] = [
     (
         "kvgate_downstream_connections_accepted_total",
         "Client connections accepted.",
@@ -210,6 +213,10 @@ const COUNTER_DEFS: [(&str, &str); 16] = [
     (
         "kvgate_body_budget_rejections_total",
         "Requests answered 503 because their body would pass --max-inflight-body-bytes-per-core.",
+    ),
+    (
+        "kvgate_tool_parse_failures_total",
+        "Tool-call markup from gRPC workers that could not be parsed (returned as content) or was cut short.",
     ),
 ];
 

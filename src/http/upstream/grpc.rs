@@ -48,6 +48,7 @@ use crate::grpc::{connection_for, Backend, Call, CallError, Connection};
 use crate::http::core::DataCore;
 use crate::http::downstream::{ClientSide, Forwarded};
 use crate::ids::WorkerId;
+use crate::metrics::Counter;
 use crate::net::codec::{self, Connection as ClientConnection, DownstreamFraming};
 use crate::net::socket::Cut;
 use crate::request::{Endpoint, KeySource, RoutingKey};
@@ -224,11 +225,16 @@ impl GrpcExchange {
             Some(Endpoint::Messages) => Api::Messages,
             _ => return Err(refusal("this endpoint is not served by gRPC workers")),
         };
-        let params = GenerateParams::parse(api, &request.read_buf[request.body.clone()])?;
+        let mut params = GenerateParams::parse(api, &request.read_buf[request.body.clone()])?;
         let model = params
             .model
             .clone()
             .unwrap_or_else(|| routing.model().to_string());
+        // Tool calls and reasoning are read from the text (`--tool-call-parser`, ...).
+        params.parsing = (core.shared.config.parsers).setup(&model, params.tools.as_ref());
+        if params.parsing.needs_special_tokens() {
+            params.skip_special_tokens = false;
+        }
         let tokenizer = core.shared.config.tokenizers.for_model(&model).cloned();
         let routed_ids = match (routing.key_source(), routing.key()) {
             (Some(KeySource::InputIds | KeySource::Tokenized), RoutingKey::Tokens(ids)) => {
@@ -356,12 +362,12 @@ impl GrpcExchange {
                 {
                     writer.start(scratch);
                 }
-                self.take(event);
+                self.take(core, event);
                 self.frame_scratch(client.write_buf);
                 self.end_call_when_done(deadline).await;
                 return Ok(relaying(200, BodyKind::EventStream, connection));
             }
-            self.take(event);
+            self.take(core, event);
             if self.finished {
                 self.end_call_when_done(deadline).await;
                 let body = self.output.as_mut().map(|o| std::mem::take(&mut o.scratch));
@@ -399,7 +405,7 @@ impl GrpcExchange {
             Next::Interrupted(Interrupted::ShutdownCut) => return Err(BodyStop::ShutdownCut),
             Next::TimedOut => return Err(BodyStop::WorkerFailed(ErrorKind::UpstreamTimeout)),
         };
-        self.take(event);
+        self.take(core, event);
         core.spare_buffers
             .borrow_mut()
             .borrow_into(client.write_buf);
@@ -412,7 +418,7 @@ impl GrpcExchange {
     /// Folds one message into the output: its tokens through the decoder into the writer's
     /// bytes (in `scratch`); once every choice ended, the writer's end (usage, `[DONE]`, or
     /// the whole body) and `finished`.
-    fn take(&mut self, event: GenerateEvent) {
+    fn take(&mut self, core: &DataCore, event: GenerateEvent) {
         let Some(output) = self.output.as_mut() else {
             return;
         };
@@ -440,6 +446,14 @@ impl GrpcExchange {
         }
         if output.decoder.all_finished() {
             output.end();
+            let failures = match &output.writer {
+                Writer::Stream(writer) => writer.parse_failures(),
+                Writer::Full(writer) => writer.parse_failures(),
+            };
+            if failures > 0 {
+                core.metrics()
+                    .add(Counter::ToolParseFailures, u64::from(failures));
+            }
             self.finished = true;
         }
     }
