@@ -108,8 +108,18 @@ pub fn chat_input(body: &[u8]) -> Result<ChatInput, TokenizeError> {
     if body.continue_final_message == Some(true) {
         return Err(TokenizeError::Body);
     }
+    let mut messages = body.messages.into_list(false)?;
+    // An assistant turn of tool calls has `content: null` (or none): SGLang hands templates ""
+    // (Qwen3's calls `content.lstrip` on it), so the agents' loops render.
+    for message in &mut messages {
+        if let Some(fields) = message.as_object_mut() {
+            if fields.get("content").is_none_or(Json::is_null) {
+                fields.insert("content".into(), Json::String(String::new()));
+            }
+        }
+    }
     Ok(ChatInput {
-        messages: Json::Array(body.messages.into_list(false)?),
+        messages: Json::Array(messages),
         tools: body.tools.filter(|t| !t.is_null()),
         documents: body.documents.filter(|d| !d.is_null()),
         add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
@@ -230,6 +240,18 @@ fn convert_message(message: &Json, out: &mut Vec<Json>) -> Result<(), TokenizeEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tool_call_turn_without_content_gets_an_empty_string() {
+        let body = br#"{"messages":[{"role":"user","content":"hi"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
+             "function":{"name":"f","arguments":"{}"}}]},
+            {"role":"assistant","tool_calls":[]}]}"#;
+        let input = chat_input(body).unwrap();
+        assert_eq!(input.messages[1]["content"], "");
+        assert_eq!(input.messages[2]["content"], "");
+        assert_eq!(input.messages[0]["content"], "hi");
+    }
 
     #[test]
     fn chat_bodies_keep_what_templates_read() {

@@ -10,6 +10,7 @@
 //! stderr (`sim-engine: engine N connection`, `... stream reset RID`, `... Abort RID`), which
 //! tests read.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -317,14 +318,30 @@ fn chunk_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts) ->
     }
 }
 
-fn complete_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts) -> Bytes {
+/// The next of `--grpc-completion-ids`' completions (in turn over every engine), if any.
+fn scripted_completion(completions: &[Vec<u32>]) -> Option<&[u32]> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    if completions.is_empty() {
+        return None;
+    }
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    Some(&completions[n % completions.len()])
+}
+
+fn complete_message(
+    protocol: GrpcProtocol,
+    rid: &str,
+    ids: Vec<u32>,
+    c: Counts,
+    finish: &str,
+) -> Bytes {
     match protocol {
         GrpcProtocol::Sglang => frame(&sg::GenerateResponse {
             request_id: rid.to_string(),
             response: Some(sg::generate_response::Response::Complete(
                 sg::GenerateComplete {
                     output_ids: ids,
-                    finish_reason: "length".into(),
+                    finish_reason: finish.into(),
                     prompt_tokens: c.prompt,
                     completion_tokens: c.completion,
                     cached_tokens: c.cached,
@@ -336,7 +353,7 @@ fn complete_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts)
             response: Some(vl::generate_response::Response::Complete(
                 vl::GenerateComplete {
                     output_ids: ids,
-                    finish_reason: "length".into(),
+                    finish_reason: finish.into(),
                     prompt_tokens: c.prompt,
                     completion_tokens: c.completion,
                     cached_tokens: c.cached,
@@ -366,13 +383,18 @@ async fn generate(
         bytes.extend_from_slice(&token.to_le_bytes());
     }
     let output_seed = xxh3_64(&bytes);
+    let max_new_tokens = call
+        .max_new_tokens
+        .unwrap_or(server.options.default_max_tokens)
+        .max(1);
+    let scripted = scripted_completion(&server.options.grpc_completions);
     let request = SimRequest {
         namespace: 0,
         tokens: call.input_ids,
-        max_new_tokens: call
-            .max_new_tokens
-            .unwrap_or(server.options.default_max_tokens)
-            .max(1),
+        max_new_tokens: match scripted {
+            Some(ids) => max_new_tokens.min(ids.len().max(1) as u32),
+            None => max_new_tokens,
+        },
         output_seed,
         prefilled: false,
     };
@@ -398,7 +420,11 @@ async fn generate(
         let Some(emit) = emit else {
             return;
         };
-        let token = output_token(output_seed, emit.completion_tokens.saturating_sub(1));
+        let k = emit.completion_tokens.saturating_sub(1);
+        let token = match scripted {
+            Some(ids) => ids.get(k as usize).copied().unwrap_or(0),
+            None => output_token(output_seed, k),
+        };
         ids.push(token);
         let counts = Counts {
             prompt: emit.prompt_tokens,
@@ -418,8 +444,16 @@ async fn generate(
             } else {
                 std::mem::take(&mut ids)
             };
+            // A scripted completion that ran to its end stopped; any other hit the limit.
+            let finish = match scripted {
+                Some(script) if emit.completion_tokens as usize >= script.len() => "stop",
+                _ => "length",
+            };
             if send
-                .send_data(complete_message(protocol, &rid, output, counts), false)
+                .send_data(
+                    complete_message(protocol, &rid, output, counts, finish),
+                    false,
+                )
                 .is_err()
             {
                 return;

@@ -182,6 +182,12 @@ pub struct SimArgs {
     /// With `--grpc`: the HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` each connection announces.
     #[arg(long, default_value_t = 1024, requires = "grpc")]
     pub grpc_max_concurrent_streams: u32,
+    /// With `--grpc`: a scripted completion, token IDs separated by commas (repeat the flag for
+    /// more). The engines' n-th `Generate` answers with the n-th list (cycling), ending with
+    /// finish reason `stop`, instead of generated words: a model's tool-call or reasoning
+    /// markup for the gateway's parsers.
+    #[arg(long = "grpc-completion-ids", value_name = "IDS", requires = "grpc")]
+    pub grpc_completion_ids: Vec<String>,
 }
 
 /// Which engine's gRPC service `--grpc` serves.
@@ -238,6 +244,8 @@ pub struct Options {
     /// `Some`: the engines speak this gRPC protocol instead of HTTP, announcing this many
     /// concurrent streams per connection.
     pub grpc: Option<(GrpcProtocol, u32)>,
+    /// `--grpc-completion-ids`: the scripted completions, in turn.
+    pub grpc_completions: Vec<Vec<u32>>,
     /// Role and KV-cache transfer settings.
     pub disagg: DisaggOptions,
 }
@@ -328,6 +336,16 @@ impl SimArgs {
             grpc: self
                 .grpc
                 .map(|protocol| (protocol, self.grpc_max_concurrent_streams.max(1))),
+            grpc_completions: self
+                .grpc_completion_ids
+                .iter()
+                .map(|list| {
+                    list.split(',')
+                        .map(|id| id.trim().parse::<u32>())
+                        .collect::<Result<Vec<u32>, _>>()
+                        .map_err(|e| format!("--grpc-completion-ids {list:?}: {e}"))
+                })
+                .collect::<Result<_, _>>()?,
             disagg: DisaggOptions {
                 role: self.role,
                 transfer_tokens_per_s: self.transfer_tokens_per_s,

@@ -51,12 +51,14 @@ impl ToolRequest {
                 "none" => ToolChoice::None,
                 "auto" => ToolChoice::Auto,
                 "required" => ToolChoice::Required,
-                other => return Err(ParamError::field(
-                    "tool_choice",
-                    format!(
+                other => {
+                    return Err(ParamError::field(
+                        "tool_choice",
+                        format!(
                         "tool_choice {other:?} is not one of none, auto, required, or a function"
                     ),
-                )),
+                    ))
+                }
             }),
             Some(object) => {
                 let name = object
@@ -83,33 +85,34 @@ impl ToolRequest {
             let schema = tool.get("input_schema").cloned().unwrap_or(json!({}));
             Some((name, schema))
         })?;
-        let choice =
-            match choice {
-                None | Some(Value::Null) => None,
-                Some(object) => {
-                    let kind = object.get("type").and_then(Value::as_str).unwrap_or("");
-                    Some(match kind {
-                        "auto" => ToolChoice::Auto,
-                        "any" => ToolChoice::Required,
-                        "none" => ToolChoice::None,
-                        "tool" => ToolChoice::Function(
-                            object
-                                .get("name")
-                                .and_then(Value::as_str)
-                                .ok_or_else(|| {
-                                    ParamError::field("tool_choice", "tool_choice.name is required")
-                                })?
-                                .to_owned(),
-                        ),
-                        other => return Err(ParamError::field(
+        let choice = match choice {
+            None | Some(Value::Null) => None,
+            Some(object) => {
+                let kind = object.get("type").and_then(Value::as_str).unwrap_or("");
+                Some(match kind {
+                    "auto" => ToolChoice::Auto,
+                    "any" => ToolChoice::Required,
+                    "none" => ToolChoice::None,
+                    "tool" => ToolChoice::Function(
+                        object
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| {
+                                ParamError::field("tool_choice", "tool_choice.name is required")
+                            })?
+                            .to_owned(),
+                    ),
+                    other => {
+                        return Err(ParamError::field(
                             "tool_choice",
                             format!(
                                 "tool_choice.type {other:?} is not one of auto, any, tool, none"
                             ),
-                        )),
-                    })
-                }
-            };
+                        ))
+                    }
+                })
+            }
+        };
         Self::checked(tools, choice)
     }
 
