@@ -127,6 +127,13 @@ pub fn run(sockets: MeshSockets, config: MeshConfig, shared: Arc<Shared>) {
     });
 }
 
+/// What a frame carries, for the byte counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FrameKind {
+    Deltas,
+    Repair,
+}
+
 /// The mesh's state on its thread.
 struct Node {
     shared: Arc<Shared>,
@@ -335,7 +342,7 @@ impl Node {
 
     /// Queues `bytes` (an encoded frame) for `peer`'s stream; `false` when `peer` is not a live
     /// member (never dialed) or its stream is backed up (counted; the caller counts deltas).
-    fn send(&mut self, peer: SocketAddr, bytes: Arc<[u8]>) -> bool {
+    fn send(&mut self, peer: SocketAddr, bytes: Arc<[u8]>, kind: FrameKind) -> bool {
         if !self.streams.contains_key(&peer) && !self.membership.is_live(peer) {
             return false;
         }
@@ -349,8 +356,11 @@ impl Node {
         if sent {
             if let Some(link) = shared.mesh.as_ref() {
                 // What the stream carries: the frame sealed (length and tag) for this peer.
-                let sealed = len + auth::FRAME_HEADER_BYTES;
-                link.counters.add(MeshCounter::BytesSent, sealed as u64);
+                let sealed = (len + auth::FRAME_HEADER_BYTES) as u64;
+                link.counters.add(MeshCounter::BytesSent, sealed);
+                if kind == FrameKind::Repair {
+                    link.counters.add(MeshCounter::BytesSentRepair, sealed);
+                }
             }
         } else {
             stream.queued_bytes.fetch_sub(len, Ordering::Relaxed);
@@ -413,15 +423,16 @@ impl Node {
         for batch in batches {
             let deltas = batch.batch.deltas.len() as u64;
             for &peer in &peers {
-                let (for_peer, notes) = batch.for_peer(peer, &self.peer_chains);
+                let for_peer = batch.for_peer(peer, &mut self.peer_chains);
+                let pages: usize = for_peer.deltas.iter().map(|d| d.pages.len()).sum();
                 let frame = wire::frame(&self.me, Body::Deltas(for_peer));
                 let bytes: Arc<[u8]> = wire::encode(&frame).into();
-                if self.send(peer, bytes) {
+                if self.send(peer, bytes, FrameKind::Deltas) {
                     link.counters.add(MeshCounter::DeltasSent, deltas);
-                    for (path, base) in notes {
-                        self.peer_chains.note(peer, &path.chains, base);
-                    }
+                    link.counters.add(MeshCounter::PagesSent, pages as u64);
                 } else {
+                    // The peer will not have these paths: it was noted as knowing them.
+                    self.peer_chains.forget(peer);
                     dropped += deltas;
                 }
             }
@@ -474,6 +485,11 @@ impl Node {
             .iter()
             .map(|u| Arc::from(u.as_str()))
             .collect();
+        // The sender and every member it sent this batch to (see `learn_delta_path`).
+        let mut knowers = self.membership.live_peers();
+        if !knowers.contains(&sender) {
+            knowers.push(sender);
+        }
         let mut unknown = false;
         for delta in &batch.deltas {
             let Some(url) = urls.get(delta.worker as usize) else {
@@ -490,7 +506,7 @@ impl Node {
                     key: path.key.clone(),
                     worker_url: url.clone(),
                 },
-                None => match self.learn_delta_path(sender, batch.model, delta, url) {
+                None => match self.learn_delta_path(&knowers, batch.model, delta, url) {
                     Some(insert) => insert,
                     None => {
                         unknown = true;
@@ -517,11 +533,12 @@ impl Node {
     }
 
     /// A token path this gateway did not know, rebuilt from the delta's pages (after a prefix
-    /// it knows): learned, its prefixes noted as known here and by the sender. `None`: the
-    /// delta cannot be rebuilt here (a text path, an older sender, a forgotten prefix).
+    /// it knows): learned, its prefixes noted as known here and by `knowers` (the sender and
+    /// the members it sent the delta to). `None`: the delta cannot be rebuilt here (a text
+    /// path, an older sender, a forgotten prefix).
     fn learn_delta_path(
         &mut self,
-        sender: SocketAddr,
+        knowers: &[SocketAddr],
         model: u64,
         delta: &Delta,
         url: &Arc<str>,
@@ -531,9 +548,10 @@ impl Node {
             let root = chain_root(namespace, tokens.block_size());
             self.chains.learn(root, tokens.pages(), &chains);
         }
-        // The sender knows the whole path: note the prefixes past those already noted.
-        let noted = self.peer_chains.known_by(sender, &chains);
-        self.peer_chains.note(sender, &chains, noted);
+        // The sender knows the whole path, and sent it to every member it knows: they are
+        // noted as knowing it too, so this gateway's own deltas of it carry only what follows.
+        // A member the sender did not reach cannot rebuild such a delta, and repairs.
+        self.peer_chains.note(knowers, &chains);
         self.known.learn(namespace, key.clone(), url)?;
         Some(RemoteInsert {
             namespace,
@@ -551,14 +569,14 @@ impl Node {
         };
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairRequest(request))).into();
         // A request lost to a backed-up stream stalls, and the stall retries it.
-        let _ = self.send(ask.peer, bytes);
+        let _ = self.send(ask.peer, bytes, FrameKind::Repair);
     }
 
     fn serve_repair(&mut self, peer: SocketAddr, request: RepairRequest) {
         let (model, id) = (request.model, request.repair_id);
         let page = self.known.page(model, id, request.epoch, request.after);
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairPage(page))).into();
-        let _ = self.send(peer, bytes);
+        let _ = self.send(peer, bytes, FrameKind::Repair);
     }
 
     fn apply_repair_page(&mut self, sender: SocketAddr, page: RepairPage) {
