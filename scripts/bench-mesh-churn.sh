@@ -87,7 +87,12 @@ wait_for() { # LIMIT_S COMMAND...: polls every 50 ms; fails after LIMIT_S
   local deadline=$((SECONDS + $1))
   shift
   until "$@"; do
-    [ $SECONDS -lt $deadline ] || { echo "timed out: $*" >&2; return 1; }
+    if [ $SECONDS -ge $deadline ]; then
+      echo "timed out: $*" >&2
+      [ "$1" != converged ] || curl -s "http://127.0.0.1:$((metrics_base + $2))/metrics" |
+        grep '^kvgate_mesh' >&2
+      return 1
+    fi
     sleep 0.05
   done
 }

@@ -10,6 +10,8 @@
 #                                        binaries; about 8 minutes on 2 cores)
 #   BIN=target/debug REQUESTS=200 SKIP_BUILD=1 scripts/bench-mesh.sh   (a quick check of the script)
 #   RESUME=1 ...: keep the runs whose report is in OUT_DIR, run the rest
+#   PERF=1 ...: perf record (999 Hz, call graphs) of the gateways during each replay, in
+#       OUT_DIR/NAME.perf.data (`perf report --sort comm,symbol` splits it by thread)
 #   TRACE=PATH ...: the Mooncake conversation trace (default ../shared/traces/, beside the repository)
 #   CONFIGS="4 on,8 on" WORKLOADS="shared-prefix text-chat" ...: the gateway counts (with the
 #       mesh on or off) and workloads to run (defaults below)
@@ -82,9 +84,16 @@ run() {
   local mesh_before control_before
   mesh_before=$(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}")
   control_before=$(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}")
+  local perf_pid=
+  if [ -n "${PERF:-}" ]; then
+    perf record -q -F 999 -g -p "$(IFS=,; echo "${gw_pids[*]}")" -o "$out/$name.perf.data" \
+      2>"$out/$name.perf.log" &
+    perf_pid=$!
+  fi
   echo "== $name: replay --gateway $(IFS=,; echo "${urls[*]}") $*" >&2
   "$bin/replay" --gateway "$(IFS=,; echo "${urls[*]}")" "$@" --no-progress \
     --out "$out/$name.json" --plot "$out/$name.svg" >"$out/$name.txt"
+  if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
   local mesh_cpu control_cpu bytes=0 repair=0 pages=0 apply=0 dispatches=0
   mesh_cpu=$(( $(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}") - mesh_before ))
   control_cpu=$(( $(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}") - control_before ))

@@ -326,6 +326,9 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
 #[test]
 fn a_restarted_gateway_rejoins_and_learns_again() {
     let mut mesh = Mesh::start(3);
+    // A's stream to C is connected before C is killed.
+    teach(&mesh.gateways[0], 100..101);
+    wait_applied(&mesh.gateways[2], 1.0);
     mesh.gateways[2].process.kill();
     let a = &mesh.gateways[0];
     assert!(
@@ -343,8 +346,13 @@ fn a_restarted_gateway_rejoins_and_learns_again() {
             mesh_metrics(gateway)
         );
     }
-    let taught = teach(a, 0..6);
+    // One delta first: A's stream to the killed process must not swallow it (it is what
+    // starts the restarted gateway's catch-up).
+    let first = teach(a, 0..1);
+    wait_applied(&restarted, 1.0);
+    let taught = teach(a, 1..6);
     wait_applied(&restarted, 6.0);
+    assert_routes_like(&restarted, &first, "restarted gateway");
     assert_routes_like(&restarted, &taught, "restarted gateway");
 }
 

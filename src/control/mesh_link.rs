@@ -269,7 +269,7 @@ impl Node {
                     // either may have missed the other's deltas: its first delta repairs.
                     self.peer_chains.forget(peer.addr);
                     self.repairs.forget_peer(peer.addr);
-                    self.open_stream(peer.addr);
+                    self.reopen_stream(peer.addr);
                 }
                 Change::Down(peer) => {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer down");
@@ -288,7 +288,7 @@ impl Node {
                     );
                     self.peer_chains.forget(new.addr);
                     self.repairs.forget_peer(new.addr);
-                    self.open_stream(new.addr);
+                    self.reopen_stream(new.addr);
                 }
                 Change::Rejoined(me) => tracing::info!(
                     incarnation = me.incarnation,
@@ -319,6 +319,15 @@ impl Node {
             of(PeerState::Down),
         );
         link.counters.set_peers(alive, suspect, down);
+    }
+
+    /// A new stream to a peer (back) up: the one before may be connected to the process that
+    /// was killed, and a write into it would succeed locally and be lost (the reset comes
+    /// back only after it), as would the next: a restarted peer's first deltas, which start its
+    /// catch-up.
+    fn reopen_stream(&mut self, addr: SocketAddr) {
+        self.streams.remove(&addr);
+        self.open_stream(addr);
     }
 
     fn open_stream(&mut self, addr: SocketAddr) -> &PeerStream {
