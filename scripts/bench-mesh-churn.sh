@@ -73,6 +73,9 @@ matched() { # I FIRST COUNT: how many of those families gateway I routes as they
   echo "$n"
 }
 now() { date +%s.%N; }
+repairs() { # I: that gateway's repairs, "started/retried"
+  echo "$(metric "$1" 'kvgate_mesh_repairs_total{outcome="started"}')/$(metric "$1" 'kvgate_mesh_repairs_total{outcome="retried"}')"
+}
 since() { python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.2f}")' "$1" "$(now)"; }
 converged() { # I PEERS INSERTS: I sees PEERS alive, applied >= INSERTS, no repair running
   local started done abandoned
@@ -125,7 +128,7 @@ members=$(since "$t0")
 trigger
 wait_for 60 converged 3 3 "$families"
 took=$(since "$t0")
-echo "late-join  members ${members} s, caught up ${took} s  routes matched $(matched 3 0 "$families")/$families" |
+echo "late-join  members ${members} s, caught up ${took} s (repairs started/retried $(repairs 3))  routes matched $(matched 3 0 "$families")/$families" |
   tee -a "$out/churn.txt"
 
 # Kill gateway 2; restart it on the same address.
@@ -140,7 +143,7 @@ members=$(since "$t0")
 trigger
 wait_for 60 converged 2 3 "$families"
 took=$(since "$t0")
-echo "restart    declared down ${down} s; after the start: members ${members} s, caught up ${took} s  routes matched $(matched 2 0 "$families")/$families" |
+echo "restart    declared down ${down} s; after the start: members ${members} s, caught up ${took} s (repairs started/retried $(repairs 2))  routes matched $(matched 2 0 "$families")/$families" |
   tee -a "$out/churn.txt"
 
 # Pause gateway 1 while gateway 0 learns new families; resume.
@@ -157,5 +160,5 @@ trigger
 want=$(python3 -c 'import sys; print(float(sys.argv[1]) + int(sys.argv[2]))' "$before" "$families")
 wait_for 60 converged 1 3 "$want"
 took=$(since "$t0")
-echo "pause      ${pause_s} s; after resuming: members ${members} s, caught up ${took} s  routes matched $(matched 1 1000 "$families")/$families" |
+echo "pause      ${pause_s} s; after resuming: members ${members} s, caught up ${took} s (repairs started/retried $(repairs 1))  routes matched $(matched 1 1000 "$families")/$families" |
   tee -a "$out/churn.txt"

@@ -360,13 +360,19 @@ fn a_restarted_gateway_rejoins_and_learns_again() {
 fn a_paused_gateway_rejoins_after_sigcont() {
     let mesh = Mesh::start(3);
     let c = &mesh.gateways[2];
-    c.process.signal(libc::SIGSTOP);
     let a = &mesh.gateways[0];
+    // C has heard from A before the pause (its catch-up on first hearing is spent).
+    teach(a, 100..101);
+    wait_applied(c, 1.0);
+    c.process.signal(libc::SIGSTOP);
     assert!(
-        wait_until(MEMBERSHIP_WAIT, || alive(a) == 1.0),
+        wait_until(MEMBERSHIP_WAIT, || down(a) == 1.0),
         "{}",
         mesh_metrics(a)
     );
+    // What A learns while C is away reaches C by its catch-up once it is back (C was declared
+    // down, so A sent it nothing meanwhile).
+    let missed = teach(a, 50..56);
     c.process.signal(libc::SIGCONT);
     for gateway in &mesh.gateways {
         assert!(
@@ -376,8 +382,10 @@ fn a_paused_gateway_rejoins_after_sigcont() {
         );
     }
     let taught = teach(a, 0..6);
-    wait_applied(c, 6.0);
+    // 7 deltas, and 13 inserts: the 6 missed ones came by the catch-up repair.
+    wait_settled(c, 7.0, 13.0);
     assert_routes_like(c, &taught, "resumed c");
+    assert_routes_like(c, &missed, "resumed c, what it missed");
 }
 
 fn rss_kib(pid: u32) -> u64 {

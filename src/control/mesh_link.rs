@@ -290,10 +290,14 @@ impl Node {
                     self.repairs.forget_peer(new.addr);
                     self.reopen_stream(new.addr);
                 }
-                Change::Rejoined(me) => tracing::info!(
-                    incarnation = me.incarnation,
-                    "mesh: this gateway was declared down and rejoined"
-                ),
+                Change::Rejoined(me) => {
+                    tracing::info!(
+                        incarnation = me.incarnation,
+                        "mesh: this gateway was declared down and rejoined"
+                    );
+                    // The peers sent it nothing while it was down: catch up with each.
+                    self.repairs.forget_heard();
+                }
                 Change::Active => tracing::info!("mesh: joined, at least one peer reached"),
                 Change::Idle => tracing::info!("mesh: alone, every known peer is down or gone"),
             }

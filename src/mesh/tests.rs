@@ -527,6 +527,12 @@ fn a_repair_page_is_expected_only_from_the_peer_asked_under_the_repairs_id() {
     assert!(repairs.first_heard(live[0], 5));
     assert!(!repairs.first_heard(live[1], 5), "another peer's stays");
     assert_eq!(repairs.marks_len(), 1, "marks resume the catch-up");
+    // This gateway was declared down and rejoined (a pause, a partition): every peer's next
+    // delta catches up again, from the marks.
+    repairs.forget_heard();
+    assert!(repairs.first_heard(live[0], 5));
+    assert!(repairs.first_heard(live[1], 5));
+    assert_eq!(repairs.marks_len(), 1);
 }
 
 /// A version-2 frame as a newer gateway might send it: the version-1 fields, a new field in the
