@@ -292,6 +292,7 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
     mesh.gateways[0].process.kill();
     let batch = DeltaBatch {
         model: kvgate::policy::model_hash("sim-model"),
+        recipients: 0,
         worker_urls: vec![mesh.fleet.url(0)],
         deltas: vec![Delta {
             kind: wire::TreeKind::Token as i32,
@@ -412,6 +413,7 @@ fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
     for f in 0..frames {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
+            recipients: 0,
             worker_urls: vec![mesh.fleet.url(0)],
             deltas: (0..per_frame)
                 .map(|i| Delta {
@@ -479,6 +481,7 @@ fn peers_without_the_key_are_refused_on_tcp_and_udp_and_change_nothing() {
     let delta = || {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
+            recipients: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: vec![Delta {
                 kind: wire::TreeKind::Token as i32,
@@ -576,6 +579,7 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
     for fake in 0..fakes {
         let batch = DeltaBatch {
             model: fake,
+            recipients: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: (0..64)
                 .map(|i| Delta {

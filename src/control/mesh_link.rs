@@ -46,7 +46,7 @@ use crate::limits::{
 use crate::mesh::auth::{
     self, AuthError, Authenticator, StreamOpen, StreamSeal, CHALLENGE_BYTES, TAG_BYTES,
 };
-use crate::mesh::chains::{chain_hashes, chain_root, PageChains, PeerChains};
+use crate::mesh::chains::{chain_hashes, chain_root, recipients_hash, PageChains, PeerChains};
 use crate::mesh::membership::{Change, Membership};
 use crate::mesh::models::ServedModels;
 use crate::mesh::paths::{
@@ -433,7 +433,9 @@ impl Node {
         }
         let batches = self.round.take();
         let peers: Vec<SocketAddr> = self.membership.live_peers();
-        for batch in batches {
+        let recipients = recipients_hash(&peers);
+        for mut batch in batches {
+            batch.batch.recipients = recipients;
             let deltas = batch.batch.deltas.len() as u64;
             for &peer in &peers {
                 let for_peer = batch.for_peer(peer, &mut self.peer_chains);
@@ -498,11 +500,7 @@ impl Node {
             .iter()
             .map(|u| Arc::from(u.as_str()))
             .collect();
-        // The sender and every member it sent this batch to (see `learn_delta_path`).
-        let mut knowers = self.membership.live_peers();
-        if !knowers.contains(&sender) {
-            knowers.push(sender);
-        }
+        let knowers = self.knowers(sender, batch.recipients);
         let mut unknown = false;
         for delta in &batch.deltas {
             let Some(url) = urls.get(delta.worker as usize) else {
@@ -545,6 +543,21 @@ impl Node {
         }
     }
 
+    /// Who knows what `sender`'s batch carried: the sender, and the members it sent the batch
+    /// to when they are the members this gateway sees (itself included, the sender not); when
+    /// the views differ, or the sender did not say (an older version), the sender alone.
+    fn knowers(&self, sender: SocketAddr, recipients: u64) -> Vec<SocketAddr> {
+        let mut knowers = self.membership.live_peers();
+        knowers.retain(|&peer| peer != sender);
+        knowers.push(self.config.advertise_addr);
+        if recipients_hash(&knowers) != recipients {
+            return vec![sender];
+        }
+        knowers.pop();
+        knowers.push(sender);
+        knowers
+    }
+
     /// A token path this gateway did not know, rebuilt from the delta's pages (after a prefix
     /// it knows): learned, its prefixes noted as known here and by `knowers` (the sender and
     /// the members it sent the delta to). `None`: the delta cannot be rebuilt here (a text
@@ -561,9 +574,9 @@ impl Node {
             let root = chain_root(namespace, tokens.block_size());
             self.chains.learn(root, tokens.pages(), &chains);
         }
-        // The sender knows the whole path, and sent it to every member it knows: they are
-        // noted as knowing it too, so this gateway's own deltas of it carry only what follows.
-        // A member the sender did not reach cannot rebuild such a delta, and repairs.
+        // The sender knows the whole path, and sent it to the members it names: they are noted
+        // as knowing it too, so this gateway's own deltas of it carry only what follows. One
+        // the sender's send did not reach cannot rebuild such a delta, and repairs.
         self.peer_chains.note(knowers, &chains);
         self.known.learn(namespace, key.clone(), url)?;
         Some(RemoteInsert {

@@ -10,8 +10,8 @@
 //!   pages), by chain hash → (the one before, the page, the depth), so a delta that says
 //!   "after the prefix `c` of `n` pages, these pages" is rebuilt into the whole path.
 //! - [`PeerChains`]: per prefix, the peers this gateway believes know it: it sent it to them,
-//!   heard it from them, or heard it from a peer, which sends each delta to every live member,
-//!   so every member heard it too. A delta to a peer starts after the deepest prefix that peer
+//!   heard it from them, or heard it from a peer that sent it to the same members this gateway
+//!   sees (the batch names its recipients by [`recipients_hash`]), so they heard it too. A delta to a peer starts after the deepest prefix that peer
 //!   knows, found by binary search (a path's known prefixes are a run from its first page).
 //!   The third rule is what makes a prompt cross once per peer rather than once per pair of
 //!   gateways: without it each gateway that dispatched a system prompt sent it to every peer
@@ -57,6 +57,20 @@ pub fn chain_hashes(namespace: Namespace, block_size: usize, pages: &[u64]) -> V
             chain
         })
         .collect()
+}
+
+/// A hash of a set of members' addresses (`DeltaBatch.recipients`): the same on every
+/// gateway for the same set, whatever the order; never 0 (an older sender's "unknown").
+pub fn recipients_hash(members: &[SocketAddr]) -> u64 {
+    let mut sorted = members.to_vec();
+    sorted.sort_unstable();
+    let mut hasher = Xxh3::with_seed(PATH_HASH_SEED);
+    hasher.update(b"recipients");
+    for member in sorted {
+        hasher.update(member.to_string().as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.digest().max(1)
 }
 
 /// Hashes chain hashes for the maps below. A chain hash is already an xxh3 digest, so SipHash

@@ -448,6 +448,8 @@ impl DeltaRound {
                     model,
                     worker_urls: round.urls.urls,
                     deltas: round.deltas,
+                    // Set by the gossip round, which knows whom it sends to.
+                    recipients: 0,
                 },
                 paths: round.paths,
             })

@@ -272,6 +272,7 @@ fn a_round_batches_per_model_and_names_each_path_and_worker_once() {
 fn delta_frame() -> Frame {
     let batch = DeltaBatch {
         model: 3,
+        recipients: 0,
         worker_urls: vec!["http://a".into()],
         deltas: vec![wire::Delta {
             kind: wire::TreeKind::Token as i32,
@@ -906,6 +907,19 @@ fn a_prompt_heard_from_one_peer_is_not_sent_to_the_others_that_heard_it_too() {
     gw_b.peers.forget(d);
     assert_eq!(gw_b.send(d, namespace, &first).deltas[0].base_pages, 0);
     assert_eq!(gw_b.send(c, namespace, &first).deltas[0].base_pages, 132);
+}
+
+#[test]
+fn a_batch_names_its_recipients_by_a_hash_of_the_set() {
+    use super::chains::recipients_hash;
+    let [a, b, c] = peers(&[1, 2, 3])[..] else {
+        panic!("three peers");
+    };
+    // What A sent to (B and C) and what B sees besides A (C and itself) hash the same.
+    assert_eq!(recipients_hash(&[b, c]), recipients_hash(&[c, b]));
+    assert_ne!(recipients_hash(&[b, c]), recipients_hash(&[b]));
+    assert_ne!(recipients_hash(&[b, c]), recipients_hash(&[a, c]));
+    assert_ne!(recipients_hash(&[]), 0, "0 is an older sender's");
 }
 
 #[test]
