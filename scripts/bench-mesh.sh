@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# The mesh's benchmark (issue 20): cache hit rate and TTFT when replay spreads requests round
-# robin over 1, 2 and 4 gateways (`replay --gateway URL1,URL2,...`), without and with
-# --enable-mesh, on 8 simulated engines; and the mesh's cost per 1,000 dispatches: bytes its
-# frames put on the wire and CPU of the gateways' kvgate-mesh and kvgate-control threads.
+# The mesh's benchmark (issues 20 and 37): cache hit rate and TTFT when replay spreads requests
+# round robin over several gateways (`replay --gateway URL1,URL2,...`), without and with
+# --enable-mesh, on 8 simulated engines; and the mesh's cost per dispatch: bytes its frames put
+# on the wire (all, and those of repairs), page hashes its deltas carried, and CPU of the
+# gateways' kvgate-mesh threads, their kvgate-control threads, and the part of the latter spent
+# inserting peers' paths (kvgate_mesh_apply_seconds_total).
 #
 #   scripts/bench-mesh.sh [OUT_DIR]     (default target/bench-mesh; SKIP_BUILD=1 reuses the
 #                                        binaries; about 8 minutes on 2 cores)
 #   BIN=target/debug REQUESTS=200 SKIP_BUILD=1 scripts/bench-mesh.sh   (a quick check of the script)
 #   RESUME=1 ...: keep the runs whose report is in OUT_DIR, run the rest
+#   PERF=1 ...: perf record (999 Hz, call graphs) of the gateways during each replay, in
+#       OUT_DIR/NAME.perf.data (`perf report --sort comm,symbol` splits it by thread)
+#   TRACE=PATH ...: the Mooncake conversation trace (default ../shared/traces/, beside the repository)
+#   CONFIGS="4 on,8 on" WORKLOADS="shared-prefix text-chat" ...: the gateway counts (with the
+#       mesh on or off) and workloads to run (defaults below)
 #
-# Workloads, sent as token ids (`--form generate-ids`: the token tree, whose paths cross the
-# mesh as page hashes; a text path crosses only as its hash, see ARCHITECTURE.md):
+# Workloads:
 #   shared-prefix  64 groups of 2,048-token system prompts, 8 conversations each, 64-token
-#                  questions, Poisson 40 req/s, 2,000 requests, 65,536 KV tokens per engine.
+#                  questions, Poisson 40 req/s, 2,000 requests, 65,536 KV tokens per engine;
+#                  sent as token ids (`--form generate-ids`: the token tree, whose paths cross
+#                  the mesh as page hashes).
 #   mooncake       the first 2,000 rows of the Mooncake conversation trace paced 20x, engines
-#                  simulated 20x faster, 2,097,152 KV tokens per engine.
+#                  simulated 20x faster, 2,097,152 KV tokens per engine; token ids.
+#   text-chat      shared-prefix's groups sent as chat text (`--form chat`, no tokenizer: the
+#                  string tree, whose paths cross only as their hash, see ARCHITECTURE.md).
 # Each run writes OUT_DIR/NAME.json (replay's report) and one line of OUT_DIR/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +32,11 @@ cd "$(dirname "$0")/.."
 source scripts/lib/fleet.sh
 out="${1:-target/bench-mesh}"
 mkdir -p "$out"
-[ -n "${SKIP_BUILD:-}" ] || cargo build --release --workspace --bins
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release -p kvgate --bin kvgate -p bench-harness \
+  --bin sim-engine --bin replay --bin fleet
 bin="${BIN:-target/release}"
 requests="${REQUESTS:-2000}"
-trace=../shared/traces/mooncake_conversation_trace.jsonl
+trace="${TRACE:-../shared/traces/mooncake_conversation_trace.jsonl}"
 fleet_init "$bin"
 
 metric() { # PORT SERIES: the series' value in that gateway's /metrics (0 when absent)
@@ -70,43 +81,65 @@ run() {
       done
     done
   fi
-  local cpu_before
-  cpu_before=$(fleet_cpu_us --thread kvgate-mesh --thread kvgate-control "${gw_pids[@]}")
+  local mesh_before control_before
+  mesh_before=$(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}")
+  control_before=$(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}")
+  local perf_pid=
+  if [ -n "${PERF:-}" ]; then
+    perf record -q -F 999 -g -p "$(IFS=,; echo "${gw_pids[*]}")" -o "$out/$name.perf.data" \
+      2>"$out/$name.perf.log" &
+    perf_pid=$!
+  fi
   echo "== $name: replay --gateway $(IFS=,; echo "${urls[*]}") $*" >&2
   "$bin/replay" --gateway "$(IFS=,; echo "${urls[*]}")" "$@" --no-progress \
     --out "$out/$name.json" --plot "$out/$name.svg" >"$out/$name.txt"
-  local cpu_after bytes=0 dispatches=0
-  cpu_after=$(fleet_cpu_us --thread kvgate-mesh --thread kvgate-control "${gw_pids[@]}")
+  if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
+  local mesh_cpu control_cpu bytes=0 repair=0 pages=0 apply=0 dispatches=0
+  mesh_cpu=$(( $(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}") - mesh_before ))
+  control_cpu=$(( $(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}") - control_before ))
   for mport in "${metrics_ports[@]}"; do
     bytes=$(fleet_stats sum "$bytes" "$(metric "$mport" kvgate_mesh_sent_bytes_total)")
+    repair=$(fleet_stats sum "$repair" "$(metric "$mport" kvgate_mesh_sent_repair_bytes_total)")
+    pages=$(fleet_stats sum "$pages" "$(metric "$mport" kvgate_mesh_sent_pages_total)")
+    apply=$(fleet_stats sum "$apply" "$(metric "$mport" kvgate_mesh_apply_seconds_total)")
     dispatches=$(fleet_stats sum "$dispatches" "$(metric "$mport" kvgate_dispatch_records_applied_total)")
   done
-  python3 - "$out/$name.json" "$name" "$n" "$mesh" "$bytes" "$dispatches" \
-    "$((cpu_after - cpu_before))" 1000000 <<'EOF' | tee -a "$out/summary.txt"
+  python3 - "$out/$name.json" "$name" "$n" "$mesh" "$bytes" "$repair" "$pages" "$dispatches" \
+    "$mesh_cpu" "$control_cpu" "$apply" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
-path, name, n, mesh, sent, dispatches, cpu_us, us_per_s = sys.argv[1:]
+path, name, n, mesh = sys.argv[1:5]
+sent, repair, pages, dispatches, mesh_us, control_us, apply_s = map(float, sys.argv[5:])
 r = json.load(open(path))
-d = max(float(dispatches), 1.0)
+d = max(dispatches, 1.0)
 print(f"{name:28s} gateways {n} mesh {mesh:3s} hit {r['cache_hit_rate']:.1%} "
       f"TTFT p50 {r['ttft_ms']['p50']:.0f} p99 {r['ttft_ms']['p99']:.0f} ms "
-      f"errors {r.get('errors', 0)}  per 1k dispatches: {float(sent) / d:.0f} kB sent, "
-      f"control+mesh CPU {int(cpu_us) / int(us_per_s) * 1000 / d * 1000:.0f} ms")
+      f"errors {r.get('errors', 0)} dispatches {d:.0f}  per dispatch: "
+      f"sent {sent / d:.0f} B (repair {repair / d:.0f} B, {pages / d:.1f} pages), "
+      f"CPU mesh thread {mesh_us / d:.0f} us, control thread {control_us / d:.0f} us "
+      f"(applying peers' paths {apply_s * 1e6 / d:.0f} us)")
 EOF
   fleet_kill_all
 }
 
 [ -n "${RESUME:-}" ] || : >"$out/summary.txt"
+configs="${CONFIGS:-1 off,2 off,2 on,4 off,4 on}"
+workloads="${WORKLOADS:-shared-prefix mooncake}"
 synthetic=(--synthetic --groups 64 --prompts-per-group 8 --system-prompt-len 2048
-  --question-len 64 --output-len 16 --max-requests "$requests" --rate 40 --form generate-ids)
+  --question-len 64 --output-len 16 --max-requests "$requests" --rate 40)
 mooncake=(--trace "$trace" --max-requests "$requests" --speedup 20 --form generate-ids)
-for config in "1 off" "2 off" "2 on" "4 off" "4 on"; do
-  set -- $config
-  run "shared-prefix-$1gw-mesh-$2" "$1" "$2" --kv-capacity-tokens 65536 --speedup 1 -- \
-    "${synthetic[@]}"
-done
-for config in "1 off" "2 off" "2 on" "4 off" "4 on"; do
-  set -- $config
-  run "mooncake-$1gw-mesh-$2" "$1" "$2" --kv-capacity-tokens 2097152 --speedup 20 -- \
-    "${mooncake[@]}"
+IFS=, read -r -a config_list <<<"$configs"
+for workload in $workloads; do
+  for config in "${config_list[@]}"; do
+    set -- $config
+    case "$workload" in
+      shared-prefix) run "shared-prefix-$1gw-mesh-$2" "$1" "$2" --kv-capacity-tokens 65536 \
+        --speedup 1 -- "${synthetic[@]}" --form generate-ids ;;
+      text-chat) run "text-chat-$1gw-mesh-$2" "$1" "$2" --kv-capacity-tokens 65536 \
+        --speedup 1 -- "${synthetic[@]}" --form chat ;;
+      mooncake) run "mooncake-$1gw-mesh-$2" "$1" "$2" --kv-capacity-tokens 2097152 \
+        --speedup 20 -- "${mooncake[@]}" ;;
+      *) echo "unknown workload $workload" >&2; exit 2 ;;
+    esac
+  done
 done
 cat "$out/summary.txt"

@@ -499,9 +499,9 @@ pub const MESH_REPAIR_MARKS_MAX: usize = 4_096;
 /// (`mesh::chains`): about 40 bytes each, 40 MiB in all. Full: cleared, and peers' deltas that
 /// build on a forgotten prefix fall back to a repair.
 pub const MESH_CHAINS_MAX: usize = 1 << 20;
-/// Prefixes one peer is believed to know (about 10 bytes each); full: cleared, and the next
-/// deltas to that peer carry whole paths again.
-pub const MESH_PEER_CHAINS_MAX: usize = 1 << 19;
+/// Prefixes some peer is believed to know (about 20 bytes each with a bit per peer, 20 MiB in
+/// all); full: cleared, and the next deltas carry whole paths again.
+pub const MESH_PEER_CHAINS_MAX: usize = 1 << 20;
 /// Pages of one token path in a delta (its known prefix and the pages that follow): 1M tokens
 /// at 16 per page, checked before anything is allocated for it.
 pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;

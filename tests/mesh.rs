@@ -292,6 +292,7 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
     mesh.gateways[0].process.kill();
     let batch = DeltaBatch {
         model: kvgate::policy::model_hash("sim-model"),
+        recipients: 0,
         worker_urls: vec![mesh.fleet.url(0)],
         deltas: vec![Delta {
             kind: wire::TreeKind::Token as i32,
@@ -326,6 +327,9 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
 #[test]
 fn a_restarted_gateway_rejoins_and_learns_again() {
     let mut mesh = Mesh::start(3);
+    // A's stream to C is connected before C is killed.
+    teach(&mesh.gateways[0], 100..101);
+    wait_applied(&mesh.gateways[2], 1.0);
     mesh.gateways[2].process.kill();
     let a = &mesh.gateways[0];
     assert!(
@@ -343,8 +347,13 @@ fn a_restarted_gateway_rejoins_and_learns_again() {
             mesh_metrics(gateway)
         );
     }
-    let taught = teach(a, 0..6);
+    // One delta first: A's stream to the killed process must not swallow it (it is what
+    // starts the restarted gateway's catch-up).
+    let first = teach(a, 0..1);
+    wait_applied(&restarted, 1.0);
+    let taught = teach(a, 1..6);
     wait_applied(&restarted, 6.0);
+    assert_routes_like(&restarted, &first, "restarted gateway");
     assert_routes_like(&restarted, &taught, "restarted gateway");
 }
 
@@ -352,13 +361,19 @@ fn a_restarted_gateway_rejoins_and_learns_again() {
 fn a_paused_gateway_rejoins_after_sigcont() {
     let mesh = Mesh::start(3);
     let c = &mesh.gateways[2];
-    c.process.signal(libc::SIGSTOP);
     let a = &mesh.gateways[0];
+    // C has heard from A before the pause (its catch-up on first hearing is spent).
+    teach(a, 100..101);
+    wait_applied(c, 1.0);
+    c.process.signal(libc::SIGSTOP);
     assert!(
-        wait_until(MEMBERSHIP_WAIT, || alive(a) == 1.0),
+        wait_until(MEMBERSHIP_WAIT, || down(a) == 1.0),
         "{}",
         mesh_metrics(a)
     );
+    // What A learns while C is away reaches C by its catch-up once it is back (C was declared
+    // down, so A sent it nothing meanwhile).
+    let missed = teach(a, 50..56);
     c.process.signal(libc::SIGCONT);
     for gateway in &mesh.gateways {
         assert!(
@@ -368,8 +383,10 @@ fn a_paused_gateway_rejoins_after_sigcont() {
         );
     }
     let taught = teach(a, 0..6);
-    wait_applied(c, 6.0);
+    // 7 deltas, and 13 inserts: the 6 missed ones came by the catch-up repair.
+    wait_settled(c, 7.0, 13.0);
     assert_routes_like(c, &taught, "resumed c");
+    assert_routes_like(c, &missed, "resumed c, what it missed");
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -396,6 +413,7 @@ fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
     for f in 0..frames {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
+            recipients: 0,
             worker_urls: vec![mesh.fleet.url(0)],
             deltas: (0..per_frame)
                 .map(|i| Delta {
@@ -463,6 +481,7 @@ fn peers_without_the_key_are_refused_on_tcp_and_udp_and_change_nothing() {
     let delta = || {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
+            recipients: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: vec![Delta {
                 kind: wire::TreeKind::Token as i32,
@@ -560,6 +579,7 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
     for fake in 0..fakes {
         let batch = DeltaBatch {
             model: fake,
+            recipients: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: (0..64)
                 .map(|i| Delta {

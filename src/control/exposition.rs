@@ -143,8 +143,20 @@ pub fn render_mesh(counters: &MeshCounters, out: &mut String) {
         (
             "kvgate_mesh_sent_bytes_total",
             "counter",
-            "Bytes of mesh frames queued to peers' streams",
+            "Bytes of mesh frames queued to peers' streams (sealed)",
             counters.get(MeshCounter::BytesSent),
+        ),
+        (
+            "kvgate_mesh_sent_repair_bytes_total",
+            "counter",
+            "Of kvgate_mesh_sent_bytes_total, repair requests and pages (the rest are deltas)",
+            counters.get(MeshCounter::BytesSentRepair),
+        ),
+        (
+            "kvgate_mesh_sent_pages_total",
+            "counter",
+            "Token page hashes deltas carried to peers (8 bytes each), per peer",
+            counters.get(MeshCounter::PagesSent),
         ),
     ] {
         header(out, name, kind, help);
@@ -169,6 +181,15 @@ pub fn render_mesh(counters: &MeshCounters, out: &mut String) {
         let n = counters.refused(reason);
         let _ = writeln!(out, "{name}{{reason=\"{}\"}} {n}", reason.label());
     }
+    let name = "kvgate_mesh_apply_seconds_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Time the control core spent inserting peers' paths into its trees",
+    );
+    let micros = counters.get(MeshCounter::ApplyMicros);
+    let _ = writeln!(out, "{name} {}", micros as f64 / 1e6);
     let name = "kvgate_mesh_sync_round_duration_seconds";
     header(out, name, "summary", "Duration of the mesh's gossip rounds");
     let micros = counters.get(MeshCounter::SyncRoundMicros);

@@ -46,7 +46,7 @@ use crate::limits::{
 use crate::mesh::auth::{
     self, AuthError, Authenticator, StreamOpen, StreamSeal, CHALLENGE_BYTES, TAG_BYTES,
 };
-use crate::mesh::chains::{chain_hashes, chain_root, PageChains, PeerChains};
+use crate::mesh::chains::{chain_hashes, chain_root, recipients_hash, PageChains, PeerChains};
 use crate::mesh::membership::{Change, Membership};
 use crate::mesh::models::ServedModels;
 use crate::mesh::paths::{
@@ -125,6 +125,13 @@ pub fn run(sockets: MeshSockets, config: MeshConfig, shared: Arc<Shared>) {
         node.run(udp, frames_rx).await;
         accept.abort();
     });
+}
+
+/// What a frame carries, for the byte counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FrameKind {
+    Deltas,
+    Repair,
 }
 
 /// The mesh's state on its thread.
@@ -262,7 +269,7 @@ impl Node {
                     // either may have missed the other's deltas: its first delta repairs.
                     self.peer_chains.forget(peer.addr);
                     self.repairs.forget_peer(peer.addr);
-                    self.open_stream(peer.addr);
+                    self.reopen_stream(peer.addr);
                 }
                 Change::Down(peer) => {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer down");
@@ -281,12 +288,16 @@ impl Node {
                     );
                     self.peer_chains.forget(new.addr);
                     self.repairs.forget_peer(new.addr);
-                    self.open_stream(new.addr);
+                    self.reopen_stream(new.addr);
                 }
-                Change::Rejoined(me) => tracing::info!(
-                    incarnation = me.incarnation,
-                    "mesh: this gateway was declared down and rejoined"
-                ),
+                Change::Rejoined(me) => {
+                    tracing::info!(
+                        incarnation = me.incarnation,
+                        "mesh: this gateway was declared down and rejoined"
+                    );
+                    // The peers sent it nothing while it was down: catch up with each.
+                    self.repairs.forget_heard();
+                }
                 Change::Active => tracing::info!("mesh: joined, at least one peer reached"),
                 Change::Idle => tracing::info!("mesh: alone, every known peer is down or gone"),
             }
@@ -314,6 +325,15 @@ impl Node {
         link.counters.set_peers(alive, suspect, down);
     }
 
+    /// A new stream to a peer (back) up: the one before may be connected to the process that
+    /// was killed, and a write into it would succeed locally and be lost (the reset comes
+    /// back only after it), as would the next: a restarted peer's first deltas, which start its
+    /// catch-up.
+    fn reopen_stream(&mut self, addr: SocketAddr) {
+        self.streams.remove(&addr);
+        self.open_stream(addr);
+    }
+
     fn open_stream(&mut self, addr: SocketAddr) -> &PeerStream {
         let (auth, shared) = (&self.auth, &self.shared);
         self.streams.entry(addr).or_insert_with(|| {
@@ -335,7 +355,7 @@ impl Node {
 
     /// Queues `bytes` (an encoded frame) for `peer`'s stream; `false` when `peer` is not a live
     /// member (never dialed) or its stream is backed up (counted; the caller counts deltas).
-    fn send(&mut self, peer: SocketAddr, bytes: Arc<[u8]>) -> bool {
+    fn send(&mut self, peer: SocketAddr, bytes: Arc<[u8]>, kind: FrameKind) -> bool {
         if !self.streams.contains_key(&peer) && !self.membership.is_live(peer) {
             return false;
         }
@@ -349,8 +369,11 @@ impl Node {
         if sent {
             if let Some(link) = shared.mesh.as_ref() {
                 // What the stream carries: the frame sealed (length and tag) for this peer.
-                let sealed = len + auth::FRAME_HEADER_BYTES;
-                link.counters.add(MeshCounter::BytesSent, sealed as u64);
+                let sealed = (len + auth::FRAME_HEADER_BYTES) as u64;
+                link.counters.add(MeshCounter::BytesSent, sealed);
+                if kind == FrameKind::Repair {
+                    link.counters.add(MeshCounter::BytesSentRepair, sealed);
+                }
             }
         } else {
             stream.queued_bytes.fetch_sub(len, Ordering::Relaxed);
@@ -410,18 +433,21 @@ impl Node {
         }
         let batches = self.round.take();
         let peers: Vec<SocketAddr> = self.membership.live_peers();
-        for batch in batches {
+        let recipients = recipients_hash(&peers);
+        for mut batch in batches {
+            batch.batch.recipients = recipients;
             let deltas = batch.batch.deltas.len() as u64;
             for &peer in &peers {
-                let (for_peer, notes) = batch.for_peer(peer, &self.peer_chains);
+                let for_peer = batch.for_peer(peer, &mut self.peer_chains);
+                let pages: usize = for_peer.deltas.iter().map(|d| d.pages.len()).sum();
                 let frame = wire::frame(&self.me, Body::Deltas(for_peer));
                 let bytes: Arc<[u8]> = wire::encode(&frame).into();
-                if self.send(peer, bytes) {
+                if self.send(peer, bytes, FrameKind::Deltas) {
                     link.counters.add(MeshCounter::DeltasSent, deltas);
-                    for (path, base) in notes {
-                        self.peer_chains.note(peer, &path.chains, base);
-                    }
+                    link.counters.add(MeshCounter::PagesSent, pages as u64);
                 } else {
+                    // The peer will not have these paths: it was noted as knowing them.
+                    self.peer_chains.forget(peer);
                     dropped += deltas;
                 }
             }
@@ -474,6 +500,7 @@ impl Node {
             .iter()
             .map(|u| Arc::from(u.as_str()))
             .collect();
+        let knowers = self.knowers(sender, batch.recipients);
         let mut unknown = false;
         for delta in &batch.deltas {
             let Some(url) = urls.get(delta.worker as usize) else {
@@ -490,7 +517,7 @@ impl Node {
                     key: path.key.clone(),
                     worker_url: url.clone(),
                 },
-                None => match self.learn_delta_path(sender, batch.model, delta, url) {
+                None => match self.learn_delta_path(&knowers, batch.model, delta, url) {
                     Some(insert) => insert,
                     None => {
                         unknown = true;
@@ -516,12 +543,28 @@ impl Node {
         }
     }
 
+    /// Who knows what `sender`'s batch carried: the sender, and the members it sent the batch
+    /// to when they are the members this gateway sees (itself included, the sender not); when
+    /// the views differ, or the sender did not say (an older version), the sender alone.
+    fn knowers(&self, sender: SocketAddr, recipients: u64) -> Vec<SocketAddr> {
+        let mut knowers = self.membership.live_peers();
+        knowers.retain(|&peer| peer != sender);
+        knowers.push(self.config.advertise_addr);
+        if recipients_hash(&knowers) != recipients {
+            return vec![sender];
+        }
+        knowers.pop();
+        knowers.push(sender);
+        knowers
+    }
+
     /// A token path this gateway did not know, rebuilt from the delta's pages (after a prefix
-    /// it knows): learned, its prefixes noted as known here and by the sender. `None`: the
-    /// delta cannot be rebuilt here (a text path, an older sender, a forgotten prefix).
+    /// it knows): learned, its prefixes noted as known here and by `knowers` (the sender and
+    /// the members it sent the delta to). `None`: the delta cannot be rebuilt here (a text
+    /// path, an older sender, a forgotten prefix).
     fn learn_delta_path(
         &mut self,
-        sender: SocketAddr,
+        knowers: &[SocketAddr],
         model: u64,
         delta: &Delta,
         url: &Arc<str>,
@@ -531,9 +574,10 @@ impl Node {
             let root = chain_root(namespace, tokens.block_size());
             self.chains.learn(root, tokens.pages(), &chains);
         }
-        // The sender knows the whole path: note the prefixes past those already noted.
-        let noted = self.peer_chains.known_by(sender, &chains);
-        self.peer_chains.note(sender, &chains, noted);
+        // The sender knows the whole path, and sent it to the members it names: they are noted
+        // as knowing it too, so this gateway's own deltas of it carry only what follows. One
+        // the sender's send did not reach cannot rebuild such a delta, and repairs.
+        self.peer_chains.note(knowers, &chains);
         self.known.learn(namespace, key.clone(), url)?;
         Some(RemoteInsert {
             namespace,
@@ -551,14 +595,14 @@ impl Node {
         };
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairRequest(request))).into();
         // A request lost to a backed-up stream stalls, and the stall retries it.
-        let _ = self.send(ask.peer, bytes);
+        let _ = self.send(ask.peer, bytes, FrameKind::Repair);
     }
 
     fn serve_repair(&mut self, peer: SocketAddr, request: RepairRequest) {
         let (model, id) = (request.model, request.repair_id);
         let page = self.known.page(model, id, request.epoch, request.after);
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairPage(page))).into();
-        let _ = self.send(peer, bytes);
+        let _ = self.send(peer, bytes, FrameKind::Repair);
     }
 
     fn apply_repair_page(&mut self, sender: SocketAddr, page: RepairPage) {

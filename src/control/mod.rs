@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::net::TcpListener as StdTcpListener;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use monoio::net::TcpListener;
 
@@ -210,6 +211,7 @@ impl ControlCore {
         if link.inbound.is_empty() {
             return;
         }
+        let started = Instant::now();
         self.mesh_urls.refresh(&self.shared);
         let tick = self.shared.tick_now();
         let mut applied = 0;
@@ -225,5 +227,7 @@ impl ControlCore {
             }
         }
         link.counters.add(MeshCounter::InsertsApplied, applied);
+        let micros = started.elapsed().as_micros() as u64;
+        link.counters.add(MeshCounter::ApplyMicros, micros);
     }
 }

@@ -9,15 +9,20 @@
 //! - [`PageChains`]: every prefix this gateway knows (its own dispatches, peers' deltas, repair
 //!   pages), by chain hash → (the one before, the page, the depth), so a delta that says
 //!   "after the prefix `c` of `n` pages, these pages" is rebuilt into the whole path.
-//! - [`PeerChains`]: per peer, the prefixes this gateway believes the peer knows (it sent them
-//!   to the peer, or heard them from it). A delta to that peer starts after the deepest such
-//!   prefix, found by binary search (a path's known prefixes are a run from its first page).
+//! - [`PeerChains`]: per prefix, the peers this gateway believes know it: it sent it to them,
+//!   heard it from them, or heard it from a peer that sent it to the same members this gateway
+//!   sees (the batch names its recipients by [`recipients_hash`]), so they heard it too. A delta to a peer starts after the deepest prefix that peer
+//!   knows, found by binary search (a path's known prefixes are a run from its first page).
+//!   The third rule is what makes a prompt cross once per peer rather than once per pair of
+//!   gateways: without it each gateway that dispatched a system prompt sent it to every peer
+//!   it had not heard it from.
 //!
 //! Both are bounded (`MESH_CHAINS_MAX`, `MESH_PEER_CHAINS_MAX`) and cleared whole when full: a
-//! peer that lacks a prefix it was thought to have cannot rebuild the path, and asks for a
-//! repair as before. A peer's set goes when it leaves or restarts.
+//! peer that lacks a prefix it was thought to have (a cleared map, a membership view that
+//! differed) cannot rebuild the path, and asks for a repair as before. A peer's bit goes when
+//! it leaves or restarts.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 
@@ -52,6 +57,20 @@ pub fn chain_hashes(namespace: Namespace, block_size: usize, pages: &[u64]) -> V
             chain
         })
         .collect()
+}
+
+/// A hash of a set of members' addresses (`DeltaBatch.recipients`): the same on every
+/// gateway for the same set, whatever the order; never 0 (an older sender's "unknown").
+pub fn recipients_hash(members: &[SocketAddr]) -> u64 {
+    let mut sorted = members.to_vec();
+    sorted.sort_unstable();
+    let mut hasher = Xxh3::with_seed(PATH_HASH_SEED);
+    hasher.update(b"recipients");
+    for member in sorted {
+        hasher.update(member.to_string().as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.digest().max(1)
 }
 
 /// Hashes chain hashes for the maps below. A chain hash is already an xxh3 digest, so SipHash
@@ -178,40 +197,78 @@ fn deepest_in(chains: &[u64], known: impl Fn(u64) -> bool) -> usize {
     chains.partition_point(|&c| known(c))
 }
 
-/// Per peer, the prefixes this gateway believes it knows (bounded per peer; cleared whole
-/// when full, and dropped when the peer leaves).
+/// Per prefix, the peers this gateway believes know it (it sent them the prefix, heard it
+/// from them, or heard it from a peer that sent it to them all): one bit per peer, so a path's
+/// pages cost one map entry each however many peers there are. Bounded in all
+/// (`MESH_PEER_CHAINS_MAX`, cleared whole when full); a peer's bit is cleared when it leaves.
+/// Peers past the 64th have no bit: they are believed to know nothing, and get whole paths.
 #[derive(Debug, Default)]
 pub struct PeerChains {
-    by_peer: HashMap<SocketAddr, HashSet<u64, ChainKeys>>,
+    known: HashMap<u64, u64, ChainKeys>,
+    slots: HashMap<SocketAddr, u32>,
 }
 
 impl PeerChains {
     /// How many leading prefixes of `chains` `peer` is believed to know.
     pub fn known_by(&self, peer: SocketAddr, chains: &[u64]) -> usize {
-        match self.by_peer.get(&peer) {
-            Some(known) => deepest_in(chains, |c| known.contains(&c)),
+        match self.slots.get(&peer) {
+            Some(&slot) => self.known_by_mask(1 << slot, chains),
             None => 0,
         }
     }
 
-    /// `peer` knows every prefix of `chains`; `from` of them it was already believed to know.
-    pub fn note(&mut self, peer: SocketAddr, chains: &[u64], from: usize) {
-        let known = self.by_peer.entry(peer).or_default();
-        if known.len() + chains.len() > MESH_PEER_CHAINS_MAX {
-            known.clear();
-            known.extend(chains.iter().copied());
+    /// How many leading prefixes of `chains` every peer of `mask` is believed to know.
+    fn known_by_mask(&self, mask: u64, chains: &[u64]) -> usize {
+        deepest_in(chains, |c| {
+            self.known
+                .get(&c)
+                .is_some_and(|&known| known & mask == mask)
+        })
+    }
+
+    /// Each of `peers` knows every prefix of `chains`.
+    pub fn note(&mut self, peers: &[SocketAddr], chains: &[u64]) {
+        let mask = peers
+            .iter()
+            .filter_map(|&peer| self.slot(peer))
+            .fold(0u64, |mask, slot| mask | 1 << slot);
+        if mask == 0 {
             return;
         }
-        known.extend(chains[from.min(chains.len())..].iter().copied());
+        if self.known.len() + chains.len() > MESH_PEER_CHAINS_MAX {
+            self.known.clear();
+        }
+        let from = self.known_by_mask(mask, chains);
+        for &chain in &chains[from..] {
+            *self.known.entry(chain).or_default() |= mask;
+        }
     }
 
-    /// Forgets what `peer` was believed to know (it left, or restarted with nothing).
+    /// `peer`'s bit, given one if it has none and one is free.
+    fn slot(&mut self, peer: SocketAddr) -> Option<u32> {
+        if let Some(&slot) = self.slots.get(&peer) {
+            return Some(slot);
+        }
+        let used = self
+            .slots
+            .values()
+            .fold(0u64, |used, &slot| used | 1 << slot);
+        let free = (!used).trailing_zeros();
+        (free < u64::BITS).then(|| {
+            self.slots.insert(peer, free);
+            free
+        })
+    }
+
+    /// Forgets what `peer` was believed to know (it left, restarted with nothing, or a batch
+    /// to it was dropped).
     pub fn forget(&mut self, peer: SocketAddr) {
-        self.by_peer.remove(&peer);
-    }
-
-    /// Peers with a set.
-    pub fn peers(&self) -> usize {
-        self.by_peer.len()
+        if let Some(slot) = self.slots.remove(&peer) {
+            let bit = 1u64 << slot;
+            self.known.retain(|_, known| {
+                *known &= !bit;
+                *known != 0
+            });
+        }
     }
 }

@@ -225,8 +225,14 @@ pub enum MeshCounter {
     InsertsApplied,
     /// Frames that did not decode.
     FramesMalformed,
-    /// Bytes of frames sent.
+    /// Bytes of frames sent (sealed: with their length and tag).
     BytesSent,
+    /// Of those, bytes of repair requests and pages (the rest are deltas).
+    BytesSentRepair,
+    /// Page hashes deltas carried, counted once per delta and peer.
+    PagesSent,
+    /// Time the control core spent applying peers' inserts to its trees, microseconds.
+    ApplyMicros,
     /// Gossip rounds run.
     SyncRounds,
     /// Total duration of the gossip rounds, microseconds.
@@ -234,7 +240,7 @@ pub enum MeshCounter {
 }
 
 impl MeshCounter {
-    const COUNT: usize = 12;
+    const COUNT: usize = 15;
 }
 
 /// What the mesh refused, and which cap was reached (`kvgate_mesh_refused_total{reason}`).

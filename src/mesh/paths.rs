@@ -347,15 +347,11 @@ pub struct RoundBatch {
 
 impl RoundBatch {
     /// The batch for `peer`: each token delta carries the pages after the deepest prefix `peer`
-    /// is believed to know, and the prefixes it will know once this arrives
-    /// (for `PeerChains::note`, once the batch is queued).
-    pub fn for_peer(
-        &self,
-        peer: SocketAddr,
-        known: &PeerChains,
-    ) -> (DeltaBatch, Vec<(Arc<RoundPath>, usize)>) {
+    /// is believed to know, and `known` notes that the peer will know the whole path (so a
+    /// later delta of the same batch sharing the prefix carries only what follows it). The
+    /// caller forgets the peer's prefixes if the batch is not queued.
+    pub fn for_peer(&self, peer: SocketAddr, known: &mut PeerChains) -> DeltaBatch {
         let mut batch = self.batch.clone();
-        let mut notes = Vec::new();
         for (delta, path) in batch.deltas.iter_mut().zip(&self.paths) {
             let Some(path) = path else {
                 continue;
@@ -366,9 +362,9 @@ impl RoundBatch {
             delta.base_pages = base as u32;
             delta.base_chain = if base == 0 { 0 } else { path.chains[base - 1] };
             delta.pages = path.pages()[base..].to_vec();
-            notes.push((path.clone(), base));
+            known.note(&[peer], &path.chains);
         }
-        (batch, notes)
+        batch
     }
 }
 
@@ -452,6 +448,8 @@ impl DeltaRound {
                     model,
                     worker_urls: round.urls.urls,
                     deltas: round.deltas,
+                    // Set by the gossip round, which knows whom it sends to.
+                    recipients: 0,
                 },
                 paths: round.paths,
             })

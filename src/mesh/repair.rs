@@ -154,6 +154,14 @@ impl Repairs {
         self.heard.retain(|(p, _)| *p != peer);
     }
 
+    /// Forgets what was heard from every peer: this gateway was declared down (a pause, a
+    /// partition) and rejoined, and may have missed any peer's deltas meanwhile, while the
+    /// peers, who saw it leave, sent it none. Each peer's next delta of each model catches up
+    /// from its marks.
+    pub fn forget_heard(&mut self) {
+        self.heard.clear();
+    }
+
     /// Marks kept.
     pub fn marks_len(&self) -> usize {
         self.marks.len()

@@ -272,6 +272,7 @@ fn a_round_batches_per_model_and_names_each_path_and_worker_once() {
 fn delta_frame() -> Frame {
     let batch = DeltaBatch {
         model: 3,
+        recipients: 0,
         worker_urls: vec!["http://a".into()],
         deltas: vec![wire::Delta {
             kind: wire::TreeKind::Token as i32,
@@ -527,6 +528,12 @@ fn a_repair_page_is_expected_only_from_the_peer_asked_under_the_repairs_id() {
     assert!(repairs.first_heard(live[0], 5));
     assert!(!repairs.first_heard(live[1], 5), "another peer's stays");
     assert_eq!(repairs.marks_len(), 1, "marks resume the catch-up");
+    // This gateway was declared down and rejoined (a pause, a partition): every peer's next
+    // delta catches up again, from the marks.
+    repairs.forget_heard();
+    assert!(repairs.first_heard(live[0], 5));
+    assert!(repairs.first_heard(live[1], 5));
+    assert_eq!(repairs.marks_len(), 1);
 }
 
 /// A version-2 frame as a newer gateway might send it: the version-1 fields, a new field in the
@@ -780,22 +787,25 @@ impl ChainSide {
             Some(path),
         );
         let batch = round.take().pop().unwrap();
-        let (for_peer, notes) = batch.for_peer(peer, &self.peers);
-        for (path, base) in notes {
-            self.peers.note(peer, &path.chains, base);
-        }
-        for_peer
+        batch.for_peer(peer, &mut self.peers)
     }
 
-    /// Rebuilds and learns a received delta's path, as `apply_deltas` does.
+    /// Rebuilds and learns a received delta's path, as `apply_deltas` does (with the sender
+    /// alone as a member that knows it).
     fn receive(&mut self, sender: SocketAddr, batch: &DeltaBatch) -> Option<KeyData> {
+        self.receive_from_mesh(&[sender], batch)
+    }
+
+    /// Rebuilds and learns a received delta's path, noting that `knowers` (the sender and the
+    /// members it sends to) know it.
+    fn receive_from_mesh(&mut self, knowers: &[SocketAddr], batch: &DeltaBatch) -> Option<KeyData> {
         let (namespace, key, chains) = delta_key(&self.chains, batch.model, &batch.deltas[0])?;
         let KeyData::Tokens(tokens) = &key else {
             panic!("a token path");
         };
         let root = chain_root(namespace, tokens.block_size());
         self.chains.learn(root, tokens.pages(), &chains);
-        self.peers.note(sender, &chains, 0);
+        self.peers.note(knowers, &chains);
         Some(key)
     }
 }
@@ -865,6 +875,84 @@ fn a_delta_carries_only_the_pages_its_peer_lacks_and_the_peer_inserts_without_a_
     // A peer that forgot (restarted): A forgets what it believed, and sends whole paths again.
     gw_a.peers.forget(b);
     assert_eq!(gw_a.send(b, namespace, &third).deltas[0].base_pages, 0);
+}
+
+#[test]
+fn a_prompt_heard_from_one_peer_is_not_sent_to_the_others_that_heard_it_too() {
+    let [a, b, c, d] = peers(&[1, 2, 3, 4])[..] else {
+        panic!("four peers");
+    };
+    let namespace = ns(7, 0);
+    let (mut gw_a, mut gw_b) = (ChainSide::default(), ChainSide::default());
+    // A dispatches a new prompt and sends it whole to its members B, C and D.
+    let first = conversation(1, 1);
+    let to_b = gw_a.send(b, namespace, &first);
+    assert_eq!(to_b.deltas[0].pages.len(), 132);
+    // B hears it from A, which sends to every live member: B notes that C and D know it.
+    assert!(gw_b.receive_from_mesh(&[a, c, d], &to_b).is_some());
+    // B dispatches the same system prompt with another question: only the question's pages go
+    // to C and D, as to A.
+    for peer in [a, c, d] {
+        let batch = gw_b.send(peer, namespace, &conversation(1, 2));
+        assert_eq!(
+            (batch.deltas[0].base_pages, batch.deltas[0].pages.len()),
+            (128, 4),
+            "to {peer}"
+        );
+    }
+    // A member B did not count among A's (it joined later) gets the whole path.
+    let e = peers(&[5])[0];
+    assert_eq!(gw_b.send(e, namespace, &first).deltas[0].base_pages, 0);
+    // D leaves: B forgets what D knew, and only that.
+    gw_b.peers.forget(d);
+    assert_eq!(gw_b.send(d, namespace, &first).deltas[0].base_pages, 0);
+    assert_eq!(gw_b.send(c, namespace, &first).deltas[0].base_pages, 132);
+}
+
+#[test]
+fn a_batch_names_its_recipients_by_a_hash_of_the_set() {
+    use super::chains::recipients_hash;
+    let [a, b, c] = peers(&[1, 2, 3])[..] else {
+        panic!("three peers");
+    };
+    // What A sent to (B and C) and what B sees besides A (C and itself) hash the same.
+    assert_eq!(recipients_hash(&[b, c]), recipients_hash(&[c, b]));
+    assert_ne!(recipients_hash(&[b, c]), recipients_hash(&[b]));
+    assert_ne!(recipients_hash(&[b, c]), recipients_hash(&[a, c]));
+    assert_ne!(recipients_hash(&[]), 0, "0 is an older sender's");
+}
+
+#[test]
+fn deltas_of_one_batch_that_share_a_new_prefix_carry_it_once() {
+    let b = peers(&[2])[0];
+    let namespace = ns(7, 0);
+    let mut side = ChainSide::default();
+    let mut round = DeltaRound::default();
+    for question in [1, 2] {
+        let key = conversation(1, question);
+        let path = Arc::new(RoundPath::of(namespace, &key).unwrap());
+        let root = chain_root(namespace, path.block_size);
+        side.chains.learn(root, path.pages(), &path.chains);
+        let hash = path_hash(namespace, &key).unwrap();
+        round.add(7, (TreeKind::Tokens, hash), "http://w", Some(path));
+    }
+    let batch = round.take().pop().unwrap();
+    let for_b = batch.for_peer(b, &mut side.peers);
+    let carried: Vec<(u32, usize)> = for_b
+        .deltas
+        .iter()
+        .map(|d| (d.base_pages, d.pages.len()))
+        .collect();
+    assert_eq!(carried, vec![(0, 132), (128, 4)]);
+    // B rebuilds both, in order, from the one batch.
+    let mut gw_b = ChainSide::default();
+    for delta in &for_b.deltas {
+        let one = DeltaBatch {
+            deltas: vec![delta.clone()],
+            ..for_b.clone()
+        };
+        assert!(gw_b.receive(peers(&[1])[0], &one).is_some());
+    }
 }
 
 #[test]
