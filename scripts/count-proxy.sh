@@ -22,7 +22,9 @@
 # into the rings. Nothing about them changes for this count. What does matter: valgrind runs one
 # thread of a process at a time, and its default lock is unfair, so kvgate's control core (a
 # turn every 10 ms) could keep the data core from ever running; `--fair-sched=yes` hands the
-# lock round in order.
+# lock round in order. Even so its threads take turns: a request whose body arrives in several
+# reads waits for the control core's turn between them, so kvgate's 36 KB phases take minutes
+# and the idle correction there is large (see perf/README.md).
 #
 # Usage: scripts/count-proxy.sh [N]   (default 200 requests; the phases send N and 2N)
 #        COUNT_SYSTEMS="kvgate floor" scripts/count-proxy.sh   (some of kvgate nginx floor)
