@@ -10,6 +10,8 @@
 //!   fleet host-cpu CPU...                 "busy total steal" clock ticks of each CPU
 //!   fleet rss [--peak] PID                resident memory (or its peak) in KiB
 //!   fleet stats [--decimals N] median|mean|min|max|sum X... / ratio A B / share PART WHOLE
+//!   fleet drive [--system-words W] [--connections C] COUNT URL
+//!                                         exactly COUNT chat POSTs to URL, each answered 200
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
@@ -80,6 +82,18 @@ enum Command {
         decimals: Option<usize>,
         #[command(subcommand)]
         statistic: Statistic,
+    },
+    /// Sends exactly COUNT chat requests (scripts/lib/wrk.sh's bodies, cycled) as POSTs to URL
+    /// (http://HOST:PORT/PATH) over kept-alive connections; exits 1 on any answer but 200.
+    Drive {
+        /// Words of the shared system prompt (3600: the 36 KB bodies; 0: the small ones).
+        #[arg(long, default_value_t = 0)]
+        system_words: usize,
+        /// Connections, each sending its share of the requests one after the other.
+        #[arg(long, default_value_t = 1)]
+        connections: usize,
+        count: usize,
+        url: String,
     },
 }
 
@@ -162,6 +176,19 @@ fn run(command: Command) -> Result<(), Failure> {
             decimals,
             statistic,
         } => statistic_text(statistic, decimals),
+        Command::Drive {
+            system_words,
+            connections,
+            count,
+            url,
+        } => {
+            let (addr, path) = split_url(&url).map_err(Failure::usage)?;
+            let bodies = fleet::drive::chat_bodies(system_words);
+            cli::runtime(Threads::Current)
+                .block_on(fleet::drive::drive(addr, path, &bodies, count, connections))
+                .map_err(Failure::run)?;
+            return Ok(());
+        }
     };
     println!("{answer}");
     Ok(())

@@ -13,6 +13,7 @@
 //!
 //! Errors are `String`s that name the process, port or file, for the tool to print.
 
+pub mod drive;
 pub mod health;
 pub mod http;
 pub mod ports;
