@@ -253,6 +253,7 @@ impl GrpcExchange {
         self.request_id = meta.id.clone();
         let sampling = engine_sampling(&params);
         let stream = params.stream;
+        let logprobs = params.logprobs.as_ref().map(|asked| asked.top);
         let table = decode_table(tokenizer.as_ref());
         let decoder = OutputDecoder::new(table.clone(), &params, &[]);
         let writer = match stream {
@@ -273,6 +274,7 @@ impl GrpcExchange {
             input_ids,
             sampling,
             stream,
+            logprobs,
         })
     }
 
@@ -424,11 +426,12 @@ impl GrpcExchange {
                 output.usage.prompt_tokens = chunk.prompt_tokens;
                 output.usage.cached_tokens = chunk.cached_tokens;
                 let decoded = output.decoder.push(chunk.index, &chunk.token_ids);
+                let used = decoded.ids_used.min(chunk.token_ids.len());
                 let step = Step {
                     index: chunk.index,
-                    token_ids: &chunk.token_ids[..decoded.ids_used.min(chunk.token_ids.len())],
+                    token_ids: &chunk.token_ids[..used],
                     text: decoded.text,
-                    logprobs: &[],
+                    logprobs: &chunk.logprobs[..used.min(chunk.logprobs.len())],
                     finish: decoded.finish,
                 };
                 output
@@ -549,7 +552,7 @@ impl Output {
                 index,
                 token_ids: &complete.output_ids[..used],
                 text: decoded.text,
-                logprobs: &[],
+                logprobs: &complete.logprobs[..used.min(complete.logprobs.len())],
                 finish: decoded.finish,
             };
             self.writer.step(&step, &self.table, &mut self.scratch);
