@@ -328,7 +328,7 @@ fn grpc_sims_generate_the_models_token_ids_and_the_gateway_their_text() {
     };
     let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     for protocol in ["sglang", "vllm"] {
-        let (_sim, gateway, vocabulary) = tokenized_fleet(protocol, &dir, &[]);
+        let (sim, gateway, vocabulary) = tokenized_fleet(protocol, &dir, &[]);
         let mut client = gateway.client();
 
         // /generate of IDs: the sim's answer to this prompt, as the model's IDs and its text.
@@ -393,6 +393,30 @@ fn grpc_sims_generate_the_models_token_ids_and_the_gateway_their_text() {
             &utils::chat("hello there", 12, true),
         );
         assert_eq!(streamed_content(&streamed), content, "{protocol}");
+
+        // A policy that routes on text leaves the rendering and tokenizing to the front end:
+        // the same answer (the same prompt IDs), and an Anthropic message too.
+        if protocol == "sglang" {
+            let path = dir.to_string_lossy().to_string();
+            let text_routed = Gateway::start(
+                &sim.urls(),
+                &["--tokenizer-path", &path, "--policy", "round_robin"],
+            );
+            let mut client = text_routed.client();
+            let body = utils::chat("hello there", 12, false);
+            let response = client.post_json("/v1/chat/completions", &body);
+            assert_eq!(response.status, 200, "{}", response.text());
+            assert_eq!(response.json()["choices"][0]["message"]["content"], content);
+            let message = serde_json::json!({"model": "sim-model", "max_tokens": 3,
+                "messages": [{"role": "user", "content": "hi"}]});
+            let response = client.post_json("/v1/messages", &message.to_string());
+            assert_eq!(response.status, 200, "{}", response.text());
+            let text = response.json()["content"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            assert_eq!(text.split(' ').count(), 3, "{text:?}");
+        }
     }
 }
 

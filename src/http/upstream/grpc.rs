@@ -51,7 +51,7 @@ use crate::ids::WorkerId;
 use crate::net::codec::{self, Connection as ClientConnection, DownstreamFraming};
 use crate::net::socket::Cut;
 use crate::request::{Endpoint, KeySource, RoutingKey};
-use crate::tokenize::{DecodeTable, ModelTokenizer};
+use crate::tokenize::{DecodeTable, ModelTokenizer, PromptSource};
 use crate::workers::spec::WorkerProtocol;
 use crate::workers::table::WorkerEntry;
 
@@ -224,7 +224,8 @@ impl GrpcExchange {
             Some(Endpoint::Messages) => Api::Messages,
             _ => return Err(refusal("this endpoint is not served by gRPC workers")),
         };
-        let params = GenerateParams::parse(api, &request.read_buf[request.body.clone()])?;
+        let body = &request.read_buf[request.body.clone()];
+        let params = GenerateParams::parse(api, body)?;
         let model = params
             .model
             .clone()
@@ -242,6 +243,20 @@ impl GrpcExchange {
             (PromptInput::Text(text), None, Some(tokenizer)) => tokenizer
                 .encode(text, true)
                 .map_err(|_| refusal("the prompt could not be tokenized"))?,
+            // The router did not tokenize it (a policy that routes on text, a tokenizer pool
+            // that was full): rendered and tokenized here.
+            (PromptInput::Conversation, None, Some(tokenizer)) => {
+                let source = match api {
+                    Api::Messages => PromptSource::Messages(body),
+                    _ => PromptSource::Chat(body),
+                };
+                let prompt = tokenizer
+                    .prompt(source)
+                    .map_err(|_| refusal("the conversation could not be rendered"))?;
+                tokenizer
+                    .encode(&prompt.text, prompt.add_special_tokens)
+                    .map_err(|_| refusal("the prompt could not be tokenized"))?
+            }
             _ => return Err(refusal(
                 "a gRPC worker takes token IDs: send input_ids, or give the gateway the model's tokenizer (--model-path, --tokenizer-path)",
             )),
