@@ -151,34 +151,23 @@ fn kvgate_routes_streams_and_aborts_on_a_grpcio_engine() {
     assert!(seen, "{:?}", engine.lines.lock().unwrap());
 }
 
-/// Qwen3's tokenizer directory (`scripts/fetch-tokenizers.sh`), or `None` with a message.
-fn qwen3_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("KVGATE_TOKENIZER_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers"),
-    }
-    .join("qwen3");
-    if dir.join("tokenizer.json").is_file() {
-        return Some(dir);
-    }
-    let required = std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_some();
-    assert!(
-        !required,
-        "{} is missing: run scripts/fetch-tokenizers.sh",
-        dir.display()
-    );
-    eprintln!("skipped: no tokenizer files (scripts/fetch-tokenizers.sh)");
-    None
-}
-
-#[test]
-fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
-    let Some(python) = python() else { return };
-    let Some(dir) = qwen3_dir() else { return };
+/// The Python engine behind a gateway with Qwen3's tokenizer, and the tokenizer library's
+/// reading of the same files; `None` (with a message) without the venv or the files.
+fn tokenized_gateway() -> Option<(PythonEngine, Gateway, tokenizers::Tokenizer)> {
+    let python = python()?;
+    let dir = utils::tokenizer_dir("qwen3")?;
     let engine = PythonEngine::start(&python);
     let path = dir.to_string_lossy().to_string();
     let gateway = Gateway::start(&[engine.url()], &["--tokenizer-path", &path]);
     let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    Some((engine, gateway, reference))
+}
+
+#[test]
+fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
+    let Some((engine, gateway, reference)) = tokenized_gateway() else {
+        return;
+    };
 
     // A completions prompt of IDs: the engine answers 1007, 1008, ...; the text is what the
     // tokenizer library decodes of them, whole.
@@ -246,12 +235,9 @@ fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
 
 #[test]
 fn logprobs_from_a_grpcio_engine_are_in_openais_shape() {
-    let Some(python) = python() else { return };
-    let Some(dir) = qwen3_dir() else { return };
-    let engine = PythonEngine::start(&python);
-    let path = dir.to_string_lossy().to_string();
-    let gateway = Gateway::start(&[engine.url()], &["--tokenizer-path", &path]);
-    let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let Some((_engine, gateway, reference)) = tokenized_gateway() else {
+        return;
+    };
     let token = |id: u32| reference.decode(&[id], false).unwrap();
 
     // Completions of a prompt starting with 7: tokens 1007, 1008, 1009, logprobs -0.25, -0.5,
