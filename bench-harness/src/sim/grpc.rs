@@ -3,7 +3,7 @@
 //! a gateway's gRPC mode can be run against a fleet. `Generate` submits the prompt's token IDs
 //! to the engine model and streams the output tokens it emits (the sim's deterministic words,
 //! `sim::output`, as IDs of the model's tokenizer with `--tokenizer-path`, so a gateway decodes
-//! real text); `HealthCheck`, `GetLoads`, `GetModelInfo` and `Abort` answer from the same
+//! real text), with their logprobs when asked (`sim::output::output_logprobs`); `HealthCheck`, `GetLoads`, `GetModelInfo` and `Abort` answer from the same
 //! engine. The other engine's service (and any unknown method) is `UNIMPLEMENTED`, which is how
 //! a gateway tells the two apart. Every connection announces `--grpc-max-concurrent-streams`.
 //!
