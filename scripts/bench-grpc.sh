@@ -66,16 +66,20 @@ for _ in $(seq 100); do
   sleep 0.2
 done
 
-# 64 concurrent streams through the gateway on PORT; prints its PID's CPU us for the batch.
+# 64 concurrent streams through the gateway on PORT; prints its PID's CPU us for the batch, or
+# fails when a stream did not end with [DONE].
 batch_cpu_us() {
-  local port="$1" pid="$2" round="$3" before after i
+  local port="$1" pid="$2" round="$3" before after i done
   before=$(fleet_cpu_us "$pid")
   for i in $(seq 1 "$streams"); do
-    curl -sfN -o /dev/null "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
-      -d "$(chat "You are a helpful assistant." "round $round stream $i: tell me a long story" "$tokens")" &
+    curl -sfN "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+      -d "$(chat "You are a helpful assistant." "round $round stream $i: tell me a long story" "$tokens")" \
+      >"$FLEET_WORK/stream-$i" &
   done
-  wait $(jobs -p)
+  wait
   after=$(fleet_cpu_us "$pid")
+  done=$(cat "$FLEET_WORK"/stream-* | grep -c '^data: \[DONE\]' || true)
+  [ "$done" = "$streams" ] || { echo "Error: $done of $streams streams on port $port ended with [DONE]" >&2; return 1; }
   echo $((after - before))
 }
 
