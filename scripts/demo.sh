@@ -9,7 +9,19 @@
 # replay-compare.svg (TTFT CDF and hit rate over time) to the current directory. Any
 # `replay compare` flag can be added, e.g. `--policies direct,round_robin,cache_aware` or
 # `--trace ../shared/traces/mooncake_conversation_trace.jsonl --speedup 100 --max-requests 2000`.
+#
+# DEMO_GRPC=sglang (or vllm) runs the same comparison on a gRPC fleet: `sim-engine --grpc`, and
+# each kvgate in front of `grpc://` workers as their front end (it renders the chat template,
+# tokenizes, and detokenizes the streamed token IDs), both with Qwen3's tokenizer
+# (scripts/fetch-tokenizers.sh fetches it when absent).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --workspace --bins
-exec target/release/replay compare "$@"
+grpc=()
+if [ -n "${DEMO_GRPC:-}" ]; then
+    tokenizer="${KVGATE_TOKENIZER_FIXTURES:-target/tokenizers}/qwen3"
+    [ -s "$tokenizer/tokenizer.json" ] || scripts/fetch-tokenizers.sh
+    grpc=(--grpc "$DEMO_GRPC" "--sim-arg=--tokenizer-path=$tokenizer"
+        "--gateway-arg=--tokenizer-path=$tokenizer")
+fi
+exec target/release/replay compare "${grpc[@]}" "$@"

@@ -9,10 +9,14 @@
 mod utils;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
+use bench_harness::sim::output::{
+    output_logprobs, output_text, prompt_seed, OutputVocabulary, VOCABULARY,
+};
+use kvgate::tokenize::{ModelTokenizer, PromptSource, TokenizerFiles};
 use utils::client::HttpClient;
 use utils::process::{free_port, free_port_block, workspace_bin, ChildProcess, Gateway};
 use utils::{wait_until, TIMEOUT};
@@ -60,7 +64,9 @@ impl GrpcSim {
                 }
             }
         });
-        match rx.recv_timeout(TIMEOUT) {
+        // A model's tokenizer takes seconds to load in a debug build on a loaded machine.
+        let tokenizer = args.contains(&"--tokenizer-path");
+        match rx.recv_timeout(if tokenizer { 6 * TIMEOUT } else { TIMEOUT }) {
             Ok(()) => Some(GrpcSim {
                 process,
                 base_port,
@@ -287,4 +293,348 @@ fn a_grpc_url_without_a_port_is_refused_at_start() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("grpc://host:port"), "{stderr}");
+}
+
+/// A sim fleet of `protocol` generating the token IDs of `dir`'s model, behind a gateway that
+/// detokenizes with the same files; the sim's words as the model's IDs.
+fn tokenized_fleet(
+    protocol: &str,
+    dir: &Path,
+    sim_args: &[&str],
+) -> (GrpcSim, Gateway, OutputVocabulary) {
+    let path = dir.to_string_lossy().to_string();
+    let mut args = vec!["--tokenizer-path", &path];
+    args.extend_from_slice(sim_args);
+    let sim = GrpcSim::start(2, protocol, &args);
+    let gateway = Gateway::start(&sim.urls(), &["--tokenizer-path", &path]);
+    let vocabulary = OutputVocabulary::from_tokenizer_file(dir).expect("the sim's words");
+    (sim, gateway, vocabulary)
+}
+
+/// The streamed chat deltas' `content`, joined.
+fn streamed_content(response: &utils::client::Response) -> String {
+    let (events, done) = events(response);
+    assert!(done, "the stream ends with [DONE]");
+    events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
+#[test]
+fn grpc_sims_generate_the_models_token_ids_and_the_gateway_their_text() {
+    let Some(dir) = utils::tokenizer_dir("qwen3") else {
+        return;
+    };
+    let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    for protocol in ["sglang", "vllm"] {
+        let (sim, gateway, vocabulary) = tokenized_fleet(protocol, &dir, &[]);
+        let mut client = gateway.client();
+
+        // /generate of IDs: the sim's answer to this prompt, as the model's IDs and its text.
+        let prompt = [9707u32, 11, 1879, 0];
+        let seed = prompt_seed(&prompt);
+        let response = client.post_json("/generate", &generate(&prompt, 8, false, "t"));
+        assert_eq!(response.status, 200, "{protocol}: {}", response.text());
+        let body = response.json();
+        let ids: Vec<u32> = (0..8).map(|k| vocabulary.token(seed, k)).collect();
+        assert_eq!(
+            body["output_ids"],
+            serde_json::json!(ids),
+            "{protocol}: {body}"
+        );
+        assert_eq!(body["text"], output_text(seed, 8), "{protocol}: {body}");
+        assert_eq!(reference.decode(&ids, true).unwrap(), output_text(seed, 8));
+
+        // A completions prompt of IDs: the same text, streamed and not.
+        let completion = |stream: bool| {
+            serde_json::json!({"model": "sim-model", "prompt": prompt, "max_tokens": 8, "stream": stream})
+                .to_string()
+        };
+        let body = client
+            .post_json("/v1/completions", &completion(false))
+            .json();
+        assert_eq!(
+            body["choices"][0]["text"],
+            output_text(seed, 8),
+            "{protocol}: {body}"
+        );
+        assert_eq!(body["usage"]["completion_tokens"], 8, "{body}");
+        let (chunks, done) = events(&client.post_json("/v1/completions", &completion(true)));
+        assert!(done);
+        let streamed: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["text"].as_str())
+            .collect();
+        assert_eq!(streamed, output_text(seed, 8), "{protocol}");
+
+        // A chat, rendered and tokenized by the gateway: the sim's words, one per token, the
+        // same streamed and not.
+        let response = client.post_json(
+            "/v1/chat/completions",
+            &utils::chat("hello there", 12, false),
+        );
+        assert_eq!(response.status, 200, "{protocol}: {}", response.text());
+        let body = response.json();
+        let content = body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let words: Vec<&str> = content.split(' ').collect();
+        assert_eq!(words.len(), 12, "{protocol}: {content:?}");
+        assert!(
+            words.iter().all(|w| VOCABULARY.contains(w)),
+            "{protocol}: {content:?}"
+        );
+        assert_eq!(body["usage"]["completion_tokens"], 12, "{body}");
+        assert_eq!(body["choices"][0]["finish_reason"], "length", "{body}");
+        let streamed = client.post_json(
+            "/v1/chat/completions",
+            &utils::chat("hello there", 12, true),
+        );
+        assert_eq!(streamed_content(&streamed), content, "{protocol}");
+
+        // A policy that routes on text leaves the rendering and tokenizing to the front end:
+        // the same answer (the same prompt IDs), and an Anthropic message too.
+        if protocol == "sglang" {
+            let path = dir.to_string_lossy().to_string();
+            let text_routed = Gateway::start(
+                &sim.urls(),
+                &["--tokenizer-path", &path, "--policy", "round_robin"],
+            );
+            let mut client = text_routed.client();
+            let body = utils::chat("hello there", 12, false);
+            let response = client.post_json("/v1/chat/completions", &body);
+            assert_eq!(response.status, 200, "{}", response.text());
+            assert_eq!(response.json()["choices"][0]["message"]["content"], content);
+            let message = serde_json::json!({"model": "sim-model", "max_tokens": 3,
+                "messages": [{"role": "user", "content": "hi"}]});
+            let response = client.post_json("/v1/messages", &message.to_string());
+            assert_eq!(response.status, 200, "{}", response.text());
+            let text = response.json()["content"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            assert_eq!(text.split(' ').count(), 3, "{text:?}");
+        }
+    }
+}
+
+#[test]
+fn logprobs_over_grpc_are_the_engines_in_each_apis_shape() {
+    let Some(dir) = utils::tokenizer_dir("qwen3") else {
+        return;
+    };
+    let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let token_text = |id: u32| reference.decode(&[id], false).unwrap();
+    for protocol in ["sglang", "vllm"] {
+        let (_sim, gateway, vocabulary) = tokenized_fleet(protocol, &dir, &[]);
+        let mut client = gateway.client();
+        let prompt = [100u32, 200, 300];
+        let seed = prompt_seed(&prompt);
+        let expected = |k: u32, top: u32| output_logprobs(&vocabulary, seed, k, top);
+
+        // Completions, `logprobs: 2`, unstreamed: tokens, their logprobs, two alternatives each.
+        let body = serde_json::json!({"model": "sim-model", "prompt": prompt, "max_tokens": 5, "logprobs": 2});
+        let response = client.post_json("/v1/completions", &body.to_string());
+        assert_eq!(response.status, 200, "{protocol}: {}", response.text());
+        let body = response.json();
+        let logprobs = &body["choices"][0]["logprobs"];
+        for k in 0..5u32 {
+            let (logprob, top) = expected(k, 2);
+            let token = token_text(vocabulary.token(seed, k));
+            assert_eq!(
+                logprobs["tokens"][k as usize],
+                token.as_str(),
+                "{protocol}: {logprobs}"
+            );
+            assert_eq!(
+                logprobs["token_logprobs"][k as usize],
+                f64::from(logprob),
+                "{logprobs}"
+            );
+            let alternatives: serde_json::Map<String, serde_json::Value> = top
+                .iter()
+                .map(|(id, lp)| (token_text(*id), serde_json::json!(f64::from(*lp))))
+                .collect();
+            assert_eq!(
+                logprobs["top_logprobs"][k as usize],
+                serde_json::Value::Object(alternatives)
+            );
+        }
+
+        // Chat, `top_logprobs: 3`, streamed and not: one entry per token, its text the content.
+        for stream in [false, true] {
+            let body = serde_json::json!({
+                "model": "sim-model",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 6,
+                "logprobs": true,
+                "top_logprobs": 3,
+                "stream": stream,
+            });
+            let response = client.post_json("/v1/chat/completions", &body.to_string());
+            assert_eq!(response.status, 200, "{protocol}: {}", response.text());
+            let (content, entries) = if stream {
+                let (chunks, _) = events(&response);
+                let entries: Vec<serde_json::Value> = chunks
+                    .iter()
+                    .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+                    .flatten()
+                    .cloned()
+                    .collect();
+                (streamed_content(&response), entries)
+            } else {
+                let body = response.json();
+                let content = body["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let entries = body["choices"][0]["logprobs"]["content"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                (content, entries)
+            };
+            assert_eq!(entries.len(), 6, "{protocol} stream {stream}: {entries:?}");
+            let joined: String = entries.iter().filter_map(|e| e["token"].as_str()).collect();
+            assert_eq!(joined, content, "{protocol} stream {stream}");
+            for entry in &entries {
+                let top = entry["top_logprobs"].as_array().expect("top_logprobs");
+                assert_eq!(top.len(), 3, "{entry}");
+                // The sim's most likely alternative is the sampled token.
+                assert_eq!(top[0]["token"], entry["token"], "{entry}");
+                assert_eq!(top[0]["logprob"], entry["logprob"], "{entry}");
+                let bytes: Vec<u8> = entry["bytes"]
+                    .as_array()
+                    .expect("bytes")
+                    .iter()
+                    .filter_map(|b| b.as_u64().map(|b| b as u8))
+                    .collect();
+                assert_eq!(
+                    bytes,
+                    entry["token"].as_str().unwrap_or_default().as_bytes()
+                );
+            }
+        }
+
+        // /generate with return_logprob: SGLang's [[logprob, id, null], ...].
+        let body = serde_json::json!({
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": 4},
+            "return_logprob": true,
+            "top_logprobs_num": 1,
+        });
+        let body = client.post_json("/generate", &body.to_string()).json();
+        let logprobs = &body["meta_info"]["output_token_logprobs"];
+        for k in 0..4u32 {
+            let id = vocabulary.token(seed, k);
+            let (logprob, _) = expected(k, 1);
+            assert_eq!(
+                logprobs[k as usize],
+                serde_json::json!([f64::from(logprob), id, null]),
+                "{protocol}: {body}"
+            );
+        }
+        assert_eq!(
+            body["meta_info"]["output_top_logprobs"][0][0][1],
+            vocabulary.token(seed, 0),
+            "{body}"
+        );
+
+        // Not asked: none.
+        let body = client
+            .post_json("/generate", &generate(&prompt, 2, false, "n"))
+            .json();
+        assert!(
+            body["meta_info"].get("output_token_logprobs").is_none(),
+            "{body}"
+        );
+    }
+}
+
+/// What the sim answers a prompt the gateway renders from `body` (`source` says how) with
+/// `dir`'s model: `n` of its words, and the prompt's length.
+fn sim_answer(dir: &Path, body: &str, source: &str, n: u32) -> (String, usize) {
+    let read = |f: &str| std::fs::read(dir.join(f)).expect("a tokenizer file");
+    let files = TokenizerFiles {
+        tokenizer_json: read("tokenizer.json"),
+        tokenizer_config_json: Some(read("tokenizer_config.json")),
+        chat_template: None,
+    };
+    let model = ModelTokenizer::new("m", files).expect("the tokenizer loads");
+    let source = match source {
+        "chat" => PromptSource::Chat(body.as_bytes()),
+        _ => PromptSource::Messages(body.as_bytes()),
+    };
+    let prompt = model.prompt(source).expect("the body renders");
+    let ids = model
+        .encode(&prompt.text, prompt.add_special_tokens)
+        .expect("the prompt encodes");
+    (output_text(prompt_seed(&ids), n), ids.len())
+}
+
+#[test]
+fn the_openai_and_anthropic_sdks_talk_to_grpc_sims_whole_and_streamed() {
+    let Some(python) = utils::sdk_python() else {
+        return;
+    };
+    let Some(dir) = utils::tokenizer_dir("qwen3") else {
+        return;
+    };
+    // What tests/fixtures/sdk_client.py sends, rendered as the gateway renders it.
+    let messages =
+        serde_json::json!([{"role": "user", "content": "Tell me a story about a lighthouse."}]);
+    let body = serde_json::json!({"model": "sim-model", "max_tokens": 8, "messages": messages})
+        .to_string();
+    let (openai_text, prompt_tokens) = sim_answer(&dir, &body, "chat", 8);
+    let (anthropic_text, _) = sim_answer(&dir, &body, "messages", 8);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sdk_client.py");
+    for protocol in ["sglang", "vllm"] {
+        let (_sim, gateway, _) = tokenized_fleet(protocol, &dir, &[]);
+        let output = Command::new(&python)
+            .arg(&script)
+            .arg(format!("http://127.0.0.1:{}", gateway.port))
+            .arg("sim-model")
+            .output()
+            .expect("the SDK client runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success(),
+            "{protocol}: the SDK client failed:\n{stderr}"
+        );
+        let answers: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("one JSON line");
+        assert_eq!(
+            answers["openai_text"],
+            openai_text.as_str(),
+            "{protocol}: {answers}"
+        );
+        assert_eq!(
+            answers["openai_stream_text"],
+            openai_text.as_str(),
+            "{protocol}: {answers}"
+        );
+        assert_eq!(
+            answers["anthropic_text"],
+            anthropic_text.as_str(),
+            "{protocol}: {answers}"
+        );
+        assert_eq!(
+            answers["anthropic_stream_text"],
+            anthropic_text.as_str(),
+            "{protocol}: {answers}"
+        );
+        assert_eq!(answers["openai_finish"], "length", "{answers}");
+        assert_eq!(answers["openai_stream_finish"], "length", "{answers}");
+        assert_eq!(answers["openai_completion_tokens"], 8, "{answers}");
+        assert_eq!(answers["openai_prompt_tokens"], prompt_tokens, "{answers}");
+        assert_eq!(answers["anthropic_output_tokens"], 8, "{answers}");
+        assert_eq!(answers["anthropic_stop"], "max_tokens", "{answers}");
+        // One chunk per token at least (the role's, the tokens', the finish's).
+        assert!(
+            answers["openai_stream_chunks"].as_u64() >= Some(9),
+            "{answers}"
+        );
+    }
 }

@@ -151,34 +151,23 @@ fn kvgate_routes_streams_and_aborts_on_a_grpcio_engine() {
     assert!(seen, "{:?}", engine.lines.lock().unwrap());
 }
 
-/// Qwen3's tokenizer directory (`scripts/fetch-tokenizers.sh`), or `None` with a message.
-fn qwen3_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("KVGATE_TOKENIZER_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers"),
-    }
-    .join("qwen3");
-    if dir.join("tokenizer.json").is_file() {
-        return Some(dir);
-    }
-    let required = std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_some();
-    assert!(
-        !required,
-        "{} is missing: run scripts/fetch-tokenizers.sh",
-        dir.display()
-    );
-    eprintln!("skipped: no tokenizer files (scripts/fetch-tokenizers.sh)");
-    None
-}
-
-#[test]
-fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
-    let Some(python) = python() else { return };
-    let Some(dir) = qwen3_dir() else { return };
+/// The Python engine behind a gateway with Qwen3's tokenizer, and the tokenizer library's
+/// reading of the same files; `None` (with a message) without the venv or the files.
+fn tokenized_gateway() -> Option<(PythonEngine, Gateway, tokenizers::Tokenizer)> {
+    let python = python()?;
+    let dir = utils::tokenizer_dir("qwen3")?;
     let engine = PythonEngine::start(&python);
     let path = dir.to_string_lossy().to_string();
     let gateway = Gateway::start(&[engine.url()], &["--tokenizer-path", &path]);
     let reference = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    Some((engine, gateway, reference))
+}
+
+#[test]
+fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
+    let Some((engine, gateway, reference)) = tokenized_gateway() else {
+        return;
+    };
 
     // A completions prompt of IDs: the engine answers 1007, 1008, ...; the text is what the
     // tokenizer library decodes of them, whole.
@@ -242,4 +231,66 @@ fn openai_answers_from_a_grpcio_engine_are_the_models_text() {
         .post_json("/v1/chat/completions", &bad.to_string());
     assert_eq!(response.status, 400, "{}", response.text());
     assert_eq!(engine.lines.lock().unwrap().len(), calls_before);
+}
+
+#[test]
+fn logprobs_from_a_grpcio_engine_are_in_openais_shape() {
+    let Some((_engine, gateway, reference)) = tokenized_gateway() else {
+        return;
+    };
+    let token = |id: u32| reference.decode(&[id], false).unwrap();
+
+    // Completions of a prompt starting with 7: tokens 1007, 1008, 1009, logprobs -0.25, -0.5,
+    // -0.75, each with itself and the next ID one nat less likely.
+    let body =
+        serde_json::json!({"model": "py-model", "prompt": [7, 8], "max_tokens": 3, "logprobs": 2});
+    let response = gateway
+        .client()
+        .post_json("/v1/completions", &body.to_string());
+    assert_eq!(response.status, 200, "{}", response.text());
+    let logprobs = response.json()["choices"][0]["logprobs"].clone();
+    let tokens: Vec<String> = [1007, 1008, 1009].map(token).into();
+    assert_eq!(logprobs["tokens"], serde_json::json!(tokens), "{logprobs}");
+    assert_eq!(
+        logprobs["token_logprobs"],
+        serde_json::json!([-0.25, -0.5, -0.75]),
+        "{logprobs}"
+    );
+    let mut top = serde_json::Map::new();
+    top.insert(token(1007), serde_json::json!(-0.25));
+    top.insert(token(1008), serde_json::json!(-1.25));
+    assert_eq!(
+        logprobs["top_logprobs"][0],
+        serde_json::Value::Object(top),
+        "{logprobs}"
+    );
+
+    // A streamed chat with top_logprobs 1: one entry per token, in the chunks that carry them.
+    let chat = serde_json::json!({
+        "model": "py-model",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 4,
+        "logprobs": true,
+        "top_logprobs": 1,
+        "stream": true,
+    });
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &chat.to_string());
+    assert_eq!(response.status, 200, "{}", response.text());
+    let data = response.sse_data();
+    let entries: Vec<serde_json::Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<serde_json::Value>(d).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    let values: Vec<f64> = entries
+        .iter()
+        .filter_map(|e| e["logprob"].as_f64())
+        .collect();
+    assert_eq!(values, [-0.25, -0.5, -0.75, -1.0], "{entries:?}");
+    assert!(entries
+        .iter()
+        .all(|e| e["top_logprobs"].as_array().map(Vec::len) == Some(1)));
 }

@@ -481,26 +481,9 @@ fn pd_flag_errors_are_one_line() {
     }
 }
 
-/// The venv of `scripts/fetch-sdk-python.sh`'s Python, or `None` (with a message) when absent
-/// and not required (`KVGATE_REQUIRE_SDK_PYTHON=1`, which the test script sets).
-fn sdk_python() -> Option<std::path::PathBuf> {
-    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = std::env::var("KVGATE_SDK_PYTHON")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|_| root.join("target/sdk-python"));
-    let python = dir.join("venv/bin/python");
-    if python.exists() {
-        return Some(python);
-    }
-    let required = std::env::var("KVGATE_REQUIRE_SDK_PYTHON").is_ok_and(|v| v == "1");
-    assert!(!required, "no venv: run scripts/fetch-sdk-python.sh");
-    eprintln!("skipped: no venv (scripts/fetch-sdk-python.sh)");
-    None
-}
-
 #[test]
 fn the_openai_and_anthropic_sdks_talk_to_a_pd_fleet_whole_and_streamed() {
-    let Some(python) = sdk_python() else {
+    let Some(python) = utils::sdk_python() else {
         return;
     };
     let (prefill, decode) = fleets(2, &[]);

@@ -12,6 +12,7 @@ use super::call::CallError;
 use super::framing;
 use super::proto::{sglang_pb, vllm_pb};
 pub use crate::frontend::Constraint;
+use crate::frontend::{TokenLogprob, TopLogprob};
 
 /// Sampling fields as the engines read them, with their defaults in [`Sampling::default`].
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +93,8 @@ pub struct GenerateInput {
     pub sampling: Sampling,
     /// Whether the engine streams chunks (else one `Complete`).
     pub stream: bool,
+    /// Output logprobs, with this many alternatives per position (`None`: none).
+    pub logprobs: Option<u32>,
 }
 
 impl GenerateInput {
@@ -131,6 +134,10 @@ impl GenerateInput {
                 constraint: s.constraint.as_ref().map(sglang_constraint),
                 ..Default::default()
             }),
+            return_logprob: self.logprobs.is_some(),
+            top_logprobs_num: self.logprobs.map_or(0, clamp_i32),
+            // No prompt logprobs (SGLang's -1), only the output's.
+            logprob_start_len: -1,
             stream: self.stream,
             ..Default::default()
         }
@@ -166,12 +173,45 @@ impl GenerateInput {
                 seed: s.seed,
                 include_stop_str_in_output: s.keep_stop,
                 constraint: s.constraint.as_ref().map(vllm_constraint),
+                // vLLM's count of alternatives; 0 is the sampled token's logprob alone.
+                logprobs: self.logprobs.map(clamp_i32),
                 ..Default::default()
             }),
             stream: self.stream,
             ..Default::default()
         }
     }
+}
+
+fn clamp_i32(value: u32) -> i32 {
+    i32::try_from(value).unwrap_or(i32::MAX)
+}
+
+/// The front end's logprobs from an engine's `OutputLogProbs` (the two protocols' messages have
+/// the same fields): one per position while both the IDs and the values last.
+macro_rules! token_logprobs {
+    ($logprobs:expr) => {
+        match $logprobs {
+            None => Vec::new(),
+            Some(lp) => lp
+                .token_ids
+                .iter()
+                .zip(&lp.token_logprobs)
+                .enumerate()
+                .map(|(i, (&token_id, &logprob))| TokenLogprob {
+                    token_id,
+                    logprob,
+                    top: lp.top_logprobs.get(i).map_or_else(Vec::new, |top| {
+                        top.token_ids
+                            .iter()
+                            .zip(&top.values)
+                            .map(|(&token_id, &logprob)| TopLogprob { token_id, logprob })
+                            .collect()
+                    }),
+                })
+                .collect(),
+        }
+    };
 }
 
 /// A constraint in SGLang's fields (any JSON object is the schema `{"type":"object"}`).
@@ -206,7 +246,7 @@ pub enum MatchedStop {
 }
 
 /// One streamed piece of output.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Chunk {
     /// New token IDs.
     pub token_ids: Vec<u32>,
@@ -218,10 +258,12 @@ pub struct Chunk {
     pub cached_tokens: u32,
     /// Which of `n` samples.
     pub index: u32,
+    /// The new tokens' logprobs, when asked.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// The end of one sample's generation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Complete {
     /// All output IDs (unstreamed), or the last ones (SGLang's streamed complete may repeat none).
     pub output_ids: Vec<u32>,
@@ -237,10 +279,12 @@ pub struct Complete {
     pub index: u32,
     /// The stop that ended it, if one did.
     pub matched_stop: Option<MatchedStop>,
+    /// The logprobs of `output_ids`, when asked.
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// One `GenerateResponse`, for either engine.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum GenerateEvent {
     /// Tokens.
     Chunk(Chunk),
@@ -265,6 +309,7 @@ impl GenerateEvent {
                         completion_tokens: c.completion_tokens,
                         cached_tokens: c.cached_tokens,
                         index: c.index,
+                        logprobs: token_logprobs!(c.output_logprobs),
                     }),
                     Some(Response::Complete(c)) => {
                         use sglang_pb::generate_complete::MatchedStop as M;
@@ -279,6 +324,7 @@ impl GenerateEvent {
                                 M::MatchedTokenId(id) => MatchedStop::TokenId(id),
                                 M::MatchedStopStr(text) => MatchedStop::Text(text),
                             }),
+                            logprobs: token_logprobs!(c.output_logprobs),
                         })
                     }
                     None => GenerateEvent::Empty,
@@ -294,6 +340,7 @@ impl GenerateEvent {
                         completion_tokens: c.completion_tokens,
                         cached_tokens: c.cached_tokens,
                         index: c.index,
+                        logprobs: token_logprobs!(c.output_logprobs),
                     }),
                     Some(Response::Complete(c)) => {
                         use vllm_pb::generate_complete::MatchedStop as M;
@@ -308,6 +355,7 @@ impl GenerateEvent {
                                 M::MatchedTokenId(id) => MatchedStop::TokenId(id),
                                 M::MatchedStopStr(text) => MatchedStop::Text(text),
                             }),
+                            logprobs: token_logprobs!(c.output_logprobs),
                         })
                     }
                     None => GenerateEvent::Empty,
@@ -331,7 +379,66 @@ mod tests {
                 ..Sampling::default()
             },
             stream: true,
+            logprobs: None,
         }
+    }
+
+    #[test]
+    fn logprobs_are_asked_in_each_engines_fields_and_read_back() {
+        let asked = GenerateInput {
+            logprobs: Some(3),
+            ..input()
+        };
+        let sglang =
+            sglang_pb::GenerateRequest::decode(&asked.encode(Backend::Sglang)[5..]).unwrap();
+        assert!(sglang.return_logprob);
+        assert_eq!((sglang.top_logprobs_num, sglang.logprob_start_len), (3, -1));
+        let vllm = vllm_pb::GenerateRequest::decode(&asked.encode(Backend::Vllm)[5..]).unwrap();
+        assert_eq!(vllm.sampling_params.unwrap().logprobs, Some(3));
+        let silent =
+            sglang_pb::GenerateRequest::decode(&input().encode(Backend::Sglang)[5..]).unwrap();
+        assert!(!silent.return_logprob);
+        let silent = vllm_pb::GenerateRequest::decode(&input().encode(Backend::Vllm)[5..]).unwrap();
+        assert_eq!(silent.sampling_params.unwrap().logprobs, None);
+
+        let chunk = vllm_pb::GenerateResponse {
+            response: Some(vllm_pb::generate_response::Response::Chunk(
+                vllm_pb::GenerateStreamChunk {
+                    token_ids: vec![7, 8],
+                    output_logprobs: Some(vllm_pb::OutputLogProbs {
+                        token_logprobs: vec![-0.5, -1.5],
+                        token_ids: vec![7, 8],
+                        top_logprobs: vec![vllm_pb::TopLogProbs {
+                            values: vec![-0.5, -2.0],
+                            token_ids: vec![7, 9],
+                        }],
+                    }),
+                    ..Default::default()
+                },
+            )),
+        };
+        let GenerateEvent::Chunk(chunk) =
+            GenerateEvent::decode(Backend::Vllm, chunk.encode_to_vec().into()).unwrap()
+        else {
+            panic!("a chunk expected");
+        };
+        let top = |token_id, logprob| TopLogprob { token_id, logprob };
+        assert_eq!(
+            chunk.logprobs,
+            [
+                TokenLogprob {
+                    token_id: 7,
+                    logprob: -0.5,
+                    top: vec![top(7, -0.5), top(9, -2.0)],
+                },
+                // A position the engine gave no alternatives for has none.
+                TokenLogprob {
+                    token_id: 8,
+                    logprob: -1.5,
+                    top: Vec::new(),
+                },
+            ]
+        );
     }
 
     #[test]

@@ -65,3 +65,42 @@ pub fn chat(content: &str, max_tokens: u32, stream: bool) -> String {
     })
     .to_string()
 }
+
+/// A model's tokenizer directory of `scripts/fetch-tokenizers.sh` (`llama3`, `qwen3`), or
+/// `None` with a message when it is absent and `KVGATE_REQUIRE_TOKENIZER_FIXTURES` is unset.
+pub fn tokenizer_dir(model: &str) -> Option<std::path::PathBuf> {
+    let dir = match std::env::var_os("KVGATE_TOKENIZER_FIXTURES") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers"),
+    }
+    .join(model);
+    if dir.join("tokenizer.json").is_file() {
+        return Some(dir);
+    }
+    let required = std::env::var_os("KVGATE_REQUIRE_TOKENIZER_FIXTURES").is_some();
+    assert!(
+        !required,
+        "{} is missing: run scripts/fetch-tokenizers.sh",
+        dir.display()
+    );
+    eprintln!("skipped: no tokenizer files (scripts/fetch-tokenizers.sh)");
+    None
+}
+
+/// The venv of `scripts/fetch-sdk-python.sh`'s Python (the openai and anthropic SDKs), or
+/// `None` (with a message) when absent and not required (`KVGATE_REQUIRE_SDK_PYTHON=1`, which
+/// the test script sets).
+pub fn sdk_python() -> Option<std::path::PathBuf> {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::var("KVGATE_SDK_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| root.join("target/sdk-python"));
+    let python = dir.join("venv/bin/python");
+    if python.exists() {
+        return Some(python);
+    }
+    let required = std::env::var("KVGATE_REQUIRE_SDK_PYTHON").is_ok_and(|v| v == "1");
+    assert!(!required, "no venv: run scripts/fetch-sdk-python.sh");
+    eprintln!("skipped: no venv (scripts/fetch-sdk-python.sh)");
+    None
+}

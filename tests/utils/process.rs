@@ -300,7 +300,12 @@ impl Gateway {
             Some(file) => ChildProcess::spawn_with_stderr("kvgate", &mut command, file.into()),
             None => ChildProcess::spawn("kvgate", &mut command),
         };
-        if !wait_for_port(port, TIMEOUT) || !wait_for_port(metrics_port, TIMEOUT) {
+        // A model's tokenizer takes seconds to load in a debug build on a loaded machine.
+        let wait = match args.contains(&"--tokenizer-path") {
+            true => 6 * TIMEOUT,
+            false => TIMEOUT,
+        };
+        if !wait_for_port(port, wait) || !wait_for_port(metrics_port, TIMEOUT) {
             let why = format!("kvgate did not listen on {port} and {metrics_port}");
             match process.wait_exit(Duration::from_millis(100)) {
                 Some(status) => return Err(format!("{why}: it exited, {status}")),

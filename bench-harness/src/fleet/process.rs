@@ -127,6 +127,33 @@ impl Children {
         })
     }
 
+    /// Waits until `addr` accepts TCP connections (an engine without `GET /health`, such as
+    /// `sim-engine --grpc`), failing early as [`Children::wait_until_healthy`] does.
+    pub async fn wait_until_listening(
+        &mut self,
+        addr: SocketAddr,
+        timeout: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            self.check_running()?;
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(format!(
+                    "{addr} accepted no connection within {timeout:.1?}{}",
+                    self.log_tails()
+                ));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                _ = super::health::stop_requested(&mut stop) => return Err("stopped".into()),
+            }
+        }
+    }
+
     /// An error naming the first child that has exited, with its log's tail.
     pub fn check_running(&mut self) -> Result<(), String> {
         for started in &mut self.started {

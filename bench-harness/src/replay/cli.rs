@@ -73,6 +73,13 @@ pub struct CompareArgs {
     /// prefill engines'. Replaces --engines.
     #[arg(long, value_name = "P:D")]
     pub pd: Option<String>,
+    /// Run the engines over SMG's gRPC protocol of this engine (`sim-engine --grpc`), each
+    /// gateway in front of `grpc://` workers as their front end. The gateway then tokenizes and
+    /// detokenizes: give both the model's tokenizer, e.g.
+    /// `--sim-arg=--tokenizer-path=DIR --gateway-arg=--tokenizer-path=DIR` (scripts/demo.sh
+    /// with DEMO_GRPC=sglang does). Not with --pd or the `direct` policy.
+    #[arg(long, value_enum, conflicts_with = "pd")]
+    pub grpc: Option<GrpcEngineArg>,
     /// The sim-engine binary (default: next to this executable).
     #[arg(long)]
     pub sim_engine: Option<PathBuf>,
@@ -101,6 +108,23 @@ pub struct CompareArgs {
     /// Write the combined SVG plot here.
     #[arg(long, default_value = "replay-compare.svg")]
     pub plot: PathBuf,
+}
+
+/// `replay compare --grpc`: which engine's gRPC protocol the fleets speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GrpcEngineArg {
+    Sglang,
+    Vllm,
+}
+
+impl GrpcEngineArg {
+    /// The name `sim-engine --grpc` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            GrpcEngineArg::Sglang => "sglang",
+            GrpcEngineArg::Vllm => "vllm",
+        }
+    }
 }
 
 /// Group popularity of the generator.
@@ -478,6 +502,9 @@ impl CompareArgs {
     /// The comparison these flags describe.
     pub fn compare_options(&self) -> Result<CompareOptions, String> {
         validate_policies(&self.policies)?;
+        if self.grpc.is_some() && self.policies.iter().any(|p| p == super::compare::DIRECT) {
+            return Err("--grpc runs every policy through a gateway: drop `direct` from --policies (a replay client speaks HTTP, not gRPC)".into());
+        }
         let binary = |given: &Option<PathBuf>, name: &str| {
             given.clone().or_else(|| sibling_binary(name)).ok_or_else(|| {
                 format!("{name} not found next to this executable: build it (cargo build --release --workspace --bins) or pass --{name}")
@@ -490,6 +517,7 @@ impl CompareArgs {
             policies: self.policies.clone(),
             engines: self.engines,
             pd: self.pd.as_deref().map(PdFleet::parse).transpose()?,
+            grpc: self.grpc.map(GrpcEngineArg::name),
             sim_engine: binary(&self.sim_engine, "sim-engine")?,
             kvgate: binary(&self.kvgate, "kvgate")?,
             sim_args: self.sim_flags(),

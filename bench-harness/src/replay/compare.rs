@@ -138,6 +138,8 @@ pub struct CompareOptions {
     pub engines: u16,
     /// A prefill/decode fleet instead of `engines` regular ones.
     pub pd: Option<PdFleet>,
+    /// The engines speak this gRPC protocol (`sim-engine --grpc`), the gateways front them.
+    pub grpc: Option<&'static str>,
     pub sim_engine: PathBuf,
     pub kvgate: PathBuf,
     /// Extra flags for every `sim-engine` (e.g. `--kv-capacity-tokens=...`).
@@ -310,6 +312,9 @@ async fn start_engines(
     let (engines, base) = (options.engines.to_string(), base_port.to_string());
     sim.args(["--engines", &engines, "--base-port", &base]);
     sim.args(&options.sim_args);
+    if let Some(protocol) = options.grpc {
+        sim.args(["--grpc", protocol]);
+    }
     if let Some(kv_base) = ports.get(1) {
         sim.args(["--kv-events-base-port", &kv_base.to_string()]);
     }
@@ -319,11 +324,26 @@ async fn start_engines(
     fleet.start("sim-engine", sim, &log)?;
     for i in 0..options.engines {
         let addr = SocketAddr::from(([127, 0, 0, 1], base_port + i));
-        fleet
-            .wait_until_healthy(addr, STARTUP_TIMEOUT, stop.clone())
-            .await?;
+        match options.grpc {
+            // A gRPC engine has no `GET /health`; it listens once it serves.
+            Some(_) => {
+                fleet
+                    .wait_until_listening(addr, STARTUP_TIMEOUT, stop.clone())
+                    .await?
+            }
+            None => {
+                fleet
+                    .wait_until_healthy(addr, STARTUP_TIMEOUT, stop.clone())
+                    .await?
+            }
+        }
     }
-    let urls = (0..options.engines).map(|i| format!("http://127.0.0.1:{}", base_port + i));
+    let scheme = if options.grpc.is_some() {
+        "grpc"
+    } else {
+        "http"
+    };
+    let urls = (0..options.engines).map(|i| format!("{scheme}://127.0.0.1:{}", base_port + i));
     Ok(urls.collect())
 }
 

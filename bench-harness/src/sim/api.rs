@@ -12,7 +12,7 @@ use std::fmt::Write;
 use serde_json::{json, Value};
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::output::{output_delta, output_text};
+use super::output::{output_delta, output_text, prompt_seed};
 use crate::tokenize::{chat_prompt_text, messages_prompt_text, tokenize_text};
 
 /// Largest `max_tokens` a request may ask for: bounds one response's length and KV reservation.
@@ -54,11 +54,7 @@ pub struct ParsedRequest {
 impl ParsedRequest {
     /// Seed of the deterministic output: a hash of namespace and prompt tokens.
     pub fn output_seed(&self) -> u64 {
-        let mut bytes = Vec::with_capacity(self.tokens.len() * 4);
-        for token in &self.tokens {
-            bytes.extend_from_slice(&token.to_le_bytes());
-        }
-        xxh3_64(&bytes) ^ self.namespace
+        prompt_seed(&self.tokens) ^ self.namespace
     }
 }
 

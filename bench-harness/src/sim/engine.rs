@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 
 use super::cache::{page_keys, CacheEvent, PageRun, PrefixCache};
 use super::cost::CostModel;
-use super::output::output_token;
+use super::output::OutputVocabulary;
 
 /// Throughput, hit rate and utilization are reported over the last [`STATS_BUCKETS`] buckets
 /// of [`STATS_BUCKET_US`] simulated microseconds (10 s, like a short Prometheus rate).
@@ -58,6 +58,8 @@ pub struct EngineConfig {
     pub cost: CostModel,
     /// Log cache changes for KV events ([`Engine::take_cache_events`]).
     pub record_kv_events: bool,
+    /// The IDs of the generated words, which the cache keeps with the prompt.
+    pub output: OutputVocabulary,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +73,7 @@ impl Default for EngineConfig {
             max_waiting_requests: MAX_WAITING_REQUESTS_DEFAULT,
             cost: CostModel::default(),
             record_kv_events: false,
+            output: OutputVocabulary::default(),
         }
     }
 }
@@ -670,7 +673,8 @@ impl Engine {
         let prompt = &running.request.tokens;
         let tail_start = running.keys.len() * page_size;
         let mut tail: Vec<u32> = prompt[tail_start..].to_vec();
-        tail.extend((0..running.generated).map(|k| output_token(running.request.output_seed, k)));
+        let output = &self.config.output;
+        tail.extend((0..running.generated).map(|k| output.token(running.request.output_seed, k)));
         let chain_seed = running
             .keys
             .last()

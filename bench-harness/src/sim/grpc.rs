@@ -1,8 +1,9 @@
 //! `sim-engine --grpc sglang|vllm`: the same simulated engine behind SMG's gRPC protocols
 //! (SGLang's `SglangScheduler`, vLLM's `VllmEngine`), served with `h2` on the fleet's tokio, so
 //! a gateway's gRPC mode can be run against a fleet. `Generate` submits the prompt's token IDs
-//! to the engine model and streams the output tokens it emits (the sim's own deterministic IDs,
-//! `sim::output`); `HealthCheck`, `GetLoads`, `GetModelInfo` and `Abort` answer from the same
+//! to the engine model and streams the output tokens it emits (the sim's deterministic words,
+//! `sim::output`, as IDs of the model's tokenizer with `--tokenizer-path`, so a gateway decodes
+//! real text), with their logprobs when asked (`sim::output::output_logprobs`); `HealthCheck`, `GetLoads`, `GetModelInfo` and `Abort` answer from the same
 //! engine. The other engine's service (and any unknown method) is `UNIMPLEMENTED`, which is how
 //! a gateway tells the two apart. Every connection announces `--grpc-max-concurrent-streams`.
 //!
@@ -19,11 +20,10 @@ use h2::server::SendResponse;
 use h2::RecvStream;
 use prost::Message;
 use tokio::net::TcpListener;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::engine::SimRequest;
 use super::options::GrpcProtocol;
-use super::output::output_token;
+use super::output::{output_logprobs, prompt_seed};
 use super::server::EngineServer;
 
 /// The generated messages of `proto/smg/`, nested as their packages.
@@ -253,6 +253,8 @@ struct GenerateCall {
     input_ids: Vec<u32>,
     max_new_tokens: Option<u32>,
     stream: bool,
+    /// Output logprobs with this many alternatives, when asked.
+    logprobs: Option<u32>,
 }
 
 fn parse_generate(protocol: GrpcProtocol, message: Bytes) -> Option<GenerateCall> {
@@ -264,6 +266,9 @@ fn parse_generate(protocol: GrpcProtocol, message: Bytes) -> Option<GenerateCall
                 input_ids: request.tokenized?.input_ids,
                 max_new_tokens: request.sampling_params.and_then(|p| p.max_new_tokens),
                 stream: request.stream,
+                logprobs: request
+                    .return_logprob
+                    .then(|| u32::try_from(request.top_logprobs_num).unwrap_or(0)),
             })
         }
         GrpcProtocol::Vllm => {
@@ -272,11 +277,13 @@ fn parse_generate(protocol: GrpcProtocol, message: Bytes) -> Option<GenerateCall
                 vl::generate_request::Input::Tokenized(tokens) => tokens.input_ids,
                 vl::generate_request::Input::Text(_) => return None,
             };
+            let params = request.sampling_params.unwrap_or_default();
             Some(GenerateCall {
                 request_id: request.request_id,
                 input_ids,
-                max_new_tokens: request.sampling_params.and_then(|p| p.max_tokens),
+                max_new_tokens: params.max_tokens,
                 stream: request.stream,
+                logprobs: params.logprobs.map(|top| u32::try_from(top).unwrap_or(0)),
             })
         }
     }
@@ -290,7 +297,54 @@ struct Counts {
     cached: u32,
 }
 
-fn chunk_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts) -> Bytes {
+/// The logprobs of a message's tokens, in the fields both protocols' `OutputLogProbs` share:
+/// each token's, and its alternatives' IDs and values.
+#[derive(Default)]
+struct Logprobs {
+    ids: Vec<u32>,
+    values: Vec<f32>,
+    top: Vec<(Vec<u32>, Vec<f32>)>,
+}
+
+impl Logprobs {
+    fn push(&mut self, id: u32, (value, top): (f32, Vec<(u32, f32)>)) {
+        self.ids.push(id);
+        self.values.push(value);
+        self.top.push(top.into_iter().unzip());
+    }
+
+    fn sglang(self) -> Option<sg::OutputLogProbs> {
+        (!self.ids.is_empty()).then(|| sg::OutputLogProbs {
+            token_logprobs: self.values,
+            token_ids: self.ids,
+            top_logprobs: self
+                .top
+                .into_iter()
+                .map(|(token_ids, values)| sg::TopLogProbs { values, token_ids })
+                .collect(),
+        })
+    }
+
+    fn vllm(self) -> Option<vl::OutputLogProbs> {
+        (!self.ids.is_empty()).then(|| vl::OutputLogProbs {
+            token_logprobs: self.values,
+            token_ids: self.ids,
+            top_logprobs: self
+                .top
+                .into_iter()
+                .map(|(token_ids, values)| vl::TopLogProbs { values, token_ids })
+                .collect(),
+        })
+    }
+}
+
+fn chunk_message(
+    protocol: GrpcProtocol,
+    rid: &str,
+    ids: Vec<u32>,
+    c: Counts,
+    logprobs: Logprobs,
+) -> Bytes {
     match protocol {
         GrpcProtocol::Sglang => frame(&sg::GenerateResponse {
             request_id: rid.to_string(),
@@ -300,6 +354,7 @@ fn chunk_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts) ->
                     prompt_tokens: c.prompt,
                     completion_tokens: c.completion,
                     cached_tokens: c.cached,
+                    output_logprobs: logprobs.sglang(),
                     ..Default::default()
                 },
             )),
@@ -311,6 +366,7 @@ fn chunk_message(protocol: GrpcProtocol, rid: &str, ids: Vec<u32>, c: Counts) ->
                     prompt_tokens: c.prompt,
                     completion_tokens: c.completion,
                     cached_tokens: c.cached,
+                    output_logprobs: logprobs.vllm(),
                     ..Default::default()
                 },
             )),
@@ -334,6 +390,7 @@ fn complete_message(
     ids: Vec<u32>,
     c: Counts,
     finish: &str,
+    logprobs: Logprobs,
 ) -> Bytes {
     match protocol {
         GrpcProtocol::Sglang => frame(&sg::GenerateResponse {
@@ -345,6 +402,7 @@ fn complete_message(
                     prompt_tokens: c.prompt,
                     completion_tokens: c.completion,
                     cached_tokens: c.cached,
+                    output_logprobs: logprobs.sglang(),
                     ..Default::default()
                 },
             )),
@@ -357,6 +415,7 @@ fn complete_message(
                     prompt_tokens: c.prompt,
                     completion_tokens: c.completion,
                     cached_tokens: c.cached,
+                    output_logprobs: logprobs.vllm(),
                     ..Default::default()
                 },
             )),
@@ -378,11 +437,7 @@ async fn generate(
     let Some(engine) = server.engine.as_ref() else {
         return status_only(respond, UNIMPLEMENTED, "no engine (--instant)");
     };
-    let mut bytes = Vec::with_capacity(call.input_ids.len() * 4);
-    for token in &call.input_ids {
-        bytes.extend_from_slice(&token.to_le_bytes());
-    }
-    let output_seed = xxh3_64(&bytes);
+    let output_seed = prompt_seed(&call.input_ids);
     let max_new_tokens = call
         .max_new_tokens
         .unwrap_or(server.options.default_max_tokens)
@@ -407,6 +462,7 @@ async fn generate(
     };
     let rid = call.request_id;
     let mut ids = Vec::new();
+    let mut all_logprobs = Logprobs::default();
     loop {
         let emit = tokio::select! {
             emit = receiver.recv() => emit,
@@ -420,12 +476,21 @@ async fn generate(
         let Some(emit) = emit else {
             return;
         };
-        let k = emit.completion_tokens.saturating_sub(1);
+        let index = emit.completion_tokens.saturating_sub(1);
+        let vocabulary = &server.options.engine.output;
         let token = match scripted {
-            Some(ids) => ids.get(k as usize).copied().unwrap_or(0),
-            None => output_token(output_seed, k),
+            Some(ids) => ids.get(index as usize).copied().unwrap_or(0),
+            None => vocabulary.token(output_seed, index),
         };
         ids.push(token);
+        let mut token_logprobs = Logprobs::default();
+        if let Some(top) = call.logprobs {
+            let logprobs = output_logprobs(vocabulary, output_seed, index, top);
+            match call.stream {
+                true => token_logprobs.push(token, logprobs),
+                false => all_logprobs.push(token, logprobs),
+            }
+        }
         let counts = Counts {
             prompt: emit.prompt_tokens,
             completion: emit.completion_tokens,
@@ -433,7 +498,10 @@ async fn generate(
         };
         if call.stream
             && send
-                .send_data(chunk_message(protocol, &rid, vec![token], counts), false)
+                .send_data(
+                    chunk_message(protocol, &rid, vec![token], counts, token_logprobs),
+                    false,
+                )
                 .is_err()
         {
             return;
@@ -451,7 +519,14 @@ async fn generate(
             };
             if send
                 .send_data(
-                    complete_message(protocol, &rid, output, counts, finish),
+                    complete_message(
+                        protocol,
+                        &rid,
+                        output,
+                        counts,
+                        finish,
+                        std::mem::take(&mut all_logprobs),
+                    ),
                     false,
                 )
                 .is_err()

@@ -2,6 +2,7 @@
 //! runs with. A bad value is an `Err` naming the flag; `main` prints it as `Error: ...`.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 
 use clap::Parser;
 
@@ -11,6 +12,7 @@ use super::engine::{EngineConfig, MAX_WAITING_REQUESTS_DEFAULT};
 use super::faults::Faults;
 use super::kv_events::KvEventsFormat;
 use super::metrics::MetricsFlavor;
+use super::output::OutputVocabulary;
 use super::publisher::KvEndpoints;
 
 /// Most engines one process serves: bounds ports, tasks and memory.
@@ -188,6 +190,11 @@ pub struct SimArgs {
     /// markup for the gateway's parsers.
     #[arg(long = "grpc-completion-ids", value_name = "IDS", requires = "grpc")]
     pub grpc_completion_ids: Vec<String>,
+    /// With `--grpc`: the model's `tokenizer.json` (or its directory). The engines then generate that model's
+    /// token IDs (of the sim's words, each one token), so a gateway that detokenizes streams
+    /// real text; without it they are the sim's own word hashes, which decode to nothing.
+    #[arg(long, requires = "grpc")]
+    pub tokenizer_path: Option<PathBuf>,
 }
 
 /// Which engine's gRPC service `--grpc` serves.
@@ -324,6 +331,10 @@ impl SimArgs {
                 max_waiting_requests: self.max_queued_requests,
                 cost: self.cost_model(),
                 record_kv_events: kv_events.is_some(),
+                output: match &self.tokenizer_path {
+                    Some(path) => OutputVocabulary::from_tokenizer_file(path)?,
+                    None => OutputVocabulary::default(),
+                },
             },
             default_max_tokens: self.default_max_tokens.max(1),
             speedup: self.speedup,

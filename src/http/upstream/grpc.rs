@@ -52,7 +52,7 @@ use crate::metrics::Counter;
 use crate::net::codec::{self, Connection as ClientConnection, DownstreamFraming};
 use crate::net::socket::Cut;
 use crate::request::{Endpoint, KeySource, RoutingKey};
-use crate::tokenize::{DecodeTable, ModelTokenizer};
+use crate::tokenize::{DecodeTable, ModelTokenizer, PromptSource};
 use crate::workers::spec::WorkerProtocol;
 use crate::workers::table::WorkerEntry;
 
@@ -225,7 +225,8 @@ impl GrpcExchange {
             Some(Endpoint::Messages) => Api::Messages,
             _ => return Err(refusal("this endpoint is not served by gRPC workers")),
         };
-        let mut params = GenerateParams::parse(api, &request.read_buf[request.body.clone()])?;
+        let body = &request.read_buf[request.body.clone()];
+        let mut params = GenerateParams::parse(api, body)?;
         let model = params
             .model
             .clone()
@@ -248,6 +249,20 @@ impl GrpcExchange {
             (PromptInput::Text(text), None, Some(tokenizer)) => tokenizer
                 .encode(text, true)
                 .map_err(|_| refusal("the prompt could not be tokenized"))?,
+            // The router did not tokenize it (a policy that routes on text, a tokenizer pool
+            // that was full): rendered and tokenized here.
+            (PromptInput::Conversation, None, Some(tokenizer)) => {
+                let source = match api {
+                    Api::Messages => PromptSource::Messages(body),
+                    _ => PromptSource::Chat(body),
+                };
+                let prompt = tokenizer
+                    .prompt(source)
+                    .map_err(|_| refusal("the conversation could not be rendered"))?;
+                tokenizer
+                    .encode(&prompt.text, prompt.add_special_tokens)
+                    .map_err(|_| refusal("the prompt could not be tokenized"))?
+            }
             _ => return Err(refusal(
                 "a gRPC worker takes token IDs: send input_ids, or give the gateway the model's tokenizer (--model-path, --tokenizer-path)",
             )),
@@ -259,6 +274,7 @@ impl GrpcExchange {
         self.request_id = meta.id.clone();
         let sampling = engine_sampling(&params);
         let stream = params.stream;
+        let logprobs = params.logprobs.as_ref().map(|asked| asked.top);
         let table = decode_table(tokenizer.as_ref());
         let decoder = OutputDecoder::new(table.clone(), &params, &[]);
         let writer = match stream {
@@ -279,6 +295,7 @@ impl GrpcExchange {
             input_ids,
             sampling,
             stream,
+            logprobs,
         })
     }
 
@@ -430,11 +447,12 @@ impl GrpcExchange {
                 output.usage.prompt_tokens = chunk.prompt_tokens;
                 output.usage.cached_tokens = chunk.cached_tokens;
                 let decoded = output.decoder.push(chunk.index, &chunk.token_ids);
+                let used = decoded.ids_used.min(chunk.token_ids.len());
                 let step = Step {
                     index: chunk.index,
-                    token_ids: &chunk.token_ids[..decoded.ids_used.min(chunk.token_ids.len())],
+                    token_ids: &chunk.token_ids[..used],
                     text: decoded.text,
-                    logprobs: &[],
+                    logprobs: &chunk.logprobs[..used.min(chunk.logprobs.len())],
                     finish: decoded.finish,
                 };
                 output
@@ -563,7 +581,7 @@ impl Output {
                 index,
                 token_ids: &complete.output_ids[..used],
                 text: decoded.text,
-                logprobs: &[],
+                logprobs: &complete.logprobs[..used.min(complete.logprobs.len())],
                 finish: decoded.finish,
             };
             self.writer.step(&step, &self.table, &mut self.scratch);
