@@ -62,7 +62,8 @@ pub struct CompareArgs {
     /// use a token-ID form such as --form generate-ids), `cache_aware:load` (cache_aware with
     /// --load-aware-affinity), and `direct` (no gateway). cache_aware's modifiers combine with
     /// `:` (`cache_aware:kv:load`, `cache_aware:hash:load`; `events-only`: the KV-event index
-    /// without its in-flight overlay, --kv-inflight-ttl-secs 0).
+    /// without its in-flight overlay, --kv-inflight-ttl-secs 0; `holders-7`: the hash index keeps
+    /// seven holders per head, --cache-holders-max 7).
     #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.
