@@ -10,14 +10,14 @@
 //! - [`HashIndexReader`] (one per data core, cloned): [`HashIndexReader::lookup`] returns the live
 //!   holders of every head, deepest first. It takes no lock, allocates nothing and writes nothing.
 //! - [`HashIndexWriter`] (one, on the control core): `record` (every dispatch, at each head; a
-//!   holder past the cap evicts the stalest), `sweep` (drops expired holders, and heads left without
-//!   one; per-model entry counts for `smg_cache_placement_entries`), `remove_worker`.
+//!   holder past the cap evicts the stalest), `sweep` (drops expired holders, and heads left
+//!   without one; per-model entry counts for `smg_cache_placement_entries`), `remove_worker`.
 //!
 //! The table is a fixed array of slots with linear probing, sized at start for
 //! `PLACEMENT_HEADS_MAX` live heads (zeroed pages, committed as they are first written). A slot
 //! is a cache line of eight atomic words: the key, and one word per holder place (`worker + 1`
-//! above a 48-bit tick; places past the cap stay 0). A reader re-reads the key after the holders: a slot reused for
-//! another head in between reads as a miss. Deleting shifts later entries of a probe run back
+//! above a 48-bit tick; places past the cap stay 0). A reader re-reads the key after the
+//! holders: a slot reused for another head in between reads as a miss. Deleting shifts later entries of a probe run back
 //! (no tombstones); a lookup racing that shift may miss a head: routing then falls back to the
 //! lowest expected wait, never to a wrong holder. Two different heads with equal 64-bit hashes
 //! would share holders (about 2^-64 per pair): a routing guess, never what an engine computes.
