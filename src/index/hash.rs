@@ -17,10 +17,11 @@
 //! `PLACEMENT_HEADS_MAX` live heads (zeroed pages, committed as they are first written). A slot
 //! is a cache line of eight atomic words: the key, and one word per holder place (`worker + 1`
 //! above a 48-bit tick; places past the cap stay 0). A reader re-reads the key after the
-//! holders: a slot reused for another head in between reads as a miss. Deleting shifts later entries of a probe run back
-//! (no tombstones); a lookup racing that shift may miss a head: routing then falls back to the
-//! lowest expected wait, never to a wrong holder. Two different heads with equal 64-bit hashes
-//! would share holders (about 2^-64 per pair): a routing guess, never what an engine computes.
+//! holders: a slot reused for another head in between reads as a miss. Deleting shifts later
+//! entries of a probe run back (no tombstones); a lookup racing that shift may miss a head:
+//! routing then falls back to the lowest expected wait, never to a wrong holder. Two different
+//! heads with equal 64-bit hashes would share holders (about 2^-64 per pair): a routing guess,
+//! never what an engine computes.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
