@@ -3,7 +3,7 @@
 # prefix_hash and cache_aware's default (the benchmark of issue 24), each policy on a fresh fleet
 # of 8 simulated engines:
 #
-#   scripts/bench-load-aware.sh [OUT_DIR] [hot|modes|routing|all]   (about 35 minutes on 2 cores
+#   scripts/bench-load-aware.sh [OUT_DIR] [hot|modes|holders|routing|all]   (about 35 minutes on 2 cores
 #                                                              for hot and routing, 20 more for
 #                                                              modes; default OUT_DIR
 #                                                              target/bench-load-aware)
@@ -21,6 +21,10 @@
 #                (`cache_aware:load`, token tree), the hash index (`cache_aware:hash:load`, heads at
 #                2,048 and 8,192 tokens) and the KV-event index (`cache_aware:kv:load`), against
 #                round robin; its ceiling is the text run's (the same tokens).
+#   hot-spot-R-holders  (issue 42) the token-ID hot spot at the same rates on the hash index with
+#                --load-aware-affinity: the spec's three holders per head (`cache_aware:hash:load`)
+#                against seven (`cache_aware:hash:load:holders-7`, --cache-holders-max 7), with
+#                round robin; the summary prints each policy's per-engine shares of requests.
 #   shared-prefix, mooncake-1x, mooncake-6x   scripts/bench-routing.sh's workloads (their ceilings
 #                and floors are that script's).
 # Each run's table is kept in OUT_DIR/*.txt, its JSON report in OUT_DIR/*.json; the summary at
@@ -58,6 +62,16 @@ if [[ "$which" == modes || "$which" == all ]]; then
             --policies "${MODES_POLICIES:-round_robin,cache_aware:load,cache_aware:hash:load,cache_aware:kv:load}"
     done
 fi
+if [[ "$which" == holders || "$which" == all ]]; then
+    [[ -f "$out/hot-spot-ceiling.json" ]] || run hot-spot-ceiling "${hot[@]}" --concurrency 1 \
+        --engines 1 --kv-capacity-tokens 1000000000 --sim-speedup 1000 --policies round_robin
+    for rate in 30 40 50; do
+        run "hot-spot-$rate-holders" "${hot[@]}" --form generate-ids --rate "$rate" \
+            --sim-speedup 1 --engines 8 --kv-capacity-tokens 1048576 \
+            --gateway-arg=--cache-boundaries=2048,8192 \
+            --policies round_robin,cache_aware:hash:load,cache_aware:hash:load:holders-7
+    done
+fi
 if [[ "$which" == routing || "$which" == all ]]; then
     run shared-prefix "${synthetic[@]}" --rate 120 --engines 8 --kv-capacity-tokens 65536 \
         --sim-speedup 1 --policies "$policies"
@@ -75,7 +89,8 @@ def load(name):
     return {p["label"]: p for p in json.load(open(path))["policies"]} if os.path.exists(path) else None
 ceiling = load("hot-spot-ceiling")
 names = ["hot-spot-30", "hot-spot-40", "hot-spot-50", "hot-spot-30-modes", "hot-spot-40-modes",
-         "hot-spot-50-modes", "shared-prefix", "mooncake-1x", "mooncake-6x"]
+         "hot-spot-50-modes", "hot-spot-30-holders", "hot-spot-40-holders", "hot-spot-50-holders",
+         "shared-prefix", "mooncake-1x", "mooncake-6x"]
 for name in names:
     runs = load(name)
     if runs is None:
@@ -91,4 +106,8 @@ for name in names:
         print(f"  {label:22} hit {hit:6.1%}{of_ceiling}  TTFT p99 {p['ttft_ms']['p99']:8.1f} ms"
               f"  E2E p50 {p['e2e_ms']['p50']:8.1f}  p99 {p['e2e_ms']['p99']:8.1f} ms{of_rr}"
               f"  imbalance {p['imbalance']:.2f}")
+        if name.endswith("-holders"):
+            counts = sorted((w["requests"] for w in p["per_worker"].values()), reverse=True)
+            total = max(sum(counts), 1)
+            print("    per-engine shares: " + " ".join(f"{c / total:.1%}" for c in counts))
 PY

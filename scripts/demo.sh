@@ -4,8 +4,9 @@
 #
 # With no arguments: round_robin vs cache_aware (the recommended configuration for engines without
 # KV events: README, "Recommended configuration"), each on 4 fresh engines of 32k KV tokens, with
-# 1,500 requests of the shared-prefix generator (32 groups of 2k-token system prompts), 8 in
-# flight: about a minute on 2 cores. The table goes to stdout; replay-compare.json and
+# 6,000 requests of the shared-prefix generator (32 groups of 2k-token system prompts), 8 in
+# flight: about two minutes on 2 cores (with fewer, a loaded machine's two worst stalls decide the
+# p99 rows: perf/results-routing-2.md). The table goes to stdout; replay-compare.json and
 # replay-compare.svg (TTFT CDF and hit rate over time) to the current directory. Any
 # `replay compare` flag can be added, e.g. `--policies direct,round_robin,cache_aware` or
 # `--trace ../shared/traces/mooncake_conversation_trace.jsonl --speedup 100 --max-requests 2000`.

@@ -237,11 +237,15 @@ pub const MATCH_TENANTS_MAX: usize = 8;
 /// recorded per request; engines that reuse at fixed positions use a handful (SMG's example: 3).
 pub const CACHE_BOUNDARIES_MAX: usize = 16;
 
-/// Holders one head of the hash index keeps (the spec's "at most three holders"; a fourth
-/// evicts the stalest).
-pub const PLACEMENT_HOLDERS_MAX: usize = 3;
+/// Holders one head of the hash index keeps by default (the spec's "at most three holders"; a
+/// fourth evicts the stalest): `--cache-holders-max`'s default.
+pub const PLACEMENT_HOLDERS_DEFAULT: usize = 3;
 
-/// Live heads the hash index holds (it is sized for them at start, 48 bytes per head, its pages
+/// The most holders `--cache-holders-max` lets a head keep: a slot is then one cache line (its
+/// key and seven holder words).
+pub const PLACEMENT_HOLDERS_MAX: usize = 7;
+
+/// Live heads the hash index holds (it is sized for them at start, 91 bytes per head, its pages
 /// committed as they are used). With the default TTL of 180 s and three boundaries that is about
 /// 1,900 new prefixes per second; beyond it new heads wait for the sweep and are counted.
 pub const PLACEMENT_HEADS_MAX: usize = 1 << 20;
@@ -614,6 +618,7 @@ const _: () = assert!(PLACEMENT_HOLDERS_MAX <= u8::MAX as usize && CACHE_BOUNDAR
 const _: () = assert!(PLACEMENT_PROBE_MAX < PLACEMENT_HEADS_MAX);
 // A head's holders are candidates of the decision flow, like a tree node's tenants.
 const _: () = assert!(PLACEMENT_HOLDERS_MAX <= MATCH_TENANTS_MAX);
+const _: () = assert!(PLACEMENT_HOLDERS_DEFAULT <= PLACEMENT_HOLDERS_MAX);
 // KV-event holders are one bit each in a u64 word.
 const _: () = assert!(KV_EVENT_WORKERS_MAX == u64::BITS as usize);
 const _: () = assert!(KV_EVENT_WORKERS_MAX <= WORKERS_MAX);

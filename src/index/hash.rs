@@ -3,23 +3,25 @@
 //! A request's *heads* are the hashes of its first N token IDs at each `--cache-boundaries`
 //! position N its length reaches, under its cache namespace ([`request_heads`]: computed from the
 //! token tree's page hashes where N is a multiple of `--block-size`, so a request is hashed once
-//! whatever the mode). The map keeps, per head, up to [`PLACEMENT_HOLDERS_MAX`] holders: the
-//! workers the gateway sent that head to, each with the tick it was last sent.
+//! whatever the mode). The map keeps, per head, up to three holders (the spec's cap;
+//! `--cache-holders-max` raises it to [`PLACEMENT_HOLDERS_MAX`]): the workers the gateway sent
+//! that head to, each with the tick it was last sent.
 //!
 //! - [`HashIndexReader`] (one per data core, cloned): [`HashIndexReader::lookup`] returns the live
 //!   holders of every head, deepest first. It takes no lock, allocates nothing and writes nothing.
 //! - [`HashIndexWriter`] (one, on the control core): `record` (every dispatch, at each head; a
-//!   fourth holder evicts the stalest), `sweep` (drops expired holders, and heads left without
-//!   one; per-model entry counts for `smg_cache_placement_entries`), `remove_worker`.
+//!   holder past the cap evicts the stalest), `sweep` (drops expired holders, and heads left
+//!   without one; per-model entry counts for `smg_cache_placement_entries`), `remove_worker`.
 //!
 //! The table is a fixed array of slots with linear probing, sized at start for
 //! `PLACEMENT_HEADS_MAX` live heads (zeroed pages, committed as they are first written). A slot
-//! is four atomic words, two to a cache line: the key, and one word per holder (`worker + 1`
-//! above a 48-bit tick). A reader re-reads the key after the holders: a slot reused for
-//! another head in between reads as a miss. Deleting shifts later entries of a probe run back
-//! (no tombstones); a lookup racing that shift may miss a head: routing then falls back to the
-//! lowest expected wait, never to a wrong holder. Two different heads with equal 64-bit hashes
-//! would share holders (about 2^-64 per pair): a routing guess, never what an engine computes.
+//! is a cache line of eight atomic words: the key, and one word per holder place (`worker + 1`
+//! above a 48-bit tick; places past the cap stay 0). A reader re-reads the key after the
+//! holders: a slot reused for another head in between reads as a miss. Deleting shifts later
+//! entries of a probe run back (no tombstones); a lookup racing that shift may miss a head:
+//! routing then falls back to the lowest expected wait, never to a wrong holder. Two different
+//! heads with equal 64-bit hashes would share holders (about 2^-64 per pair): a routing guess,
+//! never what an engine computes.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -30,7 +32,9 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 use super::slots::{Probe, SlotTable};
 use super::{Namespace, TokenPages};
 use crate::ids::WorkerId;
-use crate::limits::{CACHE_BOUNDARIES_MAX, PLACEMENT_HOLDERS_MAX, WORKERS_MAX};
+use crate::limits::{
+    CACHE_BOUNDARIES_MAX, PLACEMENT_HOLDERS_DEFAULT, PLACEMENT_HOLDERS_MAX, WORKERS_MAX,
+};
 
 /// Table slots per live head allowed: a load of 3/4 keeps probe runs short.
 const SLOTS_PER_HEADS_NUM: usize = 4;
@@ -254,6 +258,8 @@ pub struct HashIndexWriter {
     ttl_ms: u64,
     /// The most live heads (the table has a third more slots).
     heads_max: usize,
+    /// The most holders a head keeps (`--cache-holders-max`).
+    holders_max: usize,
     /// The model of each occupied slot (an index into `models`), moved with its entry.
     slot_model: Box<[u32]>,
     /// Model hashes by index, with their live heads.
@@ -273,11 +279,19 @@ impl HashIndexWriter {
             table: Arc::new(table),
             ttl_ms,
             heads_max,
+            holders_max: PLACEMENT_HOLDERS_DEFAULT,
             slot_model: vec![0; slots].into_boxed_slice(),
             models: Vec::new(),
             model_indexes: HashMap::new(),
             live_heads: 0,
         }
+    }
+
+    /// The same map keeping at most `holders_max` holders per head (`--cache-holders-max`,
+    /// clamped to 1..=[`PLACEMENT_HOLDERS_MAX`]) instead of the spec's three.
+    pub fn with_holders_max(mut self, holders_max: usize) -> Self {
+        self.holders_max = holders_max.clamp(1, PLACEMENT_HOLDERS_MAX);
+        self
     }
 
     /// A reader for a data core.
@@ -302,7 +316,7 @@ impl HashIndexWriter {
     }
 
     /// Records that `worker` was sent `heads` of a request of `model` at `tick_ms`: it becomes
-    /// (or stays, refreshed) a holder of each; a head holding three others drops the stalest.
+    /// (or stays, refreshed) a holder of each; a head holding its most others drops the stalest.
     /// Expired holders met on the way are dropped. Heads that find no slot are skipped and the
     /// first error says why.
     pub fn record(
@@ -339,7 +353,8 @@ impl HashIndexWriter {
             }
             Probe::Vacant(_) if self.live_heads >= self.heads_max => Err(HashIndexError::Full),
             Probe::Vacant(slot) => {
-                let holders = [holder_word(worker, tick_ms), 0, 0];
+                let mut holders = [0; PLACEMENT_HOLDERS_MAX];
+                holders[0] = holder_word(worker, tick_ms);
                 self.table.insert(slot, key, &holders);
                 self.slot_model[slot] = self.model_index(model);
                 self.models[self.slot_model[slot] as usize].1 += 1;
@@ -351,12 +366,15 @@ impl HashIndexWriter {
     }
 
     /// Makes `worker` a holder of the head in `slot` at `tick_ms`: refreshed if it is one, else
-    /// in a free or expired place, else in the stalest holder's place.
+    /// in a free or expired place among the first `holders_max`, else in the stalest holder's.
     fn add_holder(&mut self, slot: usize, worker: WorkerId, tick_ms: u64) {
         let table = self.table.clone();
-        let holders = &table.words(slot)[1..];
-        let words: [u64; PLACEMENT_HOLDERS_MAX] =
-            std::array::from_fn(|i| holders[i].load(Ordering::Relaxed));
+        let holders = &table.words(slot)[1..=self.holders_max];
+        let mut words_buf = [0u64; PLACEMENT_HOLDERS_MAX];
+        for (word, holder) in words_buf.iter_mut().zip(holders) {
+            *word = holder.load(Ordering::Relaxed);
+        }
+        let words = &words_buf[..self.holders_max];
         let place = words
             .iter()
             .position(|w| holder_of(*w).is_some_and(|(id, _)| id == worker))
@@ -368,9 +386,7 @@ impl HashIndexWriter {
             })
             .unwrap_or_else(|| {
                 let tick = |i: usize| holder_of(words[i]).map_or(0, |(_, t)| t);
-                (0..PLACEMENT_HOLDERS_MAX)
-                    .min_by_key(|&i| tick(i))
-                    .unwrap_or(0)
+                (0..words.len()).min_by_key(|&i| tick(i)).unwrap_or(0)
             });
         // Records from different data cores may arrive out of order: a refresh keeps the newer.
         let tick = match holder_of(words[place]) {

@@ -8,6 +8,7 @@ use super::ScorerConfig;
 use crate::error::FlagError;
 use crate::limits::{
     CACHE_BOUNDARIES_MAX, KV_BLOCKS_DEFAULT, KV_BLOCKS_MAX, KV_INFLIGHT_TTL_DEFAULT_SECS,
+    PLACEMENT_HOLDERS_DEFAULT, PLACEMENT_HOLDERS_MAX,
 };
 
 /// `--policy`: which routing policy the gateway runs.
@@ -117,6 +118,11 @@ pub struct PolicyArgs {
     /// Hash mode: how long a placement stays live.
     #[arg(long, default_value_t = 180)]
     pub cache_ttl_secs: u64,
+    /// Hash mode: the most holders a head keeps; one more evicts the stalest. 3 is the spec's
+    /// cap. A prefix hotter than three workers can serve needs more to spread under
+    /// --load-aware-affinity (each head then takes 64 bytes instead of 32).
+    #[arg(long, default_value_t = PLACEMENT_HOLDERS_DEFAULT)]
+    pub cache_holders_max: usize,
     /// KV-event index: a worker whose events have been silent this many seconds has its entries
     /// aged out (0: never; an idle engine keeps its cache, and so does the index).
     #[arg(long, default_value_t = 0)]
@@ -221,6 +227,8 @@ pub struct PolicyConfig {
     pub cache_boundaries: Vec<u32>,
     /// `--cache-ttl-secs`.
     pub cache_ttl: Duration,
+    /// `--cache-holders-max`.
+    pub cache_holders_max: usize,
     /// `--kv-indexer-ttl-secs` (`None`: 0, entries never age out).
     pub kv_indexer_ttl: Option<Duration>,
     /// `--kv-indexer-max-entries`.
@@ -297,6 +305,7 @@ impl PolicyArgs {
             cache_index: self.cache_index,
             cache_boundaries: self.cache_boundaries.clone(),
             cache_ttl: Duration::from_secs(positive("--cache-ttl-secs", self.cache_ttl_secs)?),
+            cache_holders_max: self.validate_cache_holders_max()?,
             kv_indexer_ttl: (self.kv_indexer_ttl_secs > 0)
                 .then(|| Duration::from_secs(self.kv_indexer_ttl_secs)),
             kv_indexer_max_entries: self.validate_kv_indexer_max_entries()?,
@@ -330,6 +339,16 @@ impl PolicyArgs {
             max_waiting_requests: (self.least_load_max_waiting_requests > 0)
                 .then_some(self.least_load_max_waiting_requests),
         })
+    }
+
+    fn validate_cache_holders_max(&self) -> Result<usize, FlagError> {
+        match self.cache_holders_max {
+            n @ 1..=PLACEMENT_HOLDERS_MAX => Ok(n),
+            _ => Err(refuse(
+                "--cache-holders-max",
+                format!("must be 1..={PLACEMENT_HOLDERS_MAX} holders per head"),
+            )),
+        }
     }
 
     fn validate_kv_indexer_max_entries(&self) -> Result<usize, FlagError> {

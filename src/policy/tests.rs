@@ -1518,7 +1518,7 @@ enum ModelIndex {
     /// A token-tree match of 8,192 of the request's 8,256 tokens, every holder a tenant.
     Tree,
     /// The hash index: the 8,192-token head, its holders most recently sent first, at most
-    /// `PLACEMENT_HOLDERS_MAX` (a new one evicts the stalest), as `HashIndexWriter::record`.
+    /// `PLACEMENT_HOLDERS_DEFAULT` (a new one evicts the stalest), as `HashIndexWriter::record`.
     Heads,
     /// The KV-event index: 512 of the request's 516 blocks of 16 held by each holder; a
     /// holder from its dispatch on, as the in-flight overlay makes it until its engine reports.
@@ -1611,7 +1611,8 @@ impl QueueModel {
         self.holders.retain(|h| *h != d.worker.0);
         self.holders.insert(0, d.worker.0);
         if self.index == ModelIndex::Heads {
-            self.holders.truncate(crate::limits::PLACEMENT_HOLDERS_MAX);
+            self.holders
+                .truncate(crate::limits::PLACEMENT_HOLDERS_DEFAULT);
         }
         self.in_flight[d.worker.index()].push(0.0);
         Some(d)

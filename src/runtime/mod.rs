@@ -55,7 +55,8 @@ fn build_index(config: &Config) -> (Option<IndexWriters>, Vec<Option<Box<dyn Ind
     }
     if config.policy.cache_index == CacheIndexKind::Hash {
         let ttl_ms = config.policy.cache_ttl.as_millis() as u64;
-        let writer = HashIndexWriter::new(PLACEMENT_HEADS_MAX, ttl_ms);
+        let writer = HashIndexWriter::new(PLACEMENT_HEADS_MAX, ttl_ms)
+            .with_holders_max(config.policy.cache_holders_max);
         let readers = (0..cores)
             .map(|_| Some(Box::new(Heads::new(writer.reader())) as Box<dyn IndexLookup>))
             .collect();

@@ -62,7 +62,8 @@ pub struct CompareArgs {
     /// use a token-ID form such as --form generate-ids), `cache_aware:load` (cache_aware with
     /// --load-aware-affinity), and `direct` (no gateway). cache_aware's modifiers combine with
     /// `:` (`cache_aware:kv:load`, `cache_aware:hash:load`; `events-only`: the KV-event index
-    /// without its in-flight overlay, --kv-inflight-ttl-secs 0).
+    /// without its in-flight overlay, --kv-inflight-ttl-secs 0; `holders-7`: the hash index keeps
+    /// seven holders per head, --cache-holders-max 7).
     #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.
@@ -465,9 +466,13 @@ impl WorkloadArgs {
     }
 }
 
-/// Requests per policy of `replay compare` when neither a trace nor --max-requests is given:
-/// with the generator's defaults and 4 engines, about 25 s per policy on 2 shared cores.
-pub const COMPARE_REQUESTS_DEFAULT: u64 = 1500;
+/// Requests per policy of `replay compare` when neither a trace nor --max-requests is given
+/// (`make demo`): with the generator's defaults and 4 engines, about a minute per policy on 2
+/// shared cores. Enough that a p99 is not one or two moments of the machine: on a loaded box the
+/// slowest first tokens come eight at a time (every request in flight stalled at once), so at
+/// 1,500 requests the p99 was the run's second-worst stall, for either policy
+/// (perf/results-routing-2.md, "make demo's TTFT p99 on a loaded box").
+pub const COMPARE_REQUESTS_DEFAULT: u64 = 6000;
 
 /// Closed-loop concurrency of a workload without timestamps (the generator, ShareGPT) and without
 /// a pacing flag: few enough in flight that bursts of one new prefix are rare, so a comparison

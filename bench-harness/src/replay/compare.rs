@@ -58,12 +58,14 @@ const PSEUDO_POLICIES: [&str; 4] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV, CA
 
 /// The modifiers a `cache_aware:` pseudo-policy may join with `:`, in any order (`hash` and
 /// `kv` exclusive): `cache_aware:kv:load` is cache_aware on the KV-event index with
-/// `--load-aware-affinity`; `events-only` turns the KV-event index's in-flight overlay off.
-const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 4] = [
+/// `--load-aware-affinity`; `events-only` turns the KV-event index's in-flight overlay off;
+/// `holders-7` lets the hash index keep seven holders per head instead of the spec's three.
+const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 5] = [
     ("hash", &["--cache-index", "hash"]),
     ("kv", &[]),
     ("load", &["--load-aware-affinity"]),
     ("events-only", &["--kv-inflight-ttl-secs", "0"]),
+    ("holders-7", &["--cache-holders-max", "7"]),
 ];
 
 /// The modifiers of a `cache_aware:...` pseudo-policy, each once; `None`: not one.
@@ -520,6 +522,18 @@ mod tests {
         assert_eq!(
             policy_flags("cache_aware:kv:events-only"),
             ["--policy", "cache_aware", "--kv-inflight-ttl-secs", "0"]
+        );
+        assert_eq!(
+            policy_flags("cache_aware:hash:load:holders-7"),
+            [
+                "--policy",
+                "cache_aware",
+                "--cache-index",
+                "hash",
+                "--load-aware-affinity",
+                "--cache-holders-max",
+                "7"
+            ]
         );
         for bad in [
             "cache_aware:hash:kv",

@@ -116,6 +116,27 @@ pub struct ReplayReport {
     pub warnings: Vec<String>,
     pub ttft_cdf: Vec<CdfPoint>,
     pub hit_rate_over_time: Vec<HitRatePoint>,
+    /// The slowest first tokens of the run (at most [`TTFT_SLOWEST_MAX`], slowest first), each
+    /// with when it was sent and what its engine had cached: what a TTFT tail is made of (cold
+    /// prompts at the start, or misses spread over the run).
+    #[serde(default)]
+    pub ttft_slowest: Vec<SlowFirstToken>,
+}
+
+/// How many of the slowest first tokens a report names: a run's p99 and every first token above
+/// it, up to 12,800 requests (`replay compare`'s default is 6,000: its p99 is the 60th).
+pub const TTFT_SLOWEST_MAX: usize = 128;
+
+/// One of a run's slowest first tokens.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlowFirstToken {
+    /// When the request was sent, in seconds from the start of the run.
+    pub sent_s: f64,
+    pub ttft_ms: f64,
+    pub prompt_tokens: u64,
+    /// Prompt tokens the engine reported cached (0: a cold prompt).
+    pub cached_tokens: u64,
+    pub worker: Option<String>,
 }
 
 /// Prompt and cached tokens per completion-time bucket; the bucket width doubles whenever the run
@@ -176,6 +197,8 @@ pub struct Recorder {
     report: ReplayReport,
     timeline: Timeline,
     send_lag_max: Duration,
+    /// The slowest first tokens so far, unordered, at most [`TTFT_SLOWEST_MAX`].
+    slowest: Vec<SlowFirstToken>,
 }
 
 impl Default for Recorder {
@@ -200,6 +223,7 @@ impl Recorder {
                 buckets: Vec::new(),
             },
             send_lag_max: Duration::ZERO,
+            slowest: Vec::with_capacity(TTFT_SLOWEST_MAX),
         }
     }
 
@@ -255,11 +279,33 @@ impl Recorder {
         self.timeline.add(done_at, prompt, cached);
         if let Some(ttft) = outcome.ttft {
             record_us(&mut self.ttft_us, ttft.as_micros() as u64);
+            self.keep_if_slowest(SlowFirstToken {
+                sent_s: done_at.saturating_sub(outcome.e2e).as_secs_f64(),
+                ttft_ms: ttft.as_secs_f64() * 1000.0,
+                prompt_tokens: prompt,
+                cached_tokens: cached,
+                worker: outcome.worker.clone(),
+            });
         }
         for &gap in &outcome.itl_us {
             record_us(&mut self.itl_us, u64::from(gap));
         }
         record_us(&mut self.e2e_us, outcome.e2e.as_micros() as u64);
+    }
+
+    /// Keeps `first` if it is among the [`TTFT_SLOWEST_MAX`] slowest so far.
+    fn keep_if_slowest(&mut self, first: SlowFirstToken) {
+        if self.slowest.len() < TTFT_SLOWEST_MAX {
+            self.slowest.push(first);
+            return;
+        }
+        let fastest = self
+            .slowest
+            .iter_mut()
+            .min_by(|a, b| a.ttft_ms.total_cmp(&b.ttft_ms));
+        if let Some(kept) = fastest.filter(|kept| kept.ttft_ms < first.ttft_ms) {
+            *kept = first;
+        }
     }
 
     /// The report, with `known_workers` (the fleet) counted even if they received nothing.
@@ -286,6 +332,9 @@ impl Recorder {
         report.send_lag_ms_max = self.send_lag_max.as_secs_f64() * 1000.0;
         report.ttft_cdf = cdf(&self.ttft_us);
         report.hit_rate_over_time = self.timeline.points();
+        self.slowest
+            .sort_unstable_by(|a, b| b.ttft_ms.total_cmp(&a.ttft_ms));
+        report.ttft_slowest = self.slowest;
         report
     }
 }
@@ -466,6 +515,27 @@ mod tests {
             text.contains("predictions missed") && text.contains("33.3%"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_slowest_first_tokens_are_named_slowest_first_with_their_cache() {
+        let mut recorder = Recorder::new();
+        // TTFTs 1..=200 ms in a scrambled order; the slow ones cold, the rest warm.
+        for i in 0..200u64 {
+            let ttft = (i * 37) % 200 + 1;
+            let cached = if ttft > 190 { 0 } else { 64 };
+            recorder.record(ok("a", 100, cached, ttft));
+        }
+        let report = recorder.finish("x", Duration::from_secs(1), &[]);
+        let ttfts: Vec<f64> = report.ttft_slowest.iter().map(|s| s.ttft_ms).collect();
+        let expected: Vec<f64> = (0..TTFT_SLOWEST_MAX as u64)
+            .map(|i| (200 - i) as f64)
+            .collect();
+        assert_eq!(ttfts, expected);
+        let cold = report.ttft_slowest.iter().filter(|s| s.cached_tokens == 0);
+        assert_eq!(cold.count(), 10);
+        // Sent at its completion less its end-to-end time (`ok`: done at the TTFT, e2e 10 ms more).
+        assert!(report.ttft_slowest.iter().all(|s| s.sent_s == 0.0));
     }
 
     #[test]
