@@ -20,7 +20,7 @@ pub const WORD_BYTES_MAX: usize = 64;
 /// IDs of the longest encoding kept (a CJK character is a token or two).
 pub const WORD_IDS_MAX: usize = 32;
 
-/// Slots per thread (a power of two): 2,048 of 200 bytes, 400 KiB per thread that encodes.
+/// Slots per thread (a power of two): 2,048 of 208 bytes, 416 KiB per thread that encodes.
 const SLOTS: usize = 2048;
 
 const _: () = assert!(SLOTS.is_power_of_two() && WORD_BYTES_MAX <= u8::MAX as usize);
@@ -45,6 +45,9 @@ struct Slot {
     bytes: [u8; WORD_BYTES_MAX],
     ids: [u32; WORD_IDS_MAX],
 }
+
+// The memory the module documentation and `SLOTS` state.
+const _: () = assert!(std::mem::size_of::<Slot>() == 208);
 
 const EMPTY: Slot = Slot {
     vocab: 0,
