@@ -3,7 +3,7 @@
 //!
 //! - `encode/{crate,kvgate}/{prose,code,cjk,cjk_unique}`: cold encoding of about 16 KB of text
 //!   (English-like prose, Rust source, Chinese, Japanese and Korean phrases, their characters in
-//!   random runs that never repeat) by the `tokenizers` crate and by kvgate's
+//!   random runs that never repeat, a different text each time) by the `tokenizers` crate and by kvgate's
 //!   byte-level BPE (`ModelTokenizer::encode`), side by side in one run; then an alternating
 //!   measurement (the crate, then kvgate, round after round, so a loaded machine's drift hits
 //!   both alike) prints the median ratio per corpus: the figure to read.
@@ -287,7 +287,7 @@ const CJK_PHRASES: &[&str] = &[
 const CJK_PUNCTUATION: &[&str] = &["，", "。", "、", "！", "？", "：", "；", "「", "」", "\n"];
 
 /// The corpora of the encode group, each about `bytes` long.
-fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, String)> {
+fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, Vec<String>)> {
     let mut rng = Rng::with_seed(5);
     let mut prose = String::new();
     while prose.len() < bytes {
@@ -317,22 +317,39 @@ fn encode_corpora(model: &ModelTokenizer, bytes: usize) -> Vec<(&'static str, St
         }
         cjk.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
     }
-    // The same characters in random order between punctuation: runs that never repeat, so no
-    // word cache helps (real CJK text sits between the two).
+    // The same characters in random order between punctuation: runs that never repeat, and a
+    // different text each time (one of `FRESH_TEXTS`), so no word cache helps (real CJK text
+    // sits between the two).
     let characters: Vec<char> = CJK_PHRASES.iter().flat_map(|p| p.chars()).collect();
-    let mut cjk_unique = String::new();
-    while cjk_unique.len() < bytes {
-        for _ in 0..rng.usize(4..20) {
-            cjk_unique.push(characters[rng.usize(..characters.len())]);
-        }
-        cjk_unique.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
-    }
+    let cjk_unique = (0..FRESH_TEXTS)
+        .map(|_| {
+            let mut text = String::new();
+            while text.len() < bytes {
+                for _ in 0..rng.usize(4..20) {
+                    text.push(characters[rng.usize(..characters.len())]);
+                }
+                text.push_str(CJK_PUNCTUATION[rng.usize(..CJK_PUNCTUATION.len())]);
+            }
+            text
+        })
+        .collect();
     vec![
-        ("prose", prose),
-        ("code", code),
-        ("cjk", cjk),
+        ("prose", vec![prose]),
+        ("code", vec![code]),
+        ("cjk", vec![cjk]),
         ("cjk_unique", cjk_unique),
     ]
+}
+
+/// Texts of the `cjk_unique` corpus, encoded in turn: together far more words than a word
+/// cache holds (kvgate's keeps 2,048 per thread, the crate's 10,000).
+const FRESH_TEXTS: usize = 64;
+
+/// The next of `texts`, in turn.
+fn in_turn<'a>(texts: &'a [String], turn: &std::cell::Cell<usize>) -> &'a str {
+    let at = turn.get();
+    turn.set((at + 1) % texts.len());
+    &texts[at]
 }
 
 /// Cold encoding by the crate and by kvgate's BPE (see the module documentation).
@@ -343,37 +360,51 @@ fn bench_encode(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes) -
     // For the Python package's figure (`scripts/tokenize-python-speed.py`): the same texts.
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenize-bench");
     if std::fs::create_dir_all(&dir).is_ok() {
-        for (name, text) in &corpora {
-            let _ = std::fs::write(dir.join(format!("{name}.txt")), text);
+        for (name, texts) in &corpora {
+            let _ = std::fs::write(dir.join(format!("{name}.txt")), &texts[0]);
         }
     }
-    for (name, text) in &corpora {
-        let ours = model.encode(text, false).expect("encodes");
-        let theirs = model.encode_with_crate(text, false).expect("encodes");
-        assert_eq!(ours, theirs, "{name}: kvgate's BPE and the crate differ");
-        checksum += ours.len() as u64;
-        println!(
-            "encode: {name}: {} bytes, {} tokens",
-            text.len(),
-            ours.len()
+    for (name, texts) in &corpora {
+        let mut tokens = 0;
+        for text in texts {
+            let ours = model.encode(text, false).expect("encodes");
+            let theirs = model.encode_with_crate(text, false).expect("encodes");
+            assert_eq!(ours, theirs, "{name}: kvgate's BPE and the crate differ");
+            tokens += ours.len();
+        }
+        checksum += tokens as u64;
+        let (bytes, tokens) = (
+            texts.iter().map(String::len).sum::<usize>() / texts.len(),
+            tokens / texts.len(),
         );
-        group.throughput(Throughput::Elements(ours.len() as u64));
-        group.bench_with_input(BenchmarkId::new("crate", name), text, |b, text| {
+        println!(
+            "encode: {name}: {bytes} bytes, {tokens} tokens, {} text(s) in turn",
+            texts.len()
+        );
+        group.throughput(Throughput::Elements(tokens as u64));
+        let turn = std::cell::Cell::new(0);
+        group.bench_with_input(BenchmarkId::new("crate", name), texts, |b, texts| {
             b.iter(|| {
                 black_box(
                     model
-                        .encode_with_crate(black_box(text), false)
+                        .encode_with_crate(black_box(in_turn(texts, &turn)), false)
                         .map(|i| i.len()),
                 )
             })
         });
-        group.bench_with_input(BenchmarkId::new("kvgate", name), text, |b, text| {
-            b.iter(|| black_box(model.encode(black_box(text), false).map(|i| i.len())))
+        group.bench_with_input(BenchmarkId::new("kvgate", name), texts, |b, texts| {
+            b.iter(|| {
+                black_box(
+                    model
+                        .encode(black_box(in_turn(texts, &turn)), false)
+                        .map(|i| i.len()),
+                )
+            })
         });
     }
     group.finish();
-    for (name, text) in &corpora {
-        let (median, low, high) = alternating_ratio(model, text, sizes.alternating_rounds);
+    for (name, texts) in &corpora {
+        let (median, low, high) = alternating_ratio(model, texts, sizes.alternating_rounds);
         println!(
             "encode: {name}: kvgate is {median:.1}x the crate's speed (median of {} alternating rounds; {low:.1}x-{high:.1}x)",
             sizes.alternating_rounds
@@ -394,9 +425,10 @@ fn bench_encode(c: &mut Criterion, model: &Arc<ModelTokenizer>, sizes: &Sizes) -
     checksum
 }
 
-/// The crate's time over kvgate's on `text`, measured alternately round after round: (median,
-/// lowest, highest).
-fn alternating_ratio(model: &ModelTokenizer, text: &str, rounds: usize) -> (f64, f64, f64) {
+/// The crate's time over kvgate's on `texts` (each encode the next one), measured alternately
+/// round after round: (median, lowest, highest).
+fn alternating_ratio(model: &ModelTokenizer, texts: &[String], rounds: usize) -> (f64, f64, f64) {
+    let turn = std::cell::Cell::new(0);
     let time = |f: &dyn Fn() -> usize| {
         let start = std::time::Instant::now();
         let mut n = 0;
@@ -409,8 +441,16 @@ fn alternating_ratio(model: &ModelTokenizer, text: &str, rounds: usize) -> (f64,
     };
     let mut ratios: Vec<f64> = (0..rounds)
         .map(|_| {
-            let theirs = time(&|| model.encode_with_crate(text, false).map_or(0, |i| i.len()));
-            let ours = time(&|| model.encode(text, false).map_or(0, |i| i.len()));
+            let theirs = time(&|| {
+                model
+                    .encode_with_crate(in_turn(texts, &turn), false)
+                    .map_or(0, |i| i.len())
+            });
+            let ours = time(&|| {
+                model
+                    .encode(in_turn(texts, &turn), false)
+                    .map_or(0, |i| i.len())
+            });
             theirs / ours
         })
         .collect();

@@ -8,6 +8,7 @@
 #                                               compares only where scripts/fetch-tokenizers.sh
 #                                               has run, and accepts everything elsewhere)
 #   FUZZ_RUNS=10000000 scripts/fuzz.sh 1800 body   (stop at 10M executions, or 30 min)
+#   FUZZ_MAX_LEN=4096 scripts/fuzz.sh 600 bpe      (inputs of at most 4 KiB; default 64 KiB)
 #
 # Each target starts from its committed seeds (fuzz/corpus/TARGET/) plus what earlier runs here
 # found (target/fuzz/corpus/TARGET/, where new inputs go, so the committed seeds stay as they
@@ -60,7 +61,7 @@ run_one() {
     "$bin_dir/$t" "$work/corpus/$t" "fuzz/corpus/$t" \
         -max_total_time="$seconds" "${runs[@]}" -print_final_stats=1 \
         -artifact_prefix="$work/artifacts/$t/" -timeout=10 -rss_limit_mb=2048 \
-        -max_len=65536 >"$log" 2>&1 || rc=$?
+        -max_len="${FUZZ_MAX_LEN:-65536}" >"$log" 2>&1 || rc=$?
     local execs secs corpus
     execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)"
     secs="$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)"

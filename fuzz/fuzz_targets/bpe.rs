@@ -8,11 +8,18 @@
 //! bytes each, a leading selector byte steering half of them into ASCII so words, spaces and
 //! digits mix with the rest of Unicode), so every character is reachable.
 //!
+//! Inputs of a few KiB check everything longer ones do (pre-tokens past the stack's 128 bytes
+//! take the heap, texts past a chunk's ~1 KiB are cut into chunks) at a fraction of the crate's
+//! time per input: run it with `FUZZ_MAX_LEN=4096 scripts/fuzz.sh SECONDS bpe` (words of up to
+//! 256 KiB are `tests/tokenize_reference.rs`'s). kvgate's word cache is on, as in the gateway:
+//! a word's first encoding is merged and compared here, later ones are the cache's.
+//!
 //! The tokenizer files come from `scripts/fetch-tokenizers.sh` (`target/tokenizers/`, or
 //! `KVGATE_TOKENIZER_FIXTURES`). Without them the target has nothing to compare: it says so
 //! once and accepts every input, so `scripts/fuzz.sh` runs it (uselessly but cleanly) anywhere.
 #![no_main]
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -48,9 +55,9 @@ fn models() -> &'static [Arc<ModelTokenizer>] {
 }
 
 /// The input as text (see the module documentation).
-fn text_of(data: &[u8]) -> String {
+fn text_of(data: &[u8]) -> Cow<'_, str> {
     if let Ok(text) = std::str::from_utf8(data) {
-        return text.to_owned();
+        return Cow::Borrowed(text);
     }
     data.chunks(3)
         .filter_map(|c| {
@@ -66,7 +73,8 @@ fn text_of(data: &[u8]) -> String {
                 % (char::MAX as u32 + 1);
             char::from_u32(code)
         })
-        .collect()
+        .collect::<String>()
+        .into()
 }
 
 fuzz_target!(

@@ -21,6 +21,7 @@ use std::hash::BuildHasherDefault;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::words::{VocabId, WordCache};
 use crate::tokenize::cache::KeyIsHash;
 
 /// Pre-tokens up to this many bytes merge on the stack, in arrays of this size (most words).
@@ -35,6 +36,12 @@ const _: () = assert!(MEDIUM_BYTES_MAX <= u16::MAX as usize && SHORT_BYTES_MAX <
 
 /// No merge: the rank of a pair that has none.
 const NO_MERGE: u32 = u32::MAX;
+
+/// No merge, in [`Vocab::byte_pairs`].
+const NONE: Merge = Merge {
+    rank: NO_MERGE,
+    merged: 0,
+};
 
 /// A removed symbol of [`Vocab::merge_long`].
 const REMOVED: u32 = u32::MAX;
@@ -71,6 +78,10 @@ pub struct Vocab {
     byte_ids: [u32; 256],
     /// Merges by [`pair_key`].
     merges: HashKeyed<Merge>,
+    /// The merges of two single bytes, by `left << 8 | right` ([`NONE`] for none): the first
+    /// step of every pre-token reads this dense table instead of hashing (CJK characters are
+    /// runs of two to four bytes, so these are a third to a half of their lookups).
+    byte_pairs: Box<[Merge]>,
     /// Merges pushed so far: the next one's rank.
     merges_pushed: u32,
     /// Whether a pre-token that is a token is that token, whatever its merges
@@ -79,6 +90,8 @@ pub struct Vocab {
     /// By ID: the token is its own pre-token's IDs (`ignore_merges`, or its bytes merge back
     /// into it).
     whole: Vec<bool>,
+    /// This model's identity in the [`WordCache`].
+    id: VocabId,
 }
 
 impl std::fmt::Debug for Vocab {
@@ -112,9 +125,11 @@ impl Vocab {
             by_hash: HashKeyed::default(),
             byte_ids: [0; 256],
             merges: HashKeyed::default(),
+            byte_pairs: vec![NONE; 1 << 16].into_boxed_slice(),
             merges_pushed: 0,
             whole: vec![ignore_merges; ids_end],
             ignore_merges,
+            id: VocabId::fresh(),
         };
         let mut bytes_seen = [false; 256];
         for (id, bytes) in by_id.iter().enumerate() {
@@ -160,9 +175,14 @@ impl Vocab {
         let mut joined = Vec::with_capacity(left.len() + right.len());
         joined.extend_from_slice(left);
         joined.extend_from_slice(right);
-        let merged = id(&joined)?;
-        self.merges
-            .insert(pair_key(left_id, right_id), Merge { rank, merged });
+        let merge = Merge {
+            rank,
+            merged: id(&joined)?,
+        };
+        self.merges.insert(pair_key(left_id, right_id), merge);
+        if let ([l], [r]) = (left, right) {
+            self.byte_pairs[usize::from(*l) << 8 | usize::from(*r)] = merge;
+        }
         Ok(())
     }
 
@@ -211,20 +231,51 @@ impl Vocab {
         self.merges.get(&pair_key(left, right)).copied()
     }
 
+    /// The merge of two single bytes (their tokens' [`Vocab::merge_of`]).
+    #[inline]
+    fn merge_of_bytes(&self, left: u8, right: u8) -> Option<Merge> {
+        let merge = self.byte_pairs[usize::from(left) << 8 | usize::from(right)];
+        (merge.rank != NO_MERGE).then_some(merge)
+    }
+
     /// Appends the IDs of one pre-token (non-empty) to `out`.
     #[inline]
     pub fn encode_pretoken(&self, pretoken: &[u8], out: &mut Vec<u32>) {
-        if let [byte] = pretoken {
-            out.push(self.byte_ids[usize::from(*byte)]);
+        if !self.encode_shortcut(pretoken, out) {
+            self.merge(pretoken, out);
+        }
+    }
+
+    /// [`Vocab::encode_pretoken`] through a cache of words merged before.
+    #[inline]
+    pub fn encode_pretoken_cached(
+        &self,
+        pretoken: &[u8],
+        out: &mut Vec<u32>,
+        words: &mut WordCache,
+    ) {
+        if self.encode_shortcut(pretoken, out) || words.get(self.id, pretoken, out) {
             return;
         }
-        if let Some(id) = self.lookup(pretoken) {
-            if self.whole[id as usize] {
-                out.push(id);
-                return;
-            }
-        }
+        let start = out.len();
         self.merge(pretoken, out);
+        words.put(self.id, pretoken, &out[start..]);
+    }
+
+    /// Appends the ID of a pre-token that is one byte or a token of its own, if it is one.
+    #[inline]
+    fn encode_shortcut(&self, pretoken: &[u8], out: &mut Vec<u32>) -> bool {
+        if let [byte] = pretoken {
+            out.push(self.byte_ids[usize::from(*byte)]);
+            return true;
+        }
+        match self.lookup(pretoken) {
+            Some(id) if self.whole[id as usize] => {
+                out.push(id);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Merges `bytes` (non-empty), appending the IDs to `out`.
@@ -265,8 +316,10 @@ impl Vocab {
             ranks[at] = merge.map_or(NO_MERGE, |m| m.rank);
             merged[at] = merge.map_or(0, |m| m.merged);
         };
-        for at in 0..len - 1 {
-            rank_pair(&ids, &mut ranks, &mut merged, at, at + 1);
+        for (at, pair) in bytes.windows(2).enumerate() {
+            let merge = self.byte_pairs[usize::from(pair[0]) << 8 | usize::from(pair[1])];
+            ranks[at] = merge.rank;
+            merged[at] = merge.merged;
         }
         loop {
             let live = &ranks[..len];
@@ -310,9 +363,11 @@ impl Vocab {
         let mut next: Vec<u32> = (1..=len as u32).collect();
         let mut prev: Vec<u32> = (0..len as u32).map(|p| p.wrapping_sub(1)).collect();
         let entry = |rank: u32, at: usize| std::cmp::Reverse((u64::from(rank) << 32) | at as u64);
-        let mut heap: BinaryHeap<std::cmp::Reverse<u64>> = (0..len - 1)
-            .filter_map(|at| {
-                self.merge_of(ids[at], ids[at + 1])
+        let mut heap: BinaryHeap<std::cmp::Reverse<u64>> = bytes
+            .windows(2)
+            .enumerate()
+            .filter_map(|(at, pair)| {
+                self.merge_of_bytes(pair[0], pair[1])
                     .map(|m| entry(m.rank, at))
             })
             .collect();
@@ -400,6 +455,18 @@ mod tests {
     fn short_and_long_merging_agree_on_random_words() {
         for seed in 0..20 {
             let vocab = toy(seed, false);
+            // The dense table of byte pairs is the map's merges of byte tokens.
+            for (l, r) in (0..=255u8).flat_map(|l| (0..=255u8).map(move |r| (l, r))) {
+                let map = vocab.merge_of(
+                    vocab.byte_ids[usize::from(l)],
+                    vocab.byte_ids[usize::from(r)],
+                );
+                let dense = vocab.merge_of_bytes(l, r);
+                assert_eq!(
+                    map.map(|m| (m.rank, m.merged)),
+                    dense.map(|m| (m.rank, m.merged))
+                );
+            }
             let mut rng = fastrand::Rng::with_seed(seed + 100);
             for _ in 0..200 {
                 let len = rng.usize(1..=MEDIUM_BYTES_MAX);

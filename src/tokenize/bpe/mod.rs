@@ -8,7 +8,8 @@
 //! - the pre-tokenizer `Sequence[Split(one of our patterns, Isolated), ByteLevel(no prefix
 //!   space, no regex)]`: a hand-written scanner ([`pretokens`]), then bytes as they are;
 //! - a BPE model without dropout, whose 256 bytes are all tokens, with merges
-//!   ([`merge::Vocab`]);
+//!   ([`merge::Vocab`]; the IDs of words merged before come from a per-thread cache,
+//!   [`words::WordCache`]);
 //! - no truncation, no padding; a byte-level decoder; a post-processor that adds nothing
 //!   without `add_special_tokens` (none, ByteLevel, TemplateProcessing, or a Sequence of them).
 //!
@@ -19,6 +20,7 @@
 mod merge;
 pub mod pretokens;
 mod slot;
+mod words;
 
 use std::borrow::Cow;
 
@@ -29,6 +31,7 @@ use crate::limits::TOKENIZER_PRETOKEN_BYTES_MAX;
 use merge::Vocab;
 use pretokens::{CharClasses, Pretokens, SplitPattern};
 pub use slot::BpeSlot;
+use words::WordCache;
 
 /// A pre-token longer than [`TOKENIZER_PRETOKEN_BYTES_MAX`]: the text is not encoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -250,13 +253,19 @@ impl ByteLevelBpe {
                 text
             };
         let bytes = text.as_bytes();
-        for range in Pretokens::new(text, self.pattern, self.classes) {
-            if range.len() > TOKENIZER_PRETOKEN_BYTES_MAX {
-                return Err(PretokenTooLong(range.len()));
+        WordCache::with(|mut words| {
+            for range in Pretokens::new(text, self.pattern, self.classes) {
+                if range.len() > TOKENIZER_PRETOKEN_BYTES_MAX {
+                    return Err(PretokenTooLong(range.len()));
+                }
+                let pretoken = &bytes[range];
+                match words.as_deref_mut() {
+                    Some(words) => self.vocab.encode_pretoken_cached(pretoken, out, words),
+                    None => self.vocab.encode_pretoken(pretoken, out),
+                }
             }
-            self.vocab.encode_pretoken(&bytes[range], out);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }
 
