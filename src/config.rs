@@ -105,7 +105,8 @@ pub struct Cli {
     /// Where each `--worker-urls` entry publishes its KV events, in the same order:
     /// `tcp://host:port` (the engine's ZMQ PUB socket; `*` as host means the worker's), with
     /// `+tcp://host:port` for its replay socket; `none` to skip one; `auto` (the default for
-    /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`).
+    /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`), or a `grpc://`
+    /// worker's `SubscribeKvEvents` stream.
     #[arg(help_heading = "Worker Configuration", long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
     pub kv_events_endpoints: Vec<String>,
     /// The engine protocol of the `grpc://` workers: `sglang` or `vllm` (SMG's flag). Without
@@ -321,6 +322,9 @@ pub struct Config {
     pub tokenize_inline_max_bytes: usize,
     /// The bearer token the inference routes require (`--api-key`); `None`: open.
     pub api_key: Option<String>,
+    /// `--backend`: the engine protocol of every `grpc://` worker, those added by `POST
+    /// /workers` included (`None`: detected per worker).
+    pub grpc_backend: Option<GrpcBackend>,
     /// This process's name in the `Via` header of forwarded requests (`kvgate-` and 8 random
     /// hex digits): a request that arrives carrying it has looped back (508), while a chain of
     /// distinct kvgates still works.
@@ -541,6 +545,7 @@ impl Config {
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
             via_pseudonym: format!("kvgate-{:08x}", fastrand::u32(..)),
             api_key: cli.api_key.clone(),
+            grpc_backend: backend,
             header_read_timeout,
             client_idle_timeout,
             body_read_timeout: (cli.stream_body_stall_timeout_secs > 0)

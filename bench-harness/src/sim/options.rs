@@ -182,6 +182,11 @@ pub struct SimArgs {
     /// With `--grpc`: the HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` each connection announces.
     #[arg(long, default_value_t = 1024, requires = "grpc")]
     pub grpc_max_concurrent_streams: u32,
+    /// With `--grpc` and KV events: a fault for tests of resumption; each `SubscribeKvEvents`
+    /// stream ends (`UNAVAILABLE`) after this many batches, and the subscriber resumes with
+    /// `start_sequence_number`.
+    #[arg(long, requires = "grpc", requires = "kv_events_base_port")]
+    pub grpc_kv_stream_batches: Option<u64>,
 }
 
 /// Which engine's gRPC service `--grpc` serves.
@@ -238,6 +243,8 @@ pub struct Options {
     /// `Some`: the engines speak this gRPC protocol instead of HTTP, announcing this many
     /// concurrent streams per connection.
     pub grpc: Option<(GrpcProtocol, u32)>,
+    /// `--grpc-kv-stream-batches`.
+    pub grpc_kv_stream_batches: Option<u64>,
     /// Role and KV-cache transfer settings.
     pub disagg: DisaggOptions,
 }
@@ -328,6 +335,7 @@ impl SimArgs {
             grpc: self
                 .grpc
                 .map(|protocol| (protocol, self.grpc_max_concurrent_streams.max(1))),
+            grpc_kv_stream_batches: self.grpc_kv_stream_batches.filter(|n| *n > 0),
             disagg: DisaggOptions {
                 role: self.role,
                 transfer_tokens_per_s: self.transfer_tokens_per_s,

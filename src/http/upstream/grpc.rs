@@ -192,7 +192,7 @@ impl GrpcExchange {
         request: &mut Forwarded<'_>,
         attempt: &Attempt<'_>,
     ) -> Result<(), ProxyError> {
-        let input = match self.generate_input(core, request) {
+        let input = match self.generate_input(core, request, attempt.worker.id) {
             Ok(input) => input,
             Err(refusal) => {
                 // Answered at the head step, with its reason; nothing goes to the engine.
@@ -214,6 +214,7 @@ impl GrpcExchange {
         &mut self,
         core: &DataCore,
         request: &mut Forwarded<'_>,
+        worker: WorkerId,
     ) -> Result<GenerateInput, ParamError> {
         let prepared = request.prepared.get();
         let routing = prepared.input();
@@ -251,10 +252,14 @@ impl GrpcExchange {
         }
         let meta = self.response_meta(&params, &model);
         self.request_id = meta.id.clone();
-        let sampling = engine_sampling(&params);
+        let sampling = Sampling::for_request(&params);
         let stream = params.stream;
         let table = decode_table(tokenizer.as_ref());
-        let decoder = OutputDecoder::new(table.clone(), &params, &[]);
+        // The model's EOS IDs (the worker's `GetModelInfo`) end a choice like the request's
+        // own stop IDs, unless `ignore_eos`.
+        let catalog = core.shared.catalog.load();
+        let eos = catalog.eos_token_ids(worker);
+        let decoder = OutputDecoder::new(table.clone(), &params, eos);
         let writer = match stream {
             true => Writer::Stream(StreamWriter::new(&params, meta, input_ids.len() as u32)),
             false => Writer::Full(FullWriter::new(&params, meta)),
@@ -606,32 +611,6 @@ impl Writer {
     }
 }
 
-/// The engine's sampling fields from the front end's: the client's values, the engines'
-/// defaults where it was silent.
-fn engine_sampling(params: &GenerateParams) -> Sampling {
-    let r = params.sampling.resolved();
-    Sampling {
-        temperature: r.temperature,
-        top_p: r.top_p,
-        top_k: r.top_k,
-        min_p: r.min_p,
-        frequency_penalty: r.frequency_penalty,
-        presence_penalty: r.presence_penalty,
-        repetition_penalty: r.repetition_penalty,
-        max_new_tokens: r.max_tokens,
-        min_new_tokens: r.min_tokens,
-        stop: params.stop.clone(),
-        stop_token_ids: params.stop_token_ids.clone(),
-        skip_special_tokens: params.skip_special_tokens,
-        spaces_between_special_tokens: true,
-        ignore_eos: params.ignore_eos,
-        n: params.n.max(1),
-        seed: r.seed.map(|seed| seed as i32),
-        constraint: params.constraint.clone(),
-        keep_stop: params.keep_stop,
-    }
-}
-
 /// A chunk's size line (`{hex}\r\n`), without formatting machinery: once per streamed message.
 fn write_chunk_size(out: &mut Vec<u8>, size: usize) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -789,7 +768,7 @@ mod tests {
     #[test]
     fn silent_sampling_fields_get_the_engines_defaults() {
         let params = crate::frontend::parse_generate(br#"{"input_ids":[1,2]}"#).unwrap();
-        let sampling = engine_sampling(&params);
+        let sampling = Sampling::for_request(&params);
         assert_eq!(
             (sampling.temperature, sampling.top_p, sampling.top_k),
             (1.0, 1.0, -1)
@@ -798,7 +777,7 @@ mod tests {
         assert_eq!(sampling.n, 1);
         let body = br#"{"input_ids":[1],"sampling_params":{"temperature":0,"top_k":5,"stop":["x"],"max_new_tokens":3}}"#;
         let params = crate::frontend::parse_generate(body).unwrap();
-        let sampling = engine_sampling(&params);
+        let sampling = Sampling::for_request(&params);
         assert_eq!((sampling.temperature, sampling.top_k), (0.0, 5));
         assert_eq!(sampling.stop, ["x"]);
         assert_eq!(sampling.max_new_tokens, Some(3));
