@@ -729,8 +729,20 @@ fn load_tokenizers(args: &TokenizerArgs) -> Result<TokenizerSet, FlagError> {
         };
         let template = spec_for(&templates, &model);
         let label = model.clone().unwrap_or_else(|| source.1.path.clone());
-        let tokenizer = load_model_tokenizer(&label, source, template)?;
-        loaded.push((model, Arc::new(tokenizer)));
+        let tokenizer = Arc::new(load_model_tokenizer(&label, source, template)?);
+        // The detokenizer's table (a pass over the vocabulary, seconds for a large one in a
+        // debug build) is built now, beside the start, on a thread of its own; the data cores
+        // share it read-only, and one that needs it first waits for this build.
+        let building = tokenizer.clone();
+        let built = std::thread::Builder::new()
+            .name("kvgate-decode-table".into())
+            .spawn(move || {
+                building.decode_table();
+            });
+        if let Err(e) = built {
+            tracing::warn!("{label}: the decode table is built on first use: {e}");
+        }
+        loaded.push((model, tokenizer));
     }
     Ok(TokenizerSet::new(loaded))
 }
@@ -847,6 +859,36 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("kvgate").chain(args.iter().copied()))
             .map_err(|e| FlagError::new("clap", e.to_string()))?;
         Config::from_cli(&cli)
+    }
+
+    #[test]
+    fn a_tokenizers_decode_table_is_built_when_it_is_loaded() {
+        use tokenizers::models::wordlevel::WordLevel;
+        let dir = std::env::temp_dir().join(format!("kvgate-decode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let vocab = [
+            ("a".to_string(), 0),
+            ("b".to_string(), 1),
+            ("[UNK]".to_string(), 2),
+        ];
+        let model = WordLevel::builder()
+            .vocab(vocab.into_iter().collect())
+            .unk_token("[UNK]".into())
+            .build()
+            .unwrap();
+        let path = dir.join("tokenizer.json");
+        tokenizers::Tokenizer::new(model)
+            .save(&path, false)
+            .unwrap();
+        let config = parse(&["--tokenizer-path", dir.to_str().unwrap()]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let (_, tokenizer) = config.tokenizers.iter().next().expect("one tokenizer");
+        // Before any request: no data core builds it on its first one.
+        let since = std::time::Instant::now();
+        while !tokenizer.has_decode_table() && since.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(tokenizer.has_decode_table());
     }
 
     #[test]

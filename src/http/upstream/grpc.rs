@@ -23,15 +23,15 @@
 //! gateway matched) resets its stream (`RST_STREAM` `CANCEL`, `grpc::Call`'s drop) and sends
 //! the engine `Abort` for its request id, so the engine stops generating at once.
 //!
-//! Each model's `tokenize::DecodeTable` is built on a core's first request for it and kept per
-//! thread; a model without a tokenizer gets a table that knows no token, so `/generate` with
-//! `input_ids` still answers its IDs (with empty text).
+//! Each model's `tokenize::DecodeTable` is built when its tokenizer is loaded, at start (on a
+//! thread of its own), and shared read-only by the cores (`ModelTokenizer::decode_table`); a model without a tokenizer
+//! gets a table that knows no token, so `/generate` with `input_ids` still answers its IDs
+//! (with empty text).
 //!
 //! Errors: `UpstreamConnect` (retryable), `UpstreamClosed` (retryable until a message came),
 //! `UpstreamTimeout`, `UpstreamMalformed`; a body the front end refuses is a 400 with its
 //! reason; the client gone meanwhile is `ClientClosed`, shutdown's cut `ShuttingDown`.
 
-use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -60,32 +60,20 @@ use crate::workers::table::WorkerEntry;
 const EVENT_STREAM_HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
 
-thread_local! {
-    /// This core's decode tables, by tokenizer (built on first use: a pass over the vocabulary).
-    static DECODE_TABLES: RefCell<Vec<(Arc<ModelTokenizer>, Arc<DecodeTable>)>> =
-        const { RefCell::new(Vec::new()) };
-}
-
-/// The decode table of `tokenizer` (or the table that knows no token, without one).
+/// The decode table of `tokenizer` (built when it was loaded), or the table that knows no
+/// token, without one.
 fn decode_table(tokenizer: Option<&Arc<ModelTokenizer>>) -> Arc<DecodeTable> {
-    let Some(tokenizer) = tokenizer else {
-        static EMPTY: OnceLock<Arc<DecodeTable>> = OnceLock::new();
-        return EMPTY
-            .get_or_init(|| {
+    match tokenizer {
+        Some(tokenizer) => tokenizer.decode_table().clone(),
+        None => {
+            static EMPTY: OnceLock<Arc<DecodeTable>> = OnceLock::new();
+            let empty = || {
                 let model = tokenizers::models::wordlevel::WordLevel::default();
                 Arc::new(DecodeTable::of(Arc::new(tokenizers::Tokenizer::new(model))))
-            })
-            .clone();
-    };
-    DECODE_TABLES.with(|tables| {
-        let mut tables = tables.borrow_mut();
-        if let Some((_, table)) = tables.iter().find(|(t, _)| Arc::ptr_eq(t, tokenizer)) {
-            return table.clone();
+            };
+            EMPTY.get_or_init(empty).clone()
         }
-        let table = Arc::new(DecodeTable::new(tokenizer));
-        tables.push((tokenizer.clone(), table.clone()));
-        table
-    })
+    }
 }
 
 /// One attempt on a gRPC worker, and where its answer stands.
