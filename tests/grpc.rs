@@ -446,3 +446,39 @@ fn a_removed_workers_grpc_connections_close_without_a_failure() {
     });
     assert!(all_closed, "{}", sim.log());
 }
+
+#[test]
+fn goaway_under_traffic_drains_its_streams_and_new_calls_take_a_new_connection() {
+    // Every connection says GOAWAY after its fourth stream: under 24 concurrent streamed
+    // requests the data core's connections are told to go while calls run on them.
+    let sim = GrpcSim::start(1, "sglang", &["--grpc-goaway-after-streams", "4"]);
+    let gateway = Gateway::start(&sim.urls(), &[]);
+    let addr = gateway.addr();
+    let clients: Vec<_> = (0..24)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = generate(&[i, 5, 6], 16, true, &format!("g{i}"));
+                HttpClient::connect(addr).post_json("/generate", &body)
+            })
+        })
+        .collect();
+    for (i, client) in clients.into_iter().enumerate() {
+        let response = client.join().unwrap();
+        assert_eq!(response.status, 200, "request {i}: {}", response.text());
+        let (events, done) = events(&response);
+        // Every stream ran to its end: no error event, all 16 tokens, then [DONE].
+        assert!(done, "request {i}: {}", response.text());
+        let last = events.last().expect("events");
+        assert_eq!(
+            last["meta_info"]["completion_tokens"], 16,
+            "request {i}: {last}"
+        );
+        assert!(
+            events.iter().all(|e| e.get("error").is_none()),
+            "{events:?}"
+        );
+    }
+    assert!(sim.count("GOAWAY") >= 2, "{}", sim.log());
+    // More connections than one: each GOAWAY sent the next calls to a new one.
+    assert!(sim.connections().0 >= 4, "{}", sim.log());
+}

@@ -12,7 +12,7 @@
 //!
 //! Each HTTP/2 connection opened and closed, a stream the gateway resets, an `Abort` it sends
 //! and a `SubscribeKvEvents` call are written to stderr (`sim-engine: engine N connection`,
-//! `... connection closed`,
+//! `... connection closed`, `... GOAWAY` (`--grpc-goaway-after-streams`),
 //! `... stream reset RID`, `... Abort RID`, `... SubscribeKvEvents from SEQ`), which tests read.
 
 use std::sync::Arc;
@@ -105,7 +105,15 @@ pub async fn serve_engine(
                 return;
             };
             eprintln!("sim-engine: engine {} connection", server.index);
+            let goaway_after = server.options.grpc_goaway_after_streams;
+            let mut accepted = 0;
             while let Some(Ok((request, respond))) = connection.accept().await {
+                accepted += 1;
+                if goaway_after == Some(accepted) {
+                    // Graceful: the streams accepted so far run to their end.
+                    connection.graceful_shutdown();
+                    eprintln!("sim-engine: engine {} GOAWAY", server.index);
+                }
                 let server = Arc::clone(&server);
                 tokio::spawn(async move {
                     let path = request.uri().path().to_string();

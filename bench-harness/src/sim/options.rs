@@ -187,6 +187,10 @@ pub struct SimArgs {
     /// `start_sequence_number`.
     #[arg(long, requires = "grpc", requires = "kv_events_base_port")]
     pub grpc_kv_stream_batches: Option<u64>,
+    /// With `--grpc`: a fault for tests of draining; each connection sends GOAWAY (graceful:
+    /// its streams run to their end) once it has accepted this many streams.
+    #[arg(long, requires = "grpc")]
+    pub grpc_goaway_after_streams: Option<u64>,
 }
 
 /// Which engine's gRPC service `--grpc` serves.
@@ -245,6 +249,8 @@ pub struct Options {
     pub grpc: Option<(GrpcProtocol, u32)>,
     /// `--grpc-kv-stream-batches`.
     pub grpc_kv_stream_batches: Option<u64>,
+    /// `--grpc-goaway-after-streams`.
+    pub grpc_goaway_after_streams: Option<u64>,
     /// Role and KV-cache transfer settings.
     pub disagg: DisaggOptions,
 }
@@ -336,6 +342,7 @@ impl SimArgs {
                 .grpc
                 .map(|protocol| (protocol, self.grpc_max_concurrent_streams.max(1))),
             grpc_kv_stream_batches: self.grpc_kv_stream_batches.filter(|n| *n > 0),
+            grpc_goaway_after_streams: self.grpc_goaway_after_streams.filter(|n| *n > 0),
             disagg: DisaggOptions {
                 role: self.role,
                 transfer_tokens_per_s: self.transfer_tokens_per_s,

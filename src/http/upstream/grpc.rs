@@ -191,7 +191,17 @@ impl GrpcExchange {
         };
         let message = input.encode(self.backend);
         let path = self.backend.path(Method::Generate);
-        let started = Call::start(&self.connection, &self.authority, path, message).await;
+        let mut started =
+            Call::start(&self.connection, &self.authority, path, message.clone()).await;
+        if matches!(started, Err(CallError::Refused(_))) && !self.connection.is_usable() {
+            // The worker said GOAWAY on this connection before it took the call: nothing ran,
+            // and a drain is no failure; the call goes to a new connection to the same worker.
+            let worker = attempt.worker;
+            if let Ok(fresh) = connection_for(&core.grpc, worker.id, worker.spec.addr).await {
+                self.connection = fresh;
+                started = Call::start(&self.connection, &self.authority, path, message).await;
+            }
+        }
         let call = started.map_err(|e| call_error(core, attempt.worker.id, e, "gRPC Generate"))?;
         self.call = Some(call);
         Ok(())
