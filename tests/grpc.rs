@@ -5,7 +5,8 @@
 //! SSE error event; an engine announcing `MAX_CONCURRENT_STREAMS` 1 gets more connections; a
 //! worker unreachable at start does not fail requests. KV events over `SubscribeKvEvents`
 //! resume where a broken stream stopped (and batches lost past the engine's buffer are a gap);
-//! `POST /workers` takes `--backend`; a removed worker's connections close. The engines write
+//! `POST /workers` takes `--backend`; a removed worker's connections close; a GOAWAY under
+//! traffic fails no stream; a stalled stream ends at the idle timeout. The engines write
 //! each connection, reset, `Abort` and subscription on stderr, which these tests read from a
 //! file.
 
@@ -481,4 +482,30 @@ fn goaway_under_traffic_drains_its_streams_and_new_calls_take_a_new_connection()
     assert!(sim.count("GOAWAY") >= 2, "{}", sim.log());
     // More connections than one: each GOAWAY sent the next calls to a new one.
     assert!(sim.connections().0 >= 4, "{}", sim.log());
+}
+
+#[test]
+fn a_stalled_stream_ends_at_the_idle_timeout_with_an_error_event() {
+    let sim = GrpcSim::start(1, "sglang", &["--grpc-stall-after-tokens", "2"]);
+    let args = ["--upstream-idle-timeout-secs", "1"];
+    let gateway = Gateway::start(&sim.urls(), &args);
+    let started = std::time::Instant::now();
+    let body = generate(&[1, 2, 3], 10, true, "stalled");
+    let response = gateway.client().post_json_even_if_cut("/generate", &body);
+    assert_eq!(response.status, 200, "{}", response.text());
+    let (events, done) = events(&response);
+    // Two tokens came, then the silence ended the stream with an error event, not a hang.
+    assert!(!done, "{}", response.text());
+    assert!(
+        events.iter().any(|e| e.get("error").is_some()),
+        "{}",
+        response.text()
+    );
+    assert!(started.elapsed() < TIMEOUT);
+    // The engine's stream was reset when the gateway gave up on it.
+    assert!(
+        wait_until(TIMEOUT, || sim.count("stream reset stalled") == 1),
+        "{}",
+        sim.log()
+    );
 }

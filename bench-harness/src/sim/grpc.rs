@@ -12,7 +12,8 @@
 //!
 //! Each HTTP/2 connection opened and closed, a stream the gateway resets, an `Abort` it sends
 //! and a `SubscribeKvEvents` call are written to stderr (`sim-engine: engine N connection`,
-//! `... connection closed`, `... GOAWAY` (`--grpc-goaway-after-streams`),
+//! `... connection closed`, `... GOAWAY` (`--grpc-goaway-after-streams`; `--grpc-stall-after-
+//! tokens` holds streams open silent instead),
 //! `... stream reset RID`, `... Abort RID`, `... SubscribeKvEvents from SEQ`), which tests read.
 
 use std::sync::Arc;
@@ -424,6 +425,14 @@ async fn generate(
         let Some(emit) = emit else {
             return;
         };
+        if server.options.grpc_stall_after_tokens == Some(emit.completion_tokens.saturating_sub(1))
+        {
+            // The stall fault: nothing more, the stream held open until the caller resets it.
+            if std::future::poll_fn(|cx| send.poll_reset(cx)).await.is_ok() {
+                eprintln!("sim-engine: engine {} stream reset {rid}", server.index);
+            }
+            return;
+        }
         let token = output_token(output_seed, emit.completion_tokens.saturating_sub(1));
         ids.push(token);
         let counts = Counts {

@@ -191,6 +191,10 @@ pub struct SimArgs {
     /// its streams run to their end) once it has accepted this many streams.
     #[arg(long, requires = "grpc")]
     pub grpc_goaway_after_streams: Option<u64>,
+    /// With `--grpc`: a fault for tests of idle timeouts; every streamed `Generate` stops
+    /// sending after this many tokens and holds its stream open.
+    #[arg(long, requires = "grpc")]
+    pub grpc_stall_after_tokens: Option<u32>,
 }
 
 /// Which engine's gRPC service `--grpc` serves.
@@ -251,6 +255,8 @@ pub struct Options {
     pub grpc_kv_stream_batches: Option<u64>,
     /// `--grpc-goaway-after-streams`.
     pub grpc_goaway_after_streams: Option<u64>,
+    /// `--grpc-stall-after-tokens`.
+    pub grpc_stall_after_tokens: Option<u32>,
     /// Role and KV-cache transfer settings.
     pub disagg: DisaggOptions,
 }
@@ -343,6 +349,7 @@ impl SimArgs {
                 .map(|protocol| (protocol, self.grpc_max_concurrent_streams.max(1))),
             grpc_kv_stream_batches: self.grpc_kv_stream_batches.filter(|n| *n > 0),
             grpc_goaway_after_streams: self.grpc_goaway_after_streams.filter(|n| *n > 0),
+            grpc_stall_after_tokens: self.grpc_stall_after_tokens,
             disagg: DisaggOptions {
                 role: self.role,
                 transfer_tokens_per_s: self.transfer_tokens_per_s,
