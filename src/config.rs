@@ -105,7 +105,8 @@ pub struct Cli {
     /// Where each `--worker-urls` entry publishes its KV events, in the same order:
     /// `tcp://host:port` (the engine's ZMQ PUB socket; `*` as host means the worker's), with
     /// `+tcp://host:port` for its replay socket; `none` to skip one; `auto` (the default for
-    /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`).
+    /// all) asks the worker's `/server_info` (SGLang's `kv_events_config`), or a `grpc://`
+    /// worker's `SubscribeKvEvents` stream.
     #[arg(help_heading = "Worker Configuration", long = "kv-events-endpoints", num_args = 0.., value_name = "ENDPOINT")]
     pub kv_events_endpoints: Vec<String>,
     /// The engine protocol of the `grpc://` workers: `sglang` or `vllm` (SMG's flag). Without
@@ -341,6 +342,9 @@ pub struct Config {
     pub tokenize_inline_max_bytes: usize,
     /// The bearer token the inference routes require (`--api-key`); `None`: open.
     pub api_key: Option<String>,
+    /// `--backend`: the engine protocol of every `grpc://` worker, those added by `POST
+    /// /workers` included (`None`: detected per worker).
+    pub grpc_backend: Option<GrpcBackend>,
     /// This process's name in the `Via` header of forwarded requests (`kvgate-` and 8 random
     /// hex digits): a request that arrives carrying it has looped back (508), while a chain of
     /// distinct kvgates still works.
@@ -569,6 +573,7 @@ impl Config {
             tokenize_inline_max_bytes: cli.tokenizer.inline_max_bytes,
             via_pseudonym: format!("kvgate-{:08x}", fastrand::u32(..)),
             api_key: cli.api_key.clone(),
+            grpc_backend: backend,
             header_read_timeout,
             client_idle_timeout,
             body_read_timeout: (cli.stream_body_stall_timeout_secs > 0)
@@ -752,8 +757,20 @@ fn load_tokenizers(args: &TokenizerArgs) -> Result<TokenizerSet, FlagError> {
         };
         let template = spec_for(&templates, &model);
         let label = model.clone().unwrap_or_else(|| source.1.path.clone());
-        let tokenizer = load_model_tokenizer(&label, source, template)?;
-        loaded.push((model, Arc::new(tokenizer)));
+        let tokenizer = Arc::new(load_model_tokenizer(&label, source, template)?);
+        // The detokenizer's table (a pass over the vocabulary, seconds for a large one in a
+        // debug build) is built now, beside the start, on a thread of its own; the data cores
+        // share it read-only, and one that needs it first waits for this build.
+        let building = tokenizer.clone();
+        let built = std::thread::Builder::new()
+            .name("kvgate-decode-table".into())
+            .spawn(move || {
+                building.decode_table();
+            });
+        if let Err(e) = built {
+            tracing::warn!("{label}: the decode table is built on first use: {e}");
+        }
+        loaded.push((model, tokenizer));
     }
     Ok(TokenizerSet::new(loaded))
 }
@@ -870,6 +887,36 @@ mod tests {
         let cli = Cli::try_parse_from(std::iter::once("kvgate").chain(args.iter().copied()))
             .map_err(|e| FlagError::new("clap", e.to_string()))?;
         Config::from_cli(&cli)
+    }
+
+    #[test]
+    fn a_tokenizers_decode_table_is_built_when_it_is_loaded() {
+        use tokenizers::models::wordlevel::WordLevel;
+        let dir = std::env::temp_dir().join(format!("kvgate-decode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let vocab = [
+            ("a".to_string(), 0),
+            ("b".to_string(), 1),
+            ("[UNK]".to_string(), 2),
+        ];
+        let model = WordLevel::builder()
+            .vocab(vocab.into_iter().collect())
+            .unk_token("[UNK]".into())
+            .build()
+            .unwrap();
+        let path = dir.join("tokenizer.json");
+        tokenizers::Tokenizer::new(model)
+            .save(&path, false)
+            .unwrap();
+        let config = parse(&["--tokenizer-path", dir.to_str().unwrap()]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let (_, tokenizer) = config.tokenizers.iter().next().expect("one tokenizer");
+        // Before any request: no data core builds it on its first one.
+        let since = std::time::Instant::now();
+        while !tokenizer.has_decode_table() && since.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(tokenizer.has_decode_table());
     }
 
     #[test]

@@ -197,6 +197,10 @@ pub const LOAD_POLL_TIMEOUT: Duration = Duration::from_secs(5);
 /// adapters; a bound keeps a malformed answer from growing the model catalog without limit.
 pub const MODELS_PER_WORKER_MAX: usize = 256;
 
+/// Most EOS token IDs kept of a model (a gRPC worker's `GetModelInfo`): models have one to a
+/// handful.
+pub const EOS_TOKEN_IDS_MAX: usize = 64;
+
 /// The longest model id kept (Hugging Face ids are well under this).
 pub const MODEL_ID_BYTES_MAX: usize = 512;
 

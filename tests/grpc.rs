@@ -3,8 +3,12 @@
 //! answered in SGLang's native shape streamed and not; a client that goes makes the engine see
 //! its stream reset and an `Abort`; a worker killed mid-stream ends the client's stream with an
 //! SSE error event; an engine announcing `MAX_CONCURRENT_STREAMS` 1 gets more connections; a
-//! worker unreachable at start does not fail requests. The engines write each connection,
-//! reset and `Abort` on stderr, which these tests read from a file.
+//! worker unreachable at start does not fail requests. KV events over `SubscribeKvEvents`
+//! resume where a broken stream stopped (and batches lost past the engine's buffer are a gap);
+//! `POST /workers` takes `--backend`; a removed worker's connections close; a GOAWAY under
+//! traffic fails no stream; a stalled stream ends at the idle timeout. The engines write
+//! each connection, reset, `Abort` and subscription on stderr, which these tests read from a
+//! file.
 
 mod utils;
 
@@ -88,6 +92,13 @@ impl GrpcSim {
     /// The engines' stderr so far.
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// HTTP/2 connections the engines accepted and saw closed.
+    fn connections(&self) -> (usize, usize) {
+        let log = self.log();
+        let opened = log.lines().filter(|l| l.ends_with(" connection")).count();
+        (opened, self.count("connection closed"))
     }
 
     /// Lines of the log containing `needle`.
@@ -266,7 +277,7 @@ fn an_engine_with_one_stream_per_connection_gets_a_connection_per_call() {
     }
     // Three calls at once on a worker that takes one per connection: three connections from
     // the data core (the control core's probes add theirs).
-    assert!(sim.count("connection") >= 3, "{}", sim.log());
+    assert!(sim.connections().0 >= 3, "{}", sim.log());
 }
 
 #[test]
@@ -637,4 +648,214 @@ fn the_openai_and_anthropic_sdks_talk_to_grpc_sims_whole_and_streamed() {
             "{answers}"
         );
     }
+}
+
+/// The `start_sequence_number` of each `SubscribeKvEvents` call the engines logged, in order.
+fn subscriptions(sim: &GrpcSim) -> Vec<u64> {
+    let calls = sim.log();
+    let starts = calls.lines().filter_map(|l| {
+        let (_, start) = l.split_once("SubscribeKvEvents from ")?;
+        start.trim().parse().ok()
+    });
+    starts.collect()
+}
+
+/// 64 tokens of prompt family `family` (four 16-token pages of the sim's cache).
+fn family(family: u32) -> Vec<u32> {
+    (0..64).map(|i| family * 1000 + i).collect()
+}
+
+#[test]
+fn kv_events_over_grpc_resume_where_the_stream_broke() {
+    let kv_port = free_port_block(2).to_string();
+    // Each stream ends after two batches: the gateway must resume at the third.
+    let args = [
+        "--kv-events-base-port",
+        &kv_port,
+        "--grpc-kv-stream-batches",
+        "2",
+    ];
+    let sim = GrpcSim::start(1, "sglang", &args);
+    let gateway = Gateway::start(&sim.urls(), &[]);
+    let url = sim.url(0);
+    let applied = format!("kvgate_kv_event_batches_total{{worker=\"{url}\",outcome=\"applied\"}}");
+    let held = format!("kvgate_kv_index_worker_blocks{{worker=\"{url}\"}}");
+    for i in 0..6 {
+        let batches = gateway.metric(&applied);
+        let body = generate(&family(i), 1, false, &format!("kv{i}"));
+        let response = gateway.client().post_json("/generate", &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+        // One at a time, each applied before the next: every stream break falls between them.
+        assert!(
+            wait_until(TIMEOUT, || gateway.metric(&applied) > batches),
+            "{}\n{}",
+            gateway.metrics(),
+            sim.log()
+        );
+    }
+    let starts = subscriptions(&sim);
+    assert!(starts.len() >= 3, "{}", sim.log());
+    // Each stream asked for the batch after the last one the gateway had: none lost, none twice.
+    for (i, start) in starts.iter().enumerate() {
+        assert_eq!(*start, 2 * i as u64, "{starts:?}");
+    }
+    for reason in ["gap", "restart", "unverified"] {
+        let resets =
+            format!("kvgate_kv_event_resets_total{{worker=\"{url}\",reason=\"{reason}\"}}");
+        assert_eq!(gateway.metric(&resets), 0.0, "{}", gateway.metrics());
+    }
+    // Six prompts of four pages each, every one still held.
+    assert!(
+        wait_until(TIMEOUT, || gateway.metric(&held) == 24.0),
+        "{}",
+        gateway.metrics()
+    );
+}
+
+#[test]
+fn kv_events_over_grpc_lost_past_the_engines_buffer_are_a_gap_and_rebuilt() {
+    let kv_port = free_port_block(2).to_string();
+    // The engine keeps one batch and ends each stream after one: batches published while the
+    // gateway reconnects are lost for good.
+    let args = [
+        "--kv-events-base-port",
+        &kv_port,
+        "--kv-events-replay-buffer",
+        "1",
+        "--grpc-kv-stream-batches",
+        "1",
+    ];
+    let sim = GrpcSim::start(1, "sglang", &args);
+    let gateway = Gateway::start(&sim.urls(), &[]);
+    let url = sim.url(0);
+    let gaps = format!("kvgate_kv_event_resets_total{{worker=\"{url}\",reason=\"gap\"}}");
+    let held = format!("kvgate_kv_index_worker_blocks{{worker=\"{url}\"}}");
+    let mut round = 0;
+    let lost = wait_until(TIMEOUT, || {
+        // Eight prompts at once: several batches within one reconnection's backoff.
+        let clients: Vec<_> = (0..8)
+            .map(|i| {
+                let body = generate(&family(round * 8 + i), 1, false, "burst");
+                let gateway_addr = gateway.addr();
+                std::thread::spawn(move || {
+                    HttpClient::connect(gateway_addr)
+                        .post_json("/generate", &body)
+                        .status
+                })
+            })
+            .collect();
+        for client in clients {
+            assert_eq!(client.join().unwrap(), 200);
+        }
+        round += 1;
+        gateway.metric(&gaps) > 0.0
+    });
+    assert!(lost, "{}\n{}", gateway.metrics(), sim.log());
+    // The stream went on from what the engine still had: a start past a batch it no longer
+    // keeps, and entries rebuilt from the batches after the gap.
+    assert!(subscriptions(&sim).len() >= 2);
+    let body = generate(&family(9999), 1, false, "after");
+    assert_eq!(gateway.client().post_json("/generate", &body).status, 200);
+    assert!(
+        wait_until(TIMEOUT, || gateway.metric(&held) > 0.0),
+        "{}",
+        gateway.metrics()
+    );
+}
+
+#[test]
+fn post_workers_applies_the_backend_flag_to_grpc_workers() {
+    let sim = GrpcSim::start(1, "vllm", &[]);
+    let add = serde_json::json!({ "url": sim.url(0) }).to_string();
+    // Told that gRPC workers speak SGLang's protocol, the gateway asks SGLang's service of this
+    // vLLM engine, and the admission fails; detected, the same worker is admitted.
+    let told = Gateway::start(&[], &["--backend", "sglang"]);
+    let refused = told.request("POST", "/workers", &add, None);
+    assert_ne!(refused.status / 100, 2, "{}", refused.text());
+    let detected = Gateway::start(&[], &[]);
+    let admitted = detected.request("POST", "/workers", &add, None);
+    assert_eq!(admitted.status / 100, 2, "{}", admitted.text());
+    assert!(wait_until(TIMEOUT, || detected.worker_healthy(&sim.url(0))));
+}
+
+#[test]
+fn a_removed_workers_grpc_connections_close_without_a_failure() {
+    let sim = GrpcSim::start(1, "sglang", &[]);
+    let gateway = Gateway::start(&sim.urls(), &[]);
+    let body = generate(&[1, 2, 3], 2, false, "before");
+    assert_eq!(gateway.client().post_json("/generate", &body).status, 200);
+    let (opened, closed) = sim.connections();
+    // Some stay open while the worker is in the roster: the data core's and the probes'.
+    assert!(opened > closed, "{}", sim.log());
+    let removed = gateway.request("DELETE", "/workers/0", "", None);
+    assert_eq!(removed.status / 100, 2, "{}", removed.text());
+    // The data core's connection and the control core's (probes, KV events) all close: the
+    // engine is healthy, so nothing but the removal can close them.
+    let all_closed = wait_until(TIMEOUT, || {
+        let (opened, closed) = sim.connections();
+        closed == opened
+    });
+    assert!(all_closed, "{}", sim.log());
+}
+
+#[test]
+fn goaway_under_traffic_drains_its_streams_and_new_calls_take_a_new_connection() {
+    // Every connection says GOAWAY after its fourth stream: under 24 concurrent streamed
+    // requests the data core's connections are told to go while calls run on them.
+    let sim = GrpcSim::start(1, "sglang", &["--grpc-goaway-after-streams", "4"]);
+    let gateway = Gateway::start(&sim.urls(), &[]);
+    let addr = gateway.addr();
+    let clients: Vec<_> = (0..24)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let body = generate(&[i, 5, 6], 16, true, &format!("g{i}"));
+                HttpClient::connect(addr).post_json("/generate", &body)
+            })
+        })
+        .collect();
+    for (i, client) in clients.into_iter().enumerate() {
+        let response = client.join().unwrap();
+        assert_eq!(response.status, 200, "request {i}: {}", response.text());
+        let (events, done) = events(&response);
+        // Every stream ran to its end: no error event, all 16 tokens, then [DONE].
+        assert!(done, "request {i}: {}", response.text());
+        let last = events.last().expect("events");
+        assert_eq!(
+            last["meta_info"]["completion_tokens"], 16,
+            "request {i}: {last}"
+        );
+        assert!(
+            events.iter().all(|e| e.get("error").is_none()),
+            "{events:?}"
+        );
+    }
+    assert!(sim.count("GOAWAY") >= 2, "{}", sim.log());
+    // More connections than one: each GOAWAY sent the next calls to a new one.
+    assert!(sim.connections().0 >= 4, "{}", sim.log());
+}
+
+#[test]
+fn a_stalled_stream_ends_at_the_idle_timeout_with_an_error_event() {
+    let sim = GrpcSim::start(1, "sglang", &["--grpc-stall-after-tokens", "2"]);
+    let args = ["--upstream-idle-timeout-secs", "1"];
+    let gateway = Gateway::start(&sim.urls(), &args);
+    let started = std::time::Instant::now();
+    let body = generate(&[1, 2, 3], 10, true, "stalled");
+    let response = gateway.client().post_json_even_if_cut("/generate", &body);
+    assert_eq!(response.status, 200, "{}", response.text());
+    let (events, done) = events(&response);
+    // Two tokens came, then the silence ended the stream with an error event, not a hang.
+    assert!(!done, "{}", response.text());
+    assert!(
+        events.iter().any(|e| e.get("error").is_some()),
+        "{}",
+        response.text()
+    );
+    assert!(started.elapsed() < TIMEOUT);
+    // The engine's stream was reset when the gateway gave up on it.
+    assert!(
+        wait_until(TIMEOUT, || sim.count("stream reset stalled") == 1),
+        "{}",
+        sim.log()
+    );
 }

@@ -1,7 +1,10 @@
 //! Interoperability with a gRPC engine that is not kvgate's: a Python `grpcio` server built from
 //! PyPI's `smg-grpc-proto` stubs (`tests/fixtures/grpc_engine_server.py`, SGLang's protocol).
 //! kvgate detects its backend, probes it, routes `/generate` to it streamed and not, and a
-//! client that goes makes the server see the call cancelled and an `Abort`.
+//! client that goes makes the server see the call cancelled and an `Abort`. kvgate follows the
+//! server's `SubscribeKvEvents` stream into its KV-event index (and routes on it), sends
+//! `--api-key` on every call to a server that checks it, and stops an output at the EOS IDs of
+//! its `GetModelInfo`.
 //!
 //! Needs the venv of `scripts/fetch-grpc-python.sh` (the test script runs it). Without it the
 //! test says so and passes, unless `KVGATE_REQUIRE_GRPC_PYTHON=1` (the test script sets it).
@@ -41,12 +44,18 @@ struct PythonEngine {
 
 impl PythonEngine {
     fn start(python: &PathBuf) -> PythonEngine {
+        PythonEngine::start_with(python, "{}")
+    }
+
+    /// With the script's CONFIG_JSON (KV events to stream, an API key to require).
+    fn start_with(python: &PathBuf, config: &str) -> PythonEngine {
         let port = free_port();
         let script =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/grpc_engine_server.py");
         let mut child = Command::new(python)
             .arg(script)
             .arg(port.to_string())
+            .arg(config)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
@@ -73,6 +82,14 @@ impl PythonEngine {
 
     fn saw(&self, line: &str) -> bool {
         self.lines.lock().unwrap().iter().any(|l| l == line)
+    }
+
+    fn saw_prefix(&self, prefix: &str) -> bool {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with(prefix))
     }
 }
 
@@ -293,4 +310,116 @@ fn logprobs_from_a_grpcio_engine_are_in_openais_shape() {
     assert!(entries
         .iter()
         .all(|e| e["top_logprobs"].as_array().map(Vec::len) == Some(1)));
+}
+
+/// Tokens of the Python engine's KV-event family `family`: `blocks` blocks of 16 and a tail.
+fn family(family: u32, blocks: usize) -> Vec<u32> {
+    (0..(blocks * 16 + 5) as u32)
+        .map(|i| family * 1_000_000 + i)
+        .collect()
+}
+
+#[test]
+fn kvgate_follows_a_grpcio_engines_kv_event_stream() {
+    let Some(python) = python() else { return };
+    // A serves no SubscribeKvEvents (UNIMPLEMENTED); B streams two batches: three blocks of
+    // family 1, then a fourth under them.
+    let quiet = PythonEngine::start(&python);
+    let config = r#"{"kv_family": 1, "kv_blocks": 3, "block_size": 16}"#;
+    let publishing = PythonEngine::start_with(&python, config);
+    let gateway = Gateway::start(&[quiet.url(), publishing.url()], &[]);
+    let url_b = publishing.url();
+    let held = format!("kvgate_kv_index_worker_blocks{{worker=\"{url_b}\"}}");
+    let applied =
+        format!("kvgate_kv_event_batches_total{{worker=\"{url_b}\",outcome=\"applied\"}}");
+    let up = format!("kvgate_kv_events_stream_up{{worker=\"{url_b}\"}}");
+    assert!(
+        wait_until(TIMEOUT, || gateway.metric(&held) == 4.0),
+        "{}",
+        gateway.metrics()
+    );
+    assert_eq!(gateway.metric(&applied), 2.0);
+    assert_eq!(gateway.metric(&up), 1.0);
+    assert!(publishing.saw("subscribe 0"));
+    // The quiet engine publishes nothing, so it is not listed among the streams.
+    let quiet_up = format!("kvgate_kv_events_stream_up{{worker=\"{}\"}}", quiet.url());
+    assert_eq!(
+        gateway.metric_value(&quiet_up),
+        None,
+        "{}",
+        gateway.metrics()
+    );
+    // Routing follows the events: family 1's prompt goes to the engine that cached it, every
+    // time, first time included.
+    let body = serde_json::json!({
+        "input_ids": family(1, 4),
+        "sampling_params": {"max_new_tokens": 1},
+    })
+    .to_string();
+    for _ in 0..4 {
+        let response = gateway.client().post_json("/generate", &body);
+        assert_eq!(response.status, 200, "{}", response.text());
+        assert_eq!(response.routed_worker(), Some(url_b.as_str()));
+    }
+}
+
+#[test]
+fn grpc_calls_carry_the_workers_api_key() {
+    let Some(python) = python() else { return };
+    let engine = PythonEngine::start_with(&python, r#"{"api_key": "sk-py"}"#);
+    let gateway = Gateway::start(&[engine.url()], &["--api-key", "sk-py"]);
+    assert!(wait_until(TIMEOUT, || gateway.worker_healthy(&engine.url())));
+    let body = generate(7, 2, false, "keyed");
+    let response = gateway.request("POST", "/generate", &body, Some("sk-py"));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let stream = generate(7, 2, true, "keyed-stream");
+    let response = gateway.request("POST", "/generate", &stream, Some("sk-py"));
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert!(!engine.saw_prefix("unauthenticated"), "{:?}", engine.lines);
+
+    // The engine does check: a gateway without the key is refused by it.
+    let keyless = Gateway::start(&[engine.url()], &[]);
+    let response = keyless.client().post_json("/generate", &body);
+    assert_ne!(response.status, 200, "{}", response.text());
+    assert!(engine.saw_prefix("unauthenticated"), "{:?}", engine.lines);
+}
+
+#[test]
+fn the_models_eos_ids_from_get_model_info_end_the_output() {
+    let Some(python) = python() else { return };
+    // The engine streams 1007, 1008, 1009, 1010 and says 1009 is its EOS.
+    let engine = PythonEngine::start_with(&python, r#"{"eos_token_ids": [1009]}"#);
+    let gateway = Gateway::start(&[engine.url()], &[]);
+    // Once the catalog has the model (and its EOS IDs), a request that sets no stop IDs ends
+    // at the EOS, as the engine's own front end would end it.
+    let named = serde_json::json!({
+        "model": "py-model",
+        "input_ids": [7, 2, 3],
+        "sampling_params": {"max_new_tokens": 4},
+    })
+    .to_string();
+    let mut body = serde_json::Value::Null;
+    let ended = wait_until(TIMEOUT, || {
+        body = gateway.client().post_json("/generate", &named).json();
+        body["meta_info"]["finish_reason"]["type"] == "stop"
+    });
+    assert!(ended, "{body}");
+    assert_eq!(
+        body["output_ids"],
+        serde_json::json!([1007, 1008, 1009]),
+        "{body}"
+    );
+    assert_eq!(body["meta_info"]["matched_stop"], 1009, "{body}");
+    // `ignore_eos` lets it run to its length.
+    let ignoring = serde_json::json!({
+        "model": "py-model",
+        "input_ids": [7, 2, 3],
+        "sampling_params": {"max_new_tokens": 4, "ignore_eos": true},
+    })
+    .to_string();
+    let body = gateway.client().post_json("/generate", &ignoring).json();
+    assert_eq!(
+        body["meta_info"]["finish_reason"]["type"], "length",
+        "{body}"
+    );
 }

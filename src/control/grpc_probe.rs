@@ -10,6 +10,7 @@
 //! probe's, never panics.
 
 use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ids::WorkerId;
@@ -53,6 +54,9 @@ async fn probe_answer(
     configured: Option<Backend>,
     channels: &RefCell<Channels>,
 ) -> Result<ClientResponse, ProxyError> {
+    if channels.borrow().bearer() != job.bearer.as_ref() {
+        channels.borrow_mut().set_bearer(job.bearer.clone());
+    }
     let connection = connection_for(channels, job.id, job.addr)
         .await
         .map_err(|e| {
@@ -113,6 +117,7 @@ pub async fn admit_grpc_worker(
     spec: &WorkerSpec,
     configured: Option<Backend>,
     timeout: Duration,
+    bearer: Option<Arc<str>>,
 ) -> Result<Option<Vec<ListedModel>>, String> {
     let channels = RefCell::new(Channels::new());
     let job = |kind| ProbeJob {
@@ -124,8 +129,7 @@ pub async fn admit_grpc_worker(
         timeout,
         scheme: spec.scheme,
         protocol: spec.protocol,
-        // gRPC calls carry no API key yet (HTTP probes send `--api-key`).
-        bearer: None,
+        bearer: bearer.clone(),
     };
     let (_, health) = run_grpc_probe(&job(ProbeKind::Health), configured, &channels).await;
     match health {

@@ -28,7 +28,11 @@ use crate::workers::catalog::ModelCatalog;
 use crate::workers::spec::{KvEventsEndpoint, KvEventsSource, Scheme};
 use crate::workers::table::Roster;
 
-use super::kv_subscriber::{FeedItem, Subscribers};
+use super::kv_subscriber::grpc::{self as grpc_events, GrpcSubscription, GrpcTarget};
+use super::kv_subscriber::{BatchPayload, Feed, FeedItem, Subscribers};
+use crate::limits::KV_EVENTS_FEED_CAPACITY;
+use crate::workers::spec::WorkerProtocol;
+use crossbeam_queue::ArrayQueue;
 
 /// Where one worker's events stand.
 #[derive(Debug)]
@@ -63,6 +67,14 @@ struct Worker {
     ranks_up: Vec<bool>,
 }
 
+/// How a worker's events are read.
+enum Source {
+    /// ZeroMQ: one endpoint per data-parallel rank (the subscriber thread's sockets).
+    Zmq(Vec<KvEventsEndpoint>),
+    /// A gRPC worker's `SubscribeKvEvents` stream (on this core's runtime).
+    Grpc(GrpcTarget),
+}
+
 /// A `/server_info` answer for worker `id` at `url`.
 type Discovered = (WorkerId, String, Result<(u16, Vec<u8>), String>);
 
@@ -71,6 +83,9 @@ type Discovered = (WorkerId, String, Result<(u16, Vec<u8>), String>);
 pub struct KvEvents {
     writer: KvIndexWriter,
     subscribers: Option<Subscribers>,
+    /// The gRPC workers' streams, by subscription, and what they hand on.
+    grpc_streams: HashMap<u64, GrpcSubscription>,
+    grpc_feed: Arc<ArrayQueue<Feed>>,
     workers: HashMap<WorkerId, Worker>,
     next_subscription: u64,
     batch: EventBatch,
@@ -98,6 +113,8 @@ impl KvEvents {
         KvEvents {
             writer,
             subscribers: None,
+            grpc_streams: HashMap::new(),
+            grpc_feed: Arc::new(ArrayQueue::new(KV_EVENTS_FEED_CAPACITY)),
             workers: HashMap::new(),
             next_subscription: 0,
             batch: EventBatch::default(),
@@ -156,9 +173,12 @@ impl KvEvents {
 
     fn unfollow(&mut self, id: WorkerId, worker: &Worker) {
         if let StreamState::Following { first, ranks } = worker.stream {
-            if let Some(subscribers) = &self.subscribers {
-                for subscription in first..first + ranks {
-                    subscribers.stop(subscription);
+            for subscription in first..first + ranks {
+                // Dropped: a gRPC stream's task ends.
+                if self.grpc_streams.remove(&subscription).is_none() {
+                    if let Some(subscribers) = &self.subscribers {
+                        subscribers.stop(subscription);
+                    }
                 }
             }
             let blocks = self.writer.blocks_of(id);
@@ -213,6 +233,19 @@ impl KvEvents {
             };
             match &spec.kv_events {
                 KvEventsSource::Off => {}
+                // A gRPC worker is asked for its stream: `SubscribeKvEvents`.
+                KvEventsSource::Discover if matches!(spec.protocol, WorkerProtocol::Grpc(_)) => {
+                    let WorkerProtocol::Grpc(backend) = spec.protocol else {
+                        continue;
+                    };
+                    let target = GrpcTarget {
+                        addr: spec.addr,
+                        authority: spec.authority.clone(),
+                        backend,
+                        bearer: self.api_key.clone(),
+                    };
+                    self.start_following(entry.id, &mut worker, Source::Grpc(target));
+                }
                 KvEventsSource::Discover => {
                     worker.stream = StreamState::Discovering {
                         asked: false,
@@ -220,12 +253,13 @@ impl KvEvents {
                     };
                 }
                 KvEventsSource::At(endpoint) => {
-                    self.start_following(entry.id, &mut worker, vec![endpoint.clone()]);
+                    let endpoints = vec![endpoint.clone()];
+                    self.start_following(entry.id, &mut worker, Source::Zmq(endpoints));
                 }
                 KvEventsSource::Ranks { endpoint, dp_size } => {
                     // Every rank's ports were checked when the flag or the call was read.
                     let ranks = (0..*dp_size).filter_map(|rank| endpoint.rank(rank).ok());
-                    self.start_following(entry.id, &mut worker, ranks.collect());
+                    self.start_following(entry.id, &mut worker, Source::Zmq(ranks.collect()));
                 }
             }
             self.workers.insert(entry.id, worker);
@@ -234,50 +268,65 @@ impl KvEvents {
         self.stats_dirty = true;
     }
 
-    /// Subscribes to `worker`'s events at `endpoints`, one subscription per data-parallel
-    /// rank (rank order).
-    fn start_following(
-        &mut self,
-        id: WorkerId,
-        worker: &mut Worker,
-        endpoints: Vec<KvEventsEndpoint>,
-    ) {
+    /// Follows `worker`'s events from `source`: one subscription per data-parallel rank of a
+    /// ZeroMQ publisher (rank order), one for a gRPC worker's stream.
+    fn start_following(&mut self, id: WorkerId, worker: &mut Worker, source: Source) {
         if let Err(e) = self.writer.attach(id) {
             tracing::error!(worker = worker.url, "KV events not read: {e}");
             worker.stats.fail(Failure::TooManyWorkers);
             worker.stream = StreamState::Silent;
             return;
         }
+        let first = self.next_subscription + 1;
+        let ranks = match source {
+            Source::Zmq(endpoints) => {
+                let Some(subscribers) = self.subscribers() else {
+                    self.writer.detach(id);
+                    worker.stream = StreamState::Silent;
+                    return;
+                };
+                let ranks = endpoints.len() as u64;
+                for (rank, endpoint) in (first..).zip(endpoints) {
+                    tracing::info!(
+                        worker = worker.url,
+                        publisher = endpoint.publisher,
+                        replay = endpoint.replay.as_deref().unwrap_or("none"),
+                        rank = rank - first,
+                        "KV events: subscribing"
+                    );
+                    subscribers.follow(id, rank, endpoint);
+                }
+                ranks
+            }
+            Source::Grpc(target) => {
+                tracing::info!(
+                    worker = worker.url,
+                    "KV events: subscribing (SubscribeKvEvents)"
+                );
+                let feed = self.grpc_feed.clone();
+                let stream = grpc_events::follow(target, id, first, feed);
+                self.grpc_streams.insert(first, stream);
+                1
+            }
+        };
+        self.next_subscription += ranks;
+        worker.stream = StreamState::Following { first, ranks };
+        worker.ranks_up = vec![false; ranks as usize];
+        worker.last_batch = Instant::now();
+        self.models_dirty = true;
+    }
+
+    /// The subscriber thread, started the first time a worker publishes over ZeroMQ.
+    fn subscribers(&mut self) -> Option<&Subscribers> {
         if self.subscribers.is_none() {
             match Subscribers::start() {
                 Ok(subscribers) => self.subscribers = Some(subscribers),
                 Err(e) => {
                     tracing::error!("KV events not read: cannot start the subscriber thread: {e}");
-                    self.writer.detach(id);
-                    worker.stream = StreamState::Silent;
-                    return;
                 }
             }
         }
-        let first = self.next_subscription + 1;
-        let ranks = endpoints.len() as u64;
-        self.next_subscription += ranks;
-        if let Some(subscribers) = &self.subscribers {
-            for (rank, endpoint) in (first..).zip(endpoints) {
-                tracing::info!(
-                    worker = worker.url,
-                    publisher = endpoint.publisher,
-                    replay = endpoint.replay.as_deref().unwrap_or("none"),
-                    rank = rank - first,
-                    "KV events: subscribing"
-                );
-                subscribers.follow(id, rank, endpoint);
-            }
-        }
-        worker.stream = StreamState::Following { first, ranks };
-        worker.ranks_up = vec![false; ranks as usize];
-        worker.last_batch = Instant::now();
-        self.models_dirty = true;
+        self.subscribers.as_ref()
     }
 
     /// Asks `/server_info` of workers due, and follows what the answers announce.
@@ -328,7 +377,9 @@ impl KvEvents {
                     };
                 }
                 Ok((200, body)) => match KvEventsEndpoint::from_server_info(&body, &worker.host) {
-                    Ok(Some(endpoint)) => self.start_following(id, &mut worker, vec![endpoint]),
+                    Ok(Some(endpoint)) => {
+                        self.start_following(id, &mut worker, Source::Zmq(vec![endpoint]));
+                    }
                     Ok(None) => {
                         tracing::debug!(worker = url, "KV events: the worker announces none");
                         worker.stream = StreamState::Silent;
@@ -352,11 +403,9 @@ impl KvEvents {
 
     /// Applies what the subscribers handed on since the last turn (a bounded amount).
     fn apply_feed(&mut self, now: Instant) {
-        let Some(subscribers) = &self.subscribers else {
-            return;
-        };
         for _ in 0..KV_EVENTS_APPLY_PER_TURN_MAX {
-            let Some(feed) = subscribers.pop() else {
+            let zmq = self.subscribers.as_ref().and_then(Subscribers::pop);
+            let Some(feed) = zmq.or_else(|| self.grpc_feed.pop()) else {
                 break;
             };
             let Some(worker) = self.workers.get_mut(&feed.worker) else {
@@ -378,7 +427,14 @@ impl KvEvents {
                 FeedItem::Batch {
                     payload, replayed, ..
                 } => {
-                    if let Err(e) = self.batch.decode(&payload) {
+                    let decoded = match &payload {
+                        BatchPayload::Msgpack(bytes) => self.batch.decode(bytes),
+                        BatchPayload::Grpc(batch) => {
+                            self.batch.fill_from_grpc(batch);
+                            Ok(())
+                        }
+                    };
+                    if let Err(e) = decoded {
                         stats.batches_malformed += 1;
                         // The first few, then every hundredth: a broken publisher is loud once.
                         if stats.batches_malformed <= 3 || stats.batches_malformed % 100 == 0 {
@@ -487,6 +543,17 @@ impl KvEvents {
                         "KV events: a batch numbered implausibly far ahead skipped; entries \
                          rebuilt from the batches after it"
                     );
+                }
+                FeedItem::Unsupported => {
+                    tracing::info!(
+                        worker = worker.url,
+                        "KV events: the gRPC worker does not serve SubscribeKvEvents; its events \
+                         are not read"
+                    );
+                    self.writer.detach(id);
+                    worker.stream = StreamState::Silent;
+                    self.grpc_streams.remove(&feed.subscription);
+                    self.models_dirty = true;
                 }
                 FeedItem::Duplicate => stats.batches_skipped += 1,
                 FeedItem::Malformed => stats.batches_malformed += 1,

@@ -24,6 +24,7 @@
 //! A full queue makes the task wait (the engine's publisher buffers, then drops, and the gap is
 //! replayed), so nothing is lost silently and memory stays bounded.
 
+pub mod grpc;
 mod guard;
 
 use std::collections::HashMap;
@@ -70,8 +71,8 @@ pub enum FeedItem {
     Batch {
         /// Its sequence number.
         seq: u64,
-        /// Its msgpack payload.
-        payload: Bytes,
+        /// Its events as the publisher sent them.
+        payload: BatchPayload,
         /// Whether it came from the replay socket.
         replayed: bool,
     },
@@ -97,8 +98,20 @@ pub enum FeedItem {
     },
     /// A batch seen already: skipped.
     Duplicate,
-    /// A message that is not `[topic, seq, payload]`: skipped.
+    /// A message that is not `[topic, seq, payload]` (or, from a gRPC worker, not a
+    /// `KvEventBatch`): skipped.
     Malformed,
+    /// The gRPC worker does not serve `SubscribeKvEvents`: there is nothing to follow.
+    Unsupported,
+}
+
+/// A batch's events as its publisher sent them.
+#[derive(Debug)]
+pub enum BatchPayload {
+    /// A ZeroMQ publisher's msgpack payload (`kv_events::wire`).
+    Msgpack(Bytes),
+    /// A gRPC worker's `KvEventBatch`, decoded by its follower (`grpc`).
+    Grpc(Box<crate::grpc::proto::common_pb::KvEventBatch>),
 }
 
 enum Command {
@@ -223,18 +236,30 @@ struct Out {
 impl Out {
     /// Queues `item`, waiting while the queue is full (the control core drains it every turn).
     async fn send(&self, item: FeedItem) {
-        let mut feed = Feed {
+        let feed = Feed {
             worker: self.worker,
             subscription: self.subscription,
             item,
         };
-        loop {
-            match self.feed.push(feed) {
-                Ok(()) => return,
-                Err(back) => {
-                    feed = back;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+        push_waiting(&self.feed, feed, || {
+            tokio::time::sleep(Duration::from_millis(1))
+        })
+        .await;
+    }
+}
+
+/// Pushes `feed` on `queue`, waiting with `sleep` (the runtime's) while it is full.
+async fn push_waiting<S: Future<Output = ()>>(
+    queue: &ArrayQueue<Feed>,
+    mut feed: Feed,
+    sleep: impl Fn() -> S,
+) {
+    loop {
+        match queue.push(feed) {
+            Ok(()) => return,
+            Err(back) => {
+                feed = back;
+                sleep().await;
             }
         }
     }
@@ -448,7 +473,7 @@ impl Follower {
         self.out
             .send(FeedItem::Batch {
                 seq,
-                payload,
+                payload: BatchPayload::Msgpack(payload),
                 replayed,
             })
             .await;

@@ -15,6 +15,7 @@ use std::time::Instant;
 use super::grpc_probe::{admit_grpc_worker, run_grpc_probe};
 use super::monitor::{ProbeJob, ProbeKind, ProbeResult};
 use crate::grpc::Channels;
+use crate::ids::WorkerId;
 use crate::limits::{LOAD_BODY_BYTES_MAX, PROBE_BODY_BYTES_MAX};
 use crate::net::client;
 use crate::workers::catalog::{parse_models, ListedModel};
@@ -66,6 +67,11 @@ pub struct ProbeRound {
 }
 
 impl ProbeRound {
+    /// Drops the probes' gRPC connections to `worker` (removed from the roster).
+    pub fn forget_worker(&self, worker: WorkerId) {
+        self.grpc_channels.borrow_mut().forget(worker);
+    }
+
     /// Whether a round is running.
     pub fn is_busy(&self) -> bool {
         self.jobs > 0
@@ -110,7 +116,7 @@ pub async fn probe_new_worker(
     bearer: Option<Arc<str>>,
 ) -> Result<Option<Vec<ListedModel>>, String> {
     if let WorkerProtocol::Grpc(backend) = spec.protocol {
-        return admit_grpc_worker(&spec, backend, health.timeout).await;
+        return admit_grpc_worker(&spec, backend, health.timeout, bearer).await;
     }
     let (addr, scheme, authority) = (spec.addr, spec.scheme, spec.authority.as_str());
     let bearer = bearer.as_deref();

@@ -26,7 +26,7 @@ use crate::workers::breaker::{AttemptOutcome, BreakerState};
 use crate::workers::catalog::{ListedModel, ModelCatalog};
 use crate::workers::health::{HealthConfig, ProbeOutcome};
 use crate::workers::role::WorkerRole;
-use crate::workers::spec::{KvEventsSource, WorkerSpec};
+use crate::workers::spec::{KvEventsSource, WorkerProtocol, WorkerSpec};
 use crate::workers::table::{Health, Roster, WorkerEntry};
 
 /// The admission probe's verdict: the worker's models (`None`: unknown), or why it is refused.
@@ -154,6 +154,7 @@ impl WorkerDriver {
                 Change::Purge(id) => {
                     tracing::info!(worker = %url_of(shared, id), "worker drained and removed");
                     remove_from_roster(shared, id);
+                    self.probes.forget_worker(id);
                     shared.table.signals(id).reset();
                     shared.table.set_health(id, Health::Healthy);
                     models_changed = true;
@@ -309,6 +310,10 @@ impl WorkerDriver {
             (_, given) => given,
         };
         spec.role = added.role;
+        // `--backend` names every gRPC worker's protocol, as for those of `--worker-urls`.
+        if let WorkerProtocol::Grpc(backend) = &mut spec.protocol {
+            *backend = shared.config.grpc_backend;
+        }
         let health = self.monitor.config().health.clone();
         let startup = shared.config.worker_startup;
         let bearer = self.monitor.api_key().cloned();

@@ -9,7 +9,7 @@
 //!
 //! Once per model (at start, or when its tokenizer is fetched): an
 //! `Arc<tokenize::DecodeTable>` from the model's `tokenize::ModelTokenizer`
-//! (`DecodeTable::new`), and the model's EOS token IDs (`GetModelInfo`).
+//! (`ModelTokenizer::decode_table`), and the model's EOS token IDs (`GetModelInfo`).
 //!
 //! Per request:
 //! 1. `GenerateParams::parse(api, body)` (or `parse_chat` / `parse_completion` /

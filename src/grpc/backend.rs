@@ -35,11 +35,21 @@ impl ServicePaths for Backend {
             (Backend::Sglang, Method::GetModelInfo) => {
                 "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo"
             }
+            (Backend::Sglang, Method::SubscribeKvEvents) => {
+                "/sglang.grpc.scheduler.SglangScheduler/SubscribeKvEvents"
+            }
+            (Backend::Sglang, Method::GetTokenizer) => {
+                "/sglang.grpc.scheduler.SglangScheduler/GetTokenizer"
+            }
             (Backend::Vllm, Method::Generate) => "/vllm.grpc.engine.VllmEngine/Generate",
             (Backend::Vllm, Method::HealthCheck) => "/vllm.grpc.engine.VllmEngine/HealthCheck",
             (Backend::Vllm, Method::Abort) => "/vllm.grpc.engine.VllmEngine/Abort",
             (Backend::Vllm, Method::GetLoads) => "/vllm.grpc.engine.VllmEngine/GetLoads",
             (Backend::Vllm, Method::GetModelInfo) => "/vllm.grpc.engine.VllmEngine/GetModelInfo",
+            (Backend::Vllm, Method::SubscribeKvEvents) => {
+                "/vllm.grpc.engine.VllmEngine/SubscribeKvEvents"
+            }
+            (Backend::Vllm, Method::GetTokenizer) => "/vllm.grpc.engine.VllmEngine/GetTokenizer",
         }
     }
 }
@@ -57,6 +67,10 @@ pub enum Method {
     GetLoads,
     /// The served model.
     GetModelInfo,
+    /// The engine's KV-cache events, streamed (`smg.grpc.common`'s messages).
+    SubscribeKvEvents,
+    /// The engine's tokenizer files, streamed as a zip (`smg.grpc.common`'s messages).
+    GetTokenizer,
 }
 
 /// A worker's health as its `HealthCheck` answers, for `backend`.
@@ -175,25 +189,25 @@ fn load_json(
 }
 
 /// The model the worker serves (`GetModelInfo`'s served name, else its path), written as
-/// `GET /v1/models` JSON for the model catalog.
+/// `GET /v1/models` JSON for the model catalog, with its EOS token IDs.
 pub async fn models_as_v1_json(
     connection: &Connection,
     authority: &str,
     backend: Backend,
 ) -> Result<Vec<u8>, CallError> {
     let path = backend.path(Method::GetModelInfo);
-    let (served, model_path) = match backend {
+    let (served, model_path, eos) = match backend {
         Backend::Sglang => {
             let request = sglang_pb::GetModelInfoRequest {};
             let info: sglang_pb::GetModelInfoResponse =
                 unary(connection, authority, path, &request).await?;
-            (info.served_model_name, info.model_path)
+            (info.served_model_name, info.model_path, info.eos_token_ids)
         }
         Backend::Vllm => {
             let request = vllm_pb::GetModelInfoRequest {};
             let info: vllm_pb::GetModelInfoResponse =
                 unary(connection, authority, path, &request).await?;
-            (info.served_model_name, info.model_path)
+            (info.served_model_name, info.model_path, info.eos_token_ids)
         }
     };
     let id = if served.is_empty() {
@@ -201,7 +215,10 @@ pub async fn models_as_v1_json(
     } else {
         served
     };
-    let body = serde_json::json!({ "object": "list", "data": [{ "id": id, "object": "model" }] });
+    // The EOS IDs ride on the entry to the catalog, which takes them out (the front end's stop
+    // handling reads them there).
+    let model = serde_json::json!({ "id": id, "object": "model", "eos_token_ids": eos });
+    let body = serde_json::json!({ "object": "list", "data": [model] });
     Ok(body.to_string().into_bytes())
 }
 

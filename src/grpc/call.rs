@@ -65,11 +65,15 @@ impl Call {
         path: &str,
         message: Bytes,
     ) -> Result<Call, CallError> {
-        let request = http::Request::builder()
+        let mut request = http::Request::builder()
             .method(http::Method::POST)
             .uri(format!("http://{authority}{path}"))
             .header("content-type", "application/grpc")
-            .header("te", "trailers")
+            .header("te", "trailers");
+        if let Some(authorization) = connection.authorization() {
+            request = request.header(http::header::AUTHORIZATION, authorization.clone());
+        }
+        let request = request
             .body(())
             .map_err(|e| CallError::Malformed(format!("request head: {e}")))?;
         let (response, mut send, open) = connection

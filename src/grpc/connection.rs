@@ -12,6 +12,7 @@
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use h2::client::{ResponseFuture, SendRequest};
@@ -50,6 +51,9 @@ struct ConnectionState {
 pub struct Connection {
     send: SendRequest<Bytes>,
     state: Rc<ConnectionState>,
+    /// `Bearer <--api-key>`, sent as `authorization` metadata on every call (as the HTTP
+    /// probes send it), or `None`.
+    authorization: Option<http::HeaderValue>,
 }
 
 /// One call's slot on its connection: counts it open until dropped.
@@ -68,8 +72,15 @@ impl Drop for OpenCall {
 
 impl Connection {
     /// Connects to `addr`, sends the HTTP/2 preface and starts the driver task on this
-    /// thread's runtime.
-    pub async fn open(addr: SocketAddr) -> Result<Connection, OpenError> {
+    /// thread's runtime. Every call on it sends `bearer` (the workers' API key), if any.
+    pub async fn open(addr: SocketAddr, bearer: Option<Arc<str>>) -> Result<Connection, OpenError> {
+        // A key that is no header value was refused when the flag was read; never sent broken.
+        let authorization = bearer
+            .and_then(|key| http::HeaderValue::try_from(format!("Bearer {key}")).ok())
+            .map(|mut value| {
+                value.set_sensitive(true);
+                value
+            });
         let io = io::connect(addr).await?;
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(GRPC_STREAM_WINDOW_BYTES)
@@ -81,7 +92,16 @@ impl Connection {
         let state = Rc::new(ConnectionState::default());
         let ping = connection.ping_pong();
         monoio::spawn(drive(connection, ping, state.clone()));
-        Ok(Connection { send, state })
+        Ok(Connection {
+            send,
+            state,
+            authorization,
+        })
+    }
+
+    /// The `authorization` metadata its calls send, if any.
+    pub fn authorization(&self) -> Option<&http::HeaderValue> {
+        self.authorization.as_ref()
     }
 
     /// Whether new calls may start here (open, and no GOAWAY seen).

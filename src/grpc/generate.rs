@@ -12,9 +12,9 @@ use super::call::CallError;
 use super::framing;
 use super::proto::{sglang_pb, vllm_pb};
 pub use crate::frontend::Constraint;
-use crate::frontend::{TokenLogprob, TopLogprob};
+use crate::frontend::{GenerateParams, TokenLogprob, TopLogprob};
 
-/// Sampling fields as the engines read them, with their defaults in [`Sampling::default`].
+/// Sampling fields as the engines read them, built by [`Sampling::for_request`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampling {
     /// Softmax temperature (1: unchanged).
@@ -56,28 +56,30 @@ pub struct Sampling {
     pub keep_stop: bool,
 }
 
-impl Default for Sampling {
-    /// SGLang's and vLLM's own defaults.
-    fn default() -> Sampling {
+impl Sampling {
+    /// The engine's fields for `params`: the client's values, and where it was silent the
+    /// engines' defaults as `frontend::Sampling::resolved` gives them (their one source here).
+    pub fn for_request(params: &GenerateParams) -> Sampling {
+        let r = params.sampling.resolved();
         Sampling {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: -1,
-            min_p: 0.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            repetition_penalty: 1.0,
-            max_new_tokens: None,
-            min_new_tokens: 0,
-            stop: Vec::new(),
-            stop_token_ids: Vec::new(),
-            skip_special_tokens: true,
+            temperature: r.temperature,
+            top_p: r.top_p,
+            top_k: r.top_k,
+            min_p: r.min_p,
+            frequency_penalty: r.frequency_penalty,
+            presence_penalty: r.presence_penalty,
+            repetition_penalty: r.repetition_penalty,
+            max_new_tokens: r.max_tokens,
+            min_new_tokens: r.min_tokens,
+            stop: params.stop.clone(),
+            stop_token_ids: params.stop_token_ids.clone(),
+            skip_special_tokens: params.skip_special_tokens,
             spaces_between_special_tokens: true,
-            ignore_eos: false,
-            n: 1,
-            seed: None,
-            constraint: None,
-            keep_stop: false,
+            ignore_eos: params.ignore_eos,
+            n: params.n.max(1),
+            seed: r.seed.map(|seed| seed as i32),
+            constraint: params.constraint.clone(),
+            keep_stop: params.keep_stop,
         }
     }
 }
@@ -370,14 +372,13 @@ mod tests {
     use super::*;
 
     fn input() -> GenerateInput {
+        // A request that sets nothing but its length and a stop.
+        let body = br#"{"model":"m","prompt":"hi","max_tokens":8,"stop":"\n"}"#;
+        let params = GenerateParams::parse(crate::frontend::Api::Completion, body).unwrap();
         GenerateInput {
             request_id: "req-1".into(),
             input_ids: vec![1, 2, 3],
-            sampling: Sampling {
-                max_new_tokens: Some(8),
-                stop: vec!["\n".into()],
-                ..Sampling::default()
-            },
+            sampling: Sampling::for_request(&params),
             stream: true,
             logprobs: None,
         }

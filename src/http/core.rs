@@ -99,11 +99,12 @@ impl DataCore {
     pub fn new(core_id: usize, shared: Arc<Shared>, router: Router) -> Self {
         let max_body_bytes = shared.config.max_inflight_body_bytes_per_core;
         let pool_idle_timeout = shared.config.upstream_pool_idle_timeout;
+        let bearer = shared.config.api_key.as_deref().map(Arc::from);
         DataCore {
             core_id,
             shared,
             pool: RefCell::new(UpstreamPool::with_idle_timeout(pool_idle_timeout)),
-            grpc: RefCell::new(Channels::new()),
+            grpc: RefCell::new(Channels::with_bearer(bearer)),
             spare_buffers: RefCell::new(SpareBuffers::new()),
             router: RefCell::new(router),
             decode_router: None,

@@ -24,6 +24,9 @@
 //! that event alone is skipped and counted ([`EventBatch::misshapen`]), the rest of the batch
 //! applies.
 //!
+//! gRPC workers send the same events as protobuf (`smg.grpc.common.KvEventBatch`, read by
+//! `SubscribeKvEvents`): [`EventBatch::fill_from_grpc`] puts them in the same batch.
+//!
 //! A batch decodes whole or not at all: any error leaves it empty and the caller counts the
 //! batch as malformed. Decoding allocates nothing once the batch's buffers have grown (they are
 //! reused from batch to batch) and reads the msgpack markers with `rmp`'s marker table.
@@ -640,6 +643,8 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 }
+
+mod grpc;
 
 #[cfg(test)]
 mod tests;

@@ -472,6 +472,7 @@ fn listed(ids: &[&str]) -> Vec<ListedModel> {
         .map(|id| ListedModel {
             id: id.to_string(),
             entry: serde_json::json!({ "id": id }),
+            eos_token_ids: Vec::new(),
         })
         .collect()
 }

@@ -542,6 +542,9 @@ async fn sweep_pool_forever(core: Rc<DataCore>) {
     while !core.shared.is_shutting_down() {
         monoio::time::sleep(Duration::from_secs(1)).await;
         core.pool.borrow_mut().sweep(Instant::now());
+        let roster = core.shared.table.roster();
+        let active = |id, addr| roster.get(id).is_some_and(|w| w.spec.addr == addr);
+        core.grpc.borrow_mut().retain_active(active);
         core.router.borrow_mut().quiesce();
     }
 }

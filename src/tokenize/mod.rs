@@ -33,7 +33,7 @@ mod stop;
 mod template;
 
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -163,6 +163,9 @@ pub struct ModelTokenizer {
     /// kvgate's encoder for text without added tokens, when it implements this tokenizer (built
     /// on its own thread at load).
     bpe: Arc<BpeSlot>,
+    /// The detokenizer's table (a pass over the vocabulary), built once at load
+    /// ([`ModelTokenizer::decode_table`]) and read by every core.
+    decode: OnceLock<Arc<DecodeTable>>,
     notes: Vec<String>,
 }
 
@@ -232,6 +235,7 @@ impl ModelTokenizer {
             affixes: None,
             seed: xxh3_64(&files.tokenizer_json),
             bpe: Arc::default(),
+            decode: OnceLock::new(),
             notes,
         };
         if model.split.is_some() {
@@ -255,6 +259,19 @@ impl ModelTokenizer {
             ));
         }
         Ok(model)
+    }
+
+    /// The detokenizer's table of this tokenizer, shared read-only by every core. The gateway
+    /// starts building it when it loads the tokenizer (`config`); a caller that comes before
+    /// the build ends waits for it, and one without that build builds it.
+    pub fn decode_table(&self) -> &Arc<DecodeTable> {
+        self.decode
+            .get_or_init(|| Arc::new(DecodeTable::of(self.tokenizer.clone())))
+    }
+
+    /// Whether the detokenizer's table is built already.
+    pub fn has_decode_table(&self) -> bool {
+        self.decode.get().is_some()
     }
 
     /// Which encoder encodes this model's text now, and why.

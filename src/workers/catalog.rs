@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use crate::ids::WorkerId;
-use crate::limits::{MODELS_PER_WORKER_MAX, MODEL_ID_BYTES_MAX};
+use crate::limits::{EOS_TOKEN_IDS_MAX, MODELS_PER_WORKER_MAX, MODEL_ID_BYTES_MAX};
 
 /// One model a worker lists: its id, and its entry as the worker sent it (the gateway's
 /// `/v1/models` passes entries through unchanged).
@@ -22,6 +22,9 @@ pub struct ListedModel {
     pub id: String,
     /// The whole `data[]` entry.
     pub entry: serde_json::Value,
+    /// The model's EOS token IDs, when its worker told them (a gRPC worker's `GetModelInfo`,
+    /// carried as the entry's `eos_token_ids` and taken out of it: no engine lists them).
+    pub eos_token_ids: Vec<u32>,
 }
 
 /// A `/v1/models` body that is not a usable model list.
@@ -46,16 +49,37 @@ pub fn parse_models(body: &[u8]) -> Result<Vec<ListedModel>, ModelsError> {
         )));
     }
     let mut models: Vec<ListedModel> = Vec::with_capacity(parsed.data.len());
-    for entry in parsed.data {
+    for mut entry in parsed.data {
+        let eos_token_ids = take_eos_token_ids(&mut entry);
         let id = match entry.get("id").and_then(|id| id.as_str()) {
             Some(id) if !id.is_empty() && id.len() <= MODEL_ID_BYTES_MAX => id.to_string(),
             _ => return Err(ModelsError("an entry without a valid id".to_string())),
         };
         if !models.iter().any(|m| m.id == id) {
-            models.push(ListedModel { id, entry });
+            models.push(ListedModel {
+                id,
+                entry,
+                eos_token_ids,
+            });
         }
     }
     Ok(models)
+}
+
+/// An entry's `eos_token_ids`, taken out of it (at most `EOS_TOKEN_IDS_MAX`; others than
+/// 32-bit IDs left out).
+fn take_eos_token_ids(entry: &mut serde_json::Value) -> Vec<u32> {
+    let Some(ids) = entry
+        .as_object_mut()
+        .and_then(|e| e.remove("eos_token_ids"))
+    else {
+        return Vec::new();
+    };
+    let ids = ids.as_array().map(Vec::as_slice).unwrap_or_default();
+    ids.iter()
+        .filter_map(|id| u32::try_from(id.as_u64()?).ok())
+        .take(EOS_TOKEN_IDS_MAX)
+        .collect()
 }
 
 /// Which workers serve which model. Workers whose models are unknown (discovery failed or not
@@ -67,6 +91,8 @@ pub struct ModelCatalog {
     /// Each worker's engine as its first listed model names it (`owned_by`: `sglang`,
     /// `vllm`), which PD mode reads when `--backend` is absent (SMG's detection).
     owners: HashMap<WorkerId, String>,
+    /// Each worker's EOS token IDs as its first listed model gives them (gRPC workers).
+    eos: HashMap<WorkerId, Vec<u32>>,
     /// The gateway's `/v1/models` answer: every listed model once, the first worker's entry.
     body: Vec<u8>,
 }
@@ -110,11 +136,15 @@ impl ModelCatalog {
         let mut wildcard = Vec::new();
         let mut entries: Vec<&serde_json::Value> = Vec::new();
         let mut owners = HashMap::new();
+        let mut eos = HashMap::new();
         for (id, models) in workers {
             let Some(models) = models else {
                 wildcard.push(id);
                 continue;
             };
+            if let Some(first) = models.first().filter(|m| !m.eos_token_ids.is_empty()) {
+                eos.insert(id, first.eos_token_ids.clone());
+            }
             let owner = models.first().and_then(|m| m.entry.get("owned_by"));
             if let Some(owner) = owner.and_then(|o| o.as_str()) {
                 owners.insert(id, owner.to_string());
@@ -132,6 +162,7 @@ impl ModelCatalog {
             by_model,
             wildcard,
             owners,
+            eos,
             // Serializing a `Value` into a Vec cannot fail.
             body: serde_json::to_vec(&answer).unwrap_or_default(),
         }
@@ -147,6 +178,11 @@ impl ModelCatalog {
     /// The `owned_by` of worker `id`'s first listed model (`None`: not listed, or no owner).
     pub fn owner_of(&self, id: WorkerId) -> Option<&str> {
         self.owners.get(&id).map(String::as_str)
+    }
+
+    /// Worker `id`'s EOS token IDs, as its `GetModelInfo` told them (empty: unknown).
+    pub fn eos_token_ids(&self, id: WorkerId) -> &[u32] {
+        self.eos.get(&id).map_or(&[], Vec::as_slice)
     }
 
     /// Workers that serve every model.
@@ -191,6 +227,19 @@ mod tests {
     fn listed(ids: &[&str]) -> Vec<ListedModel> {
         let data: Vec<String> = ids.iter().map(|id| format!(r#"{{"id":"{id}"}}"#)).collect();
         parse_models(format!(r#"{{"data":[{}]}}"#, data.join(",")).as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn eos_token_ids_are_taken_out_of_the_entry_and_kept_per_worker() {
+        let body = br#"{"data":[{"id":"m","eos_token_ids":[2,-1,7,"x"]},{"id":"n"}]}"#;
+        let models = parse_models(body).unwrap();
+        assert_eq!(models[0].eos_token_ids, [2, 7]);
+        assert_eq!(models[0].entry, serde_json::json!({"id": "m"}));
+        let catalog = ModelCatalog::build([(WorkerId(4), Some(&models[..]))].into_iter());
+        assert_eq!(catalog.eos_token_ids(WorkerId(4)), [2, 7]);
+        assert!(catalog.eos_token_ids(WorkerId(5)).is_empty());
+        let listed: serde_json::Value = serde_json::from_slice(catalog.models_body()).unwrap();
+        assert!(listed["data"][0].get("eos_token_ids").is_none(), "{listed}");
     }
 
     #[test]

@@ -3,13 +3,20 @@
 //! a gateway's gRPC mode can be run against a fleet. `Generate` submits the prompt's token IDs
 //! to the engine model and streams the output tokens it emits (the sim's deterministic words,
 //! `sim::output`, as IDs of the model's tokenizer with `--tokenizer-path`, so a gateway decodes
-//! real text), with their logprobs when asked (`sim::output::output_logprobs`); `HealthCheck`, `GetLoads`, `GetModelInfo` and `Abort` answer from the same
-//! engine. The other engine's service (and any unknown method) is `UNIMPLEMENTED`, which is how
+//! real text), with their logprobs when asked (`sim::output::output_logprobs`); `HealthCheck`,
+//! `GetLoads`, `GetModelInfo` and `Abort` answer from the same engine. With
+//! `--kv-events-base-port`, `SubscribeKvEvents` streams the prefix cache's event
+//! batches (the same numbers as the ZMQ publisher's): from `start_sequence_number` among those
+//! kept (everything kept for 0, or for a number past the engine's, a subscriber from before a
+//! restart), then live; a restart ends the stream (`UNAVAILABLE`), and so does
+//! `--grpc-kv-stream-batches` after that many batches (a fault for resumption tests). The other engine's service (and any unknown method) is `UNIMPLEMENTED`, which is how
 //! a gateway tells the two apart. Every connection announces `--grpc-max-concurrent-streams`.
 //!
-//! Each HTTP/2 connection, a stream the gateway resets and an `Abort` it sends are written to
-//! stderr (`sim-engine: engine N connection`, `... stream reset RID`, `... Abort RID`), which
-//! tests read.
+//! Each HTTP/2 connection opened and closed, a stream the gateway resets, an `Abort` it sends
+//! and a `SubscribeKvEvents` call are written to stderr (`sim-engine: engine N connection`,
+//! `... connection closed`, `... GOAWAY` (`--grpc-goaway-after-streams`; `--grpc-stall-after-
+//! tokens` holds streams open silent instead),
+//! `... stream reset RID`, `... Abort RID`, `... SubscribeKvEvents from SEQ`), which tests read.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,9 +28,11 @@ use h2::RecvStream;
 use prost::Message;
 use tokio::net::TcpListener;
 
+use super::cache::CacheEvent;
 use super::engine::SimRequest;
 use super::options::GrpcProtocol;
 use super::output::{output_logprobs, prompt_seed};
+use super::publisher::EventSink;
 use super::server::EngineServer;
 
 /// The generated messages of `proto/smg/`, nested as their packages.
@@ -62,12 +71,14 @@ pub mod pb {
 }
 
 use pb::sglang::grpc::scheduler as sg;
+use pb::smg::grpc::common;
 use pb::vllm::grpc::engine as vl;
 
 /// gRPC status codes this server answers with.
 const UNIMPLEMENTED: u32 = 12;
 const INVALID_ARGUMENT: u32 = 3;
 const RESOURCE_EXHAUSTED: u32 = 8;
+const UNAVAILABLE: u32 = 14;
 
 /// The largest request message read.
 const REQUEST_BYTES_MAX: usize = 64 << 20;
@@ -97,7 +108,15 @@ pub async fn serve_engine(
                 return;
             };
             eprintln!("sim-engine: engine {} connection", server.index);
+            let goaway_after = server.options.grpc_goaway_after_streams;
+            let mut accepted = 0;
             while let Some(Ok((request, respond))) = connection.accept().await {
+                accepted += 1;
+                if goaway_after == Some(accepted) {
+                    // Graceful: the streams accepted so far run to their end.
+                    connection.graceful_shutdown();
+                    eprintln!("sim-engine: engine {} GOAWAY", server.index);
+                }
                 let server = Arc::clone(&server);
                 tokio::spawn(async move {
                     let path = request.uri().path().to_string();
@@ -105,6 +124,7 @@ pub async fn serve_engine(
                     serve_call(&server, protocol, &path, body, respond).await;
                 });
             }
+            eprintln!("sim-engine: engine {} connection closed", server.index);
         });
     }
 }
@@ -172,6 +192,14 @@ async fn serve_call(
             }
             unary(respond, &vl::AbortResponse {});
         }
+        (_, "SubscribeKvEvents") => match &server.kv_events {
+            Some((_, sink)) => subscribe_kv_events(server, sink, message, respond).await,
+            None => status_only(
+                respond,
+                UNIMPLEMENTED,
+                "no KV events (--kv-events-base-port)",
+            ),
+        },
         (GrpcProtocol::Sglang, "GetLoads") => unary(respond, &sglang_loads(server)),
         (GrpcProtocol::Vllm, "GetLoads") => unary(respond, &vllm_loads(server)),
         (GrpcProtocol::Sglang, "GetModelInfo") => unary(
@@ -477,6 +505,13 @@ async fn generate(
             return;
         };
         let index = emit.completion_tokens.saturating_sub(1);
+        if server.options.grpc_stall_after_tokens == Some(index) {
+            // The stall fault: nothing more, the stream held open until the caller resets it.
+            if std::future::poll_fn(|cx| send.poll_reset(cx)).await.is_ok() {
+                eprintln!("sim-engine: engine {} stream reset {rid}", server.index);
+            }
+            return;
+        }
         let vocabulary = &server.options.engine.output;
         let token = match scripted {
             Some(ids) => ids.get(index as usize).copied().unwrap_or(0),
@@ -538,6 +573,102 @@ async fn generate(
     }
     drop(guard);
     let _ = send.send_trailers(grpc_trailers(0, ""));
+}
+
+/// One engine step's cache events as a framed `KvEventBatch` numbered `seq`, each block of
+/// `block_size` tokens.
+pub fn kv_event_batch(seq: u64, ts_s: f64, block_size: usize, events: &[CacheEvent]) -> Bytes {
+    use common::kv_cache_event::Data;
+    let size = i32::try_from(block_size).unwrap_or(i32::MAX);
+    let event = |data| common::KvCacheEvent {
+        event_id: 0,
+        data: Some(data),
+    };
+    let events = events.iter().map(|e| match e {
+        CacheEvent::Stored {
+            keys,
+            parent_key,
+            tokens,
+        } => event(Data::Stored(common::KvBlocksStored {
+            blocks: keys
+                .iter()
+                .zip(tokens.chunks(block_size.max(1)))
+                .map(|(key, tokens)| common::KvBlock {
+                    block_hash: *key as i64,
+                    token_ids: tokens.to_vec(),
+                    block_size: size,
+                    ..Default::default()
+                })
+                .collect(),
+            parent_block_hash: parent_key.map(|key| key as i64),
+            ..Default::default()
+        })),
+        CacheEvent::Removed { keys } => event(Data::Removed(common::KvBlocksRemoved {
+            block_hashes: keys.iter().map(|key| *key as i64).collect(),
+            ..Default::default()
+        })),
+        CacheEvent::Cleared => event(Data::Cleared(common::KvCacheCleared::default())),
+    });
+    frame(&common::KvEventBatch {
+        sequence_number: seq,
+        timestamp: ts_s,
+        events: events.collect(),
+        dp_rank: Some(0),
+        ..Default::default()
+    })
+}
+
+/// `SubscribeKvEvents`: the kept batches from the start asked for, then each new one, until the
+/// engine restarts, the subscriber goes, or `--grpc-kv-stream-batches` were sent.
+async fn subscribe_kv_events(
+    server: &EngineServer,
+    sink: &EventSink,
+    message: Bytes,
+    mut respond: SendResponse<Bytes>,
+) {
+    let Ok(request) = common::SubscribeKvEventsRequest::decode(message) else {
+        return status_only(
+            respond,
+            INVALID_ARGUMENT,
+            "malformed SubscribeKvEventsRequest",
+        );
+    };
+    let start = request.start_sequence_number;
+    eprintln!(
+        "sim-engine: engine {} SubscribeKvEvents from {start}",
+        server.index
+    );
+    let mut published = sink.published();
+    let (epoch, next_seq) = *published.borrow_and_update();
+    // A number past the engine's is a subscriber from before a restart: all it keeps.
+    let mut next = if start > next_seq { 0 } else { start };
+    let Ok(mut send) = respond.send_response(grpc_head(), false) else {
+        return;
+    };
+    let limit = server.options.grpc_kv_stream_batches.unwrap_or(u64::MAX);
+    let mut sent = 0;
+    loop {
+        for (seq, batch) in sink.grpc_from(next) {
+            if send.send_data(batch, false).is_err() {
+                return;
+            }
+            next = seq + 1;
+            sent += 1;
+            if sent >= limit {
+                let _ = send.send_trailers(grpc_trailers(UNAVAILABLE, "stream batch limit"));
+                return;
+            }
+        }
+        tokio::select! {
+            changed = published.changed() => {
+                if changed.is_err() || published.borrow_and_update().0 != epoch {
+                    let _ = send.send_trailers(grpc_trailers(UNAVAILABLE, "engine restarted"));
+                    return;
+                }
+            }
+            _ = std::future::poll_fn(|cx| send.poll_reset(cx)) => return,
+        }
+    }
 }
 
 /// Reads the one request message of a call.

@@ -195,6 +195,19 @@ pub struct SimArgs {
     /// real text; without it they are the sim's own word hashes, which decode to nothing.
     #[arg(long, requires = "grpc")]
     pub tokenizer_path: Option<PathBuf>,
+    /// With `--grpc` and KV events: a fault for tests of resumption; each `SubscribeKvEvents`
+    /// stream ends (`UNAVAILABLE`) after this many batches, and the subscriber resumes with
+    /// `start_sequence_number`.
+    #[arg(long, requires = "grpc", requires = "kv_events_base_port")]
+    pub grpc_kv_stream_batches: Option<u64>,
+    /// With `--grpc`: a fault for tests of draining; each connection sends GOAWAY (graceful:
+    /// its streams run to their end) once it has accepted this many streams.
+    #[arg(long, requires = "grpc")]
+    pub grpc_goaway_after_streams: Option<u64>,
+    /// With `--grpc`: a fault for tests of idle timeouts; every streamed `Generate` stops
+    /// sending after this many tokens and holds its stream open.
+    #[arg(long, requires = "grpc")]
+    pub grpc_stall_after_tokens: Option<u32>,
 }
 
 /// Which engine's gRPC service `--grpc` serves.
@@ -253,6 +266,12 @@ pub struct Options {
     pub grpc: Option<(GrpcProtocol, u32)>,
     /// `--grpc-completion-ids`: the scripted completions, in turn.
     pub grpc_completions: Vec<Vec<u32>>,
+    /// `--grpc-kv-stream-batches`.
+    pub grpc_kv_stream_batches: Option<u64>,
+    /// `--grpc-goaway-after-streams`.
+    pub grpc_goaway_after_streams: Option<u64>,
+    /// `--grpc-stall-after-tokens`.
+    pub grpc_stall_after_tokens: Option<u32>,
     /// Role and KV-cache transfer settings.
     pub disagg: DisaggOptions,
 }
@@ -357,6 +376,9 @@ impl SimArgs {
                         .map_err(|e| format!("--grpc-completion-ids {list:?}: {e}"))
                 })
                 .collect::<Result<_, _>>()?,
+            grpc_kv_stream_batches: self.grpc_kv_stream_batches.filter(|n| *n > 0),
+            grpc_goaway_after_streams: self.grpc_goaway_after_streams.filter(|n| *n > 0),
+            grpc_stall_after_tokens: self.grpc_stall_after_tokens,
             disagg: DisaggOptions {
                 role: self.role,
                 transfer_tokens_per_s: self.transfer_tokens_per_s,

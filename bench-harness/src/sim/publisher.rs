@@ -18,6 +18,10 @@
 //! The replay buffer keeps at most `--kv-events-replay-buffer` batches and
 //! [`REPLAY_BUFFER_BYTES_MAX`] bytes.
 //!
+//! With `--grpc`, each batch is also kept as a framed `KvEventBatch` (`smg.grpc.common`), which
+//! the gRPC service streams to `SubscribeKvEvents` callers ([`EventSink::grpc_from`],
+//! [`EventSink::published`]; `sim::grpc`).
+//!
 //! [`EventSink::restart`] models a crashed engine: both sockets close (subscribers see their
 //! connection drop), stay down [`RESTART_DOWN_MS`], and bind again; seq restarts at 0 and the
 //! replay buffer starts empty. Socket errors are logged (`tracing`), never returned to the engine.
@@ -96,8 +100,8 @@ struct SinkState {
     /// Restarts so far.
     epoch: u64,
     next_seq: u64,
-    /// The last batches, oldest first: `(seq, payload)`.
-    kept: VecDeque<(u64, Bytes)>,
+    /// The last batches, oldest first: `(seq, payload, the framed KvEventBatch with --grpc)`.
+    kept: VecDeque<(u64, Bytes, Option<Bytes>)>,
     /// Payload bytes in `kept`.
     kept_bytes: usize,
 }
@@ -112,6 +116,10 @@ pub struct EventSink {
     live: mpsc::Sender<LiveBatch>,
     /// The epoch, watched by the socket tasks (a change: close, wait, bind again).
     epochs: watch::Sender<u64>,
+    /// Whether batches are kept as gRPC messages too.
+    grpc: bool,
+    /// `(epoch, next seq)`, changed by every batch and restart (the gRPC streams watch it).
+    published: watch::Sender<(u64, u64)>,
     batches_total: AtomicU64,
     live_dropped_total: AtomicU64,
 }
@@ -143,16 +151,23 @@ impl SinkSlot<'_> {
         let seq = state.next_seq;
         state.next_seq += 1;
         if sink.kept_batches_max > 0 {
-            state.kept_bytes += payload.len();
-            state.kept.push_back((seq, payload.clone()));
+            let grpc = sink
+                .grpc
+                .then(|| super::grpc::kv_event_batch(seq, header.ts_s, sink.block_size, events));
+            let size = |payload: &Bytes, grpc: &Option<Bytes>| {
+                payload.len() + grpc.as_ref().map_or(0, Bytes::len)
+            };
+            state.kept_bytes += size(&payload, &grpc);
+            state.kept.push_back((seq, payload.clone(), grpc));
             while state.kept.len() > sink.kept_batches_max
                 || (state.kept_bytes > REPLAY_BUFFER_BYTES_MAX && state.kept.len() > 1)
             {
-                if let Some((_, oldest)) = state.kept.pop_front() {
-                    state.kept_bytes -= oldest.len();
+                if let Some((_, oldest, grpc)) = state.kept.pop_front() {
+                    state.kept_bytes -= size(&oldest, &grpc);
                 }
             }
         }
+        sink.published.send_replace((state.epoch, state.next_seq));
         sink.batches_total.fetch_add(1, Ordering::Relaxed);
         let batch = LiveBatch {
             epoch: state.epoch,
@@ -185,6 +200,7 @@ impl EventSink {
         state.kept_bytes = 0;
         // Sent under the lock: no batch of the new epoch is queued before the tasks can see it.
         self.epochs.send_replace(state.epoch);
+        self.published.send_replace((state.epoch, 0));
     }
 
     /// Counters for `/sim/stats`.
@@ -206,9 +222,23 @@ impl EventSink {
         state
             .kept
             .iter()
-            .filter(|(seq, _)| *seq >= start_seq)
-            .cloned()
+            .filter(|(seq, ..)| *seq >= start_seq)
+            .map(|(seq, payload, _)| (*seq, payload.clone()))
             .collect()
+    }
+
+    /// The kept batches from `start_seq` on as framed `KvEventBatch`es, oldest first (none
+    /// without `--grpc`).
+    pub fn grpc_from(&self, start_seq: u64) -> Vec<(u64, Bytes)> {
+        let state = self.lock();
+        let kept = state.kept.iter().filter(|(seq, ..)| *seq >= start_seq);
+        kept.filter_map(|(seq, _, grpc)| Some((*seq, grpc.clone()?)))
+            .collect()
+    }
+
+    /// Watches `(epoch, next seq)`: it changes with every batch and every restart.
+    pub fn published(&self) -> watch::Receiver<(u64, u64)> {
+        self.published.subscribe()
     }
 
     fn lock(&self) -> MutexGuard<'_, SinkState> {
@@ -228,6 +258,8 @@ pub struct SinkConfig {
     pub block_size: usize,
     /// Batches kept for replay (`--kv-events-replay-buffer`).
     pub kept_batches_max: usize,
+    /// Keep them as gRPC messages too (`--grpc`).
+    pub grpc: bool,
 }
 
 /// Binds one engine's PUB and ROUTER sockets and starts their tasks (inside a tokio runtime).
@@ -269,6 +301,8 @@ impl EventSink {
             }),
             live,
             epochs: watch::Sender::new(0),
+            grpc: config.grpc,
+            published: watch::Sender::new((0, 0)),
             batches_total: AtomicU64::new(0),
             live_dropped_total: AtomicU64::new(0),
         });
@@ -445,6 +479,7 @@ mod tests {
             format: KvEventsFormat::Sglang,
             block_size: 16,
             kept_batches_max,
+            grpc: true,
         })
     }
 
@@ -465,6 +500,8 @@ mod tests {
         }
         assert_eq!(kept_seqs(&sink), [2, 3, 4], "the last three");
         assert_eq!(sink.kept_from(4).len(), 1);
+        let grpc: Vec<u64> = sink.grpc_from(3).iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(grpc, [3, 4], "kept as gRPC messages too");
         for seq in 0..5 {
             let batch = queued.try_recv().expect("a queued batch");
             assert_eq!((batch.epoch, batch.seq), (0, seq));

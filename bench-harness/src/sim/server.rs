@@ -57,7 +57,7 @@ pub struct EngineServer {
     /// `None` in `--instant` mode.
     pub(super) engine: Option<EngineHandle>,
     /// The engine's KV-event sockets and sink, with `--kv-events-base-port`.
-    kv_events: Option<(KvEndpoints, Arc<EventSink>)>,
+    pub(super) kv_events: Option<(KvEndpoints, Arc<EventSink>)>,
     pub(super) faults: watch::Sender<Faults>,
     fault_rng: Mutex<fastrand::Rng>,
     connections_accepted: AtomicU64,
@@ -89,6 +89,7 @@ pub async fn bind_fleet(options: Options) -> Result<Vec<(TcpListener, Arc<Engine
                     format: kv.format,
                     block_size: options.engine.page_size,
                     kept_batches_max: kv.replay_buffer_batches,
+                    grpc: options.grpc.is_some(),
                 };
                 let sink = bind_engine(endpoints, config)
                     .await

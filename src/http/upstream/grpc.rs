@@ -23,15 +23,15 @@
 //! gateway matched) resets its stream (`RST_STREAM` `CANCEL`, `grpc::Call`'s drop) and sends
 //! the engine `Abort` for its request id, so the engine stops generating at once.
 //!
-//! Each model's `tokenize::DecodeTable` is built on a core's first request for it and kept per
-//! thread; a model without a tokenizer gets a table that knows no token, so `/generate` with
-//! `input_ids` still answers its IDs (with empty text).
+//! Each model's `tokenize::DecodeTable` is built when its tokenizer is loaded, at start (on a
+//! thread of its own), and shared read-only by the cores (`ModelTokenizer::decode_table`); a model without a tokenizer
+//! gets a table that knows no token, so `/generate` with `input_ids` still answers its IDs
+//! (with empty text).
 //!
 //! Errors: `UpstreamConnect` (retryable), `UpstreamClosed` (retryable until a message came),
 //! `UpstreamTimeout`, `UpstreamMalformed`; a body the front end refuses is a 400 with its
 //! reason; the client gone meanwhile is `ClientClosed`, shutdown's cut `ShuttingDown`.
 
-use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -61,32 +61,20 @@ use crate::workers::table::WorkerEntry;
 const EVENT_STREAM_HEAD: &[u8] =
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\ntransfer-encoding: chunked\r\n\r\n";
 
-thread_local! {
-    /// This core's decode tables, by tokenizer (built on first use: a pass over the vocabulary).
-    static DECODE_TABLES: RefCell<Vec<(Arc<ModelTokenizer>, Arc<DecodeTable>)>> =
-        const { RefCell::new(Vec::new()) };
-}
-
-/// The decode table of `tokenizer` (or the table that knows no token, without one).
+/// The decode table of `tokenizer` (built when it was loaded), or the table that knows no
+/// token, without one.
 fn decode_table(tokenizer: Option<&Arc<ModelTokenizer>>) -> Arc<DecodeTable> {
-    let Some(tokenizer) = tokenizer else {
-        static EMPTY: OnceLock<Arc<DecodeTable>> = OnceLock::new();
-        return EMPTY
-            .get_or_init(|| {
+    match tokenizer {
+        Some(tokenizer) => tokenizer.decode_table().clone(),
+        None => {
+            static EMPTY: OnceLock<Arc<DecodeTable>> = OnceLock::new();
+            let empty = || {
                 let model = tokenizers::models::wordlevel::WordLevel::default();
                 Arc::new(DecodeTable::of(Arc::new(tokenizers::Tokenizer::new(model))))
-            })
-            .clone();
-    };
-    DECODE_TABLES.with(|tables| {
-        let mut tables = tables.borrow_mut();
-        if let Some((_, table)) = tables.iter().find(|(t, _)| Arc::ptr_eq(t, tokenizer)) {
-            return table.clone();
+            };
+            EMPTY.get_or_init(empty).clone()
         }
-        let table = Arc::new(DecodeTable::new(tokenizer));
-        tables.push((tokenizer.clone(), table.clone()));
-        table
-    })
+    }
 }
 
 /// One attempt on a gRPC worker, and where its answer stands.
@@ -193,7 +181,7 @@ impl GrpcExchange {
         request: &mut Forwarded<'_>,
         attempt: &Attempt<'_>,
     ) -> Result<(), ProxyError> {
-        let input = match self.generate_input(core, request) {
+        let input = match self.generate_input(core, request, attempt.worker.id) {
             Ok(input) => input,
             Err(refusal) => {
                 // Answered at the head step, with its reason; nothing goes to the engine.
@@ -204,7 +192,17 @@ impl GrpcExchange {
         };
         let message = input.encode(self.backend);
         let path = self.backend.path(Method::Generate);
-        let started = Call::start(&self.connection, &self.authority, path, message).await;
+        let mut started =
+            Call::start(&self.connection, &self.authority, path, message.clone()).await;
+        if matches!(started, Err(CallError::Refused(_))) && !self.connection.is_usable() {
+            // The worker said GOAWAY on this connection before it took the call: nothing ran,
+            // and a drain is no failure; the call goes to a new connection to the same worker.
+            let worker = attempt.worker;
+            if let Ok(fresh) = connection_for(&core.grpc, worker.id, worker.spec.addr).await {
+                self.connection = fresh;
+                started = Call::start(&self.connection, &self.authority, path, message).await;
+            }
+        }
         let call = started.map_err(|e| call_error(core, attempt.worker.id, e, "gRPC Generate"))?;
         self.call = Some(call);
         Ok(())
@@ -215,6 +213,7 @@ impl GrpcExchange {
         &mut self,
         core: &DataCore,
         request: &mut Forwarded<'_>,
+        worker: WorkerId,
     ) -> Result<GenerateInput, ParamError> {
         let prepared = request.prepared.get();
         let routing = prepared.input();
@@ -272,11 +271,15 @@ impl GrpcExchange {
         }
         let meta = self.response_meta(&params, &model);
         self.request_id = meta.id.clone();
-        let sampling = engine_sampling(&params);
+        let sampling = Sampling::for_request(&params);
         let stream = params.stream;
         let logprobs = params.logprobs.as_ref().map(|asked| asked.top);
         let table = decode_table(tokenizer.as_ref());
-        let decoder = OutputDecoder::new(table.clone(), &params, &[]);
+        // The model's EOS IDs (the worker's `GetModelInfo`) end a choice like the request's
+        // own stop IDs, unless `ignore_eos`.
+        let catalog = core.shared.catalog.load();
+        let eos = catalog.eos_token_ids(worker);
+        let decoder = OutputDecoder::new(table.clone(), &params, eos);
         let writer = match stream {
             true => Writer::Stream(StreamWriter::new(&params, meta, input_ids.len() as u32)),
             false => Writer::Full(FullWriter::new(&params, meta)),
@@ -638,32 +641,6 @@ impl Writer {
     }
 }
 
-/// The engine's sampling fields from the front end's: the client's values, the engines'
-/// defaults where it was silent.
-fn engine_sampling(params: &GenerateParams) -> Sampling {
-    let r = params.sampling.resolved();
-    Sampling {
-        temperature: r.temperature,
-        top_p: r.top_p,
-        top_k: r.top_k,
-        min_p: r.min_p,
-        frequency_penalty: r.frequency_penalty,
-        presence_penalty: r.presence_penalty,
-        repetition_penalty: r.repetition_penalty,
-        max_new_tokens: r.max_tokens,
-        min_new_tokens: r.min_tokens,
-        stop: params.stop.clone(),
-        stop_token_ids: params.stop_token_ids.clone(),
-        skip_special_tokens: params.skip_special_tokens,
-        spaces_between_special_tokens: true,
-        ignore_eos: params.ignore_eos,
-        n: params.n.max(1),
-        seed: r.seed.map(|seed| seed as i32),
-        constraint: params.constraint.clone(),
-        keep_stop: params.keep_stop,
-    }
-}
-
 /// A chunk's size line (`{hex}\r\n`), without formatting machinery: once per streamed message.
 fn write_chunk_size(out: &mut Vec<u8>, size: usize) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -821,7 +798,7 @@ mod tests {
     #[test]
     fn silent_sampling_fields_get_the_engines_defaults() {
         let params = crate::frontend::parse_generate(br#"{"input_ids":[1,2]}"#).unwrap();
-        let sampling = engine_sampling(&params);
+        let sampling = Sampling::for_request(&params);
         assert_eq!(
             (sampling.temperature, sampling.top_p, sampling.top_k),
             (1.0, 1.0, -1)
@@ -830,7 +807,7 @@ mod tests {
         assert_eq!(sampling.n, 1);
         let body = br#"{"input_ids":[1],"sampling_params":{"temperature":0,"top_k":5,"stop":["x"],"max_new_tokens":3}}"#;
         let params = crate::frontend::parse_generate(body).unwrap();
-        let sampling = engine_sampling(&params);
+        let sampling = Sampling::for_request(&params);
         assert_eq!((sampling.temperature, sampling.top_k), (0.0, 5));
         assert_eq!(sampling.stop, ["x"]);
         assert_eq!(sampling.max_new_tokens, Some(3));
