@@ -493,7 +493,8 @@ impl Config {
                 unused.join(", ")
             )]
         };
-        let tokenizers = load_tokenizers(&cli.tokenizer)?;
+        let tokenizers =
+            load_tokenizers(&cli.tokenizer)?.with_autoload(!cli.tokenizer.disable_autoload);
         for (_, model) in tokenizers.iter() {
             startup_notices.extend(model.notes().iter().cloned());
         }

@@ -228,7 +228,7 @@ impl GrpcExchange {
             .model
             .clone()
             .unwrap_or_else(|| routing.model().to_string());
-        let tokenizer = core.shared.config.tokenizers.for_model(&model).cloned();
+        let tokenizer = core.shared.config.tokenizers.for_model(&model);
         let routed_ids = match (routing.key_source(), routing.key()) {
             (Some(KeySource::InputIds | KeySource::Tokenized), RoutingKey::Tokens(ids)) => {
                 Some(ids)
@@ -241,6 +241,13 @@ impl GrpcExchange {
             (PromptInput::Text(text), None, Some(tokenizer)) => tokenizer
                 .encode(text, true)
                 .map_err(|_| refusal("the prompt could not be tokenized"))?,
+            _ if core.shared.config.tokenizers.wants_fetch(&model) => {
+                return Err(ParamError {
+                    message: format!("the tokenizer of model {model} is not loaded yet: kvgate fetches it from the model's gRPC worker (GetTokenizer; the log says if that failed); retry, or send input_ids"),
+                    param: None,
+                    unavailable: true,
+                })
+            }
             _ => return Err(refusal(
                 "a gRPC worker takes token IDs: send input_ids, or give the gateway the model's tokenizer (--model-path, --tokenizer-path)",
             )),
@@ -632,6 +639,7 @@ fn refusal(message: &str) -> ParamError {
     ParamError {
         message: message.to_string(),
         param: None,
+        unavailable: false,
     }
 }
 
