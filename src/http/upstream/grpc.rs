@@ -318,7 +318,11 @@ impl GrpcExchange {
             let mut body = Vec::new();
             refused.write_body(&mut body);
             let status = refused.status();
-            context.admit_status(core, status);
+            // A model whose tokenizer is still coming is no fault of the worker: its breaker
+            // and retries never hear of that 503.
+            if !refused.unavailable {
+                context.admit_status(core, status);
+            }
             write_answer(client, context, status, &body, connection)?;
             return Ok(relaying(status, BodyKind::Other, connection));
         }
