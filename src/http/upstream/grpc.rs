@@ -241,7 +241,13 @@ impl GrpcExchange {
             (PromptInput::Text(text), None, Some(tokenizer)) => tokenizer
                 .encode(text, true)
                 .map_err(|_| refusal("the prompt could not be tokenized"))?,
-            _ if core.shared.config.tokenizers.wants_fetch(&model) => {
+            // A model that gets its tokenizer from its worker (one listing it, or this one
+            // before its models are known): not there yet, or refused, as the log says.
+            _ if core.shared.config.tokenizers.wants_fetch(&model) && {
+                let catalog = core.shared.catalog.load();
+                catalog.owner_of(worker).is_none() || catalog.serving().any(|(m, _)| m == model)
+            } =>
+            {
                 return Err(ParamError {
                     message: format!("the tokenizer of model {model} is not loaded yet: kvgate fetches it from the model's gRPC worker (GetTokenizer; the log says if that failed); retry, or send input_ids"),
                     param: None,
