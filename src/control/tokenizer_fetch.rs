@@ -25,7 +25,8 @@ use sha2::{Digest, Sha256};
 
 use crate::grpc::backend::{self, Method, ServicePaths};
 use crate::grpc::proto::common_pb::{GetTokenizerChunk, GetTokenizerRequest};
-use crate::grpc::{framing, Backend, Call, Connection};
+use crate::grpc::status::Code;
+use crate::grpc::{framing, Backend, Call, CallError, Connection};
 use crate::limits::TOKENIZER_ARCHIVE_BYTES_MAX;
 use crate::shared::Shared;
 use crate::tokenize::{ModelTokenizer, TokenizerFiles, TokenizerSet};
@@ -145,11 +146,18 @@ impl Fetch {
         };
         let path = backend.path(Method::GetTokenizer);
         let message = framing::encode(&GetTokenizerRequest {});
+        // An engine without the method will not grow it: refused, not tried again.
+        let call_failed = |e: CallError| match e {
+            CallError::Status(s) if s.code == Code::Unimplemented => {
+                FetchError::Refused("the worker does not serve GetTokenizer".into())
+            }
+            e => failed(&e),
+        };
         let mut call = Call::start(&connection, authority, path, message)
             .await
-            .map_err(|e| failed(&e))?;
+            .map_err(call_failed)?;
         let (mut archive, mut sha256) = (Vec::new(), String::new());
-        while let Some(message) = call.message().await.map_err(|e| failed(&e))? {
+        while let Some(message) = call.message().await.map_err(call_failed)? {
             let chunk = GetTokenizerChunk::decode(message)
                 .map_err(|e| FetchError::Refused(format!("a malformed GetTokenizerChunk: {e}")))?;
             if archive.len() + chunk.data.len() > TOKENIZER_ARCHIVE_BYTES_MAX {
