@@ -515,7 +515,8 @@ impl Config {
                 unused.join(", ")
             )]
         };
-        let tokenizers = load_tokenizers(&cli.tokenizer)?;
+        let tokenizers =
+            load_tokenizers(&cli.tokenizer)?.with_autoload(!cli.tokenizer.disable_autoload);
         for (_, model) in tokenizers.iter() {
             startup_notices.extend(model.notes().iter().cloned());
         }
@@ -1234,7 +1235,13 @@ mod tests {
     #[test]
     fn tokenizer_caches_are_off_by_default_and_split_over_the_data_cores() {
         let config = parse(&["--data-cores", "4"]).unwrap();
-        assert!(config.tokenizers.is_empty());
+        // No tokenizer flag: none yet, though a gRPC worker's may come (autoload).
+        assert!(config.tokenizers.iter().next().is_none());
+        assert!(!config.tokenizers.is_empty());
+        assert!(config.tokenizers.wants_fetch("m"));
+        let off = parse(&["--data-cores", "4", "--disable-tokenizer-autoload"]).unwrap();
+        assert!(off.tokenizers.is_empty());
+        assert!(!off.tokenizers.wants_fetch("m"));
         assert_eq!(config.tokenizer_cache, CacheConfig::default());
         let config = parse(&[
             "--data-cores",

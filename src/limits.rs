@@ -390,6 +390,12 @@ pub const TOKENIZE_RENDER_INLINE_BYTES: usize = 4 << 10;
 /// one routes on its text (`kvgate_tokenize_over_cap_total`): no engine would read it whole.
 pub const TOKENIZE_PROMPT_BYTES_MAX: usize = 4 << 20;
 
+/// The largest tokenizer archive a gRPC worker's `GetTokenizer` may send, and the largest entry
+/// read out of it. Real tokenizers are far smaller (Llama 3's tokenizer.json is 9 MB, Qwen3's
+/// 11 MB; the zip is a third of that); the cap keeps a broken or hostile engine (or a zip bomb)
+/// from filling the control side's memory. An archive past it is refused and logged.
+pub const TOKENIZER_ARCHIVE_BYTES_MAX: usize = 64 << 20;
+
 /// The most messages of a chat kvgate renders for tokenization (counted while the body is
 /// parsed, on the pool, which stops there): conversations of thousands of turns fit, and
 /// rendering this many takes a pool thread about 65 ms; a chat of more routes on its text

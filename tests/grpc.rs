@@ -859,3 +859,38 @@ fn a_stalled_stream_ends_at_the_idle_timeout_with_an_error_event() {
         sim.log()
     );
 }
+
+#[test]
+fn a_sim_engines_tokenizer_is_fetched_with_get_tokenizer_and_serves_chat() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers/qwen3");
+    if !dir.join("tokenizer.json").is_file() {
+        eprintln!("skipped: no tokenizer files (scripts/fetch-tokenizers.sh)");
+        return;
+    }
+    let path = dir.to_string_lossy().to_string();
+    let sim = GrpcSim::start(1, "sglang", &["--grpc-tokenizer-dir", &path]);
+    let chat = serde_json::json!({
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 4,
+    })
+    .to_string();
+    let answer = |gateway: &Gateway| {
+        let mut body = serde_json::Value::Null;
+        let loaded = wait_until(TIMEOUT, || {
+            let response = gateway.client().post_json("/v1/chat/completions", &chat);
+            if response.status == 200 {
+                body = response.json();
+                return true;
+            }
+            assert_eq!(response.status, 503, "{}", response.text());
+            false
+        });
+        assert!(loaded, "no tokenizer was loaded");
+        body["choices"][0]["message"]["content"].clone()
+    };
+    let fetched = answer(&Gateway::start(&sim.urls(), &[]));
+    let given = answer(&Gateway::start(&sim.urls(), &["--tokenizer-path", &path]));
+    assert!(fetched.is_string());
+    assert_eq!(fetched, given);
+}

@@ -423,3 +423,143 @@ fn the_models_eos_ids_from_get_model_info_end_the_output() {
         "{body}"
     );
 }
+
+/// The chat content a gateway answers for one fixed chat, once it answers 200; while the
+/// model's tokenizer is not loaded it must answer 503 naming the model. `None` if no 200 came.
+fn chat_content_once_loaded(gateway: &Gateway) -> Option<String> {
+    let chat = serde_json::json!({
+        "model": "py-model",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 6,
+    })
+    .to_string();
+    let mut content = None;
+    wait_until(TIMEOUT, || {
+        let response = gateway.client().post_json("/v1/chat/completions", &chat);
+        if response.status == 200 {
+            let body = response.json();
+            content = body["choices"][0]["message"]["content"]
+                .as_str()
+                .map(str::to_string);
+            return true;
+        }
+        assert_eq!(response.status, 503, "{}", response.text());
+        let message = response.json()["error"]["message"].to_string();
+        assert!(message.contains("py-model"), "{message}");
+        false
+    });
+    content
+}
+
+/// An engine serving Qwen3's tokenizer files over GetTokenizer, with `extra` config.
+fn tokenizer_engine(
+    python: &PathBuf,
+    dir: &std::path::Path,
+    extra: serde_json::Value,
+) -> PythonEngine {
+    let mut config = serde_json::json!({"tokenizer_dir": dir});
+    if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+        config.extend(extra.clone());
+    }
+    PythonEngine::start_with(python, &config.to_string())
+}
+
+#[test]
+fn a_grpc_workers_tokenizer_is_fetched_when_no_flag_gives_one() {
+    let Some(python) = python() else { return };
+    let Some(dir) = utils::tokenizer_dir("qwen3") else {
+        return;
+    };
+    let engine = tokenizer_engine(&python, &dir, serde_json::json!({}));
+    let fetched = Gateway::start(&[engine.url()], &[]);
+    let content = chat_content_once_loaded(&fetched).expect("the fetched tokenizer serves chat");
+    assert!(engine.saw("get_tokenizer"));
+    // The same chat through a gateway given the same files by flag: the same text.
+    let path = dir.to_string_lossy().to_string();
+    let given = Gateway::start(&[engine.url()], &["--tokenizer-path", &path]);
+    let expected = chat_content_once_loaded(&given).expect("the flag's tokenizer serves chat");
+    assert!(!content.is_empty());
+    assert_eq!(content, expected);
+}
+
+/// A gateway logging to a file, and the file's path.
+fn logged_gateway(engine: &PythonEngine, name: &str) -> (Gateway, PathBuf) {
+    let log = std::env::temp_dir().join(format!("kvgate-{name}-{}.log", std::process::id()));
+    let file = std::fs::File::create(&log).expect("log file");
+    (
+        Gateway::start_logging(&[engine.url()], &[], Some(file)),
+        log,
+    )
+}
+
+#[test]
+fn a_tokenizer_archive_with_a_wrong_digest_or_over_the_cap_is_refused() {
+    let Some(python) = python() else { return };
+    let Some(dir) = utils::tokenizer_dir("qwen3") else {
+        return;
+    };
+    let cases = [
+        (
+            serde_json::json!({"tokenizer_sha256": "00".repeat(32)}),
+            "SHA-256 mismatch",
+        ),
+        // kvgate's cap (limits::TOKENIZER_ARCHIVE_BYTES_MAX, 64 MiB) and a little more.
+        (
+            serde_json::json!({"tokenizer_padding_bytes": 65 << 20}),
+            "the archive is over",
+        ),
+    ];
+    for (i, (extra, why)) in cases.into_iter().enumerate() {
+        let engine = tokenizer_engine(&python, &dir, extra);
+        let (gateway, log) = logged_gateway(&engine, &format!("tokenizer-refused-{i}"));
+        let read = || std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(wait_until(TIMEOUT, || read().contains(why)), "{}", read());
+        assert!(
+            read().contains("the worker's tokenizer is refused"),
+            "{}",
+            read()
+        );
+        // Still no tokenizer: chat is a 503 that names the model, not a panic or a hang.
+        let chat = serde_json::json!({"model": "py-model", "messages": [{"role": "user", "content": "hi"}]});
+        let response = gateway
+            .client()
+            .post_json("/v1/chat/completions", &chat.to_string());
+        assert_eq!(response.status, 503, "{}", response.text());
+        assert!(response.text().contains("py-model"), "{}", response.text());
+        let _ = std::fs::remove_file(&log);
+    }
+}
+
+#[test]
+fn disable_tokenizer_autoload_never_calls_get_tokenizer() {
+    let Some(python) = python() else { return };
+    let Some(dir) = utils::tokenizer_dir("qwen3") else {
+        return;
+    };
+    let engine = tokenizer_engine(&python, &dir, serde_json::json!({}));
+    let gateway = Gateway::start(&[engine.url()], &["--disable-tokenizer-autoload"]);
+    // Once the worker's model is in the catalog, a fetch would have started.
+    let listed = || {
+        gateway
+            .client()
+            .get("/v1/models")
+            .text()
+            .contains("py-model")
+    };
+    assert!(wait_until(TIMEOUT, listed));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // IDs still work.
+    let completion = serde_json::json!({"model": "py-model", "prompt": [7, 8], "max_tokens": 2});
+    let response = gateway
+        .client()
+        .post_json("/v1/completions", &completion.to_string());
+    assert_eq!(response.status, 200, "{}", response.text());
+    let chat =
+        serde_json::json!({"model": "py-model", "messages": [{"role": "user", "content": "hi"}]});
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &chat.to_string());
+    assert_eq!(response.status, 400, "{}", response.text());
+    assert!(response.text().contains("tokenizer"), "{}", response.text());
+    assert!(!engine.saw("get_tokenizer"));
+}

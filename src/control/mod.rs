@@ -21,6 +21,7 @@ pub mod kv_subscriber;
 pub mod mesh_link;
 pub mod monitor;
 pub mod probes;
+pub mod tokenizer_fetch;
 pub mod workers;
 
 use std::collections::HashMap;

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use super::monitor::{Change, ProbeKind, WorkerMonitor};
 use super::probes::{probe_new_worker, ProbeRound};
+use super::tokenizer_fetch::TokenizerFetches;
 use crate::config::{is_own_listener, pd_speaks_http};
 use crate::ids::WorkerId;
 use crate::limits::{ADMIN_REPLY_MARGIN, ADMIN_REPLY_TIMEOUT, WORKERS_MAX};
@@ -46,6 +47,8 @@ pub struct WorkerDriver {
     monitor: WorkerMonitor,
     probes: ProbeRound,
     pending_adds: Vec<PendingAdd>,
+    /// gRPC workers' tokenizers being fetched (`GetTokenizer`) for models without one.
+    tokenizer_fetches: TokenizerFetches,
 }
 
 impl std::fmt::Debug for WorkerDriver {
@@ -70,6 +73,7 @@ impl WorkerDriver {
             monitor,
             probes: ProbeRound::default(),
             pending_adds: Vec::new(),
+            tokenizer_fetches: TokenizerFetches::default(),
         }
     }
 
@@ -170,6 +174,7 @@ impl WorkerDriver {
 
     fn publish_catalog(&self, shared: &Shared) {
         let catalog = ModelCatalog::build(self.monitor.all_models());
+        self.tokenizer_fetches.start_wanted(shared, &catalog);
         shared.catalog.store(Arc::new(catalog));
     }
 

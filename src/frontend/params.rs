@@ -35,6 +35,9 @@ pub struct ParamError {
     pub message: String,
     /// The field at fault, when one is (`error.param` of OpenAI's body).
     pub param: Option<&'static str>,
+    /// Not the body's fault: the gateway cannot serve it yet (503; a model whose tokenizer is
+    /// still being fetched from its worker), else 400.
+    pub unavailable: bool,
 }
 
 impl ParamError {
@@ -42,6 +45,7 @@ impl ParamError {
         ParamError {
             message: message.into(),
             param: Some(param),
+            unavailable: false,
         }
     }
 
@@ -49,17 +53,27 @@ impl ParamError {
         ParamError {
             message: message.into(),
             param: None,
+            unavailable: false,
         }
     }
 
-    /// The HTTP status: always 400.
+    /// The HTTP status: 400, or 503 when `unavailable`.
     pub fn status(&self) -> u16 {
-        400
+        if self.unavailable {
+            503
+        } else {
+            400
+        }
     }
 
     /// Appends the project's JSON error body (`error::error_body`) to `out`.
     pub fn write_body(&self, out: &mut Vec<u8>) {
-        let mut body = error_body(400, "invalid_request_error", &self.message);
+        let error_type = if self.unavailable {
+            "service_unavailable"
+        } else {
+            "invalid_request_error"
+        };
+        let mut body = error_body(self.status(), error_type, &self.message);
         if let (Some(param), Some(error)) = (self.param, body.get_mut("error")) {
             error["param"] = Value::from(param);
         }

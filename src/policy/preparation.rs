@@ -215,7 +215,7 @@ impl Router {
             }
             _ => return None,
         };
-        let model = tokenizing.set.for_model(prepared.input.model())?.clone();
+        let model = tokenizing.set.for_model(prepared.input.model())?;
         if source.len() > TOKENIZE_PROMPT_BYTES_MAX {
             tokenizing.failed(&TokenizeError::TooLarge("bytes"));
             tokenizing.publish(&self.metrics);

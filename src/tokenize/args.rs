@@ -27,6 +27,13 @@ pub struct TokenizerArgs {
     /// found beside the tokenizer. `FILE` or `MODEL=FILE`, repeatable.
     #[arg(long = "chat-template", value_name = "[MODEL=]FILE")]
     pub chat_template: Vec<String>,
+    /// Do not fetch the tokenizer of a grpc:// worker's model from the worker (its
+    /// GetTokenizer call) when no --model-path/--tokenizer-path gives one: requests for that
+    /// model then need input_ids. (SMG's flag also skips loading --model-path/--tokenizer-path
+    /// at start, for tokenizers registered through its API; kvgate has no such API and still
+    /// loads them.)
+    #[arg(long = "disable-tokenizer-autoload")]
+    pub disable_autoload: bool,
     /// Enable the L0 cache: whole prompts' token IDs (split evenly over the data cores).
     #[arg(long = "tokenizer-cache-enable-l0")]
     pub cache_enable_l0: bool,

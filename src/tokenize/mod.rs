@@ -35,6 +35,7 @@ mod template;
 use std::ops::Range;
 use std::sync::{Arc, OnceLock};
 
+use arc_swap::ArcSwap;
 use tokenizers::Tokenizer;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -573,12 +574,20 @@ fn too_long(_: PretokenTooLong) -> TokenizeError {
     TokenizeError::TooLarge("bytes in one word")
 }
 
-/// Which model uses which tokenizer: by model name, else the default (a tokenizer given
-/// without a model name).
+/// Which model uses which tokenizer: by model name, else one fetched from a gRPC worker, else
+/// the default (a tokenizer given without a model name).
+///
+/// The flags' tokenizers are fixed at start. Fetched ones (`GetTokenizer`, `control::
+/// tokenizer_fetch`) come later: the control side publishes a new list with one atomic swap
+/// ([`TokenizerSet::publish`]) and the data cores read it with one atomic load, no lock.
 #[derive(Debug, Default)]
 pub struct TokenizerSet {
     by_model: Vec<(String, Arc<ModelTokenizer>)>,
     default: Option<Arc<ModelTokenizer>>,
+    /// Tokenizers fetched from gRPC workers, by model (written by the control side only).
+    fetched: ArcSwap<Vec<(String, Arc<ModelTokenizer>)>>,
+    /// Whether a gRPC worker's model without a tokenizer gets its worker's (`GetTokenizer`).
+    autoload: bool,
 }
 
 impl TokenizerSet {
@@ -594,21 +603,50 @@ impl TokenizerSet {
         set
     }
 
-    /// True when no model has a tokenizer.
+    /// This set, fetching gRPC workers' tokenizers when `autoload` (not
+    /// `--disable-tokenizer-autoload`).
+    pub fn with_autoload(mut self, autoload: bool) -> TokenizerSet {
+        self.autoload = autoload;
+        self
+    }
+
+    /// True when no model has a tokenizer, nor may get one from its worker.
     pub fn is_empty(&self) -> bool {
-        self.by_model.is_empty() && self.default.is_none()
+        self.by_model.is_empty() && self.default.is_none() && !self.autoload
+    }
+
+    /// Whether `model` should be given its worker's tokenizer: autoload is on and the model has
+    /// none yet.
+    pub fn wants_fetch(&self, model: &str) -> bool {
+        self.autoload && self.for_model(model).is_none()
+    }
+
+    /// Adds `model`'s tokenizer fetched from its worker (the control side; a model that has one
+    /// keeps it). The data cores see it on their next request.
+    pub fn publish(&self, model: &str, tokenizer: Arc<ModelTokenizer>) {
+        self.fetched.rcu(|current| {
+            let mut next = Vec::clone(current);
+            if !next.iter().any(|(name, _)| name == model) {
+                next.push((model.to_owned(), tokenizer.clone()));
+            }
+            next
+        });
     }
 
     /// The tokenizer of requests for `model`.
-    pub fn for_model(&self, model: &str) -> Option<&Arc<ModelTokenizer>> {
-        self.by_model
-            .iter()
-            .find(|(name, _)| name == model)
-            .map(|(_, t)| t)
-            .or(self.default.as_ref())
+    pub fn for_model(&self, model: &str) -> Option<Arc<ModelTokenizer>> {
+        let own = self.by_model.iter().find(|(name, _)| name == model);
+        if let Some((_, t)) = own {
+            return Some(t.clone());
+        }
+        let fetched = self.fetched.load();
+        let fetched = fetched.iter().find(|(name, _)| name == model);
+        fetched
+            .map(|(_, t)| t.clone())
+            .or_else(|| self.default.clone())
     }
 
-    /// Every tokenizer with its model name (`None`: the default).
+    /// Every tokenizer given by the flags with its model name (`None`: the default).
     pub fn iter(&self) -> impl Iterator<Item = (Option<&str>, &Arc<ModelTokenizer>)> {
         let named = self.by_model.iter().map(|(n, t)| (Some(n.as_str()), t));
         named.chain(self.default.iter().map(|t| (None, t)))

@@ -226,8 +226,8 @@ fn bad_files_and_bodies_are_errors() {
 fn models_find_their_tokenizer_or_the_default() {
     let (a, b) = (model(false), model(true));
     let set = TokenizerSet::new(vec![(Some("a".into()), a.clone()), (None, b.clone())]);
-    assert!(Arc::ptr_eq(set.for_model("a").unwrap(), &a));
-    assert!(Arc::ptr_eq(set.for_model("other").unwrap(), &b));
+    assert!(Arc::ptr_eq(&set.for_model("a").unwrap(), &a));
+    assert!(Arc::ptr_eq(&set.for_model("other").unwrap(), &b));
     let only_a = TokenizerSet::new(vec![(Some("a".into()), a)]);
     assert!(only_a.for_model("other").is_none());
     assert!(TokenizerSet::default().is_empty());

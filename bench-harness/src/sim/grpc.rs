@@ -79,6 +79,7 @@ const UNIMPLEMENTED: u32 = 12;
 const INVALID_ARGUMENT: u32 = 3;
 const RESOURCE_EXHAUSTED: u32 = 8;
 const UNAVAILABLE: u32 = 14;
+const INTERNAL: u32 = 13;
 
 /// The largest request message read.
 const REQUEST_BYTES_MAX: usize = 64 << 20;
@@ -223,8 +224,54 @@ async fn serve_call(
                 ..Default::default()
             },
         ),
+        (_, "GetTokenizer") => match &server.options.grpc_tokenizer_dir {
+            Some(dir) => get_tokenizer(dir, respond),
+            None => status_only(respond, UNIMPLEMENTED, "no --grpc-tokenizer-dir"),
+        },
         _ => status_only(respond, UNIMPLEMENTED, "unknown method"),
     }
+}
+
+/// `GetTokenizer`: a zip of `dir`'s tokenizer files in 1 MiB pieces, the last with its SHA-256.
+fn get_tokenizer(dir: &std::path::Path, mut respond: SendResponse<Bytes>) {
+    use std::io::Write;
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for name in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ] {
+        let Ok(contents) = std::fs::read(dir.join(name)) else {
+            continue;
+        };
+        let options = zip::write::SimpleFileOptions::default();
+        if zip.start_file(name, options).is_err() || zip.write_all(&contents).is_err() {
+            return status_only(respond, INTERNAL, "zip failed");
+        }
+    }
+    let Ok(archive) = zip.finish().map(|c| c.into_inner()) else {
+        return status_only(respond, INTERNAL, "zip failed");
+    };
+    use sha2::Digest;
+    let sha256 = format!("{:x}", sha2::Sha256::digest(&archive));
+    let Ok(mut send) = respond.send_response(grpc_head(), false) else {
+        return;
+    };
+    let pieces: Vec<&[u8]> = archive.chunks(1 << 20).collect();
+    for (i, data) in pieces.iter().enumerate() {
+        let chunk = common::GetTokenizerChunk {
+            data: data.to_vec(),
+            sha256: if i + 1 == pieces.len() {
+                sha256.clone()
+            } else {
+                String::new()
+            },
+        };
+        if send.send_data(frame(&chunk), false).is_err() {
+            return;
+        }
+    }
+    let _ = send.send_trailers(grpc_trailers(0, ""));
 }
 
 fn clamp_i32(value: u64) -> i32 {

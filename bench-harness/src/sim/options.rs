@@ -208,6 +208,11 @@ pub struct SimArgs {
     /// sending after this many tokens and holds its stream open.
     #[arg(long, requires = "grpc")]
     pub grpc_stall_after_tokens: Option<u32>,
+    /// With `--grpc`: `GetTokenizer` streams a zip of this directory's tokenizer.json,
+    /// tokenizer_config.json and chat_template.jinja (those present), the last piece carrying
+    /// its SHA-256, as smg-grpc-servicer does; without it the method is UNIMPLEMENTED.
+    #[arg(long, requires = "grpc")]
+    pub grpc_tokenizer_dir: Option<std::path::PathBuf>,
 }
 
 /// Which engine's gRPC service `--grpc` serves.
@@ -272,6 +277,8 @@ pub struct Options {
     pub grpc_goaway_after_streams: Option<u64>,
     /// `--grpc-stall-after-tokens`.
     pub grpc_stall_after_tokens: Option<u32>,
+    /// `--grpc-tokenizer-dir`.
+    pub grpc_tokenizer_dir: Option<std::path::PathBuf>,
     /// Role and KV-cache transfer settings.
     pub disagg: DisaggOptions,
 }
@@ -379,6 +386,7 @@ impl SimArgs {
             grpc_kv_stream_batches: self.grpc_kv_stream_batches.filter(|n| *n > 0),
             grpc_goaway_after_streams: self.grpc_goaway_after_streams.filter(|n| *n > 0),
             grpc_stall_after_tokens: self.grpc_stall_after_tokens,
+            grpc_tokenizer_dir: self.grpc_tokenizer_dir.clone(),
             disagg: DisaggOptions {
                 role: self.role,
                 transfer_tokens_per_s: self.transfer_tokens_per_s,

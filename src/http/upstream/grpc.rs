@@ -235,7 +235,7 @@ impl GrpcExchange {
         if params.parsing.needs_special_tokens() {
             params.skip_special_tokens = false;
         }
-        let tokenizer = core.shared.config.tokenizers.for_model(&model).cloned();
+        let tokenizer = core.shared.config.tokenizers.for_model(&model);
         let routed_ids = match (routing.key_source(), routing.key()) {
             (Some(KeySource::InputIds | KeySource::Tokenized), RoutingKey::Tokens(ids)) => {
                 Some(ids)
@@ -261,6 +261,19 @@ impl GrpcExchange {
                 tokenizer
                     .encode(&prompt.text, prompt.add_special_tokens)
                     .map_err(|_| refusal("the prompt could not be tokenized"))?
+            }
+            // A model that gets its tokenizer from its worker (one listing it, or this one
+            // before its models are known): not there yet, or refused, as the log says.
+            _ if core.shared.config.tokenizers.wants_fetch(&model) && {
+                let catalog = core.shared.catalog.load();
+                catalog.owner_of(worker).is_none() || catalog.serving().any(|(m, _)| m == model)
+            } =>
+            {
+                return Err(ParamError {
+                    message: format!("the tokenizer of model {model} is not loaded yet: kvgate fetches it from the model's gRPC worker (GetTokenizer; the log says if that failed); retry, or send input_ids"),
+                    param: None,
+                    unavailable: true,
+                })
             }
             _ => return Err(refusal(
                 "a gRPC worker takes token IDs: send input_ids, or give the gateway the model's tokenizer (--model-path, --tokenizer-path)",
@@ -334,7 +347,11 @@ impl GrpcExchange {
             let mut body = Vec::new();
             refused.write_body(&mut body);
             let status = refused.status();
-            context.admit_status(core, status);
+            // A model whose tokenizer is still coming is no fault of the worker: its breaker
+            // and retries never hear of that 503.
+            if !refused.unavailable {
+                context.admit_status(core, status);
+            }
             write_answer(client, context, status, &body, connection)?;
             return Ok(relaying(status, BodyKind::Other, connection));
         }
@@ -664,6 +681,7 @@ fn refusal(message: &str) -> ParamError {
     ParamError {
         message: message.to_string(),
         param: None,
+        unavailable: false,
     }
 }
 
