@@ -5,7 +5,8 @@
 //! The modules form layers; each imports only from the layers below it (`tests/layers.rs`
 //! checks this, and `ARCHITECTURE.md` is the map):
 //!
-//! 1. leaves: `limits`, `ids`, `error`, `copy`;
+//! 1. leaves: `limits`, `ids`, `error`, `copy`, `engine_proto` (the engines' generated gRPC
+//!    messages: plain data, sent by the gRPC client and read by the KV-event index);
 //! 2. the domain, free of I/O: `config`, `request`, `index`, `kv_events`, `policy`, `tokenize`,
 //!    `workers`, `metrics`, `mesh`, `frontend`, `pd` (importing each other only as
 //!    `ARCHITECTURE.md`'s edge table lists);
@@ -20,6 +21,7 @@
 pub mod config;
 pub mod control;
 pub mod copy;
+pub mod engine_proto;
 pub mod error;
 pub mod frontend;
 pub mod grpc;

@@ -111,7 +111,7 @@ pub enum BatchPayload {
     /// A ZeroMQ publisher's msgpack payload (`kv_events::wire`).
     Msgpack(Bytes),
     /// A gRPC worker's `KvEventBatch`, decoded by its follower (`grpc`).
-    Grpc(Box<crate::grpc::proto::common_pb::KvEventBatch>),
+    Grpc(Box<crate::engine_proto::common_pb::KvEventBatch>),
 }
 
 enum Command {

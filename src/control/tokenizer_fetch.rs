@@ -23,8 +23,8 @@ use std::time::Duration;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
+use crate::engine_proto::common_pb::{GetTokenizerChunk, GetTokenizerRequest};
 use crate::grpc::backend::{self, Method, ServicePaths};
-use crate::grpc::proto::common_pb::{GetTokenizerChunk, GetTokenizerRequest};
 use crate::grpc::status::Code;
 use crate::grpc::{framing, Backend, Call, CallError, Connection};
 use crate::limits::TOKENIZER_ARCHIVE_BYTES_MAX;

@@ -7,8 +7,8 @@
 
 use super::call::{unary, CallError};
 use super::connection::Connection;
-use super::proto::{sglang_pb, vllm_pb};
 use super::status::Code;
+use crate::engine_proto::{sglang_pb, vllm_pb};
 
 /// The engine protocol of a gRPC worker: `workers::spec`'s, so flags and worker specs name it.
 pub use crate::workers::spec::GrpcBackend as Backend;

@@ -93,7 +93,7 @@ impl MessageReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grpc::proto::sglang_pb::{AbortRequest, HealthCheckResponse};
+    use crate::engine_proto::sglang_pb::{AbortRequest, HealthCheckResponse};
     use prost::Message;
 
     #[test]

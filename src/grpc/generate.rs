@@ -10,7 +10,7 @@ use prost::Message;
 use super::backend::Backend;
 use super::call::CallError;
 use super::framing;
-use super::proto::{sglang_pb, vllm_pb};
+use crate::engine_proto::{sglang_pb, vllm_pb};
 pub use crate::frontend::Constraint;
 use crate::frontend::{GenerateParams, TokenLogprob, TopLogprob};
 

@@ -1,14 +1,13 @@
 //! gRPC workers' transport: HTTP/2 (the `h2` crate) on the calling thread's monoio runtime, the
-//! engines' protobuf messages and gRPC's framing and status. Both planes use it: a data core
-//! runs `Generate` calls on its own connections (`http::upstream::grpc`), the control core its
+//! calls' framing and status (the engines' protobuf messages are `crate::engine_proto`). Both
+//! planes use it: a data core runs `Generate` calls on its own connections (`http::upstream::grpc`), the control core its
 //! health, load and model calls on its own (`control::probes`); no connection is shared
 //! between threads and no tokio runtime runs.
 //!
 //! One concept per module: [`io`] (the socket `h2` drives), [`connection`] (one multiplexed
 //! connection with its keep-alive), [`channels`] (a thread's connections per worker),
 //! [`call`] (one call: request, messages, status), [`framing`] (the 5-byte message prefix),
-//! [`status`] (`grpc-status` and its HTTP mapping), [`proto`] (the generated messages),
-//! [`backend`] (SGLang's or vLLM's service, detection, control calls) and [`generate`] (the
+//! [`status`] (`grpc-status` and its HTTP mapping), [`backend`] (SGLang's or vLLM's service, detection, control calls) and [`generate`] (the
 //! `Generate` call in engine-neutral terms).
 
 pub mod backend;
@@ -18,7 +17,6 @@ pub mod connection;
 pub mod framing;
 pub mod generate;
 pub mod io;
-pub mod proto;
 pub mod status;
 
 pub use backend::Backend;

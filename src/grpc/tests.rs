@@ -13,8 +13,8 @@ use prost::Message;
 use super::call::{unary, Call, CallError};
 use super::channels::{connection_for, Channels};
 use super::framing;
-use super::proto::sglang_pb;
 use super::status::Code;
+use crate::engine_proto::sglang_pb;
 use crate::ids::WorkerId;
 
 /// What the scripted server counted.

@@ -32,8 +32,8 @@ use futures::channel::oneshot;
 use prost::Message;
 
 use super::{BatchPayload, Feed, FeedItem};
+use crate::engine_proto::common_pb::{KvEventBatch, SubscribeKvEventsRequest};
 use crate::grpc::backend::{self, Method, ServicePaths};
-use crate::grpc::proto::common_pb::{KvEventBatch, SubscribeKvEventsRequest};
 use crate::grpc::status::Code;
 use crate::grpc::{framing, Backend, Call, CallError, Connection};
 use crate::ids::WorkerId;

@@ -10,7 +10,7 @@
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::{EventBatch, KvEvent};
-use crate::grpc::proto::common_pb::{
+use crate::engine_proto::common_pb::{
     kv_cache_event::Data, KvBlocksStored, KvCacheLocality, KvCacheTier, KvEventBatch,
 };
 
@@ -133,7 +133,7 @@ fn other_place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::grpc::proto::common_pb::{KvBlock, KvBlocksRemoved, KvCacheCleared, KvCacheEvent};
+    use crate::engine_proto::common_pb::{KvBlock, KvBlocksRemoved, KvCacheCleared, KvCacheEvent};
 
     fn block(hash: i64, tokens: &[u32]) -> KvBlock {
         KvBlock {

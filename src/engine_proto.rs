@@ -1,6 +1,7 @@
 //! The engines' gRPC messages: prost types compiled by `build.rs` from `proto/smg/` (SGLang's
 //! `sglang.grpc.scheduler`, vLLM's `vllm.grpc.engine`, and the `smg.grpc.common` messages both
 //! use). The modules nest as the packages do, so the generated cross-package paths resolve.
+//! A leaf of plain data: `grpc` sends these messages and `kv_events` reads the KV-event batches.
 #![allow(missing_docs, clippy::all)]
 
 /// Messages both engines share (`smg.grpc.common`).
