@@ -1,8 +1,8 @@
 //! gRPC workers' transport: HTTP/2 (the `h2` crate) on the calling thread's monoio runtime, the
 //! calls' framing and status (the engines' protobuf messages are `crate::engine_proto`). Both
-//! planes use it: a data core runs `Generate` calls on its own connections (`http::upstream::grpc`), the control core its
-//! health, load and model calls on its own (`control::probes`); no connection is shared
-//! between threads and no tokio runtime runs.
+//! planes use it: a data core runs `Generate` calls on its own connections
+//! (`http::upstream::grpc`), the control core its health, load and model calls on its own
+//! (`control::probes`); no connection is shared between threads and no tokio runtime runs.
 //!
 //! One concept per module: [`io`] (the socket `h2` drives), [`connection`] (one multiplexed
 //! connection with its keep-alive), [`channels`] (a thread's connections per worker),
