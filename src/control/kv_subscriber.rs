@@ -225,7 +225,8 @@ impl Drop for Subscribers {
     }
 }
 
-/// A task's way to the control core.
+/// A subscriber task's way to the control core: the ZMQ subscribers' tokio tasks and the gRPC
+/// subscribers' monoio tasks (`grpc`) alike.
 #[derive(Clone)]
 struct Out {
     worker: WorkerId,
@@ -234,32 +235,34 @@ struct Out {
 }
 
 impl Out {
-    /// Queues `item`, waiting while the queue is full (the control core drains it every turn).
+    /// Queues `item` from a tokio task, waiting while the queue is full (the control core drains
+    /// it every turn).
     async fn send(&self, item: FeedItem) {
-        let feed = Feed {
+        self.send_waiting(item, || tokio::time::sleep(Duration::from_millis(1)))
+            .await;
+    }
+
+    /// Queues `item` from a monoio task (on the control core's own thread), waiting while the
+    /// queue is full.
+    async fn send_on_monoio(&self, item: FeedItem) {
+        self.send_waiting(item, || monoio::time::sleep(Duration::from_millis(1)))
+            .await;
+    }
+
+    /// Queues `item`, waiting with `sleep` (the calling task's runtime's) while the queue is full.
+    async fn send_waiting<S: Future<Output = ()>>(&self, item: FeedItem, sleep: impl Fn() -> S) {
+        let mut feed = Feed {
             worker: self.worker,
             subscription: self.subscription,
             item,
         };
-        push_waiting(&self.feed, feed, || {
-            tokio::time::sleep(Duration::from_millis(1))
-        })
-        .await;
-    }
-}
-
-/// Pushes `feed` on `queue`, waiting with `sleep` (the runtime's) while it is full.
-async fn push_waiting<S: Future<Output = ()>>(
-    queue: &ArrayQueue<Feed>,
-    mut feed: Feed,
-    sleep: impl Fn() -> S,
-) {
-    loop {
-        match queue.push(feed) {
-            Ok(()) => return,
-            Err(back) => {
-                feed = back;
-                sleep().await;
+        loop {
+            match self.feed.push(feed) {
+                Ok(()) => return,
+                Err(back) => {
+                    feed = back;
+                    sleep().await;
+                }
             }
         }
     }

@@ -31,7 +31,7 @@ use crossbeam_queue::ArrayQueue;
 use futures::channel::oneshot;
 use prost::Message;
 
-use super::{BatchPayload, Feed, FeedItem};
+use super::{BatchPayload, Feed, FeedItem, Out};
 use crate::engine_proto::common_pb::{KvEventBatch, SubscribeKvEventsRequest};
 use crate::grpc::backend::{self, Method, ServicePaths};
 use crate::grpc::status::Code;
@@ -80,29 +80,6 @@ pub fn follow(
     GrpcSubscription { _stop: stop }
 }
 
-/// The task's way to the control core.
-struct Out {
-    worker: WorkerId,
-    subscription: u64,
-    feed: Arc<ArrayQueue<Feed>>,
-}
-
-impl Out {
-    /// Queues `item`, waiting while the queue is full (the control core drains it every turn,
-    /// on this same thread).
-    async fn send(&self, item: FeedItem) {
-        let feed = Feed {
-            worker: self.worker,
-            subscription: self.subscription,
-            item,
-        };
-        super::push_waiting(&self.feed, feed, || {
-            monoio::time::sleep(Duration::from_millis(1))
-        })
-        .await;
-    }
-}
-
 /// How one stream ended.
 enum Ended {
     /// It failed (or was never opened): try again after a backoff.
@@ -125,11 +102,11 @@ async fn follow_worker(target: GrpcTarget, out: Out) {
     loop {
         match stream.session(&target).await {
             Ended::Unsupported => {
-                stream.out.send(FeedItem::Unsupported).await;
+                stream.out.send_on_monoio(FeedItem::Unsupported).await;
                 return;
             }
             Ended::Failed { failure, received } => {
-                stream.out.send(FeedItem::Failed(failure)).await;
+                stream.out.send_on_monoio(FeedItem::Failed(failure)).await;
                 if received {
                     backoff = KV_EVENTS_BACKOFF_MIN;
                 }
@@ -187,7 +164,7 @@ impl Stream {
                 return failed(Failure::Connect);
             }
         }
-        self.out.send(FeedItem::Connected).await;
+        self.out.send_on_monoio(FeedItem::Connected).await;
         let mut resumed = self.sequence.next().is_some();
         let mut received = false;
         loop {
@@ -195,7 +172,7 @@ impl Stream {
                 Ok(Some(message)) => {
                     match KvEventBatch::decode(message) {
                         Ok(batch) => self.receive(batch, resumed).await,
-                        Err(_) => self.out.send(FeedItem::Malformed).await,
+                        Err(_) => self.out.send_on_monoio(FeedItem::Malformed).await,
                     }
                     (resumed, received) = (false, true);
                     continue;
@@ -229,24 +206,24 @@ impl Stream {
         // or further back than any duplicate) is an engine that started over.
         let behind = self.sequence.next().is_some_and(|next| seq < next);
         if behind && (resumed || seq == 0 || self.sequence.far_behind(seq)) {
-            self.out.send(FeedItem::Restarted).await;
+            self.out.send_on_monoio(FeedItem::Restarted).await;
             self.sequence.restart();
         }
         match self.sequence.arrival(seq) {
             Arrival::Next => {}
             Arrival::Seen => {
-                self.out.send(FeedItem::Duplicate).await;
+                self.out.send_on_monoio(FeedItem::Duplicate).await;
                 return;
             }
-            Arrival::Gap { missing } => self.out.send(FeedItem::Gap { missing }).await,
+            Arrival::Gap { missing } => self.out.send_on_monoio(FeedItem::Gap { missing }).await,
             Arrival::Implausible => {
                 self.sequence.pass_over(seq);
-                self.out.send(FeedItem::Implausible { seq }).await;
+                self.out.send_on_monoio(FeedItem::Implausible { seq }).await;
                 return;
             }
         }
         self.out
-            .send(FeedItem::Batch {
+            .send_on_monoio(FeedItem::Batch {
                 seq,
                 payload: BatchPayload::Grpc(Box::new(batch)),
                 replayed: false,
