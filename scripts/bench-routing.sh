@@ -2,7 +2,7 @@
 # Routing quality of round_robin, least_load, prefix_hash and cache_aware on 8 simulated engines
 # with finite KV caches (the benchmark of issue 6), each policy on a fresh fleet:
 #
-#   scripts/bench-routing.sh [OUT_DIR] [all|routing|demo]
+#   scripts/bench-routing.sh [OUT_DIR] [all|routing|demo|imbalance]
 #                                           (about 15 minutes on 2 cores for routing, 10 for demo;
 #                                            default OUT_DIR target/bench-routing)
 #
@@ -21,6 +21,13 @@
 #                  tokens at 5x), round robin and cache_aware in one run, three rounds each: before,
 #                  with sim-engine's decode priced over the engine's own cache as it was
 #                  (`--decode-pool-tokens 32768`), and after (over the published curve's pool).
+#   demo-imbalance-N, demo-spill-A-R-N   (issue 42) `make demo` as it runs now (6,000 requests),
+#                  round robin and cache_aware in one run: with its defaults, and with the spill
+#                  gate tightened (--balance-abs-threshold A --balance-rel-threshold R, 1/1.0 and
+#                  3/1.5), two rounds each; the summary prints per engine its requests and its
+#                  cold prefills (uncached tokens past 128 per request, over 2,048), so a group
+#                  placement and the replicas are visible. scripts/demo-imbalance-bound.py gives
+#                  what the imbalance row can be while every group stays on one engine.
 # For each workload the ceiling is measured too: the same requests, one at a time, on one engine
 # with an unbounded cache (what "the hit rate an unbounded cache would allow" means here). And
 # the TTFT floor: cache_aware on four times the engines (32) at the same load, where requests
@@ -47,6 +54,16 @@ if [[ "$which" == all || "$which" == demo ]]; then
         run "demo-before-$round" --synthetic --max-requests 1500 \
             --policies round_robin,cache_aware --sim-arg=--decode-pool-tokens=32768
         run "demo-after-$round" --synthetic --max-requests 1500 --policies round_robin,cache_aware
+    done
+fi
+if [[ "$which" == all || "$which" == imbalance ]]; then
+    for round in 1 2; do
+        run "demo-imbalance-$round" --policies round_robin,cache_aware
+        for gate in 1/1.0 3/1.5; do
+            run "demo-spill-${gate%/*}-${gate#*/}-$round" --policies round_robin,cache_aware \
+                "--gateway-arg=--balance-abs-threshold=${gate%/*}" \
+                "--gateway-arg=--balance-rel-threshold=${gate#*/}"
+        done
     done
 fi
 if [[ "$which" == all || "$which" == routing ]]; then
@@ -88,6 +105,15 @@ for phase in ["before", "after"]:
             a, b = (rr[key][pct], ca[key][pct]) if pct else (rr[key], ca[key])
             cells.append(f"{label} {a:.4g}/{b:.4g}")
         print(f"{name} (round_robin/cache_aware): " + ", ".join(cells))
+for name in sorted(os.listdir(out)):
+    if not (name.startswith("demo-imbalance-") or name.startswith("demo-spill-")) or not name.endswith(".json"):
+        continue
+    ca = policies(name[:-5])["cache_aware"]
+    engines = [(w["requests"], (w["prompt_tokens"] - w["cached_tokens"] - 128 * w["requests"]) / 2048)
+               for w in ca["per_worker"].values()]
+    print(f"{name[:-5]}: cache_aware hit {ca['cache_hit_rate']:.1%}, imbalance {ca['imbalance']:.2f}, "
+          "per engine requests / cold prefills: "
+          + ", ".join(f"{r} / {c:.0f}" for r, c in engines))
 for name, ceiling in [("shared-prefix", "shared-prefix-ceiling"), ("mooncake-1x", "mooncake-ceiling"),
                       ("mooncake-6x", "mooncake-ceiling")]:
     if not os.path.exists(f"{out}/{name}.json"):

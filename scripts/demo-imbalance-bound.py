@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""The imbalance `make demo` can print while every group stays on one engine.
+
+make demo sends 6,000 requests, each to one of 32 groups drawn uniformly, through 4 engines.
+cache_aware keeps a group on the engine that took its first request unless a holder is hot (the
+spill gate, far above the demo's 8 requests in flight at SMG's thresholds), so an engine's count
+is the sum of its groups' counts. Even with the best placement (8 groups on each engine) those
+sums are Multinomial(6000, 1/4 each), and the table prints max/mean to two decimals. This gives,
+exactly, how often that prints as 1.00, 1.01, ... (by Poissonization: four independent
+Poisson(1500) counts conditioned on their sum being 6000).
+
+    scripts/demo-imbalance-bound.py [REQUESTS] [ENGINES]
+"""
+import math
+import sys
+
+requests = int(sys.argv[1]) if len(sys.argv) > 1 else 6000
+engines = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+mean = requests / engines
+
+
+def poisson(x, lam):
+    return math.exp(x * math.log(lam) - lam - math.lgamma(x + 1))
+
+
+def convolve(a, b):
+    out = [0.0] * (requests + 1)
+    nonzero_b = [(j, w) for j, w in enumerate(b) if w > 1e-300]
+    for i, v in enumerate(a):
+        if v > 1e-300:
+            for j, w in nonzero_b:
+                if i + j > requests:
+                    break
+                out[i + j] += v * w
+    return out
+
+
+def p_max_at_most(m):
+    """P(every engine's count <= m)."""
+    one = [poisson(x, mean) if x <= m else 0.0 for x in range(requests + 1)]
+    total = one
+    for _ in range(engines - 1):
+        total = convolve(total, one)
+    return total[requests] / poisson(requests, requests)
+
+
+for printed in ["1.00", "1.01", "1.02", "1.03", "1.05"]:
+    # The largest count that still prints as `printed` (rounded to two decimals).
+    m = math.floor((float(printed) + 0.005) * mean - 1e-9)
+    print(f"P(imbalance prints <= {printed}, max <= {m}) = {p_max_at_most(m):.4f}")
