@@ -7,7 +7,8 @@
 # 6,000 requests of the shared-prefix generator (32 groups of 2k-token system prompts), 8 in
 # flight: about two minutes on 2 cores (with fewer, a loaded machine's two worst stalls decide the
 # p99 rows: perf/results-routing-2.md). The table goes to stdout; replay-compare.json and
-# replay-compare.svg (TTFT CDF and hit rate over time) to the current directory. Any
+# replay-compare.svg (TTFT CDF and hit rate over time) to the current directory; under the table,
+# each column's kvgate flags and which one README recommends. Any
 # `replay compare` flag can be added, e.g. `--policies direct,round_robin,cache_aware` or
 # `--trace ../shared/traces/mooncake_conversation_trace.jsonl --speedup 100 --max-requests 2000`.
 #
@@ -25,4 +26,9 @@ if [ -n "${DEMO_GRPC:-}" ]; then
     grpc=(--grpc "$DEMO_GRPC" "--sim-arg=--tokenizer-path=$tokenizer"
         "--gateway-arg=--tokenizer-path=$tokenizer")
 fi
-exec target/release/replay compare "${grpc[@]}" "$@"
+target/release/replay compare "${grpc[@]}" "$@"
+if [[ " $* " != *" --policies"* ]]; then
+    # Keep in step with README.md, "Recommended configuration".
+    echo "Recommended for HTTP engines without KV events (README, \"Recommended configuration\"):"
+    echo "cache_aware, i.e. kvgate --policy cache_aware with its defaults (the column above)."
+fi

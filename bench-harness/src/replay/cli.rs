@@ -544,6 +544,36 @@ mod tests {
     }
 
     #[test]
+    fn the_legend_names_each_columns_gateway_flags() {
+        let cli = Cli::try_parse_from([
+            "replay",
+            "compare",
+            "--policies",
+            "round_robin,cache_aware:load,direct",
+            "--gateway-arg=--block-size=32",
+            "--kvgate",
+            "/bin/true",
+            "--sim-engine",
+            "/bin/true",
+        ])
+        .unwrap();
+        let Some(Command::Compare(compare)) = cli.command else {
+            panic!("not compare")
+        };
+        let options = compare.compare_options().unwrap();
+        let legend = |policy| super::super::compare::gateway_flags(&options, policy);
+        assert_eq!(
+            legend("round_robin"),
+            "kvgate --policy round_robin --block-size=32"
+        );
+        assert_eq!(
+            legend("cache_aware:load"),
+            "kvgate --policy cache_aware --load-aware-affinity --block-size=32"
+        );
+        assert!(legend("direct").starts_with("(no gateway"));
+    }
+
+    #[test]
     fn conflicting_and_missing_flags_are_refused() {
         let parse = |args: &[&str]| Cli::try_parse_from([&["replay"], args].concat());
         assert!(parse(&[

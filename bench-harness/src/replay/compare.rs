@@ -104,6 +104,20 @@ fn policy_flags(policy: &str) -> Vec<&str> {
     }
 }
 
+/// The kvgate flags one entry of `--policies` ran with (its policy's and every `--gateway-arg`),
+/// as the table's legend prints them: what to start to get that column. `direct` has no gateway.
+pub fn gateway_flags(options: &CompareOptions, policy: &str) -> String {
+    if policy == DIRECT {
+        return "(no gateway: the engines directly)".into();
+    }
+    let mut words = match options.pd {
+        Some(_) => pd_policy_flags(policy),
+        None => policy_flags(policy),
+    };
+    words.extend(options.gateway_args.iter().map(String::as_str));
+    format!("kvgate {}", words.join(" "))
+}
+
 /// Tries to start a fleet and its gateway before giving up.
 const STARTUP_ATTEMPTS: u32 = 3;
 

@@ -57,6 +57,10 @@ pub async fn run_cli(cli: Cli, stop: watch::Receiver<bool>) -> Result<(), Failur
                 .await
                 .map_err(Failure::run)?;
             print!("{}", table(&reports));
+            for report in &reports {
+                let flags = compare::gateway_flags(&options, &report.label);
+                println!("{}: {flags}", report.label);
+            }
             write_json(&args.out, &serde_json::json!({ "policies": reports }))
                 .map_err(Failure::run)?;
             plot::write_plot(&args.plot, &reports).map_err(Failure::run)?;
