@@ -9,9 +9,16 @@ sums are Multinomial(6000, 1/4 each), and the table prints max/mean to two decim
 exactly, how often that prints as 1.00, 1.01, ... (by Poissonization: four independent
 Poisson(1500) counts conditioned on their sum being 6000).
 
+Then a count model of what would reach 1.00 (not built in kvgate): requests in order, each group's
+first placed on the engine with the fewest groups; later ones to the group's holder with the
+fewest requests so far, unless that holder is more than MARGIN requests above the mean and an
+engine is below it: then the least-counted engine takes it and becomes a holder (a replica: one
+cold prefill). It ignores timing and the engines' caches; it counts the replicas such a rule makes.
+
     scripts/demo-imbalance-bound.py [REQUESTS] [ENGINES]
 """
 import math
+import random
 import sys
 
 requests = int(sys.argv[1]) if len(sys.argv) > 1 else 6000
@@ -48,3 +55,36 @@ for printed in ["1.00", "1.01", "1.02", "1.03", "1.05"]:
     # The largest count that still prints as `printed` (rounded to two decimals).
     m = math.floor((float(printed) + 0.005) * mean - 1e-9)
     print(f"P(imbalance prints <= {printed}, max <= {m}) = {p_max_at_most(m):.4f}")
+
+
+def bounded_by_count(seed, margin, groups=32):
+    rng = random.Random(seed)
+    counts, groups_on, holders, replicas = [0] * engines, [0] * engines, {}, 0
+    for i in range(requests):
+        group = rng.randrange(groups)
+        if group not in holders:
+            e = min(range(engines), key=lambda e: (groups_on[e], counts[e]))
+            holders[group] = [e]
+            groups_on[e] += 1
+        else:
+            e = min(holders[group], key=lambda e: counts[e])
+            so_far_mean = (i + 1) / engines
+            low = min(range(engines), key=lambda e: counts[e])
+            if counts[e] + 1 > so_far_mean + margin and counts[low] < so_far_mean:
+                if low not in holders[group]:
+                    holders[group].append(low)
+                    replicas += 1
+                e = low
+        counts[e] += 1
+    return max(counts) / mean, replicas
+
+
+seeds = 200
+for margin in [8, 16, 32]:
+    runs = [bounded_by_count(seed, margin) for seed in range(seeds)]
+    imbalances = sorted(r[0] for r in runs)
+    replicas = sorted(r[1] for r in runs)
+    ones = sum(x < 1.005 for x in imbalances) / seeds
+    print(f"count model, margin {margin}: prints 1.00 in {ones:.0%} of {seeds} seeds; "
+          f"imbalance median {imbalances[seeds // 2]:.4f}, worst {imbalances[-1]:.4f}; "
+          f"replicas median {replicas[seeds // 2]}, most {replicas[-1]}")
