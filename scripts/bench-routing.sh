@@ -3,7 +3,8 @@
 # with finite KV caches (the benchmark of issue 6), each policy on a fresh fleet:
 #
 #   scripts/bench-routing.sh [OUT_DIR] [all|routing|demo|imbalance]
-#                                           (about 15 minutes on 2 cores for routing, 10 for demo;
+#                                           (about 15 minutes on 2 cores for routing, 10 for demo,
+#                                            10 for imbalance;
 #                                            default OUT_DIR target/bench-routing)
 #
 # Workloads (the flags are in the commands below; each run's table is kept in OUT_DIR/*.txt, its
