@@ -9,9 +9,7 @@
 //! again: the skip is exact, and the rule is the plain "lowest rank, leftmost" one. Here short
 //! pre-tokens (the common case) apply it by scanning an array on the stack
 //! ([`Vocab::merge_short`]), long ones with a heap and a linked list ([`Vocab::merge_long`]),
-//! O(n log n); tests check the two against each other and the whole against the crate. A
-//! pair's merge is looked up in a flat table of packed pairs and ranks ([`PairTable`]; each
-//! rank's token in an array beside it), two lookups per merge.
+//! O(n log n); tests check the two against each other and the whole against the crate.
 //!
 //! Two shortcuts before merging: with `ignore_merges` (Llama 3) a pre-token that is a token is
 //! that token, as in the crate; without it (Qwen2), a pre-token that is a token whose own bytes
@@ -23,7 +21,6 @@ use std::hash::BuildHasherDefault;
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::pairs::{PairTable, ID_LIMIT};
 use super::words::{VocabId, WordCache};
 use crate::tokenize::cache::KeyIsHash;
 
@@ -49,8 +46,18 @@ const NONE: Merge = Merge {
 /// A removed symbol of [`Vocab::merge_long`].
 const REMOVED: u32 = u32::MAX;
 
-/// The map's keys are already hashes (token bytes through xxh3).
+/// The map's keys are already hashes (token bytes through xxh3, pairs through [`pair_key`]).
 type HashKeyed<V> = HashMap<u64, V, BuildHasherDefault<KeyIsHash>>;
+
+/// A pair of token IDs as a well-mixed 64-bit key (the two IDs are recoverable: the mix is a
+/// bijection, so distinct pairs never share a key).
+#[inline]
+fn pair_key(left: u32, right: u32) -> u64 {
+    let key = (u64::from(left) << 32) | u64::from(right);
+    // An odd multiplier is a bijection on u64; the xor-shift spreads the high bits down.
+    let mixed = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    mixed ^ (mixed >> 29)
+}
 
 /// One merge: its rank (lower merges first) and the token it makes.
 #[derive(Clone, Copy, Debug)]
@@ -69,10 +76,8 @@ pub struct Vocab {
     by_hash: HashKeyed<u32>,
     /// The token of each single byte.
     byte_ids: [u32; 256],
-    /// Merges' ranks by pair of token IDs.
-    merges: PairTable,
-    /// The token each merge makes, by rank (0 for a merge that never applies).
-    merged_by_rank: Vec<u32>,
+    /// Merges by [`pair_key`].
+    merges: HashKeyed<Merge>,
     /// The merges of two single bytes, by `left << 8 | right` ([`NONE`] for none): the first
     /// step of every pre-token reads this dense table instead of hashing (CJK characters are
     /// runs of two to four bytes, so these are a third to a half of their lookups).
@@ -100,21 +105,14 @@ impl std::fmt::Debug for Vocab {
 
 impl Vocab {
     /// A model from its tokens (as bytes, by ID), before its merges ([`Vocab::push_merge`],
-    /// then [`Vocab::finish`]); `ignore_merges` as in `tokenizer.json`, `merges` how many will
-    /// be pushed (the table's size). `Err` says why the model cannot be served here.
-    pub fn with_tokens(
-        tokens: Vec<(u32, Vec<u8>)>,
-        ignore_merges: bool,
-        merges: usize,
-    ) -> Result<Vocab, String> {
+    /// then [`Vocab::finish`]); `ignore_merges` as in `tokenizer.json`. `Err` says why the
+    /// model cannot be served here.
+    pub fn with_tokens(tokens: Vec<(u32, Vec<u8>)>, ignore_merges: bool) -> Result<Vocab, String> {
         let ids_end = tokens
             .iter()
             .map(|(id, _)| *id as usize + 1)
             .max()
             .unwrap_or(0);
-        if ids_end > ID_LIMIT as usize {
-            return Err(format!("token IDs past {}", ID_LIMIT - 1));
-        }
         let mut by_id: Vec<Option<Vec<u8>>> = vec![None; ids_end];
         for (id, bytes) in tokens {
             if by_id[id as usize].replace(bytes).is_some() {
@@ -126,8 +124,7 @@ impl Vocab {
             starts: Vec::with_capacity(ids_end + 1),
             by_hash: HashKeyed::default(),
             byte_ids: [0; 256],
-            merges: PairTable::with_capacity(merges),
-            merged_by_rank: Vec::with_capacity(merges),
+            merges: HashKeyed::default(),
             byte_pairs: vec![NONE; 1 << 16].into_boxed_slice(),
             merges_pushed: 0,
             whole: vec![ignore_merges; ids_end],
@@ -164,7 +161,6 @@ impl Vocab {
         let rank = self.merges_pushed;
         self.merges_pushed = rank.checked_add(1).ok_or("too many merges")?;
         let Some((left, right)) = pair else {
-            self.merged_by_rank.push(0);
             return Ok(());
         };
         let id = |bytes: &[u8]| {
@@ -183,8 +179,7 @@ impl Vocab {
             rank,
             merged: id(&joined)?,
         };
-        self.merges.insert(left_id, right_id, rank)?;
-        self.merged_by_rank.push(merge.merged);
+        self.merges.insert(pair_key(left_id, right_id), merge);
         if let ([l], [r]) = (left, right) {
             self.byte_pairs[usize::from(*l) << 8 | usize::from(*r)] = merge;
         }
@@ -233,11 +228,7 @@ impl Vocab {
 
     #[inline]
     fn merge_of(&self, left: u32, right: u32) -> Option<Merge> {
-        let rank = self.merges.get(left, right)?;
-        Some(Merge {
-            rank,
-            merged: self.merged_by_rank[rank as usize],
-        })
+        self.merges.get(&pair_key(left, right)).copied()
     }
 
     /// The merge of two single bytes (their tokens' [`Vocab::merge_of`]).
@@ -300,8 +291,8 @@ impl Vocab {
 
     /// The rule on arrays on the stack (at most `N` bytes): each pair's rank kept at its left
     /// symbol's first byte (no merge for a removed symbol or the last), the symbols linked in
-    /// order; each step takes the lowest rank, the leftmost on a tie (one linear pass over a
-    /// dense array), merges and re-ranks the two pairs around it. O(n^2) for n
+    /// order; each step takes the lowest rank, the leftmost on a tie (two linear passes over a
+    /// dense array, which vectorize), merges and re-ranks the two pairs around it. O(n^2) for n
     /// bytes with a small constant: the fastest for short and medium pre-tokens.
     fn merge_short<const N: usize>(&self, bytes: &[u8], out: &mut Vec<u32>) {
         let len = bytes.len();
@@ -331,16 +322,14 @@ impl Vocab {
             merged[at] = merge.merged;
         }
         loop {
-            // One pass: the lowest rank and, on a tie, the leftmost (only a lower rank moves).
-            let (mut lowest, mut at) = (NO_MERGE, 0);
-            for (position, &rank) in ranks[..len].iter().enumerate() {
-                if rank < lowest {
-                    (lowest, at) = (rank, position);
-                }
-            }
+            let live = &ranks[..len];
+            let lowest = live.iter().copied().min().unwrap_or(NO_MERGE);
             if lowest == NO_MERGE {
                 break;
             }
+            let Some(at) = live.iter().position(|&rank| rank == lowest) else {
+                break;
+            };
             let right = usize::from(next[at]);
             ids[at] = merged[at];
             ids[right] = REMOVED;
@@ -422,8 +411,7 @@ mod tests {
     /// A model from tokens and merges given as ID pairs.
     fn vocab_of(tokens: Vec<(u32, Vec<u8>)>, merges: &[(u32, u32)], ignore_merges: bool) -> Vocab {
         let spelled: HashMap<u32, Vec<u8>> = tokens.iter().cloned().collect();
-        let mut vocab =
-            Vocab::with_tokens(tokens, ignore_merges, merges.len()).expect("valid tokens");
+        let mut vocab = Vocab::with_tokens(tokens, ignore_merges).expect("valid tokens");
         for (left, right) in merges {
             vocab
                 .push_merge(Some((&spelled[left], &spelled[right])))

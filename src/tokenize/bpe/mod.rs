@@ -18,7 +18,6 @@
 //! refused ([`PretokenTooLong`]): the request routes on its text instead of merging megabytes.
 
 mod merge;
-mod pairs;
 pub mod pretokens;
 mod slot;
 mod words;
@@ -367,7 +366,7 @@ fn vocab(model: BpeJson<'_>) -> Result<Vocab, String> {
             tokens.push((*id, bytes.clone()));
         }
     }
-    let mut vocab = Vocab::with_tokens(tokens, model.ignore_merges, model.merges.len())?;
+    let mut vocab = Vocab::with_tokens(tokens, model.ignore_merges)?;
     let (mut left, mut right) = (Vec::new(), Vec::new());
     for merge in &model.merges {
         let (l, r) = match merge {
