@@ -47,10 +47,13 @@ impl Router {
         else {
             return;
         };
+        if peers.tenants_len == 0 {
+            return;
+        }
         let matched_pages = peers.matched_len as usize / block_size.max(1);
         let covered = (matched_pages * TEXT_PAGE_BYTES).min(text.len());
         let chars = u32::try_from(count_chars(&text.as_bytes()[..covered])).unwrap_or(u32::MAX);
-        if peers.tenants_len > 0 && chars > matched.matched_len {
+        if chars > matched.matched_len {
             matched.matched_len = chars;
             matched.tenants = peers.tenants;
             matched.tenants_len = peers.tenants_len;
