@@ -24,7 +24,8 @@
 #   mooncake       the first 2,000 rows of the Mooncake conversation trace paced 20x, engines
 #                  simulated 20x faster, 2,097,152 KV tokens per engine; token ids.
 #   text-chat      shared-prefix's groups sent as chat text (`--form chat`, no tokenizer: the
-#                  string tree, whose paths cross only as their hash, see ARCHITECTURE.md).
+#                  string tree, whose paths cross as the hashes of their text's 64-byte pages,
+#                  `mesh::text`; before issue 37's text sync, only as their hash).
 # Each run writes OUT_DIR/NAME.json (replay's report) and one line of OUT_DIR/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -519,6 +519,12 @@ pub const MESH_PEER_CHAINS_MAX: usize = 1 << 20;
 /// Pages of one token path in a delta (its known prefix and the pages that follow): 1M tokens
 /// at 16 per page, checked before anything is allocated for it.
 pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;
+/// Pages of a text path the mesh shares (`mesh::text`, 64 bytes each: the first 1 MiB of its
+/// routing text) and that a text request is looked up with in what peers shared: routing
+/// needs the prefix, and past it a text's pages would cost the mesh's bytes and the data
+/// core's hashing for requests no peer could match deeper. A longer text is shared cut here
+/// (counted: `kvgate_mesh_refused_total{reason="text_pages_capped"}`).
+pub const MESH_TEXT_PAGES_MAX: usize = 16_384;
 /// Frames from all inbound streams waiting for the mesh loop; a full queue pauses the readers
 /// (TCP pushes back, and the sending peer's own queue drops).
 pub const MESH_INBOUND_FRAMES_MAX: usize = 256;
@@ -672,6 +678,7 @@ const _: () = assert!(MESH_INSERTS_PER_TURN_MAX <= MESH_INBOUND_QUEUE_CAPACITY);
 const _: () = assert!(MESH_PEER_QUEUE_BYTES_MAX >= 2 * MESH_FRAME_BYTES_MAX);
 const _: () = assert!(MESH_INBOUND_STREAMS_MAX >= MESH_PEERS_MAX);
 const _: () = assert!(MESH_HANDSHAKE_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
+const _: () = assert!(MESH_TEXT_PAGES_MAX <= MESH_PATH_PAGES_MAX);
 const _: () = assert!(MESH_FRAME_READ_TIMEOUT.as_millis() < MESH_STREAM_IDLE_TIMEOUT.as_millis());
 const _: () = assert!(GRPC_MESSAGE_BYTES_MAX <= u32::MAX as usize);
 const _: () = assert!(GRPC_CONNECTION_WINDOW_BYTES >= GRPC_STREAM_WINDOW_BYTES);

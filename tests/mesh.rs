@@ -236,6 +236,57 @@ fn a_prefix_learned_on_one_gateway_routes_to_the_same_worker_from_the_others() {
     );
 }
 
+/// A chat body (text: the sim model has no tokenizer) of `family`'s 3 KB system prompt and
+/// `question`. The prompt holds a marker the mesh must never carry.
+fn chat(family: u32, question: &str) -> String {
+    let rules: Vec<String> = (0..120)
+        .map(|i| format!("family {family} rule {i}: answer briefly"))
+        .collect();
+    serde_json::json!({
+        "model": "sim-model",
+        "messages": [
+            {"role": "system", "content": rules.join("; ")},
+            {"role": "user", "content": question}
+        ],
+        "max_tokens": 1,
+    })
+    .to_string()
+}
+
+fn route_chat(gateway: &Gateway, family: u32, question: &str) -> String {
+    let response = gateway
+        .client()
+        .post_json("/v1/chat/completions", &chat(family, question));
+    assert_eq!(response.status, 200, "{}", response.text());
+    let worker = response.routed_worker().expect("routed worker header");
+    worker.to_string()
+}
+
+/// Issue 37's text sync: B never saw the families' text, yet routes their next chats where A
+/// placed them, from the hashes of the text's pages A shared.
+#[test]
+fn a_text_prompt_taught_through_one_gateway_routes_to_the_same_worker_through_another() {
+    let mesh = Mesh::start(2);
+    let (a, b) = (&mesh.gateways[0], &mesh.gateways[1]);
+    let taught: HashMap<u32, String> = (0..8)
+        .map(|f| (f, route_chat(a, f, "what is the first rule?")))
+        .collect();
+    let spread: std::collections::HashSet<&String> = taught.values().collect();
+    assert!(
+        spread.len() > 1,
+        "the families spread over workers: {taught:?}"
+    );
+    // Applied without a repair (the deltas carry the pages); on the binary before this change
+    // B applied none (a text delta named a path it did not know, and repairs carry no text).
+    wait_applied(b, 8.0);
+    assert!(a.metric("kvgate_mesh_sent_pages_total") >= 8.0 * 40.0);
+    // In another order than A's: B's own placements of new prefixes cannot repeat A's.
+    for family in (0..8).rev() {
+        let routed = route_chat(b, family, "and the second one?");
+        assert_eq!(routed, taught[&family], "b: family {family}");
+    }
+}
+
 #[test]
 fn a_gateway_that_joins_late_catches_up_by_repair() {
     let mut mesh = Mesh::start(2);

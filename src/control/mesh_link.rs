@@ -53,6 +53,7 @@ use crate::mesh::paths::{
     delta_key, entry_key, Batched, Change as PathChange, DeltaRound, KnownPaths, RoundPath,
 };
 use crate::mesh::repair::{Ask, PageOutcome, Repairs, StallOutcome};
+use crate::mesh::text::{self, Shareable};
 use crate::mesh::wire::{
     self, frame::Body, Delta, DeltaBatch, Frame, FrameError, RepairPage, RepairRequest,
 };
@@ -408,20 +409,29 @@ impl Node {
             return;
         };
         let mut dropped = 0u64;
+        let block_size = shared.config.policy.cache_aware.block_size as usize;
         while let Some(insert) = link.outbound.pop() {
-            let Some(kind) = tree_kind(&insert.key) else {
+            // A text path goes as its text's pages, in a token path's form (`mesh::text`).
+            let key = match text::shareable(insert.key, block_size) {
+                Shareable::Key { key, capped } => {
+                    if capped {
+                        link.counters.refuse(Refusal::TextPagesCapped);
+                    }
+                    key
+                }
+                Shareable::None => continue,
+            };
+            let Some(kind) = tree_kind(&key) else {
                 continue;
             };
             let model = insert.namespace.model;
             self.served_models().note_local(model);
-            let path = RoundPath::of(insert.namespace, &insert.key).map(Arc::new);
+            let path = RoundPath::of(insert.namespace, &key).map(Arc::new);
             if let Some(path) = &path {
                 let root = chain_root(insert.namespace, path.block_size);
                 self.chains.learn(root, path.pages(), &path.chains);
             }
-            let learned = self
-                .known
-                .learn(insert.namespace, insert.key, &insert.worker_url);
+            let learned = self.known.learn(insert.namespace, key, &insert.worker_url);
             if let Some((hash, _)) = learned {
                 let added = self
                     .round

@@ -3,6 +3,8 @@
 //! (`TokenPages`). Edges split and matches end only at unit boundaries, and budgets count
 //! units.
 
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
 use super::raw::Element;
 use super::TreeKind;
 
@@ -181,6 +183,41 @@ impl TokenPages {
     }
 }
 
+/// Bytes of routing text per text page ([`TokenPages::hash_text`]): about the text of one
+/// page of tokens at the default `--block-size` (16 tokens of 3-4 bytes), so a match on a peer's
+/// text pages is about as fine as a token match, and a 2,048-token system prompt is about 130
+/// pages (1 KiB of hashes on the wire).
+pub const TEXT_PAGE_BYTES: usize = 64;
+
+/// The seed of text page hashes: fixed, so every gateway hashes a text alike (the mesh's rule,
+/// `mesh::paths`), and another function than the token pages' lanes, so text pages and token
+/// pages stored in one tree do not meet except by a 64-bit collision.
+const TEXT_PAGE_SEED: u64 = 0x7465_7874_7061_6765; // "textpage"
+
+/// The hash of one page of routing text (`TEXT_PAGE_BYTES` bytes, cut on bytes: a page may end
+/// inside a character, the same way on every gateway).
+pub fn text_page_hash(page: &[u8]) -> u64 {
+    xxh3_64_with_seed(page, TEXT_PAGE_SEED)
+}
+
+impl TokenPages {
+    /// Replaces the contents with the hashes of `text`'s first `pages_max` whole pages of
+    /// [`TEXT_PAGE_BYTES`] ([`text_page_hash`]; a trailing partial page gets none), each
+    /// counted as `block_size` tokens: the token tree's unit, so text pages are stored and
+    /// looked up as token pages are. This is how the mesh shares a text path without its text
+    /// (`mesh::text`) and how a text request is looked up in what peers shared.
+    pub fn hash_text(&mut self, text: &[u8], block_size: usize, pages_max: usize) {
+        self.pages.clear();
+        self.pages.extend(
+            text.chunks_exact(TEXT_PAGE_BYTES)
+                .take(pages_max)
+                .map(text_page_hash),
+        );
+        self.block_size = block_size;
+        self.tokens = self.pages.len() * block_size;
+    }
+}
+
 /// Page hashes of token ids ([`TokenPages`]): a unit is one hash, a page of `block_size` tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct PageKeys {
@@ -340,6 +377,46 @@ mod tests {
         assert_eq!(hashes.len(), pages.len());
         // Random hashes fill 1 - e^-3 (95%, 62.3k) of 2^16 buckets with 198k draws.
         assert!(low.len() > 61_500, "{} distinct low 16 bits", low.len());
+    }
+
+    #[test]
+    fn text_pages_are_whole_capped_and_apart_from_token_pages() {
+        let page = "a system prompt that many conversations share, page after page. ";
+        assert_eq!(page.len(), 64);
+        let pages_of_text = (0..5).map(|i| format!("{i:03}{}", &page[3..]));
+        let text = pages_of_text.collect::<String>() + "and a tail";
+        let mut pages = TokenPages::default();
+        pages.hash_text(text.as_bytes(), 16, usize::MAX);
+        assert_eq!(pages.pages().len(), 5, "a partial page gets no hash");
+        assert_eq!(pages.block_size(), 16);
+        assert_eq!(
+            pages.request_tokens(),
+            5 * 16,
+            "each page counts as a page of tokens"
+        );
+        for (page, bytes) in pages.pages().iter().zip(text.as_bytes().chunks_exact(64)) {
+            assert_eq!(*page, text_page_hash(bytes));
+        }
+        // A text that shares the first 128 bytes shares the first two pages, then parts.
+        let mut other = text.clone().into_bytes();
+        other[130] ^= 1;
+        let mut others = TokenPages::default();
+        others.hash_text(&other, 16, usize::MAX);
+        assert_eq!(pages.pages()[..2], others.pages()[..2]);
+        assert_ne!(pages.pages()[2], others.pages()[2]);
+        assert_eq!(pages.pages()[3..], others.pages()[3..], "pages hash alone");
+        // Capped: a long text hashes only its first pages.
+        pages.hash_text(text.as_bytes(), 16, 2);
+        assert_eq!(pages.pages(), &others.pages()[..2]);
+        // The same 64 bytes as a text page and as sixteen token ids hash apart.
+        let ids: Vec<u32> = text.as_bytes()[..64]
+            .chunks_exact(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_ne!(page_hash(&ids), text_page_hash(&text.as_bytes()[..64]));
+        // Shorter than a page: no page at all.
+        pages.hash_text(b"short", 16, usize::MAX);
+        assert!(pages.pages().is_empty());
     }
 
     #[test]

@@ -32,7 +32,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::ids::WorkerId;
 use crate::limits::{MATCH_TENANTS_MAX, MODELS_MAX};
-pub use keys::{common_prefix, count_chars, page_hash, TokenPages};
+pub use keys::{
+    common_prefix, count_chars, page_hash, text_page_hash, TokenPages, TEXT_PAGE_BYTES,
+};
 use keys::{PageKeys, TextKeys};
 use raw::{Domain, Guard, ReaderSlot, RetireList, WriterToken};
 pub use raw::{TextWriter, READERS_MAX};

@@ -15,6 +15,8 @@
 //! - [`chains`]: token paths as chains of pages: a delta carries the pages after the deepest
 //!   prefix its peer is believed to know, so a dispatch costs one delta per peer, not a repair.
 //! - [`repair`]: one repair at a time per model: resumable, retried, abandoned.
+//! - [`text`]: text paths shared as the hashes of their text's pages, in the token path's form,
+//!   so a peer matches text it never saw and no client text leaves a gateway.
 //! - [`MeshLink`]: what the control core and the mesh thread share: two bounded queues (local
 //!   inserts out, peers' inserts in) and the counters; a full queue drops and counts, never
 //!   waits.
@@ -32,6 +34,7 @@ pub mod membership;
 pub mod models;
 pub mod paths;
 pub mod repair;
+pub mod text;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -271,11 +274,13 @@ pub enum Refusal {
     /// A frame not queued: its peer's stream held `MESH_PEER_QUEUE_BYTES_MAX` or
     /// `MESH_PEER_QUEUE_FRAMES` already, or did not take a write in `MESH_WRITE_TIMEOUT`.
     PeerBackedUp,
+    /// A text path of more than `MESH_TEXT_PAGES_MAX` pages, shared cut there (`text`).
+    TextPagesCapped,
 }
 
 impl Refusal {
     /// Every reason, in the order `/metrics` lists them.
-    pub const ALL: [Refusal; 11] = [
+    pub const ALL: [Refusal; 12] = [
         Refusal::Unauthenticated,
         Refusal::Stale,
         Refusal::NotMember,
@@ -287,6 +292,7 @@ impl Refusal {
         Refusal::Idle,
         Refusal::StreamsFull,
         Refusal::PeerBackedUp,
+        Refusal::TextPagesCapped,
     ];
 
     /// The label value.
@@ -303,6 +309,7 @@ impl Refusal {
             Refusal::Idle => "idle",
             Refusal::StreamsFull => "streams_full",
             Refusal::PeerBackedUp => "peer_backed_up",
+            Refusal::TextPagesCapped => "text_pages_capped",
         }
     }
 }

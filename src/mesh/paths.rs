@@ -18,8 +18,9 @@
 //! change which worker holds what, never what an engine computes.
 //!
 //! Token paths cross the wire as their page hashes (not client values: the token ids cannot be
-//! read back). Text paths cross only as their path hash: a repair names a text path's holders
-//! and a gateway applies them only to a text path it saw itself.
+//! read back). Text paths reach this map already in a token path's form, the hashes of their
+//! text's pages (`mesh::text`); a text key here would cross only as its path hash (a repair
+//! names its holders, and a gateway applies them only to a text path it saw itself).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;

@@ -20,6 +20,7 @@ mod expected_wait;
 mod hashing;
 mod lookup;
 mod metrics;
+mod peer_text;
 mod placements;
 mod preparation;
 mod prepared;

@@ -288,11 +288,12 @@ impl Router {
         }
     }
 
-    /// Tree mode: the string or token tree's match, and on a miss this core's recent dispatches.
-    fn look_up_tree(&self, prepared: &Prepared) -> Lookup {
-        let (namespace, key, now_ms) = (prepared.namespace, prepared.index_key(), prepared.now_ms);
+    /// Tree mode: the string or token tree's match (a text's deepened by the text pages peers
+    /// shared, `peer_text.rs`), and on a miss this core's recent dispatches.
+    fn look_up_tree(&self, prepared: &mut Prepared) -> Lookup {
+        let (namespace, now_ms) = (prepared.namespace, prepared.now_ms);
         let mut lookup = match &self.index {
-            Some(index) => index.lookup(namespace, key, now_ms),
+            Some(index) => index.lookup(namespace, prepared.index_key(), now_ms),
             None => Lookup::Tree {
                 matched: TreeMatch {
                     request_len: request_len(prepared.input.key()),
@@ -303,7 +304,9 @@ impl Router {
         };
         // Only a miss can be a burst of a new prefix the index has not learned yet.
         if let Lookup::Tree { matched, .. } = &mut lookup {
+            self.match_peer_text_pages(prepared, matched);
             if matched.ratio() <= self.config.cache_aware.cache_threshold {
+                let key = prepared.index_key();
                 self.recent.merge_into(matched, namespace, key, now_ms);
             }
         }

@@ -57,7 +57,8 @@ pub enum Lookup {
 pub struct Prepared {
     pub(super) input: RoutingInput,
     pub(super) namespace: Namespace,
-    /// The page hashes of the key's token IDs (empty for text keys).
+    /// The page hashes of the key's token IDs; for a text key, its text's pages when they were
+    /// looked up among those peers shared (`peer_text.rs`; otherwise not read).
     pub(super) pages: TokenPages,
     /// Hash mode: the heads of the token IDs, shallowest first.
     pub(super) heads: Vec<Head>,

@@ -85,6 +85,9 @@ pub struct Router {
     pub(super) announced_models: Vec<u64>,
     /// The models' tokenizers and this core's tokenization cache (`None`: no model has one).
     pub(super) tokenizing: Option<Tokenizing>,
+    /// Text requests are also matched against the text pages peers shared (`--enable-mesh`,
+    /// `peer_text.rs`).
+    pub(super) peer_text_pages: bool,
 }
 
 impl Router {
@@ -111,6 +114,7 @@ impl Router {
             ring_members: Vec::new(),
             announced_models: Vec::new(),
             tokenizing: None,
+            peer_text_pages: false,
         }
     }
 

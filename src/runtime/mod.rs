@@ -410,6 +410,9 @@ fn data_core(
     if let Some(events) = events {
         router = router.with_events(events);
     }
+    if config.mesh.is_some() {
+        router = router.with_peer_text_pages();
+    }
     let decode = config.pd.as_ref().map(|pd| {
         // Its own counters, not exported: the branch metric counts prefill decisions.
         let seed = (core_id as u64) ^ 0x5eed_dec0;
