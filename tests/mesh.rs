@@ -293,6 +293,8 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
     let batch = DeltaBatch {
         model: kvgate::policy::model_hash("sim-model"),
         recipients: 0,
+        epoch: 0,
+        known_before: 0,
         worker_urls: vec![mesh.fleet.url(0)],
         deltas: vec![Delta {
             kind: wire::TreeKind::Token as i32,
@@ -414,6 +416,8 @@ fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
             recipients: 0,
+            epoch: 0,
+            known_before: 0,
             worker_urls: vec![mesh.fleet.url(0)],
             deltas: (0..per_frame)
                 .map(|i| Delta {
@@ -482,6 +486,8 @@ fn peers_without_the_key_are_refused_on_tcp_and_udp_and_change_nothing() {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
             recipients: 0,
+            epoch: 0,
+            known_before: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: vec![Delta {
                 kind: wire::TreeKind::Token as i32,
@@ -551,6 +557,7 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
         repair_id: 1,
         after: 0,
         epoch: 0,
+        ..RepairRequest::default()
     };
     peer.send(&wire::frame(&outsider, Body::RepairRequest(request)))
         .expect("write");
@@ -580,6 +587,8 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
         let batch = DeltaBatch {
             model: fake,
             recipients: 0,
+            epoch: 0,
+            known_before: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: (0..64)
                 .map(|i| Delta {
