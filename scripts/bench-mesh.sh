@@ -15,6 +15,7 @@
 #   PERF=1 ...: perf record (999 Hz, call graphs) of the gateways during each replay, in
 #       OUT_DIR/NAME.perf.data (`perf report --sort comm,symbol` splits it by thread)
 #   TRACE=PATH ...: the Mooncake conversation trace (default ../shared/traces/, beside the repository)
+#   RATE=10 ...: shared-prefix's and text-chat's arrival rate (default 40 req/s)
 #   CONFIGS="4 on,8 on" WORKLOADS="shared-prefix text-chat" ...: the gateway counts (with the
 #       mesh on or off) and workloads to run (defaults below)
 #
@@ -145,7 +146,7 @@ EOF
 configs="${CONFIGS:-1 off,2 off,2 on,4 off,4 on}"
 workloads="${WORKLOADS:-shared-prefix mooncake}"
 synthetic=(--synthetic --groups 64 --prompts-per-group 8 --system-prompt-len 2048
-  --question-len 64 --output-len 16 --max-requests "$requests" --rate 40)
+  --question-len 64 --output-len 16 --max-requests "$requests" --rate "${RATE:-40}")
 mooncake=(--trace "$trace" --max-requests "$requests" --speedup 20 --form generate-ids)
 IFS=, read -r -a config_list <<<"$configs"
 for workload in $workloads; do

@@ -559,8 +559,11 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
         epoch: 0,
         ..RepairRequest::default()
     };
-    peer.send(&wire::frame(&outsider, Body::RepairRequest(request)))
-        .expect("write");
+    peer.send(&wire::frame(
+        &outsider,
+        Body::RepairRequest(request.clone()),
+    ))
+    .expect("write");
     wait_refused(a, "not_member", 1.0);
     // A repair page A never asked for, said to come from member B, naming worker 3.
     let page = RepairPage {

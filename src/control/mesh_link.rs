@@ -229,7 +229,8 @@ impl Node {
                         self.publish_peer_gauges();
                     }
                     if now >= next_round {
-                        next_round = now + MESH_ROUND;
+                        // On the ticks' schedule, so a tick that wakes late skips no round.
+                        next_round = (next_round + MESH_ROUND).max(now);
                         self.gossip_round();
                     }
                     self.check_repair_stalls(now);
