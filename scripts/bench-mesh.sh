@@ -4,7 +4,9 @@
 # --enable-mesh, on 8 simulated engines; and the mesh's cost per dispatch: bytes its frames put
 # on the wire (all, and those of repairs), page hashes its deltas carried, and CPU of the
 # gateways' kvgate-mesh threads, their kvgate-control threads, and the part of the latter spent
-# inserting peers' paths (kvgate_mesh_apply_seconds_total).
+# inserting peers' paths (kvgate_mesh_apply_seconds_total); and the same CPU "above idle": less
+# what those threads use without traffic (measured for IDLE_S seconds, default 5, before each
+# replay, and scaled to the replay's length).
 #
 #   scripts/bench-mesh.sh [OUT_DIR]     (default target/bench-mesh; SKIP_BUILD=1 reuses the
 #                                        binaries; about 8 minutes on 2 cores)
@@ -13,6 +15,7 @@
 #   PERF=1 ...: perf record (999 Hz, call graphs) of the gateways during each replay, in
 #       OUT_DIR/NAME.perf.data (`perf report --sort comm,symbol` splits it by thread)
 #   TRACE=PATH ...: the Mooncake conversation trace (default ../shared/traces/, beside the repository)
+#   RATE=10 ...: shared-prefix's and text-chat's arrival rate (default 40 req/s)
 #   CONFIGS="4 on,8 on" WORKLOADS="shared-prefix text-chat" ...: the gateway counts (with the
 #       mesh on or off) and workloads to run (defaults below)
 #
@@ -26,7 +29,8 @@
 #   text-chat      shared-prefix's groups sent as chat text (`--form chat`, no tokenizer: the
 #                  string tree, whose paths cross as the hashes of their text's 64-byte pages,
 #                  `mesh::text`; before issue 37's text sync, only as their hash).
-# Each run writes OUT_DIR/NAME.json (replay's report) and one line of OUT_DIR/summary.txt.
+# Each run writes OUT_DIR/NAME.json (replay's report), OUT_DIR/NAME.gwI.metrics (gateway I's
+# kvgate_mesh_* series at the end) and one line of OUT_DIR/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/fleet.sh
@@ -82,9 +86,17 @@ run() {
       done
     done
   fi
-  local mesh_before control_before
+  # The threads' idle CPU (timers, SWIM, health and load probes) over IDLE_S seconds without
+  # traffic, subtracted pro rata from the replay's: what remains is the dispatches' cost.
+  local mesh_before control_before idle_s="${IDLE_S:-5}" idle_mesh idle_control started ended
   mesh_before=$(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}")
   control_before=$(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}")
+  sleep "$idle_s"
+  idle_mesh=$(( $(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}") - mesh_before ))
+  idle_control=$(( $(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}") - control_before ))
+  mesh_before=$(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}")
+  control_before=$(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}")
+  started=$(date +%s%N)
   local perf_pid=
   if [ -n "${PERF:-}" ]; then
     perf record -q -F 999 -g -p "$(IFS=,; echo "${gw_pids[*]}")" -o "$out/$name.perf.data" \
@@ -94,10 +106,14 @@ run() {
   echo "== $name: replay --gateway $(IFS=,; echo "${urls[*]}") $*" >&2
   "$bin/replay" --gateway "$(IFS=,; echo "${urls[*]}")" "$@" --no-progress \
     --out "$out/$name.json" --plot "$out/$name.svg" >"$out/$name.txt"
+  ended=$(date +%s%N)
   if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid" || true; fi
   local mesh_cpu control_cpu bytes=0 repair=0 pages=0 apply=0 dispatches=0
   mesh_cpu=$(( $(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}") - mesh_before ))
   control_cpu=$(( $(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}") - control_before ))
+  for i in "${!metrics_ports[@]}"; do # each gateway's mesh series, for a closer look
+    curl -s "http://127.0.0.1:${metrics_ports[$i]}/metrics" | grep '^kvgate_mesh_' >"$out/$name.gw$i.metrics" || true
+  done
   for mport in "${metrics_ports[@]}"; do
     bytes=$(fleet_stats sum "$bytes" "$(metric "$mport" kvgate_mesh_sent_bytes_total)")
     repair=$(fleet_stats sum "$repair" "$(metric "$mport" kvgate_mesh_sent_repair_bytes_total)")
@@ -106,18 +122,23 @@ run() {
     dispatches=$(fleet_stats sum "$dispatches" "$(metric "$mport" kvgate_dispatch_records_applied_total)")
   done
   python3 - "$out/$name.json" "$name" "$n" "$mesh" "$bytes" "$repair" "$pages" "$dispatches" \
-    "$mesh_cpu" "$control_cpu" "$apply" <<'EOF' | tee -a "$out/summary.txt"
+    "$mesh_cpu" "$control_cpu" "$apply" "$idle_mesh" "$idle_control" "$idle_s" \
+    "$(( (ended - started) / 1000 ))" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
 path, name, n, mesh = sys.argv[1:5]
-sent, repair, pages, dispatches, mesh_us, control_us, apply_s = map(float, sys.argv[5:])
+(sent, repair, pages, dispatches, mesh_us, control_us, apply_s, idle_mesh_us, idle_control_us,
+ idle_s, replay_us) = map(float, sys.argv[5:])
 r = json.load(open(path))
 d = max(dispatches, 1.0)
+scale = replay_us / (idle_s * 1e6)
 print(f"{name:28s} gateways {n} mesh {mesh:3s} hit {r['cache_hit_rate']:.1%} "
       f"TTFT p50 {r['ttft_ms']['p50']:.0f} p99 {r['ttft_ms']['p99']:.0f} ms "
       f"errors {r.get('errors', 0)} dispatches {d:.0f}  per dispatch: "
       f"sent {sent / d:.0f} B (repair {repair / d:.0f} B, {pages / d:.1f} pages), "
       f"CPU mesh thread {mesh_us / d:.0f} us, control thread {control_us / d:.0f} us "
-      f"(applying peers' paths {apply_s * 1e6 / d:.0f} us)")
+      f"(applying peers' paths {apply_s * 1e6 / d:.0f} us); above idle: mesh thread "
+      f"{(mesh_us - idle_mesh_us * scale) / d:.0f} us, control thread "
+      f"{(control_us - idle_control_us * scale) / d:.0f} us")
 EOF
   fleet_kill_all
 }
@@ -126,7 +147,7 @@ EOF
 configs="${CONFIGS:-1 off,2 off,2 on,4 off,4 on}"
 workloads="${WORKLOADS:-shared-prefix mooncake}"
 synthetic=(--synthetic --groups 64 --prompts-per-group 8 --system-prompt-len 2048
-  --question-len 64 --output-len 16 --max-requests "$requests" --rate 40)
+  --question-len 64 --output-len 16 --max-requests "$requests" --rate "${RATE:-40}")
 mooncake=(--trace "$trace" --max-requests "$requests" --speedup 20 --form generate-ids)
 IFS=, read -r -a config_list <<<"$configs"
 for workload in $workloads; do

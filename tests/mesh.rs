@@ -344,6 +344,8 @@ fn a_repair_asked_of_a_killed_gateway_moves_to_another_peer() {
     let batch = DeltaBatch {
         model: kvgate::policy::model_hash("sim-model"),
         recipients: 0,
+        epoch: 0,
+        known_before: 0,
         worker_urls: vec![mesh.fleet.url(0)],
         deltas: vec![Delta {
             kind: wire::TreeKind::Token as i32,
@@ -465,6 +467,8 @@ fn a_flood_of_deltas_leaves_memory_bounded_and_newer_frames_are_read() {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
             recipients: 0,
+            epoch: 0,
+            known_before: 0,
             worker_urls: vec![mesh.fleet.url(0)],
             deltas: (0..per_frame)
                 .map(|i| Delta {
@@ -533,6 +537,8 @@ fn peers_without_the_key_are_refused_on_tcp_and_udp_and_change_nothing() {
         let batch = DeltaBatch {
             model: kvgate::policy::model_hash("sim-model"),
             recipients: 0,
+            epoch: 0,
+            known_before: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: vec![Delta {
                 kind: wire::TreeKind::Token as i32,
@@ -602,9 +608,13 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
         repair_id: 1,
         after: 0,
         epoch: 0,
+        ..RepairRequest::default()
     };
-    peer.send(&wire::frame(&outsider, Body::RepairRequest(request)))
-        .expect("write");
+    peer.send(&wire::frame(
+        &outsider,
+        Body::RepairRequest(request.clone()),
+    ))
+    .expect("write");
     wait_refused(a, "not_member", 1.0);
     // A repair page A never asked for, said to come from member B, naming worker 3.
     let page = RepairPage {
@@ -631,6 +641,8 @@ fn a_key_holder_is_heard_only_as_a_member_about_served_models_and_repairs_asked_
         let batch = DeltaBatch {
             model: fake,
             recipients: 0,
+            epoch: 0,
+            known_before: 0,
             worker_urls: vec![mesh.fleet.url(3)],
             deltas: (0..64)
                 .map(|i| Delta {

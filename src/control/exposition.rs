@@ -127,7 +127,27 @@ pub fn render_mesh(counters: &MeshCounters, out: &mut String) {
             counters.get(counter)
         );
     }
+    let name = "kvgate_mesh_repair_causes_total";
+    header(
+        out,
+        name,
+        "counter",
+        "Repairs asked for, by cause: a delta this gateway could not rebuild (unknown_path), or \
+         the first delta of a model from a peer since either joined or came back (catch_up)",
+    );
+    for (label, counter) in [
+        ("unknown_path", MeshCounter::RepairCauseUnknownPath),
+        ("catch_up", MeshCounter::RepairCauseCatchUp),
+    ] {
+        let _ = writeln!(out, "{name}{{cause=\"{label}\"}} {}", counters.get(counter));
+    }
     for (name, kind, help, value) in [
+        (
+            "kvgate_mesh_peers_down_total",
+            "counter",
+            "Peers declared down or gone (each comes back through a catch-up repair)",
+            counters.get(MeshCounter::PeersDown),
+        ),
         (
             "kvgate_mesh_inserts_applied_total",
             "counter",

@@ -230,7 +230,8 @@ impl Node {
                         self.publish_peer_gauges();
                     }
                     if now >= next_round {
-                        next_round = now + MESH_ROUND;
+                        // On the ticks' schedule, so a tick that wakes late skips no round.
+                        next_round = (next_round + MESH_ROUND).max(now);
                         self.gossip_round();
                     }
                     self.check_repair_stalls(now);
@@ -274,6 +275,7 @@ impl Node {
                 }
                 Change::Down(peer) => {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer down");
+                    self.link().counters.add(MeshCounter::PeersDown, 1);
                     // Per-peer state goes with the peer: its stream (the writer ends), what it
                     // was believed to know; its first delta when back catches up by a repair.
                     self.streams.remove(&peer.addr);
@@ -410,6 +412,9 @@ impl Node {
         };
         let mut dropped = 0u64;
         let block_size = shared.config.policy.cache_aware.block_size as usize;
+        // Where this gateway's numbering stood before the round: a catch-up a batch starts
+        // stops there (what follows, the peer hears as deltas).
+        let known_before = (self.known.epoch(), self.known.last_seq());
         while let Some(insert) = link.outbound.pop() {
             // A text path goes as its text's pages, in a token path's form (`mesh::text`).
             let key = match text::shareable(insert.key, block_size) {
@@ -446,6 +451,7 @@ impl Node {
         let recipients = recipients_hash(&peers);
         for mut batch in batches {
             batch.batch.recipients = recipients;
+            (batch.batch.epoch, batch.batch.known_before) = known_before;
             let deltas = batch.batch.deltas.len() as u64;
             for &peer in &peers {
                 let for_peer = batch.for_peer(peer, &mut self.peer_chains);
@@ -493,7 +499,7 @@ impl Node {
         match frame.body {
             Some(Body::Deltas(batch)) => self.apply_deltas(sender, batch),
             Some(Body::RepairRequest(request)) => self.serve_repair(sender, request),
-            Some(Body::RepairPage(page)) => self.apply_repair_page(sender, page),
+            Some(Body::RepairPage(page)) => self.apply_repair_page(page),
             None => {}
         }
     }
@@ -511,7 +517,7 @@ impl Node {
             .map(|u| Arc::from(u.as_str()))
             .collect();
         let knowers = self.knowers(sender, batch.recipients);
-        let mut unknown = false;
+        let mut unknown = Vec::new();
         for delta in &batch.deltas {
             let Some(url) = urls.get(delta.worker as usize) else {
                 continue;
@@ -530,7 +536,7 @@ impl Node {
                 None => match self.learn_delta_path(&knowers, batch.model, delta, url) {
                     Some(insert) => insert,
                     None => {
-                        unknown = true;
+                        unknown.push(delta.path_hash);
                         continue;
                     }
                 },
@@ -539,17 +545,27 @@ impl Node {
                 link.counters.add(MeshCounter::DeltasDropped, 1);
             }
         }
-        let catch_up = self.repairs.first_heard(sender, batch.model);
-        if unknown || catch_up {
-            let live = self.membership.live_peers();
-            if let Some(ask) = self
-                .repairs
-                .start(batch.model, Some(sender), &live, Instant::now())
-            {
-                link.counters.add(MeshCounter::RepairsStarted, 1);
-                tracing::debug!(model = batch.model, peer = %ask.peer, "mesh: repair started");
-                self.ask(ask);
-            }
+        // A catch-up from the sender brings every path it knows, the unknown ones included;
+        // without one, only the unknown paths are asked for.
+        let live = self.membership.live_peers();
+        let now = Instant::now();
+        let ask = if self.repairs.first_heard(sender, batch.model) {
+            link.counters.add(MeshCounter::RepairCauseCatchUp, 1);
+            let until = (batch.epoch, batch.known_before);
+            self.repairs
+                .start(batch.model, Some(sender), until, &live, now)
+        } else if !unknown.is_empty() {
+            link.counters.add(MeshCounter::RepairCauseUnknownPath, 1);
+            let model = batch.model;
+            self.repairs
+                .start_paths(model, Some(sender), &unknown, &live, now)
+        } else {
+            None
+        };
+        if let Some(ask) = ask {
+            link.counters.add(MeshCounter::RepairsStarted, 1);
+            tracing::debug!(model = batch.model, peer = %ask.peer, paths = ask.paths.len(), "mesh: repair started");
+            self.ask(ask);
         }
     }
 
@@ -602,6 +618,9 @@ impl Node {
             repair_id: ask.repair_id,
             after: ask.after,
             epoch: ask.epoch,
+            paths: ask.paths,
+            until: ask.until.1,
+            until_epoch: ask.until.0,
         };
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairRequest(request))).into();
         // A request lost to a backed-up stream stalls, and the stall retries it.
@@ -610,12 +629,21 @@ impl Node {
 
     fn serve_repair(&mut self, peer: SocketAddr, request: RepairRequest) {
         let (model, id) = (request.model, request.repair_id);
-        let page = self.known.page(model, id, request.epoch, request.after);
+        let page = if request.paths.is_empty() {
+            let (mark, until) = (
+                (request.epoch, request.after),
+                (request.until_epoch, request.until),
+            );
+            self.known.page(model, id, mark, until)
+        } else {
+            let mark = (request.epoch, request.after);
+            self.known.page_of_paths(model, id, mark, &request.paths)
+        };
         let bytes = wire::encode(&wire::frame(&self.me, Body::RepairPage(page))).into();
         let _ = self.send(peer, bytes, FrameKind::Repair);
     }
 
-    fn apply_repair_page(&mut self, sender: SocketAddr, page: RepairPage) {
+    fn apply_repair_page(&mut self, page: RepairPage) {
         let shared = self.shared.clone();
         let Some(link) = shared.mesh.as_ref() else {
             return;
@@ -671,10 +699,7 @@ impl Node {
                 link.counters.add(MeshCounter::RepairsCompleted, 1);
                 tracing::debug!(model = page.model, again, "mesh: repair completed");
                 let live = self.membership.live_peers();
-                if let Some(ask) = again
-                    .then(|| self.repairs.start(page.model, Some(sender), &live, now))
-                    .flatten()
-                {
+                if let Some(ask) = self.repairs.resume_waiting(page.model, &live, now) {
                     link.counters.add(MeshCounter::RepairsStarted, 1);
                     self.ask(ask);
                 }

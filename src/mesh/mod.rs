@@ -216,8 +216,16 @@ pub enum MeshCounter {
     /// Deltas not delivered: a batch dropped because a peer's stream was backed up, or an
     /// insert the control core's queue had no room for.
     DeltasDropped,
-    /// Repairs begun (a delta named a path this gateway does not know).
+    /// Repairs begun (a delta named a path this gateway does not know, or a catch-up).
     RepairsStarted,
+    /// Repairs asked for because a delta named a path this gateway could not rebuild (each
+    /// ask, whether it started a repair or was added to the running one).
+    RepairCauseUnknownPath,
+    /// Repairs asked for as a catch-up: the first delta of a model from a peer since either
+    /// joined or came back.
+    RepairCauseCatchUp,
+    /// Peers declared down (or left); each later comes back through a catch-up repair.
+    PeersDown,
     /// Stalled repairs asked again (another peer when there is one).
     RepairsRetried,
     /// Repairs that received their model's last page.
@@ -243,7 +251,7 @@ pub enum MeshCounter {
 }
 
 impl MeshCounter {
-    const COUNT: usize = 15;
+    const COUNT: usize = 18;
 }
 
 /// What the mesh refused, and which cap was reached (`kvgate_mesh_refused_total{reason}`).

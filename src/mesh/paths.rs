@@ -233,40 +233,37 @@ impl KnownPaths {
         }
     }
 
+    /// The last sequence number given: a delta batch's `known_before`.
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
     /// One repair page of `model`'s paths numbered above `after` in `epoch` (from the first
-    /// when `epoch` is not this run's: the asker's mark is of an earlier run).
-    pub fn page(&self, model: u64, repair_id: u64, epoch: u64, after: u64) -> RepairPage {
+    /// when `epoch` is not this run's: the asker's mark is of an earlier run), and up to
+    /// `until` in `until_epoch` (no bound when `until` is 0 or of another run).
+    pub fn page(
+        &self,
+        model: u64,
+        repair_id: u64,
+        (epoch, after): (u64, u64),
+        (until_epoch, until): (u64, u64),
+    ) -> RepairPage {
         let after = if epoch == self.epoch { after } else { 0 };
+        let until = match until {
+            0 => u64::MAX,
+            until if until_epoch == self.epoch => until.max(after),
+            _ => u64::MAX,
+        };
         let start = Bound::Excluded((model, after));
         let mut urls = UrlList::default();
         let mut entries = Vec::new();
         let mut next_after = after;
         let mut range = self
             .by_model
-            .range((start, Bound::Included((model, u64::MAX))));
+            .range((start, Bound::Included((model, until))));
         for (&(_, seq), &hash) in range.by_ref().take(MESH_REPAIR_PAGE_ENTRIES) {
             next_after = seq;
-            let Some((known, _)) = self.paths.get(&(model, hash)) else {
-                continue;
-            };
-            let (kind, pages, block_size) = match &known.key {
-                KeyData::Text(_) => (wire::TreeKind::Text, Vec::new(), 0),
-                KeyData::Tokens(tokens) => (
-                    wire::TreeKind::Token,
-                    tokens.pages().to_vec(),
-                    tokens.block_size() as u32,
-                ),
-                KeyData::Heads(_) => continue,
-            };
-            let workers = known.tenants.iter().map(|t| urls.index(t)).collect();
-            entries.push(RepairEntry {
-                kind: kind as i32,
-                partition: known.namespace.partition,
-                path_hash: hash,
-                pages,
-                block_size,
-                workers,
-            });
+            entries.extend(self.entry(model, hash, &mut urls));
         }
         RepairPage {
             model,
@@ -277,6 +274,57 @@ impl KnownPaths {
             done: range.next().is_none(),
             epoch: self.epoch,
         }
+    }
+
+    /// The repair page of `paths` of `model` alone, those of them known here (at most
+    /// `MESH_REPAIR_PAGE_ENTRIES`): what a peer asks for when it could not rebuild a delta.
+    /// The asker's mark (`epoch`, `after`) is handed back as it was, or from the first when
+    /// `epoch` is not this run's, so its next catch-up resumes where it did.
+    pub fn page_of_paths(
+        &self,
+        model: u64,
+        repair_id: u64,
+        (epoch, after): (u64, u64),
+        paths: &[u64],
+    ) -> RepairPage {
+        let mut urls = UrlList::default();
+        let entries = paths
+            .iter()
+            .take(MESH_REPAIR_PAGE_ENTRIES)
+            .filter_map(|&hash| self.entry(model, hash, &mut urls))
+            .collect();
+        RepairPage {
+            model,
+            repair_id,
+            worker_urls: urls.urls,
+            entries,
+            next_after: if epoch == self.epoch { after } else { 0 },
+            done: true,
+            epoch: self.epoch,
+        }
+    }
+
+    /// The repair entry of a known path; `None` when unknown (or heads).
+    fn entry(&self, model: u64, hash: u64, urls: &mut UrlList) -> Option<RepairEntry> {
+        let (known, _) = self.paths.get(&(model, hash))?;
+        let (kind, pages, block_size) = match &known.key {
+            KeyData::Text(_) => (wire::TreeKind::Text, Vec::new(), 0),
+            KeyData::Tokens(tokens) => (
+                wire::TreeKind::Token,
+                tokens.pages().to_vec(),
+                tokens.block_size() as u32,
+            ),
+            KeyData::Heads(_) => return None,
+        };
+        let workers = known.tenants.iter().map(|t| urls.index(t)).collect();
+        Some(RepairEntry {
+            kind: kind as i32,
+            partition: known.namespace.partition,
+            path_hash: hash,
+            pages,
+            block_size,
+            workers,
+        })
     }
 }
 
@@ -449,8 +497,10 @@ impl DeltaRound {
                     model,
                     worker_urls: round.urls.urls,
                     deltas: round.deltas,
-                    // Set by the gossip round, which knows whom it sends to.
+                    // Set by the gossip round, which knows whom it sends to and its numbering.
                     recipients: 0,
+                    epoch: 0,
+                    known_before: 0,
                 },
                 paths: round.paths,
             })

@@ -1,22 +1,31 @@
-//! Repairs: a gateway that hears of a path it cannot rebuild (a text path, a token path on a
-//! prefix it does not know), or hears a model from a peer for the first time since one of them
-//! joined or came back, asks one live peer for that model's paths, page by page (the spec's
-//! repair), resuming after the last path it received from that
-//! peer (`KnownPaths`'s sequence numbers): a later repair sends only what changed since. The first ask goes to the peer whose delta named the
-//! path when it is live (the spec says a random live peer; with three gateways that random peer
-//! has often heard the same delta and knows no more), retries to random others. One repair per model at a time. A repair resumes
-//! where its last page ended; one that makes no progress for `MESH_REPAIR_STALL` is retried,
-//! preferably with another peer, up to `MESH_REPAIR_RETRIES` times, then abandoned until the
-//! next unknown path. Pure state: the caller sends the requests and counts.
+//! Repairs. A gateway that hears a model from a peer for the first time since one of them
+//! joined or came back catches up: it asks that peer for the model's paths, page by page (the
+//! spec's repair), resuming after the last path it received from that peer (`KnownPaths`'s
+//! sequence numbers), so a later catch-up sends only what changed since. A gateway that hears
+//! of paths it cannot rebuild (a text path, a token path on a prefix it does not know) asks
+//! for those paths alone, by hash: a wrong belief about what it knew costs about the delta it
+//! could not apply, not every path the peer learned since the last repair (a peer of an
+//! earlier version ignores the hashes and serves the model's pages, as before).
+//!
+//! The first ask goes to the peer whose delta named the path when it is live (the spec says a
+//! random live peer; with three gateways that random peer has often heard the same delta and
+//! knows no more), retries to random others. One repair per model at a time: what is asked
+//! while one runs waits (catch-ups with other peers, unknown paths) and the caller starts it
+//! when the running one completes ([`Repairs::resume_waiting`]). A repair resumes where its
+//! last page ended; one that makes no progress for `MESH_REPAIR_STALL` is retried, preferably
+//! with another peer, up to `MESH_REPAIR_RETRIES` times, then abandoned (with what waited)
+//! until the next unknown path. Pure state: the caller sends the requests and counts.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use crate::limits::{MESH_REPAIR_MARKS_MAX, MESH_REPAIR_RETRIES, MESH_REPAIR_STALL};
+use crate::limits::{
+    MESH_REPAIR_MARKS_MAX, MESH_REPAIR_PAGE_ENTRIES, MESH_REPAIR_RETRIES, MESH_REPAIR_STALL,
+};
 
-/// A request to send: ask `peer` for `model`'s page after `after`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A request to send: ask `peer` for `model`'s page after `after`, or for `paths` alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ask {
     /// The peer asked.
     pub peer: SocketAddr,
@@ -28,25 +37,30 @@ pub struct Ask {
     pub after: u64,
     /// The peer's epoch `after` counts in.
     pub epoch: u64,
+    /// The path hashes asked for; empty: the model's paths after `after` (a catch-up).
+    pub paths: Vec<u64>,
+    /// A catch-up's bound: the peer's epoch and last number when it sent the delta batch that
+    /// started it (what came after reaches this gateway as deltas); (0, 0): none.
+    pub until: (u64, u64),
 }
 
 /// What a page meant for its repair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PageOutcome {
     /// Not the page of a running repair (late, or of an abandoned try): ignored.
     Stale,
     /// More pages follow: ask for the next.
     Next(Ask),
-    /// The model's last page. `again`: a delta named an unknown path while it ran, and the
-    /// peer may have served its pages before it learned that path: the caller repairs again.
+    /// The model's last page. `again`: a catch-up or unknown paths were asked for while it
+    /// ran; the caller starts them ([`Repairs::resume_waiting`]).
     Completed {
-        /// Repair once more.
+        /// Something waits.
         again: bool,
     },
 }
 
 /// What a stall check decided for one repair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StallOutcome {
     /// Asked again (another peer when there is one).
     Retried(Ask),
@@ -54,7 +68,7 @@ pub enum StallOutcome {
     Abandoned(u64),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Repair {
     id: u64,
     peer: SocketAddr,
@@ -62,14 +76,48 @@ struct Repair {
     epoch: u64,
     progress_at: Instant,
     retries: u32,
-    /// A delta named an unknown path while this repair ran.
-    again: bool,
+    /// The paths asked for; empty: a catch-up.
+    paths: Vec<u64>,
+    /// A catch-up's bound in `peer`'s numbering; (0, 0): none.
+    until: (u64, u64),
+    /// What was asked for while it ran.
+    waiting: Waiting,
+}
+
+/// What was asked for while a model's repair ran, to start when it completes: catch-ups with
+/// the peers listed (each peer once), and unknown paths (at most `MESH_REPAIR_PAGE_ENTRIES`,
+/// asked of the peer that last named one).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Waiting {
+    catch_ups: Vec<(SocketAddr, (u64, u64))>,
+    paths: Vec<u64>,
+    named_by: Option<SocketAddr>,
+}
+
+impl Waiting {
+    fn is_empty(&self) -> bool {
+        self.catch_ups.is_empty() && self.paths.is_empty()
+    }
+
+    fn add_paths(&mut self, named_by: Option<SocketAddr>, paths: &[u64]) {
+        for &path in paths {
+            if self.paths.len() >= MESH_REPAIR_PAGE_ENTRIES {
+                break;
+            }
+            if !self.paths.contains(&path) {
+                self.paths.push(path);
+            }
+        }
+        self.named_by = named_by.or(self.named_by);
+    }
 }
 
 /// The running repairs, by model.
 #[derive(Debug, Default)]
 pub struct Repairs {
     running: HashMap<u64, Repair>,
+    /// What waited for a repair that completed, until the caller resumes it.
+    completed_waiting: HashMap<u64, Waiting>,
     next_id: u64,
     /// Per peer and model: the epoch and last sequence number received, where the next repair
     /// from that peer resumes.
@@ -90,26 +138,94 @@ impl Repairs {
         self.running.is_empty()
     }
 
-    /// Starts `model`'s repair, unless one runs or no peer is live: with `named_by`, the live
-    /// peer whose delta named the unknown path (it knows that path; a random peer may have
-    /// heard the same delta and know no more than this gateway), else a random live peer.
+    /// Starts `model`'s catch-up with `named_by` when it is live (else a random live peer):
+    /// its paths after this gateway's mark, up to `until` (`named_by`'s epoch and number when
+    /// it sent the batch that asks for it; (0, 0): no bound). While a repair of `model` runs,
+    /// it waits.
     pub fn start(
         &mut self,
         model: u64,
         named_by: Option<SocketAddr>,
+        until: (u64, u64),
         live: &[SocketAddr],
         now: Instant,
     ) -> Option<Ask> {
         if let Some(running) = self.running.get_mut(&model) {
-            running.again = true;
+            let peer = named_by.unwrap_or(running.peer);
+            let waiting = &mut running.waiting;
+            let known = waiting.catch_ups.iter().any(|(p, _)| *p == peer);
+            if !known && waiting.catch_ups.len() < live.len() {
+                waiting.catch_ups.push((peer, until));
+            }
             return None;
         }
+        self.begin(model, named_by, (Vec::new(), until), live, now)
+    }
+
+    /// Asks for `paths` of `model` alone (a delta named them and this gateway could not
+    /// rebuild them), of `named_by` when it is live (it knows them), else a random live peer.
+    /// While a repair of `model` runs, they wait.
+    pub fn start_paths(
+        &mut self,
+        model: u64,
+        named_by: Option<SocketAddr>,
+        paths: &[u64],
+        live: &[SocketAddr],
+        now: Instant,
+    ) -> Option<Ask> {
+        if let Some(running) = self.running.get_mut(&model) {
+            running.waiting.add_paths(named_by, paths);
+            return None;
+        }
+        let mut asked = Waiting::default();
+        asked.add_paths(named_by, paths);
+        if asked.paths.is_empty() {
+            return None;
+        }
+        self.begin(model, named_by, (asked.paths, (0, 0)), live, now)
+    }
+
+    /// Starts what waited for `model`'s repair, which completed: the next catch-up with a live
+    /// peer, else the unknown paths; what remains waits for that one.
+    pub fn resume_waiting(&mut self, model: u64, live: &[SocketAddr], now: Instant) -> Option<Ask> {
+        let mut waiting = self.completed_waiting.remove(&model)?;
+        waiting.catch_ups.retain(|(peer, _)| live.contains(peer));
+        let ask = match waiting.catch_ups.first().copied() {
+            Some((peer, until)) => {
+                waiting.catch_ups.remove(0);
+                self.begin(model, Some(peer), (Vec::new(), until), live, now)?
+            }
+            None => {
+                let paths = std::mem::take(&mut waiting.paths);
+                if paths.is_empty() {
+                    return None;
+                }
+                self.begin(model, waiting.named_by, (paths, (0, 0)), live, now)?
+            }
+        };
+        if let Some(running) = self.running.get_mut(&model) {
+            running.waiting = waiting;
+        }
+        Some(ask)
+    }
+
+    /// A repair of `model` for `paths` (none: a catch-up up to `until`), asked of `named_by`
+    /// when it is live, else of a random live peer (then without the bound, which is
+    /// `named_by`'s numbering); `None` when no peer is live.
+    fn begin(
+        &mut self,
+        model: u64,
+        named_by: Option<SocketAddr>,
+        (paths, until): (Vec<u64>, (u64, u64)),
+        live: &[SocketAddr],
+        now: Instant,
+    ) -> Option<Ask> {
         if live.is_empty() {
             return None;
         }
-        let peer = match named_by {
-            Some(peer) if live.contains(&peer) => peer,
-            _ => live[fastrand::usize(..live.len())],
+        let (peer, until) = match named_by {
+            Some(peer) if live.contains(&peer) => (peer, until),
+            _ => (live[fastrand::usize(..live.len())], (0, 0)),
         };
         self.next_id += 1;
         let (epoch, after) = self.mark(peer, model);
@@ -120,10 +236,13 @@ impl Repairs {
             epoch,
             progress_at: now,
             retries: 0,
-            again: false,
+            paths,
+            until,
+            waiting: Waiting::default(),
         };
+        let asked = ask(model, &repair);
         self.running.insert(model, repair);
-        Some(ask(model, &repair))
+        Some(asked)
     }
 
     /// Whether a page of `model`'s repair `repair_id` from `peer` is one this gateway asked
@@ -193,8 +312,15 @@ impl Repairs {
         self.marks.insert((repair.peer, model), (epoch, next_after));
         repair.epoch = epoch;
         if done {
-            let again = repair.again;
+            let waiting = std::mem::take(&mut repair.waiting);
             self.running.remove(&model);
+            let again = !waiting.is_empty();
+            if again {
+                if self.completed_waiting.len() >= MESH_REPAIR_MARKS_MAX {
+                    self.completed_waiting.clear();
+                }
+                self.completed_waiting.insert(model, waiting);
+            }
             return PageOutcome::Completed { again };
         }
         repair.after = next_after;
@@ -224,6 +350,8 @@ impl Repairs {
                 let (epoch, after) = self.marks.get(&(peer, model)).copied().unwrap_or((0, 0));
                 (repair.epoch, repair.after) = (epoch, after);
                 repair.peer = peer;
+                // The bound was the other peer's numbering.
+                repair.until = (0, 0);
             }
             self.next_id += 1;
             repair.id = self.next_id;
@@ -231,6 +359,7 @@ impl Repairs {
             outcomes.push(StallOutcome::Retried(ask(model, repair)));
         }
         for model in abandoned {
+            // What waited goes with it: the next unknown path or catch-up asks again.
             self.running.remove(&model);
             outcomes.push(StallOutcome::Abandoned(model));
         }
@@ -245,5 +374,7 @@ fn ask(model: u64, repair: &Repair) -> Ask {
         repair_id: repair.id,
         after: repair.after,
         epoch: repair.epoch,
+        paths: repair.paths.clone(),
+        until: repair.until,
     }
 }

@@ -18,8 +18,8 @@ use super::wire::{self, frame::Body, DeltaBatch, Frame, FrameError};
 use super::*;
 use crate::index::{page_hash, token_key_of_pages};
 use crate::limits::{
-    MESH_DATAGRAM_AGE_MAX, MESH_FRAME_BYTES_MAX, MESH_MODELS_MAX, MESH_REPAIR_PAGE_ENTRIES,
-    MESH_REPAIR_RETRIES, MESH_REPAIR_STALL,
+    MESH_DATAGRAM_AGE_MAX, MESH_FRAME_BYTES_MAX, MESH_KNOWN_BYTES_MAX, MESH_KNOWN_PATHS_MAX,
+    MESH_MODELS_MAX, MESH_REPAIR_PAGE_ENTRIES, MESH_REPAIR_RETRIES, MESH_REPAIR_STALL,
 };
 use crate::workers::catalog::{ListedModel, ModelCatalog};
 
@@ -169,7 +169,7 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
     let mut pages = 0;
     let epoch = known.epoch();
     loop {
-        let page = known.page(1, 9, epoch, after);
+        let page = known.page(1, 9, (epoch, after), NO_BOUND);
         assert_eq!(page.epoch, epoch);
         pages += 1;
         assert_eq!(page.repair_id, 9);
@@ -204,7 +204,7 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
     // A holder named again is no change: paths do not circle between gateways.
     known.name_holder(1, expected[1], &w);
     known.learn(ns(1, 0), tokens(&[5]), &w);
-    let page = known.page(1, 10, epoch, after);
+    let page = known.page(1, 10, (epoch, after), NO_BOUND);
     let mut changed: Vec<u64> = page.entries.iter().map(|e| e.path_hash).collect();
     changed.sort_unstable();
     let mut want = vec![new_a, new_b, expected[0]];
@@ -212,10 +212,13 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
     assert_eq!((changed, page.done), (want, true));
     // A mark of another epoch (this gateway restarted) starts from the first path.
     assert_eq!(
-        known.page(1, 11, epoch ^ 1, after).entries.len(),
+        known
+            .page(1, 11, (epoch ^ 1, after), NO_BOUND)
+            .entries
+            .len(),
         MESH_REPAIR_PAGE_ENTRIES
     );
-    let encoded = known.page(1, 9, 0, 0).encode_to_vec();
+    let encoded = known.page(1, 9, (0, 0), NO_BOUND).encode_to_vec();
     assert!(!encoded.windows(6).any(|w| w == b"secret"));
 }
 
@@ -223,7 +226,7 @@ fn repair_pages_resume_after_their_last_hash_and_cover_the_model_once() {
 fn a_repair_entry_whose_pages_do_not_hash_to_its_path_is_refused() {
     let mut known = KnownPaths::new(10, 1 << 20);
     known.learn(ns(1, 0), tokens(&[1, 2]), &url("http://w"));
-    let mut page = known.page(1, 1, 0, 0);
+    let mut page = known.page(1, 1, (0, 0), NO_BOUND);
     let entry = &mut page.entries[0];
     entry.pages[1] ^= 1;
     assert!(entry_key(&KnownPaths::new(1, 1), 1, entry).is_none());
@@ -273,6 +276,8 @@ fn delta_frame() -> Frame {
     let batch = DeltaBatch {
         model: 3,
         recipients: 0,
+        epoch: 0,
+        known_before: 0,
         worker_urls: vec!["http://a".into()],
         deltas: vec![wire::Delta {
             kind: wire::TreeKind::Token as i32,
@@ -507,7 +512,9 @@ fn a_repair_page_is_expected_only_from_the_peer_asked_under_the_repairs_id() {
     let mut repairs = Repairs::default();
     let live = peers(&[1, 2]);
     let t0 = Instant::now();
-    let ask = repairs.start(5, Some(live[0]), &live, t0).unwrap();
+    let ask = repairs
+        .start(5, Some(live[0]), NO_BOUND, &live, t0)
+        .unwrap();
     assert!(repairs.expects(5, ask.repair_id, live[0]));
     assert!(!repairs.expects(5, ask.repair_id, live[1]), "another peer");
     assert!(
@@ -616,6 +623,9 @@ fn a_newer_versions_frames_are_read_for_the_fields_this_version_knows() {
     assert_eq!(older.deltas.unwrap().deltas[0].tick, 0);
 }
 
+/// A catch-up without a bound (an older sender's batch).
+const NO_BOUND: (u64, u64) = (0, 0);
+
 fn peers(ports: &[u16]) -> Vec<SocketAddr> {
     ports
         .iter()
@@ -629,23 +639,27 @@ fn a_stalled_repair_moves_to_another_peer_then_is_abandoned() {
     let live = peers(&[1, 2]);
     let t0 = Instant::now();
     assert_eq!(
-        repairs.start(5, None, &[], t0),
+        repairs.start(5, None, NO_BOUND, &[], t0),
         None,
         "no live peer, no repair"
     );
-    let named = repairs.start(5, Some(live[1]), &live, t0).unwrap();
+    let named = repairs
+        .start(5, Some(live[1]), NO_BOUND, &live, t0)
+        .unwrap();
     assert_eq!(
         named.peer, live[1],
         "the peer that named the path is asked first"
     );
     let mut repairs = Repairs::default();
-    let first = repairs.start(5, Some(peers(&[9])[0]), &live, t0).unwrap();
+    let first = repairs
+        .start(5, Some(peers(&[9])[0]), NO_BOUND, &live, t0)
+        .unwrap();
     assert!(
         live.contains(&first.peer),
         "a named peer that is not live is not asked"
     );
     assert_eq!(
-        repairs.start(5, None, &live, t0),
+        repairs.start(5, None, NO_BOUND, &live, t0),
         None,
         "one repair per model"
     );
@@ -663,7 +677,7 @@ fn a_stalled_repair_moves_to_another_peer_then_is_abandoned() {
     for retry in 1..=MESH_REPAIR_RETRIES {
         at += MESH_REPAIR_STALL;
         let outcomes = repairs.check_stalls(&live, at);
-        let [StallOutcome::Retried(ask)] = outcomes[..] else {
+        let [StallOutcome::Retried(ask)] = &outcomes[..] else {
             panic!("retry {retry}: {outcomes:?}");
         };
         assert_ne!(ask.peer, peer, "another peer when there is one");
@@ -684,19 +698,136 @@ fn a_stalled_repair_moves_to_another_peer_then_is_abandoned() {
     );
     assert!(repairs.is_empty());
     // The next unknown path starts it again, at the asked peer's mark.
-    let again = repairs.start(5, Some(first.peer), &live, at).unwrap();
+    let again = repairs
+        .start(5, Some(first.peer), NO_BOUND, &live, at)
+        .unwrap();
     assert_eq!((again.epoch, again.after), (7, 42));
     assert_eq!(
         repairs.on_page(5, again.repair_id, (7, 50), true, at),
         PageOutcome::Completed { again: false }
     );
-    // An unknown path heard while a repair runs asks for one more repair when it completes.
-    let ask = repairs.start(5, None, &live, at).unwrap();
-    assert_eq!(repairs.start(5, None, &live, at), None);
+    // A catch-up asked while a repair runs asks for one more repair when it completes.
+    let ask = repairs.start(5, None, NO_BOUND, &live, at).unwrap();
+    assert_eq!(repairs.start(5, None, NO_BOUND, &live, at), None);
     assert_eq!(
         repairs.on_page(5, ask.repair_id, (7, 50), true, at),
         PageOutcome::Completed { again: true }
     );
+}
+
+/// A responder's known paths: `n` Mooncake-like paths of 890 pages each, all held by one worker.
+fn long_paths(n: u64) -> (KnownPaths, Vec<u64>) {
+    let mut known = KnownPaths::new(MESH_KNOWN_PATHS_MAX, MESH_KNOWN_BYTES_MAX);
+    let hashes = (0..n)
+        .map(|i| {
+            let pages: Vec<u64> = (0..890).map(|p| page_hash(&[i as u32, p])).collect();
+            known
+                .learn(ns(5, 0), tokens(&pages), &url("http://w"))
+                .unwrap()
+                .0
+        })
+        .collect();
+    (known, hashes)
+}
+
+#[test]
+fn a_delta_that_cannot_be_rebuilt_repairs_its_paths_alone_not_the_model_since_the_mark() {
+    let live = peers(&[1, 2]);
+    let t0 = Instant::now();
+    let (responder, hashes) = long_paths(40);
+    let mut repairs = Repairs::default();
+    // The catch-up when the peer was first heard: the model's paths after the mark (none yet).
+    let catch_up = repairs
+        .start(5, Some(live[0]), NO_BOUND, &live, t0)
+        .unwrap();
+    assert!(catch_up.paths.is_empty());
+    let epoch = responder.epoch();
+    assert_eq!(
+        repairs.on_page(5, catch_up.repair_id, (epoch, 0), true, t0),
+        PageOutcome::Completed { again: false }
+    );
+    // The peer learned 40 long paths since (its deltas brought them here), then sends a delta
+    // on a prefix this gateway lacks: the repair asks for that one path, of that peer.
+    let unknown = hashes[17];
+    let ask = repairs
+        .start_paths(5, Some(live[0]), &[unknown], &live, t0)
+        .unwrap();
+    assert_eq!((ask.peer, ask.paths.clone()), (live[0], vec![unknown]));
+    let page = responder.page_of_paths(5, ask.repair_id, (ask.epoch, ask.after), &ask.paths);
+    assert_eq!(page.entries.len(), 1);
+    assert_eq!(page.entries[0].path_hash, unknown);
+    assert_eq!(page.entries[0].pages.len(), 890);
+    assert!(page.done);
+    // It costs about the one path's pages, where the model's page after the mark (what the
+    // repair asked for before) held every path the peer learned since: 40 times as much.
+    let whole = responder.page(5, ask.repair_id, (ask.epoch, ask.after), NO_BOUND);
+    assert_eq!(whole.entries.len(), 40);
+    let (one, all) = (page.encoded_len(), whole.encoded_len());
+    assert!(one < 7_300 && all > 35 * one, "{one} vs {all} bytes");
+    // The mark comes back as it was: the next catch-up from this peer resumes there.
+    assert_eq!((page.epoch, page.next_after), (epoch, ask.after));
+    assert_eq!(
+        repairs.on_page(5, ask.repair_id, (page.epoch, page.next_after), true, t0),
+        PageOutcome::Completed { again: false }
+    );
+    let next = repairs
+        .start(5, Some(live[0]), NO_BOUND, &live, t0)
+        .unwrap();
+    assert_eq!((next.epoch, next.after), (epoch, 0));
+    // Unknown paths and a restarted responder: hashes it does not know are left out, and a
+    // mark of another epoch comes back from the first.
+    let page = responder.page_of_paths(5, 9, (epoch ^ 1, 33), &[unknown, 12345]);
+    assert_eq!(page.entries.len(), 1);
+    assert_eq!(page.next_after, 0);
+}
+
+#[test]
+fn what_is_asked_while_a_repair_runs_waits_for_it_catch_ups_with_each_peer_first() {
+    let live = peers(&[1, 2, 3]);
+    let t0 = Instant::now();
+    let mut repairs = Repairs::default();
+    // This gateway (re)joined: the first delta of each peer asks for a catch-up with it.
+    let first = repairs
+        .start(5, Some(live[0]), NO_BOUND, &live, t0)
+        .unwrap();
+    assert_eq!(first.peer, live[0]);
+    assert_eq!(repairs.start(5, Some(live[1]), NO_BOUND, &live, t0), None);
+    assert_eq!(repairs.start(5, Some(live[2]), NO_BOUND, &live, t0), None);
+    assert_eq!(
+        repairs.start(5, Some(live[1]), NO_BOUND, &live, t0),
+        None,
+        "once per peer"
+    );
+    assert_eq!(
+        repairs.start_paths(5, Some(live[2]), &[11, 12], &live, t0),
+        None
+    );
+    assert_eq!(
+        repairs.start_paths(5, Some(live[2]), &[12, 13], &live, t0),
+        None
+    );
+    // Each completes in turn: the catch-ups with the other peers (a peer that left is
+    // skipped), then the unknown paths, each once, of the peer that named them.
+    assert_eq!(
+        repairs.on_page(5, first.repair_id, (7, 1), true, t0),
+        PageOutcome::Completed { again: true }
+    );
+    let second = repairs.resume_waiting(5, &live, t0).unwrap();
+    assert_eq!((second.peer, second.paths.len()), (live[1], 0));
+    assert_eq!(
+        repairs.on_page(5, second.repair_id, (8, 1), true, t0),
+        PageOutcome::Completed { again: true }
+    );
+    let without_third = [live[0], live[1]];
+    let paths = repairs.resume_waiting(5, &without_third, t0).unwrap();
+    assert_eq!(paths.paths, vec![11, 12, 13]);
+    assert!(without_third.contains(&paths.peer));
+    assert_eq!(
+        repairs.on_page(5, paths.repair_id, (7, 1), true, t0),
+        PageOutcome::Completed { again: false }
+    );
+    assert_eq!(repairs.resume_waiting(5, &live, t0), None);
+    assert!(repairs.is_empty());
 }
 
 /// Delivers every datagram between in-memory memberships until none is left.
@@ -1011,4 +1142,40 @@ fn chain_hashes_that_share_their_low_bits_still_spread_over_buckets() {
         .map(|i| keys.hash_one(i << 40) & 0xffff)
         .collect();
     assert!(buckets.len() > 950, "{} of 1000 buckets", buckets.len());
+}
+
+#[test]
+fn a_catch_up_stops_where_the_batch_that_started_it_began() {
+    let live = peers(&[1, 2]);
+    let t0 = Instant::now();
+    // The peer knew 10 paths before the round whose batch reaches this gateway first; the
+    // round's 5 come in that batch as deltas.
+    let (mut responder, _) = long_paths(10);
+    let until = (responder.epoch(), responder.last_seq());
+    for i in 100..105u64 {
+        let pages: Vec<u64> = (0..4).map(|p| page_hash(&[i as u32, p])).collect();
+        responder.learn(ns(5, 0), tokens(&pages), &url("http://w"));
+    }
+    let mut repairs = Repairs::default();
+    let ask = repairs.start(5, Some(live[0]), until, &live, t0).unwrap();
+    assert_eq!(ask.until, until);
+    let page = responder.page(5, ask.repair_id, (ask.epoch, ask.after), ask.until);
+    assert_eq!(page.entries.len(), 10, "not the round's paths again");
+    assert!(page.done);
+    // A bound of another run of the peer, or none (an older sender): every path.
+    let other_run = (until.0 ^ 1, until.1);
+    assert_eq!(responder.page(5, 1, (0, 0), other_run).entries.len(), 15);
+    assert_eq!(responder.page(5, 1, (0, 0), NO_BOUND).entries.len(), 15);
+    // A mark past the bound: nothing, and the mark stays.
+    let page = responder.page(5, 1, (until.0, 12), until);
+    assert_eq!(
+        (page.entries.len(), page.next_after, page.done),
+        (0, 12, true)
+    );
+    // Retried with another peer, the bound (this peer's numbering) is dropped.
+    let outcomes = repairs.check_stalls(&live, t0 + MESH_REPAIR_STALL);
+    let [StallOutcome::Retried(retry)] = &outcomes[..] else {
+        panic!("{outcomes:?}");
+    };
+    assert_eq!((retry.peer, retry.until), (live[1], NO_BOUND));
 }
