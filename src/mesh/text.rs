@@ -157,7 +157,7 @@ mod tests {
             !leaks(&frame, &text),
             "a delta frame holds the prompt's text"
         );
-        let repair = known.page(namespace.model, 1, known.epoch(), 0);
+        let repair = known.page(namespace.model, 1, (known.epoch(), 0), (0, 0));
         assert_eq!(repair.entries.len(), 1);
         let repair_frame = wire::encode(&wire::frame(
             "10.0.0.1:39527",
