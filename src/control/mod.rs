@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::net::TcpListener as StdTcpListener;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use monoio::net::TcpListener;
 
@@ -119,6 +119,7 @@ impl ControlCore {
             index.publish_gauges(&shared);
         }
         let mut workers = WorkerDriver::new(&shared);
+        let turn = control_turn();
         while !shared.is_shutting_down() {
             self.drain_records();
             self.apply_mesh_inserts();
@@ -136,7 +137,7 @@ impl ControlCore {
             if let Some(index) = &mut self.index {
                 index.upkeep(&shared);
             }
-            monoio::time::sleep(CONTROL_TURN).await;
+            monoio::time::sleep(turn).await;
         }
         self.drain_records();
     }
@@ -231,4 +232,20 @@ impl ControlCore {
         let micros = started.elapsed().as_micros() as u64;
         link.counters.add(MeshCounter::ApplyMicros, micros);
     }
+}
+
+/// The environment variable that lengthens the control core's turn, for instruction counts only.
+const COUNT_TURN_ENV: &str = "KVGATE_COUNT_CONTROL_TURN_MS";
+
+/// The control core's turn: `CONTROL_TURN`, or `KVGATE_COUNT_CONTROL_TURN_MS` milliseconds when
+/// that is set to a number (`scripts/count-proxy.sh` sets it, nothing else should). Under
+/// valgrind a process's threads take turns, so the control core's turn every 10 ms, work that
+/// follows time and not requests, both stays in a per-request instruction count and holds up the
+/// data core between a body's reads; a long turn takes it out. The data core's path is the same:
+/// its records wait longer in their queue (16 Ki deep) before the index learns them.
+fn control_turn() -> Duration {
+    std::env::var(COUNT_TURN_ENV)
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(CONTROL_TURN, Duration::from_millis)
 }
