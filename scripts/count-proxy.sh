@@ -22,20 +22,26 @@
 # io_uring_enter and io_uring_register, and callgrind does not need to see what the kernel writes
 # into the rings. What does matter: valgrind runs one thread of a process at a time, and its
 # default lock is unfair, so kvgate's control core could keep the data core from ever running;
-# `--fair-sched=yes` hands the lock round in order. Even so its threads take turns, and the
-# control core's turn every 10 ms is work that follows time, not requests: it held up each read
-# of a 36 KB body (400 such requests took 307 s) and its residue stayed in the difference. So
-# kvgate runs with KVGATE_COUNT_CONTROL_TURN_MS=COUNT_TURN_MS (1000): its control core turns once
-# a second instead (its only effect: the records the data core queued wait longer before the
-# index learns them; the data core's path is the same), and SETTLE_S (2.5) is more than a turn.
+# `--fair-sched=yes` hands the lock round in order. Even so its threads take turns on that
+# lock, and a thread waiting in io_uring_enter appears to keep it (a control core waiting 1 s on
+# its ring kept kvgate from answering for minutes): kvgate's control core, waiting on its ring
+# for its next turn every 10 ms,
+# held up the data core each time (400 36 KB requests took 307 s) and its turns, work that follows
+# time and not requests, stayed in the difference. So kvgate runs with
+# KVGATE_COUNT_CONTROL_TURN_MS=COUNT_TURN_MS (100): between turns its control core sleeps in
+# nanosleep, which lets the data core run, and turns ten times less often (its only effect: the
+# records the data core queued wait longer before the index learns them; the data core's path
+# is the same), and SETTLE_S (2.5) is many turns. COUNT_TURN_MS=off counts it as it runs in
+# production.
 #
 # Usage: scripts/count-proxy.sh [N]   (default 200 requests; the phases send N and 2N)
 #        COUNT_SYSTEMS="kvgate floor" scripts/count-proxy.sh   (some of kvgate nginx floor)
 #        COUNT_BODIES=small scripts/count-proxy.sh              (small, 36k or both)
 #        KVGATE_BIN=path/to/kvgate scripts/count-proxy.sh        (another build; FLOOR_BIN too)
 #        COUNT_TOP=15 (functions listed per system and body), COUNT_CONNECTIONS=4, IDLE_S=3,
-#        SETTLE_S=2.5, COUNT_TURN_MS=1000 (kvgate's control-core turn; 10 is its default)
+#        SETTLE_S=2.5, COUNT_TURN_MS=100 (kvgate's control-core turn in counting mode, or off)
 #        COUNT_WORK=dir (keeps the logs and callgrind's dumps there, for callgrind_annotate)
+#        COUNT_PREBUILT=1 (target/debug's sim-engine and fleet as they are, not rebuilt)
 # Installs valgrind and nginx-light with apt-get when missing. Ends with the line
 #   instructions per request kvgate/nginx: small R1, 36k R2
 set -euo pipefail
@@ -47,17 +53,18 @@ TOP="${COUNT_TOP:-12}"
 CONNECTIONS="${COUNT_CONNECTIONS:-4}"
 IDLE_S="${IDLE_S:-3}"
 SETTLE_S="${SETTLE_S:-2.5}"
-export KVGATE_COUNT_CONTROL_TURN_MS="${COUNT_TURN_MS:-1000}"
+if [ "${COUNT_TURN_MS:-100}" != off ]; then export KVGATE_COUNT_CONTROL_TURN_MS="${COUNT_TURN_MS:-100}"; fi
 read -ra SYSTEMS <<<"${COUNT_SYSTEMS:-kvgate nginx floor}"
 read -ra BODIES <<<"${COUNT_BODIES:-small 36k}"
 
 if ! command -v valgrind >/dev/null || ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx-light >/dev/null
 fi
-[ -n "${KVGATE_BIN:-}" ] || cargo build --release -q -p kvgate --bin kvgate
-[ -n "${FLOOR_BIN:-}" ] || cargo build --release -q -p kvgate --example floor_proxy
+counts() { [[ " ${SYSTEMS[*]} " == *" $1 "* ]]; }
+if counts kvgate && [ -z "${KVGATE_BIN:-}" ]; then cargo build --release -q -p kvgate --bin kvgate; fi
+if counts floor && [ -z "${FLOOR_BIN:-}" ]; then cargo build --release -q -p kvgate --example floor_proxy; fi
 # The engine and the driver run outside valgrind and are not counted: a debug build will do.
-cargo build -q -p bench-harness --bin sim-engine --bin fleet
+[ "${COUNT_PREBUILT:-0}" = 1 ] || cargo build -q -p bench-harness --bin sim-engine --bin fleet
 KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
 FLOOR_BIN="${FLOOR_BIN:-target/release/examples/floor_proxy}"
 
