@@ -9,29 +9,39 @@
 # How: each proxy runs under callgrind for the whole script; `callgrind_control --dump` closes
 # a phase (callgrind counts every thread of the process, the kernel's work is not counted).
 # Per body: a warm-up of N/4 requests, an idle phase of IDLE_S seconds with no requests, a phase
-# of N requests, one of 2N. What a proxy does on its own while idle (kvgate's control core turns
-# every 10 ms, a data core checks for shutdown every 50 ms) grows with the time a phase takes,
-# and a phase under callgrind takes seconds, so each phase's idle rate (instructions per second
-# of the idle phase) times its duration is taken off before the difference:
+# of N requests, one of 2N; each phase ends SETTLE_S after its last answer, so that what a
+# request leaves for later (kvgate's dispatch record, applied by its control core on its next
+# turn) is counted in the phase of its request. What a proxy does on its own while idle grows
+# with the time a phase takes, so each phase's idle rate (instructions per second of the idle
+# phase) times its duration (dump to dump) is taken off before the difference:
 #   per request = ((I(2N) - rate * t(2N)) - (I(N) - rate * t(N))) / N
 # The top functions are each function's instructions in the 2N phase less those in the N phase,
 # per request (so the idle work mostly cancels there too).
 #
 # kvgate and the floor run their io_uring driver unchanged: valgrind 3.19 knows io_uring_setup,
 # io_uring_enter and io_uring_register, and callgrind does not need to see what the kernel writes
-# into the rings. Nothing about them changes for this count. What does matter: valgrind runs one
-# thread of a process at a time, and its default lock is unfair, so kvgate's control core (a
-# turn every 10 ms) could keep the data core from ever running; `--fair-sched=yes` hands the
-# lock round in order. Even so its threads take turns: a request whose body arrives in several
-# reads waits for the control core's turn between them, so kvgate's 36 KB phases take minutes
-# and the idle correction there is large (see perf/README.md).
+# into the rings. What does matter: valgrind runs one thread of a process at a time, and its
+# default lock is unfair, so kvgate's control core could keep the data core from ever running;
+# `--fair-sched=yes` hands the lock round in order. Even so its threads take turns on that
+# lock, and a thread waiting in io_uring_enter appears to keep it (a control core waiting 1 s on
+# its ring kept kvgate from answering for minutes): kvgate's control core, waiting on its ring
+# for its next turn every 10 ms,
+# held up the data core each time (400 36 KB requests took 307 s) and its turns, work that follows
+# time and not requests, stayed in the difference. So kvgate runs with
+# KVGATE_COUNT_CONTROL_TURN_MS=COUNT_TURN_MS (100): between turns its control core sleeps in
+# nanosleep, which lets the data core run, and turns ten times less often (its only effect: the
+# records the data core queued wait longer before the index learns them; the data core's path
+# is the same), and SETTLE_S (2.5) is many turns. COUNT_TURN_MS=off counts it as it runs in
+# production.
 #
 # Usage: scripts/count-proxy.sh [N]   (default 200 requests; the phases send N and 2N)
 #        COUNT_SYSTEMS="kvgate floor" scripts/count-proxy.sh   (some of kvgate nginx floor)
 #        COUNT_BODIES=small scripts/count-proxy.sh              (small, 36k or both)
 #        KVGATE_BIN=path/to/kvgate scripts/count-proxy.sh        (another build; FLOOR_BIN too)
-#        COUNT_TOP=15 (functions listed per system and body), COUNT_CONNECTIONS=4, IDLE_S=3
+#        COUNT_TOP=15 (functions listed per system and body), COUNT_CONNECTIONS=4, IDLE_S=3,
+#        SETTLE_S=2.5, COUNT_TURN_MS=100 (kvgate's control-core turn in counting mode, or off)
 #        COUNT_WORK=dir (keeps the logs and callgrind's dumps there, for callgrind_annotate)
+#        COUNT_PREBUILT=1 (target/debug's sim-engine and fleet as they are, not rebuilt)
 # Installs valgrind and nginx-light with apt-get when missing. Ends with the line
 #   instructions per request kvgate/nginx: small R1, 36k R2
 set -euo pipefail
@@ -42,16 +52,19 @@ N="${1:-200}"
 TOP="${COUNT_TOP:-12}"
 CONNECTIONS="${COUNT_CONNECTIONS:-4}"
 IDLE_S="${IDLE_S:-3}"
+SETTLE_S="${SETTLE_S:-2.5}"
+if [ "${COUNT_TURN_MS:-100}" != off ]; then export KVGATE_COUNT_CONTROL_TURN_MS="${COUNT_TURN_MS:-100}"; fi
 read -ra SYSTEMS <<<"${COUNT_SYSTEMS:-kvgate nginx floor}"
 read -ra BODIES <<<"${COUNT_BODIES:-small 36k}"
 
 if ! command -v valgrind >/dev/null || ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind nginx-light >/dev/null
 fi
-[ -n "${KVGATE_BIN:-}" ] || cargo build --release -q -p kvgate --bin kvgate
-[ -n "${FLOOR_BIN:-}" ] || cargo build --release -q -p kvgate --example floor_proxy
+counts() { [[ " ${SYSTEMS[*]} " == *" $1 "* ]]; }
+if counts kvgate && [ -z "${KVGATE_BIN:-}" ]; then cargo build --release -q -p kvgate --bin kvgate; fi
+if counts floor && [ -z "${FLOOR_BIN:-}" ]; then cargo build --release -q -p kvgate --example floor_proxy; fi
 # The engine and the driver run outside valgrind and are not counted: a debug build will do.
-cargo build -q -p bench-harness --bin sim-engine --bin fleet
+[ "${COUNT_PREBUILT:-0}" = 1 ] || cargo build -q -p bench-harness --bin sim-engine --bin fleet
 KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
 FLOOR_BIN="${FLOOR_BIN:-target/release/examples/floor_proxy}"
 
@@ -90,11 +103,17 @@ start() { # system: under callgrind, listening on PROXY_PORT; its pid in PID
   fleet_wait_port "$1" "$PROXY_PORT"
   sleep 2 # kvgate's control core asks the engine for /v1/models once
   DUMPS=0
+  LAST_DUMP_MS="$(now_ms)"
 }
 
 now_ms() { date +%s%3N; }
 
-phase() { # name -> dumps what callgrind counted since the last dump; its file in DUMP_FILE
+phase() { # name -> dumps what callgrind counted since the last dump; its file in DUMP_FILE,
+  # the milliseconds since the last dump in PHASE_MS
+  local now
+  now="$(now_ms)"
+  PHASE_MS=$((now - LAST_DUMP_MS))
+  LAST_DUMP_MS="$now"
   callgrind_control --dump="$1" "$PID" >/dev/null 2>&1
   DUMPS=$((DUMPS + 1))
   DUMP_FILE="$CG.$DUMPS"
@@ -107,12 +126,10 @@ phase() { # name -> dumps what callgrind counted since the last dump; its file i
 
 total() { awk '/^totals:/ {print $2}' "$1"; }
 
-drive() { # words count -> sends them, prints the milliseconds they took
-  local start
-  start="$(now_ms)"
+drive() { # words count -> sends them, then waits SETTLE_S
   target/debug/fleet drive --system-words "$1" --connections "$CONNECTIONS" "$2" \
-    "http://127.0.0.1:$PROXY_PORT/v1/chat/completions"
-  echo $(($(now_ms) - start))
+    "http://127.0.0.1:$PROXY_PORT/v1/chat/completions" >/dev/null
+  sleep "$SETTLE_S"
 }
 
 functions() { # dump -> "instructions<TAB>function" for every function: its self cost, read
@@ -143,23 +160,23 @@ for system in "${SYSTEMS[@]}"; do
   phase start
   for body in "${BODIES[@]}"; do
     words=0; [ "$body" = 36k ] && words=3600
-    drive "$words" $((N / 4)) >/dev/null
+    drive "$words" $((N / 4))
     phase warm
     sleep "$IDLE_S"
     phase idle
-    idle="$(total "$DUMP_FILE")"
-    once_ms="$(drive "$words" "$N")"
+    idle="$(total "$DUMP_FILE")"; idle_ms="$PHASE_MS"
+    drive "$words" "$N"
     phase once
-    once="$(total "$DUMP_FILE")"; once_file="$DUMP_FILE"
-    twice_ms="$(drive "$words" $((2 * N)))"
+    once="$(total "$DUMP_FILE")"; once_file="$DUMP_FILE"; once_ms="$PHASE_MS"
+    drive "$words" $((2 * N))
     phase twice
-    twice="$(total "$DUMP_FILE")"; twice_file="$DUMP_FILE"
-    per="$(awk -v i="$idle" -v s="$IDLE_S" -v a="$once" -v ta="$once_ms" -v b="$twice" -v tb="$twice_ms" -v n="$N" \
-      'BEGIN { rate = i / (s * 1000); printf "%.0f", ((b - rate * tb) - (a - rate * ta)) / n }')"
-    idle_share="$(awk -v i="$idle" -v s="$IDLE_S" -v b="$twice" -v tb="$twice_ms" \
-      'BEGIN { printf "%.1f", 100 * i / (s * 1000) * tb / b }')"
+    twice="$(total "$DUMP_FILE")"; twice_file="$DUMP_FILE"; twice_ms="$PHASE_MS"
+    per="$(awk -v i="$idle" -v ti="$idle_ms" -v a="$once" -v ta="$once_ms" -v b="$twice" -v tb="$twice_ms" -v n="$N" \
+      'BEGIN { rate = i / ti; printf "%.0f", ((b - rate * tb) - (a - rate * ta)) / n }')"
+    idle_share="$(awk -v i="$idle" -v ti="$idle_ms" -v b="$twice" -v tb="$twice_ms" \
+      'BEGIN { printf "%.1f", 100 * i / ti * tb / b }')"
     PER_REQUEST[$system/$body]="$per"
-    echo "$system $body: $per instructions per request (idle: $((idle / IDLE_S)) per second, $idle_share% of the ${twice_ms} ms 2N phase)"
+    echo "$system $body: $per instructions per request (idle: $((idle * 1000 / idle_ms)) per second, $idle_share% of the ${twice_ms} ms 2N phase)"
     { functions "$twice_file"; functions "$once_file" | awk -F'\t' '{ print -$1 "\t" $2 }'; } |
       awk -F'\t' -v n="$N" '{ cost[$2] += $1 } END { for (f in cost) printf "%d\t%s\n", cost[f] / n, f }' |
       sort -rn | awk -F'\t' -v top="$TOP" 'NR <= top { printf "  %8d  %s\n", $1, $2 }'

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::net::TcpListener as StdTcpListener;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use monoio::net::TcpListener;
 
@@ -119,6 +119,7 @@ impl ControlCore {
             index.publish_gauges(&shared);
         }
         let mut workers = WorkerDriver::new(&shared);
+        let count_turn = count_turn();
         while !shared.is_shutting_down() {
             self.drain_records();
             self.apply_mesh_inserts();
@@ -136,7 +137,15 @@ impl ControlCore {
             if let Some(index) = &mut self.index {
                 index.upkeep(&shared);
             }
-            monoio::time::sleep(CONTROL_TURN).await;
+            match count_turn {
+                None => monoio::time::sleep(CONTROL_TURN).await,
+                Some(turn) => {
+                    // The runtime's other tasks (probes, /metrics) run in a short wait on the
+                    // ring; the thread then sleeps in a call valgrind knows blocks.
+                    monoio::time::sleep(COUNT_TASKS_WAIT).await;
+                    std::thread::sleep(turn);
+                }
+            }
         }
         self.drain_records();
     }
@@ -231,4 +240,25 @@ impl ControlCore {
         let micros = started.elapsed().as_micros() as u64;
         link.counters.add(MeshCounter::ApplyMicros, micros);
     }
+}
+
+/// The environment variable that sets the control core's counting mode, for instruction counts
+/// only (`scripts/count-proxy.sh`).
+const COUNT_TURN_ENV: &str = "KVGATE_COUNT_CONTROL_TURN_MS";
+/// In counting mode, how long each turn lets the control core's own tasks run.
+const COUNT_TASKS_WAIT: Duration = Duration::from_millis(1);
+
+/// The counting mode's turn: `KVGATE_COUNT_CONTROL_TURN_MS` milliseconds when that is set to a
+/// number (`scripts/count-proxy.sh` sets it, nothing else should), `None` otherwise. Under
+/// valgrind a process's threads take turns on one lock, and a thread waiting in
+/// `io_uring_enter` appears to keep it (a control core waiting 1 s on its ring between turns
+/// kept kvgate from answering for minutes): the control core's wait for its next turn held up
+/// the data core each time, and its turns every 10 ms, work that follows time and not
+/// requests, stayed in a per-request count.
+/// In counting mode the control core waits in `nanosleep` instead, which lets the data core run,
+/// and turns less often. The data core's path is the same: its records wait longer in their
+/// queue (16 Ki deep) before the index learns them.
+fn count_turn() -> Option<Duration> {
+    let ms = std::env::var(COUNT_TURN_ENV).ok()?.parse().ok()?;
+    Some(Duration::from_millis(ms))
 }

@@ -8,11 +8,15 @@
 //! reports blocks only once it computed them). The caller consults it only on an index miss (the
 //! burst case), so a warm index never pays for the comparisons.
 //!
-//! An entry keeps no prompt: a text or token key is remembered as the hashes of its prefixes at
-//! fixed lengths ([`Prefixes`], [`CHECKPOINTS`]: every length to 16 units, then 1/16 longer
-//! each), at most [`RECENT_KEY_CHECKPOINTS_MAX`] words, so sixteen 60 MB prompts cost the ring
-//! a few KiB instead of pinning 960 MB. A common prefix is then known to the checkpoint at or
-//! below it: exact to 16 units, at most 6% short beyond (it only decides affinity).
+//! A common prefix is known to the checkpoint at or below it ([`CHECKPOINTS`]: every length to
+//! 16 units, then 1/16 longer each): exact to 16 units, at most 6% short beyond (it only decides
+//! affinity). A text key up to [`RECENT_KEY_KEPT_BYTES_MAX`] is kept as itself, the dispatch
+//! record's shared copy (no copy, no hashing at dispatch: the push is on every request, the
+//! comparison only on an index miss), and compared byte by byte, the result rounded down to
+//! that checkpoint; so sixteen entries pin at most 1 MiB. A longer key, and a token key, is
+//! remembered as the hashes of its prefixes at those lengths ([`Prefixes`], at most
+//! [`RECENT_KEY_CHECKPOINTS_MAX`] words), so sixteen 60 MB prompts cost the ring a few KiB
+//! instead of pinning 960 MB. Both forms give the same match (up to a 64-bit hash collision).
 
 use std::sync::Arc;
 
@@ -23,7 +27,7 @@ use super::record::KeyData;
 use crate::ids::WorkerId;
 use crate::index::hash::HeadMatch;
 use crate::index::kv::BlockMatch;
-use crate::index::{count_chars, Namespace, TokenPages, TreeMatch};
+use crate::index::{common_prefix, count_chars, Namespace, TokenPages, TreeMatch};
 use crate::limits::MATCH_TENANTS_MAX;
 
 /// Entries kept per core: a burst of distinct new prefixes larger than this within the window
@@ -36,9 +40,22 @@ pub const RECENT_DISPATCH_WINDOW_MS: u64 = 100;
 /// units within 512 (a 60 MB prompt needs about 270).
 pub const RECENT_KEY_CHECKPOINTS_MAX: usize = 512;
 
+/// The longest text key an entry keeps as itself (a shared reference, not a copy): sixteen
+/// entries pin at most 1 MiB, and a 36 KB chat's routing text is not hashed at each dispatch.
+pub const RECENT_KEY_KEPT_BYTES_MAX: usize = 64 * 1024;
+
 /// The prefix lengths remembered, in units (bytes of text, pages of tokens): 1 to 16, then each
 /// 1/16 longer than the one before.
 pub const CHECKPOINTS: [usize; RECENT_KEY_CHECKPOINTS_MAX] = checkpoint_lengths();
+
+/// The longest checkpoint at or below `units` (0 below the first): what a comparison of prefix
+/// hashes finds for a common prefix of `units`.
+fn checkpoint_at_or_below(units: usize) -> usize {
+    match CHECKPOINTS.partition_point(|length| *length <= units) {
+        0 => 0,
+        k => CHECKPOINTS[k - 1],
+    }
+}
 
 const fn checkpoint_lengths() -> [usize; RECENT_KEY_CHECKPOINTS_MAX] {
     let mut lengths = [0; RECENT_KEY_CHECKPOINTS_MAX];
@@ -62,8 +79,10 @@ struct Prefixes {
 /// A key as an entry remembers it.
 #[derive(Clone, Debug)]
 enum Remembered {
-    /// A text key: prefixes of its bytes.
-    Text(Prefixes),
+    /// A text key up to [`RECENT_KEY_KEPT_BYTES_MAX`]: itself, shared with the dispatch record.
+    Text(Arc<str>),
+    /// A longer text key: prefixes of its bytes.
+    TextPrefixes(Prefixes),
     /// A token key: prefixes of its page hashes, pages of `block_size` tokens.
     Pages {
         prefixes: Prefixes,
@@ -76,7 +95,10 @@ enum Remembered {
 impl Remembered {
     fn of(key: KeyData) -> Remembered {
         match key {
-            KeyData::Text(text) => Remembered::Text(Prefixes::of_text(text.as_bytes())),
+            KeyData::Text(text) if text.len() <= RECENT_KEY_KEPT_BYTES_MAX => {
+                Remembered::Text(text)
+            }
+            KeyData::Text(text) => Remembered::TextPrefixes(Prefixes::of_text(text.as_bytes())),
             KeyData::Tokens(tokens) => Remembered::Pages {
                 prefixes: Prefixes::of_pages(tokens.pages()),
                 block_size: tokens.block_size(),
@@ -226,13 +248,14 @@ impl RecentDispatches {
 
     /// Bytes the entries hold beyond the ring itself.
     pub fn held_bytes(&self) -> usize {
-        let words = |entry: &Entry| match &entry.key {
-            Remembered::Text(prefixes) | Remembered::Pages { prefixes, .. } => {
-                prefixes.hashes.capacity()
+        let bytes = |entry: &Entry| match &entry.key {
+            Remembered::Text(text) => text.len(),
+            Remembered::TextPrefixes(prefixes) | Remembered::Pages { prefixes, .. } => {
+                prefixes.hashes.capacity() * std::mem::size_of::<u64>()
             }
-            Remembered::Heads(heads) => heads.len(),
+            Remembered::Heads(heads) => heads.len() * std::mem::size_of::<u64>(),
         };
-        self.entries.iter().map(words).sum::<usize>() * std::mem::size_of::<u64>()
+        self.entries.iter().map(bytes).sum::<usize>()
     }
 
     /// Merges recent dispatches into `tree` (the index's answer for `key`): a longer recent
@@ -249,10 +272,13 @@ impl RecentDispatches {
             IndexKey::Text(text) => {
                 let mut request = RequestPrefixes::new(text.as_bytes());
                 for entry in live() {
-                    let Remembered::Text(prefixes) = &entry.key else {
-                        continue;
+                    let mut bytes = match &entry.key {
+                        Remembered::Text(kept) => {
+                            checkpoint_at_or_below(common_prefix(kept.as_bytes(), text.as_bytes()))
+                        }
+                        Remembered::TextPrefixes(prefixes) => request.common(prefixes),
+                        _ => continue,
                     };
-                    let mut bytes = request.common(prefixes);
                     while !text.is_char_boundary(bytes) {
                         bytes -= 1;
                     }
@@ -507,6 +533,84 @@ mod tests {
         let matched = tree.matched_len as usize;
         assert!(matched <= exact && matched * 17 / 16 >= exact, "{matched}");
         assert_eq!(tree.tenants(), &[WorkerId(4)]);
+    }
+
+    /// The match of `request` against one entry remembering `key` as `remembered`.
+    fn matched_against(remembered: Remembered, request: &str) -> (u32, usize) {
+        let recent = RecentDispatches {
+            entries: vec![Entry {
+                namespace: NS,
+                key: remembered,
+                worker: WorkerId(7),
+                tick_ms: 0,
+            }],
+            next: 0,
+        };
+        let mut tree = miss(request.len() as u32);
+        recent.merge_into(&mut tree, NS, IndexKey::Text(request), 0);
+        (tree.matched_len, tree.tenants().len())
+    }
+
+    #[test]
+    fn a_kept_text_key_matches_as_its_prefix_hashes_would() {
+        // Keys sharing prefixes of every length around the checkpoints (exact to 16 bytes, a
+        // sixteenth apart beyond), with multibyte characters at some of the cuts.
+        let base: String = (0..400)
+            .map(|i| {
+                if i % 37 == 5 {
+                    'é'
+                } else {
+                    char::from(b'a' + (i % 26) as u8)
+                }
+            })
+            .collect();
+        let mut compared = 0;
+        for cut in (0..base.len()).filter(|cut| base.is_char_boundary(*cut)) {
+            for tail in ["", "x", "zzzz, a different ending"] {
+                let request = format!("{}{tail}", &base[..cut]);
+                for key in [&base[..], &base[..cut.min(200)]] {
+                    let kept = Remembered::Text(Arc::from(key));
+                    let hashed = Remembered::TextPrefixes(Prefixes::of_text(key.as_bytes()));
+                    assert_eq!(
+                        matched_against(kept, &request),
+                        matched_against(hashed, &request),
+                        "key of {} bytes, request cut at {cut} + {tail:?}",
+                        key.len()
+                    );
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 2000);
+    }
+
+    #[test]
+    fn a_short_text_key_is_shared_with_the_record_not_copied_or_hashed() {
+        let mut recent = RecentDispatches::default();
+        let key = KeyData::of(IndexKey::Text("a short chat prompt"));
+        let KeyData::Text(text) = &key else {
+            unreachable!("a text key")
+        };
+        let text = text.clone();
+        recent.push(NS, key, WorkerId(1), 0);
+        assert_eq!(
+            Arc::strong_count(&text),
+            2,
+            "the ring holds the record's copy"
+        );
+        assert!(matches!(recent.entries[0].key, Remembered::Text(_)));
+        // The longest kept key, sixteen times over, stays within 1 MiB.
+        let longest = "k".repeat(RECENT_KEY_KEPT_BYTES_MAX);
+        for i in 0..RECENT_DISPATCHES_MAX as u16 {
+            recent.push(NS, KeyData::of(IndexKey::Text(&longest)), WorkerId(i), 0);
+        }
+        assert!(recent.held_bytes() <= 1 << 20);
+        let longer = "k".repeat(RECENT_KEY_KEPT_BYTES_MAX + 1);
+        recent.push(NS, KeyData::of(IndexKey::Text(&longer)), WorkerId(0), 0);
+        assert!(recent
+            .entries
+            .iter()
+            .any(|entry| matches!(entry.key, Remembered::TextPrefixes(_))));
     }
 
     #[test]

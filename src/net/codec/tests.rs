@@ -651,3 +651,19 @@ fn the_request_id_replaces_the_workers_and_goes_upstream_as_given() {
     let text = String::from_utf8(out).unwrap();
     assert_eq!(text.matches("x-request-id: t-1\r\n").count(), 1, "{text}");
 }
+
+#[test]
+fn a_header_is_found_by_its_name_in_any_case_first_value_first() {
+    let buf = b"POST / HTTP/1.1\r\nhost: x\r\nx-bbbb: other\r\nX-Aaaa: one\r\nx-aaaa: two\r\n\
+        x-aaa: short\r\ncontent-length: 0\r\n\r\n";
+    let head = parse_request_head(buf).unwrap().unwrap();
+    let get = |name| head.headers.get(buf, name);
+    // The same length with other letters, a shorter name and a longer one are passed over.
+    assert_eq!(get("x-aaaa"), Some(&b"one"[..]));
+    assert_eq!(get("X-AAAA"), Some(&b"one"[..]));
+    assert_eq!(get("x-aaa"), Some(&b"short"[..]));
+    assert_eq!(get("x-bbbb"), Some(&b"other"[..]));
+    assert_eq!(get("x-cccc"), None);
+    assert_eq!(get("x-aaaaa"), None);
+    assert_eq!(get(""), None);
+}
