@@ -166,7 +166,9 @@ fn a_batch_gets_one_room_per_item_and_logprobs_are_merged_from_the_prefill() {
     assert_eq!(merged[0][1], 0);
     let mut streamed = logprobs.clone();
     streamed["stream"] = Value::Bool(true);
-    streamed["sampling_params"]["max_new_tokens"] = json!(8);
+    // Enough tokens (about 0.2 s of the sim's decode) that a loaded machine, which can leave
+    // the test's reader unscheduled for tens of milliseconds, still sees them in several reads.
+    streamed["sampling_params"]["max_new_tokens"] = json!(32);
     let response = client.post_json("/generate", &streamed.to_string());
     assert_eq!(response.status, 200, "{}", response.text());
     // The decode's events are relayed as they come (more than one chunk), each with the

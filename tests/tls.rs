@@ -245,7 +245,9 @@ fn closing_answer(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
 fn a_client_that_stalls_its_handshake_is_cut_at_the_limit() {
     let pki = Pki::new("stall");
     let mut flags = pki.gateway_flags();
-    flags.extend(["--tls-handshake-timeout-ms".to_string(), "300".to_string()]);
+    // Long enough for the healthy client's handshake below (debug rustls on both ends) on a
+    // loaded machine: at 300 ms it was sometimes cut too, mid-request.
+    flags.extend(["--tls-handshake-timeout-ms".to_string(), "2000".to_string()]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let origin = utils::ok_origin();
     let gateway = Gateway::start(&[origin.url()], &flags);
