@@ -46,7 +46,7 @@ use crate::limits::{
 use crate::mesh::auth::{
     self, AuthError, Authenticator, StreamOpen, StreamSeal, CHALLENGE_BYTES, TAG_BYTES,
 };
-use crate::mesh::chains::{chain_hashes, chain_root, recipients_hash, PageChains, PeerChains};
+use crate::mesh::chains::{chain_hashes, chain_root, PageChains, PeerChains, RecipientsHashes};
 use crate::mesh::membership::{Change, Membership};
 use crate::mesh::models::ServedModels;
 use crate::mesh::paths::{
@@ -148,6 +148,7 @@ struct Node {
     /// Token path prefixes known here, and those each peer is believed to know.
     chains: PageChains,
     peer_chains: PeerChains,
+    recipients: RecipientsHashes,
     /// One outbound stream per live peer, by address.
     streams: HashMap<SocketAddr, PeerStream>,
     auth: Authenticator,
@@ -190,6 +191,7 @@ impl Node {
             catalog: None,
             chains: PageChains::default(),
             peer_chains: PeerChains::default(),
+            recipients: RecipientsHashes::default(),
             me: config.advertise_addr.to_string(),
             membership,
             known: KnownPaths::new(MESH_KNOWN_PATHS_MAX, MESH_KNOWN_BYTES_MAX),
@@ -448,13 +450,13 @@ impl Node {
         }
         let batches = self.round.take();
         let peers: Vec<SocketAddr> = self.membership.live_peers();
-        let recipients = recipients_hash(&peers);
+        let recipients = self.recipients.of(&peers);
         for mut batch in batches {
             batch.batch.recipients = recipients;
             (batch.batch.epoch, batch.batch.known_before) = known_before;
             let deltas = batch.batch.deltas.len() as u64;
-            for &peer in &peers {
-                let for_peer = batch.for_peer(peer, &mut self.peer_chains);
+            let for_peers = batch.for_peers(&peers, &mut self.peer_chains);
+            for (&peer, for_peer) in peers.iter().zip(for_peers) {
                 let pages: usize = for_peer.deltas.iter().map(|d| d.pages.len()).sum();
                 let frame = wire::frame(&self.me, Body::Deltas(for_peer));
                 let bytes: Arc<[u8]> = wire::encode(&frame).into();
@@ -572,11 +574,11 @@ impl Node {
     /// Who knows what `sender`'s batch carried: the sender, and the members it sent the batch
     /// to when they are the members this gateway sees (itself included, the sender not); when
     /// the views differ, or the sender did not say (an older version), the sender alone.
-    fn knowers(&self, sender: SocketAddr, recipients: u64) -> Vec<SocketAddr> {
+    fn knowers(&mut self, sender: SocketAddr, recipients: u64) -> Vec<SocketAddr> {
         let mut knowers = self.membership.live_peers();
         knowers.retain(|&peer| peer != sender);
         knowers.push(self.config.advertise_addr);
-        if recipients_hash(&knowers) != recipients {
+        if self.recipients.of(&knowers) != recipients {
             return vec![sender];
         }
         knowers.pop();

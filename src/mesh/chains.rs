@@ -73,6 +73,35 @@ pub fn recipients_hash(members: &[SocketAddr]) -> u64 {
     hasher.digest().max(1)
 }
 
+/// Member sets whose [`recipients_hash`] is kept: a few more than the sets one gateway meets
+/// (its own, and one per sender), so the memo is not cleared at every round.
+const RECIPIENT_SETS_KEPT: usize = 16;
+
+/// [`recipients_hash`] of the member sets met lately: a set changes only with membership, and
+/// formatting every address of it for each batch sent and received was a visible part of
+/// the mesh thread's CPU per dispatch.
+#[derive(Debug, Default)]
+pub struct RecipientsHashes {
+    known: Vec<(Vec<SocketAddr>, u64)>,
+}
+
+impl RecipientsHashes {
+    /// `recipients_hash(members)`, from the memo when the set was met lately.
+    pub fn of(&mut self, members: &[SocketAddr]) -> u64 {
+        let mut sorted = members.to_vec();
+        sorted.sort_unstable();
+        if let Some(&(_, hash)) = self.known.iter().find(|(set, _)| *set == sorted) {
+            return hash;
+        }
+        let hash = recipients_hash(&sorted);
+        if self.known.len() >= RECIPIENT_SETS_KEPT {
+            self.known.clear();
+        }
+        self.known.push((sorted, hash));
+        hash
+    }
+}
+
 /// Hashes chain hashes for the maps below. A chain hash is already an xxh3 digest, so SipHash
 /// (std's default, a few times the cost of the insert it serves, once per page) would hash a
 /// hash; but the digests' seeds are public and pages come from clients, who could choose
@@ -174,10 +203,12 @@ impl PageChains {
         }
     }
 
-    /// The pages of the prefix named `chain`, `depth` pages long, after `root`; `None` when a
-    /// link is missing or does not lead back to `root` in `depth` steps.
-    pub fn pages_of(&self, root: u64, chain: u64, depth: u32) -> Option<Vec<u64>> {
+    /// The pages of the prefix named `chain`, `depth` pages long, after `root`, and the chain
+    /// hash of each of its prefixes (the walk meets them: no page is hashed again); `None`
+    /// when a link is missing or does not lead back to `root` in `depth` steps.
+    pub fn pages_of(&self, root: u64, chain: u64, depth: u32) -> Option<(Vec<u64>, Vec<u64>)> {
         let mut pages = vec![0u64; depth as usize];
+        let mut chains = vec![0u64; depth as usize];
         let mut at = chain;
         for slot in (0..depth as usize).rev() {
             let link = self.links.get(&at)?;
@@ -185,9 +216,10 @@ impl PageChains {
                 return None;
             }
             pages[slot] = link.page;
+            chains[slot] = at;
             at = link.before;
         }
-        (at == root).then_some(pages)
+        (at == root).then_some((pages, chains))
     }
 }
 

@@ -400,20 +400,33 @@ impl RoundBatch {
     /// later delta of the same batch sharing the prefix carries only what follows it). The
     /// caller forgets the peer's prefixes if the batch is not queued.
     pub fn for_peer(&self, peer: SocketAddr, known: &mut PeerChains) -> DeltaBatch {
-        let mut batch = self.batch.clone();
-        for (delta, path) in batch.deltas.iter_mut().zip(&self.paths) {
+        let mut batches = self.for_peers(&[peer], known);
+        batches.pop().unwrap_or_else(|| self.batch.clone())
+    }
+
+    /// [`RoundBatch::for_peer`] for each of `peers`, in their order: a path's prefixes are
+    /// noted once for all of them (one pass over its new pages, not one per peer: on a long
+    /// new path that pass is most of a round's work).
+    pub fn for_peers(&self, peers: &[SocketAddr], known: &mut PeerChains) -> Vec<DeltaBatch> {
+        let mut batches = vec![self.batch.clone(); peers.len()];
+        for (at, path) in self.paths.iter().enumerate() {
             let Some(path) = path else {
                 continue;
             };
-            let base = known.known_by(peer, &path.chains);
-            delta.partition = path.partition;
-            delta.block_size = path.block_size as u32;
-            delta.base_pages = base as u32;
-            delta.base_chain = if base == 0 { 0 } else { path.chains[base - 1] };
-            delta.pages = path.pages()[base..].to_vec();
-            known.note(&[peer], &path.chains);
+            for (batch, &peer) in batches.iter_mut().zip(peers) {
+                let Some(delta) = batch.deltas.get_mut(at) else {
+                    continue;
+                };
+                let base = known.known_by(peer, &path.chains);
+                delta.partition = path.partition;
+                delta.block_size = path.block_size as u32;
+                delta.base_pages = base as u32;
+                delta.base_chain = if base == 0 { 0 } else { path.chains[base - 1] };
+                delta.pages = path.pages()[base..].to_vec();
+            }
+            known.note(peers, &path.chains);
         }
-        batch
+        batches
     }
 }
 
@@ -531,8 +544,9 @@ pub fn delta_key(
     };
     let block_size = delta.block_size as usize;
     let root = chains::chain_root(namespace, block_size);
-    let mut pages = if depth == 0 {
-        Vec::with_capacity(delta.pages.len())
+    let (mut pages, mut path_chains) = if depth == 0 {
+        let capacity = delta.pages.len();
+        (Vec::with_capacity(capacity), Vec::with_capacity(capacity))
     } else {
         chains.pages_of(root, delta.base_chain, delta.base_pages)?
     };
@@ -541,7 +555,12 @@ pub fn delta_key(
     if path_hash(namespace, &key) != Some(delta.path_hash) {
         return None;
     }
-    let path_chains = chains::chain_hashes(namespace, block_size, &pages);
+    // The base's chain hashes came with its pages; only the new pages' are computed.
+    let mut chain = path_chains.last().copied().unwrap_or(root);
+    for &page in &delta.pages {
+        chain = chains::chain_next(chain, page);
+        path_chains.push(chain);
+    }
     Some((namespace, key, path_chains))
 }
 

@@ -1055,6 +1055,79 @@ fn a_batch_names_its_recipients_by_a_hash_of_the_set() {
 }
 
 #[test]
+fn the_recipients_memo_gives_the_hash_of_the_set_past_its_capacity() {
+    use super::chains::{recipients_hash, RecipientsHashes};
+    let members = peers(&(1..=40).collect::<Vec<u16>>());
+    let mut memo = RecipientsHashes::default();
+    // Sets of every size, each met twice and in another order: always the set's hash.
+    for round in 0..2 {
+        for len in 0..members.len() {
+            let mut set = members[..len].to_vec();
+            if round == 1 {
+                set.reverse();
+            }
+            assert_eq!(
+                memo.of(&set),
+                recipients_hash(&members[..len]),
+                "{len} members"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_batch_for_several_peers_is_each_peers_batch_alone() {
+    let namespace = ns(7, 0);
+    let [a, b, c] = peers(&[1, 2, 3])[..] else {
+        panic!("three peers");
+    };
+    // B already knows the first conversation's path (A sent it), C knows nothing.
+    let mut together = ChainSide::default();
+    let mut alone = ChainSide::default();
+    for side in [&mut together, &mut alone] {
+        side.send(b, namespace, &conversation(1, 1));
+    }
+    let mut round = DeltaRound::default();
+    for question in [2, 3] {
+        let key = conversation(1, question);
+        let path = Arc::new(RoundPath::of(namespace, &key).unwrap());
+        let hash = path_hash(namespace, &key).unwrap();
+        round.add(7, (TreeKind::Tokens, hash), "http://w", Some(path));
+    }
+    let batch = round.take().pop().unwrap();
+    let both = batch.for_peers(&[b, c], &mut together.peers);
+    let each = [
+        batch.for_peer(b, &mut alone.peers),
+        batch.for_peer(c, &mut alone.peers),
+    ];
+    assert_eq!(both, each);
+    // The second delta shares the first's new prefix: after the first, it carries only its own.
+    let carried: Vec<Vec<(u32, usize)>> = both
+        .iter()
+        .map(|batch| {
+            let pages = |d: &wire::Delta| (d.base_pages, d.pages.len());
+            batch.deltas.iter().map(pages).collect()
+        })
+        .collect();
+    assert_eq!(
+        carried,
+        vec![vec![(128, 4), (128, 4)], vec![(0, 132), (128, 4)]]
+    );
+    // Both peers are now noted as knowing both paths, as after two batches sent alone.
+    for peer in [a, b, c] {
+        let chains = &batch.paths[1].as_ref().unwrap().chains;
+        let known = together.peers.known_by(peer, chains);
+        assert_eq!(known, alone.peers.known_by(peer, chains), "{peer}");
+    }
+    assert_eq!(
+        together
+            .peers
+            .known_by(c, &batch.paths[1].as_ref().unwrap().chains),
+        132
+    );
+}
+
+#[test]
 fn deltas_of_one_batch_that_share_a_new_prefix_carry_it_once() {
     let b = peers(&[2])[0];
     let namespace = ns(7, 0);
@@ -1120,7 +1193,7 @@ fn a_delta_on_a_prefix_not_known_here_or_that_does_not_hash_to_its_path_is_not_i
     assert_eq!(known.len(), 132);
     assert_eq!(
         known.pages_of(chain_root(namespace, 16), chains[9], 10),
-        Some(pages[..10].to_vec())
+        Some((pages[..10].to_vec(), chains[..10].to_vec()))
     );
     assert_eq!(
         known.pages_of(chain_root(ns(7, 1), 16), chains[9], 10),
