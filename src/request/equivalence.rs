@@ -202,6 +202,13 @@ const BYTE_CORPUS: &[&[u8]] = &[
     b"{\"messages\":[{\"\xff\":1}]}",
     b"{\"prompt\":\"nul \x00 byte\"}",
     b"{\"prompt\":\"split \xe6\x97\xa5\\n\xe6\x9c\xac\"}",
+    // Invalid UTF-8 in prompt text the shared-text mode checks only once: in a piece after
+    // another, in the system prompt, at a string's end, and in a field read again.
+    b"{\"messages\":[{\"content\":\"ok\"},{\"content\":\"bad \xff\"}]}",
+    b"{\"system\":\"cut \xe6\x97\",\"messages\":[{\"content\":\"q\"}]}",
+    b"{\"prompt\":\"bad \xff utf8\",\"prompt\":\"good\"}",
+    b"{\"messages\":[{\"content\":\"bad \xc3\"}],\"messages\":[{\"content\":\"q\"}]}",
+    b"{\"messages\":[{\"content\":\"a\\nb \xff\"}],\"messages\":[]}",
     b"\xef\xbb\xbf{}",
 ];
 

@@ -60,7 +60,7 @@ pub(super) enum TextMode {
 }
 
 /// A piece of prompt text in the body: the content of one non-empty string between its quotes,
-/// checked by [`Scan::string`] and for its UTF-8.
+/// checked by [`Scan::string`]; its UTF-8 is checked once, in the text [`shared_text`] builds.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TextPiece {
     start: usize,
@@ -92,7 +92,9 @@ pub(super) fn read(
 
 /// The prompt text of [`TextMode::Shared`], built once where the dispatch record keeps it: the
 /// pieces (the system prompt's first) decoded and joined with one space, as `push_text` and
-/// `join_system_prompt` join them. `None` when there is no text.
+/// `join_system_prompt` join them. `None` when there is no text. The pieces' UTF-8 is checked
+/// here, by `text_key_written` over the whole text: joined by an ASCII space, the pieces are
+/// UTF-8 each exactly when the whole is.
 fn shared_text(body: &[u8], system: &[TextPiece], text: &[TextPiece]) -> Step<Option<Arc<str>>> {
     let pieces = || system.iter().chain(text);
     let Some(spaces) = (system.len() + text.len()).checked_sub(1) else {
@@ -141,9 +143,8 @@ impl TextOut<'_> {
             TextOut::Pieces(pieces) => {
                 let start = scan.i + 1;
                 let raw = scan.string()?;
-                // Checked now, as the reference reads it: a field read again drops its pieces,
-                // but the reference has refused the body all the same.
-                raw.validate()?;
+                // Its UTF-8 is checked once, where the shared text is built (or, for a field
+                // read again, where its pieces are dropped).
                 if !raw.bytes.is_empty() {
                     pieces.push(TextPiece {
                         start,
@@ -159,30 +160,44 @@ impl TextOut<'_> {
 
 impl<'o> TextOut<'o> {
     /// The string or the pieces `mode` writes to, emptied (a field read again replaces what it
-    /// gave).
-    fn emptied(mode: TextMode, text: &'o mut String, pieces: &'o mut Vec<TextPiece>) -> Self {
-        match mode {
+    /// gave). Pieces are UTF-8 checked only as the shared text is built from them, so the ones
+    /// dropped here are checked now: the reference reader refuses a body whose field, read
+    /// first, held invalid UTF-8, even when it is read again.
+    fn emptied(
+        mode: TextMode,
+        body: &[u8],
+        text: &'o mut String,
+        pieces: &'o mut Vec<TextPiece>,
+    ) -> Step<Self> {
+        Ok(match mode {
             TextMode::Reused => {
                 text.clear();
                 TextOut::Decoded(text)
             }
             TextMode::Shared => {
-                pieces.clear();
+                for piece in pieces.drain(..) {
+                    let bytes = body.get(piece.start..piece.end).ok_or(Handoff)?;
+                    RawStr {
+                        bytes,
+                        escaped: piece.escaped,
+                    }
+                    .validate()?;
+                }
                 TextOut::Pieces(pieces)
             }
-        }
+        })
     }
 }
 
 impl RoutingInput {
     /// The prompt text's destination, emptied.
-    fn text_out(&mut self, mode: TextMode) -> TextOut<'_> {
-        TextOut::emptied(mode, &mut self.text, &mut self.text_pieces)
+    fn text_out(&mut self, mode: TextMode, body: &[u8]) -> Step<TextOut<'_>> {
+        TextOut::emptied(mode, body, &mut self.text, &mut self.text_pieces)
     }
 
     /// The Messages API `system` prompt's destination, emptied.
-    fn system_out(&mut self, mode: TextMode) -> TextOut<'_> {
-        TextOut::emptied(mode, &mut self.system, &mut self.system_pieces)
+    fn system_out(&mut self, mode: TextMode, body: &[u8]) -> Step<TextOut<'_>> {
+        TextOut::emptied(mode, body, &mut self.system, &mut self.system_pieces)
     }
 }
 
@@ -242,19 +257,19 @@ fn top_field<'b>(
             }
         }
         "prompt" if collect && endpoint == Completions => {
-            scan.first_text(DEPTH, &mut input.text_out(text_mode))?;
+            scan.first_text(DEPTH, &mut input.text_out(text_mode, scan.b)?)?;
         }
         "text" if collect && endpoint == Generate => {
-            scan.first_text(DEPTH, &mut input.text_out(text_mode))?;
+            scan.first_text(DEPTH, &mut input.text_out(text_mode, scan.b)?)?;
         }
         "input_ids" if collect && endpoint == Generate => {
             scan.input_ids(DEPTH, &mut input.tokens)?;
         }
         "messages" if collect && matches!(endpoint, ChatCompletions | Messages) => {
-            scan.message_list(DEPTH, &mut input.text_out(text_mode))?;
+            scan.message_list(DEPTH, &mut input.text_out(text_mode, scan.b)?)?;
         }
         "system" if collect && endpoint == Messages => {
-            scan.content(DEPTH, &mut input.system_out(text_mode))?;
+            scan.content(DEPTH, &mut input.system_out(text_mode, scan.b)?)?;
         }
         "cache_salt" => found.partition.cache_salt = scan.lenient_str(DEPTH)?,
         "extra_key" => found.partition.extra_key = scan.lenient_str(DEPTH)?,
