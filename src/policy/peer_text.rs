@@ -68,9 +68,8 @@ mod tests {
     use crate::ids::WorkerId;
     use crate::index::{IndexConfig, IndexWriter, LookupHint, TokenPages};
     use crate::limits::MESH_TEXT_PAGES_MAX;
-    use crate::policy::{
-        IndexLookup, Lookup, PolicyArgs, PolicyMetrics, Prepared, Router, Trees, WorkerStatus,
-    };
+    use crate::policy::router::tests::choose_idle;
+    use crate::policy::{IndexLookup, Lookup, PolicyArgs, PolicyMetrics, Prepared, Router, Trees};
     use crate::request::{Endpoint, RoutingHeaders, RoutingKey};
 
     const SHARED: WorkerId = WorkerId(2);
@@ -117,15 +116,7 @@ mod tests {
 
     fn route_idle(router: &mut Router, prepared: &Prepared) -> WorkerId {
         let urls = ["http://a", "http://b", "http://c", "http://d"];
-        let workers = urls
-            .iter()
-            .enumerate()
-            .map(|(slot, url)| (WorkerId(slot as u16), *url));
-        let idle = |_| WorkerStatus {
-            eligible: true,
-            ..WorkerStatus::default()
-        };
-        router.choose(prepared, workers, idle).unwrap()
+        choose_idle(router, &urls, prepared)
     }
 
     fn tree_match(prepared: &Prepared) -> crate::index::TreeMatch {

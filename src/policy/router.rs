@@ -162,4 +162,4 @@ impl Router {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

@@ -32,6 +32,17 @@ fn prepare_and_route_idle(
     now_ms: u64,
 ) -> (WorkerId, Prepared) {
     let prepared = prepare(router, endpoint, body.as_bytes(), now_ms);
+    let worker = choose_idle(router, urls, &prepared);
+    (worker, prepared)
+}
+
+/// The worker `router` chooses for `prepared` among `urls` (slot = position), all eligible and
+/// idle.
+pub(in crate::policy) fn choose_idle(
+    router: &mut Router,
+    urls: &[&str],
+    prepared: &Prepared,
+) -> WorkerId {
     let workers = urls
         .iter()
         .enumerate()
@@ -40,8 +51,7 @@ fn prepare_and_route_idle(
         eligible: true,
         ..WorkerStatus::default()
     };
-    let worker = router.choose(&prepared, workers, status_of).unwrap();
-    (worker, prepared)
+    router.choose(prepared, workers, status_of).unwrap()
 }
 
 fn router() -> (Router, Arc<PolicyMetrics>) {
