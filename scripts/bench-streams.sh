@@ -6,12 +6,13 @@
 # its CPU per chunk relayed. bench-harness's `streams` is the client.
 #
 #   scripts/bench-streams.sh [--streams 9000] [--step-ms 1000] [--measure-s 15] [--debug]
-#                            [--floor] [--rounds 1]
+#                            [--floor] [--rounds 1] [--prebuilt]
 #
 # --floor adds the floor (perf/floor_proxy.rs, a monoio proxy that relays each engine read to the
 # client unchanged, round robin over the same engines) as a third run after kvgate, with its CPU
 # per chunk and added gaps beside kvgate's; --rounds R runs direct, kvgate (and the floor) R
-# times in turn, so the two proxies are measured interleaved under the same load.
+# times in turn, so the two proxies are measured interleaved under the same load. --prebuilt
+# runs target/<profile>'s binaries as they are (no cargo build).
 #
 # Descriptors: kvgate holds two per stream (client and engine), and one process may hold at
 # most the hard open-file limit (`ulimit -Hn`), so --streams is capped at (limit - 200) / 2.
@@ -28,6 +29,7 @@ MEASURE_S=15
 PROFILE=release
 FLOOR=0
 ROUNDS=1
+PREBUILT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --streams) STREAMS="$2"; shift 2 ;;
@@ -36,14 +38,17 @@ while [ $# -gt 0 ]; do
     --debug) PROFILE=debug; shift ;;
     --floor) FLOOR=1; shift ;;
     --rounds) ROUNDS="$2"; shift 2 ;;
+    --prebuilt) PREBUILT=1; shift ;;
     *) echo "Error: unknown flag $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-fleet_build "$PROFILE"
+[ "$PREBUILT" = 1 ] || fleet_build "$PROFILE"
 BIN="target/$PROFILE"
 SYSTEMS=(direct kvgate)
 if [ "$FLOOR" = 1 ]; then
-  if [ "$PROFILE" = release ]; then
+  if [ "$PREBUILT" = 1 ]; then
+    :
+  elif [ "$PROFILE" = release ]; then
     cargo build --release -q -p kvgate --example floor_proxy >&2
   else
     cargo build -q -p kvgate --example floor_proxy >&2
