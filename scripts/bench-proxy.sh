@@ -22,6 +22,9 @@
 #        BENCH_FLOOR=1 scripts/bench-proxy.sh   (adds the floor: perf/floor_proxy.rs, a monoio
 #          proxy that only relays bytes, on kvgate's ring setup; its ratio to nginx is the ceiling
 #          of kvgate's on this host)
+#        BENCH_PREBUILT=1 scripts/bench-proxy.sh   (target/release's binaries as they are, not
+#          rebuilt: `cargo build -p` resolves features apart from a `--workspace` build and can
+#          rebuild the dependencies)
 #        BENCH_TLS=1 scripts/bench-proxy.sh   (adds kvgate-tls and nginx-tls: the same proxies
 #          with TLS 1.3 on their client port (a self-signed P-256 certificate made with openssl;
 #          nginx with ssl_session_cache), wrk over https, in the same rounds as the plain ones:
@@ -42,14 +45,15 @@ if [ "$PIN" = 1 ]; then LOADGEN=(taskset -c 0); LOADGEN_CPU=0; PROXY_CPU=1; fi
 if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light >/dev/null
 fi
-cargo build --release -q -p kvgate --bin kvgate
+PREBUILT="${BENCH_PREBUILT:-0}"
+[ "$PREBUILT" = 1 ] || cargo build --release -q -p kvgate --bin kvgate
 KVGATE_BIN="${KVGATE_BIN:-target/release/kvgate}"
-cargo build --release -q -p bench-harness --bin sim-engine --bin fleet
+[ "$PREBUILT" = 1 ] || cargo build --release -q -p bench-harness --bin sim-engine --bin fleet
 FLOOR="${BENCH_FLOOR:-0}"
 TLS="${BENCH_TLS:-0}"
 SYSTEMS=(kvgate nginx)
 if [ "$FLOOR" = 1 ]; then
-  cargo build --release -q -p kvgate --example floor_proxy
+  [ "$PREBUILT" = 1 ] || cargo build --release -q -p kvgate --example floor_proxy
   SYSTEMS+=(floor)
 fi
 [ "$TLS" = 1 ] && SYSTEMS+=(kvgate-tls nginx-tls)
