@@ -59,13 +59,16 @@ const PSEUDO_POLICIES: [&str; 4] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV, CA
 /// The modifiers a `cache_aware:` pseudo-policy may join with `:`, in any order (`hash` and
 /// `kv` exclusive): `cache_aware:kv:load` is cache_aware on the KV-event index with
 /// `--load-aware-affinity`; `events-only` turns the KV-event index's in-flight overlay off;
-/// `holders-7` lets the hash index keep seven holders per head instead of the spec's three.
-const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 5] = [
+/// `holders-7` lets the hash index keep seven holders per head instead of the spec's three;
+/// `bounded-4` keeps every worker within 4 requests of the fleet's mean dispatched count
+/// (`--bounded-load-margin 4`: the demo's recommended column).
+const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 6] = [
     ("hash", &["--cache-index", "hash"]),
     ("kv", &[]),
     ("load", &["--load-aware-affinity"]),
     ("events-only", &["--kv-inflight-ttl-secs", "0"]),
     ("holders-7", &["--cache-holders-max", "7"]),
+    ("bounded-4", &["--bounded-load-margin", "4"]),
 ];
 
 /// The modifiers of a `cache_aware:...` pseudo-policy, each once; `None`: not one.
@@ -548,6 +551,10 @@ mod tests {
                 "--cache-holders-max",
                 "7"
             ]
+        );
+        assert_eq!(
+            policy_flags("cache_aware:bounded-4"),
+            ["--policy", "cache_aware", "--bounded-load-margin", "4"]
         );
         for bad in [
             "cache_aware:hash:kv",
