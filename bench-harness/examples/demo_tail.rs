@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release -p bench-harness --example demo_tail -- [REQUESTS] [--seed N]
-//!     [--decode-pool-tokens N] [--prefill-constant-ms MS]
+//!     [--decode-pool-tokens N] [--prefill-constant-ms MS] [--margin N]
 //! ```
 //!
 //! It answered why cache_aware's E2E p99 and ITL p50 were worse than round robin's in the demo
@@ -29,15 +29,15 @@ const KV_CAPACITY_TOKENS: u64 = 32_768;
 enum Routing {
     RoundRobin,
     Affinity,
-    /// Affinity under kvgate's `--bounded-load-margin 4` (`cache_aware::bounded_load`): the
-    /// least-routed holder whose count stays within 4 of the mean, else the least-routed engine
-    /// below the mean (if it has no more in flight than the least-busy holder or the mean),
-    /// which becomes a holder.
+    /// Affinity under kvgate's `--bounded-load-margin` (`cache_aware::bounded_load`; 8 unless
+    /// `--margin` says): the least-routed holder whose count stays within the margin of the
+    /// mean, else the least-routed engine below the mean (if it has no more in flight than the
+    /// least-busy holder or the mean), which becomes a holder.
     Bounded,
 }
 
-/// `--bounded-load-margin` of [`Routing::Bounded`].
-const BOUNDED_MARGIN: f64 = 4.0;
+/// `--bounded-load-margin` of [`Routing::Bounded`] unless `--margin` says.
+const BOUNDED_MARGIN_DEFAULT: f64 = 8.0;
 
 #[derive(Default)]
 struct Figures {
@@ -86,7 +86,7 @@ fn request(n: u64, group: u64) -> SimRequest {
     }
 }
 
-fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64) -> Figures {
+fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64, margin: f64) -> Figures {
     let config = EngineConfig {
         kv_capacity_tokens: KV_CAPACITY_TOKENS,
         cost,
@@ -127,7 +127,7 @@ fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64) -> Figures {
                 let held = &mut holders[group as usize];
                 let routed = &figures.routed;
                 let mean = routed.iter().sum::<u64>() as f64 / ENGINES as f64;
-                let within = |e: &usize| routed[*e] as f64 + 1.0 <= mean + BOUNDED_MARGIN;
+                let within = |e: &usize| routed[*e] as f64 + 1.0 <= mean + margin;
                 let engine = if held.is_empty() {
                     (0..ENGINES).min_by_key(|e| busy(*e)).unwrap_or(0)
                 } else if let Some(e) = held
@@ -279,6 +279,7 @@ fn main() {
     };
     let mut cost = CostModel::default();
     let seed = flag("--seed").map_or(0, |s| s as u64);
+    let margin = flag("--margin").unwrap_or(BOUNDED_MARGIN_DEFAULT);
     if let Some(tokens) = flag("--decode-pool-tokens") {
         cost.decode_pool_tokens = tokens as u64;
     }
@@ -290,7 +291,7 @@ fn main() {
         "routing", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "decode p99", "E2E p50", "E2E p99", "E2E max"
     );
     for routing in [Routing::RoundRobin, Routing::Affinity, Routing::Bounded] {
-        let mut f = run(routing, requests, cost, seed);
+        let mut f = run(routing, requests, cost, seed, margin);
         let engines: Vec<String> = f
             .steps
             .iter()

@@ -63,13 +63,14 @@ pub struct CompareArgs {
     /// --load-aware-affinity), and `direct` (no gateway). cache_aware's modifiers combine with
     /// `:` (`cache_aware:kv:load`, `cache_aware:hash:load`; `events-only`: the KV-event index
     /// without its in-flight overlay, --kv-inflight-ttl-secs 0; `holders-7`: the hash index keeps
-    /// seven holders per head, --cache-holders-max 7; `bounded-4`: every worker within 4 requests
-    /// of the mean count sent, --bounded-load-margin 4). The default compares round robin with
-    /// README's recommended configuration for engines without KV events.
+    /// seven holders per head, --cache-holders-max 7; `bounded-8` or `bounded-4`: every worker
+    /// within 8 or 4 requests of the mean count sent, --bounded-load-margin 8 or 4). The default
+    /// compares round robin with README's recommended configuration for engines without KV
+    /// events.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,cache_aware:bounded-4"
+        default_value = "round_robin,cache_aware:bounded-8"
     )]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.
@@ -564,11 +565,11 @@ mod tests {
             panic!("not compare")
         };
         let options = compare.compare_options().unwrap();
-        assert_eq!(options.policies, ["round_robin", "cache_aware:bounded-4"]);
+        assert_eq!(options.policies, ["round_robin", "cache_aware:bounded-8"]);
         // Keep in step with README.md, "Recommended configuration", and scripts/demo.sh.
         assert_eq!(
-            super::super::compare::gateway_flags(&options, "cache_aware:bounded-4"),
-            "kvgate --policy cache_aware --bounded-load-margin 4"
+            super::super::compare::gateway_flags(&options, "cache_aware:bounded-8"),
+            "kvgate --policy cache_aware --bounded-load-margin 8"
         );
     }
 
@@ -578,7 +579,7 @@ mod tests {
             "replay",
             "compare",
             "--policies",
-            "round_robin,cache_aware:load,cache_aware:bounded-4,direct",
+            "round_robin,cache_aware:load,cache_aware:bounded-8,direct",
             "--gateway-arg=--block-size=32",
             "--kvgate",
             "/bin/true",
@@ -600,8 +601,8 @@ mod tests {
             "kvgate --policy cache_aware --load-aware-affinity --block-size=32"
         );
         assert_eq!(
-            legend("cache_aware:bounded-4"),
-            "kvgate --policy cache_aware --bounded-load-margin 4 --block-size=32"
+            legend("cache_aware:bounded-8"),
+            "kvgate --policy cache_aware --bounded-load-margin 8 --block-size=32"
         );
         assert!(legend("direct").starts_with("(no gateway"));
     }
