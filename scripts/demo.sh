@@ -2,9 +2,8 @@
 # The main job: build, start a simulated engine fleet and one kvgate per policy, replay the same
 # workload through each, and print what happened side by side.
 #
-# With no arguments: round_robin vs cache_aware:bounded-8 (cache_aware with
-# --bounded-load-margin 8, the recommended configuration for engines without KV events: README,
-# "Recommended configuration"), each on 4 fresh engines of 32k KV tokens, with
+# With no arguments: round_robin vs cache_aware (the recommended configuration for engines without
+# KV events: README, "Recommended configuration"), each on 4 fresh engines of 32k KV tokens, with
 # 6,000 requests of the shared-prefix generator (32 groups of 2k-token system prompts), 8 in
 # flight: about two minutes on 2 cores (with fewer, a loaded machine's two worst stalls decide the
 # p99 rows: perf/results-routing-2.md). The table goes to stdout; replay-compare.json and
@@ -31,6 +30,5 @@ target/release/replay compare "${grpc[@]}" "$@"
 if [[ " $* " != *" --policies"* ]]; then
     # Keep in step with README.md, "Recommended configuration".
     echo "Recommended for HTTP engines without KV events (README, \"Recommended configuration\"):"
-    echo "cache_aware:bounded-8, i.e. kvgate --policy cache_aware --bounded-load-margin 8 (the"
-    echo "column above): cache-aware routing that keeps every engine within 8 requests of the mean."
+    echo "cache_aware, i.e. kvgate --policy cache_aware with its defaults (the column above)."
 fi

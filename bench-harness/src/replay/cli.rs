@@ -66,12 +66,8 @@ pub struct CompareArgs {
     /// seven holders per head, --cache-holders-max 7; `bounded-8` or `bounded-4`: every worker
     /// within 8 or 4 requests of the mean count sent, --bounded-load-margin 8 or 4). The default
     /// compares round robin with README's recommended configuration for engines without KV
-    /// events.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "round_robin,cache_aware:bounded-8"
-    )]
+    /// events (cache_aware with its defaults).
+    #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.
     #[arg(long, default_value_t = 4)]
@@ -565,11 +561,11 @@ mod tests {
             panic!("not compare")
         };
         let options = compare.compare_options().unwrap();
-        assert_eq!(options.policies, ["round_robin", "cache_aware:bounded-8"]);
+        assert_eq!(options.policies, ["round_robin", "cache_aware"]);
         // Keep in step with README.md, "Recommended configuration", and scripts/demo.sh.
         assert_eq!(
-            super::super::compare::gateway_flags(&options, "cache_aware:bounded-8"),
-            "kvgate --policy cache_aware --bounded-load-margin 8"
+            super::super::compare::gateway_flags(&options, "cache_aware"),
+            "kvgate --policy cache_aware"
         );
     }
 

@@ -61,8 +61,7 @@ const PSEUDO_POLICIES: [&str; 4] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV, CA
 /// `--load-aware-affinity`; `events-only` turns the KV-event index's in-flight overlay off;
 /// `holders-7` lets the hash index keep seven holders per head instead of the spec's three;
 /// `bounded-8` keeps every worker within 8 requests of the fleet's mean dispatched count
-/// (`--bounded-load-margin 8`: the demo's recommended column), `bounded-4` within 4 (one of the
-/// two).
+/// (`--bounded-load-margin 8`), `bounded-4` within 4 (one of the two).
 const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 7] = [
     ("hash", &["--cache-index", "hash"]),
     ("kv", &[]),
