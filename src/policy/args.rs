@@ -106,8 +106,10 @@ pub struct PolicyArgs {
     /// count of requests this gateway sent it is more than N above the fleet's mean count takes
     /// no more of them; the least-sent eligible worker below the mean, if it has no more requests
     /// in flight than the holder or the fleet mean, takes the request (and holds its prefix from
-    /// then on), so every worker serves within N requests of the mean. Costs a cold prefill per
-    /// replica (about 20 in 6,000 requests at N=4 on the demo). Off (unset): SMG's behaviour.
+    /// then on), so every worker serves within N requests of the mean. Each replica costs a cold
+    /// prefill and a prompt's room in that worker's cache: where the caches only just hold the
+    /// prompts in use, a small N makes them evict (on make demo's workload N=16 costs 1-2 points
+    /// of hit rate, N=4 or 8 4-14). Off (unset): SMG's behaviour.
     #[arg(long, value_name = "N")]
     pub bounded_load_margin: Option<u32>,
     /// Per-model tree budget: characters (string tree) or tokens (token tree).
