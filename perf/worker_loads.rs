@@ -23,6 +23,9 @@ pub fn random_workers(rng: &mut Rng, workers: usize) -> Vec<WorkerStatus> {
             resident_tokens: rng.u64(0..40_000),
             drained_tokens: rng.u64(0..2_000),
             placed_tokens: rng.f64() * 100.0,
+            // Read only under --bounded-load-margin; no draw, so the workers stay those of
+            // earlier runs.
+            dispatched: 0,
         })
         .collect()
 }

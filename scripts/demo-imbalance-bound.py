@@ -15,6 +15,13 @@ fewest requests so far, unless that holder is more than MARGIN requests above th
 engine is below it: then the least-counted engine takes it and becomes a holder (a replica: one
 cold prefill). It ignores timing and the engines' caches; it counts the replicas such a rule makes.
 
+Last, the rule as kvgate builds it (`--bounded-load-margin N`, `cache_aware::bounded_load`), and
+the bounds it was chosen from: a group's request goes to its least-sent holder whose count stays
+within the bound after it (or, `uniform`, to any such holder at random, as a choice by expected
+wait would be on this workload); none within: the least-sent engine, which becomes a holder.
+Bounds `mean + N` and `ceil(mean * (1 + e))`; `stale 2` decides on counts that miss the last two
+dispatches (two data cores deciding at once).
+
     scripts/demo-imbalance-bound.py [REQUESTS] [ENGINES]
 """
 import math
@@ -88,3 +95,48 @@ for margin in [8, 16, 32]:
     print(f"count model, margin {margin}: prints 1.00 in {ones:.0%} of {seeds} seeds; "
           f"imbalance median {imbalances[seeds // 2]:.4f}, worst {imbalances[-1]:.4f}; "
           f"replicas median {replicas[seeds // 2]}, most {replicas[-1]}")
+
+
+def bounded_rule(seed, bound, holder_pick, stale=0, groups=32):
+    rng = random.Random(seed)
+    counts, groups_on, holders, replicas, recent = [0] * engines, [0] * engines, {}, 0, []
+    for i in range(requests):
+        group = rng.randrange(groups)
+        seen = list(counts)
+        for e in recent:
+            seen[e] -= 1
+        limit = bound(sum(seen) / engines)
+        if group not in holders:
+            e = min(range(engines), key=lambda e: (groups_on[e], seen[e]))
+            holders[group] = [e]
+            groups_on[e] += 1
+        else:
+            within = [h for h in holders[group] if seen[h] + 1 <= limit]
+            if within:
+                if holder_pick == "least-sent":
+                    e = min(within, key=lambda h: seen[h])
+                else:
+                    e = rng.choice(within)
+            else:
+                e = min(range(engines), key=lambda e: seen[e])
+                if e not in holders[group]:
+                    holders[group].append(e)
+                    replicas += 1
+        counts[e] += 1
+        recent = (recent + [e])[-stale:] if stale else []
+    return max(counts) / mean, replicas
+
+
+rule_seeds = 100
+bounds = [("mean + 2", lambda m: m + 2), ("mean + 4", lambda m: m + 4),
+          ("mean + 8", lambda m: m + 8), ("ceil(mean * 1.005)", lambda m: math.ceil(m * 1.005))]
+for name, bound in bounds:
+    for pick in ["least-sent", "uniform"]:
+        for stale in [0, 2]:
+            runs = [bounded_rule(seed, bound, pick, stale) for seed in range(rule_seeds)]
+            imbalances = sorted(r[0] for r in runs)
+            replicas = sorted(r[1] for r in runs)
+            ones = sum(x < 1.005 for x in imbalances) / rule_seeds
+            print(f"bound {name}, {pick} holder, stale {stale}: prints 1.00 in {ones:.0%} of "
+                  f"{rule_seeds} seeds; worst {imbalances[-1]:.4f}; replicas median "
+                  f"{replicas[rule_seeds // 2]}, most {replicas[-1]}")

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! cargo run --release -p bench-harness --example demo_tail -- [REQUESTS] [--seed N]
-//!     [--decode-pool-tokens N] [--prefill-constant-ms MS]
+//!     [--decode-pool-tokens N] [--prefill-constant-ms MS] [--margin N]
 //! ```
 //!
 //! It answered why cache_aware's E2E p99 and ITL p50 were worse than round robin's in the demo
@@ -29,7 +29,15 @@ const KV_CAPACITY_TOKENS: u64 = 32_768;
 enum Routing {
     RoundRobin,
     Affinity,
+    /// Affinity under kvgate's `--bounded-load-margin` (`cache_aware::bounded_load`; 8 unless
+    /// `--margin` says): the least-routed holder whose count stays within the margin of the
+    /// mean, else the least-routed engine below the mean (if it has no more in flight than the
+    /// least-busy holder or the mean), which becomes a holder.
+    Bounded,
 }
+
+/// `--bounded-load-margin` of [`Routing::Bounded`] unless `--margin` says.
+const BOUNDED_MARGIN_DEFAULT: f64 = 8.0;
 
 #[derive(Default)]
 struct Figures {
@@ -78,7 +86,7 @@ fn request(n: u64, group: u64) -> SimRequest {
     }
 }
 
-fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64) -> Figures {
+fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64, margin: f64) -> Figures {
     let config = EngineConfig {
         kv_capacity_tokens: KV_CAPACITY_TOKENS,
         cost,
@@ -92,6 +100,7 @@ fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64) -> Figures {
         ..Figures::default()
     };
     let mut home: Vec<Option<usize>> = vec![None; GROUPS as usize];
+    let mut holders: Vec<Vec<usize>> = vec![Vec::new(); GROUPS as usize];
     let mut in_flight: Vec<InFlight> = Vec::new();
     let (mut sent, mut done, mut cursor, mut rng) = (0u64, 0u64, 0usize, 0x9e37_79b9u64 ^ seed);
     let mut now = 0u64;
@@ -113,6 +122,36 @@ fn run(routing: Routing, requests: u64, cost: CostModel, seed: u64) -> Figures {
                     .min_by_key(|e| in_flight.iter().filter(|f| f.engine == *e).count())
                     .unwrap_or(0)
             }),
+            Routing::Bounded => {
+                let busy = |e: usize| in_flight.iter().filter(|f| f.engine == e).count();
+                let held = &mut holders[group as usize];
+                let routed = &figures.routed;
+                let mean = routed.iter().sum::<u64>() as f64 / ENGINES as f64;
+                let within = |e: &usize| routed[*e] as f64 + 1.0 <= mean + margin;
+                let engine = if held.is_empty() {
+                    (0..ENGINES).min_by_key(|e| busy(*e)).unwrap_or(0)
+                } else if let Some(e) = held
+                    .iter()
+                    .copied()
+                    .filter(within)
+                    .min_by_key(|e| routed[*e])
+                {
+                    e
+                } else {
+                    let least_busy = held.iter().map(|e| busy(*e)).min().unwrap_or(0) as f64;
+                    let limit = least_busy.max(in_flight.len() as f64 / ENGINES as f64);
+                    (0..ENGINES)
+                        .filter(|e| (routed[*e] as f64) < mean && busy(*e) as f64 <= limit)
+                        .min_by_key(|e| routed[*e])
+                        .unwrap_or_else(|| {
+                            held.iter().copied().min_by_key(|e| busy(*e)).unwrap_or(0)
+                        })
+                };
+                if !held.contains(&engine) {
+                    held.push(engine);
+                }
+                engine
+            }
         };
         let id = engines[engine]
             .submit_at(request(*sent, group), now)
@@ -240,6 +279,7 @@ fn main() {
     };
     let mut cost = CostModel::default();
     let seed = flag("--seed").map_or(0, |s| s as u64);
+    let margin = flag("--margin").unwrap_or(BOUNDED_MARGIN_DEFAULT);
     if let Some(tokens) = flag("--decode-pool-tokens") {
         cost.decode_pool_tokens = tokens as u64;
     }
@@ -250,8 +290,8 @@ fn main() {
         "{:12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  per engine: decode steps / mean batch / prefill steps",
         "routing", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "decode p99", "E2E p50", "E2E p99", "E2E max"
     );
-    for routing in [Routing::RoundRobin, Routing::Affinity] {
-        let mut f = run(routing, requests, cost, seed);
+    for routing in [Routing::RoundRobin, Routing::Affinity, Routing::Bounded] {
+        let mut f = run(routing, requests, cost, seed, margin);
         let engines: Vec<String> = f
             .steps
             .iter()
@@ -261,7 +301,7 @@ fn main() {
             })
             .collect();
         println!(
-            "{:12} {:>9.1} {:>9.1} {:>9.2} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}  routed {:?}",
+            "{:12} {:>9.1} {:>9.1} {:>9.3} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1}  {}  routed {:?}",
             format!("{routing:?}"),
             percentile(&mut f.ttft_us, 0.5),
             percentile(&mut f.ttft_us, 0.99),
@@ -280,6 +320,15 @@ fn main() {
         let mean = |v: &[(u64, u64, u64)], i: usize| {
             v.iter().map(|t| [t.0, t.1, t.2][i] as f64).sum::<f64>() / v.len().max(1) as f64
         };
+        let gaps = f.gaps_us.len().max(1) as f64;
+        println!(
+            "    ITL mean {:.3} ms, p25 {:.3}, p75 {:.3}; imbalance {:.3}",
+            f.gaps_us.iter().sum::<u64>() as f64 / gaps / 1000.0,
+            percentile(&mut f.gaps_us, 0.25),
+            percentile(&mut f.gaps_us, 0.75),
+            *f.routed.iter().max().unwrap_or(&0) as f64 * ENGINES as f64
+                / f.routed.iter().sum::<u64>().max(1) as f64
+        );
         println!(
             "    slowest 1%: {:.1} prefill stalls ({:.1} ms) while decoding; fastest half: {:.1} ({:.1} ms)",
             mean(tail, 1),

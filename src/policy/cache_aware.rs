@@ -106,7 +106,11 @@ pub fn select<'a>(
                 let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
                 return Some(decide(Branch::ExpectedWaitFallback, slot, match_ratio));
             }
-            let mut candidates = Candidates::<MATCH_TENANTS_MAX>::of(tree.tenants(), workers);
+            let candidates = Candidates::<MATCH_TENANTS_MAX>::of(tree.tenants(), workers);
+            let mut candidates = match bounded_load(candidates, &fleet, workers, config, rng) {
+                Ok(within) => within,
+                Err(slot) => return Some(decide(Branch::BoundedLoad, slot, match_ratio)),
+            };
             // 4. Rank: overlap decay, then the top (or temperature-sampled) score group.
             candidates.apply_overlap_decay(workers, config, tree.request_len);
             let group = candidates.score_group(config.selection_temperature, rng);
@@ -121,12 +125,16 @@ pub fn select<'a>(
                 let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
                 return Some(decide(Branch::EventFallback, slot, 0.0));
             }
-            let request_len = blocks.request_blocks.saturating_mul(blocks.block_size);
-            candidates.apply_overlap_decay(workers, config, request_len);
-            let group = candidates.score_group(config.selection_temperature, rng);
             // The match ratio of the decision log: the best holder's share of the request.
             let held = blocks.holders().first().map_or(0, |(_, held)| *held);
             let ratio = f64::from(held) / f64::from(blocks.request_blocks.max(1));
+            candidates = match bounded_load(candidates, &fleet, workers, config, rng) {
+                Ok(within) => within,
+                Err(slot) => return Some(decide(Branch::BoundedLoad, slot, ratio)),
+            };
+            let request_len = blocks.request_blocks.saturating_mul(blocks.block_size);
+            candidates.apply_overlap_decay(workers, config, request_len);
+            let group = candidates.score_group(config.selection_temperature, rng);
             let block_size = u64::from(blocks.block_size);
             let cached = |slot: usize| {
                 let held = blocks.holders().iter().find(|(w, _)| w.index() == slot);
@@ -166,7 +174,16 @@ pub fn select<'a>(
                 let slot = fleet.lowest_wait_for_new_prefix(workers, request_tokens, rng)?;
                 return Some(decide(Branch::ExpectedWaitFallback, slot, 0.0));
             };
-            (candidates, 0.0, head_tokens)
+            match bounded_load(candidates, &fleet, workers, config, rng) {
+                Ok(within) => (within, 0.0, head_tokens),
+                Err(slot) => {
+                    let decision = decide(Branch::BoundedLoad, slot, 0.0);
+                    return Some(Decision {
+                        head_tokens,
+                        ..decision
+                    });
+                }
+            }
         }
     };
     let (hit, spill) = match head_tokens {
@@ -205,6 +222,67 @@ pub fn select<'a>(
         decide,
         (hit, spill),
     ))
+}
+
+/// 5 under `--bounded-load-margin` (before the spill gate or the load-aware gate): the
+/// candidates whose dispatched count is at most the margin above the fleet's mean after taking
+/// this request, narrowed to the least-sent of them (`Ok`; the gate that follows picks among
+/// them). None within it: the least-sent eligible worker below the mean takes the request
+/// (`Err(slot)`), recorded at step 7 as a holder, if it has no more requests in flight than the
+/// least-busy candidate or the fleet mean; else the candidates as they were (`Ok`), so a worker
+/// that fell behind (one back from a failure) catches up at the others' concurrency, never by
+/// drawing every request at once.
+///
+/// The least-sent holder, not the least-waiting, is what keeps the replicas few: in the count
+/// model of the demo (`scripts/demo-imbalance-bound.py`, margin 8) a uniform choice among
+/// holders within the bound made 39 replicas where the least-sent made 13, for the same
+/// balance. Off (`Ok` unchanged) without the flag.
+fn bounded_load<const N: usize>(
+    candidates: Candidates<N>,
+    fleet: &Fleet,
+    workers: &[WorkerStatus],
+    config: &CacheAwareConfig,
+    rng: &mut Rng,
+) -> Result<Candidates<N>, usize> {
+    let Some(margin) = config.bounded_load_margin else {
+        return Ok(candidates);
+    };
+    if candidates.len == 0 {
+        return Ok(candidates);
+    }
+    let eligible = || workers.iter().enumerate().filter(|(_, w)| w.eligible);
+    let sum: f64 = eligible().map(|(_, w)| w.dispatched as f64).sum();
+    let mean = sum / f64::from(fleet.eligible.max(1));
+    let limit = mean + f64::from(margin);
+    let count = |slot: usize| workers[slot].dispatched;
+    let within = |slot: &usize| count(*slot) as f64 + 1.0 <= limit;
+    if let Some(least) = candidates.slots().filter(within).map(count).min() {
+        let mut narrowed = Candidates {
+            len: 0,
+            ..candidates
+        };
+        for i in 0..candidates.len {
+            if count(candidates.slots[i]) == least {
+                narrowed.slots[narrowed.len] = candidates.slots[i];
+                narrowed.scores[narrowed.len] = candidates.scores[i];
+                narrowed.len += 1;
+            }
+        }
+        return Ok(narrowed);
+    }
+    let least_busy = candidates.slots().map(|s| workers[s].in_flight).min();
+    let busy_limit = f64::from(least_busy.unwrap_or(0)).max(fleet.in_flight_mean);
+    let mut target = LowestPick::default();
+    for (slot, worker) in eligible() {
+        let below = (worker.dispatched as f64) < mean;
+        if below && f64::from(worker.in_flight) <= busy_limit {
+            target.offer(slot, (worker.dispatched, fleet.expected_wait(worker)), rng);
+        }
+    }
+    match target.slot() {
+        Some(slot) => Err(slot),
+        None => Ok(candidates),
+    }
 }
 
 /// 5. Spill gate: the least-waiting candidate that is not hot (`hit`); else spill to the

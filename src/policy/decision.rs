@@ -43,6 +43,7 @@ impl Router {
     ) -> Option<WorkerId> {
         let (roster, table, models) = (workers.roster, workers.table, workers.models);
         let mean_prefill_tokens = self.config.scorer().mean_prefill_tokens;
+        let bounded = self.config.cache_aware.bounded_load_margin.is_some();
         let active = (roster.workers.iter())
             .filter(move |w| side.is_none_or(|side| w.spec.role.serves(side)))
             .map(|w| (w.id, w.spec.url.as_str()));
@@ -61,6 +62,8 @@ impl Router {
                 drained_tokens: table.drained_tokens(id, generation),
                 // This core's own count, filled in by `choose` for cache misses.
                 placed_tokens: 0.0,
+                // Offset by `choose`.
+                dispatched: if bounded { table.dispatched(id) } else { 0 },
             }
         };
         self.side = side;
@@ -93,6 +96,9 @@ impl Router {
             }
             self.statuses[slot] = status;
         }
+        if self.config.cache_aware.bounded_load_margin.is_some() {
+            self.offset_dispatched_counts();
+        }
         let decision = match self.config.kind {
             PolicyKind::CacheAware => self.decide_cache_aware(prepared)?,
             _ => return self.decide_simple(prepared),
@@ -106,6 +112,34 @@ impl Router {
                 .add(decision.worker, prepared.now_ms, tokens);
         }
         Some(decision.worker)
+    }
+
+    /// `--bounded-load-margin`: turns the published dispatched counts in `statuses` into counts
+    /// since this core first saw each worker in its slot. A worker new in its slot (joined, or
+    /// replaced another) is offset to start at the mean of the others it serves beside, so it
+    /// neither inherits its slot's history nor draws every request until it has caught up.
+    fn offset_dispatched_counts(&mut self) {
+        let members = self.ring_members.iter().map(|(id, _)| id.index());
+        let since = |raw: u64, offset: i64| u64::try_from(raw as i64 - offset).unwrap_or(0);
+        let (mut sum, mut known) = (0u64, 0u64);
+        for slot in members.clone() {
+            let (offset, status) = (self.dispatched_offsets[slot], &mut self.statuses[slot]);
+            if let Some(offset) = offset {
+                status.dispatched = since(status.dispatched, offset);
+                if status.eligible {
+                    sum = sum.saturating_add(status.dispatched);
+                    known += 1;
+                }
+            }
+        }
+        let mean = sum.checked_div(known).unwrap_or(0);
+        for slot in members {
+            if self.dispatched_offsets[slot].is_none() {
+                let status = &mut self.statuses[slot];
+                self.dispatched_offsets[slot] = Some(status.dispatched as i64 - mean as i64);
+                status.dispatched = mean;
+            }
+        }
     }
 
     /// Whether the prepared request is a cache miss: a tree match at or below
@@ -306,6 +340,20 @@ impl Router {
                 .any(|(now_id, now_url)| now_id == *id && now_url == url)
             {
                 self.placements.forget(*id);
+            }
+        }
+        // `--bounded-load-margin`: the first roster's workers count from the gateway's start;
+        // a worker new in its slot after that from its first decision here.
+        let first_roster = self.ring_members.is_empty();
+        for (id, url) in workers.clone() {
+            let slot = id.index();
+            if self.dispatched_offsets.len() <= slot {
+                self.dispatched_offsets.resize(slot + 1, Some(0));
+            }
+            let known =
+                (self.ring_members.iter()).any(|(old, old_url)| *old == id && old_url == url);
+            if !first_roster && !known {
+                self.dispatched_offsets[slot] = None;
             }
         }
         self.ring_members = workers

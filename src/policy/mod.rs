@@ -118,6 +118,10 @@ pub struct WorkerStatus {
     /// prefixes will draw. A cache miss prefers the worker given the least among those that would
     /// start it about as soon. Filled for cache misses only (0 otherwise).
     pub placed_tokens: f64,
+    /// Requests this gateway has sent the worker, all data cores summed, counted from when this
+    /// core first saw it in its slot (one that joins later starts at the others' mean): what
+    /// `--bounded-load-margin` bounds. Filled only when that flag is on (0 otherwise).
+    pub dispatched: u64,
 }
 
 /// Which step of the decision flow chose the worker.
@@ -135,6 +139,10 @@ pub enum Branch {
     /// `--load-aware-affinity`: every holder would finish the request later than the cheapest
     /// non-holder, its full prefill included; that worker takes it and becomes a holder.
     Replicate,
+    /// `--bounded-load-margin`: every holder was more than the margin above the fleet's mean
+    /// dispatched count; the least-sent eligible worker below the mean takes it and becomes a
+    /// holder.
+    BoundedLoad,
     /// KV pressure suspended affinity (step 2). Not counted in the branch counter (spec).
     KvPressure,
     /// Hash mode: a live holder of the deepest head that has one (step 5, not hot).
@@ -153,10 +161,11 @@ pub enum Branch {
 
 impl Branch {
     /// The branches counted by `smg_cache_aware_policy_branch_total`, in exposition order.
-    pub const COUNTED: [Branch; 5] = [
+    pub const COUNTED: [Branch; 6] = [
         Branch::TreeMatch,
         Branch::Spill,
         Branch::Replicate,
+        Branch::BoundedLoad,
         Branch::ExpectedWaitFallback,
         Branch::FirstHealthyFallback,
     ];
@@ -167,6 +176,7 @@ impl Branch {
             Branch::TreeMatch => "tree_match",
             Branch::Spill => "spill",
             Branch::Replicate => "load_aware_replicate",
+            Branch::BoundedLoad => "bounded_load_replicate",
             Branch::ExpectedWaitFallback => "expected_wait_fallback",
             Branch::FirstHealthyFallback => "first_healthy_fallback",
             Branch::KvPressure => "kv_pressure_expected_wait",

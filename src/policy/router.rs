@@ -81,6 +81,11 @@ pub struct Router {
     pub(super) statuses: Vec<WorkerStatus>,
     pub(super) ring: WorkerRing,
     pub(super) ring_members: Vec<(WorkerId, String)>,
+    /// `--bounded-load-margin`: what this core subtracts from each slot's published dispatched
+    /// count, indexed by `WorkerId` (`None`: a worker new in its slot, offset at its first
+    /// decision so that it starts at the others' mean). Zero for the workers of the first
+    /// roster, so every core reads the same counts for them.
+    pub(super) dispatched_offsets: Vec<Option<i64>>,
     /// Models whose name this core already sent the control core.
     pub(super) announced_models: Vec<u64>,
     /// The models' tokenizers and this core's tokenization cache (`None`: no model has one).
@@ -112,6 +117,7 @@ impl Router {
             statuses: Vec::new(),
             ring: WorkerRing::default(),
             ring_members: Vec::new(),
+            dispatched_offsets: Vec::new(),
             announced_models: Vec::new(),
             tokenizing: None,
             peer_text_pages: false,

@@ -1525,6 +1525,57 @@ enum ModelIndex {
     Blocks,
 }
 
+/// Routes one request of 8,256 tokens whose 8,192-token prefix `holders` hold (most recent
+/// first), as `index` would show it to the decision.
+fn select_on(
+    index: ModelIndex,
+    holders: &[u16],
+    statuses: &[WorkerStatus],
+    config: &CacheAwareConfig,
+    rng: &mut Rng,
+) -> Option<Decision> {
+    match index {
+        ModelIndex::Tree => {
+            let tree = matched(8192, 8256, holders);
+            select(Some(&tree), statuses, config, 8256, rng)
+        }
+        ModelIndex::Heads => {
+            let head = crate::index::hash::Head {
+                tokens: 8192,
+                hash: 1,
+            };
+            let mut heads = crate::index::hash::HeadMatch::of(&[head]);
+            for &h in holders {
+                heads.add_holder(0, WorkerId(h));
+            }
+            select(
+                cache_aware::Affinity::Heads(&heads),
+                statuses,
+                config,
+                8256,
+                rng,
+            )
+        }
+        ModelIndex::Blocks => {
+            let mut blocks = crate::index::kv::BlockMatch {
+                request_blocks: 516,
+                block_size: 16,
+                ..Default::default()
+            };
+            for &h in holders {
+                blocks.add_holder(WorkerId(h), 512);
+            }
+            select(
+                cache_aware::Affinity::Blocks(&blocks),
+                statuses,
+                config,
+                8256,
+                rng,
+            )
+        }
+    }
+}
+
 /// A queue model for the decision: one prefix family, a request arriving every step with
 /// probability `rate`, each in flight until it has made 100 units of progress, a worker giving
 /// each of its `n` requests `1 / (1 + n / 16)` units a step (a bigger batch decodes slower).
@@ -1565,36 +1616,7 @@ impl QueueModel {
     /// Routes one request of 8,256 tokens on this model's index.
     fn decide(&self, rng: &mut Rng) -> Option<Decision> {
         let statuses = self.statuses();
-        match self.index {
-            ModelIndex::Tree => {
-                let tree = matched(8192, 8256, &self.holders);
-                select(Some(&tree), &statuses, &load_aware(), 8256, rng)
-            }
-            ModelIndex::Heads => {
-                let head = crate::index::hash::Head {
-                    tokens: 8192,
-                    hash: 1,
-                };
-                let mut heads = crate::index::hash::HeadMatch::of(&[head]);
-                for &h in &self.holders {
-                    heads.add_holder(0, WorkerId(h));
-                }
-                let affinity = cache_aware::Affinity::Heads(&heads);
-                select(affinity, &statuses, &load_aware(), 8256, rng)
-            }
-            ModelIndex::Blocks => {
-                let mut blocks = crate::index::kv::BlockMatch {
-                    request_blocks: 516,
-                    block_size: 16,
-                    ..Default::default()
-                };
-                for &h in &self.holders {
-                    blocks.add_holder(WorkerId(h), 512);
-                }
-                let affinity = cache_aware::Affinity::Blocks(&blocks);
-                select(affinity, &statuses, &load_aware(), 8256, rng)
-            }
-        }
+        select_on(self.index, &self.holders, &statuses, &load_aware(), rng)
     }
 
     fn step(&mut self, rng: &mut Rng, rate: f64) -> Option<Decision> {
@@ -1686,6 +1708,215 @@ fn steady_load_replicates_early_then_holders_share_without_oscillating(index: Mo
             widest_gap <= 6.0,
             "{index:?} seed {seed}: batches {widest_gap} apart"
         );
+    }
+}
+
+// ---- --bounded-load-margin ----
+
+fn bounded(margin: u32) -> CacheAwareConfig {
+    CacheAwareConfig {
+        bounded_load_margin: Some(margin),
+        ..cfg()
+    }
+}
+
+/// Idle eligible workers that were sent `dispatched` requests each.
+fn sent(dispatched: &[u64]) -> Vec<WorkerStatus> {
+    dispatched
+        .iter()
+        .map(|&dispatched| WorkerStatus {
+            eligible: true,
+            dispatched,
+            ..WorkerStatus::default()
+        })
+        .collect()
+}
+
+const EVERY_INDEX: [ModelIndex; 3] = [ModelIndex::Tree, ModelIndex::Heads, ModelIndex::Blocks];
+
+#[test]
+fn bounded_load_is_off_by_default_and_set_by_its_flag() {
+    assert_eq!(cfg().bounded_load_margin, None);
+    let config = parse(&["--bounded-load-margin", "4"]).expect("valid");
+    assert_eq!(config.cache_aware.bounded_load_margin, Some(4));
+    // Off, a holder far above the others' counts keeps its prefix (SMG's behaviour).
+    let workers = sent(&[1_000, 0, 0, 0]);
+    for index in EVERY_INDEX {
+        let d = select_on(index, &[0], &workers, &cfg(), &mut Rng::with_seed(1));
+        assert_eq!(d.map(|d| d.worker), Some(WorkerId(0)), "{index:?}");
+    }
+}
+
+#[test]
+fn bounded_load_the_least_sent_holder_within_the_margin_keeps_the_prefix() {
+    // Mean 13.5, margin 2: worker 0 (21 after this request) is over, worker 1 (15) within.
+    let workers = sent(&[20, 14, 10, 10]);
+    for index in EVERY_INDEX {
+        for seed in 0..20 {
+            let mut rng = Rng::with_seed(seed);
+            let d = select_on(index, &[0, 1], &workers, &bounded(2), &mut rng).unwrap();
+            assert_eq!(d.worker, WorkerId(1), "{index:?} seed {seed}");
+            assert_ne!(d.branch, Branch::BoundedLoad, "{index:?}");
+        }
+    }
+    // Both within: the less-sent one, not a coin toss between them.
+    let workers = sent(&[14, 12, 13, 13]);
+    for seed in 0..20 {
+        let mut rng = Rng::with_seed(seed);
+        let d = select_on(ModelIndex::Tree, &[0, 1], &workers, &bounded(4), &mut rng);
+        assert_eq!(d.map(|d| d.worker), Some(WorkerId(1)));
+    }
+}
+
+#[test]
+fn bounded_load_holders_over_the_margin_give_the_request_to_the_least_sent_worker() {
+    // Mean 15, margin 2 (limit 17): both holders are over; workers 2 and 3 are below the mean.
+    let workers = sent(&[20, 20, 8, 12]);
+    for index in EVERY_INDEX {
+        for seed in 0..20 {
+            let mut rng = Rng::with_seed(seed);
+            let d = select_on(index, &[0, 1], &workers, &bounded(2), &mut rng).unwrap();
+            assert_eq!(
+                (d.worker, d.branch),
+                (WorkerId(2), Branch::BoundedLoad),
+                "{index:?}"
+            );
+        }
+    }
+    // The least-sent worker is busier than the holders and the fleet mean: the next one below
+    // the mean takes it; when both are, the holder keeps it (no flood onto a laggard).
+    let mut workers = sent(&[20, 20, 8, 12]);
+    workers[2].in_flight = 5;
+    let d = select_on(
+        ModelIndex::Tree,
+        &[0, 1],
+        &workers,
+        &bounded(2),
+        &mut Rng::new(),
+    );
+    assert_eq!(d.map(|d| d.worker), Some(WorkerId(3)));
+    workers[3].in_flight = 5;
+    let d = select_on(
+        ModelIndex::Tree,
+        &[0, 1],
+        &workers,
+        &bounded(2),
+        &mut Rng::new(),
+    );
+    let d = d.unwrap();
+    assert!(d.worker.0 <= 1 && d.branch == Branch::TreeMatch, "{d:?}");
+    // Ineligible workers are neither targets nor part of the mean.
+    let mut workers = sent(&[20, 20, 8, 12]);
+    workers[2].eligible = false;
+    let d = select_on(
+        ModelIndex::Tree,
+        &[0, 1],
+        &workers,
+        &bounded(2),
+        &mut Rng::new(),
+    );
+    assert_eq!(
+        d.map(|d| (d.worker, d.branch)),
+        Some((WorkerId(3), Branch::BoundedLoad))
+    );
+}
+
+#[test]
+fn bounded_load_decisions_are_counted_under_their_own_branch() {
+    let metrics = PolicyMetrics::default();
+    let workers = sent(&[20, 20, 8, 12]);
+    let d = select_on(
+        ModelIndex::Tree,
+        &[0, 1],
+        &workers,
+        &bounded(2),
+        &mut Rng::new(),
+    );
+    metrics.record(&d.unwrap());
+    let mut text = String::new();
+    render_prometheus([&metrics], &mut text);
+    assert!(
+        text.contains("smg_cache_aware_policy_branch_total{branch=\"bounded_load_replicate\"} 1\n"),
+        "{text}"
+    );
+}
+
+/// The demo's workload as a count model: 32 prefix groups drawn uniformly, 4 workers, a
+/// group's first request a cache miss (placed on the worker with the fewest groups), every
+/// later one routed on `index`'s view of the group's holders; step 7 makes the chosen worker a
+/// holder. Busy workers (a few in flight each, as the demo's 8 in flight) change at random.
+fn bounded_groups_run(
+    index: ModelIndex,
+    margin: u32,
+    seed: u64,
+    requests: u32,
+) -> (Vec<u64>, u32, u32) {
+    let (workers, groups) = (4usize, 32usize);
+    let mut rng = Rng::with_seed(seed);
+    let mut statuses = sent(&[0; 4]);
+    let mut holders: Vec<Vec<u16>> = vec![Vec::new(); groups];
+    let mut groups_on = [0u32; 4];
+    let (mut replicas, mut late_replicas) = (0u32, 0u32);
+    for i in 0..requests {
+        for status in &mut statuses {
+            status.in_flight = rng.u32(0..3);
+        }
+        let group = rng.usize(0..groups);
+        let worker = if holders[group].is_empty() {
+            let slot = (0..workers).min_by_key(|&w| groups_on[w]).unwrap_or(0);
+            groups_on[slot] += 1;
+            slot as u16
+        } else {
+            let d = select_on(
+                index,
+                &holders[group],
+                &statuses,
+                &bounded(margin),
+                &mut rng,
+            )
+            .expect("an eligible worker");
+            if !holders[group].contains(&d.worker.0) {
+                assert_eq!(d.branch, Branch::BoundedLoad, "{index:?} seed {seed}");
+                replicas += 1;
+                late_replicas += u32::from(i >= requests / 2);
+            }
+            d.worker.0
+        };
+        holders[group].retain(|h| *h != worker);
+        holders[group].insert(0, worker);
+        if index == ModelIndex::Heads {
+            holders[group].truncate(crate::limits::PLACEMENT_HOLDERS_DEFAULT);
+        }
+        statuses[usize::from(worker)].dispatched += 1;
+        // The bound holds after every request, not only at the end.
+        let counts: Vec<u64> = statuses.iter().map(|s| s.dispatched).collect();
+        let mean = counts.iter().sum::<u64>() as f64 / workers as f64;
+        let max = counts.iter().copied().max().unwrap_or(0) as f64;
+        assert!(
+            max <= mean + f64::from(margin) + 3.0 || i < 64,
+            "{index:?} seed {seed} request {i}: counts {counts:?}"
+        );
+    }
+    let counts = statuses.iter().map(|s| s.dispatched).collect();
+    (counts, replicas, late_replicas)
+}
+
+#[test]
+fn bounded_load_on_the_demos_groups_balances_counts_with_few_replicas_and_no_oscillation() {
+    for index in EVERY_INDEX {
+        for seed in 0..3 {
+            let (counts, replicas, late) = bounded_groups_run(index, 4, seed, 6_000);
+            let max = counts.iter().copied().max().unwrap_or(0);
+            // The demo's table prints max/mean to two decimals: 1.00 needs max <= 1,507.
+            assert!(max <= 1_507, "{index:?} seed {seed}: counts {counts:?}");
+            // A replica moves a group's share for good; the groups settle instead of moving
+            // back and forth: replicas stay a few dozen in 6,000 requests, few of them late.
+            assert!(replicas <= 80, "{index:?} seed {seed}: {replicas} replicas");
+            assert!(
+                late <= replicas / 2 + 4,
+                "{index:?} seed {seed}: {late} of {replicas} late"
+            );
+        }
     }
 }
 

@@ -92,6 +92,7 @@ impl Roster {
 
 type InflightRow = CachePadded<[AtomicU32; WORKERS_MAX]>;
 type TokenCreditRow = CachePadded<[AtomicU64; WORKERS_MAX]>;
+type DispatchedRow = CachePadded<[AtomicU64; WORKERS_MAX]>;
 
 /// A token-credit entry: the load generation's low 16 bits above 48 bits of tokens.
 const CREDIT_TOKEN_BITS: u32 = 48;
@@ -160,6 +161,9 @@ impl TokenCredits {
 pub struct WorkerTable {
     slots: Box<[WorkerSlot]>,
     inflight_by_core: Box<[InflightRow]>,
+    /// Requests each data core ever sent each worker slot (`--bounded-load-margin`'s counts).
+    /// Only the core writes its row.
+    dispatched_by_core: Box<[DispatchedRow]>,
     queued_tokens: TokenCredits,
     resident_tokens: TokenCredits,
     drained_tokens: TokenCredits,
@@ -182,9 +186,12 @@ impl WorkerTable {
             .enumerate()
             .map(|(i, spec)| WorkerEntry::new(WorkerId(i as u16), spec.clone()))
             .collect();
+        let dispatched_by_core =
+            (0..data_cores).map(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))));
         WorkerTable {
             slots,
             inflight_by_core: inflight_by_core.collect(),
+            dispatched_by_core: dispatched_by_core.collect(),
             queued_tokens: TokenCredits::new(data_cores),
             resident_tokens: TokenCredits::new(data_cores),
             drained_tokens: TokenCredits::new(data_cores),
@@ -239,12 +246,28 @@ impl WorkerTable {
         sum.fold(0u32, u32::wrapping_add)
     }
 
+    /// Requests every data core has sent slot `id` since the gateway started (whichever worker
+    /// held the slot; routing counts from when it first saw the worker there).
+    pub fn dispatched(&self, id: WorkerId) -> u64 {
+        let sum = self
+            .dispatched_by_core
+            .iter()
+            .map(|row| row[id.index()].load(Ordering::Relaxed));
+        sum.fold(0u64, u64::wrapping_add)
+    }
+
     /// Credits one in-flight request of `tokens` prompt tokens to `id` from data core `core_id`.
     /// The tokens count as queued prefill work until `InflightCredit::prefill_done` (the
     /// response's first body byte) and as resident KV-cache tokens until the guard drops (the
     /// request ended, however it ended); a newer load report voids both, since it counts them.
     pub fn credit(&self, core_id: usize, id: WorkerId, tokens: u64) -> InflightCredit<'_> {
         self.inflight_by_core[core_id][id.index()].fetch_add(1, Ordering::Relaxed);
+        // Only this core writes its row: a load and a store, no locked add.
+        let dispatched = &self.dispatched_by_core[core_id][id.index()];
+        dispatched.store(
+            dispatched.load(Ordering::Relaxed).wrapping_add(1),
+            Ordering::Relaxed,
+        );
         let generation = self.signals(id).load_generation();
         self.queued_tokens.add(core_id, id, generation, tokens);
         self.resident_tokens.add(core_id, id, generation, tokens);
@@ -346,6 +369,21 @@ mod tests {
         drop((b, c));
         assert_eq!(table.inflight(WorkerId(1)), 0);
         assert_eq!(table.inflight(WorkerId(0)), 0);
+    }
+
+    #[test]
+    fn dispatched_counts_sum_over_cores_and_outlive_the_requests() {
+        let table = table(3, 2);
+        drop(table.credit(0, WorkerId(1), 0));
+        drop(table.credit(2, WorkerId(1), 5));
+        let open = table.credit(1, WorkerId(1), 0);
+        drop(table.credit(1, WorkerId(0), 0));
+        assert_eq!(table.dispatched(WorkerId(1)), 3);
+        assert_eq!(table.dispatched(WorkerId(0)), 1);
+        drop(open);
+        // Unlike the in-flight count, ending a request does not take it back.
+        assert_eq!(table.dispatched(WorkerId(1)), 3);
+        assert_eq!(table.inflight(WorkerId(1)), 0);
     }
 
     #[test]

@@ -63,7 +63,10 @@ pub struct CompareArgs {
     /// --load-aware-affinity), and `direct` (no gateway). cache_aware's modifiers combine with
     /// `:` (`cache_aware:kv:load`, `cache_aware:hash:load`; `events-only`: the KV-event index
     /// without its in-flight overlay, --kv-inflight-ttl-secs 0; `holders-7`: the hash index keeps
-    /// seven holders per head, --cache-holders-max 7).
+    /// seven holders per head, --cache-holders-max 7; `bounded-8` or `bounded-4`: every worker
+    /// within 8 or 4 requests of the mean count sent, --bounded-load-margin 8 or 4). The default
+    /// compares round robin with README's recommended configuration for engines without KV
+    /// events (cache_aware with its defaults).
     #[arg(long, value_delimiter = ',', default_value = "round_robin,cache_aware")]
     pub policies: Vec<String>,
     /// Simulated engines per fleet.
@@ -544,12 +547,35 @@ mod tests {
     }
 
     #[test]
+    fn the_default_comparison_is_round_robin_against_the_recommended_configuration() {
+        let cli = Cli::try_parse_from([
+            "replay",
+            "compare",
+            "--kvgate",
+            "/bin/true",
+            "--sim-engine",
+            "/bin/true",
+        ])
+        .unwrap();
+        let Some(Command::Compare(compare)) = cli.command else {
+            panic!("not compare")
+        };
+        let options = compare.compare_options().unwrap();
+        assert_eq!(options.policies, ["round_robin", "cache_aware"]);
+        // Keep in step with README.md, "Recommended configuration", and scripts/demo.sh.
+        assert_eq!(
+            super::super::compare::gateway_flags(&options, "cache_aware"),
+            "kvgate --policy cache_aware"
+        );
+    }
+
+    #[test]
     fn the_legend_names_each_columns_gateway_flags() {
         let cli = Cli::try_parse_from([
             "replay",
             "compare",
             "--policies",
-            "round_robin,cache_aware:load,direct",
+            "round_robin,cache_aware:load,cache_aware:bounded-8,direct",
             "--gateway-arg=--block-size=32",
             "--kvgate",
             "/bin/true",
@@ -569,6 +595,10 @@ mod tests {
         assert_eq!(
             legend("cache_aware:load"),
             "kvgate --policy cache_aware --load-aware-affinity --block-size=32"
+        );
+        assert_eq!(
+            legend("cache_aware:bounded-8"),
+            "kvgate --policy cache_aware --bounded-load-margin 8 --block-size=32"
         );
         assert!(legend("direct").starts_with("(no gateway"));
     }

@@ -59,13 +59,17 @@ const PSEUDO_POLICIES: [&str; 4] = [DIRECT, CACHE_AWARE_HASH, CACHE_AWARE_KV, CA
 /// The modifiers a `cache_aware:` pseudo-policy may join with `:`, in any order (`hash` and
 /// `kv` exclusive): `cache_aware:kv:load` is cache_aware on the KV-event index with
 /// `--load-aware-affinity`; `events-only` turns the KV-event index's in-flight overlay off;
-/// `holders-7` lets the hash index keep seven holders per head instead of the spec's three.
-const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 5] = [
+/// `holders-7` lets the hash index keep seven holders per head instead of the spec's three;
+/// `bounded-8` keeps every worker within 8 requests of the fleet's mean dispatched count
+/// (`--bounded-load-margin 8`), `bounded-4` within 4 (one of the two).
+const CACHE_AWARE_MODIFIERS: [(&str, &[&str]); 7] = [
     ("hash", &["--cache-index", "hash"]),
     ("kv", &[]),
     ("load", &["--load-aware-affinity"]),
     ("events-only", &["--kv-inflight-ttl-secs", "0"]),
     ("holders-7", &["--cache-holders-max", "7"]),
+    ("bounded-4", &["--bounded-load-margin", "4"]),
+    ("bounded-8", &["--bounded-load-margin", "8"]),
 ];
 
 /// The modifiers of a `cache_aware:...` pseudo-policy, each once; `None`: not one.
@@ -79,7 +83,8 @@ fn cache_aware_modifiers(policy: &str) -> Option<Vec<&'static str>> {
         }
         modifiers.push(name);
     }
-    let exclusive = modifiers.contains(&"hash") && modifiers.contains(&"kv");
+    let exclusive = (modifiers.contains(&"hash") && modifiers.contains(&"kv"))
+        || (modifiers.contains(&"bounded-4") && modifiers.contains(&"bounded-8"));
     (!exclusive).then_some(modifiers)
 }
 
@@ -549,7 +554,16 @@ mod tests {
                 "7"
             ]
         );
+        assert_eq!(
+            policy_flags("cache_aware:bounded-4"),
+            ["--policy", "cache_aware", "--bounded-load-margin", "4"]
+        );
+        assert_eq!(
+            policy_flags("cache_aware:bounded-8"),
+            ["--policy", "cache_aware", "--bounded-load-margin", "8"]
+        );
         for bad in [
+            "cache_aware:bounded-4:bounded-8",
             "cache_aware:hash:kv",
             "cache_aware:load:load",
             "cache_aware:",

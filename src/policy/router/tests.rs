@@ -66,6 +66,51 @@ fn route_idle(router: &mut Router, urls: &[&str], prompt: &str) -> WorkerId {
     prepare_and_route_idle(router, urls, (Endpoint::Completions, &body), 10).0
 }
 
+/// `--bounded-load-margin`: the first roster's workers are read at their published counts (the
+/// same on every core); a worker new in its slot starts at the others' mean, whatever the slot
+/// counted before, and counts on from there.
+#[test]
+fn bounded_load_counts_a_worker_new_in_its_slot_from_the_others_mean() {
+    let args = PolicyArgs {
+        bounded_load_margin: Some(4),
+        ..PolicyArgs::default()
+    };
+    let mut router = Router::new(
+        args.validate().unwrap(),
+        5,
+        None,
+        Arc::new(PolicyMetrics::default()),
+    );
+    let body = br#"{"model":"m","prompt":"a prompt long enough to be a key"}"#;
+    let mut counts_after = |urls: &[&str], published: &[u64]| {
+        let prepared = prepare(&mut router, Endpoint::Completions, body, 10);
+        let workers = urls
+            .iter()
+            .enumerate()
+            .map(|(slot, url)| (WorkerId(slot as u16), *url));
+        let status_of = |id: WorkerId| WorkerStatus {
+            eligible: true,
+            dispatched: published[id.index()],
+            ..WorkerStatus::default()
+        };
+        router.choose(&prepared, workers, status_of).unwrap();
+        router
+            .statuses
+            .iter()
+            .map(|s| s.dispatched)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(counts_after(&["http://a", "http://b"], &[10, 4]), [10, 4]);
+    // Slot 2 held another worker once (100 sent): its new worker starts at the mean, 9.
+    let three = ["http://a", "http://b", "http://c"];
+    assert_eq!(counts_after(&three, &[12, 6, 100]), [12, 6, 9]);
+    assert_eq!(counts_after(&three, &[12, 6, 103]), [12, 6, 12]);
+    // Slot 1 now serves another URL: a new worker, at the others' mean (12).
+    let replaced = ["http://a", "http://d", "http://c"];
+    assert_eq!(counts_after(&replaced, &[12, 6, 103]), [12, 12, 12]);
+    assert_eq!(counts_after(&replaced, &[12, 7, 103]), [12, 13, 12]);
+}
+
 #[test]
 fn a_kv_pressure_pick_is_recorded_but_not_broadcast_to_the_mesh() {
     let args = PolicyArgs {
