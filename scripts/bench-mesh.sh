@@ -167,7 +167,7 @@ print(f"{name:28s} gateways {n} mesh {mesh:3s} hit {r['cache_hit_rate']:.1%} "
       f"{(control_us - idle_control_us * scale) / d:.0f} us; mesh thread wakes "
       f"{wakes / d:.2f} ({(wakes - idle_wakes * scale) / d:.2f} above idle); mesh thread CPU "
       f"by schedstat {sched_ns / 1e3 / d:.1f} us ({(sched_ns - idle_ns * scale) / 1e3 / d:.1f} "
-      f"above idle); load {load:.1f}")
+      f"above idle; idle: {idle_ns / 1e3 / max(idle_wakes, 1.0):.1f} us per wake); load {load:.1f}")
 EOF
   fleet_kill_all
 }
