@@ -347,7 +347,9 @@ impl PathChains {
                 break;
             };
             if *led == path {
-                continue;
+                // Led here already (this path was the first through it), and so, most
+                // likely, are those before it.
+                break;
             }
             let old = self.paths.get(led).map_or(0, |known| known.peers);
             if old & mask == mask {
