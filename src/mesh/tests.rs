@@ -1327,3 +1327,47 @@ fn a_delta_builds_on_the_longest_prefix_of_a_path_its_peer_knows_at_any_depth() 
         pages_of(&turn(6))
     );
 }
+
+#[test]
+fn path_chains_are_cleared_whole_at_their_bounds_and_forget_a_peer_that_leaves() {
+    use super::chains::Chained;
+    use crate::limits::{MESH_CHAIN_PAGES_MAX, MESH_CHAIN_PATHS_MAX};
+    let [b, c] = peers(&[2, 3])[..] else {
+        panic!("two peers");
+    };
+    // One long key shared by every path (only its length counts): the pages' bound is reached
+    // after MESH_CHAIN_PAGES_MAX / len paths, and the next path clears the maps first.
+    let len = 1 << 16;
+    let TokenKeyOf(key) = TokenKeyOf::of(&tokens(&vec![7; len]));
+    let mut chains = PathChains::default();
+    let fits = MESH_CHAIN_PAGES_MAX / len;
+    assert!(fits < MESH_CHAIN_PATHS_MAX);
+    for end in 1..=fits as u64 {
+        let chained = Chained {
+            anchors: vec![end << 32],
+            end,
+        };
+        chains.learn(&key, chained, &[b]);
+    }
+    assert_eq!(
+        (chains.len(), chains.anchors(), chains.cleared()),
+        (fits, fits, 0)
+    );
+    let one_more = Chained {
+        anchors: vec![u64::MAX],
+        end: u64::MAX,
+    };
+    chains.learn(&key, one_more, &[b, c]);
+    assert_eq!(
+        (chains.len(), chains.anchors(), chains.cleared()),
+        (1, 1, 1)
+    );
+    // C leaves: what it was believed to know goes; B's stays.
+    let pages = vec![7u64; len];
+    let mut path_chains = vec![0u64; len];
+    path_chains[len - 1] = u64::MAX;
+    assert_eq!(chains.known_by(c, &path_chains, &pages), len);
+    chains.forget(c);
+    assert_eq!(chains.known_by(c, &path_chains, &pages), 0);
+    assert_eq!(chains.known_by(b, &path_chains, &pages), len);
+}
