@@ -33,7 +33,7 @@
 #                  string tree, whose paths cross as the hashes of their text's 64-byte pages,
 #                  `mesh::text`; before issue 37's text sync, only as their hash).
 # Each run writes OUT_DIR/NAME.json (replay's report), OUT_DIR/NAME.gwI.metrics (gateway I's
-# kvgate_mesh_* series at the end) and one line of OUT_DIR/summary.txt.
+# kvgate_mesh_* series and policy branch counts at the end) and one line of OUT_DIR/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/fleet.sh
@@ -138,7 +138,7 @@ run() {
   sched_ns=$(( sched_after[0] - sched_before[0] )); wakes=$(( sched_after[1] - sched_before[1] ))
   load=$(cut -d' ' -f1 /proc/loadavg)
   for i in "${!metrics_ports[@]}"; do # each gateway's mesh series, for a closer look
-    curl -s "http://127.0.0.1:${metrics_ports[$i]}/metrics" | grep '^kvgate_mesh_' >"$out/$name.gw$i.metrics" || true
+    curl -s "http://127.0.0.1:${metrics_ports[$i]}/metrics" | grep -E '^(kvgate_mesh_|smg_cache_aware_policy_branch_total)' >"$out/$name.gw$i.metrics" || true
   done
   for mport in "${metrics_ports[@]}"; do
     bytes=$(fleet_stats sum "$bytes" "$(metric "$mport" kvgate_mesh_sent_bytes_total)")
