@@ -6,7 +6,9 @@
 # gateways' kvgate-mesh threads, their kvgate-control threads, and the part of the latter spent
 # inserting peers' paths (kvgate_mesh_apply_seconds_total); and the same CPU "above idle": less
 # what those threads use without traffic (measured for IDLE_S seconds, default 5, before each
-# replay, and scaled to the replay's length).
+# replay, and scaled to the replay's length); the mesh threads' CPU again by schedstat
+# (nanoseconds, not 10 ms ticks) and their wakes (voluntary context switches) per dispatch,
+# likewise; the 1-minute load average at the end of each replay.
 #
 #   scripts/bench-mesh.sh [OUT_DIR]     (default target/bench-mesh; SKIP_BUILD=1 reuses the
 #                                        binaries; about 8 minutes on 2 cores)
@@ -16,6 +18,7 @@
 #       OUT_DIR/NAME.perf.data (`perf report --sort comm,symbol` splits it by thread)
 #   TRACE=PATH ...: the Mooncake conversation trace (default ../shared/traces/, beside the repository)
 #   RATE=10 ...: shared-prefix's and text-chat's arrival rate (default 40 req/s)
+#   GW_ARGS="--balance-abs-threshold 1000000" ...: more flags for every gateway
 #   CONFIGS="4 on,8 on" WORKLOADS="shared-prefix text-chat" ...: the gateway counts (with the
 #       mesh on or off) and workloads to run (defaults below)
 #
@@ -30,7 +33,7 @@
 #                  string tree, whose paths cross as the hashes of their text's 64-byte pages,
 #                  `mesh::text`; before issue 37's text sync, only as their hash).
 # Each run writes OUT_DIR/NAME.json (replay's report), OUT_DIR/NAME.gwI.metrics (gateway I's
-# kvgate_mesh_* series at the end) and one line of OUT_DIR/summary.txt.
+# kvgate_mesh_* series and policy branch counts at the end) and one line of OUT_DIR/summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=lib/fleet.sh
@@ -48,6 +51,18 @@ metric() { # PORT SERIES: the series' value in that gateway's /metrics (0 when a
   curl -s "http://127.0.0.1:$1/metrics" | awk -v s="$2" '$1 == s { print $2; found = 1 } END { if (!found) print 0 }'
 }
 
+mesh_sched() { # PID...: "NS WAKES": the nanoseconds on CPU (schedstat, exact, not tick-based)
+  # and the voluntary context switches (sleeps, then wakes) of their kvgate-mesh threads so far
+  local ns=0 wakes=0 pid task
+  for pid in "$@"; do
+    for task in /proc/"$pid"/task/*; do
+      [ "$(cat "$task/comm" 2>/dev/null)" = kvgate-mesh ] || continue
+      ns=$(( ns + $(cut -d' ' -f1 "$task/schedstat" 2>/dev/null || echo 0) ))
+      wakes=$(( wakes + $(awk '/^voluntary_ctxt_switches/ { print $2 }' "$task/status" 2>/dev/null || echo 0) ))
+    done
+  done
+  echo "$ns $wakes"
+}
 
 # run NAME GATEWAYS MESH(on|off) SIM_ARGS -- REPLAY_ARGS...
 run() {
@@ -68,6 +83,8 @@ run() {
     local port=$((gw_base + i)) mport=$((metrics_base + i)) meshport=$((mesh_base + i))
     local args=(--host 127.0.0.1 --port "$port" --prometheus-host 127.0.0.1
       --prometheus-port "$mport" --data-cores 1 --log-level warn --worker-urls "${workers[@]}")
+    # shellcheck disable=SC2206 # GW_ARGS is split on spaces on purpose
+    [ -n "${GW_ARGS:-}" ] && args+=(${GW_ARGS})
     if [ "$mesh" = on ]; then
       args+=(--enable-mesh --mesh-host 127.0.0.1 --mesh-port "$meshport")
       [ "$i" -gt 0 ] && args+=(--mesh-peer-urls "127.0.0.1:$first_mesh")
@@ -89,13 +106,18 @@ run() {
   # The threads' idle CPU (timers, SWIM, health and load probes) over IDLE_S seconds without
   # traffic, subtracted pro rata from the replay's: what remains is the dispatches' cost.
   local mesh_before control_before idle_s="${IDLE_S:-5}" idle_mesh idle_control started ended
+  local sched_before sched_after idle_ns idle_wakes
   mesh_before=$(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}")
   control_before=$(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}")
+  read -r -a sched_before < <(mesh_sched "${gw_pids[@]}")
   sleep "$idle_s"
   idle_mesh=$(( $(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}") - mesh_before ))
   idle_control=$(( $(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}") - control_before ))
+  read -r -a sched_after < <(mesh_sched "${gw_pids[@]}")
+  idle_ns=$(( sched_after[0] - sched_before[0] )); idle_wakes=$(( sched_after[1] - sched_before[1] ))
   mesh_before=$(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}")
   control_before=$(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}")
+  read -r -a sched_before < <(mesh_sched "${gw_pids[@]}")
   started=$(date +%s%N)
   local perf_pid=
   if [ -n "${PERF:-}" ]; then
@@ -111,8 +133,12 @@ run() {
   local mesh_cpu control_cpu bytes=0 repair=0 pages=0 apply=0 dispatches=0
   mesh_cpu=$(( $(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}") - mesh_before ))
   control_cpu=$(( $(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}") - control_before ))
+  local sched_ns wakes load
+  read -r -a sched_after < <(mesh_sched "${gw_pids[@]}")
+  sched_ns=$(( sched_after[0] - sched_before[0] )); wakes=$(( sched_after[1] - sched_before[1] ))
+  load=$(cut -d' ' -f1 /proc/loadavg)
   for i in "${!metrics_ports[@]}"; do # each gateway's mesh series, for a closer look
-    curl -s "http://127.0.0.1:${metrics_ports[$i]}/metrics" | grep '^kvgate_mesh_' >"$out/$name.gw$i.metrics" || true
+    curl -s "http://127.0.0.1:${metrics_ports[$i]}/metrics" | grep -E '^(kvgate_mesh_|smg_cache_aware_policy_branch_total)' >"$out/$name.gw$i.metrics" || true
   done
   for mport in "${metrics_ports[@]}"; do
     bytes=$(fleet_stats sum "$bytes" "$(metric "$mport" kvgate_mesh_sent_bytes_total)")
@@ -123,11 +149,11 @@ run() {
   done
   python3 - "$out/$name.json" "$name" "$n" "$mesh" "$bytes" "$repair" "$pages" "$dispatches" \
     "$mesh_cpu" "$control_cpu" "$apply" "$idle_mesh" "$idle_control" "$idle_s" \
-    "$(( (ended - started) / 1000 ))" <<'EOF' | tee -a "$out/summary.txt"
+    "$(( (ended - started) / 1000 ))" "$wakes" "$idle_wakes" "$load" "$sched_ns" "$idle_ns" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
 path, name, n, mesh = sys.argv[1:5]
 (sent, repair, pages, dispatches, mesh_us, control_us, apply_s, idle_mesh_us, idle_control_us,
- idle_s, replay_us) = map(float, sys.argv[5:])
+ idle_s, replay_us, wakes, idle_wakes, load, sched_ns, idle_ns) = map(float, sys.argv[5:])
 r = json.load(open(path))
 d = max(dispatches, 1.0)
 scale = replay_us / (idle_s * 1e6)
@@ -138,7 +164,10 @@ print(f"{name:28s} gateways {n} mesh {mesh:3s} hit {r['cache_hit_rate']:.1%} "
       f"CPU mesh thread {mesh_us / d:.0f} us, control thread {control_us / d:.0f} us "
       f"(applying peers' paths {apply_s * 1e6 / d:.0f} us); above idle: mesh thread "
       f"{(mesh_us - idle_mesh_us * scale) / d:.0f} us, control thread "
-      f"{(control_us - idle_control_us * scale) / d:.0f} us")
+      f"{(control_us - idle_control_us * scale) / d:.0f} us; mesh thread wakes "
+      f"{wakes / d:.2f} ({(wakes - idle_wakes * scale) / d:.2f} above idle); mesh thread CPU "
+      f"by schedstat {sched_ns / 1e3 / d:.1f} us ({(sched_ns - idle_ns * scale) / 1e3 / d:.1f} "
+      f"above idle; idle: {idle_ns / 1e3 / max(idle_wakes, 1.0):.1f} us per wake); load {load:.1f}")
 EOF
   fleet_kill_all
 }

@@ -511,13 +511,13 @@ pub const MESH_MODELS_MAX: usize = 256;
 /// repairs start from the first path: a bound, not a case that arises with a handful of
 /// gateways and served models. A peer's marks go when it leaves.
 pub const MESH_REPAIR_MARKS_MAX: usize = 4_096;
-/// Page chains (token path prefixes) the mesh knows, for rebuilding peers' deltas
-/// (`mesh::chains`): about 40 bytes each, 40 MiB in all. Full: cleared, and peers' deltas that
-/// build on a forgotten prefix fall back to a repair.
-pub const MESH_CHAINS_MAX: usize = 1 << 20;
-/// Prefixes some peer is believed to know (about 20 bytes each with a bit per peer, 20 MiB in
-/// all); full: cleared, and the next deltas carry whole paths again.
-pub const MESH_PEER_CHAINS_MAX: usize = 1 << 20;
+/// Token paths the mesh keeps for rebuilding peers' deltas and choosing what a delta carries
+/// (`mesh::chains::PathChains`): about 100 bytes each besides their pages. Full: cleared, and
+/// peers' deltas that build on a forgotten path fall back to a repair.
+pub const MESH_CHAIN_PATHS_MAX: usize = 1 << 18;
+/// Pages of those paths (8 bytes each, mostly shared with the known paths' keys; 32 MiB when
+/// none is), with one anchor entry per 16 pages: full, cleared as above.
+pub const MESH_CHAIN_PAGES_MAX: usize = 1 << 22;
 /// Pages of one token path in a delta (its known prefix and the pages that follow): 1M tokens
 /// at 16 per page, checked before anything is allocated for it.
 pub const MESH_PATH_PAGES_MAX: usize = 1 << 16;

@@ -19,7 +19,8 @@
 //!   a frame only from a current member, about a model this gateway serves
 //!   (`mesh::models::ServedModels`), and a repair page only for a repair it asked of that
 //!   peer. Each refusal is counted (`mesh::Refusal`).
-//! - Every `MESH_ROUND` (a gossip round): the control core's inserts since the last round are
+//! - Every `MESH_ROUND` (a gossip round, on the wall clock's multiples of it, so the gateways'
+//!   rounds and frames coincide): the control core's inserts since the last round are
 //!   learned (`KnownPaths`) and sent once, batched per model (`DeltaRound`), to every live peer.
 //!   Every tick: SWIM timers, repair stalls; every second: announce to the `--mesh-peer-urls`
 //!   not alive (a restarted or partitioned peer comes back), the peer gauges.
@@ -46,7 +47,7 @@ use crate::limits::{
 use crate::mesh::auth::{
     self, AuthError, Authenticator, StreamOpen, StreamSeal, CHALLENGE_BYTES, TAG_BYTES,
 };
-use crate::mesh::chains::{chain_hashes, chain_root, PageChains, PeerChains, RecipientsHashes};
+use crate::mesh::chains::{chain_hashes, chain_root, PathChains, RecipientsHashes};
 use crate::mesh::membership::{Change, Membership};
 use crate::mesh::models::ServedModels;
 use crate::mesh::paths::{
@@ -145,9 +146,8 @@ struct Node {
     known: KnownPaths,
     round: DeltaRound,
     repairs: Repairs,
-    /// Token path prefixes known here, and those each peer is believed to know.
-    chains: PageChains,
-    peer_chains: PeerChains,
+    /// Token paths known here, and which peers are believed to know each.
+    chains: PathChains,
     recipients: RecipientsHashes,
     /// One outbound stream per live peer, by address.
     streams: HashMap<SocketAddr, PeerStream>,
@@ -163,6 +163,13 @@ struct PeerStream {
     frames: mpsc::Sender<Arc<[u8]>>,
     /// Bytes queued and not yet taken by the writer (`MESH_PEER_QUEUE_BYTES_MAX`).
     queued_bytes: Arc<AtomicUsize>,
+}
+
+/// The next time the wall clock is a multiple of `period` (whole milliseconds), when it reads
+/// `now_ms` at `now`.
+fn on_the_clock(now: Instant, now_ms: u64, period: Duration) -> Instant {
+    let period_ms = (period.as_millis() as u64).max(1);
+    now + Duration::from_millis(period_ms - now_ms % period_ms)
 }
 
 /// Milliseconds since the epoch, the time datagrams are stamped with.
@@ -189,8 +196,7 @@ impl Node {
             auth,
             models: ServedModels::default(),
             catalog: None,
-            chains: PageChains::default(),
-            peer_chains: PeerChains::default(),
+            chains: PathChains::default(),
             recipients: RecipientsHashes::default(),
             me: config.advertise_addr.to_string(),
             membership,
@@ -213,8 +219,15 @@ impl Node {
 
     async fn run(&mut self, udp: UdpSocket, mut frames: mpsc::Receiver<Frame>) {
         let mut datagram = vec![0u8; MESH_DATAGRAM_BYTES_MAX];
-        let mut tick = tokio::time::interval(TICK);
-        let (mut next_round, mut next_announce) = (Instant::now(), Instant::now());
+        // Ticks and rounds fall on the wall clock's multiples of their period, the same on
+        // every gateway (to the hosts' clock skew): peers send their rounds' frames at about
+        // the same time, when each is awake for its own round, so the frames of a round cost
+        // one wake of each receiver, not one per peer and frame.
+        // (One reading of both clocks: a round's time is one of the ticks'.)
+        let (now, now_ms) = (Instant::now(), now_ms());
+        let mut tick = tokio::time::interval_at(on_the_clock(now, now_ms, TICK).into(), TICK);
+        let mut next_round = on_the_clock(now, now_ms, MESH_ROUND);
+        let mut next_announce = Instant::now();
         while !self.shared.is_shutting_down() {
             tokio::select! {
                 received = udp.recv_from(&mut datagram) => {
@@ -271,7 +284,7 @@ impl Node {
                     tracing::info!(peer = %peer.addr, incarnation = peer.incarnation, "mesh: peer up");
                     // A peer (back) up may know nothing this gateway sent it before, and
                     // either may have missed the other's deltas: its first delta repairs.
-                    self.peer_chains.forget(peer.addr);
+                    self.chains.forget(peer.addr);
                     self.repairs.forget_peer(peer.addr);
                     self.reopen_stream(peer.addr);
                 }
@@ -282,7 +295,7 @@ impl Node {
                     // was believed to know; its first delta when back catches up by a repair.
                     self.streams.remove(&peer.addr);
                     self.repairs.forget_peer(peer.addr);
-                    self.peer_chains.forget(peer.addr);
+                    self.chains.forget(peer.addr);
                 }
                 Change::Renamed(old, new) => {
                     tracing::info!(
@@ -291,7 +304,7 @@ impl Node {
                         to = new.incarnation,
                         "mesh: peer rejoined under a new incarnation"
                     );
-                    self.peer_chains.forget(new.addr);
+                    self.chains.forget(new.addr);
                     self.repairs.forget_peer(new.addr);
                     self.reopen_stream(new.addr);
                 }
@@ -433,11 +446,8 @@ impl Node {
             };
             let model = insert.namespace.model;
             self.served_models().note_local(model);
+            // Its chain is learned when the batch is made for the peers (`for_peers`).
             let path = RoundPath::of(insert.namespace, &key).map(Arc::new);
-            if let Some(path) = &path {
-                let root = chain_root(insert.namespace, path.block_size);
-                self.chains.learn(root, path.pages(), &path.chains);
-            }
             let learned = self.known.learn(insert.namespace, key, &insert.worker_url);
             if let Some((hash, _)) = learned {
                 let added = self
@@ -455,7 +465,7 @@ impl Node {
             batch.batch.recipients = recipients;
             (batch.batch.epoch, batch.batch.known_before) = known_before;
             let deltas = batch.batch.deltas.len() as u64;
-            let for_peers = batch.for_peers(&peers, &mut self.peer_chains);
+            let for_peers = batch.for_peers(&peers, &mut self.chains);
             for (&peer, for_peer) in peers.iter().zip(for_peers) {
                 let pages: usize = for_peer.deltas.iter().map(|d| d.pages.len()).sum();
                 let frame = wire::frame(&self.me, Body::Deltas(for_peer));
@@ -465,7 +475,7 @@ impl Node {
                     link.counters.add(MeshCounter::PagesSent, pages as u64);
                 } else {
                     // The peer will not have these paths: it was noted as knowing them.
-                    self.peer_chains.forget(peer);
+                    self.chains.forget(peer);
                     dropped += deltas;
                 }
             }
@@ -597,16 +607,15 @@ impl Node {
         delta: &Delta,
         url: &Arc<str>,
     ) -> Option<RemoteInsert> {
-        let (namespace, key, chains) = delta_key(&self.chains, model, delta)?;
-        if let KeyData::Tokens(tokens) = &key {
-            let root = chain_root(namespace, tokens.block_size());
-            self.chains.learn(root, tokens.pages(), &chains);
-        }
+        let (namespace, key, chained) = delta_key(&self.chains, model, delta)?;
         // The sender knows the whole path, and sent it to the members it names: they are noted
         // as knowing it too, so this gateway's own deltas of it carry only what follows. One
         // the sender's send did not reach cannot rebuild such a delta, and repairs.
-        self.peer_chains.note(knowers, &chains);
-        self.known.learn(namespace, key.clone(), url)?;
+        if let KeyData::Tokens(tokens) = &key {
+            self.chains.learn(tokens, chained, knowers);
+        }
+        self.known
+            .learn_hashed(namespace, key.clone(), delta.path_hash, url);
         Some(RemoteInsert {
             namespace,
             key,
@@ -662,8 +671,8 @@ impl Node {
             if let KeyData::Tokens(tokens) = &key {
                 let (block_size, pages) = (tokens.block_size(), tokens.pages());
                 let chains = chain_hashes(namespace, block_size, pages);
-                self.chains
-                    .learn(chain_root(namespace, block_size), pages, &chains);
+                let root = chain_root(namespace, block_size);
+                self.chains.learn_chains(tokens, root, &chains, &[]);
             }
             // Oldest first, so the most recent holder ends up first, as the sender had it.
             for &at in entry.workers.iter().rev() {

@@ -6,20 +6,21 @@
 //! Equal chain hashes mean equal prefixes, on every gateway (fixed seeds, like
 //! `paths::path_hash`).
 //!
-//! - [`PageChains`]: every prefix this gateway knows (its own dispatches, peers' deltas, repair
-//!   pages), by chain hash → (the one before, the page, the depth), so a delta that says
-//!   "after the prefix `c` of `n` pages, these pages" is rebuilt into the whole path.
-//! - [`PeerChains`]: per prefix, the peers this gateway believes know it: it sent it to them,
-//!   heard it from them, or heard it from a peer that sent it to the same members this gateway
-//!   sees (the batch names its recipients by [`recipients_hash`]), so they heard it too. A delta to a peer starts after the deepest prefix that peer
-//!   knows, found by binary search (a path's known prefixes are a run from its first page).
-//!   The third rule is what makes a prompt cross once per peer rather than once per pair of
-//!   gateways: without it each gateway that dispatched a system prompt sent it to every peer
-//!   it had not heard it from.
+//! [`PathChains`] keeps what a delta needs per path, not per page: every token path this
+//! gateway knows (its own dispatches, peers' deltas, repair pages) by the chain hash of the
+//! whole path, with a bit per peer believed to know it (it sent the path to the peer, heard it
+//! from the peer, or heard it from a peer that sent it to the same members this gateway sees:
+//! the batch names its recipients by [`recipients_hash`], so they heard it too), and an index
+//! of the paths' prefixes at every `ANCHOR_PAGES`th page. A delta to a peer carries the pages
+//! after the longest prefix of the path that is a prefix of a path the peer knows, named by
+//! that path's chain hash and the prefix's length (`Delta.base_path`, `base_pages`): the peer
+//! rebuilds the path with one lookup and a copy. The third rule of knowing is what makes a
+//! prompt cross once per peer rather than once per pair of gateways: without it each gateway
+//! that dispatched a system prompt sent it to every peer it had not heard it from.
 //!
-//! Both are bounded (`MESH_CHAINS_MAX`, `MESH_PEER_CHAINS_MAX`) and cleared whole when full: a
-//! peer that lacks a prefix it was thought to have (a cleared map, a membership view that
-//! differed) cannot rebuild the path, and asks for a repair as before. A peer's bit goes when
+//! Bounded (`MESH_CHAIN_PATHS_MAX`, `MESH_CHAIN_PAGES_MAX`) and cleared whole when full: a peer
+//! that lacks a path it was thought to have (a cleared map, a membership view that differed)
+//! cannot rebuild a delta built on it, and asks for a repair as before. A peer's bit goes when
 //! it leaves or restarts.
 
 use std::collections::HashMap;
@@ -29,8 +30,8 @@ use std::net::SocketAddr;
 use xxhash_rust::xxh3::{xxh3_64_with_seed, Xxh3};
 
 use super::paths::PATH_HASH_SEED;
-use crate::index::Namespace;
-use crate::limits::{MESH_CHAINS_MAX, MESH_PEER_CHAINS_MAX};
+use crate::index::{Namespace, TokenKey};
+use crate::limits::{MESH_CHAIN_PAGES_MAX, MESH_CHAIN_PATHS_MAX};
 
 /// The chain hash before a path's first page: its namespace and block size.
 pub fn chain_root(namespace: Namespace, block_size: usize) -> u64 {
@@ -159,121 +160,317 @@ impl Hasher for ChainHasher {
     }
 }
 
-/// One known prefix: the prefix one page shorter, its last page, and its length in pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Link {
-    before: u64,
-    page: u64,
-    depth: u32,
+/// Pages between two anchors: a known path's prefixes are indexed at every `ANCHOR_PAGES`th
+/// page, not at every page, so learning a path costs one map entry per 16 new pages (and one
+/// for the path), where a map entry per page and a bit per peer on each was most of the mesh
+/// thread's CPU on long new prompts.
+pub const ANCHOR_PAGES: usize = 16;
+
+/// A path's chain hashes as [`PathChains`] keeps them: at each anchor (depth `ANCHOR_PAGES`,
+/// `2 * ANCHOR_PAGES`, ...) and at its end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chained {
+    /// The chain hash of the prefix at each anchor, shortest first.
+    pub anchors: Vec<u64>,
+    /// The chain hash of the whole path (the root's when it has no page).
+    pub end: u64,
 }
 
-/// Every prefix this gateway knows, by chain hash (bounded; cleared whole when full).
+impl Chained {
+    /// The anchors and end of a path whose every prefix's chain hash is `chains`
+    /// ([`chain_hashes`]; `root` when it has no page).
+    pub fn of_chains(root: u64, chains: &[u64]) -> Chained {
+        Chained {
+            anchors: chains
+                .iter()
+                .skip(ANCHOR_PAGES - 1)
+                .step_by(ANCHOR_PAGES)
+                .copied()
+                .collect(),
+            end: chains.last().copied().unwrap_or(root),
+        }
+    }
+
+    /// The anchors and end of `pages`, of which the first `from` pages' anchors are
+    /// `anchors` (and the chain hash at depth `from`, `chain`): only the pages after `from`
+    /// are hashed.
+    pub fn extend(mut anchors: Vec<u64>, mut chain: u64, from: usize, pages: &[u64]) -> Chained {
+        for (at, &page) in pages.iter().enumerate().skip(from) {
+            chain = chain_next(chain, page);
+            if (at + 1).is_multiple_of(ANCHOR_PAGES) {
+                anchors.push(chain);
+            }
+        }
+        Chained {
+            anchors,
+            end: chain,
+        }
+    }
+}
+
+/// One known token path: its pages (shared with the known path or dispatch record that brought
+/// it), its chain hash at each anchor, and a bit per peer believed to know it.
+#[derive(Debug)]
+struct KnownChain {
+    key: TokenKey,
+    anchors: Box<[u64]>,
+    peers: u64,
+}
+
+/// What a delta to a peer builds on: the first `pages` pages of the known path whose chain
+/// hash is `path` (`Delta.base_path`); `pages` 0: nothing, the whole path crosses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Base {
+    /// The chain hash of the (whole) known path the base is a prefix of.
+    pub path: u64,
+    /// Pages of that path the base is.
+    pub pages: usize,
+}
+
+/// A delta's base as found here: its pages, and the chain hashes at its anchors (and at its
+/// last anchor's depth, so the rest of the path is hashed from there).
+#[derive(Debug)]
+pub struct BaseFound<'a> {
+    /// The base's pages.
+    pub pages: &'a [u64],
+    /// The chain hash at each anchor within the base.
+    pub anchors: &'a [u64],
+}
+
+/// The token paths this gateway knows, by the chain hash of the whole path (its own
+/// dispatches, peers' deltas, repair pages), with a bit per peer believed to know each path
+/// (it sent the path to the peer, heard it from the peer, or heard it from a peer that sent it
+/// to the members this gateway sees: the batch names its recipients by [`recipients_hash`]),
+/// and, per anchor (the chain hash of a prefix `ANCHOR_PAGES`, `2 * ANCHOR_PAGES`, ... pages
+/// long), a known path through it.
+///
+/// A delta to a peer builds on the longest prefix of a path the peer knows: a binary search
+/// over the new path's anchors finds the deepest one whose path the peer knows, and a compare
+/// of that path's pages with the new one's extends the base past the anchor. The peer
+/// rebuilds the path from the named known path (one lookup) and the pages that follow. State
+/// is per path and per 16 pages, not per page: what made a long new prompt cost thousands of
+/// map inserts per dispatch.
+///
+/// Bounded in paths and pages (`MESH_CHAIN_PATHS_MAX`, `MESH_CHAIN_PAGES_MAX`), cleared whole
+/// when full: a peer that lacks a path it was thought to have (a cleared map, a membership
+/// view that differed) cannot rebuild a delta on it, and asks for a repair as before. A
+/// peer's bit goes when it leaves or restarts. Peers past the 64th have no bit: they are
+/// believed to know nothing, and get whole paths.
 #[derive(Debug, Default)]
-pub struct PageChains {
-    links: HashMap<u64, Link, ChainKeys>,
+pub struct PathChains {
+    paths: HashMap<u64, KnownChain, ChainKeys>,
+    /// Anchor chain hash → the chain hash of a known path through it.
+    anchors: HashMap<u64, u64, ChainKeys>,
+    /// Pages of the paths held (the bound; most are shared with the known paths' keys).
+    pages: usize,
+    slots: HashMap<SocketAddr, u32>,
+    /// Times the maps were cleared for their bounds.
+    cleared: u64,
 }
 
-impl PageChains {
-    /// Prefixes known.
+impl PathChains {
+    /// Paths known.
     pub fn len(&self) -> usize {
-        self.links.len()
+        self.paths.len()
     }
 
     /// Whether none is known.
     pub fn is_empty(&self) -> bool {
-        self.links.is_empty()
+        self.paths.is_empty()
     }
 
-    /// Learns every prefix of `pages`, whose chain hashes are `chains` (from
-    /// [`chain_hashes`]). The prefixes known are a run from the first page, so only those
-    /// after the deepest known one are added.
-    pub fn learn(&mut self, root: u64, pages: &[u64], chains: &[u64]) {
-        if self.links.len() + pages.len() > MESH_CHAINS_MAX {
-            self.links.clear();
-        }
-        let known = deepest_in(chains, |c| self.links.contains_key(&c));
-        for at in known..pages.len() {
-            let before = if at == 0 { root } else { chains[at - 1] };
-            let link = Link {
-                before,
-                page: pages[at],
-                depth: at as u32 + 1,
-            };
-            self.links.insert(chains[at], link);
-        }
+    /// Anchors known.
+    pub fn anchors(&self) -> usize {
+        self.anchors.len()
     }
 
-    /// The pages of the prefix named `chain`, `depth` pages long, after `root`, and the chain
-    /// hash of each of its prefixes (the walk meets them: no page is hashed again); `None`
-    /// when a link is missing or does not lead back to `root` in `depth` steps.
-    pub fn pages_of(&self, root: u64, chain: u64, depth: u32) -> Option<(Vec<u64>, Vec<u64>)> {
-        let mut pages = vec![0u64; depth as usize];
-        let mut chains = vec![0u64; depth as usize];
-        let mut at = chain;
-        for slot in (0..depth as usize).rev() {
-            let link = self.links.get(&at)?;
-            if link.depth as usize != slot + 1 {
-                return None;
+    /// Times the maps were cleared because a bound was reached.
+    pub fn cleared(&self) -> u64 {
+        self.cleared
+    }
+
+    /// Learns the path `key` (its chain hashes `chained`), and notes `peers` as knowing it.
+    pub fn learn(&mut self, key: &TokenKey, chained: Chained, peers: &[SocketAddr]) {
+        let mask = self.mask(peers);
+        let (known_anchors, mask) = match self.paths.get_mut(&chained.end) {
+            Some(known) => {
+                known.peers |= mask;
+                (known.anchors.len(), known.peers)
             }
-            pages[slot] = link.page;
-            chains[slot] = at;
-            at = link.before;
-        }
-        (at == root).then_some((pages, chains))
-    }
-}
-
-/// How many of `chains` (a path's prefixes, shortest first) satisfy `known`, given that the
-/// known ones are a run from the first: a binary search.
-fn deepest_in(chains: &[u64], known: impl Fn(u64) -> bool) -> usize {
-    chains.partition_point(|&c| known(c))
-}
-
-/// Per prefix, the peers this gateway believes know it (it sent them the prefix, heard it
-/// from them, or heard it from a peer that sent it to them all): one bit per peer, so a path's
-/// pages cost one map entry each however many peers there are. Bounded in all
-/// (`MESH_PEER_CHAINS_MAX`, cleared whole when full); a peer's bit is cleared when it leaves.
-/// Peers past the 64th have no bit: they are believed to know nothing, and get whole paths.
-#[derive(Debug, Default)]
-pub struct PeerChains {
-    known: HashMap<u64, u64, ChainKeys>,
-    slots: HashMap<SocketAddr, u32>,
-}
-
-impl PeerChains {
-    /// How many leading prefixes of `chains` `peer` is believed to know.
-    pub fn known_by(&self, peer: SocketAddr, chains: &[u64]) -> usize {
-        match self.slots.get(&peer) {
-            Some(&slot) => self.known_by_mask(1 << slot, chains),
-            None => 0,
-        }
-    }
-
-    /// How many leading prefixes of `chains` every peer of `mask` is believed to know.
-    fn known_by_mask(&self, mask: u64, chains: &[u64]) -> usize {
-        deepest_in(chains, |c| {
-            self.known
-                .get(&c)
-                .is_some_and(|&known| known & mask == mask)
-        })
+            None => {
+                let len = key.pages().len();
+                if self.paths.len() >= MESH_CHAIN_PATHS_MAX
+                    || self.pages + len > MESH_CHAIN_PAGES_MAX
+                {
+                    self.paths.clear();
+                    self.anchors.clear();
+                    self.pages = 0;
+                    self.cleared += 1;
+                }
+                // The anchors known are a run from the first (every path adds all of its own,
+                // and the maps are cleared together): those past the deepest known one are
+                // added.
+                let known = chained
+                    .anchors
+                    .partition_point(|anchor| self.anchors.contains_key(anchor));
+                for &anchor in &chained.anchors[known..] {
+                    self.anchors.insert(anchor, chained.end);
+                }
+                self.pages += len;
+                self.paths.insert(
+                    chained.end,
+                    KnownChain {
+                        key: key.clone(),
+                        anchors: chained.anchors.into_boxed_slice(),
+                        peers: mask,
+                    },
+                );
+                (known, mask)
+            }
+        };
+        self.lead_anchors_to(chained.end, known_anchors, mask);
     }
 
-    /// Each of `peers` knows every prefix of `chains`.
-    pub fn note(&mut self, peers: &[SocketAddr], chains: &[u64]) {
-        let mask = peers
-            .iter()
-            .filter_map(|&peer| self.slot(peer))
-            .fold(0u64, |mask, slot| mask | 1 << slot);
+    /// An anchor leads to one path: from the deepest of `path`'s first `count` anchors down,
+    /// one whose path fewer peers know than `path` (known by `mask`) is led to `path` instead,
+    /// until one whose path they all know (at once when every peer knows everything, as in a
+    /// settled mesh).
+    fn lead_anchors_to(&mut self, path: u64, count: usize, mask: u64) {
         if mask == 0 {
             return;
         }
-        if self.known.len() + chains.len() > MESH_PEER_CHAINS_MAX {
-            self.known.clear();
+        let Some(known) = self.paths.get(&path) else {
+            return;
+        };
+        for &anchor in known.anchors[..count.min(known.anchors.len())].iter().rev() {
+            let Some(led) = self.anchors.get_mut(&anchor) else {
+                break;
+            };
+            if *led == path {
+                // Led here already (this path was the first through it), and so, most
+                // likely, are those before it.
+                break;
+            }
+            let old = self.paths.get(led).map_or(0, |known| known.peers);
+            if old & mask == mask {
+                break;
+            }
+            if old & !mask == 0 {
+                *led = path;
+            }
         }
-        let from = self.known_by_mask(mask, chains);
-        for &chain in &chains[from..] {
-            *self.known.entry(chain).or_default() |= mask;
+    }
+
+    /// Learns a path of which every prefix's chain hash is `chains`; see [`PathChains::learn`].
+    pub fn learn_chains(
+        &mut self,
+        key: &TokenKey,
+        root: u64,
+        chains: &[u64],
+        peers: &[SocketAddr],
+    ) {
+        self.learn(key, Chained::of_chains(root, chains), peers);
+    }
+
+    /// The longest prefix of the path `pages` (every prefix's chain hash: `chains`) that
+    /// `peer` is believed to know, as a prefix of one path it knows.
+    pub fn base_for(&self, peer: SocketAddr, chains: &[u64], pages: &[u64]) -> Base {
+        match self.slots.get(&peer) {
+            Some(&slot) => self.base_for_mask(1 << slot, chains, pages),
+            None => Base::default(),
         }
+    }
+
+    /// How many leading pages of the path `pages` (chain hashes `chains`) `peer` is believed
+    /// to know.
+    pub fn known_by(&self, peer: SocketAddr, chains: &[u64], pages: &[u64]) -> usize {
+        self.base_for(peer, chains, pages).pages
+    }
+
+    fn base_for_mask(&self, mask: u64, chains: &[u64], pages: &[u64]) -> Base {
+        let Some(&end) = chains.last() else {
+            return Base::default();
+        };
+        let knows = |path: &u64| {
+            self.paths
+                .get(path)
+                .is_some_and(|known| known.peers & mask == mask)
+        };
+        if knows(&end) {
+            return Base {
+                path: end,
+                pages: pages.len(),
+            };
+        }
+        // The path behind anchor `at` (0-based) when the peers know it.
+        let known_at = |at: usize| {
+            self.anchors
+                .get(&chains[(at + 1) * ANCHOR_PAGES - 1])
+                .filter(|path| knows(path))
+                .copied()
+        };
+        let (mut low, mut high) = (0, chains.len().min(pages.len()) / ANCHOR_PAGES);
+        while low < high {
+            let mid = low + (high - low) / 2;
+            if known_at(mid).is_some() {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        // An anchor leads to one path through it, which the peers may not know while they know
+        // another: the search may stop above an anchor whose path they do not know, so the
+        // deepest anchor found is taken from there down.
+        let Some((at, path)) = (0..low).rev().find_map(|at| Some((at, known_at(at)?))) else {
+            return Base::default();
+        };
+        let Some(known) = self.paths.get(&path) else {
+            return Base::default();
+        };
+        let from = (at + 1) * ANCHOR_PAGES;
+        let same = known
+            .key
+            .pages()
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .zip(&pages[from..])
+            .take_while(|(a, b)| a == b)
+            .count();
+        Base {
+            path,
+            pages: from + same,
+        }
+    }
+
+    /// The base a delta names: the first `depth` pages of the known path `path`; from a sender
+    /// that names no path (an earlier version of this issue), the prefix whose chain hash is
+    /// `chain`, when it is a known path or anchor. `None`: not known here.
+    pub fn base_of(&self, path: u64, chain: u64, depth: usize) -> Option<BaseFound<'_>> {
+        let known = if path != 0 {
+            self.paths.get(&path)?
+        } else if let Some(known) = self.paths.get(&chain) {
+            known
+        } else {
+            let known = self.paths.get(self.anchors.get(&chain)?)?;
+            let anchor = depth
+                .is_multiple_of(ANCHOR_PAGES)
+                .then_some(depth / ANCHOR_PAGES)
+                .and_then(|at| known.anchors.get(at.checked_sub(1)?))?;
+            (*anchor == chain).then_some(known)?
+        };
+        Some(BaseFound {
+            pages: known.key.pages().get(..depth)?,
+            anchors: known.anchors.get(..depth / ANCHOR_PAGES)?,
+        })
+    }
+
+    /// Each of `peers`' bit, given one if it has none and one is free.
+    fn mask(&mut self, peers: &[SocketAddr]) -> u64 {
+        peers
+            .iter()
+            .filter_map(|&peer| self.slot(peer))
+            .fold(0u64, |mask, slot| mask | 1 << slot)
     }
 
     /// `peer`'s bit, given one if it has none and one is free.
@@ -297,10 +494,9 @@ impl PeerChains {
     pub fn forget(&mut self, peer: SocketAddr) {
         if let Some(slot) = self.slots.remove(&peer) {
             let bit = 1u64 << slot;
-            self.known.retain(|_, known| {
-                *known &= !bit;
-                *known != 0
-            });
+            for known in self.paths.values_mut() {
+                known.peers &= !bit;
+            }
         }
     }
 }

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh3::Xxh3;
 
-use super::chains::{self, PageChains, PeerChains};
+use super::chains::{self, Chained, PathChains};
 use super::wire::{self, Delta, DeltaBatch, RepairEntry, RepairPage};
 use crate::index::{self, Namespace, TreeKind};
 use crate::limits::{
@@ -165,9 +165,21 @@ impl KnownPaths {
         worker_url: &Arc<str>,
     ) -> Option<(u64, Change)> {
         let hash = path_hash(namespace, &key)?;
+        Some(self.learn_hashed(namespace, key, hash, worker_url))
+    }
+
+    /// [`KnownPaths::learn`] of a path whose hash is `hash` (checked by the caller: a delta's
+    /// path is hashed once, when it is rebuilt).
+    pub fn learn_hashed(
+        &mut self,
+        namespace: Namespace,
+        key: KeyData,
+        hash: u64,
+        worker_url: &Arc<str>,
+    ) -> (u64, Change) {
         let slot = (namespace.model, hash);
         if let Some((_, change)) = self.name_holder(slot.0, slot.1, worker_url) {
-            return Some((hash, change));
+            return (hash, change);
         }
         let mut known = KnownPath {
             namespace,
@@ -181,7 +193,7 @@ impl KnownPaths {
         self.by_model.insert((slot.0, seq), slot.1);
         self.by_seq.insert(seq, slot);
         self.evict();
-        Some((hash, Change::News))
+        (hash, Change::News)
     }
 
     fn take_seq(&mut self) -> u64 {
@@ -356,6 +368,8 @@ pub struct RoundPath {
     pub block_size: usize,
     /// The path (shared with the record: no copy).
     pub key: KeyData,
+    /// The chain hash before its first page (`chains::chain_root`).
+    pub root: u64,
     /// The chain hash of each prefix, shortest first.
     pub chains: Vec<u64>,
 }
@@ -366,11 +380,13 @@ impl RoundPath {
         let KeyData::Tokens(tokens) = key else {
             return None;
         };
+        let root = chains::chain_root(namespace, tokens.block_size());
         let chains = chains::chain_hashes(namespace, tokens.block_size(), tokens.pages());
         Some(RoundPath {
             partition: namespace.partition,
             block_size: tokens.block_size(),
             key: key.clone(),
+            root,
             chains,
         })
     }
@@ -395,36 +411,42 @@ pub struct RoundBatch {
 }
 
 impl RoundBatch {
-    /// The batch for `peer`: each token delta carries the pages after the deepest prefix `peer`
-    /// is believed to know, and `known` notes that the peer will know the whole path (so a
-    /// later delta of the same batch sharing the prefix carries only what follows it). The
-    /// caller forgets the peer's prefixes if the batch is not queued.
-    pub fn for_peer(&self, peer: SocketAddr, known: &mut PeerChains) -> DeltaBatch {
+    /// The batch for `peer`: each token delta carries the pages after the longest prefix `peer`
+    /// is believed to know, and `known` learns the path as known by the peer (so a later delta
+    /// of the same batch sharing the prefix carries only what follows it). The caller forgets
+    /// the peer's paths if the batch is not queued.
+    pub fn for_peer(&self, peer: SocketAddr, known: &mut PathChains) -> DeltaBatch {
         let mut batches = self.for_peers(&[peer], known);
         batches.pop().unwrap_or_else(|| self.batch.clone())
     }
 
-    /// [`RoundBatch::for_peer`] for each of `peers`, in their order: a path's prefixes are
-    /// noted once for all of them (one pass over its new pages, not one per peer: on a long
-    /// new path that pass is most of a round's work).
-    pub fn for_peers(&self, peers: &[SocketAddr], known: &mut PeerChains) -> Vec<DeltaBatch> {
+    /// [`RoundBatch::for_peer`] for each of `peers`, in their order: each path is learned once,
+    /// as known by all of them.
+    pub fn for_peers(&self, peers: &[SocketAddr], known: &mut PathChains) -> Vec<DeltaBatch> {
         let mut batches = vec![self.batch.clone(); peers.len()];
         for (at, path) in self.paths.iter().enumerate() {
             let Some(path) = path else {
+                continue;
+            };
+            let KeyData::Tokens(tokens) = &path.key else {
                 continue;
             };
             for (batch, &peer) in batches.iter_mut().zip(peers) {
                 let Some(delta) = batch.deltas.get_mut(at) else {
                     continue;
                 };
-                let base = known.known_by(peer, &path.chains);
+                let base = known.base_for(peer, &path.chains, tokens.pages());
                 delta.partition = path.partition;
                 delta.block_size = path.block_size as u32;
-                delta.base_pages = base as u32;
-                delta.base_chain = if base == 0 { 0 } else { path.chains[base - 1] };
-                delta.pages = path.pages()[base..].to_vec();
+                delta.base_pages = base.pages as u32;
+                delta.base_chain = match base.pages {
+                    0 => 0,
+                    pages => path.chains[pages - 1],
+                };
+                delta.base_path = base.path;
+                delta.pages = tokens.pages()[base.pages..].to_vec();
             }
-            known.note(peers, &path.chains);
+            known.learn_chains(tokens, path.root, &path.chains, peers);
         }
         batches
     }
@@ -521,14 +543,15 @@ impl DeltaRound {
     }
 }
 
-/// A delta's token path, rebuilt from the prefix this gateway knows (`chains`) and the pages
-/// it carries; `None` when it carries none, names a prefix not known here, is longer than
-/// `MESH_PATH_PAGES_MAX`, or does not hash to its path (peers agree on hashes).
+/// A delta's token path, rebuilt from the known path it builds on (`chains`) and the pages it
+/// carries, with its path hash and chain hashes (anchors and end: only the pages past the
+/// base's last anchor are hashed); `None` when it carries none, names a path not known here,
+/// is longer than `MESH_PATH_PAGES_MAX`, or does not hash to its path (peers agree on hashes).
 pub fn delta_key(
-    chains: &PageChains,
+    chains: &PathChains,
     model: u64,
     delta: &Delta,
-) -> Option<(Namespace, KeyData, Vec<u64>)> {
+) -> Option<(Namespace, KeyData, Chained)> {
     if delta.kind != wire::TreeKind::Token as i32 || delta.block_size == 0 {
         return None;
     }
@@ -544,24 +567,24 @@ pub fn delta_key(
     };
     let block_size = delta.block_size as usize;
     let root = chains::chain_root(namespace, block_size);
-    let (mut pages, mut path_chains) = if depth == 0 {
-        let capacity = delta.pages.len();
-        (Vec::with_capacity(capacity), Vec::with_capacity(capacity))
-    } else {
-        chains.pages_of(root, delta.base_chain, delta.base_pages)?
-    };
+    let mut pages = Vec::with_capacity(depth + delta.pages.len());
+    let mut anchors = Vec::with_capacity((depth + delta.pages.len()) / chains::ANCHOR_PAGES);
+    if depth > 0 {
+        let base = chains.base_of(delta.base_path, delta.base_chain, depth)?;
+        pages.extend_from_slice(base.pages);
+        anchors.extend_from_slice(base.anchors);
+    }
     pages.extend_from_slice(&delta.pages);
     let key = KeyData::Tokens(index::token_key_of_pages(&pages, block_size));
-    if path_hash(namespace, &key) != Some(delta.path_hash) {
+    let hash = path_hash(namespace, &key)?;
+    if hash != delta.path_hash {
         return None;
     }
-    // The base's chain hashes came with its pages; only the new pages' are computed.
-    let mut chain = path_chains.last().copied().unwrap_or(root);
-    for &page in &delta.pages {
-        chain = chains::chain_next(chain, page);
-        path_chains.push(chain);
-    }
-    Some((namespace, key, path_chains))
+    // The base's anchors came with it: the chain is hashed from its last anchor on.
+    let from = anchors.len() * chains::ANCHOR_PAGES;
+    let chain = anchors.last().copied().unwrap_or(root);
+    let chained = Chained::extend(anchors, chain, from, &pages);
+    Some((namespace, key, chained))
 }
 
 /// A repair entry's path, rebuilt: token paths from their pages; text paths only when known.

@@ -6,7 +6,7 @@ use clap::Parser;
 use prost::Message;
 
 use super::auth::{self, AuthError, Authenticator, MeshKey, StreamOpen, StreamSeal};
-use super::chains::{chain_hashes, chain_root, PageChains, PeerChains};
+use super::chains::{chain_hashes, chain_root, PathChains, ANCHOR_PAGES};
 use super::membership::{Change, Membership};
 use super::models::ServedModels;
 use super::paths::{
@@ -896,11 +896,10 @@ fn gateways_join_through_one_peer_and_a_silent_one_is_declared_down() {
     assert_eq!(counts[2], (PeerState::Down, 1));
 }
 
-/// One gateway's side of the page chains, for in-memory deltas.
+/// One gateway's side of the path chains, for in-memory deltas.
 #[derive(Default)]
 struct ChainSide {
-    chains: PageChains,
-    peers: PeerChains,
+    chains: PathChains,
 }
 
 impl ChainSide {
@@ -908,8 +907,6 @@ impl ChainSide {
     /// then knows, as the gossip round does once the batch is queued).
     fn send(&mut self, peer: SocketAddr, namespace: Namespace, key: &KeyData) -> DeltaBatch {
         let path = Arc::new(RoundPath::of(namespace, key).unwrap());
-        let root = chain_root(namespace, path.block_size);
-        self.chains.learn(root, path.pages(), &path.chains);
         let hash = path_hash(namespace, key).unwrap();
         let mut round = DeltaRound::default();
         round.add(
@@ -919,7 +916,7 @@ impl ChainSide {
             Some(path),
         );
         let batch = round.take().pop().unwrap();
-        batch.for_peer(peer, &mut self.peers)
+        batch.for_peer(peer, &mut self.chains)
     }
 
     /// Rebuilds and learns a received delta's path, as `apply_deltas` does (with the sender
@@ -931,13 +928,11 @@ impl ChainSide {
     /// Rebuilds and learns a received delta's path, noting that `knowers` (the sender and the
     /// members it sends to) know it.
     fn receive_from_mesh(&mut self, knowers: &[SocketAddr], batch: &DeltaBatch) -> Option<KeyData> {
-        let (namespace, key, chains) = delta_key(&self.chains, batch.model, &batch.deltas[0])?;
+        let (_, key, chained) = delta_key(&self.chains, batch.model, &batch.deltas[0])?;
         let KeyData::Tokens(tokens) = &key else {
             panic!("a token path");
         };
-        let root = chain_root(namespace, tokens.block_size());
-        self.chains.learn(root, tokens.pages(), &chains);
-        self.peers.note(knowers, &chains);
+        self.chains.learn(tokens, chained, knowers);
         Some(key)
     }
 }
@@ -1005,7 +1000,7 @@ fn a_delta_carries_only_the_pages_its_peer_lacks_and_the_peer_inserts_without_a_
     assert_eq!(gw_a.send(b, ns(7, 1), &second).deltas[0].base_pages, 0);
     assert_eq!(gw_a.send(b, ns(8, 0), &second).deltas[0].base_pages, 0);
     // A peer that forgot (restarted): A forgets what it believed, and sends whole paths again.
-    gw_a.peers.forget(b);
+    gw_a.chains.forget(b);
     assert_eq!(gw_a.send(b, namespace, &third).deltas[0].base_pages, 0);
 }
 
@@ -1036,7 +1031,7 @@ fn a_prompt_heard_from_one_peer_is_not_sent_to_the_others_that_heard_it_too() {
     let e = peers(&[5])[0];
     assert_eq!(gw_b.send(e, namespace, &first).deltas[0].base_pages, 0);
     // D leaves: B forgets what D knew, and only that.
-    gw_b.peers.forget(d);
+    gw_b.chains.forget(d);
     assert_eq!(gw_b.send(d, namespace, &first).deltas[0].base_pages, 0);
     assert_eq!(gw_b.send(c, namespace, &first).deltas[0].base_pages, 132);
 }
@@ -1095,12 +1090,20 @@ fn a_batch_for_several_peers_is_each_peers_batch_alone() {
         round.add(7, (TreeKind::Tokens, hash), "http://w", Some(path));
     }
     let batch = round.take().pop().unwrap();
-    let both = batch.for_peers(&[b, c], &mut together.peers);
+    let both = batch.for_peers(&[b, c], &mut together.chains);
     let each = [
-        batch.for_peer(b, &mut alone.peers),
-        batch.for_peer(c, &mut alone.peers),
+        batch.for_peer(b, &mut alone.chains),
+        batch.for_peer(c, &mut alone.chains),
     ];
-    assert_eq!(both, each);
+    // The same pages on the same bases (a base may be named by another path that has it).
+    let unnamed = |batches: &[DeltaBatch]| -> Vec<DeltaBatch> {
+        let mut batches = batches.to_vec();
+        for delta in batches.iter_mut().flat_map(|b| b.deltas.iter_mut()) {
+            delta.base_path = 0;
+        }
+        batches
+    };
+    assert_eq!(unnamed(&both), unnamed(&each));
     // The second delta shares the first's new prefix: after the first, it carries only its own.
     let carried: Vec<Vec<(u32, usize)>> = both
         .iter()
@@ -1114,17 +1117,13 @@ fn a_batch_for_several_peers_is_each_peers_batch_alone() {
         vec![vec![(128, 4), (128, 4)], vec![(0, 132), (128, 4)]]
     );
     // Both peers are now noted as knowing both paths, as after two batches sent alone.
+    let path = batch.paths[1].as_ref().unwrap();
     for peer in [a, b, c] {
-        let chains = &batch.paths[1].as_ref().unwrap().chains;
-        let known = together.peers.known_by(peer, chains);
-        assert_eq!(known, alone.peers.known_by(peer, chains), "{peer}");
+        let known = together.chains.known_by(peer, &path.chains, path.pages());
+        let alone = alone.chains.known_by(peer, &path.chains, path.pages());
+        assert_eq!(known, alone, "{peer}");
     }
-    assert_eq!(
-        together
-            .peers
-            .known_by(c, &batch.paths[1].as_ref().unwrap().chains),
-        132
-    );
+    assert_eq!(together.chains.known_by(c, &path.chains, path.pages()), 132);
 }
 
 #[test]
@@ -1136,13 +1135,11 @@ fn deltas_of_one_batch_that_share_a_new_prefix_carry_it_once() {
     for question in [1, 2] {
         let key = conversation(1, question);
         let path = Arc::new(RoundPath::of(namespace, &key).unwrap());
-        let root = chain_root(namespace, path.block_size);
-        side.chains.learn(root, path.pages(), &path.chains);
         let hash = path_hash(namespace, &key).unwrap();
         round.add(7, (TreeKind::Tokens, hash), "http://w", Some(path));
     }
     let batch = round.take().pop().unwrap();
-    let for_b = batch.for_peer(b, &mut side.peers);
+    let for_b = batch.for_peer(b, &mut side.chains);
     let carried: Vec<(u32, usize)> = for_b
         .deltas
         .iter()
@@ -1185,24 +1182,44 @@ fn a_delta_on_a_prefix_not_known_here_or_that_does_not_hash_to_its_path_is_not_i
     let mut older = short.clone();
     older.deltas[0].block_size = 0;
     assert!(gw_b.receive(a, &older).is_none());
-    // The chains a rebuild follows must lead back to the namespace's root.
+    // A base is found by the known path it names, or (an earlier sender, which names none)
+    // by its chain hash when that is a known path's or an anchor's.
     let pages = pages_of(&conversation(1, 1));
     let chains = chain_hashes(namespace, 16, &pages);
-    let mut known = PageChains::default();
-    known.learn(chain_root(namespace, 16), &pages, &chains);
-    assert_eq!(known.len(), 132);
-    assert_eq!(
-        known.pages_of(chain_root(namespace, 16), chains[9], 10),
-        Some((pages[..10].to_vec(), chains[..10].to_vec()))
+    let TokenKeyOf(key) = TokenKeyOf::of(&conversation(1, 1));
+    let mut known = PathChains::default();
+    known.learn_chains(&key, chain_root(namespace, 16), &chains, &[]);
+    assert_eq!((known.len(), known.anchors()), (1, 132 / ANCHOR_PAGES));
+    let end = chains[131];
+    let found = known.base_of(end, 0, 10).expect("a prefix of a known path");
+    assert_eq!(found.pages, &pages[..10]);
+    assert!(found.anchors.is_empty());
+    let found = known.base_of(end, 0, 40).expect("a prefix of a known path");
+    assert_eq!(found.anchors, &[chains[15], chains[31]]);
+    assert!(known.base_of(end, 0, 133).is_none(), "longer than the path");
+    assert!(
+        known.base_of(chains[9], 0, 10).is_none(),
+        "no path ends there"
     );
-    assert_eq!(
-        known.pages_of(chain_root(ns(7, 1), 16), chains[9], 10),
-        None
+    assert!(known.base_of(0, chains[31], 32).is_some(), "an anchor");
+    assert!(
+        known.base_of(0, chains[31], 48).is_none(),
+        "not that anchor's depth"
     );
-    assert_eq!(
-        known.pages_of(chain_root(namespace, 16), chains[9], 11),
-        None
-    );
+    assert!(known.base_of(0, chains[9], 10).is_none(), "not an anchor");
+    assert!(known.base_of(0, end, 132).is_some(), "a known path's end");
+}
+
+/// The token key of a token path.
+struct TokenKeyOf(crate::index::TokenKey);
+
+impl TokenKeyOf {
+    fn of(key: &KeyData) -> TokenKeyOf {
+        match key {
+            KeyData::Tokens(tokens) => TokenKeyOf(tokens.clone()),
+            _ => panic!("a token path"),
+        }
+    }
 }
 
 #[test]
@@ -1251,4 +1268,106 @@ fn a_catch_up_stops_where_the_batch_that_started_it_began() {
         panic!("{outcomes:?}");
     };
     assert_eq!((retry.peer, retry.until), (live[1], NO_BOUND));
+}
+
+#[test]
+fn a_delta_builds_on_the_longest_prefix_of_a_path_its_peer_knows_at_any_depth() {
+    let [a, b] = peers(&[1, 2])[..] else {
+        panic!("two peers");
+    };
+    let namespace = ns(7, 0);
+    let (mut gw_a, mut gw_b) = (ChainSide::default(), ChainSide::default());
+    // A conversation's turns: each extends the last (as Mooncake's do), by 50 pages, and a
+    // branch leaves the first turn after 40 pages (not a multiple of the anchors' 16).
+    let turn = |n: u32| -> KeyData {
+        let pages: Vec<u64> = (0..50 * n).map(|i| page_hash(&[9, i])).collect();
+        tokens(&pages)
+    };
+    let branch: Vec<u64> = (0..40)
+        .map(|i| page_hash(&[9, i]))
+        .chain((0..7).map(|i| page_hash(&[10, i])))
+        .collect();
+    let first = gw_a.send(b, namespace, &turn(1));
+    assert_eq!(first.deltas[0].pages.len(), 50);
+    assert!(gw_b.receive(a, &first).is_some());
+    for n in 2..=4 {
+        let next = gw_a.send(b, namespace, &turn(n));
+        let delta = &next.deltas[0];
+        assert_eq!((delta.base_pages, delta.pages.len()), (50 * (n - 1), 50));
+        assert_ne!(delta.base_path, 0, "the base is named by a known path");
+        let rebuilt = gw_b.receive(a, &next).expect("rebuilt from the last turn");
+        assert_eq!(pages_of(&rebuilt), pages_of(&turn(n)));
+    }
+    let to_b = gw_a.send(b, namespace, &tokens(&branch));
+    assert_eq!(
+        (to_b.deltas[0].base_pages, to_b.deltas[0].pages.len()),
+        (40, 7)
+    );
+    assert_eq!(pages_of(&gw_b.receive(a, &to_b).unwrap()), branch);
+    // What was learned is one entry per path and one per 16 pages, not one per page.
+    assert_eq!(gw_b.chains.len(), 5);
+    assert_eq!(
+        gw_b.chains.anchors(),
+        200 / ANCHOR_PAGES + 47 / ANCHOR_PAGES - 2
+    );
+    // B rebuilt the turns exactly: its own delta of the next one to A carries only the new pages.
+    let fifth = gw_b.send(a, namespace, &turn(5));
+    assert_eq!(fifth.deltas[0].base_pages, 200);
+    assert_eq!(
+        pages_of(&gw_a.receive(b, &fifth).unwrap()),
+        pages_of(&turn(5))
+    );
+    // A delta that names its base only by the prefix's chain hash (an earlier sender) is
+    // rebuilt when that prefix ends a known path here.
+    let mut older = gw_a.send(b, namespace, &turn(6));
+    older.deltas[0].base_path = 0;
+    assert_eq!(older.deltas[0].base_pages, 250);
+    assert_eq!(
+        pages_of(&gw_b.receive(a, &older).unwrap()),
+        pages_of(&turn(6))
+    );
+}
+
+#[test]
+fn path_chains_are_cleared_whole_at_their_bounds_and_forget_a_peer_that_leaves() {
+    use super::chains::Chained;
+    use crate::limits::{MESH_CHAIN_PAGES_MAX, MESH_CHAIN_PATHS_MAX};
+    let [b, c] = peers(&[2, 3])[..] else {
+        panic!("two peers");
+    };
+    // One long key shared by every path (only its length counts): the pages' bound is reached
+    // after MESH_CHAIN_PAGES_MAX / len paths, and the next path clears the maps first.
+    let len = 1 << 16;
+    let TokenKeyOf(key) = TokenKeyOf::of(&tokens(&vec![7; len]));
+    let mut chains = PathChains::default();
+    let fits = MESH_CHAIN_PAGES_MAX / len;
+    assert!(fits < MESH_CHAIN_PATHS_MAX);
+    for end in 1..=fits as u64 {
+        let chained = Chained {
+            anchors: vec![end << 32],
+            end,
+        };
+        chains.learn(&key, chained, &[b]);
+    }
+    assert_eq!(
+        (chains.len(), chains.anchors(), chains.cleared()),
+        (fits, fits, 0)
+    );
+    let one_more = Chained {
+        anchors: vec![u64::MAX],
+        end: u64::MAX,
+    };
+    chains.learn(&key, one_more, &[b, c]);
+    assert_eq!(
+        (chains.len(), chains.anchors(), chains.cleared()),
+        (1, 1, 1)
+    );
+    // C leaves: what it was believed to know goes; B's stays.
+    let pages = vec![7u64; len];
+    let mut path_chains = vec![0u64; len];
+    path_chains[len - 1] = u64::MAX;
+    assert_eq!(chains.known_by(c, &path_chains, &pages), len);
+    chains.forget(c);
+    assert_eq!(chains.known_by(c, &path_chains, &pages), 0);
+    assert_eq!(chains.known_by(b, &path_chains, &pages), len);
 }

@@ -62,7 +62,7 @@ mod tests {
     use super::*;
     use crate::index::Namespace;
     use crate::limits::{MESH_KNOWN_BYTES_MAX, MESH_KNOWN_PATHS_MAX};
-    use crate::mesh::chains::{PageChains, PeerChains};
+    use crate::mesh::chains::PathChains;
     use crate::mesh::paths::{delta_key, entry_key, DeltaRound, KnownPaths, RoundPath};
     use crate::mesh::wire::{self, frame::Body};
 
@@ -151,7 +151,7 @@ mod tests {
         round.add(namespace.model, (kind, hash), &worker, path);
         let batches = round.take();
         let peer: SocketAddr = "10.0.0.2:39527".parse().unwrap();
-        let batch = batches[0].for_peer(peer, &mut PeerChains::default());
+        let batch = batches[0].for_peer(peer, &mut PathChains::default());
         let frame = wire::encode(&wire::frame("10.0.0.1:39527", Body::Deltas(batch.clone())));
         assert!(
             !leaks(&frame, &text),
@@ -172,7 +172,7 @@ mod tests {
         assert!(leaks(&wire::encode(&carrying), &text));
 
         // The peer, which never saw the text, rebuilds the pages its data cores hash.
-        let chains = PageChains::default();
+        let chains = PathChains::default();
         let (got_ns, got, _) = delta_key(&chains, namespace.model, &batch.deltas[0]).unwrap();
         assert_eq!(got_ns, namespace);
         let KeyData::Tokens(tokens) = &got else {
