@@ -512,8 +512,9 @@ pub const MESH_MODELS_MAX: usize = 256;
 /// gateways and served models. A peer's marks go when it leaves.
 pub const MESH_REPAIR_MARKS_MAX: usize = 4_096;
 /// Token paths the mesh keeps for rebuilding peers' deltas and choosing what a delta carries
-/// (`mesh::chains::PathChains`): about 100 bytes each besides their pages. Full: cleared, and
-/// peers' deltas that build on a forgotten path fall back to a repair.
+/// (`mesh::chains::PathChains`): about 100 bytes each besides their pages. Full: cleared
+/// (counted: `kvgate_mesh_refused_total{reason="chains_cleared"}`), and peers' deltas that
+/// build on a forgotten path fall back to a repair.
 pub const MESH_CHAIN_PATHS_MAX: usize = 1 << 18;
 /// Pages of those paths (8 bytes each, mostly shared with the known paths' keys; 32 MiB when
 /// none is), with one anchor entry per 16 pages: full, cleared as above.

@@ -148,6 +148,8 @@ struct Node {
     repairs: Repairs,
     /// Token paths known here, and which peers are believed to know each.
     chains: PathChains,
+    /// `chains.cleared()` as last counted in `/metrics`.
+    chains_cleared_counted: u64,
     recipients: RecipientsHashes,
     /// One outbound stream per live peer, by address.
     streams: HashMap<SocketAddr, PeerStream>,
@@ -197,6 +199,7 @@ impl Node {
             models: ServedModels::default(),
             catalog: None,
             chains: PathChains::default(),
+            chains_cleared_counted: 0,
             recipients: RecipientsHashes::default(),
             me: config.advertise_addr.to_string(),
             membership,
@@ -235,7 +238,10 @@ impl Node {
                         self.handle_datagram(&datagram[..len]);
                     }
                 }
-                Some(frame) = frames.recv() => self.handle_frame(frame),
+                Some(frame) = frames.recv() => {
+                    self.handle_frame(frame);
+                    self.count_chain_clears();
+                }
                 _ = tick.tick() => {
                     let now = Instant::now();
                     self.membership.tick(now);
@@ -248,6 +254,7 @@ impl Node {
                         // On the ticks' schedule, so a tick that wakes late skips no round.
                         next_round = (next_round + MESH_ROUND).max(now);
                         self.gossip_round();
+                        self.count_chain_clears();
                     }
                     self.check_repair_stalls(now);
                 }
@@ -484,6 +491,16 @@ impl Node {
         link.counters.add(MeshCounter::SyncRounds, 1);
         let micros = started.elapsed().as_micros() as u64;
         link.counters.add(MeshCounter::SyncRoundMicros, micros);
+    }
+
+    /// Counts the known paths' clears for their bounds since the last call
+    /// (`kvgate_mesh_refused_total{reason="chains_cleared"}`).
+    fn count_chain_clears(&mut self) {
+        let cleared = self.chains.cleared();
+        for _ in self.chains_cleared_counted..cleared {
+            refuse(&self.shared, Refusal::ChainsCleared);
+        }
+        self.chains_cleared_counted = cleared;
     }
 
     /// A frame whose tag checked: taken only from a current member, about a served model, and

@@ -284,11 +284,14 @@ pub enum Refusal {
     PeerBackedUp,
     /// A text path of more than `MESH_TEXT_PAGES_MAX` pages, shared cut there (`text`).
     TextPagesCapped,
+    /// The known token paths reached `MESH_CHAIN_PATHS_MAX` or `MESH_CHAIN_PAGES_MAX` and were
+    /// cleared whole (`chains::PathChains`): peers' deltas on forgotten paths then repair.
+    ChainsCleared,
 }
 
 impl Refusal {
     /// Every reason, in the order `/metrics` lists them.
-    pub const ALL: [Refusal; 12] = [
+    pub const ALL: [Refusal; 13] = [
         Refusal::Unauthenticated,
         Refusal::Stale,
         Refusal::NotMember,
@@ -301,6 +304,7 @@ impl Refusal {
         Refusal::StreamsFull,
         Refusal::PeerBackedUp,
         Refusal::TextPagesCapped,
+        Refusal::ChainsCleared,
     ];
 
     /// The label value.
@@ -318,6 +322,7 @@ impl Refusal {
             Refusal::StreamsFull => "streams_full",
             Refusal::PeerBackedUp => "peer_backed_up",
             Refusal::TextPagesCapped => "text_pages_capped",
+            Refusal::ChainsCleared => "chains_cleared",
         }
     }
 }
