@@ -6,11 +6,11 @@
 //! Why it is exact. Merging (`super::merge`) repeatedly applies the adjacent pair of lowest
 //! merge rank, the leftmost on a tie. Two facts make a character's own merges separable:
 //!
-//! 1. **Monotone ranks** (checked at load, else this table stays empty): every merge whose two
-//!    tokens can be built from bytes has a higher rank than the merges that build each of them
-//!    (their *birth*: the last merge of their own bytes merged alone). Then the ranks applied
-//!    never decrease, and merging is the same as: for each rank in increasing order, apply that
-//!    merge left to right over the current symbols.
+//! 1. **Monotone ranks** (checked at load, else this table stays empty): every merge has a
+//!    higher rank than every merge that makes one of its two tokens. Then a merge never creates
+//!    a pair of lower rank than its own, the ranks applied never decrease, and merging is the
+//!    same as: for each rank in increasing order, apply that merge left to right over the
+//!    current symbols.
 //! 2. **No merge across the character's edge while it is incomplete** (checked per character and
 //!    neighbour, below). Merged alone, a character's bytes pass through intermediate symbols
 //!    before its token. Only two chains of them ever touch a neighbour: the successive first
@@ -25,7 +25,7 @@
 //!
 //! With both, no outside merge ever takes an intermediate symbol, so each such character's
 //! inside merges run exactly as when it is alone, independently of everything else; by (1) any
-//! merge of its token comes after the token's birth, so applying the rank passes to the state
+//! merge of its token ranks above the merge that makes it, so applying the rank passes to the state
 //! where the character already is its token does the same merges in the same order. Characters
 //! without an entry, or with a neighbour their mask refuses, stay bytes (also exact).
 //!
@@ -118,30 +118,25 @@ impl CharTokens {
     }
 
     /// The table of `model`, whose merges are the pairs `merges` (left, right; of a pair pushed
-    /// twice `model` applies the later), with `birth` by ID: the rank of the last merge of a
-    /// token's own bytes merged alone, for each token longer than a byte that they merge into
-    /// (`None` for the others). Empty if the ranks are not monotone.
-    pub fn build(
-        model: &impl MergeRanks,
-        merges: &[(u32, u32)],
-        birth: &[Option<u32>],
-    ) -> CharTokens {
-        let born = |id: u32| birth.get(id as usize).copied().flatten();
-        let is_byte = |id: u32| model.token_bytes(id).len() == 1;
-        // (1) Monotone: a merge of two buildable tokens ranks above both births (a byte is born
-        // before every merge).
+    /// twice `model` applies the later). Empty if the ranks are not monotone.
+    pub fn build(model: &impl MergeRanks, merges: &[(u32, u32)]) -> CharTokens {
+        // (1) Monotone: every merge ranks above every merge that makes one of its two tokens
+        // (checked over all merges, even those no bytes can reach).
+        let mut made_max: HashMap<u32, u32> = HashMap::new();
+        for &(left, right) in merges {
+            if let Some((rank, merged)) = model.merge_ranks(left, right) {
+                let max = made_max.entry(merged).or_insert(rank);
+                *max = (*max).max(rank);
+            }
+        }
         let mut before_of: HashMap<u32, Vec<(u8, u32)>> = HashMap::new();
         let mut after_of: HashMap<u32, Vec<(u8, u32)>> = HashMap::new();
         for &(left, right) in merges {
             let Some((rank, _)) = model.merge_ranks(left, right) else {
                 continue;
             };
-            let buildable = |id| is_byte(id) || born(id).is_some();
-            if !(buildable(left) && buildable(right)) {
-                continue;
-            }
-            let later = |id| born(id).is_some_and(|b| b >= rank);
-            if later(left) || later(right) {
+            let made_later = |id| made_max.get(&id).is_some_and(|&made| made >= rank);
+            if made_later(left) || made_later(right) {
                 return CharTokens::empty();
             }
             let (l, r) = (model.token_bytes(left), model.token_bytes(right));

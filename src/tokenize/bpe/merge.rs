@@ -202,34 +202,26 @@ impl Vocab {
     /// The model once every merge is in: finds the tokens that are their own pre-token's IDs,
     /// and the characters that may start as their token ([`CharTokens`]).
     pub fn finish(mut self) -> Vocab {
-        let births = self.births();
         if !self.ignore_merges {
-            self.whole = (0..births.len())
-                .map(|id| {
-                    let bytes = self.token(id as u32);
-                    bytes.len() == 1 || births[id].is_some()
-                })
-                .collect();
+            self.whole = self.tokens_that_merge_into_themselves();
         }
         let pairs = std::mem::take(&mut self.pairs);
-        self.chars = CharTokens::build(&self, &pairs, &births);
+        self.chars = CharTokens::build(&self, &pairs);
         self
     }
 
-    /// For each ID of a token longer than a byte whose bytes merge into exactly it: the rank
-    /// of the last of those merges (its birth, [`CharTokens`]); `None` for the others. Merges
-    /// from bytes (`chars` is still empty).
-    fn births(&self) -> Vec<Option<u32>> {
+    /// For each ID: whether its bytes merge into exactly it (`chars` is still empty: from bytes).
+    fn tokens_that_merge_into_themselves(&self) -> Vec<bool> {
         let mut out = Vec::new();
         (0..self.starts.len() - 1)
             .map(|id| {
                 let bytes = self.token(id as u32);
-                if bytes.len() < 2 {
-                    return None;
+                if bytes.is_empty() {
+                    return false;
                 }
                 out.clear();
-                let last = self.merge(bytes, &mut out);
-                (out[..] == [id as u32]).then_some(last)
+                self.merge(bytes, &mut out);
+                out[..] == [id as u32]
             })
             .collect()
     }
@@ -307,9 +299,8 @@ impl Vocab {
         }
     }
 
-    /// Merges `bytes` (non-empty), appending the IDs to `out`; returns the rank of the last
-    /// merge applied ([`NO_MERGE`] for none).
-    fn merge(&self, bytes: &[u8], out: &mut Vec<u32>) -> u32 {
+    /// Merges `bytes` (non-empty), appending the IDs to `out`.
+    fn merge(&self, bytes: &[u8], out: &mut Vec<u32>) {
         if bytes.len() <= SHORT_BYTES_MAX {
             self.merge_short::<SHORT_BYTES_MAX>(bytes, out)
         } else if bytes.len() <= MEDIUM_BYTES_MAX {
@@ -324,7 +315,7 @@ impl Vocab {
     /// order; each step takes the lowest rank, the leftmost on a tie (two linear passes over a
     /// dense array, which vectorize), merges and re-ranks the two pairs around it. O(n^2) for n
     /// bytes with a small constant: the fastest for short and medium pre-tokens.
-    fn merge_short<const N: usize>(&self, bytes: &[u8], out: &mut Vec<u32>) -> u32 {
+    fn merge_short<const N: usize>(&self, bytes: &[u8], out: &mut Vec<u32>) {
         let mut ids = [0u32; N];
         let mut ranks = [NO_MERGE; N];
         let mut merged = [0u32; N];
@@ -355,7 +346,6 @@ impl Vocab {
             ranks[at] = merge.map_or(NO_MERGE, |m| m.rank);
             merged[at] = merge.map_or(0, |m| m.merged);
         };
-        let mut last = NO_MERGE;
         loop {
             let live = &ranks[..len];
             let lowest = live.iter().copied().min().unwrap_or(NO_MERGE);
@@ -365,7 +355,6 @@ impl Vocab {
             let Some(at) = live.iter().position(|&rank| rank == lowest) else {
                 break;
             };
-            last = lowest;
             let right = usize::from(next[at]);
             ids[at] = merged[at];
             ids[right] = REMOVED;
@@ -384,13 +373,12 @@ impl Vocab {
             }
         }
         out.extend(ids[..len].iter().copied().filter(|&id| id != REMOVED));
-        last
     }
 
     /// The rule with a min-heap of (rank, position) over a linked list of symbols: an entry
     /// whose pair has changed is skipped (its rank no longer matches: see the module
     /// documentation). O(n log n) for n bytes, 12 bytes per byte plus the heap's 8 per entry.
-    fn merge_long(&self, bytes: &[u8], out: &mut Vec<u32>) -> u32 {
+    fn merge_long(&self, bytes: &[u8], out: &mut Vec<u32>) {
         let entry = |rank: u32, at: usize| std::cmp::Reverse((u64::from(rank) << 32) | at as u64);
         let mut ids: Vec<u32> = Vec::with_capacity(bytes.len());
         let mut heap: BinaryHeap<std::cmp::Reverse<u64>> = BinaryHeap::new();
@@ -407,7 +395,6 @@ impl Vocab {
         // Neighbours by position; `len` (next) and `usize::MAX`-like `u32::MAX` (prev) are none.
         let mut next: Vec<u32> = (1..=len as u32).collect();
         let mut prev: Vec<u32> = (0..len as u32).map(|p| p.wrapping_sub(1)).collect();
-        let mut last = NO_MERGE;
         while let Some(std::cmp::Reverse(top)) = heap.pop() {
             let (rank, at) = ((top >> 32) as u32, (top & 0xffff_ffff) as usize);
             let right = next[at] as usize;
@@ -420,7 +407,6 @@ impl Vocab {
             if merge.rank != rank {
                 continue;
             }
-            last = rank;
             ids[at] = merge.merged;
             ids[right] = REMOVED;
             let after = next[right] as usize;
@@ -439,7 +425,6 @@ impl Vocab {
             }
         }
         out.extend(ids.into_iter().filter(|&id| id != REMOVED));
-        last
     }
 
     /// Calls `symbol` with each symbol merging starts from, in order: a character's token where
@@ -694,7 +679,7 @@ mod tests {
                 .chain((256..).zip(extra))
                 .collect::<Vec<_>>()
         };
-        // é, then ab, then abc: each merge ranks above the births of its tokens.
+        // é, then ab, then abc: each merge ranks above the merges that make its tokens.
         let monotone = vocab_of(
             tokens([e_acute.clone(), ab.clone(), abc.clone()]),
             &[(0xc3, 0xa9), (97, 98), (257, 99)],
