@@ -10,6 +10,9 @@
 //! pre-tokens (the common case) apply it by scanning an array on the stack
 //! ([`Vocab::merge_short`]), long ones with a heap and a linked list ([`Vocab::merge_long`]),
 //! O(n log n); tests check the two against each other and the whole against the crate.
+//! Both start from one symbol per byte, except that a two- or three-byte character starts as
+//! its own token where [`CharTokens`] shows that merging its bytes first changes nothing (see
+//! there why; it is what makes CJK fast: a third of the symbols, a fifth of the merges).
 //!
 //! Two shortcuts before merging: with `ignore_merges` (Llama 3) a pre-token that is a token is
 //! that token, as in the crate; without it (Qwen2), a pre-token that is a token whose own bytes
@@ -21,6 +24,7 @@ use std::hash::BuildHasherDefault;
 
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::chars::{bmp_char, CharTokens, MergeRanks};
 use super::words::{VocabId, WordCache};
 use crate::tokenize::cache::KeyIsHash;
 
@@ -92,6 +96,11 @@ pub struct Vocab {
     whole: Vec<bool>,
     /// This model's identity in the [`WordCache`].
     id: VocabId,
+    /// The pairs of the merges pushed, by rank (until [`Vocab::finish`] builds `chars`).
+    pairs: Vec<(u32, u32)>,
+    /// The token each character may start as instead of its bytes ([`CharTokens`]; empty until
+    /// [`Vocab::finish`], and for models whose ranks are not monotone).
+    chars: CharTokens,
 }
 
 impl std::fmt::Debug for Vocab {
@@ -99,6 +108,7 @@ impl std::fmt::Debug for Vocab {
         f.debug_struct("Vocab")
             .field("tokens", &self.by_hash.len())
             .field("merges", &self.merges.len())
+            .field("chars", &self.chars)
             .finish_non_exhaustive()
     }
 }
@@ -130,6 +140,8 @@ impl Vocab {
             whole: vec![ignore_merges; ids_end],
             ignore_merges,
             id: VocabId::fresh(),
+            pairs: Vec::new(),
+            chars: CharTokens::empty(),
         };
         let mut bytes_seen = [false; 256];
         for (id, bytes) in by_id.iter().enumerate() {
@@ -180,21 +192,25 @@ impl Vocab {
             merged: id(&joined)?,
         };
         self.merges.insert(pair_key(left_id, right_id), merge);
+        self.pairs.push((left_id, right_id));
         if let ([l], [r]) = (left, right) {
             self.byte_pairs[usize::from(*l) << 8 | usize::from(*r)] = merge;
         }
         Ok(())
     }
 
-    /// The model once every merge is in: finds the tokens that are their own pre-token's IDs.
+    /// The model once every merge is in: finds the tokens that are their own pre-token's IDs,
+    /// and the characters that may start as their token ([`CharTokens`]).
     pub fn finish(mut self) -> Vocab {
         if !self.ignore_merges {
             self.whole = self.tokens_that_merge_into_themselves();
         }
+        let pairs = std::mem::take(&mut self.pairs);
+        self.chars = CharTokens::build(&self, &pairs);
         self
     }
 
-    /// For each ID: whether its bytes merge into exactly it.
+    /// For each ID: whether its bytes merge into exactly it (`chars` is still empty: from bytes).
     fn tokens_that_merge_into_themselves(&self) -> Vec<bool> {
         let mut out = Vec::new();
         (0..self.starts.len() - 1)
@@ -208,6 +224,11 @@ impl Vocab {
                 out[..] == [id as u32]
             })
             .collect()
+    }
+
+    /// How many characters may start merging as their token ([`CharTokens`]).
+    pub fn char_tokens(&self) -> usize {
+        self.chars.len()
     }
 
     /// The bytes of token `id` (empty for an ID with none).
@@ -232,7 +253,7 @@ impl Vocab {
     }
 
     /// The merge of two single bytes (their tokens' [`Vocab::merge_of`]).
-    #[inline]
+    #[cfg(test)]
     fn merge_of_bytes(&self, left: u8, right: u8) -> Option<Merge> {
         let merge = self.byte_pairs[usize::from(left) << 8 | usize::from(right)];
         (merge.rank != NO_MERGE).then_some(merge)
@@ -295,15 +316,24 @@ impl Vocab {
     /// dense array, which vectorize), merges and re-ranks the two pairs around it. O(n^2) for n
     /// bytes with a small constant: the fastest for short and medium pre-tokens.
     fn merge_short<const N: usize>(&self, bytes: &[u8], out: &mut Vec<u32>) {
-        let len = bytes.len();
         let mut ids = [0u32; N];
         let mut ranks = [NO_MERGE; N];
         let mut merged = [0u32; N];
+        let mut len = 0;
+        self.initial_symbols(bytes, |id, merge| {
+            if len > 0 {
+                let merge =
+                    merge.unwrap_or_else(|| self.merge_of(ids[len - 1], id).unwrap_or(NONE));
+                ranks[len - 1] = merge.rank;
+                merged[len - 1] = merge.merged;
+            }
+            ids[len] = id;
+            len += 1;
+        });
         // Neighbours by position: `len` is none after, `N` none before (N > any position).
         let mut next = [0u16; N];
         let mut prev = [0u16; N];
-        for (at, &byte) in bytes.iter().enumerate() {
-            ids[at] = self.byte_ids[usize::from(byte)];
+        for at in 0..len {
             next[at] = (at + 1) as u16;
             prev[at] = if at == 0 { N as u16 } else { (at - 1) as u16 };
         }
@@ -316,11 +346,6 @@ impl Vocab {
             ranks[at] = merge.map_or(NO_MERGE, |m| m.rank);
             merged[at] = merge.map_or(0, |m| m.merged);
         };
-        for (at, pair) in bytes.windows(2).enumerate() {
-            let merge = self.byte_pairs[usize::from(pair[0]) << 8 | usize::from(pair[1])];
-            ranks[at] = merge.rank;
-            merged[at] = merge.merged;
-        }
         loop {
             let live = &ranks[..len];
             let lowest = live.iter().copied().min().unwrap_or(NO_MERGE);
@@ -354,23 +379,22 @@ impl Vocab {
     /// whose pair has changed is skipped (its rank no longer matches: see the module
     /// documentation). O(n log n) for n bytes, 12 bytes per byte plus the heap's 8 per entry.
     fn merge_long(&self, bytes: &[u8], out: &mut Vec<u32>) {
-        let len = bytes.len();
-        let mut ids: Vec<u32> = bytes
-            .iter()
-            .map(|&b| self.byte_ids[usize::from(b)])
-            .collect();
+        let entry = |rank: u32, at: usize| std::cmp::Reverse((u64::from(rank) << 32) | at as u64);
+        let mut ids: Vec<u32> = Vec::with_capacity(bytes.len());
+        let mut heap: BinaryHeap<std::cmp::Reverse<u64>> = BinaryHeap::new();
+        self.initial_symbols(bytes, |id, merge| {
+            if let Some(&left) = ids.last() {
+                let merge = merge.or_else(|| self.merge_of(left, id));
+                if let Some(m) = merge.filter(|m| m.rank != NO_MERGE) {
+                    heap.push(entry(m.rank, ids.len() - 1));
+                }
+            }
+            ids.push(id);
+        });
+        let len = ids.len();
         // Neighbours by position; `len` (next) and `usize::MAX`-like `u32::MAX` (prev) are none.
         let mut next: Vec<u32> = (1..=len as u32).collect();
         let mut prev: Vec<u32> = (0..len as u32).map(|p| p.wrapping_sub(1)).collect();
-        let entry = |rank: u32, at: usize| std::cmp::Reverse((u64::from(rank) << 32) | at as u64);
-        let mut heap: BinaryHeap<std::cmp::Reverse<u64>> = bytes
-            .windows(2)
-            .enumerate()
-            .filter_map(|(at, pair)| {
-                self.merge_of_bytes(pair[0], pair[1])
-                    .map(|m| entry(m.rank, at))
-            })
-            .collect();
         while let Some(std::cmp::Reverse(top)) = heap.pop() {
             let (rank, at) = ((top >> 32) as u32, (top & 0xffff_ffff) as usize);
             let right = next[at] as usize;
@@ -401,6 +425,50 @@ impl Vocab {
             }
         }
         out.extend(ids.into_iter().filter(|&id| id != REMOVED));
+    }
+
+    /// Calls `symbol` with each symbol merging starts from, in order: a character's token where
+    /// [`CharTokens`] allows it (see there why that is exact), else each byte's token. With a
+    /// symbol that follows a byte and is a byte, its merge with the one before (from the dense
+    /// table: `Some(NONE)` for none); `None` where the caller must look the pair up.
+    #[inline]
+    fn initial_symbols(&self, bytes: &[u8], mut symbol: impl FnMut(u32, Option<Merge>)) {
+        let mut byte_before: Option<u8> = None;
+        let mut at = 0;
+        while at < bytes.len() {
+            let byte = bytes[at];
+            if byte >= 0xc2 && !self.chars.is_empty() {
+                if let Some((code, width)) = bmp_char(&bytes[at..]) {
+                    let before = at.checked_sub(1).map(|p| bytes[p]);
+                    let after = bytes.get(at + width).copied();
+                    if let Some(token) = self.chars.token(code, before, after) {
+                        symbol(token, None);
+                        byte_before = None;
+                        at += width;
+                        continue;
+                    }
+                }
+            }
+            let merge =
+                byte_before.map(|left| self.byte_pairs[usize::from(left) << 8 | usize::from(byte)]);
+            symbol(self.byte_ids[usize::from(byte)], merge);
+            byte_before = Some(byte);
+            at += 1;
+        }
+    }
+}
+
+impl MergeRanks for Vocab {
+    fn merge_ranks(&self, left: u32, right: u32) -> Option<(u32, u32)> {
+        self.merge_of(left, right).map(|m| (m.rank, m.merged))
+    }
+
+    fn byte_token(&self, byte: u8) -> u32 {
+        self.byte_ids[usize::from(byte)]
+    }
+
+    fn token_bytes(&self, id: u32) -> &[u8] {
+        self.token(id)
     }
 }
 
@@ -488,6 +556,147 @@ mod tests {
                 assert_eq!(spelled, word);
             }
         }
+    }
+
+    /// The characters of the multibyte toys: two and three bytes, sharing lead bytes.
+    const TOY_CHARS: [&str; 7] = ["é", "ü", "中", "文", "丢", "a", " "];
+
+    /// A toy model over [`TOY_CHARS`]' bytes: random merges of tokens made so far (so ranks are
+    /// monotone unless a second route to a token comes later), among them each character's own
+    /// merges in a random order at random ranks; `chars` built or emptied.
+    fn toy_multibyte(seed: u64, with_chars: bool) -> Vocab {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        let mut by_bytes: HashMap<Vec<u8>, u32> =
+            (0..=255u8).map(|b| (vec![b], u32::from(b))).collect();
+        let mut pool: Vec<u32> = TOY_CHARS
+            .iter()
+            .flat_map(|c| c.bytes())
+            .map(u32::from)
+            .collect();
+        pool.sort_unstable();
+        pool.dedup();
+        // Each multibyte character's merges: its first two bytes then the third, or the last
+        // two then the first.
+        let mut inside: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        for c in TOY_CHARS.iter().map(|c| c.as_bytes()) {
+            match *c {
+                [a, b] => inside.push((vec![a], vec![b])),
+                [a, b, c] if rng.bool() => {
+                    inside.extend([(vec![a], vec![b]), (vec![a, b], vec![c])]);
+                }
+                [a, b, c] => inside.extend([(vec![b], vec![c]), (vec![a], vec![b, c])]),
+                _ => {}
+            }
+        }
+        inside.reverse();
+        let mut merges = Vec::new();
+        while merges.len() < 150 {
+            let (left, right) = match inside.last() {
+                Some((l, r)) if rng.usize(..8) == 0 => {
+                    let pair = (by_bytes[l], by_bytes[r]);
+                    inside.pop();
+                    pair
+                }
+                _ => (pool[rng.usize(..pool.len())], pool[rng.usize(..pool.len())]),
+            };
+            let mut joined = tokens[left as usize].clone();
+            joined.extend_from_slice(&tokens[right as usize]);
+            if joined.len() > 9 {
+                continue;
+            }
+            if !by_bytes.contains_key(&joined) {
+                by_bytes.insert(joined.clone(), tokens.len() as u32);
+                tokens.push(joined);
+                pool.push(tokens.len() as u32 - 1);
+            }
+            // Duplicate pairs and second routes to a token are kept: the crate accepts them.
+            merges.push((left, right));
+        }
+        let tokens = tokens
+            .into_iter()
+            .enumerate()
+            .map(|(id, bytes)| (id as u32, bytes))
+            .collect();
+        let mut vocab = vocab_of(tokens, &merges, false);
+        if !with_chars {
+            vocab.chars = CharTokens::empty();
+        }
+        vocab
+    }
+
+    #[test]
+    fn starting_characters_as_their_tokens_merges_as_from_bytes() {
+        let (mut tables, mut characters) = (0, 0);
+        for seed in 0..200 {
+            let (chars, bytes) = (toy_multibyte(seed, true), toy_multibyte(seed, false));
+            if chars.chars.is_empty() {
+                continue;
+            }
+            tables += 1;
+            characters += chars.char_tokens();
+            let mut rng = fastrand::Rng::with_seed(seed + 1000);
+            for _ in 0..300 {
+                let word: String = (0..rng.usize(1..40))
+                    .map(|_| TOY_CHARS[rng.usize(..TOY_CHARS.len())])
+                    .collect();
+                let word = word.as_bytes();
+                let (mut from_bytes, mut short, mut long) = (Vec::new(), Vec::new(), Vec::new());
+                bytes.merge(word, &mut from_bytes);
+                if word.len() <= MEDIUM_BYTES_MAX {
+                    chars.merge_short::<MEDIUM_BYTES_MAX>(word, &mut short);
+                    assert_eq!(
+                        short,
+                        from_bytes,
+                        "seed {seed}: {:?}",
+                        String::from_utf8_lossy(word)
+                    );
+                }
+                chars.merge_long(word, &mut long);
+                assert_eq!(
+                    long,
+                    from_bytes,
+                    "seed {seed}: {:?}",
+                    String::from_utf8_lossy(word)
+                );
+            }
+        }
+        // Many seeds' merges are monotone (a table; second routes to a token often are not),
+        // and their tables hold characters.
+        eprintln!("{tables} tables, {characters} characters");
+        assert!(
+            tables >= 20 && characters >= 20,
+            "{tables} tables, {characters} characters"
+        );
+    }
+
+    #[test]
+    fn ranks_that_are_not_monotone_leave_the_characters_as_bytes() {
+        let (e_acute, ab, abc) = (b"\xc3\xa9".to_vec(), b"ab".to_vec(), b"abc".to_vec());
+        let tokens = |extra: [Vec<u8>; 3]| {
+            (0..=255u8)
+                .map(|b| (u32::from(b), vec![b]))
+                .chain((256..).zip(extra))
+                .collect::<Vec<_>>()
+        };
+        // é, then ab, then abc: each merge ranks above the merges that make its tokens.
+        let monotone = vocab_of(
+            tokens([e_acute.clone(), ab.clone(), abc.clone()]),
+            &[(0xc3, 0xa9), (97, 98), (257, 99)],
+            false,
+        );
+        assert_eq!(monotone.chars.token(0xe9, None, None), Some(256));
+        // ab c ranks below a b, which makes ab: merging applies it as soon as ab is born, out
+        // of rank order, so a table built on rank order could not be trusted: there is none.
+        let not_monotone = vocab_of(
+            tokens([e_acute, ab, abc]),
+            &[(0xc3, 0xa9), (257, 99), (97, 98)],
+            false,
+        );
+        assert!(not_monotone.chars.is_empty());
+        let mut out = Vec::new();
+        not_monotone.encode_pretoken("abcé".as_bytes(), &mut out);
+        assert_eq!(out, [258, 256]);
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! there, as the crate does). One pre-token longer than [`TOKENIZER_PRETOKEN_BYTES_MAX`] is
 //! refused ([`PretokenTooLong`]): the request routes on its text instead of merging megabytes.
 
+mod chars;
 mod merge;
 pub mod pretokens;
 mod slot;
@@ -238,7 +239,11 @@ impl ByteLevelBpe {
             SplitPattern::Qwen2 => "Qwen2's split pattern",
         };
         let nfc = if self.nfc { ", NFC" } else { "" };
-        format!("kvgate's byte-level BPE ({pattern}{nfc})")
+        let chars = match self.vocab.char_tokens() {
+            0 => "merging from bytes: ranks not monotone".to_string(),
+            n => format!("{n} characters may start as their token"),
+        };
+        format!("kvgate's byte-level BPE ({pattern}{nfc}, {chars})")
     }
 
     /// Appends the IDs of `text` (text without added tokens) to `out`. On an error `out` may
