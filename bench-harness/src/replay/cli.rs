@@ -546,21 +546,20 @@ mod tests {
         Cli::command().debug_assert();
     }
 
-    #[test]
-    fn the_default_comparison_is_round_robin_against_the_recommended_configuration() {
-        let cli = Cli::try_parse_from([
-            "replay",
-            "compare",
-            "--kvgate",
-            "/bin/true",
-            "--sim-engine",
-            "/bin/true",
-        ])
-        .unwrap();
+    /// `replay compare` with `flags`, on stand-in binaries.
+    fn compare_options_of(flags: &[&str]) -> CompareOptions {
+        let stand_ins = ["--kvgate", "/bin/true", "--sim-engine", "/bin/true"];
+        let cli =
+            Cli::try_parse_from([&["replay", "compare"], flags, &stand_ins].concat()).unwrap();
         let Some(Command::Compare(compare)) = cli.command else {
             panic!("not compare")
         };
-        let options = compare.compare_options().unwrap();
+        compare.compare_options().unwrap()
+    }
+
+    #[test]
+    fn the_default_comparison_is_round_robin_against_the_recommended_configuration() {
+        let options = compare_options_of(&[]);
         assert_eq!(options.policies, ["round_robin", "cache_aware"]);
         // Keep in step with README.md, "Recommended configuration", and scripts/demo.sh.
         assert_eq!(
@@ -571,22 +570,11 @@ mod tests {
 
     #[test]
     fn the_legend_names_each_columns_gateway_flags() {
-        let cli = Cli::try_parse_from([
-            "replay",
-            "compare",
+        let options = compare_options_of(&[
             "--policies",
             "round_robin,cache_aware:load,cache_aware:bounded-8,direct",
             "--gateway-arg=--block-size=32",
-            "--kvgate",
-            "/bin/true",
-            "--sim-engine",
-            "/bin/true",
-        ])
-        .unwrap();
-        let Some(Command::Compare(compare)) = cli.command else {
-            panic!("not compare")
-        };
-        let options = compare.compare_options().unwrap();
+        ]);
         let legend = |policy| super::super::compare::gateway_flags(&options, policy);
         assert_eq!(
             legend("round_robin"),
