@@ -663,7 +663,6 @@ mod tests {
         }
         // Many seeds' merges are monotone (a table; second routes to a token often are not),
         // and their tables hold characters.
-        eprintln!("{tables} tables, {characters} characters");
         assert!(
             tables >= 20 && characters >= 20,
             "{tables} tables, {characters} characters"
