@@ -129,6 +129,16 @@ fn prompts_and_ids_equal_the_python_reference() {
             "{model}: {}",
             tokenizer.encoder()
         );
+        // So the prompts below check Qwen3's sums printed part by part against Python (Llama
+        // 3's template prints no sums: it sums in `set` statements).
+        assert_eq!(
+            tokenizer
+                .template()
+                .is_some_and(|t| t.prints_sums_by_parts()),
+            model == "qwen3",
+            "{model}: {:?}",
+            tokenizer.template()
+        );
         assert_eq!(reference.len(), corpus.len(), "{model}: reference is stale");
         let mut cache = segment_cache();
         for (case, expected) in corpus.iter().zip(&reference) {
@@ -163,6 +173,46 @@ fn prompts_and_ids_equal_the_python_reference() {
         let stats = cache.stats();
         assert!(stats.l1_hits > stats.l1_misses, "{model}: {stats:?}");
     }
+}
+
+/// Why kvgate does not reuse an earlier turn's rendering of the template (issue 40 asked for it
+/// where it is exact): Qwen3's template renders an assistant turn after the last user query
+/// with its `<think>` block and drops the block once a newer query follows, so appending a turn
+/// changes the text of an earlier one. The segment cache still reuses the earlier turns' IDs
+/// wherever their text is unchanged.
+#[test]
+fn appending_a_turn_can_change_how_qwen3_renders_the_earlier_ones() {
+    let Some((tokenizer, _)) = load("qwen3") else {
+        return;
+    };
+    let render = |messages: &serde_json::Value| {
+        let body = serde_json::json!({"model": "m", "messages": messages}).to_string();
+        tokenizer
+            .prompt(PromptSource::Chat(body.as_bytes()))
+            .unwrap()
+            .text
+    };
+    let answer = "<think>\nweighing it\n</think>\n\nYes.";
+    let first = serde_json::json!([
+        {"role": "user", "content": "Is it?"},
+        {"role": "assistant", "content": answer},
+    ]);
+    let mut next = first.clone();
+    next.as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"role": "user", "content": "Why?"}));
+    let (before, after) = (render(&first), render(&next));
+    assert!(before.contains("weighing it"), "{before}");
+    assert!(!after.contains("weighing it"), "{after}");
+    let common = before
+        .bytes()
+        .zip(after.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert!(
+        common < before.find("<think>").unwrap() + 1,
+        "{before}\n{after}"
+    );
 }
 
 #[test]

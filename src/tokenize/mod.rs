@@ -26,6 +26,7 @@
 mod args;
 pub mod bpe;
 mod cache;
+mod concat;
 mod decode;
 mod prompt;
 mod split;

@@ -1,7 +1,8 @@
 //! The prompt a request's body makes for the engine: a completions prompt as given, or chat
 //! messages rendered with the model's template. Chat bodies are read a second time here (the
-//! routing extraction keeps no structure), into a DOM of only the fields a template reads:
-//! `messages`, `tools`, `documents`, `add_generation_prompt` and `chat_template_kwargs`.
+//! routing extraction keeps no structure), straight into the template's values (no JSON tree in
+//! between: one copy of each string) and only the fields a template reads: `messages`, `tools`,
+//! `documents`, `add_generation_prompt` and `chat_template_kwargs`.
 //!
 //! Anthropic Messages bodies are converted to the OpenAI shape first: `system` becomes the first
 //! message, text blocks the content, `tool_use` blocks the assistant's `tool_calls`, each
@@ -12,33 +13,38 @@
 //! A body of more than [`TOKENIZE_MESSAGES_MAX`] messages is not tokenized either
 //! ([`TokenizeError::TooLarge`]): its messages are read up to the cap, the rest skipped unbuilt.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::marker::PhantomData;
 
+use minijinja::value::{Serde, ValueKind};
+use minijinja::Value;
 use serde::de::{IgnoredAny, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
-use serde_json::{json, Map as JsonMap, Value as Json};
+use serde_json::{json, Value as Json};
 
-use super::template::ChatInput;
+use super::template::{with_content, ChatInput};
 use super::TokenizeError;
 use crate::limits::TOKENIZE_MESSAGES_MAX;
 
 /// A body's `messages`, built up to [`TOKENIZE_MESSAGES_MAX`] (anything but a list fails to
-/// parse: the body is not one a template reads).
+/// parse: the body is not one a template reads): template values for a chat body, JSON for an
+/// Anthropic one, which is converted first.
 #[derive(Debug, Default)]
-enum MessageList {
+enum MessageList<T> {
     /// No `messages` field.
     #[default]
     Absent,
     /// Every message.
-    Read(Vec<Json>),
+    Read(Vec<T>),
     /// More than the cap: the rest was skipped without being built.
     TooMany,
 }
 
-impl MessageList {
+impl<T> MessageList<T> {
     /// The messages, or why the body is not tokenized (`absent_is_empty`: a missing field is
     /// an empty list rather than a body no template reads).
-    fn into_list(self, absent_is_empty: bool) -> Result<Vec<Json>, TokenizeError> {
+    fn into_list(self, absent_is_empty: bool) -> Result<Vec<T>, TokenizeError> {
         match self {
             MessageList::Read(list) => Ok(list),
             MessageList::Absent if absent_is_empty => Ok(Vec::new()),
@@ -48,22 +54,22 @@ impl MessageList {
     }
 }
 
-impl<'de> Deserialize<'de> for MessageList {
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for MessageList<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_seq(MessageListVisitor)
+        deserializer.deserialize_seq(MessageListVisitor(PhantomData))
     }
 }
 
-struct MessageListVisitor;
+struct MessageListVisitor<T>(PhantomData<T>);
 
-impl<'de> Visitor<'de> for MessageListVisitor {
-    type Value = MessageList;
+impl<'de, T: Deserialize<'de>> Visitor<'de> for MessageListVisitor<T> {
+    type Value = MessageList<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a list of messages")
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MessageList, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<MessageList<T>, A::Error> {
         let mut list = Vec::new();
         loop {
             if list.len() == TOKENIZE_MESSAGES_MAX {
@@ -77,7 +83,7 @@ impl<'de> Visitor<'de> for MessageListVisitor {
                     MessageList::Read(list)
                 });
             }
-            match seq.next_element::<Json>()? {
+            match seq.next_element::<T>()? {
                 Some(message) => list.push(message),
                 None => return Ok(MessageList::Read(list)),
             }
@@ -85,21 +91,22 @@ impl<'de> Visitor<'de> for MessageListVisitor {
     }
 }
 
-/// The fields of a chat completions body a template reads.
+/// The fields of a chat completions body a template reads, as its values (a JSON `null` is an
+/// absent field).
 #[derive(Deserialize)]
 struct ChatBody {
     #[serde(default)]
-    messages: MessageList,
+    messages: MessageList<Value>,
     #[serde(default)]
-    tools: Option<Json>,
+    tools: Option<Value>,
     #[serde(default)]
-    documents: Option<Json>,
+    documents: Option<Value>,
     #[serde(default)]
     add_generation_prompt: Option<bool>,
     #[serde(default)]
     continue_final_message: Option<bool>,
     #[serde(default)]
-    chat_template_kwargs: Option<JsonMap<String, Json>>,
+    chat_template_kwargs: Option<BTreeMap<String, Value>>,
 }
 
 /// The chat template's input of a chat completions body.
@@ -108,20 +115,24 @@ pub fn chat_input(body: &[u8]) -> Result<ChatInput, TokenizeError> {
     if body.continue_final_message == Some(true) {
         return Err(TokenizeError::Body);
     }
-    let mut messages = body.messages.into_list(false)?;
+    let messages = body.messages.into_list(false)?;
     // An assistant turn of tool calls has `content: null` (or none): SGLang hands templates ""
     // (Qwen3's calls `content.lstrip` on it), so the agents' loops render.
-    for message in &mut messages {
-        if let Some(fields) = message.as_object_mut() {
-            if fields.get("content").is_none_or(Json::is_null) {
-                fields.insert("content".into(), Json::String(String::new()));
-            }
+    let messages = messages.into_iter().map(|message| {
+        let has_content = message.kind() != ValueKind::Map
+            || message
+                .get_attr("content")
+                .is_ok_and(|c| !c.is_undefined() && !c.is_none());
+        if has_content {
+            message
+        } else {
+            with_content(&message, Value::from(""))
         }
-    }
+    });
     Ok(ChatInput {
-        messages: Json::Array(messages),
-        tools: body.tools.filter(|t| !t.is_null()),
-        documents: body.documents.filter(|d| !d.is_null()),
+        messages: messages.collect(),
+        tools: body.tools,
+        documents: body.documents,
         add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
         kwargs: body.chat_template_kwargs.unwrap_or_default(),
     })
@@ -133,7 +144,7 @@ struct MessagesBody {
     #[serde(default)]
     system: Option<Json>,
     #[serde(default)]
-    messages: MessageList,
+    messages: MessageList<Json>,
     #[serde(default)]
     tools: Option<Vec<Json>>,
 }
@@ -160,11 +171,11 @@ pub fn messages_input(body: &[u8]) -> Result<ChatInput, TokenizeError> {
         Json::Array(converted.collect())
     });
     Ok(ChatInput {
-        messages: Json::Array(messages),
-        tools,
+        messages: messages.iter().map(|m| Value::from(Serde(m))).collect(),
+        tools: tools.as_ref().map(|t| Value::from(Serde(t))),
         documents: None,
         add_generation_prompt: true,
-        kwargs: JsonMap::new(),
+        kwargs: BTreeMap::new(),
     })
 }
 
@@ -247,10 +258,21 @@ mod tests {
             {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
              "function":{"name":"f","arguments":"{}"}}]},
             {"role":"assistant","tool_calls":[]}]}"#;
-        let input = chat_input(body).unwrap();
-        assert_eq!(input.messages[1]["content"], "");
-        assert_eq!(input.messages[2]["content"], "");
-        assert_eq!(input.messages[0]["content"], "hi");
+        let messages = json_of(&chat_input(body).unwrap().messages);
+        assert_eq!(messages[1]["content"], "");
+        assert_eq!(messages[2]["content"], "");
+        assert_eq!(messages[0]["content"], "hi");
+        // In place when the key was there, last when it was not (as tojson prints them).
+        let keys = |i: usize| {
+            messages[i]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(keys(1), ["role", "content", "tool_calls"]);
+        assert_eq!(keys(2), ["role", "tool_calls", "content"]);
     }
 
     #[test]
@@ -258,12 +280,15 @@ mod tests {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,
             "tools":null,"chat_template_kwargs":{"enable_thinking":false}}"#;
         let input = chat_input(body).unwrap();
-        assert_eq!(input.messages, json!([{"role": "user", "content": "hi"}]));
+        assert_eq!(
+            json_of(&input.messages),
+            json!([{"role": "user", "content": "hi"}])
+        );
         assert!(input.tools.is_none());
         assert!(input.add_generation_prompt);
         assert_eq!(
             input.kwargs.get("enable_thinking"),
-            Some(&Json::Bool(false))
+            Some(&Value::from(false))
         );
         let no_prompt = br#"{"messages":[],"add_generation_prompt":false}"#;
         assert!(!chat_input(no_prompt).unwrap().add_generation_prompt);
@@ -290,8 +315,8 @@ mod tests {
             {"role": "tool", "tool_call_id": "t1", "content": "rain"},
             {"role": "user", "content": "thanks"},
         ]);
-        assert_eq!(input.messages, expected);
-        let tools = input.tools.unwrap();
+        assert_eq!(json_of(&input.messages), expected);
+        let tools = json_of(&input.tools.unwrap());
         assert_eq!(
             tools[0]["function"]["parameters"],
             json!({"type": "object"})
@@ -335,6 +360,11 @@ mod tests {
     }
 
     fn input_len(input: &ChatInput) -> usize {
-        input.messages.as_array().map_or(0, Vec::len)
+        input.messages.len().unwrap_or(0)
+    }
+
+    /// A template value as JSON, to compare with `json!`.
+    fn json_of(value: &Value) -> Json {
+        serde_json::to_value(value).expect("a value of JSON")
     }
 }

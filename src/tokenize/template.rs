@@ -18,10 +18,13 @@
 
 use std::collections::BTreeMap;
 
+use indexmap::IndexMap;
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, Serde};
+use minijinja::value::{Kwargs, Serde, ValueKind};
 use minijinja::{Environment, ErrorKind, Value};
-use serde_json::{Map as JsonMap, Value as Json};
+use serde_json::{json, Value as Json};
+
+use super::concat;
 
 /// The name the template is registered under (no extension: never HTML-escaped).
 const TEMPLATE_NAME: &str = "chat";
@@ -46,20 +49,21 @@ impl From<minijinja::Error> for TemplateError {
     }
 }
 
-/// What one rendering reads besides the template.
+/// What one rendering reads besides the template, as the template's values (read from the
+/// body straight into them: `prompt`).
 #[derive(Debug, Default)]
 pub struct ChatInput {
-    /// The messages (OpenAI chat format).
-    pub messages: Json,
+    /// The messages (OpenAI chat format): a list.
+    pub messages: Value,
     /// Tool definitions, if the request has any.
-    pub tools: Option<Json>,
+    pub tools: Option<Value>,
     /// RAG documents, if the request has any.
-    pub documents: Option<Json>,
+    pub documents: Option<Value>,
     /// Whether the prompt ends with the assistant's header (the request's
     /// `add_generation_prompt`, true unless it says otherwise: the engines' default).
     pub add_generation_prompt: bool,
     /// The request's `chat_template_kwargs` (e.g. `enable_thinking`), passed as variables.
-    pub kwargs: JsonMap<String, Json>,
+    pub kwargs: BTreeMap<String, Value>,
 }
 
 /// A compiled chat template and the special tokens it may print.
@@ -68,6 +72,8 @@ pub struct ChatTemplate {
     format: ContentFormat,
     /// `bos_token`, `eos_token`, ... from `tokenizer_config.json`.
     special_tokens: Vec<(String, String)>,
+    /// Whether its printed sums are printed part by part (`concat`).
+    sums_by_parts: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -75,34 +81,49 @@ impl std::fmt::Debug for ChatTemplate {
         f.debug_struct("ChatTemplate")
             .field("format", &self.format)
             .field("special_tokens", &self.special_tokens)
+            .field("sums_by_parts", &self.sums_by_parts)
             .finish_non_exhaustive()
     }
 }
 
 impl ChatTemplate {
     /// Compiles `source`; `special_tokens` are the `*_token` entries of `tokenizer_config.json`.
+    /// Its printed sums are printed part by part (`concat`) when that renders the probe
+    /// conversations exactly as the template as written does.
     pub fn new(
         source: String,
         special_tokens: Vec<(String, String)>,
     ) -> Result<ChatTemplate, TemplateError> {
         let format = content_format(&source);
-        let mut env = Environment::new();
-        let syntax = SyntaxConfig::builder()
-            .trim_blocks(true)
-            .lstrip_blocks(true)
-            .build()?;
-        env.set_syntax(syntax);
-        env.set_unknown_method_callback(python_methods);
-        env.add_filter("trim", trim);
-        env.add_filter("tojson", tojson);
-        env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(TEMPLATE_NAME, source)?;
-        Ok(ChatTemplate {
-            env,
+        let rewritten = concat::rewrite(&source);
+        let as_written = ChatTemplate {
+            env: environment(source)?,
             format,
             special_tokens,
-        })
+            sums_by_parts: false,
+        };
+        let Some(Ok(env)) = rewritten.map(environment) else {
+            return Ok(as_written);
+        };
+        let by_parts = ChatTemplate {
+            env,
+            format,
+            special_tokens: as_written.special_tokens.clone(),
+            sums_by_parts: true,
+        };
+        let same = probe_inputs().iter().all(|input| {
+            match (as_written.render(input), by_parts.render(input)) {
+                (Ok(a), Ok(b)) => a == b,
+                (Err(_), Err(_)) => true,
+                _ => false,
+            }
+        });
+        Ok(if same { by_parts } else { as_written })
+    }
+
+    /// Whether its printed sums are printed part by part (see [`ChatTemplate::new`]).
+    pub fn prints_sums_by_parts(&self) -> bool {
+        self.sums_by_parts
     }
 
     /// How the template reads message content.
@@ -122,12 +143,11 @@ impl ChatTemplate {
             ContentFormat::String => flatten_content_parts(&input.messages),
             ContentFormat::OpenAi => None,
         };
-        let messages = messages.as_ref().unwrap_or(&input.messages);
-        context.push(("messages".into(), Value::from(Serde(messages))));
-        let optional = |v: &Option<Json>| {
-            v.as_ref()
-                .map_or(Value::from(()), |v| Value::from(Serde(v)))
-        };
+        context.push((
+            "messages".into(),
+            messages.unwrap_or_else(|| input.messages.clone()),
+        ));
+        let optional = |v: &Option<Value>| v.clone().unwrap_or(Value::from(()));
         context.push(("tools".into(), optional(&input.tools)));
         context.push(("documents".into(), optional(&input.documents)));
         context.push((
@@ -136,13 +156,71 @@ impl ChatTemplate {
         ));
         // Like transformers, the request's kwargs come last and win.
         for (name, value) in &input.kwargs {
-            context.push((name.clone(), Value::from(Serde(value))));
+            context.push((name.clone(), value.clone()));
         }
         // Later entries win, as in a Python dict built in this order.
         let context: BTreeMap<String, Value> = context.into_iter().collect();
         let context = Value::from(context);
         Ok(template.render(context)?)
     }
+}
+
+/// An environment that renders `source` as transformers does (see the module documentation).
+fn environment(source: String) -> Result<Environment<'static>, TemplateError> {
+    let mut env = Environment::new();
+    let syntax = SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(python_methods);
+    env.add_filter("trim", trim);
+    env.add_filter("tojson", tojson);
+    env.add_function("raise_exception", raise_exception);
+    env.add_function("strftime_now", strftime_now);
+    env.add_function(concat::FUNCTION, concat::concat);
+    env.add_template_owned(TEMPLATE_NAME, source)?;
+    Ok(env)
+}
+
+/// Conversations both forms of a template render at load (`ChatTemplate::new`): system, user,
+/// assistant turns with and without reasoning and tool calls, tool results, tools, kwargs.
+fn probe_inputs() -> Vec<ChatInput> {
+    let messages = |list: Json| Value::from(Serde(list));
+    let tool_call = json!([{"id": "c1", "type": "function",
+        "function": {"name": "lookup", "arguments": "{\"q\": 1}"}}]);
+    let tools = json!([{"type": "function", "function": {"name": "lookup",
+        "description": "Finds things.", "parameters": {"type": "object", "properties": {}}}}]);
+    vec![
+        ChatInput {
+            messages: messages(json!([
+                {"role": "system", "content": "You are terse.\n"},
+                {"role": "user", "content": "  Hi there "},
+                {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello"},
+                {"role": "user", "content": "Bye"},
+            ])),
+            add_generation_prompt: true,
+            ..ChatInput::default()
+        },
+        ChatInput {
+            messages: messages(json!([
+                {"role": "user", "content": "find"},
+                {"role": "assistant", "content": "", "tool_calls": tool_call},
+                {"role": "tool", "content": "found"},
+                {"role": "user", "content": "<tool_response>x</tool_response>"},
+                {"role": "assistant", "content": "done"},
+            ])),
+            tools: Some(Value::from(Serde(&tools))),
+            add_generation_prompt: false,
+            kwargs: BTreeMap::from([("enable_thinking".to_owned(), Value::from(false))]),
+            ..ChatInput::default()
+        },
+        ChatInput {
+            messages: messages(json!([])),
+            add_generation_prompt: true,
+            ..ChatInput::default()
+        },
+    ]
 }
 
 /// "openai" when the template loops over a message's `content` (`for part in
@@ -171,40 +249,53 @@ fn content_format(source: &str) -> ContentFormat {
 
 /// The messages with every array `content` replaced by the text of its `text` parts joined by
 /// `"\n"` (vLLM's flattening for string-format templates); `None` when no message has parts.
-fn flatten_content_parts(messages: &Json) -> Option<Json> {
-    let list = messages.as_array()?;
-    let has_parts = list
-        .iter()
-        .any(|m| m.get("content").is_some_and(Json::is_array));
-    if !has_parts {
+fn flatten_content_parts(messages: &Value) -> Option<Value> {
+    let parts_of = |message: &Value| {
+        let content = message.get_attr("content").ok()?;
+        (content.kind() == ValueKind::Seq).then_some(content)
+    };
+    if messages.kind() != ValueKind::Seq {
         return None;
     }
-    let flattened = list
-        .iter()
-        .map(|message| {
-            let Some(parts) = message.get("content").and_then(Json::as_array) else {
-                return message.clone();
-            };
-            let texts: Vec<&str> = parts
-                .iter()
-                .filter_map(|part| match part {
-                    Json::String(text) => Some(text.as_str()),
-                    Json::Object(part)
-                        if part.get("type").and_then(Json::as_str) == Some("text") =>
-                    {
-                        part.get("text").and_then(Json::as_str)
-                    }
-                    _ => None,
-                })
-                .collect();
-            let mut message = message.clone();
-            if let Some(object) = message.as_object_mut() {
-                object.insert("content".into(), Json::String(texts.join("\n")));
-            }
-            message
+    let list: Vec<Value> = messages.try_iter().ok()?.collect();
+    if !list.iter().any(|message| parts_of(message).is_some()) {
+        return None;
+    }
+    let flattened = list.into_iter().map(|message| {
+        let Some(parts) = parts_of(&message) else {
+            return message;
+        };
+        let texts: Vec<String> = parts
+            .try_iter()
+            .into_iter()
+            .flatten()
+            .filter_map(|part| match part.kind() {
+                ValueKind::String => part.as_str().map(str::to_owned),
+                ValueKind::Map if part.get_attr("type").ok()?.as_str() == Some("text") => {
+                    part.get_attr("text").ok()?.as_str().map(str::to_owned)
+                }
+                _ => None,
+            })
+            .collect();
+        with_content(&message, Value::from(texts.join("\n")))
+    });
+    Some(flattened.collect())
+}
+
+/// `message` (a map) with `content` set to `content`: in its place when the key is there, last
+/// otherwise (as a JSON object's insert does, so `tojson` prints the keys in the same order).
+pub(super) fn with_content(message: &Value, content: Value) -> Value {
+    let mut fields: IndexMap<Value, Value> = message
+        .try_iter()
+        .into_iter()
+        .flatten()
+        .map(|key| {
+            let value = message.get_item(&key).unwrap_or_default();
+            (key, value)
         })
         .collect();
-    Some(Json::Array(flattened))
+    fields.insert(Value::from("content"), content);
+    Value::from_object(fields)
 }
 
 /// Python's `str.isspace()` for one character: Unicode's White_Space (Rust's
@@ -439,13 +530,13 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use minijinja::context;
 
     fn render(source: &str, messages: Json) -> String {
         let template = ChatTemplate::new(source.into(), vec![("bos_token".into(), "<s>".into())])
             .expect("compiles");
         let input = ChatInput {
-            messages,
+            messages: Value::from(Serde(messages)),
             add_generation_prompt: true,
             ..ChatInput::default()
         };
@@ -559,6 +650,55 @@ mod tests {
         let openai = "{% for m in messages %}{% for p in m['content'] %}({{ p.type }}){% endfor %}{% endfor %}";
         assert_eq!(content_format(openai), ContentFormat::OpenAi);
         assert_eq!(render(openai, messages), "(text)(image_url)(text)");
+    }
+
+    #[test]
+    fn printed_sums_print_by_parts_as_plus_makes_them_whatever_the_operands() {
+        let source = "{{ a + b }}|{{- a + b + c -}} | {{ a + 'x' + b | string }}";
+        let as_written = environment(source.into()).expect("compiles");
+        let by_parts = environment(concat::rewrite(source).expect("rewritten")).expect("compiles");
+        let operands = [
+            Value::from("s"),
+            Value::from(""),
+            Value::from(2),
+            Value::from(1.5),
+            Value::from(vec![Value::from(1)]),
+            Value::from(()),
+            Value::UNDEFINED,
+            Value::from(true),
+        ];
+        let mut strings = 0;
+        for a in &operands {
+            for b in &operands {
+                for c in &operands {
+                    let render = |env: &Environment| {
+                        let context = context! { a => a.clone(), b => b.clone(), c => c.clone() };
+                        env.get_template(TEMPLATE_NAME)
+                            .and_then(|t| t.render(context))
+                            .map_err(|_| ())
+                    };
+                    let written = render(&as_written);
+                    assert_eq!(written, render(&by_parts), "{a:?} {b:?} {c:?}");
+                    strings += usize::from(written.is_ok_and(|w| w.contains("ss")));
+                }
+            }
+        }
+        assert!(strings > 0, "some sums are of strings");
+    }
+
+    #[test]
+    fn a_qwen_style_template_prints_its_sums_by_parts() {
+        let qwen_like = "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}{%- endfor %}";
+        let template = ChatTemplate::new(qwen_like.into(), Vec::new()).expect("compiles");
+        assert!(template.prints_sums_by_parts());
+        let input = ChatInput {
+            messages: Value::from(Serde(json!([{"role": "user", "content": "hi"}]))),
+            ..ChatInput::default()
+        };
+        assert_eq!(
+            template.render(&input).expect("renders"),
+            "<|im_start|>user\nhi<|im_end|>\n"
+        );
     }
 
     #[test]
