@@ -22,15 +22,100 @@ wait would be on this workload); none within: the least-sent engine, which becom
 Bounds `mean + N` and `ceil(mean * (1 + e))`; `stale 2` decides on counts that miss the last two
 dispatches (two data cores deciding at once).
 
+Last, the same draws with each engine's cache as an LRU of CACHE_PROMPTS system prompts (10: the
+room that reproduces the cold prompts measured through kvgate at margins 4, 8 and 16, see
+perf/results-routing-2.md), so a rule's cost is counted as `make demo` pays it: cold prompts, not
+replicas. Rules, each at a bound of mean + margin: `least-sent` (as built), `home-first` (the
+group's first holder while within the bound), `spill` (an overflow goes to the least-sent engine
+and is not recorded, so the group stays home), `move` (an overflow moves the whole group to the
+least-sent engine), `room R` (least-sent, but a replica only onto an engine below the mean that
+holds fewer than R groups; none: the holder keeps it), `room R + spill` (none: a spill).
+
     scripts/demo-imbalance-bound.py [REQUESTS] [ENGINES]
+    scripts/demo-imbalance-bound.py --caches [--room PROMPTS] [REQUESTS] [ENGINES]   (the last part)
 """
 import math
 import random
 import sys
+from collections import OrderedDict
 
-requests = int(sys.argv[1]) if len(sys.argv) > 1 else 6000
-engines = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+args = sys.argv[1:]
+caches_only = "--caches" in args
+CACHE_PROMPTS = 10
+if "--room" in args:
+    CACHE_PROMPTS = int(args[args.index("--room") + 1])
+    del args[args.index("--room"):args.index("--room") + 2]
+args = [a for a in args if a != "--caches"]
+requests = int(args[0]) if len(args) > 0 else 6000
+engines = int(args[1]) if len(args) > 1 else 4
 mean = requests / engines
+
+
+def with_caches(seed, margin, rule, groups=32):
+    """One run of `rule` (see the docstring) with LRU caches: (imbalance, cold prompts, overflows)."""
+    rng = random.Random(seed)
+    counts, holders, hosted = [0] * engines, {}, [set() for _ in range(engines)]
+    caches = [OrderedDict() for _ in range(engines)]
+    cold = overflows = 0
+    for _ in range(requests):
+        group = rng.randrange(groups)
+        limit = sum(counts) / engines + margin
+        if group not in holders:
+            e = min(range(engines), key=lambda e: (len(hosted[e]), counts[e]))
+            holders[group] = [e]
+            hosted[e].add(group)
+        else:
+            held = holders[group]
+            within = [h for h in held if counts[h] + 1 <= limit]
+            if within:
+                e = within[0] if rule in ("home-first", "spill") else min(within, key=lambda h: counts[h])
+            else:
+                overflows += 1
+                below = [x for x in range(engines) if counts[x] < limit - margin]
+                spill = rule == "spill"
+                if rule.startswith("room"):
+                    roomy = [x for x in below if len(hosted[x]) < int(rule.split()[1])]
+                    spill = not roomy and rule.endswith("+ spill")
+                    below = below if spill else roomy
+                if not below:
+                    e = min(held, key=lambda h: counts[h])
+                else:
+                    e = min(below, key=lambda x: counts[x])
+                    if rule == "move":
+                        holders[group] = [e]
+                    elif not spill and e not in held:
+                        held.append(e)
+                        hosted[e].add(group)
+        cache = caches[e]
+        if group in cache:
+            cache.move_to_end(group)
+        else:
+            cold += 1
+            cache[group] = True
+            if len(cache) > CACHE_PROMPTS:
+                cache.popitem(last=False)
+        counts[e] += 1
+    return max(counts) / mean, cold, overflows
+
+
+def print_with_caches(seeds=100):
+    print(f"with caches of {CACHE_PROMPTS} prompts per engine (no bound: 32 cold prompts, the "
+          "groups' first requests):")
+    for margin in [4, 8, 16]:
+        rules = ["least-sent", "home-first", "spill", "move", "room 10", "room 11",
+                 "room 10 + spill"]
+        for rule in rules if CACHE_PROMPTS == 10 else ["least-sent"]:
+            runs = [with_caches(seed, margin, rule) for seed in range(seeds)]
+            imbalances = sorted(r[0] for r in runs)
+            cold = sorted(r[1] for r in runs)
+            ones = sum(x < 1.005 for x in imbalances) / seeds
+            print(f"margin {margin}, {rule}: prints 1.00 in {ones:.0%} of {seeds} seeds; worst "
+                  f"{imbalances[-1]:.4f}; cold prompts median {cold[seeds // 2]}, most {cold[-1]}")
+
+
+if caches_only:
+    print_with_caches()
+    sys.exit(0)
 
 
 def poisson(x, lam):
@@ -140,3 +225,5 @@ for name, bound in bounds:
             print(f"bound {name}, {pick} holder, stale {stale}: prints 1.00 in {ones:.0%} of "
                   f"{rule_seeds} seeds; worst {imbalances[-1]:.4f}; replicas median "
                   f"{replicas[rule_seeds // 2]}, most {replicas[-1]}")
+
+print_with_caches()
