@@ -8,7 +8,9 @@
 # what those threads use without traffic (measured for IDLE_S seconds, default 5, before each
 # replay, and scaled to the replay's length); the mesh threads' CPU again by schedstat
 # (nanoseconds, not 10 ms ticks) and their wakes (voluntary context switches) per dispatch,
-# likewise; the 1-minute load average at the end of each replay.
+# likewise; the control threads' and the data cores' CPU by schedstat per dispatch (all of it,
+# idle included: the data cores' shows what the heap's page size costs the hot path); the
+# 1-minute load average at the end of each replay.
 #
 #   scripts/bench-mesh.sh [OUT_DIR]     (default target/bench-mesh; SKIP_BUILD=1 reuses the
 #                                        binaries; about 8 minutes on 2 cores)
@@ -51,18 +53,22 @@ metric() { # PORT SERIES: the series' value in that gateway's /metrics (0 when a
   curl -s "http://127.0.0.1:$1/metrics" | awk -v s="$2" '$1 == s { print $2; found = 1 } END { if (!found) print 0 }'
 }
 
-mesh_sched() { # PID...: "NS WAKES": the nanoseconds on CPU (schedstat, exact, not tick-based)
-  # and the voluntary context switches (sleeps, then wakes) of their kvgate-mesh threads so far
-  local ns=0 wakes=0 pid task
+thread_sched() { # COMM PID...: "NS WAKES": the nanoseconds on CPU (schedstat, exact, not
+  # tick-based) and the voluntary context switches (sleeps, then wakes) of their threads named
+  # COMM (a glob: kvgate-data-* for every data core) so far
+  local comm="$1" ns=0 wakes=0 pid task
+  shift
   for pid in "$@"; do
     for task in /proc/"$pid"/task/*; do
-      [ "$(cat "$task/comm" 2>/dev/null)" = kvgate-mesh ] || continue
+      # shellcheck disable=SC2053 # COMM is a glob on purpose
+      [[ "$(cat "$task/comm" 2>/dev/null)" == $comm ]] || continue
       ns=$(( ns + $(cut -d' ' -f1 "$task/schedstat" 2>/dev/null || echo 0) ))
       wakes=$(( wakes + $(awk '/^voluntary_ctxt_switches/ { print $2 }' "$task/status" 2>/dev/null || echo 0) ))
     done
   done
   echo "$ns $wakes"
 }
+mesh_sched() { thread_sched kvgate-mesh "$@"; }
 
 # run NAME GATEWAYS MESH(on|off) SIM_ARGS -- REPLAY_ARGS...
 run() {
@@ -118,6 +124,9 @@ run() {
   mesh_before=$(fleet_cpu_us --thread kvgate-mesh "${gw_pids[@]}")
   control_before=$(fleet_cpu_us --thread kvgate-control "${gw_pids[@]}")
   read -r -a sched_before < <(mesh_sched "${gw_pids[@]}")
+  local data_before control_sched_before
+  read -r data_before _ < <(thread_sched 'kvgate-data-*' "${gw_pids[@]}")
+  read -r control_sched_before _ < <(thread_sched kvgate-control "${gw_pids[@]}")
   started=$(date +%s%N)
   local perf_pid=
   if [ -n "${PERF:-}" ]; then
@@ -136,6 +145,10 @@ run() {
   local sched_ns wakes load
   read -r -a sched_after < <(mesh_sched "${gw_pids[@]}")
   sched_ns=$(( sched_after[0] - sched_before[0] )); wakes=$(( sched_after[1] - sched_before[1] ))
+  local data_ns control_ns
+  read -r data_ns _ < <(thread_sched 'kvgate-data-*' "${gw_pids[@]}")
+  read -r control_ns _ < <(thread_sched kvgate-control "${gw_pids[@]}")
+  data_ns=$(( data_ns - data_before )); control_ns=$(( control_ns - control_sched_before ))
   load=$(cut -d' ' -f1 /proc/loadavg)
   for i in "${!metrics_ports[@]}"; do # each gateway's mesh series, for a closer look
     curl -s "http://127.0.0.1:${metrics_ports[$i]}/metrics" | grep -E '^(kvgate_mesh_|smg_cache_aware_policy_branch_total)' >"$out/$name.gw$i.metrics" || true
@@ -149,11 +162,12 @@ run() {
   done
   python3 - "$out/$name.json" "$name" "$n" "$mesh" "$bytes" "$repair" "$pages" "$dispatches" \
     "$mesh_cpu" "$control_cpu" "$apply" "$idle_mesh" "$idle_control" "$idle_s" \
-    "$(( (ended - started) / 1000 ))" "$wakes" "$idle_wakes" "$load" "$sched_ns" "$idle_ns" <<'EOF' | tee -a "$out/summary.txt"
+    "$(( (ended - started) / 1000 ))" "$wakes" "$idle_wakes" "$load" "$sched_ns" "$idle_ns" "$data_ns" "$control_ns" <<'EOF' | tee -a "$out/summary.txt"
 import json, sys
 path, name, n, mesh = sys.argv[1:5]
 (sent, repair, pages, dispatches, mesh_us, control_us, apply_s, idle_mesh_us, idle_control_us,
- idle_s, replay_us, wakes, idle_wakes, load, sched_ns, idle_ns) = map(float, sys.argv[5:])
+ idle_s, replay_us, wakes, idle_wakes, load, sched_ns, idle_ns, data_ns, control_ns) = map(
+    float, sys.argv[5:])
 r = json.load(open(path))
 d = max(dispatches, 1.0)
 scale = replay_us / (idle_s * 1e6)
@@ -167,7 +181,9 @@ print(f"{name:28s} gateways {n} mesh {mesh:3s} hit {r['cache_hit_rate']:.1%} "
       f"{(control_us - idle_control_us * scale) / d:.0f} us; mesh thread wakes "
       f"{wakes / d:.2f} ({(wakes - idle_wakes * scale) / d:.2f} above idle); mesh thread CPU "
       f"by schedstat {sched_ns / 1e3 / d:.1f} us ({(sched_ns - idle_ns * scale) / 1e3 / d:.1f} "
-      f"above idle; idle: {idle_ns / 1e3 / max(idle_wakes, 1.0):.1f} us per wake); load {load:.1f}")
+      f"above idle; idle: {idle_ns / 1e3 / max(idle_wakes, 1.0):.1f} us per wake); by schedstat, "
+      f"control thread {control_ns / 1e3 / d:.1f} us, data cores {data_ns / 1e3 / d:.1f} us; "
+      f"load {load:.1f}")
 EOF
   fleet_kill_all
 }

@@ -5,11 +5,14 @@
 use std::io::IsTerminal;
 
 use kvgate::config::{Cli, Config, LogFormat};
+use kvgate::net::memory::HeapPages;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
+    // Before the index and the mesh's maps are allocated (why: `net::memory`).
+    let heap_pages = kvgate::net::memory::keep_heap_on_small_pages();
     // clap's whole message on a bad flag: its hints ("a similar argument exists", the accepted
     // values, the usage line) are what the operator needs to fix the command line.
     let cli = Cli::parse_plain();
@@ -30,6 +33,17 @@ fn main() {
             .with_file(true)
             .with_line_number(true)
             .init(),
+    }
+    match heap_pages {
+        HeapPages::Small => tracing::debug!(
+            "transparent huge pages off for the heap (MIMALLOC_ALLOW_THP=1 keeps mimalloc's)"
+        ),
+        HeapPages::AsConfigured => tracing::info!("heap pages as MIMALLOC_ALLOW_THP sets them"),
+        HeapPages::Refused(e) => tracing::warn!(
+            error = %e,
+            "could not turn transparent huge pages off for the heap; the control core pays \
+             2 MiB of zeroing per fresh region it touches"
+        ),
     }
     if let Err(e) = kvgate::runtime::run(config) {
         fail(&e.to_string());
