@@ -1,14 +1,16 @@
-//! Giving freed memory back to the system. The process allocator (mimalloc) keeps the pages of
-//! freed blocks for reuse and returns them lazily, only when the thread that freed them
-//! allocates again; a data core that read large request bodies and then went quiet held their
-//! pages for good. After it frees a grown buffer a core asks for them to be returned now.
+//! The heap's pages: giving freed ones back to the system, and their size.
 //!
-//! And the size of the heap's pages. mimalloc asks for transparent huge pages on its arenas
-//! (`MADV_HUGEPAGE`), so the first touch of each fresh 2 MiB region zeroes all of it. The
-//! control core and the mesh thread touch fresh memory with every new path they learn (tree
-//! nodes, the mesh's maps), and that zeroing was half of their CPU per dispatch at 4 meshed
-//! gateways (`perf/results-mesh.md`, "The heap's huge pages"). At start the gateway keeps its
-//! heap on small pages unless the operator sets `MIMALLOC_ALLOW_THP`.
+//! The process allocator (mimalloc) keeps the pages of freed blocks for reuse and returns them
+//! lazily, only when the thread that freed them allocates again; a data core that read large
+//! request bodies and then went quiet held their pages for good. After it frees a grown buffer
+//! a core asks for them to be returned now.
+//!
+//! mimalloc asks for transparent huge pages on its arenas (`MADV_HUGEPAGE`), so the first touch
+//! of each fresh 2 MiB region zeroes all of it. The control core and the mesh thread touch fresh
+//! memory with every new path they learn (tree nodes, the mesh's maps), and that zeroing was
+//! about half of the mesh thread's CPU per dispatch at 4 meshed gateways
+//! (`perf/results-mesh.md`, "the heap's huge pages"). At start the gateway keeps its heap on
+//! small pages unless the operator sets `MIMALLOC_ALLOW_THP`.
 
 use std::io;
 
