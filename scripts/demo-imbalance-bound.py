@@ -52,14 +52,15 @@ mean = requests / engines
 
 
 def with_caches(seed, margin, rule, groups=32):
-    """One run of `rule` (see the docstring) with LRU caches: (imbalance, cold prompts, overflows)."""
+    """One run of `rule` (see the docstring) with LRU caches: (imbalance, cold prompts)."""
     rng = random.Random(seed)
     counts, holders, hosted = [0] * engines, {}, [set() for _ in range(engines)]
     caches = [OrderedDict() for _ in range(engines)]
-    cold = overflows = 0
+    cold = 0
     for _ in range(requests):
         group = rng.randrange(groups)
-        limit = sum(counts) / engines + margin
+        so_far = sum(counts) / engines
+        limit = so_far + margin
         if group not in holders:
             e = min(range(engines), key=lambda e: (len(hosted[e]), counts[e]))
             holders[group] = [e]
@@ -70,8 +71,7 @@ def with_caches(seed, margin, rule, groups=32):
             if within:
                 e = within[0] if rule in ("home-first", "spill") else min(within, key=lambda h: counts[h])
             else:
-                overflows += 1
-                below = [x for x in range(engines) if counts[x] < limit - margin]
+                below = [x for x in range(engines) if counts[x] < so_far]
                 spill = rule == "spill"
                 if rule.startswith("room"):
                     roomy = [x for x in below if len(hosted[x]) < int(rule.split()[1])]
@@ -95,15 +95,14 @@ def with_caches(seed, margin, rule, groups=32):
             if len(cache) > CACHE_PROMPTS:
                 cache.popitem(last=False)
         counts[e] += 1
-    return max(counts) / mean, cold, overflows
+    return max(counts) / mean, cold
 
 
 def print_with_caches(seeds=100):
     print(f"with caches of {CACHE_PROMPTS} prompts per engine (no bound: 32 cold prompts, the "
           "groups' first requests):")
+    rules = ["least-sent", "home-first", "spill", "move", "room 10", "room 11", "room 10 + spill"]
     for margin in [4, 8, 16]:
-        rules = ["least-sent", "home-first", "spill", "move", "room 10", "room 11",
-                 "room 10 + spill"]
         for rule in rules if CACHE_PROMPTS == 10 else ["least-sent"]:
             runs = [with_caches(seed, margin, rule) for seed in range(seeds)]
             imbalances = sorted(r[0] for r in runs)
