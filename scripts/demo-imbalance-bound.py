@@ -29,7 +29,9 @@ replicas. Rules, each at a bound of mean + margin: `least-sent` (as built), `hom
 group's first holder while within the bound), `spill` (an overflow goes to the least-sent engine
 and is not recorded, so the group stays home), `move` (an overflow moves the whole group to the
 least-sent engine), `room R` (least-sent, but a replica only onto an engine below the mean that
-holds fewer than R groups; none: the holder keeps it), `room R + spill` (none: a spill).
+holds fewer than R groups; none: the holder keeps it), `room R + spill` (none: a spill),
+`room R + swap` (none: the least-sent engine below the mean gives up a replica it took for the
+least-sent home, when that home is less sent than this group's, and takes this one instead).
 
     scripts/demo-imbalance-bound.py [REQUESTS] [ENGINES]
     scripts/demo-imbalance-bound.py --caches [--room PROMPTS] [REQUESTS] [ENGINES]   (the last part)
@@ -76,6 +78,8 @@ def with_caches(seed, margin, rule, groups=32):
                 if rule.startswith("room"):
                     roomy = [x for x in below if len(hosted[x]) < int(rule.split()[1])]
                     spill = not roomy and rule.endswith("+ spill")
+                    if not roomy and rule.endswith("+ swap"):
+                        roomy = swap_room(below, held, holders, hosted, counts)
                     below = below if spill else roomy
                 if not below:
                     e = min(held, key=lambda h: counts[h])
@@ -98,10 +102,31 @@ def with_caches(seed, margin, rule, groups=32):
     return max(counts) / mean, cold
 
 
+def swap_room(below, held, holders, hosted, counts):
+    """`room R + swap`: no engine below the mean has room, so the least-sent of them that does not
+    hold the group gives up a replica it took for another engine's group, the one whose home is
+    the least sent, if that home is less sent than this group's: the group goes back to its
+    home alone, and the place it frees takes the replica. The engine as a list, or none."""
+    targets = [x for x in below if x not in held]
+    if not targets:
+        return []
+    target = min(targets, key=lambda x: counts[x])
+    taken = [g for g in hosted[target] if holders[g][0] != target]
+    if not taken:
+        return []
+    given_up = min(taken, key=lambda g: counts[holders[g][0]])
+    if counts[holders[given_up][0]] >= counts[held[0]]:
+        return []
+    hosted[target].discard(given_up)
+    holders[given_up].remove(target)
+    return [target]
+
+
 def print_with_caches(seeds=100):
     print(f"with caches of {CACHE_PROMPTS} prompts per engine (no bound: 32 cold prompts, the "
           "groups' first requests):")
-    rules = ["least-sent", "home-first", "spill", "move", "room 10", "room 11", "room 10 + spill"]
+    rules = ["least-sent", "home-first", "spill", "move", "room 10", "room 11", "room 10 + spill",
+             "room 10 + swap"]
     for margin in [4, 8, 16]:
         for rule in rules if CACHE_PROMPTS == 10 else ["least-sent"]:
             runs = [with_caches(seed, margin, rule) for seed in range(seeds)]
