@@ -110,6 +110,10 @@ impl Router {
             let tokens = prepared.request_tokens();
             self.placements
                 .add(decision.worker, prepared.now_ms, tokens);
+            // A decode worker is never recorded (the prefill worker holds the prefix).
+            if self.side != Some(PdSide::Decode) {
+                self.remember_miss(prepared, decision.worker);
+            }
         }
         Some(decision.worker)
     }

@@ -112,6 +112,7 @@ impl Router {
         prepared.now_ms = now_ms;
         prepared.decision_counted.set(false);
         prepared.kv_pressure_pick.set(None);
+        prepared.remembered_for.set(None);
         prepared.namespace = Namespace {
             model: model_hash(prepared.input.model()),
             partition: prepared.input.namespace().0,

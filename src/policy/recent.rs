@@ -1,6 +1,7 @@
 //! The per-core recent-dispatch map (DESIGN.md section 2, step 6): the keys this core dispatched
 //! in the last [`RECENT_DISPATCH_WINDOW_MS`], so a burst of the same new prefix routes to the
-//! same worker before the control core's insert reaches the index. A lookup compares the request
+//! same worker before the control core's insert reaches the index. A cache miss is pushed when
+//! it is decided, a hit with its record once the worker has the request. A lookup compares the request
 //! against each live entry (longest common prefix, in the tree's units) and the result is merged
 //! into the index's answer, never replacing a longer tree match; in hash mode a recent dispatch
 //! of one of the request's heads makes its worker a holder of that head, and for the KV-event
@@ -244,6 +245,12 @@ impl RecentDispatches {
             self.entries[self.next] = entry;
             self.next = (self.next + 1) % RECENT_DISPATCHES_MAX;
         }
+    }
+
+    /// Entries held (at most [`RECENT_DISPATCHES_MAX`]).
+    #[cfg(test)]
+    pub fn entries_held(&self) -> usize {
+        self.entries.len()
     }
 
     /// Bytes the entries hold beyond the ring itself.

@@ -80,9 +80,28 @@ fn record_key(prepared: &Prepared) -> KeyData {
 }
 
 impl Router {
+    /// A cache miss's worker, remembered in this core's recent-dispatch map as soon as it is
+    /// chosen. The record (step 7) comes only once the worker has the request, after its
+    /// connection and its body's forwarding: a burst of the same new prefix that arrives in
+    /// between would otherwise miss again and be placed on another worker (two requests of one
+    /// new prompt 33 µs apart were, in `make demo`'s opening burst). On a hit the index already
+    /// knows the prefix, so only misses are remembered early.
+    pub(super) fn remember_miss(&mut self, prepared: &Prepared, worker: WorkerId) {
+        let key = match prepared.lookup.as_ref() {
+            Some(Lookup::Blocks(_)) => KeyData::of(IndexKey::Tokens(&prepared.pages)),
+            Some(Lookup::Tree { .. }) => record_key(prepared),
+            Some(Lookup::Heads(heads)) if heads.len > 0 => record_key(prepared),
+            Some(Lookup::Heads(_) | Lookup::Short) | None => return,
+        };
+        self.recent
+            .push(prepared.namespace, key, worker, prepared.now_ms);
+        prepared.remembered_for.set(Some(worker));
+    }
+
     /// Step 7: the record the control core inserts for `worker`, which now has the request
     /// (cache_aware with a non-empty key only: other policies do not build the index). It is
-    /// remembered in this core's recent-dispatch map too, for bursts the index has not learned.
+    /// remembered in this core's recent-dispatch map too, for bursts the index has not learned,
+    /// unless its decision already did ([`Router::remember_miss`]).
     pub fn record(
         &mut self,
         prepared: &Prepared,
@@ -97,8 +116,10 @@ impl Router {
             // Step 7: only engine events change the KV-event index; this core remembers the
             // dispatch for the burst that may follow before the engine reports its blocks.
             Lookup::Blocks(_) => {
-                let key = KeyData::of(IndexKey::Tokens(&prepared.pages));
-                self.recent.push(prepared.namespace, key, worker, tick_ms);
+                if prepared.remembered_for.get() != Some(worker) {
+                    let key = KeyData::of(IndexKey::Tokens(&prepared.pages));
+                    self.recent.push(prepared.namespace, key, worker, tick_ms);
+                }
                 return None;
             }
         };
@@ -125,8 +146,10 @@ impl Router {
             hint,
             mesh,
         };
-        self.recent
-            .push(namespace, record.key.clone(), worker, tick_ms);
+        if prepared.remembered_for.get() != Some(worker) {
+            self.recent
+                .push(namespace, record.key.clone(), worker, tick_ms);
+        }
         Some(record)
     }
 

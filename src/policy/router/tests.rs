@@ -211,6 +211,43 @@ fn a_burst_of_a_new_prefix_follows_the_first_dispatch_before_the_index_learns_it
 }
 
 #[test]
+fn a_burst_of_a_new_prefix_follows_its_first_request_while_that_one_is_still_being_forwarded() {
+    // The record comes once the worker has the request (after connecting and forwarding): the
+    // second request of a new prompt is decided before the first one's record, with the first
+    // worker already one request busier, which alone would send a miss elsewhere.
+    let (mut router, metrics) = router();
+    let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}")).collect();
+    let mut in_flight = [0u32; 4];
+    let mut decided = Vec::new();
+    for i in 0..3 {
+        let body =
+            format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
+        let prepared = prepare(&mut router, Endpoint::Completions, body.as_bytes(), 10);
+        let workers = urls
+            .iter()
+            .enumerate()
+            .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
+        let status_of = |id: WorkerId| WorkerStatus {
+            eligible: true,
+            in_flight: in_flight[id.index()],
+            ..WorkerStatus::default()
+        };
+        let worker = router.choose(&prepared, workers, status_of).unwrap();
+        in_flight[worker.index()] += 1;
+        decided.push((prepared, worker));
+    }
+    let workers: Vec<WorkerId> = decided.iter().map(|(_, w)| *w).collect();
+    assert!(workers.iter().all(|&w| w == workers[0]), "{workers:?}");
+    assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 1);
+    assert_eq!(metrics.branch_count(Branch::TreeMatch), 2);
+    // The records that follow do not remember the first request a second time.
+    for (prepared, worker) in &decided {
+        assert!(router.record(prepared, *worker, 11).is_some());
+    }
+    assert_eq!(router.recent.entries_held(), 3);
+}
+
+#[test]
 fn new_prefixes_spread_by_how_much_each_worker_was_given() {
     // Idle workers, no load reports, no in-flight feedback: only this core's placed tokens
     // tell them apart, so 16 unrelated prompts of one length land two on each of 8 workers.
