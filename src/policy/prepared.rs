@@ -75,7 +75,8 @@ pub struct Prepared {
     /// dispatch's insert stays local (the spec does not broadcast KV-pressure inserts).
     pub(super) kv_pressure_pick: Cell<Option<WorkerId>>,
     /// The worker a cache miss's decision remembered this request for in the core's
-    /// recent-dispatch map ([`Router::remember_miss`](super::Router::remember_miss)), so that its record does not push it again.
+    /// recent-dispatch map ([`Router::remember_miss`](super::Router::remember_miss)), so that
+    /// its record does not push it again.
     pub(super) remembered_for: Cell<Option<WorkerId>>,
 }
 

@@ -1,12 +1,12 @@
 //! The per-core recent-dispatch map (DESIGN.md section 2, step 6): the keys this core dispatched
 //! in the last [`RECENT_DISPATCH_WINDOW_MS`], so a burst of the same new prefix routes to the
 //! same worker before the control core's insert reaches the index. A cache miss is pushed when
-//! it is decided, a hit with its record once the worker has the request. A lookup compares the request
-//! against each live entry (longest common prefix, in the tree's units) and the result is merged
-//! into the index's answer, never replacing a longer tree match; in hash mode a recent dispatch
-//! of one of the request's heads makes its worker a holder of that head, and for the KV-event
-//! index a recent dispatch sharing leading blocks makes its worker a holder of them (the engine
-//! reports blocks only once it computed them). The caller consults it only on an index miss (the
+//! it is decided, a hit with its record once the worker has the request. A lookup compares the
+//! request against each live entry (longest common prefix, in the tree's units) and the result
+//! is merged into the index's answer, never replacing a longer tree match; in hash mode a recent
+//! dispatch of one of the request's heads makes its worker a holder of that head, and for the
+//! KV-event index a recent dispatch sharing leading blocks makes its worker a holder of them
+//! (the engine reports blocks only once it computed them). The caller consults it only on an index miss (the
 //! burst case), so a warm index never pays for the comparisons.
 //!
 //! A common prefix is known to the checkpoint at or below it ([`CHECKPOINTS`]: every length to
