@@ -175,27 +175,37 @@ fn a_large_bodys_record_keeps_its_text_as_extracted_and_a_small_ones_copies_it()
     }
 }
 
+/// Prepares and decides request `i` of one new prompt over four workers whose in-flight counts
+/// are `in_flight` (the decision's worker gains one, as the gateway's credit does).
+fn decide_burst_request(
+    router: &mut Router,
+    in_flight: &mut [u32; 4],
+    i: u32,
+) -> (Prepared, WorkerId) {
+    let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}")).collect();
+    let body = format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
+    let prepared = prepare(router, Endpoint::Completions, body.as_bytes(), 10);
+    let workers = urls
+        .iter()
+        .enumerate()
+        .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
+    let status_of = |id: WorkerId| WorkerStatus {
+        eligible: true,
+        in_flight: in_flight[id.index()],
+        ..WorkerStatus::default()
+    };
+    let worker = router.choose(&prepared, workers, status_of).unwrap();
+    in_flight[worker.index()] += 1;
+    (prepared, worker)
+}
+
 #[test]
 fn a_burst_of_a_new_prefix_follows_the_first_dispatch_before_the_index_learns_it() {
     let (mut router, metrics) = router();
-    let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}")).collect();
     let mut in_flight = [0u32; 4];
     let mut chosen = Vec::new();
     for i in 0..10 {
-        let body =
-            format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
-        let prepared = prepare(&mut router, Endpoint::Completions, body.as_bytes(), 10);
-        let workers = urls
-            .iter()
-            .enumerate()
-            .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
-        let status_of = |id: WorkerId| WorkerStatus {
-            eligible: true,
-            in_flight: in_flight[id.index()],
-            ..WorkerStatus::default()
-        };
-        let worker = router.choose(&prepared, workers, status_of).unwrap();
-        in_flight[worker.index()] += 1;
+        let (prepared, worker) = decide_burst_request(&mut router, &mut in_flight, i);
         let record = router.record(&prepared, worker, 10).unwrap();
         assert_eq!(record.namespace.model, model_hash("m"));
         assert_eq!(
@@ -216,26 +226,10 @@ fn a_burst_of_a_new_prefix_follows_its_first_request_while_that_one_is_still_bei
     // second request of a new prompt is decided before the first one's record, with the first
     // worker already one request busier, which alone would send a miss elsewhere.
     let (mut router, metrics) = router();
-    let urls: Vec<String> = (0..4).map(|i| format!("http://w{i}")).collect();
     let mut in_flight = [0u32; 4];
-    let mut decided = Vec::new();
-    for i in 0..3 {
-        let body =
-            format!(r#"{{"model":"m","prompt":"a long shared system prompt, then user {i}"}}"#);
-        let prepared = prepare(&mut router, Endpoint::Completions, body.as_bytes(), 10);
-        let workers = urls
-            .iter()
-            .enumerate()
-            .map(|(slot, url)| (WorkerId(slot as u16), url.as_str()));
-        let status_of = |id: WorkerId| WorkerStatus {
-            eligible: true,
-            in_flight: in_flight[id.index()],
-            ..WorkerStatus::default()
-        };
-        let worker = router.choose(&prepared, workers, status_of).unwrap();
-        in_flight[worker.index()] += 1;
-        decided.push((prepared, worker));
-    }
+    let decided: Vec<(Prepared, WorkerId)> = (0..3)
+        .map(|i| decide_burst_request(&mut router, &mut in_flight, i))
+        .collect();
     let workers: Vec<WorkerId> = decided.iter().map(|(_, w)| *w).collect();
     assert!(workers.iter().all(|&w| w == workers[0]), "{workers:?}");
     assert_eq!(metrics.branch_count(Branch::ExpectedWaitFallback), 1);
