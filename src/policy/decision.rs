@@ -260,7 +260,7 @@ impl Router {
                 }
                 tracing::debug!(
                     target: LOG_TARGET,
-                worker_type = self.side.map(PdSide::name),
+                    worker_type = self.side.map(PdSide::name),
                     index = "tree",
                     branch = decision.branch.label(),
                     worker,
