@@ -6,8 +6,8 @@
 //! is merged into the index's answer, never replacing a longer tree match; in hash mode a recent
 //! dispatch of one of the request's heads makes its worker a holder of that head, and for the
 //! KV-event index a recent dispatch sharing leading blocks makes its worker a holder of them
-//! (the engine reports blocks only once it computed them). The caller consults it only on an index miss (the
-//! burst case), so a warm index never pays for the comparisons.
+//! (the engine reports blocks only once it computed them). The caller consults it only on an
+//! index miss (the burst case), so a warm index never pays for the comparisons.
 //!
 //! A common prefix is known to the checkpoint at or below it ([`CHECKPOINTS`]: every length to
 //! 16 units, then 1/16 longer each): exact to 16 units, at most 6% short beyond (it only decides

@@ -79,6 +79,12 @@ fn record_key(prepared: &Prepared) -> KeyData {
     }
 }
 
+/// The recent-dispatch map's key for a request routed on the KV-event index: its token pages
+/// (that index is never recorded, so there is no record key).
+fn blocks_key(prepared: &Prepared) -> KeyData {
+    KeyData::of(IndexKey::Tokens(&prepared.pages))
+}
+
 impl Router {
     /// A cache miss's worker, remembered in this core's recent-dispatch map as soon as it is
     /// chosen. The record (step 7) comes only once the worker has the request, after its
@@ -88,7 +94,7 @@ impl Router {
     /// knows the prefix, so only misses are remembered early.
     pub(super) fn remember_miss(&mut self, prepared: &Prepared, worker: WorkerId) {
         let key = match prepared.lookup.as_ref() {
-            Some(Lookup::Blocks(_)) => KeyData::of(IndexKey::Tokens(&prepared.pages)),
+            Some(Lookup::Blocks(_)) => blocks_key(prepared),
             Some(Lookup::Tree { .. }) => record_key(prepared),
             Some(Lookup::Heads(heads)) if heads.len > 0 => record_key(prepared),
             Some(Lookup::Heads(_) | Lookup::Short) | None => return,
@@ -116,10 +122,7 @@ impl Router {
             // Step 7: only engine events change the KV-event index; this core remembers the
             // dispatch for the burst that may follow before the engine reports its blocks.
             Lookup::Blocks(_) => {
-                if prepared.remembered_for.get() != Some(worker) {
-                    let key = KeyData::of(IndexKey::Tokens(&prepared.pages));
-                    self.recent.push(prepared.namespace, key, worker, tick_ms);
-                }
+                self.remember_unless_decided(prepared, worker, tick_ms, || blocks_key(prepared));
                 return None;
             }
         };
@@ -146,11 +149,22 @@ impl Router {
             hint,
             mesh,
         };
-        if prepared.remembered_for.get() != Some(worker) {
-            self.recent
-                .push(namespace, record.key.clone(), worker, tick_ms);
-        }
+        self.remember_unless_decided(prepared, worker, tick_ms, || record.key.clone());
         Some(record)
+    }
+
+    /// The record's push into this core's recent-dispatch map, skipped when the decision already
+    /// pushed this dispatch ([`Router::remember_miss`]).
+    fn remember_unless_decided(
+        &mut self,
+        prepared: &Prepared,
+        worker: WorkerId,
+        tick_ms: u64,
+        key: impl FnOnce() -> KeyData,
+    ) {
+        if prepared.remembered_for.get() != Some(worker) {
+            self.recent.push(prepared.namespace, key(), worker, tick_ms);
+        }
     }
 
     /// The block keys the KV-event index's in-flight overlay should count as `worker`'s while
